@@ -1,0 +1,88 @@
+"""The one signature every attention backend implements, and how a backend says what it can run.
+
+Layout is ``[batch, seq, heads, head_dim]`` (BTNH) for q, k, v and the output. Padding is always on the
+right (the bucketer pads sequences at the end), so it travels as per-row valid lengths: kernels disagree
+on mask formats (boolean masks, segment ids, sequence lengths) and each adapter converts from this one.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import pydantic
+
+
+class AttentionFn(Protocol):
+    """``attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale) -> out_BxTxNxH``.
+
+    Keys at positions ``>= kv_lengths_B[b]`` get zero weight. Query rows past the length are padding:
+    their values are ignored downstream but must be finite.
+    """
+
+    def __call__(self, q_BxTxNxH: Any, k_BxSxNxH: Any, v_BxSxNxH: Any, *, kv_lengths_B: Any,
+                 scale: float) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionCase:
+    """One shape the encoder will call attention with: what a capability check is asked about."""
+
+    platform: str  # "cpu" | "gpu" | "tpu", as jax.default_backend() names them
+    dtype: str  # "float32" | "bfloat16" | "float16"
+    seq_len: int
+    num_heads: int
+    head_dim: int
+    padded: bool = True  # rows may be shorter than seq_len
+
+
+@dataclasses.dataclass(frozen=True)
+class Support:
+    """A backend's answer for one case: whether it runs, which kernel, and if not, why not."""
+
+    ok: bool
+    kernel: str = ""
+    reason: str = ""
+
+
+class NoOptions(pydantic.BaseModel):
+    """Options of a backend that takes none: any key under it is a typo, so it is refused."""
+
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+def supports_everything(case: AttentionCase, options: pydantic.BaseModel) -> Support:
+    del case, options
+    return Support(ok=True, kernel="")
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A registered backend: its attention function, its capability check and its typed options.
+
+    ``attend`` takes the AttentionFn arguments plus ``options`` (an instance of ``options_type``).
+    """
+
+    name: str
+    attend: Callable[..., Any]
+    supports: Callable[[AttentionCase, pydantic.BaseModel], Support] = supports_everything
+    options_type: type[pydantic.BaseModel] = NoOptions
+    description: str = ""
+
+    def parse_options(self, raw: dict | None) -> pydantic.BaseModel:
+        return self.options_type.model_validate(raw or {})
+
+    def bind(self, options: pydantic.BaseModel | None = None) -> AttentionFn:
+        """An AttentionFn with options fixed, inside ``attention/<name>`` so profiler traces name it."""
+        import jax
+
+        opts = options if options is not None else self.parse_options(None)
+        scope = f"attention/{self.name}"
+
+        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+            with jax.named_scope(scope):
+                return self.attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B,
+                                   scale=scale, options=opts)
+
+        attend.__name__ = f"attend_{self.name}"
+        attend.backend_name = self.name
+        return attend

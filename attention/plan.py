@@ -1,0 +1,79 @@
+"""Which backend runs each bucket, decided before any work: capability checks, fallback, parity gate."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pydantic
+
+from attention.interface import AttentionCase, Backend
+
+
+class AttentionPlanError(RuntimeError):
+    """The configured backend cannot run a case and no fallback is configured: stop before any work."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    case: AttentionCase
+    requested: str
+    backend: str  # the one that will run
+    kernel: str
+    fallback_reason: str | None = None
+
+
+def choose(case: AttentionCase, requested: Backend, requested_options: pydantic.BaseModel,
+           fallback: Backend | None, fallback_options: pydantic.BaseModel | None) -> Choice:
+    support = requested.supports(case, requested_options)
+    if support.ok:
+        return Choice(case, requested.name, requested.name, support.kernel)
+    where = f"bucket {case.seq_len} ({case.platform}, {case.dtype}, head_dim {case.head_dim})"
+    if fallback is None:
+        raise AttentionPlanError(
+            f"attention.backend {requested.name!r} cannot run {where}: {support.reason}. "
+            f"Set attention.fallback (e.g. native) to run such buckets with another backend, or choose another "
+            f"attention.backend")
+    fb_support = fallback.supports(case, fallback_options)
+    if not fb_support.ok:
+        raise AttentionPlanError(f"neither attention.backend {requested.name!r} ({support.reason}) nor "
+                                 f"attention.fallback {fallback.name!r} ({fb_support.reason}) can run {where}")
+    return Choice(case, requested.name, fallback.name, fb_support.kernel, fallback_reason=support.reason)
+
+
+def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
+    """Random q, k, v of the case's shape with mixed padding (one full row, one half row)."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    shape = (batch, case.seq_len, case.num_heads, case.head_dim)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape, np.float32)).astype(case.dtype) for _ in range(3))
+    lengths = np.full((batch,), case.seq_len, np.int32)
+    lengths[1::2] = max(1, case.seq_len // 2)
+    return q, k, v, jnp.asarray(lengths)
+
+
+def max_abs_error(candidate, reference, kv_lengths_B) -> float:
+    """Error over the valid query rows only: padded rows are ignored downstream."""
+    c = np.asarray(candidate, np.float32)
+    r = np.asarray(reference, np.float32)
+    valid = np.arange(c.shape[1])[None, :] < np.asarray(kv_lengths_B)[:, None]
+    if not np.all(np.isfinite(c)):
+        return float("inf")
+    return float(np.abs(c - r)[valid].max()) if valid.any() else 0.0
+
+
+def default_tolerance(dtype: str) -> float:
+    return 1e-5 if dtype == "float32" else 2e-2
+
+
+def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = None) -> tuple[bool, float, float]:
+    """Run one probe batch through the chosen backend and native; (agrees, error, tolerance)."""
+    import jax
+
+    q, k, v, lengths = probe_inputs(choice.case)
+    scale = 1.0 / choice.case.head_dim ** 0.5
+    got = jax.jit(lambda q, k, v, n: candidate_fn(q, k, v, kv_lengths_B=n, scale=scale))(q, k, v, lengths)
+    want = jax.jit(lambda q, k, v, n: native_fn(q, k, v, kv_lengths_B=n, scale=scale))(q, k, v, lengths)
+    tolerance = tolerance or default_tolerance(choice.case.dtype)
+    error = max_abs_error(got, want, lengths)
+    return error <= tolerance, error, tolerance

@@ -1,0 +1,1 @@
+"""The Flax encoder and Hugging Face checkpoint loading."""

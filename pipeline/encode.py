@@ -1,0 +1,290 @@
+"""Encode: padded Batches → window embeddings and one timing record per batch, through RunInference.
+
+Each worker process loads the encoder once (RunInference shares it via ``shared.Shared``), decides per
+bucket which attention backend runs (capability checks, fallback, optional parity gate), and reuses one
+jitted forward per backend; jit compiles each (bucket, rows) shape once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+import tempfile
+import threading
+import time
+from typing import Any, Iterable, Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
+
+from pipeline.records import Batch, WindowEmbedding
+
+NAMESPACE = "docbeam"
+TIMING_TAG = "timing"
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    backend: str
+    options: dict
+    fallback: str | None
+    fallback_options: dict
+    verify: bool = False
+    verify_tolerance: float | None = None
+    on_mismatch: str = "fail"
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderSpec:
+    """All a worker needs to build the encoder: small and picklable."""
+
+    model_path: str
+    dtype: str
+    pooling: str
+    buckets: tuple[int, ...]
+    attention: AttentionSpec
+    platform: str = "auto"  # the platform the job was planned for; "auto": whatever the worker has
+    profile_batches: int = 0
+    profile_dir: str | None = None
+
+
+def attention_cases(config, buckets: Sequence[int], platform: str) -> list:
+    from attention import AttentionCase
+
+    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
+                          head_dim=config.head_dim) for b in buckets]
+
+
+def plan_attention(spec: AttentionSpec, cases) -> list:
+    """One Choice per case; raises AttentionPlanError naming the bucket when nothing can run it."""
+    import attention
+    from attention.plan import choose
+
+    requested = attention.get(spec.backend)
+    fallback = attention.get(spec.fallback) if spec.fallback else None
+    return [choose(case, requested, requested.parse_options(spec.options), fallback,
+                   fallback.parse_options(spec.fallback_options) if fallback else None) for case in cases]
+
+
+def bind_choice(spec: AttentionSpec, backend_name: str):
+    import attention
+
+    backend = attention.get(backend_name)
+    raw = spec.options if backend_name == spec.backend else spec.fallback_options
+    return backend.bind(backend.parse_options(raw))
+
+
+def gate(spec: AttentionSpec, choices: list) -> list:
+    """The parity gate: each bucket's chosen backend against native on a probe batch, before real work."""
+    from attention.plan import verify
+
+    import attention
+
+    native = attention.get("native").bind()
+    gated = []
+    for choice in choices:
+        if choice.backend == "native":
+            gated.append(choice)
+            continue
+        ok, error, tolerance = verify(choice, bind_choice(spec, choice.backend), native, spec.verify_tolerance)
+        if ok:
+            gated.append(choice)
+            continue
+        reason = (f"parity gate: {choice.backend} differs from native by {error:.3g} > {tolerance:.3g} "
+                  f"at bucket {choice.case.seq_len}")
+        if spec.on_mismatch == "fail" or not spec.fallback:
+            raise RuntimeError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
+                               f"attention.fallback={spec.fallback!r})")
+        log.warning("%s; falling back to %s", reason, spec.fallback)
+        gated.append(dataclasses.replace(choice, backend=spec.fallback, fallback_reason=reason))
+    return gated
+
+
+class EncoderRuntime:
+    """The loaded encoder of one worker process: parameters on device, one jitted forward per backend."""
+
+    def __init__(self, spec: EncoderSpec):
+        import jax
+
+        from models import checkpoint, encoder
+        from pipeline.observe import ENCODER_FN_NAME, CompileWatch
+
+        self.spec = spec
+        self.device = jax.devices()[0]
+        platform = self.device.platform
+        if spec.platform not in ("auto", platform):
+            log.warning("job was planned for %s but this worker has %s; re-planning attention here",
+                        spec.platform, platform)
+        ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype)
+        self.config = ck.config
+        self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
+        choices = plan_attention(spec.attention, attention_cases(ck.config, spec.buckets, platform))
+        if spec.attention.verify:
+            choices = gate(spec.attention, choices)
+        self.choices = {c.case.seq_len: c for c in choices}
+        self.watch = CompileWatch.get()
+        self._forward = {}
+        for name in sorted({c.backend for c in choices}):
+            embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling)
+
+            def docbeam_embed(params, ids_BxT, lengths_B, embed=embed):
+                return embed(params, ids_BxT, lengths_B)
+
+            assert docbeam_embed.__name__ == ENCODER_FN_NAME
+            self._forward[name] = jax.jit(docbeam_embed)
+        self._batches_done = 0
+        self._shapes_seen: set = set()
+        self._profiling = False
+
+    def encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
+        import jax
+
+        from pipeline.observe import describe_device, memory, worker_name
+
+        self._maybe_start_profile()
+        choice = self.choices[batch.bucket_len]
+        started_at = datetime.datetime.now(datetime.timezone.utc)
+        t0 = time.perf_counter()
+        ids = jax.device_put(batch.ids_BxT, self.device)
+        lengths = jax.device_put(batch.lengths_B, self.device)
+        compiles_before, compile_s_before = self.watch.count, self.watch.seconds
+        t1 = time.perf_counter()
+        pooled = self._forward[choice.backend](self.params, ids, lengths)
+        pooled.block_until_ready()
+        t2 = time.perf_counter()
+        vectors = np.asarray(pooled)[: batch.real_rows]
+        t3 = time.perf_counter()
+        compiled = self.watch.count > compiles_before
+        shape = (choice.backend, batch.ids_BxT.shape)
+        if compiled and shape in self._shapes_seen:
+            log.warning("recompiled the encoder for shape %s (backend %s) after warm-up", batch.ids_BxT.shape,
+                        choice.backend)
+        self._shapes_seen.add(shape)
+        self._batches_done += 1
+        self._maybe_stop_profile()
+        timing = {
+            "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
+            "real_rows": batch.real_rows, "real_tokens": batch.real_tokens,
+            "padded_tokens": int(batch.ids_BxT.size), "attention_backend": choice.backend,
+            "attention_requested": choice.requested, "attention_kernel": choice.kernel,
+            "fallback_reason": choice.fallback_reason, "compiled": compiled,
+            "compile_ms": round((self.watch.seconds - compile_s_before) * 1e3, 3),
+            "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
+            "device": describe_device(self.device), "worker": worker_name(),
+            "started_at": started_at.isoformat(), **memory(self.device),
+        }
+        return vectors, timing
+
+    def _maybe_start_profile(self):
+        if self.spec.profile_batches and self._batches_done == 0 and not self._profiling:
+            import jax
+
+            self._trace_dir = tempfile.mkdtemp(prefix="docbeam-profile-")
+            jax.profiler.start_trace(self._trace_dir)
+            self._profiling = True
+
+    def _maybe_stop_profile(self):
+        if self._profiling and self._batches_done >= self.spec.profile_batches:
+            import jax
+
+            from pipeline.observe import worker_name
+
+            jax.profiler.stop_trace()
+            self._profiling = False
+            copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
+
+
+def copy_tree(local_dir: str, dest: str) -> None:
+    """Profiles are written locally by JAX, then copied to the output (local or gs://)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    for root, _, files in os.walk(local_dir):
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), local_dir)
+            target = FileSystems.join(dest, *rel.split(os.sep))
+            if "://" not in target:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(os.path.join(root, name), "rb") as src, FileSystems.create(target) as dst:
+                dst.write(src.read())
+
+
+_RUNTIMES: dict[str, EncoderRuntime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def runtime_for(spec: EncoderSpec) -> EncoderRuntime:
+    """One runtime per spec per process, kept for the process's life.
+
+    RunInference's ``shared.Shared`` holds the model only while a DoFn instance references it; the
+    DirectRunner tears instances down between stages (GroupIntoBatches flushes its partial batches in a
+    later bundle), and a reload would recompile every shape.
+    """
+    key = repr(spec)
+    with _RUNTIMES_LOCK:
+        if key not in _RUNTIMES:
+            _RUNTIMES[key] = EncoderRuntime(spec)
+        return _RUNTIMES[key]
+
+
+class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
+    """RunInference's contract: load once per process, run pre-built batches one at a time."""
+
+    def __init__(self, spec: EncoderSpec):
+        super().__init__()
+        self._spec = spec
+
+    def load_model(self) -> EncoderRuntime:
+        return runtime_for(self._spec)
+
+    def run_inference(self, batch: Sequence[Batch], model: EncoderRuntime,
+                      inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
+        return [PredictionResult(b, model.encode(b)) for b in batch]
+
+    def batch_elements_kwargs(self):
+        return {"min_batch_size": 1, "max_batch_size": 1}  # batches are already shaped by BucketBatches
+
+    def get_metrics_namespace(self) -> str:
+        return NAMESPACE
+
+
+class _SplitResults(beam.DoFn):
+    def __init__(self):
+        self._real = Metrics.counter(NAMESPACE, "real_tokens")
+        self._padded = Metrics.counter(NAMESPACE, "padded_tokens")
+        self._batches = Metrics.counter(NAMESPACE, "batches")
+        self._compiles = Metrics.counter(NAMESPACE, "compiles")
+
+    def process(self, result: PredictionResult):
+        batch: Batch = result.example
+        vectors, timing = result.inference
+        self._real.inc(timing["real_tokens"])
+        self._padded.inc(timing["padded_tokens"])
+        self._batches.inc()
+        self._compiles.inc(int(timing["compiled"]))
+        Metrics.distribution(NAMESPACE, f"compute_ms[{timing['bucket_len']},{timing['attention_backend']}]").update(
+            int(round(timing["compute_ms"])))
+        if timing["fallback_reason"]:
+            Metrics.counter(NAMESPACE, f"fallbacks[{timing['attention_requested']}->{timing['attention_backend']}: "
+                                       f"{timing['fallback_reason'][:80]}]").inc()
+        yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
+        for (doc_id, index, num_windows, doc_tokens, truncated), length, vector in zip(
+                batch.windows, batch.lengths_B, vectors):
+            yield WindowEmbedding(doc_id, index, num_windows, int(length), doc_tokens, truncated, vector)
+
+
+class Encode(beam.PTransform):
+    """Outputs ``windows`` (WindowEmbedding) and ``timing`` (one dict per batch)."""
+
+    def __init__(self, spec: EncoderSpec):
+        super().__init__()
+        self._spec = spec
+
+    def expand(self, batches):
+        results = (batches
+                   | "RunInference" >> RunInference(EncoderHandler(self._spec))
+                   | "Split" >> beam.ParDo(_SplitResults()).with_outputs(TIMING_TAG, main="windows"))
+        return {"windows": results.windows, "timing": results[TIMING_TAG]}

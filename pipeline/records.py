@@ -1,0 +1,78 @@
+"""The elements that flow between stages. Plain frozen dataclasses: picklable, comparable in tests."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+    id: str
+    text: str
+    source: str
+    line: int | None  # 1-based line in a JSONL file; None for a whole-file text document
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejected:
+    """A document that will not be embedded, and why: one line in ``errors/``."""
+
+    source: str
+    line: int | None
+    id: str | None
+    kind: str  # a short code; counters and the report group by it
+    reason: str
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Window:
+    """One model-length slice of a document's tokens ([CLS] … [SEP] included)."""
+
+    doc_id: str
+    index: int
+    num_windows: int
+    token_ids: np.ndarray  # int32 [length]
+    doc_tokens: int  # tokens in the whole document, special tokens excluded
+    truncated: bool
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Batch:
+    """A padded block of windows of one bucket length: the unit the encoder compiles and times."""
+
+    batch_id: str
+    bucket_len: int
+    ids_BxT: np.ndarray  # int32 [rows, bucket_len]; padding rows and columns are 0
+    lengths_B: np.ndarray  # int32 [rows]; 0 marks a padding row
+    windows: tuple  # (doc_id, index, num_windows, doc_tokens, truncated) per real row
+
+    @property
+    def rows(self) -> int:
+        return self.ids_BxT.shape[0]
+
+    @property
+    def real_rows(self) -> int:
+        return len(self.windows)
+
+    @property
+    def real_tokens(self) -> int:
+        return int(self.lengths_B.sum())
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class WindowEmbedding:
+    doc_id: str
+    index: int
+    num_windows: int
+    length: int
+    doc_tokens: int
+    truncated: bool
+    vector: np.ndarray  # float32 [D], pooled but not normalised

@@ -1,0 +1,71 @@
+"""Tokenize: Documents → Windows with the checkpoint's own fast tokenizer.
+
+A document longer than the window is split by the tokenizer itself (``return_overflowing_tokens`` with
+``stride`` overlap), each window framed by the special tokens; or, by config, only the first is kept.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from pipeline.config import TokenizeConfig
+from pipeline.records import Document, Window
+
+NAMESPACE = "docbeam"
+
+
+def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
+    """Tokens of the document itself: each window after the first repeats ``stride`` of the previous one."""
+    return sum(n - special for n in window_lengths) - stride * (len(window_lengths) - 1)
+
+
+def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[Window]:
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if config.stride >= window_len - special:
+        raise ValueError(f"tokenize.stride={config.stride} must be smaller than the window's content "
+                         f"({window_len - special} tokens)")
+    encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
+                        stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
+                        return_token_type_ids=False)
+    by_doc: dict[int, list] = {}
+    for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
+        by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
+    out = []
+    for doc_index, doc in enumerate(documents):
+        pieces = by_doc[doc_index]
+        doc_tokens = content_tokens([len(p) for p in pieces], config.stride, special)
+        truncated = config.long_documents == "truncate" and len(pieces) > 1
+        if truncated:
+            pieces = pieces[:1]
+        out += [Window(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
+    return out
+
+
+class _TokenizeBatch(beam.DoFn):
+    def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig):
+        self._model_path, self._window_len, self._config = model_dir_path, window_len, config
+        self._windows = Metrics.counter(NAMESPACE, "windows")
+        self._tokenizer = None
+
+    def setup(self):
+        from models.checkpoint import load_tokenizer, resolve_dir
+
+        self._tokenizer = load_tokenizer(resolve_dir(self._model_path))
+
+    def process(self, documents):
+        windows = windows_for(documents, self._tokenizer, window_len=self._window_len, config=self._config)
+        self._windows.inc(len(windows))
+        yield from windows
+
+
+class Tokenize(beam.PTransform):
+    def __init__(self, model_path: str, window_len: int, config: TokenizeConfig):
+        super().__init__()
+        self._args = (model_path, window_len, config)
+
+    def expand(self, documents):
+        # The fast tokenizer is much quicker on a list than one text at a time.
+        return (documents
+                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=256)
+                | "Encode" >> beam.ParDo(_TokenizeBatch(*self._args)))

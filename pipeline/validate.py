@@ -1,0 +1,44 @@
+"""``docbeam validate``: the resolved config, and for this machine which attention backend would run each
+bucket and why — the same checks the job does at start."""
+from __future__ import annotations
+
+import yaml
+
+from pipeline.config import JobConfig
+
+
+def describe(cfg: JobConfig, verify: bool = False) -> str:
+    import attention
+    from pipeline.encode import attention_cases, gate
+    from pipeline.run import attention_spec, make_plan
+    from models.checkpoint import open_checkpoint
+
+    out = ["# resolved config (digest %s)" % cfg.digest(),
+           yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
+    plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
+    checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
+    cases = attention_cases(checkpoint.config, [c.case.seq_len for c in plan.choices], plan.platform)
+    out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}",
+            f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
+            f"{checkpoint.config.num_heads} heads × {checkpoint.config.head_dim})"]
+    for name in attention.names():
+        backend = attention.get(name)
+        options = cfg.attention.options_for(name)
+        answers = [(case.seq_len, backend.supports(case, options)) for case in cases]
+        if all(s.ok for _, s in answers):
+            kernels = sorted({s.kernel for _, s in answers if s.kernel})
+            out.append(f"  {name:10s} available" + (f" ({', '.join(kernels)})" if kernels else "")
+                       + f" — {backend.description}")
+        else:
+            out.append(f"  {name:10s} NOT for: " + "; ".join(f"bucket {b}: {s.reason}" for b, s in answers if not s.ok))
+    choices = list(plan.choices)
+    if verify:
+        choices = gate(attention_spec(cfg), choices)
+    out.append(f"# plan: requested {cfg.attention.backend!r}, fallback {cfg.attention.fallback!r}"
+               + (" (parity gate passed)" if verify else ""))
+    for c in choices:
+        line = f"  bucket {c.case.seq_len:6d} → {c.backend}" + (f" [{c.kernel}]" if c.kernel else "")
+        if c.fallback_reason:
+            line += f"  (fallback: {c.fallback_reason})"
+        out.append(line)
+    return "\n".join(out)

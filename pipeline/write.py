@@ -1,0 +1,134 @@
+"""PoolDocuments (window embeddings → one per document) and WriteOutputs (Parquet, JSONL, run stats).
+
+Everything is written through Beam sinks (temporary files finalised once), so a retried bundle leaves
+no duplicates.
+"""
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+
+from pipeline.records import WindowEmbedding
+
+NAMESPACE = "docbeam"
+EMBEDDINGS_SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("embedding", pa.list_(pa.float32())),
+    ("num_tokens", pa.int32()),
+    ("num_windows", pa.int32()),
+    ("truncated", pa.bool_()),
+])
+
+
+def pool_windows(windows: list[WindowEmbedding], normalize: bool) -> dict:
+    """Token-weighted mean of a document's window embeddings, then (optionally) L2 normalisation.
+
+    For mean pooling this is the mean over every window token, so a one-window document gets exactly
+    the model's own embedding.
+    """
+    windows = sorted(windows, key=lambda w: w.index)
+    expected = windows[0].num_windows
+    if [w.index for w in windows] != list(range(expected)):
+        raise ValueError(f"document {windows[0].doc_id!r}: got windows {[w.index for w in windows]} of {expected}")
+    weights = np.array([w.length for w in windows], np.float64)
+    vector = (np.stack([w.vector for w in windows]).astype(np.float64) * weights[:, None]).sum(0) / weights.sum()
+    if normalize:
+        vector = vector / max(np.linalg.norm(vector), 1e-12)
+    return {"id": windows[0].doc_id, "embedding": vector.astype(np.float32).tolist(),
+            "num_tokens": int(windows[0].doc_tokens), "num_windows": len(windows),
+            "truncated": bool(windows[0].truncated)}
+
+
+class PoolDocuments(beam.PTransform):
+    def __init__(self, normalize: bool):
+        super().__init__()
+        self._normalize = normalize
+
+    def expand(self, windows):
+        embedded = Metrics.counter(NAMESPACE, "docs_embedded")
+
+        def pool(item):
+            embedded.inc()
+            return pool_windows(list(item[1]), self._normalize)
+
+        return (windows
+                | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
+                | "GroupWindows" >> beam.GroupByKey()
+                | "Pool" >> beam.Map(pool))
+
+
+class _SumDicts(beam.CombineFn):
+    """Adds nested dicts of numbers: the run's statistics from every output."""
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, acc, item):
+        return _merge(acc, item)
+
+    def merge_accumulators(self, accs):
+        out = {}
+        for a in accs:
+            out = _merge(out, a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else out.get(k, 0) + v
+    return out
+
+
+def timing_stats(t: dict) -> dict:
+    stats = {"batches": 1, "real_tokens": t["real_tokens"], "padded_tokens": t["padded_tokens"],
+             "compiles": int(t["compiled"]), "attention_backends": {t["attention_backend"]: 1},
+             "buckets": {str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"],
+                                                "padded_tokens": t["padded_tokens"]}}}
+    if t["fallback_reason"]:
+        stats["fallbacks"] = {f"{t['attention_requested']}->{t['attention_backend']}: {t['fallback_reason']}": 1}
+    return stats
+
+
+class WriteOutputs(beam.PTransform):
+    """Writes embeddings/, timing/, errors/ and ``_stats.json`` (the numbers summary.json is built from)."""
+
+    def __init__(self, output_path: str, num_shards: int = 0):
+        super().__init__()
+        self._out = output_path.rstrip("/")
+        self._shards = num_shards
+
+    def expand(self, outputs):
+        from apache_beam.io.parquetio import WriteToParquet
+
+        embeddings, timing, rejected, docs_read = (outputs["embeddings"], outputs["timing"], outputs["rejected"],
+                                                   outputs["docs_read"])
+        rejected_counter = {}
+
+        def rejected_json(r):
+            rejected_counter.setdefault(r.kind, Metrics.counter(NAMESPACE, f"docs_rejected[{r.kind}]")).inc()
+            return json.dumps(r.to_json(), ensure_ascii=False)
+
+        embeddings | "WriteEmbeddings" >> WriteToParquet(
+            f"{self._out}/embeddings/part", EMBEDDINGS_SCHEMA, file_name_suffix=".parquet", num_shards=self._shards)
+        timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
+            f"{self._out}/timing/part", file_name_suffix=".jsonl", num_shards=self._shards)
+        rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(
+            f"{self._out}/errors/part", file_name_suffix=".jsonl", num_shards=self._shards)
+        stats = (
+            (docs_read | "ReadStats" >> beam.Map(lambda n: {"docs_read": n}),
+             embeddings | "EmbeddedStats" >> beam.Map(lambda e: {"docs_embedded": 1, "windows": e["num_windows"]}),
+             rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
+             timing | "TimingStats" >> beam.Map(timing_stats))
+            | "AllStats" >> beam.Flatten()
+            | "SumStats" >> beam.CombineGlobally(_SumDicts())
+            | "StatsJson" >> beam.Map(lambda s: json.dumps(s, sort_keys=True)))
+        stats | "WriteStats" >> beam.io.WriteToText(f"{self._out}/_stats", file_name_suffix=".json",
+                                                    shard_name_template="", num_shards=1)
