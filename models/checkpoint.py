@@ -6,7 +6,6 @@ disk) or ``pkg:<module>/<subfolder>`` (a checkpoint shipped inside an installed 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import os
@@ -49,26 +48,31 @@ def resolve_dir(path: str) -> str:
     return path
 
 
+_FETCHED: dict[str, str] = {}
+
+
 def _fetch_remote(prefix: str) -> str:
+    """Copied once per process into a fresh folder: a shared cache could serve a stale model after the
+    objects under the prefix were replaced."""
     from apache_beam.io.filesystems import FileSystems
 
     prefix = prefix.rstrip("/")
-    local = os.path.join(tempfile.gettempdir(), "docbeam-models", hashlib.sha1(prefix.encode()).hexdigest()[:16])
-    if os.path.exists(os.path.join(local, ".complete")):
-        return local
-    for name in PICKLE_WEIGHTS:
-        if FileSystems.exists(f"{prefix}/{name}") and not FileSystems.exists(f"{prefix}/model.safetensors"):
-            _refuse_pickle(f"{prefix}/{name}")
+    if prefix in _FETCHED:
+        return _FETCHED[prefix]
+    if not FileSystems.exists(f"{prefix}/model.safetensors"):
+        for name in PICKLE_WEIGHTS:
+            if FileSystems.exists(f"{prefix}/{name}"):
+                _refuse_pickle(f"{prefix}/{name}")
+    local = tempfile.mkdtemp(prefix="docbeam-model-")
     for name in CHECKPOINT_FILES:
         remote = f"{prefix}/{name}"
         if not FileSystems.exists(remote):
             continue
         target = os.path.join(local, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with FileSystems.open(remote) as src, open(target + ".part", "wb") as dst:
+        with FileSystems.open(remote) as src, open(target, "wb") as dst:
             dst.write(src.read())
-        os.replace(target + ".part", target)
-    open(os.path.join(local, ".complete"), "w").close()
+    _FETCHED[prefix] = local
     return local
 
 

@@ -178,10 +178,8 @@ def run_job(cfg: JobConfig, extra_beam_args: list[str] = ()) -> dict:
         build(p, plan)
     result = p.result
     finished = time.time()
-    with FileSystems.open(f"{out}/_stats.json") as f:
-        stats = json.loads(f.read() or b"{}")
+    stats = json.loads(storage.read_bytes(f"{out}/_stats.json") or b"{}")
     summary = summarize(plan, stats, metrics_dict(result), started, finished)
-    with FileSystems.create(f"{out}/summary.json") as f:
-        f.write(json.dumps(summary, indent=2, sort_keys=True).encode())
+    storage.write_bytes(f"{out}/summary.json", json.dumps(summary, indent=2, sort_keys=True).encode())
     FileSystems.delete([f"{out}/_stats.json"])
     return summary

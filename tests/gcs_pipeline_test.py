@@ -1,0 +1,51 @@
+"""The job against real GCS calls: a local emulator serves input, model and output as gs:// URIs."""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import job_config
+from gcs_emulator import gcs_emulator
+from pipeline import storage
+from pipeline.run import run_job
+
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+
+
+def upload_folder(emulator, local: str, prefix: str) -> None:
+    bucket = emulator.client.bucket(emulator.bucket)
+    for root, _, files in os.walk(local):
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), local)
+            bucket.blob(f"{prefix}/{rel}").upload_from_filename(os.path.join(root, name))
+
+
+def test_job_reads_corpus_and_model_from_gcs_and_writes_outputs_there(tiny_checkpoint_dir, tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = [{"id": f"d{i}", "text": f"Document number {i} talks about storage buckets. " * (i % 7 + 1)}
+            for i in range(30)]
+    (corpus / "part-0.jsonl").write_text("\n".join(json.dumps(d) for d in docs[:20]) + "\n")
+    (corpus / "part-1.jsonl").write_text("\n".join(json.dumps(d) for d in docs[20:]) + "\n{not json}\n")
+    with gcs_emulator() as gcs:
+        upload_folder(gcs, str(corpus), "corpus")
+        upload_folder(gcs, tiny_checkpoint_dir, "models/tiny")
+        cfg = job_config(gcs.url("corpus", "part-*.jsonl"), gcs.url("runs", "today"), gcs.url("models", "tiny"))
+        summary = run_job(cfg)
+
+        listed = {b.name for b in gcs.client.list_blobs(gcs.bucket, prefix="runs/today/")}
+        parquet = [n for n in listed if n.startswith("runs/today/embeddings/") and n.endswith(".parquet")]
+        table = pq.read_table(io.BytesIO(storage.read_bytes(gcs.url(parquet[0])))) if len(parquet) == 1 else None
+        summary_in_gcs = json.loads(storage.read_bytes(gcs.url("runs", "today", "summary.json")))
+        errors = storage.read_bytes(storage.glob(gcs.url("runs", "today", "errors", "*.jsonl"))[0]).decode()
+
+    assert summary["docs_read"] == 31 and summary["docs_embedded"] == 30 and summary["docs_rejected"] == 1
+    assert summary_in_gcs == summary
+    assert table is not None and sorted(table.column("id").to_pylist()) == sorted(d["id"] for d in docs)
+    assert any(n.startswith("runs/today/timing/") for n in listed)
+    assert json.loads(errors.splitlines()[0])["kind"] == "malformed_json"
+    assert not any("temp" in n.split("/")[2] for n in listed if n.count("/") > 2), "sink temp files left behind"
