@@ -1,0 +1,79 @@
+"""The encoder as a worker runs it: attention planning at start, fallback, parity gate, and the
+memory/compile watch over many batches."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention.plan import AttentionPlanError
+from pipeline.bucket import pad_batch, rows_for
+from pipeline.encode import AttentionSpec, EncoderRuntime, EncoderSpec, gate, plan_attention, attention_cases
+from pipeline.records import Window
+from models.checkpoint import open_checkpoint
+
+TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
+
+
+def spec(model_dir, **attention) -> EncoderSpec:
+    fields = dict(backend="native", options={}, fallback=None, fallback_options={})
+    fields.update(attention)
+    return EncoderSpec(model_path=model_dir, dtype="float32", pooling="mean", buckets=(16, 32),
+                       attention=AttentionSpec(**fields))
+
+
+def cases(model_dir, buckets=(16, 32)):
+    return attention_cases(open_checkpoint(model_dir).config, buckets, "cpu")
+
+
+def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(tiny_checkpoint_dir):
+    s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY)
+    with pytest.raises(AttentionPlanError, match=r"cannot run bucket 16 \(cpu.*attention.fallback"):
+        plan_attention(s.attention, cases(tiny_checkpoint_dir))
+
+
+def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
+    s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="native")
+    runtime = EncoderRuntime(s)
+    batch = pad_batch([Window("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
+    vectors, timing = runtime.encode(batch)
+    assert vectors.shape == (1, 32) and np.isfinite(vectors).all()
+    assert timing["attention_requested"] == "flash" and timing["attention_backend"] == "native"
+    assert "interpret" in timing["fallback_reason"]
+
+
+def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir):
+    s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True)
+    choices = plan_attention(s.attention, cases(tiny_checkpoint_dir))
+    with pytest.raises(RuntimeError, match="parity gate: .* differs from native"):
+        gate(s.attention, choices)
+
+
+def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
+    s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
+             fallback="native")
+    gated = gate(s.attention, plan_attention(s.attention, cases(tiny_checkpoint_dir)))
+    assert [c.backend for c in gated] == ["native", "native"]
+    assert all(c.fallback_reason.startswith("parity gate") for c in gated)
+
+
+def test_parity_gate_passes_a_correct_backend(tiny_checkpoint_dir):
+    s = spec(tiny_checkpoint_dir, backend="chunked", verify=True)
+    assert [c.backend for c in gate(s.attention, plan_attention(s.attention, cases(tiny_checkpoint_dir)))] == [
+        "chunked", "chunked"]
+
+
+def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(tiny_checkpoint_dir):
+    runtime = EncoderRuntime(spec(tiny_checkpoint_dir))
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(80):
+        bucket = (16, 32)[i % 2]
+        rows = rows_for(bucket, 256)
+        n = int(rng.integers(1, rows + 1))  # full and partial batches share one shape
+        windows = [Window(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
+                                                           dtype=np.int32), 1, False) for j in range(n)]
+        records.append(runtime.encode(pad_batch(windows, bucket, rows))[1])
+    assert [r["compiled"] for r in records[:2]] == [True, True]
+    assert not any(r["compiled"] for r in records[2:])
+    in_use = np.array([r["memory_in_use_bytes"] for r in records[10:]])
+    assert in_use.max() - in_use[:10].min() < 64 << 20, f"memory grew by {(in_use.max() - in_use[:10].min()) >> 20} MiB"
