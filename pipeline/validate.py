@@ -31,6 +31,9 @@ def describe(cfg: JobConfig, verify: bool = False) -> str:
                        + f" — {backend.description}")
         else:
             out.append(f"  {name:10s} NOT for: " + "; ".join(f"bucket {b}: {s.reason}" for b, s in answers if not s.ok))
+    from attention import flash
+
+    out += ["# flash: which kernel `kernel: auto` picks per platform", flash.describe()]
     choices = list(plan.choices)
     if verify:
         choices = gate(attention_spec(cfg), choices)
