@@ -95,17 +95,22 @@ def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
     if hf is None:
         raise CheckpointError(f"model.path: no config.json in {folder}; expected a Hugging Face checkpoint folder")
     model_type = hf.get("model_type", "bert")
-    rope = model_type in ("roformer", "modernbert") or hf.get("position_embedding_type") == "rope"
-    if model_type not in ("bert", "roberta", "xlm-roberta", "roformer") and not rope:
+    if model_type not in ("bert", "roformer"):  # RoBERTa would need its position-id offset
         raise CheckpointError(f"model.path: model_type {model_type!r} in {folder}/config.json is not supported; "
-                              "supported: BERT-family (bert, roberta, xlm-roberta) and rotary (roformer, "
-                              "position_embedding_type: rope)")
+                              "supported: bert (absolute positions) and roformer (rotary, no length limit)")
+    rope = model_type == "roformer"
+    if rope and hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
+        raise CheckpointError(f"model.path: {folder}/config.json has embedding_size != hidden_size, which needs "
+                              "an embedding projection this encoder does not have")
+    if rope and hf.get("rotary_value"):
+        raise CheckpointError(f"model.path: {folder}/config.json sets rotary_value, which is not supported")
     return EncoderConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
         num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
         max_position=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=hf.get("hidden_act", "gelu"),
-        position="rope" if rope else "absolute", rope_theta=float(hf.get("rope_theta", 10000.0)), dtype=dtype)
+        position="rope" if rope else "absolute", rope_theta=float(hf.get("rope_theta", 10000.0)),
+        rope_style="interleaved" if model_type == "roformer" else "half", dtype=dtype)
 
 
 def model_settings(folder: str, config: EncoderConfig) -> ModelSettings:
@@ -170,7 +175,7 @@ def load_params(folder: str, config: EncoderConfig) -> dict:
 
 
 def _strip_prefix(name: str) -> str:
-    for prefix in ("bert.", "roberta.", "roformer.", "model."):
+    for prefix in ("bert.", "roformer.", "model."):
         if name.startswith(prefix):
             return name[len(prefix):]
     return name

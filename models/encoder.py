@@ -35,6 +35,7 @@ class EncoderConfig:
     activation: str = "gelu"
     position: Literal["absolute", "rope"] = "absolute"
     rope_theta: float = 10000.0
+    rope_style: Literal["half", "interleaved"] = "half"  # RoFormer rotates interleaved pairs; Llama-style halves
     dtype: str = "float32"  # compute dtype; parameters stay float32
 
     @property
@@ -48,16 +49,25 @@ class EncoderConfig:
             raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
 
 
-def rotary(x_BxTxNxH: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (rotate-half form, as in Hugging Face's RoFormer/Llama/ModernBERT)."""
+def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half") -> jax.Array:
+    """Rotary position embedding; computed per position, so sequences have no length limit.
+
+    ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
+    pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i.
+    """
     _, T, _, H = x_BxTxNxH.shape
     inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
     angles_TxH2 = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq_H2[None, :]
-    angles_TxH = jnp.concatenate([angles_TxH2, angles_TxH2], axis=-1)
+    x = x_BxTxNxH.astype(jnp.float32)
+    if style == "interleaved":
+        angles_TxH = jnp.repeat(angles_TxH2, 2, axis=-1)
+        rotated = jnp.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
+    else:
+        angles_TxH = jnp.concatenate([angles_TxH2, angles_TxH2], axis=-1)
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        rotated = jnp.concatenate([-x2, x1], axis=-1)
     cos, sin = jnp.cos(angles_TxH)[None, :, None, :], jnp.sin(angles_TxH)[None, :, None, :]
-    x1, x2 = jnp.split(x_BxTxNxH.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x_BxTxNxH * cos + rotated * sin).astype(x_BxTxNxH.dtype)
+    return (x * cos + rotated * sin).astype(x_BxTxNxH.dtype)
 
 
 class Layer(nn.Module):
@@ -72,7 +82,8 @@ class Layer(nn.Module):
         qkv_BxTx3D = nn.Dense(3 * D, dtype=dtype, name="qkv")(x_BxTxD)
         q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
         if cfg.position == "rope":
-            q_BxTxNxH, k_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta), rotary(k_BxTxNxH, cfg.rope_theta)
+            q_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta, cfg.rope_style)
+            k_BxTxNxH = rotary(k_BxTxNxH, cfg.rope_theta, cfg.rope_style)
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=lengths_B,
                                       scale=1.0 / H ** 0.5)
         attn_BxTxD = nn.Dense(D, dtype=dtype, name="attn_out")(attn_BxTxNxH.reshape(B, T, D))

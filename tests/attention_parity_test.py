@@ -1,0 +1,113 @@
+"""Parity: every registered backend (plus the flash kernels that run on this machine) against ``native``.
+
+The backend sees inputs whose padded positions hold large garbage; the reference is ``native`` on the
+same inputs with clean padding, in float32. Matching on the valid query rows therefore checks both
+the numerics and that padded keys get zero weight.
+"""
+import dataclasses
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import attention
+
+USER_BACKEND = "tests.fixtures_user_backend:attend"
+TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    dtype: str
+    seq_len: int
+    kv_lengths: tuple[int, ...]  # one per batch row
+    num_heads: int
+    head_dim: int
+
+    def __str__(self):
+        lengths = ",".join(map(str, self.kv_lengths))
+        return f"{self.dtype}-T{self.seq_len}-len{lengths}-N{self.num_heads}H{self.head_dim}"
+
+
+CASES = [
+    Case("float32", 96, (96, 50, 0), num_heads=2, head_dim=32),  # full, partial, fully padded rows
+    Case("float32", 200, (1, 200), num_heads=1, head_dim=64),  # not a multiple of 128; a single key
+    Case("bfloat16", 128, (128, 77), num_heads=2, head_dim=32),
+]
+
+VARIANTS = (
+    [(name, {}) for name in attention.names()]
+    + [("flash", {"kernel": "tokamax_chunked"}),
+       ("flash", {"kernel": "pallas_tpu", "interpret": True}),
+       ("flash", {"kernel": "pallas_gpu", "interpret": True}),
+       ("chunked", {"query_chunk": 64, "key_chunk": 48}),  # chunks that divide no sequence length
+       (USER_BACKEND, {})]
+)
+
+
+def variant_id(variant):
+    name, options = variant
+    return "-".join([name.split(":")[0].rsplit(".")[-1]] + [f"{k}={v}" for k, v in options.items()])
+
+
+def parity_params():
+    """Every variant on every case under jit, and on the first case eagerly too: eager calls compile
+    op by op, which is what makes this file slow, and one case per backend shows that it traces."""
+    for variant in VARIANTS:
+        for case, jit in [(case, True) for case in CASES] + [(CASES[0], False)]:
+            yield pytest.param(variant, case, jit, id=f"{variant_id(variant)}-{case}-{'jit' if jit else 'eager'}")
+
+
+@functools.lru_cache
+def make_inputs(case: Case, seed: int = 0):
+    """q, k, v with garbage in the padded positions, and ``native``'s float32 output on the same inputs
+    with zeros there instead. numpy makes the inputs: eager jax.random would compile op by op."""
+    rng = np.random.default_rng(seed)
+    shape = (len(case.kv_lengths), case.seq_len, case.num_heads, case.head_dim)
+    valid_Bx1x1x1 = (np.arange(case.seq_len)[None, :] < np.array(case.kv_lengths)[:, None])[..., None, None]
+    clean = [jnp.asarray(np.where(valid_Bx1x1x1, rng.standard_normal(shape), 0.0), case.dtype) for _ in "qkv"]
+    garbage = [jnp.where(valid_Bx1x1x1, x, jnp.asarray(10 * rng.standard_normal(shape), case.dtype))
+               for x in clean]
+    kv_lengths_B = jnp.array(case.kv_lengths, jnp.int32)
+    native = jax.jit(attention.get("native").bind(), static_argnames="scale")
+    reference = native(*(x.astype(jnp.float32) for x in clean), kv_lengths_B=kv_lengths_B,
+                       scale=case.head_dim ** -0.5)
+    return garbage, kv_lengths_B, reference
+
+
+@pytest.fixture
+def tests_package_importable(monkeypatch):
+    """The user backend is named ``tests.…``, importable from the repository root."""
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1]))
+
+
+@pytest.mark.usefixtures("tests_package_importable")
+@pytest.mark.parametrize("variant,case,jit", list(parity_params()))
+def test_backend_matches_native_on_valid_rows_and_ignores_padding(variant, case, jit):
+    name, raw_options = variant
+    backend = attention.get(name)
+    options = backend.parse_options(raw_options)
+    support = backend.supports(attention.AttentionCase(
+        platform=jax.default_backend(), dtype=case.dtype, seq_len=case.seq_len, num_heads=case.num_heads,
+        head_dim=case.head_dim), options)
+    if not support.ok:
+        pytest.skip(f"{name} {raw_options} cannot run {case} here: {support.reason}")
+
+    (q, k, v), kv_lengths_B, reference = make_inputs(case)
+    attend = backend.bind(options)
+    if jit:
+        attend = jax.jit(attend, static_argnames="scale")
+
+    out_BxTxNxH = attend(q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim ** -0.5)
+
+    assert out_BxTxNxH.shape == q.shape and out_BxTxNxH.dtype == q.dtype
+    assert bool(jnp.isfinite(out_BxTxNxH).all()), "non-finite output (padded or fully padded rows included)"
+    for row, length in enumerate(case.kv_lengths):
+        error = float(jnp.abs(out_BxTxNxH[row, :length].astype(jnp.float32) - reference[row, :length]).max(
+            initial=0.0))
+        assert error <= TOLERANCE[case.dtype], (
+            f"row {row} (length {length}): max abs error {error:.2e} > {TOLERANCE[case.dtype]:.0e} against native "
+            "on clean padding; either the numerics differ or padded keys got weight")

@@ -1,0 +1,126 @@
+"""The attention registry and the backends' capability checks: names, options and refusals."""
+import pathlib
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pydantic
+import pytest
+
+import attention
+from attention import AttentionCase, flash, registry
+
+USER_BACKEND = "tests.fixtures_user_backend:attend"
+
+
+def case(platform="cpu", dtype="float32", seq_len=128, num_heads=2, head_dim=64):
+    return AttentionCase(platform=platform, dtype=dtype, seq_len=seq_len, num_heads=num_heads, head_dim=head_dim)
+
+
+def flash_support(platform="cpu", dtype="float32", head_dim=64, **options):
+    backend = attention.get("flash")
+    return backend.supports(case(platform, dtype, head_dim=head_dim), backend.parse_options(options))
+
+
+def test_builtin_backends_are_registered():
+    assert {"native", "chunked", "flash"} <= set(attention.names())
+
+
+def test_registering_a_taken_name_raises():
+    with pytest.raises(ValueError, match="'native' is registered twice"):
+        attention.register("native")(lambda q, k, v, *, kv_lengths_B, scale, options: q)
+    assert attention.get("native").attend.__module__ == "attention.native"
+
+
+def test_unknown_backend_lists_valid_names():
+    with pytest.raises(registry.UnknownBackendError, match="'flsh'") as error:
+        attention.get("flsh")
+    for name in ("native", "chunked", "flash"):
+        assert name in str(error.value)
+
+
+def test_user_backend_from_module_path_loads_and_matches_native(monkeypatch):
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[1]))
+    backend = attention.get(USER_BACKEND)
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 40, 2, 16)), jnp.float32) for _ in "qkv")
+    kv_lengths_B = jnp.array([40, 7], jnp.int32)
+
+    out = backend.bind()(q, k, v, kv_lengths_B=kv_lengths_B, scale=0.25)
+    expected = attention.get("native").bind()(q, k, v, kv_lengths_B=kv_lengths_B, scale=0.25)
+
+    np.testing.assert_allclose(out[0], expected[0], atol=1e-5)
+    np.testing.assert_allclose(out[1, :7], expected[1, :7], atol=1e-5)
+    assert backend.supports(case(seq_len=8192), backend.parse_options(None)).ok is False
+
+
+def test_user_backend_that_cannot_be_imported_names_the_spec():
+    with pytest.raises(registry.UnknownBackendError, match="no_such_module:attend"):
+        attention.get("no_such_module:attend")
+
+
+@pytest.mark.parametrize("name,raw,bad_key", [
+    ("flash", {"blok_q": 1}, "blok_q"),
+    ("flash", {"block_q": 0}, "block_q"),
+    ("flash", {"kernel": "pallas"}, "kernel"),
+    ("chunked", {"key_chunk": -4}, "key_chunk"),
+    ("native", {"block_q": 128}, "block_q"),
+])
+def test_bad_option_is_refused_naming_the_key(name, raw, bad_key):
+    with pytest.raises(pydantic.ValidationError, match=bad_key):
+        attention.get(name).parse_options(raw)
+
+
+def test_flash_auto_names_the_kernel_each_platform_runs():
+    assert flash_support("cpu").kernel == "tokamax.xla_chunked"
+    assert flash_support("tpu").kernel == "pallas.tpu.flash_attention"
+    assert flash_support("gpu", "bfloat16").kernel == "jax.nn.dot_product_attention[cudnn]"
+    assert flash_support("gpu", "float32").kernel == "tokamax.triton"
+
+
+def test_flash_platform_table_lists_every_auto_choice():
+    table = flash.describe()
+    for platform, kernels in flash.PLATFORM_KERNELS.items():
+        assert platform in table
+        assert all(f"`{kernel}`" in table for kernel in kernels)
+
+
+def test_flash_refuses_cudnn_off_gpu_and_in_float32():
+    off_gpu = flash_support("cpu", "bfloat16", kernel="cudnn")
+    float32 = flash_support("gpu", "float32", kernel="cudnn")
+    odd_head = flash_support("gpu", "bfloat16", head_dim=36, kernel="cudnn")
+
+    assert not off_gpu.ok and "not cpu" in off_gpu.reason
+    assert not float32.ok and "float32" in float32.reason
+    assert not odd_head.ok and "head_dim" in odd_head.reason
+
+
+def test_flash_pallas_tpu_off_tpu_needs_interpret():
+    refused = flash_support("cpu", kernel="pallas_tpu")
+    interpreted = flash_support("cpu", kernel="pallas_tpu", interpret=True)
+
+    assert not refused.ok and "interpret: true" in refused.reason
+    assert interpreted.ok and interpreted.kernel == "pallas.tpu.flash_attention (interpret mode)"
+
+
+def test_flash_pallas_tpu_refuses_unsupported_head_dim_and_blocks():
+    assert "head_dim" in flash_support("tpu", head_dim=192, kernel="pallas_tpu").reason
+    assert "block_k" in flash_support("tpu", kernel="pallas_tpu", block_k=64).reason
+
+
+def test_flash_with_missing_kernel_package_refuses_instead_of_failing_import(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tokamax", None)  # makes `import tokamax` raise ImportError
+
+    support = flash_support("cpu")
+
+    assert not support.ok and "tokamax not importable" in support.reason
+
+
+def test_flash_refusal_at_run_time_says_why():
+    backend = attention.get("flash")
+    q = jnp.zeros((1, 128, 1, 32), jnp.float32)
+
+    with pytest.raises(ValueError, match="set flash.interpret: true"):
+        backend.bind(backend.parse_options({"kernel": "pallas_tpu"}))(
+            q, q, q, kv_lengths_B=jnp.array([128], jnp.int32), scale=1.0)
+
