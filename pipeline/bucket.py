@@ -49,11 +49,7 @@ def pad_batch(windows: list[Window], bucket_len: int, rows: int) -> Batch:
 
 def padding_efficiency(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> float:
     """Real ÷ padded tokens if these window lengths went through bucketing (one shard)."""
-    counts: dict[int, int] = {}
-    for n in lengths:
-        b = bucket_for(n, buckets)
-        counts[b] = counts.get(b, 0) + 1
-    padded = sum(-(-c // rows_for(b, tokens_per_batch)) * rows_for(b, tokens_per_batch) * b for b, c in counts.items())
+    padded = padded_tokens(lengths, buckets, tokens_per_batch)
     return sum(lengths) / padded if padded else 1.0
 
 
@@ -77,3 +73,49 @@ class BucketBatches(beam.PTransform):
                 | f"Group{bucket_len}" >> beam.GroupIntoBatches(rows)
                 | f"Pad{bucket_len}" >> beam.MapTuple(lambda key, ws, b=bucket_len, r=rows: pad_batch(list(ws), b, r)))
         return batches | "AllBuckets" >> beam.Flatten()
+
+
+def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> int:
+    counts: dict[int, int] = {}
+    for n in lengths:
+        b = bucket_for(n, buckets)
+        counts[b] = counts.get(b, 0) + 1
+    return sum(-(-c // rows_for(b, tokens_per_batch)) * rows_for(b, tokens_per_batch) * b for b, c in counts.items())
+
+
+def plan_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
+                 step: int = 16) -> tuple[int, ...]:
+    """Bucket boundaries (multiples of ``step``, the last ``max_len``) that minimise padded tokens for
+    this length histogram, partial last batches included. Dynamic programming over boundaries."""
+    if not lengths:
+        return (max_len,)
+    candidates = sorted({min(max_len, step * -(-n // step)) for n in lengths} | {max_len})
+    sorted_lengths = sorted(lengths)
+
+    import bisect
+
+    def cost(lo: int, hi: int) -> int:  # windows with lo < length <= hi, padded to hi
+        n = bisect.bisect_right(sorted_lengths, hi) - bisect.bisect_right(sorted_lengths, lo)
+        rows = rows_for(hi, tokens_per_batch)
+        return -(-n // rows) * rows * hi
+
+    # best[k][j]: least padded tokens covering lengths <= candidates[j] with k buckets, the last at j.
+    inf = float("inf")
+    best = [[inf] * len(candidates) for _ in range(max_buckets + 1)]
+    parent = [[-1] * len(candidates) for _ in range(max_buckets + 1)]
+    for j, c in enumerate(candidates):
+        best[1][j] = cost(0, c)
+    for k in range(2, max_buckets + 1):
+        for j in range(len(candidates)):
+            for i in range(j):
+                value = best[k - 1][i] + cost(candidates[i], candidates[j])
+                if value < best[k][j]:
+                    best[k][j], parent[k][j] = value, i
+    last = len(candidates) - 1
+    k = min(range(1, max_buckets + 1), key=lambda k: (best[k][last], k))
+    chosen = []
+    j = last
+    while k >= 1 and j >= 0:
+        chosen.append(candidates[j])
+        j, k = parent[k][j], k - 1
+    return tuple(sorted(chosen))

@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--verify", action="store_true",
                            help="also run each bucket's backend against native on a probe batch here")
+    p = sub.add_parser("plan-buckets", help="propose bucket lengths and token budget from the corpus")
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
     from pipeline import report
 
     report.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
@@ -50,6 +54,11 @@ def main(argv: list[str] | None = None) -> int:
         return report.main(args)
     try:
         cfg = config_lib.load(args.config, args.overrides)
+        if args.command == "plan-buckets":
+            from pipeline.plan_buckets import describe
+
+            print(describe(cfg, args.documents))
+            return 0
         if args.command == "validate":
             from pipeline.validate import describe
 

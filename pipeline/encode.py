@@ -50,6 +50,7 @@ class EncoderSpec:
     platform: str = "auto"  # the platform the job was planned for; "auto": whatever the worker has
     profile_batches: int = 0
     profile_dir: str | None = None
+    progress_seconds: float = 10.0  # 0: no progress lines
 
 
 def attention_cases(config, buckets: Sequence[int], platform: str) -> list:
@@ -139,6 +140,7 @@ class EncoderRuntime:
         self._batches_done = 0
         self._shapes_seen: set = set()
         self._profiling = False
+        self.progress = Progress(spec.progress_seconds)
 
     def encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
         import jax
@@ -166,6 +168,7 @@ class EncoderRuntime:
         self._shapes_seen.add(shape)
         self._batches_done += 1
         self._maybe_stop_profile()
+        self.progress.update(batch.real_rows, batch.real_tokens)
         timing = {
             "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
             "real_rows": batch.real_rows, "real_tokens": batch.real_tokens,
@@ -196,6 +199,27 @@ class EncoderRuntime:
             jax.profiler.stop_trace()
             self._profiling = False
             copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
+
+
+class Progress:
+    """A progress line per worker every ``every_s`` seconds (never per batch, so logs stay readable);
+    on Dataflow the Beam counters in the monitoring UI serve the same purpose."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self.started = self.last = time.monotonic()
+        self.windows = self.tokens = self.batches = 0
+
+    def update(self, windows: int, tokens: int) -> str | None:
+        self.windows, self.tokens, self.batches = self.windows + windows, self.tokens + tokens, self.batches + 1
+        now = time.monotonic()
+        if not self.every_s or now - self.last < self.every_s:
+            return None
+        self.last = now
+        line = (f"progress: {self.batches} batches, {self.windows} windows, {self.tokens} tokens encoded in "
+                f"{now - self.started:.0f} s ({self.tokens / max(now - self.started, 1e-9):.0f} tokens/s)")
+        log.info(line)
+        return line
 
 
 def copy_tree(local_dir: str, dest: str) -> None:

@@ -46,7 +46,7 @@ class JobPlan:
         return EncoderSpec(
             model_path=cfg.model.path, dtype=cfg.model.dtype, pooling=self.pooling, buckets=cfg.batching.buckets,
             attention=attention_spec(cfg), platform=self.platform, profile_batches=cfg.profile.batches,
-            profile_dir=f"{cfg.output.path.rstrip('/')}/profiles")
+            profile_dir=f"{cfg.output.path.rstrip('/')}/profiles", progress_seconds=cfg.runner.progress_seconds)
 
 
 def attention_spec(cfg: JobConfig) -> AttentionSpec:
