@@ -11,6 +11,8 @@ import zlib
 
 import apache_beam as beam
 import numpy as np
+from apache_beam import coders
+from apache_beam.transforms import userstate
 
 from pipeline.config import BatchingConfig
 from pipeline.records import Batch, Window
@@ -53,6 +55,43 @@ def padding_efficiency(lengths: list[int], buckets: tuple[int, ...], tokens_per_
     return sum(lengths) / padded if padded else 1.0
 
 
+class _BatchByKey(beam.DoFn):
+    """GroupIntoBatches with the batch size read from the key, and without its processing-time timer.
+
+    Needed since that timer (declared even when unused) sends a pipeline off the DirectRunner's
+    FnApiRunner onto its single-threaded BundleBasedDirectRunner, which ignores ``direct_num_workers``.
+    Partial batches are flushed at the end of the window (for a batch job, the end of input).
+    """
+
+    BUFFER = userstate.BagStateSpec("buffer", coders.PickleCoder())
+    COUNT = userstate.CombiningValueStateSpec("count", combine_fn=beam.combiners.CountCombineFn())
+    FLUSH = userstate.TimerSpec("flush", userstate.TimeDomain.WATERMARK)
+
+    def __init__(self, tokens_per_batch: int):
+        self._tokens_per_batch = tokens_per_batch
+
+    def process(self, element, window=beam.DoFn.WindowParam, buffer=beam.DoFn.StateParam(BUFFER),
+                count=beam.DoFn.StateParam(COUNT), flush=beam.DoFn.TimerParam(FLUSH)):
+        (bucket_len, shard), window_record = element
+        flush.set(window.max_timestamp())
+        buffer.add(window_record)
+        count.add(1)
+        rows = rows_for(bucket_len, self._tokens_per_batch)
+        if count.read() >= rows:
+            yield pad_batch(list(buffer.read()), bucket_len, rows)
+            buffer.clear()
+            count.clear()
+
+    @userstate.on_timer(FLUSH)
+    def flush(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER), count=beam.DoFn.StateParam(COUNT)):
+        leftover = list(buffer.read())
+        if leftover:
+            bucket_len, _ = key
+            yield pad_batch(leftover, bucket_len, rows_for(bucket_len, self._tokens_per_batch))
+        buffer.clear()
+        count.clear()
+
+
 class BucketBatches(beam.PTransform):
     def __init__(self, config: BatchingConfig):
         super().__init__()
@@ -60,19 +99,12 @@ class BucketBatches(beam.PTransform):
 
     def expand(self, windows):
         cfg = self._config
-        by_bucket = windows | "ByBucket" >> beam.Partition(
-            lambda w, n: cfg.buckets.index(bucket_for(w.length, cfg.buckets)), len(cfg.buckets))
-        batches = []
-        for bucket_len, part in zip(cfg.buckets, by_bucket):
-            rows = rows_for(bucket_len, cfg.tokens_per_batch)
-            batches.append(
-                part
-                | f"Key{bucket_len}" >> beam.Map(
-                    lambda w, b=bucket_len: ((b, shard_for(w.doc_id, w.index, cfg.shards)), w)
+        return (windows
+                | "KeyByBucketAndShard" >> beam.Map(
+                    lambda w: ((bucket_for(w.length, cfg.buckets), shard_for(w.doc_id, w.index, cfg.shards)), w)
                 ).with_output_types(tuple[tuple[int, int], Window])  # a deterministic key coder for state
-                | f"Group{bucket_len}" >> beam.GroupIntoBatches(rows)
-                | f"Pad{bucket_len}" >> beam.MapTuple(lambda key, ws, b=bucket_len, r=rows: pad_batch(list(ws), b, r)))
-        return batches | "AllBuckets" >> beam.Flatten()
+                | "Batch" >> beam.ParDo(_BatchByKey(cfg.tokens_per_batch))
+                | "SpreadBatches" >> beam.Reshuffle())
 
 
 def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> int:

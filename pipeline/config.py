@@ -120,23 +120,37 @@ class RunnerConfig(_Section):
     def _known_beam_options(cls, options):
         from apache_beam.options.pipeline_options import PipelineOptions
 
-        known = set(PipelineOptions([]).get_all_options(retain_unknown_options=False))
-        unknown = sorted(set(options) - known)
+        defaults = PipelineOptions([]).get_all_options(retain_unknown_options=False)
+        unknown = sorted(set(options) - set(defaults))
         if unknown:
             raise ValueError(f"unknown Beam pipeline option(s) {unknown}; use Beam's names without dashes, "
                              "e.g. direct_num_workers, temp_location, project")
+        for key, value in options.items():
+            if value is False and defaults[key] and not _negation_flag(key):
+                raise ValueError(f"{key}: false cannot be expressed as a Beam flag (Beam's default is "
+                                 f"{defaults[key]!r} and it has no --no_{key})")
         return options
 
     def beam_args(self) -> list[str]:
         args = [f"--runner={self.name}"]
         for key, value in self.options.items():
             if isinstance(value, bool):
-                args += [f"--{key}"] if value else []  # Beam's boolean options are presence flags
+                # Beam's boolean options are presence flags; some default to true and have a --no_ form.
+                args += [f"--{key}"] if value else [_negation_flag(key)] if _negation_flag(key) else []
             elif isinstance(value, list):
                 args += [f"--{key}={v}" for v in value]
             else:
                 args.append(f"--{key}={value}")
         return args
+
+
+def _negation_flag(key: str) -> str | None:
+    """``--no_<key>`` when Beam defines it (e.g. --no_use_public_ips), else None."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    flag = f"--no_{key}"
+    parsed = PipelineOptions([flag]).get_all_options(retain_unknown_options=False)
+    return flag if parsed.get(key) is False else None
 
 
 class JobConfig(_Section):

@@ -223,17 +223,17 @@ class Progress:
 
 
 def copy_tree(local_dir: str, dest: str) -> None:
-    """Profiles are written locally by JAX, then copied to the output (local or gs://)."""
-    from apache_beam.io.filesystems import FileSystems
+    """Profiles are written locally by JAX, then copied byte for byte to the output (local or gs://)."""
+    from pipeline import storage
 
     for root, _, files in os.walk(local_dir):
         for name in files:
             rel = os.path.relpath(os.path.join(root, name), local_dir)
-            target = FileSystems.join(dest, *rel.split(os.sep))
+            target = storage.join(dest, *rel.split(os.sep))
             if "://" not in target:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(os.path.join(root, name), "rb") as src, FileSystems.create(target) as dst:
-                dst.write(src.read())
+            with open(os.path.join(root, name), "rb") as src:
+                storage.write_bytes(target, src.read())
 
 
 _RUNTIMES: dict[str, EncoderRuntime] = {}

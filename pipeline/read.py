@@ -5,11 +5,13 @@ Rejected, so ``docs_read == docs_embedded + docs_rejected`` holds by constructio
 """
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Iterator
 
 import apache_beam as beam
 from apache_beam.io import fileio
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.metrics import Metrics
 
 from pipeline.config import InputConfig
@@ -98,6 +100,14 @@ def parse_text_file(data: bytes | None, *, source: str, cap: int) -> Document | 
     return Document(id=source, text=text, source=source, line=None)
 
 
+def open_decompressed(readable: fileio.ReadableFile, path: str):
+    """gzip through Python's own reader, since Beam's stops quietly at a truncated stream (the tail of
+    the file would vanish); other compressions through Beam's."""
+    if path.endswith(".gz"):
+        return gzip.GzipFile(fileobj=readable.open(compression_type=CompressionTypes.UNCOMPRESSED), mode="rb")
+    return readable.open()
+
+
 class _ParseFile(beam.DoFn):
     def __init__(self, config: InputConfig):
         self._config = config
@@ -116,7 +126,7 @@ class _ParseFile(beam.DoFn):
 
     def _records(self, readable, path):
         cfg = self._config
-        with readable.open() as stream:
+        with open_decompressed(readable, path) as stream:
             if file_format(path, cfg.format) == "jsonl":
                 for number, raw in read_capped_lines(stream, cfg.max_line_bytes):
                     if raw is not None and not raw.strip():

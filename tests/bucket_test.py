@@ -1,0 +1,149 @@
+"""pipeline/bucket.py: windows padded to the smallest bucket, in batches of one fixed shape per bucket."""
+from __future__ import annotations
+
+import collections
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from pipeline.bucket import BucketBatches, bucket_for, pad_batch, padding_efficiency, rows_for, shard_for
+from pipeline.config import BatchingConfig
+from pipeline.records import Window
+
+BUCKETS = (16, 32, 64)
+
+
+def window(doc_id: str, index: int, length: int, num_windows: int = 1) -> Window:
+    token_ids = np.arange(101, 101 + length, dtype=np.int32)
+    return Window(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
+
+
+@pytest.mark.parametrize("length, bucket", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)])
+def test_a_window_goes_to_the_smallest_bucket_that_fits(length, bucket):
+    assert bucket_for(length, BUCKETS) == bucket
+
+
+def test_a_window_longer_than_every_bucket_names_batching_buckets():
+    with pytest.raises(ValueError, match=r"65 tokens fits no bucket \(largest 64\).*batching\.buckets"):
+        bucket_for(65, BUCKETS)
+
+
+@pytest.mark.parametrize("bucket_len, tokens_per_batch, rows", [(16, 512, 32), (64, 512, 8), (96, 512, 5),
+                                                                 (512, 512, 1), (1024, 512, 1)])
+def test_rows_fill_the_token_budget_and_never_drop_below_one(bucket_len, tokens_per_batch, rows):
+    assert rows_for(bucket_len, tokens_per_batch) == rows
+
+
+def test_shard_is_deterministic_in_range_and_spread():
+    shards = [shard_for(f"doc{i}", i % 3, 4) for i in range(400)]
+    assert shards == [shard_for(f"doc{i}", i % 3, 4) for i in range(400)]
+    counts = collections.Counter(shards)
+    assert set(counts) == {0, 1, 2, 3}
+    assert min(counts.values()) > 60  # 100 expected per shard
+    assert shard_for("doc", 0, 1) == 0
+
+
+def test_shard_depends_on_the_window_index():
+    assert len({shard_for("doc", i, 8) for i in range(32)}) > 1
+
+
+def test_pad_batch_has_the_full_shape_with_zero_padding_rows_and_columns():
+    batch = pad_batch([window("b", 0, 5), window("a", 1, 3, num_windows=2)], bucket_len=8, rows=4)
+    assert batch.ids_BxT.shape == (4, 8) and batch.ids_BxT.dtype == np.int32
+    assert batch.lengths_B.tolist() == [3, 5, 0, 0]
+    assert batch.ids_BxT.tolist() == [[101, 102, 103, 0, 0, 0, 0, 0],
+                                      [101, 102, 103, 104, 105, 0, 0, 0],
+                                      [0] * 8,
+                                      [0] * 8]
+    assert batch.windows == (("a", 1, 2, 1, False), ("b", 0, 1, 3, False))
+    assert (batch.bucket_len, batch.rows, batch.real_rows, batch.real_tokens) == (8, 4, 2, 8)
+    assert batch.batch_id.startswith("b8-")
+
+
+def test_pad_batch_id_depends_on_contents_not_order():
+    windows = [window("b", 0, 5), window("a", 0, 3), window("a", 1, 4)]
+    assert pad_batch(windows, 8, 4).batch_id == pad_batch(windows[::-1], 8, 4).batch_id
+    assert pad_batch(windows, 8, 4).batch_id != pad_batch(windows[:2], 8, 4).batch_id
+
+
+def test_pad_batch_refuses_more_windows_than_rows():
+    with pytest.raises(ValueError, match="3 windows do not fit a batch of 2 rows"):
+        pad_batch([window("a", i, 4) for i in range(3)], bucket_len=8, rows=2)
+
+
+def test_padding_efficiency_is_real_over_padded_tokens():
+    # Bucket 16 holds 2 rows per batch (32 tokens): 3 windows → 2 batches → 64 padded tokens.
+    # Bucket 32 holds 1 row per batch: 1 window → 32 padded tokens.
+    lengths = [10, 16, 12, 20]
+    assert padding_efficiency(lengths, (16, 32), tokens_per_batch=32) == pytest.approx(58 / (64 + 32))
+    assert padding_efficiency([16, 16], (16,), tokens_per_batch=32) == 1.0
+    assert padding_efficiency([], (16,), tokens_per_batch=32) == 1.0
+
+
+def expected_fill(windows: list[Window], config: BatchingConfig) -> list[tuple[int, int]]:
+    """(bucket, real rows) per batch: the full batches of each (bucket, shard), then its one partial batch."""
+    per_key = collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
+                                  for w in windows)
+    fill = []
+    for (bucket, _), count in per_key.items():
+        rows = rows_for(bucket, config.tokens_per_batch)
+        fill += [(bucket, rows)] * (count // rows) + ([(bucket, count % rows)] if count % rows else [])
+    return fill
+
+
+def problems(batch, by_id: dict, config: BatchingConfig) -> list[str]:
+    """What is wrong with one batch's shape, padding or rows: nothing, for a good batch."""
+    out = []
+    if batch.ids_BxT.shape != (rows_for(batch.bucket_len, config.tokens_per_batch), batch.bucket_len):
+        out.append(f"{batch.batch_id}: shape {batch.ids_BxT.shape}")
+    if len({shard_for(doc_id, index, config.shards) for doc_id, index, *_ in batch.windows}) != 1:
+        out.append(f"{batch.batch_id}: windows of several shards")
+    for row, (doc_id, index, *_) in enumerate(batch.windows):
+        w = by_id[doc_id, index]
+        if batch.ids_BxT[row].tolist() != w.token_ids.tolist() + [0] * (batch.bucket_len - w.length):
+            out.append(f"{batch.batch_id}: row {row} is not {doc_id}#{index} padded with zeros")
+        if batch.lengths_B[row] != w.length:
+            out.append(f"{batch.batch_id}: row {row} has length {batch.lengths_B[row]}, not {w.length}")
+    if batch.lengths_B[batch.real_rows:].any() or batch.ids_BxT[batch.real_rows:].any():
+        out.append(f"{batch.batch_id}: padding rows are not all zero with length 0")
+    return out
+
+
+LENGTHS = [3, 16, 17, 40, 64, 5, 30, 9, 12, 33, 2, 15, 16, 31, 50, 8, 7, 6, 60, 20, 11, 4, 18, 19, 45, 13, 14, 10]
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_bucket_batches_put_every_window_once_in_full_then_padded_batches(shards):
+    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, shards=shards)  # rows: 8, 4, 2
+    windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(LENGTHS)]
+    by_id = {(w.doc_id, w.index): w for w in windows}
+
+    with TestPipeline() as p:
+        batches = p | beam.Create(windows) | BucketBatches(config)
+        assert_that(batches | "Placed" >> beam.FlatMap(lambda b: [(d, i, b.bucket_len) for d, i, *_ in b.windows]),
+                    equal_to([(w.doc_id, w.index, bucket_for(w.length, BUCKETS)) for w in windows]),
+                    label="EveryWindowOnceInItsBucket")
+        assert_that(batches | "Fill" >> beam.Map(lambda b: (b.bucket_len, b.real_rows)),
+                    equal_to(expected_fill(windows, config)), label="FullThenOnePartialPerKey")
+        assert_that(batches | "Problems" >> beam.FlatMap(problems, by_id, config), equal_to([]),
+                    label="FixedShapesZeroPadding")
+
+
+def test_windows_that_fill_no_batch_reach_a_later_group_by_key():
+    # Regression: with beam.GroupIntoBatches, a batch flushed only at the end of the window reached a later
+    # GroupByKey after it had completed on the DirectRunner (apache/beam#28716): a small job crashed or lost
+    # its documents.
+    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)  # 8 rows of 16: three windows fill no batch
+    windows = [window(f"doc{i}", 0, 5) for i in range(3)]
+
+    with TestPipeline() as p:
+        doc_ids = (p
+                   | beam.Create(windows)
+                   | BucketBatches(config)
+                   | beam.FlatMap(lambda b: [(doc_id, index) for doc_id, index, *_ in b.windows])
+                   | "GroupWindows" >> beam.GroupByKey()  # as PoolDocuments does
+                   | beam.Keys())
+        assert_that(doc_ids, equal_to(["doc0", "doc1", "doc2"]), label="EveryDocumentArrives")

@@ -1,0 +1,52 @@
+"""The docbeam command as a scheduled job uses it: exit codes, overrides, messages for people."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+LOCAL = os.path.join(REPO, "configs", "local.yaml")
+
+
+def docbeam(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_validate_prints_resolved_config_and_the_backend_for_every_bucket(tmp_path):
+    result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=chunked", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"path: {os.path.join(REPO, 'data', 'sample')}" in result.stdout  # resolved against the config's folder
+    assert "bucket    256 → chunked" in result.stdout
+    assert "| cpu | `tokamax_chunked`" in result.stdout
+
+
+def test_validate_rejects_an_unknown_key_naming_it(tmp_path):
+    result = docbeam("validate", "--config", LOCAL, "--set", "batching.bucket_size=3")
+    assert result.returncode == 2
+    assert "batching.bucket_size: unknown key (got 3)" in result.stderr
+
+
+def test_validate_fails_at_start_when_no_backend_can_run_a_bucket():
+    result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=flash",
+                     "--set", "attention.flash={kernel: cudnn}")
+    assert result.returncode == 2
+    assert "cannot run bucket 48 (cpu, float32" in result.stderr and "attention.fallback" in result.stderr
+
+
+@pytest.mark.slow
+def test_run_completes_with_rejected_documents_and_exits_zero(tmp_path, tiny_checkpoint_dir):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"id": "a", "text": "hello world"}\n{"id": "b"}\n')
+    out = tmp_path / "out"
+    result = docbeam("run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
+                     "--set", f"model.path={tiny_checkpoint_dir}", "--", "--direct_num_workers=1")
+    assert result.returncode == 0, result.stderr
+    assert "documents  read 2, embedded 1, rejected 1" in result.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rejected_by_kind"] == {"missing_text": 1}

@@ -1,0 +1,59 @@
+"""What a run shows about itself: profiler traces naming the kernel, Beam metrics in the summary,
+progress lines."""
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+
+import pytest
+
+from conftest import SAMPLE, job_config
+from pipeline.encode import Progress
+from pipeline.run import run_job
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory, tiny_checkpoint_dir):
+    output = str(tmp_path_factory.mktemp("profiled"))
+    summary = run_job(job_config(SAMPLE, output, tiny_checkpoint_dir, profile={"batches": 2},
+                                 attention={"backend": "chunked"}))
+    return output, summary
+
+
+@pytest.mark.slow
+def test_profile_trace_of_the_first_batches_names_the_attention_kernel(profiled_run):
+    output, _ = profiled_run
+    traces = glob.glob(f"{output}/profiles/*/plugins/profile/*/*.trace.json.gz")
+    xplanes = glob.glob(f"{output}/profiles/*/plugins/profile/*/*.xplane.pb")
+    assert len(traces) == 1 and len(xplanes) == 1  # one worker, one capture
+    assert b"attention/chunked" in open(xplanes[0], "rb").read()  # what TensorBoard/XProf shows
+    assert b"docbeam_embed" in gzip.open(traces[0]).read()  # what Perfetto shows
+
+
+@pytest.mark.slow
+def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
+    _, summary = profiled_run
+    counters = summary["metrics"]["counters"]
+    assert counters["docs_read"] == summary["docs_read"] == 400
+    assert counters["docs_embedded"] == summary["docs_embedded"]
+    assert counters["windows"] == summary["windows"]
+    assert counters["real_tokens"] == summary["real_tokens"]
+    assert counters["batches"] == summary["batches"]
+    compute = {k: v for k, v in summary["metrics"]["distributions"].items() if k.startswith("compute_ms[")}
+    assert sum(d["count"] for d in compute.values()) == summary["batches"]
+    assert compute and all(name.endswith(",chunked]") for name in compute)  # per bucket and backend
+    assert counters["num_inferences"] == summary["batches"]  # RunInference's own metrics come along
+
+
+def test_progress_lines_are_rate_limited(monkeypatch):
+    clock = iter([0.0, 1.0, 2.0, 12.0, 13.0])
+    monkeypatch.setattr("pipeline.encode.time.monotonic", lambda: next(clock))
+    progress = Progress(every_s=10)
+    lines = [progress.update(4, 100), progress.update(4, 100), progress.update(4, 100), progress.update(4, 100)]
+    assert lines[:2] == [None, None] and lines[3] is None
+    assert lines[2] == "progress: 3 batches, 12 windows, 300 tokens encoded in 12 s (25 tokens/s)"
+
+
+def test_progress_off_when_interval_is_zero():
+    assert Progress(every_s=0).update(1, 1) is None

@@ -1,0 +1,97 @@
+"""pipeline/tokenize.py with the checkpoint's real tokenizer: windows are framed, overlap by `stride`, and count tokens."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.config import TokenizeConfig
+from pipeline.records import Document
+from pipeline.tokenize import content_tokens, windows_for
+
+SHORT = "A short document fits in one window."
+LONG = " ".join(f"Sentence {i} talks about beams, batches and buckets." for i in range(30))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(real_checkpoint_dir):
+    from models.checkpoint import load_tokenizer
+
+    return load_tokenizer(real_checkpoint_dir)
+
+
+def doc(doc_id: str, text: str) -> Document:
+    return Document(id=doc_id, text=text, source="in.jsonl", line=1)
+
+
+def content_of(window) -> list[int]:
+    return window.token_ids[1:-1].tolist()
+
+
+def test_a_short_document_is_one_window_exactly_as_the_tokenizer_encodes_it(tokenizer):
+    [window] = windows_for([doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=8))
+    assert window.token_ids.tolist() == tokenizer(SHORT)["input_ids"]
+    assert window.token_ids.dtype == np.int32
+    assert (window.doc_id, window.index, window.num_windows, window.truncated) == ("s", 0, 1, False)
+    assert window.doc_tokens == len(tokenizer(SHORT, add_special_tokens=False)["input_ids"])
+
+
+def test_a_long_document_becomes_framed_windows_that_overlap_by_stride(tokenizer):
+    stride = 8
+    windows = windows_for([doc("l", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=stride))
+    assert len(windows) > 2
+    assert [w.index for w in windows] == list(range(len(windows)))
+    assert all(w.num_windows == len(windows) for w in windows)
+    assert all(w.length <= 32 for w in windows)
+    assert all(w.token_ids[0] == tokenizer.cls_token_id and w.token_ids[-1] == tokenizer.sep_token_id
+               for w in windows)
+    for before, after in zip(windows, windows[1:]):
+        assert content_of(before)[-stride:] == content_of(after)[:stride]
+
+
+def test_windows_without_their_overlap_rebuild_the_document(tokenizer):
+    stride = 8
+    windows = windows_for([doc("l", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=stride))
+    rebuilt = content_of(windows[0]) + [t for w in windows[1:] for t in content_of(w)[stride:]]
+    assert rebuilt == tokenizer(LONG, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("window_len, stride", [(32, 8), (32, 0), (16, 13), (8, 1)])
+def test_doc_tokens_counts_the_documents_own_tokens_once(tokenizer, window_len, stride):
+    windows = windows_for([doc("l", LONG)], tokenizer, window_len=window_len, config=TokenizeConfig(stride=stride))
+    expected = len(tokenizer(LONG, add_special_tokens=False)["input_ids"])
+    assert {w.doc_tokens for w in windows} == {expected}
+
+
+def test_content_tokens_removes_specials_and_repeated_overlap():
+    assert content_tokens([32, 32, 20], stride=8, special=2) == 30 * 2 + 18 - 8 * 2
+    assert content_tokens([10], stride=8, special=2) == 8
+
+
+def test_several_documents_keep_their_own_windows_in_order(tokenizer):
+    windows = windows_for([doc("l", LONG), doc("s", SHORT)], tokenizer, window_len=32,
+                          config=TokenizeConfig(stride=8))
+    by_doc = {}
+    for w in windows:
+        by_doc.setdefault(w.doc_id, []).append(w.index)
+    assert by_doc["s"] == [0]
+    assert by_doc["l"] == list(range(len(by_doc["l"])))
+
+
+def test_truncate_keeps_the_first_window_and_says_so(tokenizer):
+    config = TokenizeConfig(long_documents="truncate", stride=8)
+    [window] = windows_for([doc("l", LONG)], tokenizer, window_len=32, config=config)
+    assert (window.index, window.num_windows, window.truncated, window.length) == (0, 1, True, 32)
+    assert window.token_ids.tolist() == tokenizer(LONG, max_length=32, truncation=True)["input_ids"]
+    assert window.doc_tokens == len(tokenizer(LONG, add_special_tokens=False)["input_ids"])
+
+
+def test_truncate_leaves_a_document_that_fits_untruncated(tokenizer):
+    config = TokenizeConfig(long_documents="truncate", stride=8)
+    [window] = windows_for([doc("s", SHORT)], tokenizer, window_len=32, config=config)
+    assert window.truncated is False
+
+
+@pytest.mark.parametrize("stride", [30, 31])
+def test_a_stride_as_long_as_the_window_content_names_tokenize_stride(tokenizer, stride):
+    with pytest.raises(ValueError, match=rf"tokenize\.stride={stride} .* \(30 tokens\)"):
+        windows_for([doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=stride))
