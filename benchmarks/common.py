@@ -7,7 +7,6 @@ where ``attention.py`` would shadow the ``attention`` package. ``bootstrap()`` s
 from __future__ import annotations
 
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -38,13 +37,9 @@ def add_common_args(parser) -> None:
 
 
 def versions() -> dict:
-    out = {}
-    for name in VERSIONED:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    return out
+    from pipeline.run import versions as installed_versions
+
+    return installed_versions(VERSIONED)
 
 
 def machine(with_jax: bool = True) -> dict:

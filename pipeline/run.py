@@ -107,9 +107,10 @@ def clear_output(path: str) -> None:
             FileSystems.delete([f"{base}/{name}"])
 
 
-def versions() -> dict:
+def versions(names: tuple[str, ...] = VERSIONED) -> dict:
+    """Installed versions of ``names`` (those not installed are left out)."""
     out = {}
-    for name in VERSIONED:
+    for name in names:
         try:
             out[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
