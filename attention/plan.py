@@ -2,15 +2,33 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import numpy as np
 import pydantic
 
+from attention import registry
 from attention.interface import AttentionCase, Backend
+
+
+log = logging.getLogger(__name__)
 
 
 class AttentionPlanError(RuntimeError):
     """The configured backend cannot run a case and no fallback is configured: stop before any work."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSpec:
+    """The attention part of a job, as plain data a worker can rebuild backends from."""
+
+    backend: str
+    options: dict
+    fallback: str | None
+    fallback_options: dict
+    verify: bool = False
+    verify_tolerance: float | None = None
+    on_mismatch: str = "fail"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,3 +95,40 @@ def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = No
     tolerance = tolerance or default_tolerance(choice.case.dtype)
     error = max_abs_error(got, want, lengths)
     return error <= tolerance, error, tolerance
+
+
+def plan(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
+    """One Choice per case; raises AttentionPlanError naming the bucket when nothing can run it."""
+    requested = registry.get(spec.backend)
+    fallback = registry.get(spec.fallback) if spec.fallback else None
+    return [choose(case, requested, requested.parse_options(spec.options), fallback,
+                   fallback.parse_options(spec.fallback_options) if fallback else None) for case in cases]
+
+
+def bind_choice(spec: AttentionSpec, backend_name: str):
+    """The AttentionFn for a backend of this spec, with its options from the spec."""
+    backend = registry.get(backend_name)
+    raw = spec.options if backend_name == spec.backend else spec.fallback_options
+    return backend.bind(backend.parse_options(raw))
+
+
+def gate(spec: AttentionSpec, choices: list) -> list:
+    """The parity gate: each bucket's chosen backend against native on a probe batch, before real work."""
+    native = registry.get("native").bind()
+    gated = []
+    for choice in choices:
+        if choice.backend == "native":
+            gated.append(choice)
+            continue
+        ok, error, tolerance = verify(choice, bind_choice(spec, choice.backend), native, spec.verify_tolerance)
+        if ok:
+            gated.append(choice)
+            continue
+        reason = (f"parity gate: {choice.backend} differs from native by {error:.3g} > {tolerance:.3g} "
+                  f"at bucket {choice.case.seq_len}")
+        if spec.on_mismatch == "fail" or not spec.fallback:
+            raise RuntimeError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
+                               f"attention.fallback={spec.fallback!r})")
+        log.warning("%s; falling back to %s", reason, spec.fallback)
+        gated.append(dataclasses.replace(choice, backend=spec.fallback, fallback_reason=reason))
+    return gated

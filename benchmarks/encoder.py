@@ -73,7 +73,8 @@ def docbeam_side(args, docs, folder, settings) -> dict:
 
     from models.checkpoint import load_tokenizer
     from pipeline.config import TokenizeConfig
-    from pipeline.encode import AttentionSpec, EncoderRuntime, EncoderSpec
+    from attention.plan import AttentionSpec
+    from pipeline.encode import EncoderRuntime, EncoderSpec
     from pipeline.tokenize import windows_for
 
     cache = common.CacheEvents()

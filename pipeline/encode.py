@@ -20,22 +20,12 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
+from attention.plan import AttentionSpec, bind_choice, gate, plan
 from pipeline.records import Batch, WindowEmbedding
 
 NAMESPACE = "docbeam"
 TIMING_TAG = "timing"
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionSpec:
-    backend: str
-    options: dict
-    fallback: str | None
-    fallback_options: dict
-    verify: bool = False
-    verify_tolerance: float | None = None
-    on_mismatch: str = "fail"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,51 +50,6 @@ def attention_cases(config, buckets: Sequence[int], platform: str) -> list:
                           head_dim=config.head_dim) for b in buckets]
 
 
-def plan_attention(spec: AttentionSpec, cases) -> list:
-    """One Choice per case; raises AttentionPlanError naming the bucket when nothing can run it."""
-    import attention
-    from attention.plan import choose
-
-    requested = attention.get(spec.backend)
-    fallback = attention.get(spec.fallback) if spec.fallback else None
-    return [choose(case, requested, requested.parse_options(spec.options), fallback,
-                   fallback.parse_options(spec.fallback_options) if fallback else None) for case in cases]
-
-
-def bind_choice(spec: AttentionSpec, backend_name: str):
-    import attention
-
-    backend = attention.get(backend_name)
-    raw = spec.options if backend_name == spec.backend else spec.fallback_options
-    return backend.bind(backend.parse_options(raw))
-
-
-def gate(spec: AttentionSpec, choices: list) -> list:
-    """The parity gate: each bucket's chosen backend against native on a probe batch, before real work."""
-    from attention.plan import verify
-
-    import attention
-
-    native = attention.get("native").bind()
-    gated = []
-    for choice in choices:
-        if choice.backend == "native":
-            gated.append(choice)
-            continue
-        ok, error, tolerance = verify(choice, bind_choice(spec, choice.backend), native, spec.verify_tolerance)
-        if ok:
-            gated.append(choice)
-            continue
-        reason = (f"parity gate: {choice.backend} differs from native by {error:.3g} > {tolerance:.3g} "
-                  f"at bucket {choice.case.seq_len}")
-        if spec.on_mismatch == "fail" or not spec.fallback:
-            raise RuntimeError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
-                               f"attention.fallback={spec.fallback!r})")
-        log.warning("%s; falling back to %s", reason, spec.fallback)
-        gated.append(dataclasses.replace(choice, backend=spec.fallback, fallback_reason=reason))
-    return gated
-
-
 class EncoderRuntime:
     """The loaded encoder of one worker process: parameters on device, one jitted forward per backend."""
 
@@ -123,7 +68,7 @@ class EncoderRuntime:
         ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype)
         self.config = ck.config
         self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
-        choices = plan_attention(spec.attention, attention_cases(ck.config, spec.buckets, platform))
+        choices = plan(spec.attention, attention_cases(ck.config, spec.buckets, platform))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
         self.choices = {c.case.seq_len: c for c in choices}

@@ -17,9 +17,10 @@ from apache_beam.io.filesystems import FileSystems
 
 from models.checkpoint import open_checkpoint
 from pipeline import storage
-from pipeline.bucket import BucketBatches
+from pipeline.bucket import BucketBatches, bucket_for
 from pipeline.config import ConfigError, JobConfig
-from pipeline.encode import AttentionSpec, Encode, EncoderSpec, attention_cases, plan_attention
+from attention.plan import AttentionSpec, plan
+from pipeline.encode import Encode, EncoderSpec, attention_cases
 from pipeline.read import ReadDocuments
 from pipeline.tokenize import Tokenize
 from pipeline.write import PoolDocuments, WriteOutputs
@@ -44,7 +45,8 @@ class JobPlan:
     def encoder_spec(self) -> EncoderSpec:
         cfg = self.config
         return EncoderSpec(
-            model_path=cfg.model.path, dtype=cfg.model.dtype, pooling=self.pooling, buckets=cfg.batching.buckets,
+            model_path=cfg.model.path, dtype=cfg.model.dtype, pooling=self.pooling,
+            buckets=tuple(c.case.seq_len for c in self.choices),
             attention=attention_spec(cfg), platform=self.platform, profile_batches=cfg.profile.batches,
             profile_dir=f"{cfg.output.path.rstrip('/')}/profiles", progress_seconds=cfg.runner.progress_seconds)
 
@@ -79,8 +81,9 @@ def make_plan(cfg: JobConfig) -> JobPlan:
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
     platform = target_platform(cfg)
-    buckets = [b for b in cfg.batching.buckets if b <= window_len] or [cfg.batching.buckets[0]]
-    choices = plan_attention(attention_spec(cfg), attention_cases(checkpoint.config, buckets, platform))
+    # Buckets past the one that holds a full window never receive a batch.
+    buckets = [b for b in cfg.batching.buckets if b <= bucket_for(window_len, cfg.batching.buckets)]
+    choices = plan(attention_spec(cfg), attention_cases(checkpoint.config, buckets, platform))
     return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices))
 
 

@@ -9,7 +9,8 @@ from pipeline.config import JobConfig
 
 def describe(cfg: JobConfig, verify: bool = False) -> str:
     import attention
-    from pipeline.encode import attention_cases, gate
+    from attention.plan import gate
+    from pipeline.encode import attention_cases
     from pipeline.run import attention_spec, make_plan
     from models.checkpoint import open_checkpoint
 

@@ -7,7 +7,8 @@ import pytest
 
 from attention.plan import AttentionPlanError
 from pipeline.bucket import pad_batch, rows_for
-from pipeline.encode import AttentionSpec, EncoderRuntime, EncoderSpec, gate, plan_attention, attention_cases
+from attention.plan import AttentionSpec, gate, plan
+from pipeline.encode import EncoderRuntime, EncoderSpec, attention_cases
 from pipeline.records import Window
 from models.checkpoint import open_checkpoint
 
@@ -28,7 +29,7 @@ def cases(model_dir, buckets=(16, 32)):
 def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY)
     with pytest.raises(AttentionPlanError, match=r"cannot run bucket 16 \(cpu.*attention.fallback"):
-        plan_attention(s.attention, cases(tiny_checkpoint_dir))
+        plan(s.attention, cases(tiny_checkpoint_dir))
 
 
 def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
@@ -43,7 +44,7 @@ def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint
 
 def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True)
-    choices = plan_attention(s.attention, cases(tiny_checkpoint_dir))
+    choices = plan(s.attention, cases(tiny_checkpoint_dir))
     with pytest.raises(RuntimeError, match="parity gate: .* differs from native"):
         gate(s.attention, choices)
 
@@ -51,14 +52,14 @@ def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir)
 def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
              fallback="native")
-    gated = gate(s.attention, plan_attention(s.attention, cases(tiny_checkpoint_dir)))
+    gated = gate(s.attention, plan(s.attention, cases(tiny_checkpoint_dir)))
     assert [c.backend for c in gated] == ["native", "native"]
     assert all(c.fallback_reason.startswith("parity gate") for c in gated)
 
 
 def test_parity_gate_passes_a_correct_backend(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="chunked", verify=True)
-    assert [c.backend for c in gate(s.attention, plan_attention(s.attention, cases(tiny_checkpoint_dir)))] == [
+    assert [c.backend for c in gate(s.attention, plan(s.attention, cases(tiny_checkpoint_dir)))] == [
         "chunked", "chunked"]
 
 
