@@ -124,3 +124,25 @@ def test_flash_refusal_at_run_time_says_why():
         backend.bind(backend.parse_options({"kernel": "pallas_tpu"}))(
             q, q, q, kv_lengths_B=jnp.array([128], jnp.int32), scale=1.0)
 
+
+
+def test_entry_point_backends_register_by_name_and_a_broken_one_disables_only_itself(tmp_path, monkeypatch):
+    from attention import registry
+    from attention.interface import AttentionCase
+
+    dist = tmp_path / "my_kernels-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-kernels\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[docbeam.attention]\nmy_kernel = fixtures_user_backend:attend\nbroken_kernel = no_such_module:attend\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_entry_points_loaded", False)
+
+    assert {"my_kernel", "broken_kernel"} <= set(registry.names())
+    case = AttentionCase(platform="cpu", dtype="float32", seq_len=128, num_heads=2, head_dim=32)
+    mine = registry.get("my_kernel")
+    assert mine.supports(case, mine.parse_options(None)).ok
+    broken = registry.get("broken_kernel")
+    refusal = broken.supports(case, broken.parse_options(None))
+    assert not refusal.ok and "no_such_module:attend failed to load: ModuleNotFoundError" in refusal.reason
