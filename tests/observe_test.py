@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import os
 
 import pytest
 
