@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
 common.bootstrap()
-BENCHMARKS = ("encoder", "attention", "bucketing", "compiles")
+BENCHMARKS = ("encoder", "attention", "bucketing", "compiles", "long_context")
 
 
 def run(name: str, args) -> tuple[int, str, float]:
