@@ -126,9 +126,14 @@ def gate(spec: AttentionSpec, choices: list) -> list:
             continue
         reason = (f"parity gate: {choice.backend} differs from native by {error:.3g} > {tolerance:.3g} "
                   f"at bucket {choice.case.seq_len}")
-        if spec.on_mismatch == "fail" or not spec.fallback:
-            raise RuntimeError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
-                               f"attention.fallback={spec.fallback!r})")
+        if spec.on_mismatch == "fail" or not spec.fallback or spec.fallback == choice.backend:
+            raise AttentionPlanError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
+                                     f"attention.fallback={spec.fallback!r})")
+        fallback = registry.get(spec.fallback)
+        support = fallback.supports(choice.case, fallback.parse_options(spec.fallback_options))
+        if not support.ok:
+            raise AttentionPlanError(f"{reason}, and attention.fallback {spec.fallback!r} cannot run it either: "
+                                     f"{support.reason}")
         log.warning("%s; falling back to %s", reason, spec.fallback)
-        gated.append(dataclasses.replace(choice, backend=spec.fallback, fallback_reason=reason))
+        gated.append(dataclasses.replace(choice, backend=spec.fallback, kernel=support.kernel, fallback_reason=reason))
     return gated

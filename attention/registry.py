@@ -2,7 +2,9 @@
 ``package.module:function`` strings from YAML all end up in one dict."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import logging
 import importlib.metadata
 from typing import Callable
 
@@ -41,7 +43,7 @@ def from_callable(name: str, obj) -> Backend:
     """A Backend from a user's object: a Backend as is, or a plain AttentionFn (its optional
     ``supports(case, options)`` attribute is its capability check)."""
     if isinstance(obj, Backend):
-        return obj
+        return dataclasses.replace(obj, name=name)  # registered under the name the config uses
     if not callable(obj):
         raise TypeError(f"attention backend {name!r} is {obj!r}, which is not callable; it must be an "
                         "AttentionFn: attend(q, k, v, *, kv_lengths_B, scale)")
@@ -62,6 +64,9 @@ def _load_entry_points() -> None:
     _entry_points_loaded = True
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in _REGISTRY:
+            logging.getLogger(__name__).warning(
+                "entry point %s = %s (group %s) is ignored: the name is taken by %s", ep.name, ep.value,
+                ENTRY_POINT_GROUP, _REGISTRY[ep.name].attend.__module__)
             continue
         try:
             _REGISTRY[ep.name] = from_callable(ep.name, ep.load())

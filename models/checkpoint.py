@@ -9,11 +9,12 @@ import dataclasses
 import importlib.util
 import json
 import os
+import shutil
 import tempfile
 
 import numpy as np
 
-from models.encoder import EncoderConfig
+from models.encoder import ACTIVATIONS, EncoderConfig
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
@@ -54,6 +55,7 @@ _FETCHED: dict[str, str] = {}
 def _fetch_remote(prefix: str) -> str:
     """Copied once per process into a fresh folder: a shared cache could serve a stale model after the
     objects under the prefix were replaced."""
+    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     prefix = prefix.rstrip("/")
@@ -70,8 +72,9 @@ def _fetch_remote(prefix: str) -> str:
             continue
         target = os.path.join(local, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with FileSystems.open(remote) as src, open(target, "wb") as dst:
-            dst.write(src.read())
+        with FileSystems.open(remote, compression_type=CompressionTypes.UNCOMPRESSED) as src, \
+                open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst, 16 << 20)
     _FETCHED[prefix] = local
     return local
 
@@ -99,6 +102,12 @@ def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
         raise CheckpointError(f"model.path: model_type {model_type!r} in {folder}/config.json is not supported; "
                               "supported: bert (absolute positions) and roformer (rotary, no length limit)")
     rope = model_type == "roformer"
+    if not rope and hf.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError(f"model.path: {folder}/config.json has position_embedding_type "
+                              f"{hf['position_embedding_type']!r}; only 'absolute' is supported for bert")
+    if hf.get("hidden_act", "gelu") not in ACTIVATIONS:
+        raise CheckpointError(f"model.path: {folder}/config.json has hidden_act {hf['hidden_act']!r}; "
+                              f"supported: {sorted(ACTIVATIONS)}")
     if rope and hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
         raise CheckpointError(f"model.path: {folder}/config.json has embedding_size != hidden_size, which needs "
                               "an embedding projection this encoder does not have")
@@ -212,5 +221,8 @@ def open_checkpoint(path: str, dtype: str = "float32") -> Checkpoint:
     folder = resolve_dir(path)
     if not os.path.isdir(folder):
         raise CheckpointError(f"model.path {path!r}: {folder} is not a folder")
+    if not os.path.exists(os.path.join(folder, "config.json")):
+        raise CheckpointError(f"model.path {path!r} holds no config.json; expected a Hugging Face checkpoint "
+                              "(config.json, model.safetensors, tokenizer files)")
     config = encoder_config(folder, dtype)
     return Checkpoint(folder=folder, config=config, settings=model_settings(folder, config))

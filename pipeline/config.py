@@ -26,7 +26,7 @@ class _Section(pydantic.BaseModel):
 
 class InputConfig(_Section):
     path: str  # a file, a glob, a list separated by commas; local or gs://
-    format: Literal["auto", "jsonl", "text"] = "auto"  # auto: *.jsonl, *.jsonl.gz, *.ndjson → jsonl; else text
+    format: Literal["auto", "jsonl", "text"] = "auto"  # auto: *.jsonl[.gz|.bz2], *.ndjson[.gz] → jsonl; else text
     id_field: str = "id"
     text_field: str = "text"
     max_line_bytes: pydantic.PositiveInt = 1_000_000  # a JSONL line or a text file larger than this is rejected
@@ -111,7 +111,9 @@ class ProfileConfig(_Section):
 
 class RunnerConfig(_Section):
     name: str = "DirectRunner"
-    device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"  # where the encoder runs; auto: this machine's
+    # The platform the driver plans attention for (start-up checks, `validate`); auto: this machine's.
+    # Workers re-plan for the platform they actually have.
+    device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
     progress_seconds: pydantic.NonNegativeFloat = 10.0  # 0 turns progress lines off
     options: dict[str, str | int | float | bool | list[str]] = {}  # Beam pipeline options
 
@@ -193,8 +195,20 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child
-        node[leaf] = yaml.safe_load(value)
+        node[leaf] = _parse_value(item, value)
     return raw
+
+
+def _parse_value(item: str, value: str):
+    """YAML scalars and lists (2, true, [64, 128], null); anything YAML would turn into another type
+    (a date, say) or cannot parse (a glob like *.jsonl) stays the string that was typed."""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if parsed is None and value.strip() not in ("null", "~", ""):
+        return value
+    return parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
 
 
 def _resolve_path(path: str, base_dir: str) -> str:

@@ -6,10 +6,12 @@ jitted forward per backend; jit compiles each (bucket, rows) shape once.
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -85,9 +87,15 @@ class EncoderRuntime:
         self._batches_done = 0
         self._shapes_seen: set = set()
         self._profiling = False
-        self.progress = Progress(spec.progress_seconds)
+        # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
+        # and the profiler per batch, and costs nothing with one device.
+        self._lock = threading.Lock()
 
     def encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
+        with self._lock:
+            return self._encode(batch)
+
+    def _encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
         import jax
 
         from pipeline.observe import describe_device, memory, worker_name
@@ -113,7 +121,6 @@ class EncoderRuntime:
         self._shapes_seen.add(shape)
         self._batches_done += 1
         self._maybe_stop_profile()
-        self.progress.update(batch.real_rows, batch.real_tokens)
         timing = {
             "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
             "real_rows": batch.real_rows, "real_tokens": batch.real_tokens,
@@ -132,37 +139,53 @@ class EncoderRuntime:
             import jax
 
             self._trace_dir = tempfile.mkdtemp(prefix="docbeam-profile-")
-            jax.profiler.start_trace(self._trace_dir)
+            jax.profiler.start_trace(self._trace_dir, create_perfetto_trace=True)
             self._profiling = True
+            # A worker that gets fewer batches than profile.batches still leaves its trace.
+            atexit.register(self._finish_profile)
 
     def _maybe_stop_profile(self):
         if self._profiling and self._batches_done >= self.spec.profile_batches:
-            import jax
+            self._finish_profile()
 
-            from pipeline.observe import worker_name
+    def _finish_profile(self):
+        if not self._profiling:
+            return
+        import jax
 
-            jax.profiler.stop_trace()
-            self._profiling = False
-            copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
+        from pipeline.observe import worker_name
+
+        jax.profiler.stop_trace()
+        self._profiling = False
+        copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
+        shutil.rmtree(self._trace_dir, ignore_errors=True)
 
 
 class Progress:
-    """A progress line per worker every ``every_s`` seconds (never per batch, so logs stay readable);
-    on Dataflow the Beam counters in the monitoring UI serve the same purpose."""
+    """A progress line every ``every_s`` seconds (never per batch, so logs stay readable), with an ETA
+    when the job's window count is known. Counts are this worker's; on Dataflow the Beam counters in the
+    monitoring UI give the job-wide view."""
 
-    def __init__(self, every_s: float):
-        self.every_s = every_s
+    def __init__(self, every_s: float, total_windows: int | None = None):
+        self.every_s, self.total_windows = every_s, total_windows
         self.started = self.last = time.monotonic()
-        self.windows = self.tokens = self.batches = 0
+        self.documents = self.windows = self.tokens = 0
 
-    def update(self, windows: int, tokens: int) -> str | None:
-        self.windows, self.tokens, self.batches = self.windows + windows, self.tokens + tokens, self.batches + 1
+    def update(self, documents: int, windows: int, tokens: int) -> str | None:
+        self.documents += documents
+        self.windows += windows
+        self.tokens += tokens
         now = time.monotonic()
         if not self.every_s or now - self.last < self.every_s:
             return None
         self.last = now
-        line = (f"progress: {self.batches} batches, {self.windows} windows, {self.tokens} tokens encoded in "
-                f"{now - self.started:.0f} s ({self.tokens / max(now - self.started, 1e-9):.0f} tokens/s)")
+        elapsed = max(now - self.started, 1e-9)
+        line = (f"progress: {self.documents} documents, {self.windows} windows, {self.tokens} tokens in "
+                f"{elapsed:.0f} s ({self.tokens / elapsed:.0f} tokens/s)")
+        if self.total_windows:
+            remaining = max(self.total_windows - self.windows, 0)
+            line += (f"; {100 * self.windows / self.total_windows:.0f}% of the job's {self.total_windows} windows, "
+                     f"ETA {remaining / (self.windows / elapsed):.0f} s at this worker's rate")
         log.info(line)
         return line
 
@@ -221,21 +244,28 @@ class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
 
 
 class _SplitResults(beam.DoFn):
-    def __init__(self):
+    def __init__(self, progress_seconds: float):
+        self._progress_seconds = progress_seconds
+        self._progress = None
         self._real = Metrics.counter(NAMESPACE, "real_tokens")
         self._padded = Metrics.counter(NAMESPACE, "padded_tokens")
         self._batches = Metrics.counter(NAMESPACE, "batches")
         self._compiles = Metrics.counter(NAMESPACE, "compiles")
 
-    def process(self, result: PredictionResult):
+    def process(self, result: PredictionResult, total_windows: int):
         batch: Batch = result.example
         vectors, timing = result.inference
+        if self._progress is None:
+            self._progress = Progress(self._progress_seconds, total_windows)
+        finished_docs = sum(1 for _, index, num_windows, _, _ in batch.windows if index == num_windows - 1)
+        self._progress.update(finished_docs, batch.real_rows, batch.real_tokens)
         self._real.inc(timing["real_tokens"])
         self._padded.inc(timing["padded_tokens"])
         self._batches.inc()
         self._compiles.inc(int(timing["compiled"]))
-        Metrics.distribution(NAMESPACE, f"compute_ms[{timing['bucket_len']},{timing['attention_backend']}]").update(
-            int(round(timing["compute_ms"])))
+        if not timing["compiled"]:  # a compiling call's time is mostly compilation, not device work
+            Metrics.distribution(NAMESPACE, f"compute_ms[{timing['bucket_len']},{timing['attention_backend']}]"
+                                 ).update(int(round(timing["compute_ms"])))
         if timing["fallback_reason"]:
             Metrics.counter(NAMESPACE, f"fallbacks[{timing['attention_requested']}->{timing['attention_backend']}: "
                                        f"{timing['fallback_reason'][:80]}]").inc()
@@ -246,14 +276,20 @@ class _SplitResults(beam.DoFn):
 
 
 class Encode(beam.PTransform):
-    """Outputs ``windows`` (WindowEmbedding) and ``timing`` (one dict per batch)."""
+    """Outputs ``windows`` (WindowEmbedding) and ``timing`` (one dict per batch).
 
-    def __init__(self, spec: EncoderSpec):
+    ``total_windows`` (a one-element PCollection) lets progress lines give an ETA.
+    """
+
+    def __init__(self, spec: EncoderSpec, total_windows):
         super().__init__()
         self._spec = spec
+        self._total_windows = total_windows
 
     def expand(self, batches):
         results = (batches
                    | "RunInference" >> RunInference(EncoderHandler(self._spec))
-                   | "Split" >> beam.ParDo(_SplitResults()).with_outputs(TIMING_TAG, main="windows"))
+                   | "Split" >> beam.ParDo(_SplitResults(self._spec.progress_seconds),
+                                           total_windows=beam.pvalue.AsSingleton(self._total_windows))
+                   .with_outputs(TIMING_TAG, main="windows"))
         return {"windows": results.windows, "timing": results[TIMING_TAG]}

@@ -10,24 +10,19 @@ from pipeline.records import Document
 
 
 def sample_documents(cfg: JobConfig, limit: int) -> list[Document]:
-    """The first ``limit`` parseable documents, read the way the job reads them (no Beam needed)."""
+    """The first ``limit`` documents, read exactly as the job reads them (no Beam pipeline needed)."""
+    from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.read import file_format, parse_jsonl_line, parse_text_file, read_capped_lines
+    from pipeline.read import file_records
 
     docs: list[Document] = []
     patterns = [p.strip() for p in cfg.input.path.split(",") if p.strip()]
     paths = sorted(m.path for result in FileSystems.match(patterns) for m in result.metadata_list)
     for path in paths:
-        with FileSystems.open(path) as stream:
-            if file_format(path, cfg.input.format) == "jsonl":
-                records = (parse_jsonl_line(raw, source=path, line=n, id_field=cfg.input.id_field,
-                                            text_field=cfg.input.text_field, cap=cfg.input.max_line_bytes)
-                           for n, raw in read_capped_lines(stream, cfg.input.max_line_bytes)
-                           if raw is None or raw.strip())
-            else:
-                records = iter([parse_text_file(stream.read(), source=path, cap=cfg.input.max_line_bytes)])
-            docs += [r for r in itertools.islice(records, limit - len(docs)) if isinstance(r, Document)]
+        open_raw = lambda path=path: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)  # noqa: E731
+        records = (r for r in file_records(open_raw, path, cfg.input) if isinstance(r, Document))
+        docs += itertools.islice(records, limit - len(docs))
         if len(docs) >= limit:
             break
     return docs

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from typing import Iterator
+from typing import BinaryIO, Callable, Iterator
 
 import apache_beam as beam
 from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.metrics import Metrics
 
 from pipeline.config import InputConfig
 from pipeline.records import Document, Rejected
 
-JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz", ".json.gz", ".jsonl.bz2")
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.bz2", ".ndjson", ".ndjson.gz")  # README lists these
 REJECTED_TAG = "rejected"
 NAMESPACE = "docbeam"
 
@@ -100,12 +100,29 @@ def parse_text_file(data: bytes | None, *, source: str, cap: int) -> Document | 
     return Document(id=source, text=text, source=source, line=None)
 
 
-def open_decompressed(readable: fileio.ReadableFile, path: str):
+def open_decompressed(open_raw: Callable[[], BinaryIO], path: str) -> BinaryIO:
     """gzip through Python's own reader, since Beam's stops quietly at a truncated stream (the tail of
     the file would vanish); other compressions through Beam's."""
-    if path.endswith(".gz"):
-        return gzip.GzipFile(fileobj=readable.open(compression_type=CompressionTypes.UNCOMPRESSED), mode="rb")
-    return readable.open()
+    if path.lower().endswith(".gz"):
+        return gzip.GzipFile(fileobj=open_raw(), mode="rb")
+    return CompressedFile(open_raw(), CompressionTypes.detect_compression_type(path)) \
+        if CompressionTypes.detect_compression_type(path) != CompressionTypes.UNCOMPRESSED else open_raw()
+
+
+def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfig) -> Iterator[Document | Rejected]:
+    """Every record of one file, in order: a Document or a Rejected per JSONL line, one per text file.
+    ``open_raw`` opens the file's bytes as stored (compressed or not)."""
+    with open_decompressed(open_raw, path) as stream:
+        if file_format(path, config.format) == "jsonl":
+            for number, raw in read_capped_lines(stream, config.max_line_bytes):
+                if raw is not None and not raw.strip():
+                    continue  # blank lines separate nothing and are not documents
+                yield parse_jsonl_line(raw, source=path, line=number, id_field=config.id_field,
+                                       text_field=config.text_field, cap=config.max_line_bytes)
+        else:
+            data = stream.read(config.max_line_bytes + 1)
+            yield parse_text_file(data if len(data) <= config.max_line_bytes else None, source=path,
+                                  cap=config.max_line_bytes)
 
 
 class _ParseFile(beam.DoFn):
@@ -116,27 +133,14 @@ class _ParseFile(beam.DoFn):
     def process(self, readable: fileio.ReadableFile):
         path = readable.metadata.path
         try:
-            for record in self._records(readable, path):
+            open_raw = lambda: readable.open(compression_type=CompressionTypes.UNCOMPRESSED)  # noqa: E731
+            for record in file_records(open_raw, path, self._config):
                 self._read.inc()
                 yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
         except Exception as e:  # an unreadable or corrupt file is one rejection, not a crashed job
             self._read.inc()
             yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(
                 path, None, None, "unreadable_file", f"{type(e).__name__}: {e} (records before the failure were kept)"))
-
-    def _records(self, readable, path):
-        cfg = self._config
-        with open_decompressed(readable, path) as stream:
-            if file_format(path, cfg.format) == "jsonl":
-                for number, raw in read_capped_lines(stream, cfg.max_line_bytes):
-                    if raw is not None and not raw.strip():
-                        continue  # blank lines separate nothing and are not documents
-                    yield parse_jsonl_line(raw, source=path, line=number, id_field=cfg.id_field,
-                                           text_field=cfg.text_field, cap=cfg.max_line_bytes)
-            else:
-                data = stream.read(cfg.max_line_bytes + 1)
-                yield parse_text_file(data if len(data) <= cfg.max_line_bytes else None, source=path,
-                                      cap=cfg.max_line_bytes)
 
 
 def keep_first_of_duplicates(item) -> Iterator:

@@ -261,7 +261,7 @@ def report(output: str, *, baseline: str | None = None, dest: str | None = None,
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Write a self-contained HTML report of a docbeam run (local path or gs:// prefix)."
     parser.epilog = ("Exit status: 0 when the report was written and no regression was found, 1 when "
-                     "--baseline was given and at least one regression was found.")
+                     "--baseline was given and at least one regression was found, 2 when a run cannot be read.")
     parser.add_argument("output", help="the run's output path (holds timing/, errors/, summary.json)")
     parser.add_argument("--baseline", help="output path of an earlier run to compare against; regressions "
                         "make the command exit with status 1")
@@ -272,8 +272,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Runs ``docbeam report``; returns the exit status (1 when regressions were found)."""
-    result = report(args.output, baseline=args.baseline, dest=args.out, threshold=args.threshold)
+    """Runs ``docbeam report``; returns the exit status (1 when regressions were found, 2 when a run
+    cannot be read), so a scheduler can tell a regression from a missing run."""
+    from apache_beam.io.filesystem import BeamIOError
+
+    from pipeline import storage
+
+    storage.pipeline_options([])  # gs:// against an emulator without the credential-lookup stall
+    try:
+        result = report(args.output, baseline=args.baseline, dest=args.out, threshold=args.threshold)
+    except (FileNotFoundError, ValueError, BeamIOError) as e:
+        print(f"docbeam report: cannot read the run: {e}", file=sys.stderr)
+        return 2
     print(f"wrote {result.path}")
     for regression in result.regressions:
         print(f"REGRESSION {regression}", file=sys.stderr)

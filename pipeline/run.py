@@ -78,6 +78,10 @@ def make_plan(cfg: JobConfig) -> JobPlan:
     if cfg.batching.buckets[-1] < window_len:
         raise ConfigError(f"batching.buckets={list(cfg.batching.buckets)}: the largest bucket is below the model's "
                           f"window of {window_len} tokens; add {window_len} (or set model.max_seq_len lower)")
+    special = 2  # [CLS] and [SEP] in every BERT-family window
+    if cfg.tokenize.stride >= window_len - special:
+        raise ConfigError(f"tokenize.stride={cfg.tokenize.stride} must be smaller than a window's content "
+                          f"({window_len - special} tokens for window {window_len}); e.g. 32")
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
     platform = target_platform(cfg)
@@ -92,7 +96,8 @@ def build(p: beam.Pipeline, plan: JobPlan) -> None:
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
     windows = read["documents"] | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize)
     batches = windows | "BucketByLength" >> BucketBatches(cfg.batching)
-    encoded = batches | "Encode" >> Encode(plan.encoder_spec())
+    total_windows = windows | "CountWindows" >> beam.combiners.Count.Globally()
+    encoded = batches | "Encode" >> Encode(plan.encoder_spec(), total_windows)
     embeddings = encoded["windows"] | "PoolDocuments" >> PoolDocuments(plan.normalize)
     ({"embeddings": embeddings, "timing": encoded["timing"], "rejected": read["rejected"],
       "docs_read": read["docs_read"]} | "WriteOutputs" >> WriteOutputs(cfg.output.path, cfg.output.num_shards))
@@ -105,7 +110,7 @@ def clear_output(path: str) -> None:
         matches = FileSystems.match([f"{base}/{part}/**"])[0].metadata_list
         if matches:
             FileSystems.delete([m.path for m in matches])
-    for name in ("summary.json", "_stats.json"):
+    for name in ("summary.json", "_stats.json", "report.html"):
         if FileSystems.exists(f"{base}/{name}"):
             FileSystems.delete([f"{base}/{name}"])
 

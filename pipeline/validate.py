@@ -39,7 +39,7 @@ def describe(cfg: JobConfig, verify: bool = False) -> str:
     if verify:
         choices = gate(attention_spec(cfg), choices)
     out.append(f"# plan: requested {cfg.attention.backend!r}, fallback {cfg.attention.fallback!r}"
-               + (" (parity gate passed)" if verify else ""))
+               + (" (after the parity gate)" if verify else ""))
     for c in choices:
         line = f"  bucket {c.case.seq_len:6d} → {c.backend}" + (f" [{c.kernel}]" if c.kernel else "")
         if c.fallback_reason:

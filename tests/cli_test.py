@@ -50,3 +50,9 @@ def test_run_completes_with_rejected_documents_and_exits_zero(tmp_path, tiny_che
     assert "documents  read 2, embedded 1, rejected 1" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rejected_by_kind"] == {"missing_text": 1}
+
+
+def test_a_stride_as_long_as_the_window_fails_at_start_naming_the_key():
+    result = docbeam("validate", "--config", LOCAL, "--set", "tokenize.stride=254")
+    assert result.returncode == 2
+    assert "tokenize.stride=254 must be smaller than a window's content (254 tokens" in result.stderr

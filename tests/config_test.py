@@ -210,3 +210,9 @@ def test_beam_args_parse_back_into_the_same_options():
 def test_a_false_boolean_beam_option_reaches_beam_as_false():
     args = config.RunnerConfig(options={"pipeline_type_check": False}).beam_args()
     assert PipelineOptions(args).view_as(TypeOptions).pipeline_type_check is False
+
+
+def test_set_keeps_globs_and_dates_as_the_strings_typed():
+    raw = config.apply_overrides({}, ["input.path=*.jsonl", "output.path=runs/2026-11-29", "runner.options={}"])
+    assert raw["input"]["path"] == "*.jsonl" and raw["output"]["path"] == "runs/2026-11-29"
+    assert config.apply_overrides({}, ["output.path=2026-11-29"])["output"]["path"] == "2026-11-29"

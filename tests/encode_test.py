@@ -45,7 +45,7 @@ def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint
 def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True)
     choices = plan(s.attention, cases(tiny_checkpoint_dir))
-    with pytest.raises(RuntimeError, match="parity gate: .* differs from native"):
+    with pytest.raises(AttentionPlanError, match="parity gate: .* differs from native"):
         gate(s.attention, choices)
 
 
@@ -78,3 +78,12 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
     assert not any(r["compiled"] for r in records[2:])
     in_use = np.array([r["memory_in_use_bytes"] for r in records[10:]])
     assert in_use.max() - in_use[:10].min() < 64 << 20, f"memory grew by {(in_use.max() - in_use[:10].min()) >> 20} MiB"
+
+
+def test_parity_gate_never_falls_back_to_the_backend_that_failed(tiny_checkpoint_dir):
+    s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="fixtures_broken_backend:attend",
+             verify=True, on_mismatch="fallback")
+    choices = plan(s.attention, cases(tiny_checkpoint_dir))
+    assert {c.backend for c in choices} == {"fixtures_broken_backend:attend"}  # flash refused on CPU
+    with pytest.raises(AttentionPlanError, match="parity gate"):
+        gate(s.attention, choices)

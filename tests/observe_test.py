@@ -40,19 +40,20 @@ def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
     assert counters["real_tokens"] == summary["real_tokens"]
     assert counters["batches"] == summary["batches"]
     compute = {k: v for k, v in summary["metrics"]["distributions"].items() if k.startswith("compute_ms[")}
-    assert sum(d["count"] for d in compute.values()) == summary["batches"]
+    assert sum(d["count"] for d in compute.values()) == summary["batches"] - summary["compiles"]  # steady only
     assert compute and all(name.endswith(",chunked]") for name in compute)  # per bucket and backend
     assert counters["num_inferences"] == summary["batches"]  # RunInference's own metrics come along
 
 
-def test_progress_lines_are_rate_limited(monkeypatch):
+def test_progress_lines_are_rate_limited_and_give_an_eta(monkeypatch):
     clock = iter([0.0, 1.0, 2.0, 12.0, 13.0])
     monkeypatch.setattr("pipeline.encode.time.monotonic", lambda: next(clock))
-    progress = Progress(every_s=10)
-    lines = [progress.update(4, 100), progress.update(4, 100), progress.update(4, 100), progress.update(4, 100)]
+    progress = Progress(every_s=10, total_windows=40)
+    lines = [progress.update(2, 4, 100) for _ in range(4)]
     assert lines[:2] == [None, None] and lines[3] is None
-    assert lines[2] == "progress: 3 batches, 12 windows, 300 tokens encoded in 12 s (25 tokens/s)"
+    assert lines[2] == ("progress: 6 documents, 12 windows, 300 tokens in 12 s (25 tokens/s); "
+                        "30% of the job's 40 windows, ETA 28 s at this worker's rate")
 
 
 def test_progress_off_when_interval_is_zero():
-    assert Progress(every_s=0).update(1, 1) is None
+    assert Progress(every_s=0).update(1, 1, 1) is None

@@ -140,7 +140,7 @@ def test_a_bad_text_file_is_rejected_under_its_path(data, kind):
 
 @pytest.mark.parametrize("path, expected", [
     ("a.jsonl", "jsonl"), ("a.jsonl.gz", "jsonl"), ("a.ndjson", "jsonl"), ("a.ndjson.gz", "jsonl"),
-    ("a.json.gz", "jsonl"), ("a.jsonl.bz2", "jsonl"), ("gs://b/A.JSONL", "jsonl"),
+    ("a.json.gz", "text"), ("a.jsonl.bz2", "jsonl"), ("gs://b/A.JSONL", "jsonl"),
     ("a.txt", "text"), ("a.json", "text"), ("a.md", "text"), ("jsonl", "text"),
 ])
 def test_auto_format_follows_the_suffix(path, expected):
