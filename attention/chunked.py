@@ -19,6 +19,10 @@ class ChunkedOptions(pydantic.BaseModel):
 
     query_chunk: pydantic.PositiveInt = 512  # query rows per step; lower it to lower peak memory
     key_chunk: pydantic.PositiveInt = 512  # key columns per step of the online softmax
+    # 0: all heads in one batched matmul. A positive value runs that many heads per matmul, one group
+    # after another: XLA:CPU's batched matmul is slow with many small (head_dim 32) batch entries, and
+    # one head at a time made MiniLM's 256-token forward ~19% faster on a 2-core AVX2 machine.
+    heads_per_step: pydantic.NonNegativeInt = 0
 
 
 def pad_to_multiple(x_BxLx___, multiple: int):
@@ -35,13 +39,24 @@ def split_chunks(x_BxLxNxH, chunk: int):
 
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     del case  # plain XLA: every platform, dtype and shape
-    return Support(ok=True, kernel=f"xla online softmax, chunks {options.query_chunk}x{options.key_chunk}")
+    heads = f", {options.heads_per_step} head(s) per step" if options.heads_per_step else ""
+    return Support(ok=True, kernel=f"xla online softmax, chunks {options.query_chunk}x{options.key_chunk}{heads}")
 
 
 @register("chunked", options=ChunkedOptions, supports=supports,
           description="online-softmax attention over query and key chunks in plain JAX "
                       "(memory O(query_chunk * key_chunk) per head; any platform)")
 def chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: ChunkedOptions):
+    n = q_BxTxNxH.shape[2]
+    step = options.heads_per_step
+    if not step or step >= n:
+        return _chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options)
+    groups = [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    return jnp.concatenate([_chunked(q_BxTxNxH[:, :, g], k_BxSxNxH[:, :, g], v_BxSxNxH[:, :, g], kv_lengths_B, scale,
+                                     options) for g in groups], axis=2)
+
+
+def _chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options: ChunkedOptions):
     b, t, n, h = q_BxTxNxH.shape
     s = k_BxSxNxH.shape[1]
     query_chunk, key_chunk = min(options.query_chunk, t), min(options.key_chunk, s)

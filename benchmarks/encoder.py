@@ -11,6 +11,7 @@ count real tokens (attention-mask tokens after truncation to the window length);
 from __future__ import annotations
 
 import argparse
+import json
 import datetime
 import os
 import sys
@@ -29,6 +30,8 @@ def parse_args(argv=None):
     p.add_argument("--docs", type=int, help="first N documents of the sample corpus (default: all; --quick: 16)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--backend", default="native", help="docbeam attention backend (default: %(default)s)")
+    p.add_argument("--attention-options", default="{}", type=json.loads,
+                   help='the backend\'s options as JSON, e.g. \'{"heads_per_step": 1}\' for chunked')
     p.add_argument("--buckets", help="comma-separated bucket lengths (default: configs/local.yaml's)")
     p.add_argument("--tokens-per-batch", type=int, help="default: configs/local.yaml's; --quick: 1024")
     p.add_argument("--long-documents", choices=("truncate", "window"), default="truncate",
@@ -88,7 +91,8 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     t0 = time.perf_counter()
     runtime = EncoderRuntime(EncoderSpec(
         model_path=args.model, dtype=args.dtype, pooling=settings.pooling, buckets=args.buckets,
-        attention=AttentionSpec(backend=args.backend, options={}, fallback=None, fallback_options={})))
+        attention=AttentionSpec(backend=args.backend, options=args.attention_options, fallback=None,
+                                fallback_options={})))
     load_s = time.perf_counter() - t0
 
     shapes: dict[tuple, dict] = {}
@@ -169,6 +173,7 @@ def pipeline_side(args, docs, tmp) -> dict:
     out = os.path.join(tmp, "out")
     overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={args.model}",
                  f"model.dtype={args.dtype}", f"attention.backend={args.backend}",
+                 f"attention.{args.backend}={json.dumps(args.attention_options)}",
                  f"batching.buckets=[{','.join(map(str, args.buckets))}]",
                  f"batching.tokens_per_batch={args.tokens_per_batch}",
                  f"tokenize.long_documents={args.long_documents}", "runner.progress_seconds=0"]
@@ -271,7 +276,8 @@ def main(argv=None) -> int:
         print(f"\npipeline: {whole['batches']} batches, {whole['compiles']} compilations, {whole['real_tokens']} real "
               "tokens; compute_ms includes compilation on a batch that compiled")
 
-    name = f"encoder-{args.dtype}" + ("" if args.backend == "native" else f"-{args.backend}")
+    name = f"encoder-{args.dtype}" + ("" if args.backend == "native" else f"-{args.backend}") + (
+        "-" + "-".join(f"{k}{v}" for k, v in args.attention_options.items()) if args.attention_options else "")
     common.write_results(args.results, name, {
         "benchmark": "encoder", "args": vars(args), "machine": info, "docs": len(docs), "window_len": window_len,
         "docbeam": ours, "sentence_transformers": theirs, "docbeam_over_st": speedup, "lowest_cosine": agreement,

@@ -44,6 +44,7 @@ VARIANTS = (
        ("flash", {"kernel": "pallas_tpu", "interpret": True}),
        ("flash", {"kernel": "pallas_gpu", "interpret": True}),
        ("chunked", {"query_chunk": 64, "key_chunk": 48}),  # chunks that divide no sequence length
+       ("chunked", {"heads_per_step": 1}),  # heads split into separate matmuls
        (USER_BACKEND, {})]
 )
 
