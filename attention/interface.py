@@ -31,8 +31,7 @@ class AttentionCase:
     dtype: str  # "float32" | "bfloat16" | "float16"
     seq_len: int
     num_heads: int
-    head_dim: int
-    padded: bool = True  # rows may be shorter than seq_len
+    head_dim: int  # rows may always be shorter than seq_len: padding is part of every case
 
 
 @dataclasses.dataclass(frozen=True)

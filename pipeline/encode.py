@@ -67,7 +67,7 @@ class EncoderRuntime:
         if spec.platform not in ("auto", platform):
             log.warning("job was planned for %s but this worker has %s; re-planning attention here",
                         spec.platform, platform)
-        ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype)
+        ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
         self.config = ck.config
         self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
         choices = plan(spec.attention, attention_cases(ck.config, spec.buckets, platform))

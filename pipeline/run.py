@@ -16,6 +16,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from models.checkpoint import open_checkpoint
+from models.encoder import EncoderConfig
 from pipeline import storage
 from pipeline.bucket import BucketBatches, bucket_for
 from pipeline.config import ConfigError, JobConfig
@@ -41,6 +42,7 @@ class JobPlan:
     normalize: bool
     platform: str
     choices: tuple  # attention.plan.Choice per bucket
+    encoder: EncoderConfig
 
     def encoder_spec(self) -> EncoderSpec:
         cfg = self.config
@@ -88,7 +90,7 @@ def make_plan(cfg: JobConfig) -> JobPlan:
     # Buckets past the one that holds a full window never receive a batch.
     buckets = [b for b in cfg.batching.buckets if b <= bucket_for(window_len, cfg.batching.buckets)]
     choices = plan(attention_spec(cfg), attention_cases(checkpoint.config, buckets, platform))
-    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices))
+    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config)
 
 
 def build(p: beam.Pipeline, plan: JobPlan) -> None:

@@ -12,16 +12,14 @@ def describe(cfg: JobConfig, verify: bool = False) -> str:
     from attention.plan import gate
     from pipeline.encode import attention_cases
     from pipeline.run import attention_spec, make_plan
-    from models.checkpoint import open_checkpoint
 
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
-    checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
-    cases = attention_cases(checkpoint.config, [c.case.seq_len for c in plan.choices], plan.platform)
+    cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform)
     out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}",
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
-            f"{checkpoint.config.num_heads} heads × {checkpoint.config.head_dim})"]
+            f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim})"]
     for name in attention.names():
         backend = attention.get(name)
         options = cfg.attention.options_for(name)

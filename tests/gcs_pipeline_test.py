@@ -49,3 +49,21 @@ def test_job_reads_corpus_and_model_from_gcs_and_writes_outputs_there(tiny_check
     assert any(n.startswith("runs/today/timing/") for n in listed)
     assert json.loads(errors.splitlines()[0])["kind"] == "malformed_json"
     assert not any("temp" in n.split("/")[2] for n in listed if n.count("/") > 2), "sink temp files left behind"
+
+
+def test_planning_from_gcs_fetches_no_weights_and_refuses_pickles_at_start(tiny_checkpoint_dir):
+    from models.checkpoint import CheckpointError, open_checkpoint
+
+    storage.pipeline_options([])
+    with gcs_emulator() as gcs:
+        upload_folder(gcs, tiny_checkpoint_dir, "models/tiny-plan")
+        planned = open_checkpoint(gcs.url("models", "tiny-plan"))
+        weights_before_load = os.path.exists(os.path.join(planned.folder, "model.safetensors"))
+        loaded = open_checkpoint(gcs.url("models", "tiny-plan"), with_weights=True)
+        bucket = gcs.client.bucket(gcs.bucket)
+        bucket.blob("models/pickled/config.json").upload_from_filename(os.path.join(tiny_checkpoint_dir, "config.json"))
+        bucket.blob("models/pickled/pytorch_model.bin").upload_from_string(b"not loaded")
+        with pytest.raises(CheckpointError, match="pickle checkpoint"):
+            open_checkpoint(gcs.url("models", "pickled"))
+    assert planned.config.num_layers == 2 and not weights_before_load
+    assert os.path.exists(os.path.join(loaded.folder, "model.safetensors"))
