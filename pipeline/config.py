@@ -30,11 +30,33 @@ class InputConfig(_Section):
     id_field: str = "id"
     text_field: str = "text"
     max_line_bytes: pydantic.PositiveInt = 1_000_000  # a JSONL line or a text file larger than this is rejected
+    # A run that rejects a larger share of the documents it read fails (exit 1, nothing committed).
+    max_rejected_fraction: float = pydantic.Field(0.1, ge=0.0, le=1.0)
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """The comma-separated files and globs of ``path``, in order, without repeats."""
+        return tuple(dict.fromkeys(p.strip() for p in self.path.split(",") if p.strip()))
+
+
+GLOB_CHARACTERS = "*?[]{}"
 
 
 class OutputConfig(_Section):
-    path: str
+    path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
     num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
+    mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
+
+    @pydantic.field_validator("path")
+    @classmethod
+    def _one_plain_folder(cls, path):
+        bad = sorted({c for c in path if c in GLOB_CHARACTERS + ","})
+        if bad:
+            raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
+                             "a run replaces what is there, so it names exactly one place")
+        if path.strip().rstrip("/") in ("", "~", "gs:"):
+            raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
+        return path
 
 
 class ModelConfig(_Section):
@@ -173,7 +195,7 @@ def _describe(error: pydantic.ValidationError, prefix: str = "") -> str:
     lines = []
     for e in error.errors():
         key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        message = e["msg"]
+        message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key"
         lines.append(f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing"
@@ -232,7 +254,7 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
         raise ConfigError(f"{source}: {_describe(e)}") from None
     resolved = {
         "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir)}),
-        "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir)}),
+        "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),
         "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
     }
     return config.model_copy(update=resolved)

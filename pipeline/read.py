@@ -1,17 +1,23 @@
 """ReadDocuments: files (local or gs://, globs) → Documents, and Rejected records for bad input.
 
-Nothing is dropped silently: every JSONL line and every text file becomes exactly one Document or one
-Rejected, so ``docs_read == docs_embedded + docs_rejected`` holds by construction downstream.
+Nothing is dropped silently: each matched path is read once, and every JSONL line, every text file and every
+path that is not a readable file becomes exactly one Document or one Rejected, so
+``docs_read == docs_embedded + docs_rejected`` holds by construction downstream.
 """
 from __future__ import annotations
 
+import codecs
+import errno
 import gzip
 import json
+import os
+import re
+import stat
 from typing import BinaryIO, Callable, Iterator
 
 import apache_beam as beam
-from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressedFile, CompressionTypes
+from apache_beam.io.filesystem import CompressedFile, CompressionTypes, FileSystem
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipeline.config import InputConfig
@@ -31,11 +37,13 @@ def file_format(path: str, configured: str) -> str:
 def read_capped_lines(stream, cap: int, block: int = 1 << 20) -> Iterator[tuple[int, bytes | None]]:
     """(line number, bytes) per line; ``None`` for a line over ``cap`` bytes, whose bytes are never held.
 
-    Reads fixed blocks because Beam's compressed streams have no ``readline(limit)``.
+    Reads fixed blocks because Beam's compressed streams have no ``readline(limit)``; with ``read1`` where the
+    stream has it, since ``GzipFile.read(n)`` raises at a damaged tail without returning what it decompressed.
     """
+    read = getattr(stream, "read1", stream.read)
     number, pending, oversized = 0, bytearray(), False
     while True:
-        data = stream.read(block)
+        data = read(block)
         if not data:
             break
         start = 0
@@ -64,7 +72,7 @@ def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_
     if raw is None:
         return reject("line_too_large", f"line is larger than input.max_line_bytes={cap}")
     try:
-        decoded = raw.decode("utf-8")
+        decoded = raw.decode("utf-8-sig")  # a BOM (a file's first line, or a file concatenated on) is not JSON
     except UnicodeDecodeError as e:
         return reject("invalid_utf8", f"not valid UTF-8: {e}")
     try:
@@ -92,7 +100,7 @@ def parse_text_file(data: bytes | None, *, source: str, cap: int) -> Document | 
     if data is None:
         return Rejected(source, None, source, "line_too_large", f"file is larger than input.max_line_bytes={cap}")
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a leading BOM is not text
     except UnicodeDecodeError as e:
         return Rejected(source, None, source, "invalid_utf8", f"not valid UTF-8: {e}")
     if not text.strip():
@@ -110,19 +118,98 @@ def open_decompressed(open_raw: Callable[[], BinaryIO], path: str) -> BinaryIO:
 
 
 def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfig) -> Iterator[Document | Rejected]:
-    """Every record of one file, in order: a Document or a Rejected per JSONL line, one per text file.
-    ``open_raw`` opens the file's bytes as stored (compressed or not)."""
-    with open_decompressed(open_raw, path) as stream:
-        if file_format(path, config.format) == "jsonl":
-            for number, raw in read_capped_lines(stream, config.max_line_bytes):
-                if raw is not None and not raw.strip():
-                    continue  # blank lines separate nothing and are not documents
-                yield parse_jsonl_line(raw, source=path, line=number, id_field=config.id_field,
-                                       text_field=config.text_field, cap=config.max_line_bytes)
-        else:
-            data = stream.read(config.max_line_bytes + 1)
-            yield parse_text_file(data if len(data) <= config.max_line_bytes else None, source=path,
-                                  cap=config.max_line_bytes)
+    """Every record of one file, in order: a Document or a Rejected per JSONL line, one per text file, and a
+    ``truncated_file`` Rejected where compressed data ends early. ``open_raw`` opens the bytes as stored."""
+    jsonl, lines_read = file_format(path, config.format) == "jsonl", 0
+    try:
+        with open_decompressed(open_raw, path) as stream:
+            if jsonl:
+                for lines_read, raw in read_capped_lines(stream, config.max_line_bytes):
+                    if raw is not None and not raw.removeprefix(codecs.BOM_UTF8).strip():
+                        continue  # blank lines separate nothing and are not documents
+                    yield parse_jsonl_line(raw, source=path, line=lines_read, id_field=config.id_field,
+                                           text_field=config.text_field, cap=config.max_line_bytes)
+            else:
+                data = stream.read(config.max_line_bytes + 1)
+                yield parse_text_file(data if len(data) <= config.max_line_bytes else None, source=path,
+                                      cap=config.max_line_bytes)
+    except EOFError as e:  # gzip's word for a stream cut short; the incomplete last line was never parsed
+        kept = (f"it breaks after line {lines_read}; the records before it were kept" if jsonl
+                else "the text is incomplete and was not kept")
+        yield Rejected(path, None, None, "truncated_file", f"compressed data ends early ({e}): {kept}")
+
+
+def match_local(pattern: str) -> list[str]:
+    """Local paths matching ``pattern`` as Beam's LocalFileSystem matches them (``*`` within a folder, ``**``
+    across folders), but keeping what its listing drops: it stats every file and silently skips broken symlinks
+    and symlink loops (apache_beam/io/localfilesystem.py ``_list``). Directories are not inputs."""
+    if pattern.endswith(os.sep):
+        pattern += "*"
+    prefix = re.match(r"^[^[*?]*", pattern).group(0)
+    if prefix == pattern:
+        return [pattern] if os.path.lexists(pattern) and not os.path.isdir(pattern) else []
+    is_match = re.compile(FileSystem.translate_pattern(pattern)).match
+    # os.walk lists FIFOs, sockets, broken symlinks and loops among the files, symlinked folders among the folders.
+    return sorted(path for folder, _, names in os.walk(os.path.dirname(prefix))
+                  for path in (os.path.join(folder, name) for name in names) if is_match(path))
+
+
+def match_paths(pattern: str) -> list[str]:
+    """Every path ``pattern`` matches, each to become records (none is opened here)."""
+    if FileSystems.get_scheme(pattern) is None:
+        paths = match_local(pattern)
+    else:  # object stores: every object is a regular file; "folder/" placeholders are not inputs
+        paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
+    if not paths:
+        raise FileNotFoundError(f"input.path pattern {pattern!r} matches no file")
+    return paths
+
+
+def same_file_key(path: str) -> str:
+    """One key per file however a pattern spelled it (``in/a.jsonl``, ``./in/a.jsonl``), so it is read once."""
+    return os.path.abspath(path) if FileSystems.get_scheme(path) is None else path
+
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+
+
+def unopenable(path: str) -> tuple[str, str] | None:
+    """(kind, reason) for a local path that must not be opened (a FIFO would block the reader forever, a device
+    never ends); None for a regular file or any gs:// object."""
+    if FileSystems.get_scheme(path) is not None:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        if not os.path.islink(path):
+            raise  # removed since the match: an unreadable file
+        return "broken_symlink", f"{path} is a symlink to {os.readlink(path)!r}, which does not exist"
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        return "symlink_loop", f"{path} is a symlink that never reaches a file ({e.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    what = next((name for is_kind, name in _SPECIAL_FILES if is_kind(mode)), f"of file type {stat.S_IFMT(mode):o}")
+    return "not_regular_file", f"{path} is {what}, not a regular file; it was not opened"
+
+
+def path_records(path: str, config: InputConfig) -> Iterator[Document | Rejected]:
+    """The records of one matched path: one Rejected for a path that must not be opened, else ``file_records``.
+
+    No retry here: on gs:// ``FileSystems.open`` reads through ``BeamBlobReader`` (apache_beam/io/gcp/gcsio.py:
+    ``GcsIO.open`` passes ``retry=gcsio_retry.get_retry(...)``), whose every ranged download is retried by
+    google-cloud-storage, body included, resuming at the last byte received (google/cloud/storage/_media/
+    requests/download.py ``retriable_request``), on 408/429/5xx, connection resets and timeouts
+    (google/cloud/storage/retry.py ``_RETRYABLE_TYPES``), backing off 1 s → 60 s for up to 120 s. What fails
+    after that is an ``unreadable_file`` record."""
+    problem = unopenable(path)
+    if problem:
+        yield Rejected(path, None, None, *problem)
+        return
+    yield from file_records(lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED),
+                            path, config)
 
 
 class _ParseFile(beam.DoFn):
@@ -130,11 +217,9 @@ class _ParseFile(beam.DoFn):
         self._config = config
         self._read = Metrics.counter(NAMESPACE, "docs_read")
 
-    def process(self, readable: fileio.ReadableFile):
-        path = readable.metadata.path
+    def process(self, path: str):
         try:
-            open_raw = lambda: readable.open(compression_type=CompressionTypes.UNCOMPRESSED)  # noqa: E731
-            for record in file_records(open_raw, path, self._config):
+            for record in path_records(path, self._config):
                 self._read.inc()
                 yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
         except Exception as e:  # an unreadable or corrupt file is one rejection, not a crashed job
@@ -162,13 +247,13 @@ class ReadDocuments(beam.PTransform):
         self._config = config
 
     def expand(self, pbegin):
-        patterns = [p.strip() for p in self._config.path.split(",") if p.strip()]
         parsed = (
             pbegin
-            | "Patterns" >> beam.Create(patterns)
-            | "Match" >> fileio.MatchAll(fileio.EmptyMatchTreatment.DISALLOW)
-            | "Open" >> fileio.ReadMatches(skip_directories=True)
-            | "SpreadFiles" >> beam.Reshuffle()
+            | "Patterns" >> beam.Create(self._config.patterns)
+            | "Match" >> beam.FlatMap(match_paths)
+            | "KeyByFile" >> beam.Map(lambda path: (same_file_key(path), path))
+            | "ReadEachFileOnce" >> beam.CombinePerKey(min)  # overlapping patterns; also spreads files over workers
+            | "Paths" >> beam.Values()
             | "Parse" >> beam.ParDo(_ParseFile(self._config)).with_outputs(REJECTED_TAG, main="documents"))
         unique = (
             parsed.documents

@@ -2,6 +2,8 @@
 
 A document longer than the window is split by the tokenizer itself (``return_overflowing_tokens`` with
 ``stride`` overlap), each window framed by the special tokens; or, by config, only the first is kept.
+A document with no tokens of its own is rejected (``no_tokens``): its lone [CLS] [SEP] window would embed
+every such document as the same vector.
 """
 from __future__ import annotations
 
@@ -10,9 +12,10 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
-from pipeline.records import Document, Window
+from pipeline.records import Document, Rejected, Window
 
 NAMESPACE = "docbeam"
+REJECTED_TAG = "rejected"
 
 
 def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
@@ -20,7 +23,9 @@ def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
     return sum(n - special for n in window_lengths) - stride * (len(window_lengths) - 1)
 
 
-def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[Window]:
+def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
+                       config: TokenizeConfig) -> tuple[list[Window], list[Rejected]]:
+    """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if config.stride >= window_len - special:
         raise ValueError(f"tokenize.stride={config.stride} must be smaller than the window's content "
@@ -31,15 +36,25 @@ def windows_for(documents: list[Document], tokenizer, *, window_len: int, config
     by_doc: dict[int, list] = {}
     for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
         by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
-    out = []
+    out, rejected = [], []
     for doc_index, doc in enumerate(documents):
         pieces = by_doc[doc_index]
         doc_tokens = content_tokens([len(p) for p in pieces], config.stride, special)
+        if doc_tokens == 0:
+            rejected.append(Rejected(doc.source, doc.line, doc.id, "no_tokens",
+                                     "the text has no tokens: the tokenizer drops all of it (e.g. only zero-width, "
+                                     "control or combining characters)"))
+            continue
         truncated = config.long_documents == "truncate" and len(pieces) > 1
         if truncated:
             pieces = pieces[:1]
         out += [Window(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
-    return out
+    return out, rejected
+
+
+def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[Window]:
+    """Only the windows, for callers that need their lengths (plan-buckets, benchmarks)."""
+    return tokenize_documents(documents, tokenizer, window_len=window_len, config=config)[0]
 
 
 class _TokenizeBatch(beam.DoFn):
@@ -54,18 +69,24 @@ class _TokenizeBatch(beam.DoFn):
         self._tokenizer = load_tokenizer(resolve_dir(self._model_path))
 
     def process(self, documents):
-        windows = windows_for(documents, self._tokenizer, window_len=self._window_len, config=self._config)
+        windows, rejected = tokenize_documents(documents, self._tokenizer, window_len=self._window_len,
+                                               config=self._config)
         self._windows.inc(len(windows))
         yield from windows
+        for r in rejected:
+            yield beam.pvalue.TaggedOutput(REJECTED_TAG, r)
 
 
 class Tokenize(beam.PTransform):
+    """Outputs ``windows`` and ``rejected`` (documents with no tokens)."""
+
     def __init__(self, model_path: str, window_len: int, config: TokenizeConfig):
         super().__init__()
         self._args = (model_path, window_len, config)
 
     def expand(self, documents):
         # The fast tokenizer is much quicker on a list than one text at a time.
-        return (documents
-                | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=256)
-                | "Encode" >> beam.ParDo(_TokenizeBatch(*self._args)))
+        tokenized = (documents
+                     | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=256)
+                     | "Encode" >> beam.ParDo(_TokenizeBatch(*self._args)).with_outputs(REJECTED_TAG, main="windows"))
+        return {"windows": tokenized.windows, "rejected": tokenized[REJECTED_TAG]}

