@@ -8,7 +8,7 @@ import numpy as np
 import pydantic
 
 from attention import registry
-from attention.interface import AttentionCase, Backend
+from attention.interface import AttentionCase, Backend, Support
 
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,19 @@ class Choice:
     fallback_reason: str | None = None
 
 
+def ask(backend: Backend, case: AttentionCase, options: pydantic.BaseModel) -> Support:
+    """The backend's capability check; one that crashes stops the job at start, naming the backend."""
+    try:
+        return backend.supports(case, options)
+    except Exception as e:  # noqa: BLE001  a user's check may raise anything
+        raise AttentionPlanError(f"attention backend {backend.name!r}: its capability check raised "
+                                 f"{type(e).__name__}: {e} (asked about bucket {case.seq_len}, {case.platform}, "
+                                 f"{case.dtype}); fix the backend or choose another attention.backend") from e
+
+
 def choose(case: AttentionCase, requested: Backend, requested_options: pydantic.BaseModel,
            fallback: Backend | None, fallback_options: pydantic.BaseModel | None) -> Choice:
-    support = requested.supports(case, requested_options)
+    support = ask(requested, case, requested_options)
     if support.ok:
         return Choice(case, requested.name, requested.name, support.kernel)
     where = f"bucket {case.seq_len} ({case.platform}, {case.dtype}, head_dim {case.head_dim})"
@@ -51,7 +61,7 @@ def choose(case: AttentionCase, requested: Backend, requested_options: pydantic.
             f"attention.backend {requested.name!r} cannot run {where}: {support.reason}. "
             f"Set attention.fallback (e.g. native) to run such buckets with another backend, or choose another "
             f"attention.backend")
-    fb_support = fallback.supports(case, fallback_options)
+    fb_support = ask(fallback, case, fallback_options)
     if not fb_support.ok:
         raise AttentionPlanError(f"neither attention.backend {requested.name!r} ({support.reason}) nor "
                                  f"attention.fallback {fallback.name!r} ({fb_support.reason}) can run {where}")
@@ -97,12 +107,35 @@ def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = No
     return error <= tolerance, error, tolerance
 
 
-def plan(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
+def choose_all(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
     """One Choice per case; raises AttentionPlanError naming the bucket when nothing can run it."""
     requested = registry.get(spec.backend)
     fallback = registry.get(spec.fallback) if spec.fallback else None
     return [choose(case, requested, requested.parse_options(spec.options), fallback,
                    fallback.parse_options(spec.fallback_options) if fallback else None) for case in cases]
+
+
+def probe(spec: AttentionSpec, choice: Choice) -> None:
+    """Run the chosen backend once on a probe batch of the bucket's shape: the output must have q's shape
+    and dtype and be finite everywhere (padded rows too), so a broken backend fails before the real work.
+    Parity with native is the gate's job (``attention.verify``); this check always runs."""
+    import jax
+
+    q, k, v, lengths = probe_inputs(choice.case)
+    fn = bind_choice(spec, choice.backend)
+    where = f"attention backend {choice.backend!r} at bucket {choice.case.seq_len}"
+    try:
+        out = jax.jit(lambda q, k, v, n: fn(q, k, v, kv_lengths_B=n, scale=choice.case.head_dim ** -0.5))(
+            q, k, v, lengths)
+        out = np.asarray(jax.block_until_ready(out))
+    except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure
+        raise AttentionPlanError(f"{where} failed on a probe batch: {type(e).__name__}: {e}") from e
+    if out.shape != q.shape or out.dtype != q.dtype:
+        raise AttentionPlanError(f"{where} returned {out.dtype}{list(out.shape)} for q of {q.dtype}{list(q.shape)} "
+                                 "(batch, seq, heads, head_dim); it must return q's shape, layout and dtype")
+    if not np.all(np.isfinite(out.astype(np.float32))):
+        raise AttentionPlanError(f"{where} returned non-finite values on a probe batch (NaN or inf); "
+                                 "refusing to write such embeddings")
 
 
 def bind_choice(spec: AttentionSpec, backend_name: str):
@@ -130,7 +163,7 @@ def gate(spec: AttentionSpec, choices: list) -> list:
             raise AttentionPlanError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
                                      f"attention.fallback={spec.fallback!r})")
         fallback = registry.get(spec.fallback)
-        support = fallback.supports(choice.case, fallback.parse_options(spec.fallback_options))
+        support = ask(fallback, choice.case, fallback.parse_options(spec.fallback_options))
         if not support.ok:
             raise AttentionPlanError(f"{reason}, and attention.fallback {spec.fallback!r} cannot run it either: "
                                      f"{support.reason}")

@@ -37,7 +37,7 @@ def add_common_args(parser) -> None:
 
 
 def versions() -> dict:
-    from pipeline.run import versions as installed_versions
+    from pipeline.plan import versions as installed_versions
 
     return installed_versions(VERSIONED)
 

@@ -1,7 +1,8 @@
 """``docbeam``: run a job, validate a config, report on a run.
 
-Exit codes: 0 the job completed (some documents may have been rejected: see errors/), 1 the job
-failed, 2 the config or command line is wrong.
+Exit codes: 0 the run committed its output (some documents may have been rejected: see errors/); 1 the
+job ran but failed, nothing was committed and the previous output is unchanged; 2 refused at start
+(config, checkpoint, attention, input or output), nothing was touched.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set attention.backend=flash (repeatable)")
         if name == "run":
+            p.add_argument("--force", action="store_true",
+                           help="take over the output's lock even if another run seems alive")
             p.add_argument("beam_args", nargs=argparse.REMAINDER,
                            help="after --: extra Beam pipeline options, e.g. -- --direct_num_workers=2")
         else:
@@ -67,19 +70,22 @@ def main(argv: list[str] | None = None) -> int:
         from pipeline.run import run_job
 
         beam_args = [a for a in args.beam_args if a != "--"]
-        summary = run_job(cfg, beam_args)
+        summary = run_job(cfg, beam_args, force=args.force)
     except config_lib.ConfigError as e:
         print(f"docbeam: config error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  the job failed: say why in one line, details in the log above
         from attention.plan import AttentionPlanError
         from models.checkpoint import CheckpointError
+        from pipeline.lock import LockHeld
+        from pipeline.output import OutputRefused
 
-        if isinstance(e, (AttentionPlanError, CheckpointError)):
+        if isinstance(e, (AttentionPlanError, CheckpointError, LockHeld, OutputRefused)):
             print(f"docbeam: cannot start: {e}", file=sys.stderr)
             return 2
         log.exception("job failed")
-        print(f"docbeam: job failed: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"docbeam: job failed, nothing committed (the previous output is unchanged): "
+              f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1
     print(format_summary(summary, cfg.output.path))
     return 0

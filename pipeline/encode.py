@@ -6,7 +6,6 @@ jitted forward per backend; jit compiles each (bucket, rows) shape once.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import datetime
 import logging
@@ -22,7 +21,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from attention.plan import AttentionSpec, bind_choice, gate, plan
+from attention.plan import AttentionSpec, bind_choice, choose_all, gate, probe
 from pipeline.records import Batch, WindowEmbedding
 
 NAMESPACE = "docbeam"
@@ -45,13 +44,6 @@ class EncoderSpec:
     progress_seconds: float = 10.0  # 0: no progress lines
 
 
-def attention_cases(config, buckets: Sequence[int], platform: str) -> list:
-    from attention import AttentionCase
-
-    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim) for b in buckets]
-
-
 class EncoderRuntime:
     """The loaded encoder of one worker process: parameters on device, one jitted forward per backend."""
 
@@ -60,6 +52,7 @@ class EncoderRuntime:
 
         from models import checkpoint, encoder
         from pipeline.observe import ENCODER_FN_NAME, CompileWatch
+        from pipeline.plan import attention_cases
 
         self.spec = spec
         self.device = jax.devices()[0]
@@ -70,20 +63,22 @@ class EncoderRuntime:
         ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
         self.config = ck.config
         self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
-        choices = plan(spec.attention, attention_cases(ck.config, spec.buckets, platform))
+        choices = choose_all(spec.attention, attention_cases(ck.config, spec.buckets, platform))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
+        for choice in choices:  # always, on the platform that will run it: a broken backend fails the job here
+            probe(spec.attention, choice)
         self.choices = {c.case.seq_len: c for c in choices}
         self.watch = CompileWatch.get()
         self._forward = {}
         for name in sorted({c.backend for c in choices}):
             embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling)
 
-            def docbeam_embed(params, ids_BxT, lengths_B, embed=embed):
+            def forward(params, ids_BxT, lengths_B, embed=embed):
                 return embed(params, ids_BxT, lengths_B)
 
-            assert docbeam_embed.__name__ == ENCODER_FN_NAME
-            self._forward[name] = jax.jit(docbeam_embed)
+            forward.__name__ = forward.__qualname__ = ENCODER_FN_NAME  # CompileWatch counts by this name
+            self._forward[name] = jax.jit(forward)
         self._batches_done = 0
         self._shapes_seen: set = set()
         self._profiling = False
@@ -141,11 +136,15 @@ class EncoderRuntime:
             self._trace_dir = tempfile.mkdtemp(prefix="docbeam-profile-")
             jax.profiler.start_trace(self._trace_dir, create_perfetto_trace=True)
             self._profiling = True
-            # A worker that gets fewer batches than profile.batches still leaves its trace.
-            atexit.register(self._finish_profile)
 
     def _maybe_stop_profile(self):
         if self._profiling and self._batches_done >= self.spec.profile_batches:
+            self._finish_profile()
+
+    def finish_profile(self):
+        """Also called at the end of each bundle: a worker that gets fewer batches than profile.batches still
+        leaves its trace, and before the commit (an exit hook would write after it)."""
+        with self._lock:
             self._finish_profile()
 
     def _finish_profile(self):
@@ -272,7 +271,12 @@ class _SplitResults(beam.DoFn):
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for (doc_id, index, num_windows, doc_tokens, truncated), length, vector in zip(
                 batch.windows, batch.lengths_B, vectors):
-            yield WindowEmbedding(doc_id, index, num_windows, int(length), doc_tokens, truncated, vector)
+            yield WindowEmbedding(doc_id, index, num_windows, int(length), doc_tokens, truncated, vector,
+                                  batch.bucket_len, timing["attention_backend"])
+
+    def finish_bundle(self):
+        for runtime in list(_RUNTIMES.values()):
+            runtime.finish_profile()
 
 
 class Encode(beam.PTransform):

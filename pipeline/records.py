@@ -76,3 +76,5 @@ class WindowEmbedding:
     doc_tokens: int
     truncated: bool
     vector: np.ndarray  # float32 [D], pooled but not normalised
+    bucket_len: int  # where it was computed: named in a non_finite error record
+    backend: str

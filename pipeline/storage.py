@@ -101,3 +101,94 @@ def write_bytes(path: str, data: bytes) -> None:
 def _write(path: str, data: bytes) -> None:
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(data)
+
+
+def is_gcs(path: str) -> bool:
+    return path.startswith("gs://")
+
+
+def list_files(prefix: str) -> dict[str, int]:
+    """Every file under the folder ``prefix`` (recursively), path → size; {} for a missing folder."""
+    (match,) = FileSystems.match([f"{prefix.rstrip('/')}/**"])
+    return {m.path: m.size_in_bytes for m in match.metadata_list}
+
+
+def list_folders(prefix: str) -> list[str]:
+    """Names of the folders directly under ``prefix``; on gs:// those holding at least one object."""
+    prefix = prefix.rstrip("/")
+    if is_gcs(prefix):
+        return sorted({p[len(prefix) + 1:].split("/")[0] for p in list_files(prefix) if "/" in p[len(prefix) + 1:]})
+    return sorted(e.name for e in os.scandir(prefix) if e.is_dir()) if os.path.isdir(prefix) else []
+
+
+def rename(source: str, destination: str) -> None:
+    """Move one file (on gs:// a copy and a delete: readers may briefly see both)."""
+    if not is_gcs(destination):
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+    FileSystems.rename([source], [destination])
+
+
+def delete_files(paths: Sequence[str], within: str | None = None) -> None:
+    """Delete the files that exist; local folders left empty by it are removed too, up to (not including)
+    the folder ``within``."""
+    present = [p for p in paths if FileSystems.exists(p)]
+    if present:
+        FileSystems.delete(present)
+    if within is not None:
+        for folder in sorted({os.path.dirname(p) for p in paths if not is_gcs(p)}, key=len, reverse=True):
+            _remove_empty_folders(folder, stop=within)
+
+
+def prune_empty_folders(root: str) -> None:
+    """Remove the empty folders under a local ``root``, and ``root`` itself if it ends up empty (gs:// has
+    no folders: nothing to do)."""
+    if is_gcs(root) or not os.path.isdir(root):
+        return
+    for folder, _, _ in sorted(os.walk(root), key=lambda entry: len(entry[0]), reverse=True):
+        if not os.listdir(folder):
+            os.rmdir(folder)
+
+
+def _remove_empty_folders(folder: str, stop: str) -> None:
+    stop = os.path.normpath(stop)
+    while folder.startswith(stop + os.sep) and os.path.isdir(folder) and not os.listdir(folder):
+        os.rmdir(folder)
+        folder = os.path.dirname(folder)
+
+
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Create ``path`` with ``data`` unless it exists; True when this call created it.
+
+    Needed for the output lock: two runs starting together must not both believe they own it. Local disk
+    uses O_EXCL; gs:// uses a generation precondition (the object must not exist yet).
+    """
+    if is_gcs(path):
+        from google.api_core import exceptions as gexc
+
+        bucket, _, name = path[len("gs://"):].partition("/")
+        try:
+            gcs_client().bucket(bucket).blob(name).upload_from_string(data, if_generation_match=0)
+        except gexc.PreconditionFailed:
+            return False
+        return True
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return True
+
+
+def gcs_client():
+    """A google-cloud-storage client: anonymous against the emulator, the environment's credentials else."""
+    from google.cloud import storage as gcs
+
+    host = os.environ.get(EMULATOR_ENV)
+    if host:
+        from google.auth.credentials import AnonymousCredentials
+
+        return gcs.Client(project="docbeam-emulator", credentials=AnonymousCredentials(),
+                          client_options={"api_endpoint": host})
+    return gcs.Client()

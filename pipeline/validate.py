@@ -9,9 +9,8 @@ from pipeline.config import JobConfig
 
 def describe(cfg: JobConfig, verify: bool = False) -> str:
     import attention
-    from attention.plan import gate
-    from pipeline.encode import attention_cases
-    from pipeline.run import attention_spec, make_plan
+    from attention.plan import AttentionPlanError, ask, gate
+    from pipeline.plan import attention_cases, make_plan
 
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
@@ -23,7 +22,11 @@ def describe(cfg: JobConfig, verify: bool = False) -> str:
     for name in attention.names():
         backend = attention.get(name)
         options = cfg.attention.options_for(name)
-        answers = [(case.seq_len, backend.supports(case, options)) for case in cases]
+        try:
+            answers = [(case.seq_len, ask(backend, case, options)) for case in cases]
+        except AttentionPlanError as e:
+            out.append(f"  {name:10s} NOT usable: {e}")
+            continue
         if all(s.ok for _, s in answers):
             kernels = sorted({s.kernel for _, s in answers if s.kernel})
             out.append(f"  {name:10s} available" + (f" ({', '.join(kernels)})" if kernels else "")
@@ -35,7 +38,7 @@ def describe(cfg: JobConfig, verify: bool = False) -> str:
     out += ["# flash: which kernel `kernel: auto` picks per platform", flash.describe()]
     choices = list(plan.choices)
     if verify:
-        choices = gate(attention_spec(cfg), choices)
+        choices = gate(plan.attention, choices)
     out.append(f"# plan: requested {cfg.attention.backend!r}, fallback {cfg.attention.fallback!r}"
                + (" (after the parity gate)" if verify else ""))
     for c in choices:

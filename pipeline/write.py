@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipeline.records import WindowEmbedding
+from pipeline.records import Rejected, WindowEmbedding
 
 NAMESPACE = "docbeam"
 EMBEDDINGS_SCHEMA = pa.schema([
@@ -24,26 +24,39 @@ EMBEDDINGS_SCHEMA = pa.schema([
 ])
 
 
-def pool_windows(windows: list[WindowEmbedding], normalize: bool) -> dict:
+REJECTED_TAG = "rejected"
+
+
+def pool_windows(windows: list[WindowEmbedding], normalize: bool) -> dict | Rejected:
     """Token-weighted mean of a document's window embeddings, then (optionally) L2 normalisation.
 
     For mean pooling this is the mean over every window token, so a one-window document gets exactly
-    the model's own embedding.
+    the model's own embedding. A document with any non-finite value in a window or in the result is
+    a ``non_finite`` rejection naming the bucket and backend: such a vector is never written.
     """
     windows = sorted(windows, key=lambda w: w.index)
     expected = windows[0].num_windows
     if [w.index for w in windows] != list(range(expected)):
         raise ValueError(f"document {windows[0].doc_id!r}: got windows {[w.index for w in windows]} of {expected}")
+    broken = [w for w in windows if not np.all(np.isfinite(w.vector))]
     weights = np.array([w.length for w in windows], np.float64)
     vector = (np.stack([w.vector for w in windows]).astype(np.float64) * weights[:, None]).sum(0) / weights.sum()
-    if normalize:
+    if normalize and not broken:
         vector = vector / max(np.linalg.norm(vector), 1e-12)
-    return {"id": windows[0].doc_id, "embedding": vector.astype(np.float32).tolist(),
+    vector = vector.astype(np.float32)
+    if broken or not np.all(np.isfinite(vector)):
+        where = ", ".join(sorted({f"bucket {w.bucket_len} with attention {w.backend}" for w in broken or windows}))
+        return Rejected(source="", line=None, id=windows[0].doc_id, kind="non_finite",
+                        reason=f"the embedding has NaN or inf values ({len(broken)} of {len(windows)} window(s) "
+                               f"non-finite; computed at {where}); not written")
+    return {"id": windows[0].doc_id, "embedding": vector.tolist(),
             "num_tokens": int(windows[0].doc_tokens), "num_windows": len(windows),
             "truncated": bool(windows[0].truncated)}
 
 
 class PoolDocuments(beam.PTransform):
+    """Outputs ``embeddings`` (rows) and ``rejected`` (documents whose vector is not finite)."""
+
     def __init__(self, normalize: bool):
         super().__init__()
         self._normalize = normalize
@@ -52,13 +65,18 @@ class PoolDocuments(beam.PTransform):
         embedded = Metrics.counter(NAMESPACE, "docs_embedded")
 
         def pool(item):
+            row = pool_windows(list(item[1]), self._normalize)
+            if isinstance(row, Rejected):
+                yield beam.pvalue.TaggedOutput(REJECTED_TAG, row)
+                return
             embedded.inc()
-            return pool_windows(list(item[1]), self._normalize)
+            yield row
 
-        return (windows
-                | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
-                | "GroupWindows" >> beam.GroupByKey()
-                | "Pool" >> beam.Map(pool))
+        pooled = (windows
+                  | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
+                  | "GroupWindows" >> beam.GroupByKey()
+                  | "Pool" >> beam.FlatMap(pool).with_outputs(REJECTED_TAG, main="embeddings"))
+        return {"embeddings": pooled.embeddings, "rejected": pooled[REJECTED_TAG]}
 
 
 class _SumDicts(beam.CombineFn):
@@ -98,11 +116,14 @@ def timing_stats(t: dict) -> dict:
 
 
 class WriteOutputs(beam.PTransform):
-    """Writes embeddings/, timing/, errors/ and ``_stats.json`` (the numbers summary.json is built from)."""
+    """Writes embeddings/, timing/ and errors/ into the run's staging folder, every file name carrying the
+    run id. Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
+    names: waiting on them is waiting for every file to be final)."""
 
-    def __init__(self, output_path: str, num_shards: int = 0):
+    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0):
         super().__init__()
-        self._out = output_path.rstrip("/")
+        self._out = staging_path.rstrip("/")
+        self._run_id = run_id
         self._shards = num_shards
 
     def expand(self, outputs):
@@ -116,19 +137,20 @@ class WriteOutputs(beam.PTransform):
             rejected_counter.setdefault(r.kind, Metrics.counter(NAMESPACE, f"docs_rejected[{r.kind}]")).inc()
             return json.dumps(r.to_json(), ensure_ascii=False)
 
-        embeddings | "WriteEmbeddings" >> WriteToParquet(
-            f"{self._out}/embeddings/part", EMBEDDINGS_SCHEMA, file_name_suffix=".parquet", num_shards=self._shards)
-        timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
-            f"{self._out}/timing/part", file_name_suffix=".jsonl", num_shards=self._shards)
-        rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(
-            f"{self._out}/errors/part", file_name_suffix=".jsonl", num_shards=self._shards)
+        part = f"part-{self._run_id}"
+        written = (
+            embeddings | "WriteEmbeddings" >> WriteToParquet(
+                f"{self._out}/embeddings/{part}", EMBEDDINGS_SCHEMA, file_name_suffix=".parquet",
+                num_shards=self._shards),
+            timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
+                f"{self._out}/timing/{part}", file_name_suffix=".jsonl", num_shards=self._shards),
+            rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(
+                f"{self._out}/errors/{part}", file_name_suffix=".jsonl", num_shards=self._shards))
         stats = (
             (docs_read | "ReadStats" >> beam.Map(lambda n: {"docs_read": n}),
              embeddings | "EmbeddedStats" >> beam.Map(lambda e: {"docs_embedded": 1, "windows": e["num_windows"]}),
              rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
              timing | "TimingStats" >> beam.Map(timing_stats))
             | "AllStats" >> beam.Flatten()
-            | "SumStats" >> beam.CombineGlobally(_SumDicts())
-            | "StatsJson" >> beam.Map(lambda s: json.dumps(s, sort_keys=True)))
-        stats | "WriteStats" >> beam.io.WriteToText(f"{self._out}/_stats", file_name_suffix=".json",
-                                                    shard_name_template="", num_shards=1)
+            | "SumStats" >> beam.CombineGlobally(_SumDicts()))
+        return {"stats": stats, "written": written}

@@ -40,12 +40,18 @@ def test_validate_fails_at_start_when_no_backend_can_run_a_bucket():
 
 
 @pytest.mark.slow
-def test_run_completes_with_rejected_documents_and_exits_zero(tmp_path, tiny_checkpoint_dir):
+def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fails_beyond_it(tmp_path,
+                                                                                          tiny_checkpoint_dir):
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"id": "a", "text": "hello world"}\n{"id": "b"}\n')
     out = tmp_path / "out"
-    result = docbeam("run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
-                     "--set", f"model.path={tiny_checkpoint_dir}", "--", "--direct_num_workers=1")
+    common = ["run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
+              "--set", f"model.path={tiny_checkpoint_dir}"]
+    refused = docbeam(*common)  # 1 of 2 rejected: over the default input.max_rejected_fraction of 0.1
+    assert refused.returncode == 1
+    assert "1 of 2 documents were rejected (50.0%), more than input.max_rejected_fraction=0.1" in refused.stderr
+    assert not (out / "summary.json").exists()
+    result = docbeam(*common, "--set", "input.max_rejected_fraction=0.5", "--", "--direct_num_workers=1")
     assert result.returncode == 0, result.stderr
     assert "documents  read 2, embedded 1, rejected 1" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
@@ -56,3 +62,18 @@ def test_a_stride_as_long_as_the_window_fails_at_start_naming_the_key():
     result = docbeam("validate", "--config", LOCAL, "--set", "tokenize.stride=254")
     assert result.returncode == 2
     assert "tokenize.stride=254 must be smaller than a window's content (254 tokens" in result.stderr
+
+
+def test_validate_names_a_backend_whose_capability_check_crashes_and_exits_2():
+    result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=tests.fixtures_bad_backends:attend_check_raises")
+    assert result.returncode == 2, result.stderr
+    assert ("attention backend 'tests.fixtures_bad_backends:attend_check_raises': its capability check raised "
+            "KeyError: 'sm_90'") in result.stderr
+
+
+def test_validate_refuses_an_output_that_holds_someone_elses_files(tmp_path):
+    (tmp_path / "thesis.pdf").write_bytes(b"years of work")
+    result = docbeam("validate", "--config", LOCAL, "--set", f"output.path={tmp_path}")
+    assert result.returncode == 2
+    assert "holds 1 file(s) that no docbeam run wrote (e.g. thesis.pdf)" in result.stderr
+    assert (tmp_path / "thesis.pdf").read_bytes() == b"years of work"

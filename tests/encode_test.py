@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention.plan import AttentionPlanError
+from attention.plan import AttentionPlanError, AttentionSpec, choose_all, gate
 from pipeline.bucket import pad_batch, rows_for
-from attention.plan import AttentionSpec, gate, plan
-from pipeline.encode import EncoderRuntime, EncoderSpec, attention_cases
+from pipeline.encode import EncoderRuntime, EncoderSpec
+from pipeline.plan import attention_cases
 from pipeline.records import Window
 from models.checkpoint import open_checkpoint
 
@@ -29,7 +29,7 @@ def cases(model_dir, buckets=(16, 32)):
 def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY)
     with pytest.raises(AttentionPlanError, match=r"cannot run bucket 16 \(cpu.*attention.fallback"):
-        plan(s.attention, cases(tiny_checkpoint_dir))
+        choose_all(s.attention, cases(tiny_checkpoint_dir))
 
 
 def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
@@ -44,7 +44,7 @@ def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint
 
 def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True)
-    choices = plan(s.attention, cases(tiny_checkpoint_dir))
+    choices = choose_all(s.attention, cases(tiny_checkpoint_dir))
     with pytest.raises(AttentionPlanError, match="parity gate: .* differs from native"):
         gate(s.attention, choices)
 
@@ -52,14 +52,14 @@ def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir)
 def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
              fallback="native")
-    gated = gate(s.attention, plan(s.attention, cases(tiny_checkpoint_dir)))
+    gated = gate(s.attention, choose_all(s.attention, cases(tiny_checkpoint_dir)))
     assert [c.backend for c in gated] == ["native", "native"]
     assert all(c.fallback_reason.startswith("parity gate") for c in gated)
 
 
 def test_parity_gate_passes_a_correct_backend(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="chunked", verify=True)
-    assert [c.backend for c in gate(s.attention, plan(s.attention, cases(tiny_checkpoint_dir)))] == [
+    assert [c.backend for c in gate(s.attention, choose_all(s.attention, cases(tiny_checkpoint_dir)))] == [
         "chunked", "chunked"]
 
 
@@ -83,7 +83,7 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
 def test_parity_gate_never_falls_back_to_the_backend_that_failed(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="fixtures_broken_backend:attend",
              verify=True, on_mismatch="fallback")
-    choices = plan(s.attention, cases(tiny_checkpoint_dir))
+    choices = choose_all(s.attention, cases(tiny_checkpoint_dir))
     assert {c.backend for c in choices} == {"fixtures_broken_backend:attend"}  # flash refused on CPU
     with pytest.raises(AttentionPlanError, match="parity gate"):
         gate(s.attention, choices)

@@ -67,3 +67,50 @@ def test_planning_from_gcs_fetches_no_weights_and_refuses_pickles_at_start(tiny_
             open_checkpoint(gcs.url("models", "pickled"))
     assert planned.config.num_layers == 2 and not weights_before_load
     assert os.path.exists(os.path.join(loaded.folder, "model.safetensors"))
+
+
+def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
+    """What a reader of the output sees on gs://, byte for byte (the staging prefix is the run's scratch)."""
+    bucket = gcs.client.bucket(gcs.bucket)
+    return {b.name: bucket.blob(b.name).download_as_bytes()
+            for b in gcs.client.list_blobs(gcs.bucket, prefix=f"{prefix}/") if "/_staging/" not in b.name}
+
+
+def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_commit_replaces_it(
+        tiny_checkpoint_dir, tmp_path):
+    from pipeline.commit import RunFailed
+    from pipeline.config import ConfigError
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Text {i} about object storage. " * (i % 5 + 1)})
+                              + "\n" for i in range(20)))
+    with gcs_emulator() as gcs:
+        upload_folder(gcs, str(tmp_path), "in")
+        upload_folder(gcs, tiny_checkpoint_dir, "models/tiny")
+        out = gcs.url("runs", "daily")
+
+        def cfg(**sections):
+            return job_config(gcs.url("in", "docs.jsonl"), out, gcs.url("models", "tiny"), **sections)
+
+        first = run_job(cfg())
+        before = gcs_snapshot(gcs, "runs/daily")
+        with pytest.raises(Exception, match="nothing was embedded from 20 documents") as failed:
+            run_job(cfg(input={"text_field": "body"}))
+        assert isinstance(failed.value, RunFailed) or "RunFailed" in str(failed.value)
+        after_failure = gcs_snapshot(gcs, "runs/daily")
+        second = run_job(cfg())
+        after_second = gcs_snapshot(gcs, "runs/daily")
+        manifest = json.loads(after_second["runs/daily/_manifest.json"])
+
+        bucket = gcs.client.bucket(gcs.bucket)
+        bucket.blob("runs/other/notes.txt").upload_from_string(b"not docbeam's")
+        with pytest.raises(ConfigError, match="no docbeam run wrote"):
+            run_job(job_config(gcs.url("in", "docs.jsonl"), gcs.url("runs", "other"), gcs.url("models", "tiny")))
+        notes = bucket.blob("runs/other/notes.txt").download_as_bytes()
+
+    assert after_failure == before
+    assert first["run_id"] != second["run_id"] == manifest["run_id"] and manifest["previous_run_id"] == first["run_id"]
+    files = {f"runs/daily/{f['path']}" for f in manifest["files"]}
+    assert set(after_second) == files | {f"runs/daily/{n}" for n in ("summary.json", "_manifest.json", "_SUCCESS")}
+    assert all(second["run_id"] in name for name in files)
+    assert notes == b"not docbeam's"

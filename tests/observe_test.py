@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import glob
 import gzip
+import json
+import os
 
 import pytest
 
@@ -22,10 +24,12 @@ def profiled_run(tmp_path_factory, tiny_checkpoint_dir):
 
 @pytest.mark.slow
 def test_profile_trace_of_the_first_batches_names_the_attention_kernel(profiled_run):
-    output, _ = profiled_run
-    traces = glob.glob(f"{output}/profiles/*/plugins/profile/*/*.trace.json.gz")
-    xplanes = glob.glob(f"{output}/profiles/*/plugins/profile/*/*.xplane.pb")
+    output, summary = profiled_run
+    traces = glob.glob(f"{output}/profiles/{summary['run_id']}/*/plugins/profile/*/*.trace.json.gz")
+    xplanes = glob.glob(f"{output}/profiles/{summary['run_id']}/*/plugins/profile/*/*.xplane.pb")
     assert len(traces) == 1 and len(xplanes) == 1  # one worker, one capture
+    listed = {f["path"] for f in json.load(open(f"{output}/_manifest.json"))["files"]}
+    assert {os.path.relpath(p, output) for p in traces + xplanes} <= listed  # committed with the run
     assert b"attention/chunked" in open(xplanes[0], "rb").read()  # what TensorBoard/XProf shows
     assert b"docbeam_embed" in gzip.open(traces[0]).read()  # what Perfetto shows
 

@@ -10,7 +10,8 @@ from pipeline.write import pool_windows
 
 def embedding(index: int, num_windows: int, vector, *, length: int = 4, doc_tokens: int = 10,
               truncated: bool = False) -> WindowEmbedding:
-    return WindowEmbedding("doc", index, num_windows, length, doc_tokens, truncated, np.asarray(vector, np.float32))
+    return WindowEmbedding("doc", index, num_windows, length, doc_tokens, truncated, np.asarray(vector, np.float32),
+                           bucket_len=32, backend="native")
 
 
 def test_one_window_gives_its_own_vector_normalised():

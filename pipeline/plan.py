@@ -1,0 +1,149 @@
+"""The job plan: every check that must fail at start, built once on the driver and handed to the workers.
+
+``run``, ``validate`` and ``plan-buckets`` all start here, so a config that ``validate`` approves is one
+``run`` starts, and a refused one touches nothing (exit 2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import os
+
+from attention.plan import AttentionSpec, Choice, choose_all, probe
+from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir
+from models.encoder import EncoderConfig
+from pipeline import output as output_lib
+from pipeline import storage
+from pipeline.bucket import bucket_for
+from pipeline.config import ConfigError, JobConfig
+
+VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
+             "pyarrow")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """What the driver resolved from the config and the checkpoint, after checking the input and output."""
+
+    config: JobConfig
+    window_len: int
+    pooling: str
+    normalize: bool
+    platform: str
+    choices: tuple[Choice, ...]  # one per bucket that can receive a batch
+    encoder: EncoderConfig
+
+    @property
+    def attention(self) -> AttentionSpec:
+        return attention_spec(self.config)
+
+
+def attention_spec(cfg: JobConfig) -> AttentionSpec:
+    a = cfg.attention
+    return AttentionSpec(backend=a.backend, options=dict(a.options.get(a.backend) or {}), fallback=a.fallback,
+                         fallback_options=dict(a.options.get(a.fallback) or {}) if a.fallback else {},
+                         verify=a.verify, verify_tolerance=a.verify_tolerance, on_mismatch=a.on_mismatch)
+
+
+def target_platform(cfg: JobConfig) -> str:
+    return _local_platform() if cfg.runner.device == "auto" else cfg.runner.device
+
+
+def _local_platform() -> str:
+    import jax
+
+    return jax.default_backend()
+
+
+def attention_cases(config: EncoderConfig, buckets, platform: str) -> list:
+    from attention import AttentionCase
+
+    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
+                          head_dim=config.head_dim) for b in buckets]
+
+
+def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, special_tokens: int) -> list[int]:
+    """The buckets that can receive a batch, after the checks on window, positions and stride."""
+    if encoder.position == "absolute" and window_len > encoder.max_position:
+        raise ConfigError(f"model.max_seq_len={window_len} exceeds the checkpoint's {encoder.max_position} "
+                          "position embeddings; lower it or leave it unset")
+    if cfg.batching.buckets[-1] < window_len:
+        raise ConfigError(f"batching.buckets={list(cfg.batching.buckets)}: the largest bucket is below the model's "
+                          f"window of {window_len} tokens; add {window_len} (or set model.max_seq_len lower)")
+    if cfg.tokenize.stride >= window_len - special_tokens:
+        raise ConfigError(f"tokenize.stride={cfg.tokenize.stride} must be smaller than a window's content "
+                          f"({window_len - special_tokens} tokens for window {window_len}); e.g. 32")
+    # Buckets past the one that holds a full window never receive a batch.
+    used = [b for b in cfg.batching.buckets if b <= bucket_for(window_len, cfg.batching.buckets)]
+    if encoder.position == "absolute" and used[-1] > encoder.max_position:
+        # Padding past the position table reads positions that do not exist: NaN embeddings.
+        raise ConfigError(f"batching.buckets: bucket {used[-1]} is longer than the checkpoint's "
+                          f"{encoder.max_position} position embeddings; use buckets up to {encoder.max_position}, "
+                          f"e.g. end them at {window_len}")
+    return used
+
+
+def check_inputs(cfg: JobConfig) -> None:
+    """Every input pattern matches a path, and none lies inside the output (a run would replace its own
+    input). Matched as the job matches them (pipeline/read.py), so this refuses what the job would."""
+    from pipeline.read import match_paths
+
+    out = cfg.output.path
+    for pattern in cfg.input.patterns:
+        if output_lib.inside(out, pattern) or pattern.rstrip("/") == out:
+            raise ConfigError(f"input.path {pattern!r} lies inside output.path {out!r}; a run replaces its output, "
+                              "so keep the input elsewhere")
+        try:
+            paths = match_paths(pattern)
+        except FileNotFoundError:
+            hint = (f"it is a folder: use {pattern.rstrip('/')}/*.jsonl (or another glob)"
+                    if not storage.is_gcs(pattern) and os.path.isdir(pattern) else "check the path and the glob")
+            raise ConfigError(f"input.path {pattern!r} matches no file; {hint}") from None
+        inside = [p for p in paths if output_lib.inside(out, p)]
+        if inside:
+            raise ConfigError(f"input.path {pattern!r} matches {inside[0]}, inside output.path {out!r}; keep the "
+                              "input outside the output")
+
+
+def check_output(cfg: JobConfig) -> output_lib.OutputState:
+    try:
+        state = output_lib.inspect(cfg.output.path)
+        output_lib.check_writable(cfg.output.path, state, cfg.output.mode)
+    except output_lib.OutputRefused as e:
+        raise ConfigError(str(e)) from None
+    return state
+
+
+def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True) -> JobPlan:
+    """Everything that can fail before the job starts fails here, with the key to change. Tools that write
+    no output (plan-buckets) leave out the output's checks (``for_output=False``)."""
+    storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
+    checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
+    settings = checkpoint.settings
+    window_len = cfg.model.max_seq_len or settings.max_seq_len
+    special = load_tokenizer(resolve_dir(cfg.model.path)).num_special_tokens_to_add(pair=False)
+    buckets = check_window(cfg, checkpoint.config, window_len, special)
+    check_inputs(cfg)
+    if for_output:
+        check_output(cfg)
+    platform = target_platform(cfg)
+    spec = attention_spec(cfg)
+    choices = choose_all(spec, attention_cases(checkpoint.config, buckets, platform))
+    if probe_backends and platform == _local_platform():
+        for choice in choices:  # a backend that crashes or returns garbage fails here, not on the workers
+            probe(spec, choice)
+    pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
+    normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
+    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config)
+
+
+def versions(names: tuple[str, ...] = VERSIONED) -> dict:
+    """Installed versions of ``names`` (those not installed are left out)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return out
+

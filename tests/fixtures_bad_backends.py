@@ -1,0 +1,37 @@
+"""Backends that break the way real kernels do, for the tests that docbeam never writes what they return.
+
+``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
+length) and NaN only for rows of exactly 7 tokens, so only the per-document check can catch it.
+"""
+import jax.numpy as jnp
+
+from tests.fixtures_user_backend import attend as textbook
+
+
+def attend_raises(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    raise RuntimeError("kernel launch failed: out of shared memory")
+
+
+def attend_wrong_layout(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    out = textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale)
+    return jnp.transpose(out, (0, 2, 1, 3))  # B,N,T,H: the right size, the wrong layout
+
+
+def attend_nan(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    return textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale) * jnp.nan
+
+
+def attend_nan_at_length_7(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    out = textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale)
+    return jnp.where((kv_lengths_B == 7)[:, None, None, None], jnp.nan, out)
+
+
+def attend_check_raises(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    return textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale)
+
+
+def _crashing_check(case, options):
+    raise KeyError("sm_90")
+
+
+attend_check_raises.supports = _crashing_check
