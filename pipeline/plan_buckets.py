@@ -1,42 +1,96 @@
 """``docbeam plan-buckets``: bucket boundaries and token budgets proposed from the corpus' own window
-length histogram, with the padding efficiency each would give (and what the config gives now)."""
+length histogram, with the padding efficiency each would give (and what the config gives now).
+
+When the sample yields no window (no file matches, the files are empty, or the job would reject every
+document) there is nothing to plan: ``describe`` raises ``ConfigError`` saying what was read and what to change.
+"""
 from __future__ import annotations
 
+import collections
+import dataclasses
 import itertools
 
 from pipeline.bucket import padding_efficiency, plan_buckets
-from pipeline.config import JobConfig
-from pipeline.records import Document
+from pipeline.config import ConfigError, JobConfig
+from pipeline.records import Document, Rejected
 
 
-def sample_documents(cfg: JobConfig, limit: int) -> list[Document]:
-    """The first ``limit`` documents, read exactly as the job reads them (no Beam pipeline needed)."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+@dataclasses.dataclass
+class Sample:
+    """The first documents of the input as the job would read them, and what it would reject on the way."""
+    unmatched: list[str] = dataclasses.field(default_factory=list)  # patterns that match no file
+    files: list[str] = dataclasses.field(default_factory=list)
+    documents: list[Document] = dataclasses.field(default_factory=list)
+    rejected: list[Rejected] = dataclasses.field(default_factory=list)
 
-    from pipeline.read import file_records
+    @property
+    def read(self) -> int:
+        return len(self.documents) + len(self.rejected)
 
-    docs: list[Document] = []
-    patterns = [p.strip() for p in cfg.input.path.split(",") if p.strip()]
-    paths = sorted(m.path for result in FileSystems.match(patterns) for m in result.metadata_list)
-    for path in paths:
-        open_raw = lambda path=path: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)  # noqa: E731
-        records = (r for r in file_records(open_raw, path, cfg.input) if isinstance(r, Document))
-        docs += itertools.islice(records, limit - len(docs))
-        if len(docs) >= limit:
+
+def read_sample(cfg: JobConfig, limit: int) -> Sample:
+    """Reads files in order until ``limit`` documents were read (rejected ones count: a corpus of rejects
+    must not be read to its end). Duplicate ids are rejected as the job rejects them."""
+    from pipeline.read import match_paths, path_records, same_file_key
+
+    sample, seen_ids = Sample(), set()
+    for pattern in cfg.input.patterns:
+        try:
+            sample.files += match_paths(pattern)
+        except FileNotFoundError:
+            sample.unmatched.append(pattern)
+    sample.files = sorted({same_file_key(p): p for p in sample.files}.values())
+    for path in sample.files:
+        try:
+            for record in itertools.islice(path_records(path, cfg.input), limit - sample.read):
+                if isinstance(record, Document) and record.id in seen_ids:
+                    record = Rejected(record.source, record.line, record.id, "duplicate_id", "id already used")
+                if isinstance(record, Document):
+                    seen_ids.add(record.id)
+                    sample.documents.append(record)
+                else:
+                    sample.rejected.append(record)
+        except Exception as e:  # noqa: BLE001  as in the job: an unreadable file is one rejection
+            sample.rejected.append(Rejected(path, None, None, "unreadable_file", f"{type(e).__name__}: {e}"))
+        if sample.read >= limit:
             break
-    return docs
+    return sample
 
 
-def window_lengths(cfg: JobConfig, docs: list[Document], window_len: int) -> list[int]:
+def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int) -> tuple[list[int], list[Rejected]]:
+    """Window lengths of ``docs``, and the documents the tokenizer rejects (no tokens). The one call into
+    pipeline.tokenize, so a change to its interface is adapted here."""
     from models.checkpoint import load_tokenizer, resolve_dir
-    from pipeline.tokenize import windows_for
+    from pipeline.tokenize import tokenize_documents
 
+    if not docs:
+        return [], []
     tokenizer = load_tokenizer(resolve_dir(cfg.model.path))
-    return [w.length for w in windows_for(docs, tokenizer, window_len=window_len, config=cfg.tokenize)]
+    windows, rejected = tokenize_documents(docs, tokenizer, window_len=window_len, config=cfg.tokenize)
+    return [w.length for w in windows], rejected
+
+
+def nothing_to_plan(cfg: JobConfig, sample: Sample) -> str:
+    """Why ``sample`` (its rejects including the tokenizer's) yields no window to plan from, for people."""
+    where = f"input.path {cfg.input.path!r}"
+    if not sample.files:
+        return f"nothing to plan: {where} matches no file; check the path and the glob"
+    files = f"{len(sample.files)} file(s) matching {where}" + (f" (e.g. {sample.files[0]})"
+                                                                 if len(sample.files) > 1 else "")
+    if not sample.read:
+        return f"nothing to plan: the {files} hold no documents; point input.path at the corpus"
+    kinds = collections.Counter(r.kind for r in sample.rejected)
+    first = next(r for r in sample.rejected if r.kind == kinds.most_common(1)[0][0])
+    return (f"nothing to plan: read {sample.read} document(s) from {files}; the job would reject all of them ("
+            + ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common())
+            + f"), e.g. {first.source}{f' line {first.line}' if first.line else ''}: {first.reason}. "
+            "Fix the input, or the input.* keys the reasons name (input.format, input.text_field, input.id_field, "
+            "input.max_line_bytes), then rerun plan-buckets")
 
 
 def propose(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), max_buckets=(4, 6, 8)) -> list[dict]:
+    if not lengths:
+        raise ValueError("no window lengths to plan buckets for")
     rows = []
     for budget, k in itertools.product(budgets, max_buckets):
         buckets = plan_buckets(lengths, max_len=window_len, tokens_per_batch=budget, max_buckets=k)
@@ -46,13 +100,20 @@ def propose(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), max
 
 
 def describe(cfg: JobConfig, limit: int = 10_000) -> str:
-    from pipeline.run import make_plan
+    """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to plan."""
+    from pipeline.plan import make_plan
 
-    plan = make_plan(cfg)
-    docs = sample_documents(cfg, limit)
-    lengths = window_lengths(cfg, docs, plan.window_len)
+    sample = read_sample(cfg, limit)
+    if not sample.documents:  # said before loading the model: nothing it could change
+        raise ConfigError(nothing_to_plan(cfg, sample))
+    plan = make_plan(cfg, probe_backends=False, for_output=False)
+    lengths, no_tokens = tokenize_sample(cfg, sample.documents, plan.window_len)
+    sample.rejected += no_tokens
+    if not lengths:
+        raise ConfigError(nothing_to_plan(cfg, sample))
     current = padding_efficiency(lengths, cfg.batching.buckets, cfg.batching.tokens_per_batch)
-    out = [f"# {len(docs)} documents → {len(lengths)} windows of ≤ {plan.window_len} tokens",
+    out = [f"# {sample.read} documents read, {len(sample.documents) - len(no_tokens)} kept "
+           f"({len(sample.rejected)} the job would reject) → {len(lengths)} windows of ≤ {plan.window_len} tokens",
            f"# now: buckets {list(cfg.batching.buckets)}, tokens_per_batch {cfg.batching.tokens_per_batch}: "
            f"padding efficiency {current:.3f}",
            "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency |", "|---|---|---|---|"]

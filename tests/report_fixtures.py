@@ -1,4 +1,5 @@
-"""Writes a synthetic but realistic docbeam run (timing/, errors/, summary.json) for the report tests."""
+"""Writes synthetic but realistic docbeam runs (timing/, errors/, summary.json, _manifest.json) for the report
+tests: a busy run, and runs in which no batch ran."""
 from __future__ import annotations
 
 import datetime
@@ -16,9 +17,11 @@ ERRORS = [("malformed_json", "Expecting value: line 1 column 1 (char 0)"), ("mis
 
 
 def write_run(root: pathlib.Path, *, seed: int = 0, slowdown: dict[int, float] | float = 1.0,
-              extra_errors: int = 0, extra_fallbacks: int = 0, with_errors: bool = True) -> str:
+              extra_errors: int = 0, extra_fallbacks: int = 0, with_errors: bool = True,
+              error_source: str = "gs://docs/in/part-3.jsonl", run_id: str | None = None) -> str:
     """Four buckets, ~300 batches, one recompilation, six rejects. ``slowdown`` scales compute_ms (per
-    bucket or everywhere); ``extra_fallbacks`` turns that many bucket-256 batches into chunked fallbacks."""
+    bucket or everywhere); ``extra_fallbacks`` turns that many bucket-256 batches into chunked fallbacks;
+    ``run_id`` names the shards after the run and commits them in ``_manifest.json``."""
     rng = np.random.default_rng(seed)
     start = datetime.datetime(2026, 5, 1, 12, 0, tzinfo=datetime.timezone.utc)
     records = []
@@ -51,12 +54,12 @@ def write_run(root: pathlib.Path, *, seed: int = 0, slowdown: dict[int, float] |
                 "started_at": (start + datetime.timedelta(milliseconds=clock_ms)).isoformat(timespec="microseconds"),
                 "memory_in_use_bytes": in_use, "memory_peak_bytes": peak, "memory_source": "device"})
             clock_ms += compute_ms + rng.uniform(0.5, 4)
-    errors = [{"source": "gs://docs/in/part-3.jsonl", "line": 10 + n, "id": None if kind == "malformed_json"
+    errors = [{"source": error_source, "line": 10 + n, "id": None if kind == "malformed_json"
                else f"doc-{n}", "kind": kind, "reason": reason}
               for n, (kind, reason) in enumerate(ERRORS + [("empty_text", "'text' is empty")] * extra_errors)]
-    _write_jsonl(root / "timing", records, shards=2)
+    files = _write_jsonl(root / "timing", records, shards=2, run_id=run_id)
     if with_errors:
-        _write_jsonl(root / "errors", errors, shards=1)
+        files += _write_jsonl(root / "errors", errors, shards=1, run_id=run_id)
     real, padded = sum(r["real_tokens"] for r in records), sum(r["padded_tokens"] for r in records)
     embedded = sum(r["real_rows"] for r in records)
     wall = max(r["compute_ms"] for r in records) / 1e3 + 30.0
@@ -77,17 +80,55 @@ def write_run(root: pathlib.Path, *, seed: int = 0, slowdown: dict[int, float] |
         "tokens_per_second": real / wall, "attention_backends": backends, "fallbacks": fallbacks,
         "rejected_by_kind": kinds, "model": "sentence-transformers/all-MiniLM-L6-v2", "config_digest": "3f9a1c0d",
         "versions": {"jax": "0.10.2", "flax": "0.12.8", "apache-beam": "2.77.0"},
+        "attention_plan": {str(b): {"backend": "native" if b == 32 else "flash", "kernel": "xla" if b == 32
+                                    else "pallas_mosaic_tpu", "fallback_reason": "flash needs bucket_len >= 64"
+                                    if b == 32 else None} for b in BUCKETS},
+        "buckets": {str(b): {"batches": sum(r["bucket_len"] == b for r in records),
+                             "real_tokens": sum(r["real_tokens"] for r in records if r["bucket_len"] == b),
+                             "padded_tokens": sum(r["padded_tokens"] for r in records if r["bucket_len"] == b)}
+                    for b in BUCKETS},
         "started_at": start.isoformat(), "finished_at": (start + datetime.timedelta(seconds=wall)).isoformat(),
         "metrics": {"counters": {"docs_read": embedded + len(errors), "batches_encoded": len(records)},
                     "distributions": {"compute_ms": {"count": len(compute), "sum": sum(compute),
                                                      "min": min(compute), "max": max(compute),
                                                      "mean": sum(compute) / len(compute)}}}}
+    return _finish(root, summary, files, run_id)
+
+
+def write_empty_run(root: pathlib.Path, *, rejected: tuple[str, ...] = (), run_id: str | None = None) -> str:
+    """A completed run in which no batch ran, as the job writes it: every document ``rejected`` (one per
+    kind listed) or, with none, an empty input. Beam still writes one empty shard per output."""
+    errors = [{"source": "in.jsonl", "line": n + 1, "id": f"d{n}", "kind": kind, "reason": f"{kind} reason"}
+              for n, kind in enumerate(rejected)]
+    files = _write_jsonl(root / "timing", [], shards=1, run_id=run_id)
+    files += _write_jsonl(root / "errors", errors, shards=1, run_id=run_id)
+    kinds = {k: rejected.count(k) for k in sorted(set(rejected))}
+    summary = {
+        "docs_read": len(errors), "docs_embedded": 0, "docs_rejected": len(errors), "windows": 0, "real_tokens": 0,
+        "padded_tokens": 0, "padding_efficiency": None, "batches": 0, "compiles": 0, "wall_seconds": 4.2,
+        "docs_per_second": 0.0, "tokens_per_second": 0.0, "attention_requested": "native",
+        "attention_backends": {}, "fallbacks": {}, "rejected_by_kind": kinds, "buckets": {},
+        "attention_plan": {"48": {"backend": "native", "kernel": "xla", "fallback_reason": None}},
+        "model": "tiny", "versions": {"jax": "0.10.2"}, "metrics": {"counters": {"docs_read": len(errors)}}}
+    return _finish(root, summary, files, run_id)
+
+
+def _finish(root: pathlib.Path, summary: dict, files: list[pathlib.Path], run_id: str | None) -> str:
     (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    if run_id:
+        manifest = {"format": "docbeam.manifest/1", "run_id": run_id, "files": [
+            {"path": f.relative_to(root).as_posix(), "size": f.stat().st_size} for f in files]}
+        (root / "_manifest.json").write_text(json.dumps(manifest, indent=2))
     return str(root)
 
 
-def _write_jsonl(directory: pathlib.Path, records: list[dict], shards: int) -> None:
+def _write_jsonl(directory: pathlib.Path, records: list[dict], shards: int,
+                 run_id: str | None = None) -> list[pathlib.Path]:
     directory.mkdir(parents=True, exist_ok=True)
+    paths = []
     for shard in range(shards):
         lines = "".join(json.dumps(r) + "\n" for r in records[shard::shards])
-        (directory / f"part-{shard:05d}-of-{shards:05d}.jsonl").write_text(lines)
+        path = directory / f"part-{run_id + '-' if run_id else ''}{shard:05d}-of-{shards:05d}.jsonl"
+        path.write_text(lines)
+        paths.append(path)
+    return paths

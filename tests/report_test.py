@@ -1,4 +1,5 @@
-"""pipeline.report on synthetic runs (tests/report_fixtures.py): the page, its charts, compare() and the CLI."""
+"""docbeam report on synthetic runs (tests/report_fixtures.py): the page, its charts, compare(), the manifest,
+runs in which no batch ran, and the CLI."""
 from __future__ import annotations
 
 import argparse
@@ -14,12 +15,15 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from pipeline import report
-from report_fixtures import RECOMPILE_AT, write_run
+from pipeline import report, report_charts, report_data
+from report_fixtures import RECOMPILE_AT, write_empty_run, write_run
 
 CHARTS = {"batch latency by bucket and backend", "throughput over the run", "padding efficiency per bucket",
           "memory over the run", "XLA compile events", "rejected documents by kind"}
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
+# Hive-style partitions and a content hash: no hyphen or space where a browser could break the line.
+LONG_SOURCE = ("gs://acme_ml_corpora_europe_west4/crawl/snapshot=20260501T000000Z/lang=en/source=forums/"
+               "dedup=minhash_0.8/part_00017_of_01024_3f9a1c0d5b7e4a2c9d8f1e6b0a4c7d2e9f8a7b6c5d4e3f2a.jsonl.gz")
 
 
 class _Page(html.parser.HTMLParser):
@@ -51,7 +55,7 @@ class _Page(html.parser.HTMLParser):
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     return {"baseline": write_run(root / "baseline", seed=0),
-            "slow": write_run(root / "slow", seed=1, slowdown={128: 1.3}, extra_errors=3),
+            "slow": write_run(root / "slow", seed=1, slowdown={128: 1.3}, extra_errors=3, error_source=LONG_SOURCE),
             "drift": write_run(root / "drift", seed=1, slowdown=1.02),
             "fallbacks": write_run(root / "fallbacks", seed=1, extra_fallbacks=5)}
 
@@ -93,16 +97,16 @@ def test_report_has_the_tables(slow_report):
 
 
 def test_pure_functions_on_the_loaded_run(runs):
-    run = report.load_run(runs["baseline"])
+    run = report_data.load_run(runs["baseline"])
     batches = run.batches
     assert len(batches["compute_ms"]) == 300 and np.all(np.diff(batches["t_s"]) >= 0) and batches["t_s"][0] == 0
-    again = report.recompilations(batches)
+    again = report_data.recompilations(batches)
     assert [batches["batch_id"][i] for i in again] == ["{}/{}/{}".format(*RECOMPILE_AT)]
-    stats = {(s.bucket_len, s.backend): s for s in report.bucket_stats(batches)}
+    stats = {(s.bucket_len, s.backend): s for s in report_data.bucket_stats(batches)}
     assert set(stats) == {(32, "native"), (64, "flash"), (128, "flash"), (256, "flash")}
     assert stats[(128, "flash")].compiles == 3 and stats[(64, "flash")].compiles == 2
     assert all(0 < s.padding_efficiency <= 1 and s.median_ms <= s.p90_ms < 100 for s in stats.values())
-    assert report.rejected_by_kind(run) == {"duplicate_id": 2, "empty_text": 1, "invalid_utf8": 1,
+    assert report_data.rejected_by_kind(run) == {"duplicate_id": 2, "empty_text": 1, "invalid_utf8": 1,
                                             "malformed_json": 1, "missing_text": 1}
 
 
@@ -116,20 +120,21 @@ def test_compare_flags_a_30_percent_slowdown_and_more_rejects(runs, slow_report)
 
 
 def test_compare_does_not_flag_a_2_percent_drift(runs):
-    assert report.compare(report.load_run(runs["drift"]), report.load_run(runs["baseline"])) == []
-    assert report.compare(report.load_run(runs["drift"]), report.load_run(runs["baseline"]), threshold=0.0)
+    drift, baseline = report_data.load_run(runs["drift"]), report_data.load_run(runs["baseline"])
+    assert report_data.compare(drift, baseline) == []
+    assert report_data.compare(drift, baseline, threshold=0.0)
 
 
 def test_compare_flags_more_fallbacks(runs):
-    regressions = report.compare(report.load_run(runs["fallbacks"]), report.load_run(runs["baseline"]))
+    regressions = report_data.compare(report_data.load_run(runs["fallbacks"]), report_data.load_run(runs["baseline"]))
     assert [r.what for r in regressions] == ["fallbacks"]
     assert "flash->chunked" in regressions[0].detail
 
 
 def test_compare_rejects_a_percentage_threshold(runs):
-    run = report.load_run(runs["baseline"])
+    run = report_data.load_run(runs["baseline"])
     with pytest.raises(ValueError, match="got 10"):
-        report.compare(run, run, threshold=10)
+        report_data.compare(run, run, threshold=10)
 
 
 def test_missing_errors_dir_and_sparse_summary(tmp_path):
@@ -166,20 +171,174 @@ def test_cli_exit_status(runs, tmp_path, capsys):
 def test_report_renders_in_headless_chromium(slow_report, tmp_path):
     # The probe script lives only in this copy; the report itself carries no scripts.
     probe = ("<script>window.addEventListener('load', () => { const p = document.createElement('pre'); "
-             "p.id = 'decoded'; p.textContent = JSON.stringify([...document.images].map("
-             "i => [i.alt, i.naturalWidth, i.naturalHeight])); document.body.appendChild(p); });</script>")
+             "p.id = 'decoded'; p.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth, "
+             "images: [...document.images].map(i => [i.alt, i.naturalWidth, i.naturalHeight])}); "
+             "document.body.appendChild(p); });</script>")
     page = tmp_path / "probe.html"
     page.write_text(slow_report[1].replace("</body>", probe + "</body>"), encoding="utf-8")
     screenshot = tmp_path / "screenshot.png"
     browser = subprocess.run(
         [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={screenshot}", "--window-size=1400,3000",
+         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={screenshot}", "--window-size=1280,3000",
          "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=90)
     decoded = re.search(r'<pre id="decoded">(.*?)</pre>', browser.stdout)
     assert decoded, f"chromium exited {browser.returncode}; stderr tail: {browser.stderr[-2000:]}"
-    sizes = {alt: (width, height) for alt, width, height in json.loads(html.unescape(decoded.group(1)))}
+    probed = json.loads(html.unescape(decoded.group(1)))
+    sizes = {alt: (width, height) for alt, width, height in probed["images"]}
     assert set(sizes) == CHARTS
     assert all(width >= 600 and height >= 300 for width, height in sizes.values()), sizes
+    # Nothing (a long gs:// source among the rejects, a wide table) pushes the page past a laptop's width.
+    assert probed["scrollWidth"] <= 1280, f"the page is {probed['scrollWidth']} px wide at a 1280 px window"
     pixels = matplotlib.image.imread(screenshot)
-    assert pixels.shape[:2] == (3000, 1400) and pixels[..., :3].std() > 0.05
+    assert pixels.shape[:2] == (3000, 1280) and pixels[..., :3].std() > 0.05
+
+
+# ---------------------------------------------------------------- runs in which no batch ran
+
+def _cli(*args) -> int:
+    parser = argparse.ArgumentParser(prog="docbeam report")
+    report.add_arguments(parser)
+    return report.main(parser.parse_args([str(a) for a in args]))
+
+
+def test_a_run_whose_documents_were_all_rejected_renders_and_says_why(tmp_path, capsys):
+    output = write_empty_run(tmp_path / "run", rejected=("missing_text", "missing_text", "malformed_json"))
+    assert _cli(output) == 0, capsys.readouterr().err
+    text = (tmp_path / "run" / "report.html").read_text()
+    assert "No batches ran: 0 documents embedded, 3 rejected — see rejected documents by kind" in text
+    assert set(_Page(text).images) == {"rejected documents by kind"}
+    assert "No data to draw: batch latency by bucket and backend, throughput over the run" in text
+    assert "<b>—</b>" in text  # the padding efficiency card of a summary with padding_efficiency: null
+
+
+def test_an_empty_input_renders_and_says_why(tmp_path, capsys):
+    output = write_empty_run(tmp_path / "run")
+    assert _cli(output) == 0, capsys.readouterr().err
+    text = (tmp_path / "run" / "report.html").read_text()
+    assert "No batches ran: 0 documents embedded, 0 rejected — the input held no documents" in text
+    assert _Page(text).images == {} and "No error records" in text
+
+
+def test_an_empty_run_against_a_busy_baseline_and_back(runs, tmp_path, capsys):
+    empty = write_empty_run(tmp_path / "empty", rejected=("empty_text",) * 9)
+    assert _cli(empty, "--baseline", runs["baseline"], "--out", tmp_path / "a.html") == 1
+    assert "REGRESSION rejected documents (all): 9 vs 6" in capsys.readouterr().err
+    text = (tmp_path / "a.html").read_text()
+    assert "regressions bad" in text and "No (bucket, backend) has steady batches in both runs" in text
+    assert _cli(runs["baseline"], "--baseline", empty, "--out", tmp_path / "b.html") == 1  # 90 fallbacks vs none
+    assert set(_Page((tmp_path / "b.html").read_text()).images) == CHARTS
+
+
+def test_a_run_that_was_not_committed_is_found_and_says_so(tmp_path, capsys):
+    """A run that embedded nothing is left uncommitted in _staging/; the report points there and reads it."""
+    staged = tmp_path / "out" / "_staging" / "r1"
+    write_empty_run(staged, rejected=("missing_text",))
+    summary = json.loads((staged / "summary.json").read_text())
+    summary["failed"] = ["nothing was embedded", "too many rejects"]
+    (staged / "summary.json").write_text(json.dumps(summary))
+    assert _cli(tmp_path / "out") == 2
+    assert f"it holds uncommitted runs, e.g. {staged} (pass that folder" in capsys.readouterr().err
+    assert _cli(staged) == 0
+    text = (staged / "report.html").read_text()
+    assert "This run failed and was not committed: nothing was embedded; too many rejects." in text
+    assert "<td>nothing was embedded; too many rejects</td>" in text
+
+
+# ---------------------------------------------------------------- what the page shows
+
+def test_nested_summary_fields_are_tables_not_python_dicts(slow_report):
+    text = slow_report[1]
+    assert "{'" not in html.unescape(text)
+    headings = _Page(text).headings
+    assert {"Attention plan per bucket", "Batches per bucket", "Versions"} <= set(headings)
+    assert ("<tr><td>32</td><td>native</td><td>xla</td><td>flash needs bucket_len &gt;= 64</td></tr>" in text)
+    assert "<tr><td>jax</td><td>0.10.2</td></tr>" in text
+    buckets = json.loads((pathlib.Path(slow_report[0].path).parent / "summary.json").read_text())["buckets"]
+    assert f"<td class=n>{buckets['256']['padded_tokens']:,}</td>" in text
+
+
+def _records(efficiency: dict[int, float], backends=("native",)) -> list[dict]:
+    return [{"batch_id": f"{bucket}/{backend}/{i}", "bucket_len": bucket, "rows": 8, "padded_tokens": 8 * bucket,
+             "real_tokens": int(8 * bucket * e), "compute_ms": 5.0 + i, "compiled": i == 0,
+             "attention_backend": backend, "started_at": f"2026-05-01T12:00:{i:02d}+00:00"}
+            for bucket, e in efficiency.items() for backend in backends for i in range(1234 if bucket == 48 else 3)]
+
+
+def _inside(inner, outer, slack=1.0) -> bool:
+    return (inner.x0 >= outer.x0 - slack and inner.x1 <= outer.x1 + slack and inner.y0 >= outer.y0 - slack
+            and inner.y1 <= outer.y1 + slack)
+
+
+@pytest.mark.parametrize("count", [4, 8, 12])
+def test_padding_chart_labels_fit(count):
+    """Each bar's label sits within its bar's width and inside the plot, and no two tick labels collide,
+    for as many buckets as a config has, a bar of 5% and one of 1,234 batches."""
+    lengths = [48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384, 512][:count]
+    efficiency = {k: 0.05 if k == 64 else 0.5 + 0.04 * i for i, k in enumerate(lengths)}
+    run = report_data.Run("r", {}, report_data.batch_columns(_records(efficiency)), [])
+    fig = report_charts.padding_chart(run)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    bars = [p.get_window_extent(renderer) for p in ax.patches]
+    labels = [t.get_window_extent(renderer) for t in ax.texts]
+    assert len(bars) == len(labels) == count
+    for bar, label in zip(bars, labels):
+        assert bar.x0 <= label.x0 and label.x1 <= bar.x1, (bar, label)
+        assert _inside(label, ax.get_window_extent(renderer)), label
+    ticks = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1:])
+    assert all(_inside(t, fig.bbox) for t in ticks)
+
+
+def test_latency_chart_tick_labels_do_not_collide_with_many_buckets():
+    efficiency = {k: 0.8 for k in (48, 64, 80, 96, 128, 160, 192, 224, 256)}
+    run = report_data.Run("r", {}, report_data.batch_columns(_records(efficiency, ("native", "chunked"))), [])
+    fig = report_charts.latency_chart(run)
+    fig.canvas.draw()
+    ticks = [t.get_window_extent() for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(ticks) == 18
+    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1:])
+
+
+# ---------------------------------------------------------------- the manifest of a committed run
+
+@pytest.fixture
+def committed_among_others(tmp_path):
+    """A committed run next to another run's shards and a staging folder, as a rerun leaves them."""
+    output = pathlib.Path(write_run(tmp_path / "out", seed=0, run_id="r2"))
+    other = pathlib.Path(write_run(tmp_path / "other", seed=1, run_id="r1", extra_errors=3))
+    for part in ("timing", "errors"):
+        for shard in (other / part).iterdir():
+            (output / part / shard.name).write_bytes(shard.read_bytes())
+            staged = output / "_staging" / "r3" / part / shard.name
+            staged.parent.mkdir(parents=True, exist_ok=True)
+            staged.write_bytes(shard.read_bytes())
+    return output
+
+
+def test_a_manifest_limits_the_run_to_its_own_files_and_without_one_every_shard_is_read(committed_among_others):
+    run = report_data.load_run(str(committed_among_others))
+    assert run.batch_count == 300 and len(run.errors) == 6
+    assert report_data.run_files(str(committed_among_others), "timing") == [
+        str(committed_among_others / "timing" / f"part-r2-0000{i}-of-00002.jsonl") for i in (0, 1)]
+    (committed_among_others / "_manifest.json").unlink()  # a run from before manifests: read by glob
+    run = report_data.load_run(str(committed_among_others))
+    assert run.batch_count == 600 and len(run.errors) == 15
+
+
+def test_a_manifest_naming_a_missing_file_or_an_unknown_format_cannot_be_read(committed_among_others, capsys):
+    (committed_among_others / "errors" / "part-r2-00000-of-00001.jsonl").unlink()
+    assert _cli(committed_among_others) == 2
+    assert "part-r2-00000-of-00001.jsonl is listed in" in capsys.readouterr().err
+    (committed_among_others / "_manifest.json").write_text(json.dumps({"format": "docbeam.manifest/9"}))
+    with pytest.raises(ValueError, match="docbeam.manifest/9"):
+        report_data.load_run(str(committed_among_others))
+
+
+def test_the_data_module_does_not_import_the_rendering_modules():
+    source = pathlib.Path(report_data.__file__).read_text()
+    assert "report_html" not in re.sub(r'""".*?"""', "", source, flags=re.S)
+    assert "matplotlib" not in re.sub(r'""".*?"""', "", source, flags=re.S)
+    assert "from pipeline.report import" not in pathlib.Path(report_charts.__file__).read_text()

@@ -1,0 +1,87 @@
+"""``docbeam plan-buckets``: a proposal on the shipped sample, and a reason (exit 2) when there is nothing to plan."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from pipeline import config, plan_buckets
+
+LOCAL = os.path.join(REPO, "configs", "local.yaml")
+
+
+def plan(tmp_path, *overrides) -> subprocess.CompletedProcess:
+    sets = [a for o in (f"output.path={tmp_path / 'out'}",) + overrides for a in ("--set", o)]
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "plan-buckets", "--config", LOCAL, *sets],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def jsonl(path, *records) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def test_the_shipped_sample_gets_a_proposal_and_a_config_snippet(tmp_path):
+    result = plan(tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("# 400 documents read, 400 kept (0 the job would reject) → ")
+    assert "| 2048 | 8 |" in result.stdout
+    assert lines[-3:-1] == ["batching:", lines[-2]] and lines[-2].startswith("  buckets: [")
+    assert lines[-1].startswith("  tokens_per_batch: ")
+
+
+def test_rejects_are_counted_and_left_out_of_the_windows(tmp_path):
+    corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "text": "hello world"}, {"id": "b"},
+                   {"id": "a", "text": "a duplicate"}, {"id": "c", "text": "one more"})
+    result = plan(tmp_path, f"input.path={corpus}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("# 4 documents read, 2 kept (2 the job would reject) → 2 windows")
+
+
+def test_an_input_that_matches_nothing_says_so(tmp_path):
+    result = plan(tmp_path, f"input.path={tmp_path}/absent/*.jsonl")
+    assert result.returncode == 2
+    assert f"nothing to plan: input.path '{tmp_path}/absent/*.jsonl' matches no file" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_input_whose_documents_are_all_rejected_says_why(tmp_path):
+    corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "body": "hello"}, {"id": "b", "body": "world"})
+    result = plan(tmp_path, f"input.path={corpus}")
+    assert result.returncode == 2
+    assert (f"nothing to plan: read 2 document(s) from 1 file(s) matching input.path '{corpus}'; the job would "
+            "reject all of them (missing_text: 2)") in result.stderr
+    assert "field 'text' (input.text_field) is missing" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_documents_without_tokens_leave_nothing_to_plan(tmp_path):
+    corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "text": "\u200b"}, {"id": "b", "text": "\u200b\u200b"})
+    result = plan(tmp_path, f"input.path={corpus}")
+    assert result.returncode == 2
+    assert "the job would reject all of them (no_tokens: 2)" in result.stderr
+
+
+def _cfg(tmp_path, path: str) -> config.JobConfig:
+    cfg_file = tmp_path / "job.yaml"
+    cfg_file.write_text(json.dumps({"input": {"path": path}, "output": {"path": str(tmp_path / "out")}}))
+    return config.load(str(cfg_file), [])
+
+
+def test_empty_files_hold_no_documents(tmp_path):
+    (tmp_path / "a.jsonl").write_text("\n\n")
+    (tmp_path / "b.jsonl").write_text("")
+    with pytest.raises(config.ConfigError, match=r"the 2 file\(s\) matching input.path '.*\*.jsonl' \(e.g. .*a.jsonl\) "
+                                                 "hold no documents"):
+        plan_buckets.describe(_cfg(tmp_path, str(tmp_path / "*.jsonl")))
+
+
+def test_the_sample_stops_at_the_limit_counting_rejects(tmp_path):
+    jsonl(tmp_path / "a.jsonl", *({"id": str(i)} for i in range(5)))
+    jsonl(tmp_path / "b.jsonl", {"id": "x", "text": "never read"})
+    sample = plan_buckets.read_sample(_cfg(tmp_path, str(tmp_path / "*.jsonl")), limit=3)
+    assert (sample.read, len(sample.rejected), sample.documents) == (3, 3, [])
