@@ -6,6 +6,7 @@ disk) or ``pkg:<module>/<subfolder>`` (a checkpoint shipped inside an installed 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -201,6 +202,39 @@ def _find(tensors: dict, name: str) -> str:
             return c
     raise CheckpointError(f"checkpoint has no tensor {name!r}; is this a BERT-family model? "
                           f"(first names: {sorted(tensors)[:5]})")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+def tokenizer_digest(folder: str) -> str:
+    """Of the tokenizer files as they are: what decides the tokens a text becomes."""
+    digest = hashlib.sha256()
+    for name in TOKENIZER_FILES:
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            digest.update(name.encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(hashlib.sha256(f.read()).digest())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def weights_digest(path: str) -> str:
+    """Of ``model.safetensors``: sha256 of a local file; on gs:// the object's CRC32C and size as the store
+    keeps them, so the driver never downloads the weights to name them."""
+    if "://" in path:
+        from apache_beam.io.filesystems import FileSystems
+
+        remote = f"{path.rstrip('/')}/model.safetensors"
+        if not FileSystems.exists(remote):
+            raise CheckpointError(f"model.path {path!r} holds no model.safetensors")
+        (match,) = FileSystems.match([remote])
+        return f"crc32c:{FileSystems.checksum(remote)}:{match.metadata_list[0].size_in_bytes}"
+    digest = hashlib.sha256()
+    with open(os.path.join(resolve_dir(path), "model.safetensors"), "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def load_tokenizer(folder: str):

@@ -96,6 +96,9 @@ def format_summary(s: dict, output: str) -> str:
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
         f"  documents  read {s['docs_read']}, embedded {s['docs_embedded']}, rejected {s['docs_rejected']}"
         + (f" {json.dumps(s['rejected_by_kind'])}" if s["rejected_by_kind"] else ""),
+        *([f"  reused     {s['docs_reused']} documents ({s['reused_token_share']:.1%} of tokens) from run "
+           f"{s['reuse']['run_id']}; encoded {s['docs_encoded']}"] if s.get("docs_reused") else []),
+        *([f"  reuse      none: {s['reuse']['reason']}"] if s.get("reuse", {}).get("reason") else []),
         f"  windows    {s['windows']} in {s['batches']} batches ({s['compiles']} compilations)",
         f"  tokens     {s['real_tokens']} real / {s['padded_tokens']} padded "
         f"(padding efficiency {s['padding_efficiency']})",

@@ -28,8 +28,11 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
     real, padded = stats.get("real_tokens", 0), stats.get("padded_tokens", 0)
     embedded = stats.get("docs_embedded", 0)
     summary = {key: value for key, value in base.items() if key != "started"}
+    doc_tokens = stats.get("doc_tokens", 0)
     summary.update({
         "docs_read": stats.get("docs_read", 0), "docs_embedded": embedded,
+        "docs_reused": stats.get("docs_reused", 0), "docs_encoded": stats.get("docs_encoded", 0),
+        "reused_token_share": round(stats.get("tokens_reused", 0) / doc_tokens, 4) if doc_tokens else None,
         "docs_rejected": stats.get("docs_rejected", 0), "windows": stats.get("windows", 0),
         "real_tokens": real, "padded_tokens": padded,
         "padding_efficiency": round(real / padded, 4) if padded else None,
@@ -53,6 +56,9 @@ def run_problems(summary: dict, max_rejected_fraction: float) -> list[str]:
     problems = []
     if read != embedded + rejected:
         problems.append(f"documents do not add up: read {read} != embedded {embedded} + rejected {rejected}")
+    reused, encoded = summary.get("docs_reused", 0), summary.get("docs_encoded", embedded)
+    if embedded != reused + encoded:
+        problems.append(f"embedded documents do not add up: {embedded} != reused {reused} + encoded {encoded}")
     if read and not embedded:
         problems.append(f"nothing was embedded from {read} documents read (rejected by kind: "
                         f"{json.dumps(summary['rejected_by_kind'], sort_keys=True)})")
@@ -64,10 +70,10 @@ def run_problems(summary: dict, max_rejected_fraction: float) -> list[str]:
 
 
 def manifest_fields(summary: dict) -> dict:
-    counts = ("docs_read", "docs_embedded", "docs_rejected", "windows", "batches")
-    return {"counts": {k: summary[k] for k in counts}, "summary": output_lib.SUMMARY,
+    counts = ("docs_read", "docs_embedded", "docs_reused", "docs_encoded", "docs_rejected", "windows", "batches")
+    return {"counts": {k: summary[k] for k in counts}, "summary": output_lib.SUMMARY, "reused_from": summary["reuse"],
             **{k: summary[k] for k in ("config_digest", "model", "window_len", "pooling", "normalize", "dtype",
-                                       "versions")}}
+                                       "versions", "reuse_key")}}
 
 
 class _Commit(beam.DoFn):

@@ -32,6 +32,13 @@ class InputConfig(_Section):
     max_line_bytes: pydantic.PositiveInt = 1_000_000  # a JSONL line or a text file larger than this is rejected
     # A run that rejects a larger share of the documents it read fails (exit 1, nothing committed).
     max_rejected_fraction: float = pydantic.Field(0.1, ge=0.0, le=1.0)
+    reuse_from: str | None = None  # an earlier docbeam output whose vectors unchanged documents carry over
+    reuse_mismatch: Literal["encode_all", "fail"] = "encode_all"  # when reuse_from cannot be reused
+
+    @pydantic.field_validator("reuse_from")
+    @classmethod
+    def _reuse_one_folder(cls, path):
+        return None if path is None else one_folder(path)
 
     @property
     def patterns(self) -> tuple[str, ...]:
@@ -42,6 +49,17 @@ class InputConfig(_Section):
 GLOB_CHARACTERS = "*?[]{}"
 
 
+def one_folder(path: str) -> str:
+    """An output-like path names exactly one place: no globs, no lists, not the home or a bucket's root."""
+    bad = sorted({c for c in path if c in GLOB_CHARACTERS + ","})
+    if bad:
+        raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
+                         "a run replaces what is there, so it names exactly one place")
+    if path.strip().rstrip("/") in ("", "~", "gs:"):
+        raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
+    return path
+
+
 class OutputConfig(_Section):
     path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
     num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
@@ -50,13 +68,7 @@ class OutputConfig(_Section):
     @pydantic.field_validator("path")
     @classmethod
     def _one_plain_folder(cls, path):
-        bad = sorted({c for c in path if c in GLOB_CHARACTERS + ","})
-        if bad:
-            raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
-                             "a run replaces what is there, so it names exactly one place")
-        if path.strip().rstrip("/") in ("", "~", "gs:"):
-            raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
-        return path
+        return one_folder(path)
 
 
 class ModelConfig(_Section):
@@ -252,8 +264,10 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
         config = JobConfig.model_validate(raw)
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {_describe(e)}") from None
+    reuse_from = config.input.reuse_from and _resolve_path(config.input.reuse_from, base_dir).rstrip("/")
     resolved = {
-        "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir)}),
+        "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir),
+                                                 "reuse_from": reuse_from}),
         "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),
         "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
     }

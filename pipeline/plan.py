@@ -10,12 +10,13 @@ import importlib.metadata
 import os
 
 from attention.plan import AttentionSpec, Choice, choose_all, probe
-from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir
+from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir, tokenizer_digest, weights_digest
 from models.encoder import EncoderConfig
 from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.bucket import bucket_for
 from pipeline.config import ConfigError, JobConfig
+from pipeline.reuse import ReuseDecision, decide
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -32,6 +33,8 @@ class JobPlan:
     platform: str
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch
     encoder: EncoderConfig
+    reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/reuse.py)
+    reuse: ReuseDecision
 
     @property
     def attention(self) -> AttentionSpec:
@@ -134,7 +137,11 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
             probe(spec, choice)
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
-    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config)
+    key = {"weights_digest": weights_digest(cfg.model.path), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
+           "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
+           "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype}
+    reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
+    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config, key, reuse)
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

@@ -39,7 +39,9 @@ tr.flag td{background:#ffcdd2;font-weight:bold}.warn{background:#fff8e1;border:2
 _SUMMARY_FIELDS = {
     "model": "model", "config_digest": "config digest", "started_at": "started", "finished_at": "finished",
     "wall_seconds": "wall time (s)", "docs_read": "documents read", "docs_embedded": "documents embedded",
-    "docs_rejected": "documents rejected", "windows": "windows", "batches": "batches",
+    "docs_rejected": "documents rejected", "docs_reused": "documents reused from an earlier run",
+    "docs_encoded": "documents encoded", "reused_token_share": "share of tokens not encoded (reused)",
+    "reuse": "reused from", "windows": "windows encoded", "batches": "batches",
     "real_tokens": "real tokens", "padded_tokens": "padded tokens", "padding_efficiency": "padding efficiency",
     "docs_per_second": "documents/s", "tokens_per_second": "tokens/s",
     "attention_backends": "batches by attention backend", "fallbacks": "attention fallbacks (batches)",
@@ -63,7 +65,7 @@ def _table(header: list[str], rows: list[list], flags: list[bool] | None = None)
 
 
 def _summary_value(key: str, value) -> str:
-    if key == "padding_efficiency":
+    if key in ("padding_efficiency", "reused_token_share"):
         return _pct(value)
     if isinstance(value, dict):
         return "; ".join(f"{k}: {fmt(v)}" for k, v in value.items()) or "none"
@@ -167,6 +169,7 @@ def render_html(run: Run, baseline: Run | None = None, regressions: list[Regress
                 threshold: float = 0.10) -> str:
     s, b = run.summary, run.batches
     cards = [("documents embedded", fmt(s.get("docs_embedded"))), ("rejected", fmt(s.get("docs_rejected"))),
+             *([("reused", fmt(s["docs_reused"]))] if s.get("docs_reused") else []),
              ("batches", fmt(s.get("batches", run.batch_count))), ("wall time (s)", fmt(s.get("wall_seconds"))),
              ("documents/s", fmt(s.get("docs_per_second"))), ("tokens/s", fmt(s.get("tokens_per_second"))),
              ("padding efficiency", _pct(s.get("padding_efficiency"))),

@@ -20,6 +20,7 @@ from pipeline.encode import Encode, EncoderSpec
 from pipeline.lock import OutputLock
 from pipeline.plan import JobPlan, check_output, make_plan, versions
 from pipeline.read import ReadDocuments
+from pipeline.reuse import SplitByReuse, content_hash
 from pipeline.tokenize import Tokenize
 from pipeline.write import PoolDocuments, WriteOutputs
 
@@ -45,7 +46,8 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
         "model": cfg.model.path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "config_digest": cfg.digest(), "versions": versions(),
+        "config_digest": cfg.digest(), "versions": versions(), "reuse_key": plan.reuse_key,
+        "reuse": plan.reuse.describe(),
     }
 
 
@@ -53,14 +55,20 @@ def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
     cfg = plan.config
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
-    tokenized = read["documents"] | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize)
+    if plan.reuse.source is not None:
+        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.encoder.hidden_size)
+        to_encode, reused = split["to_encode"], split["reused"]
+    else:
+        to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
+    hashes = to_encode | "HashContents" >> beam.Map(lambda d: (d.id, content_hash(d.text)))
+    tokenized = to_encode | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize)
     batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(cfg.batching)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
-    pooled = encoded["windows"] | "PoolDocuments" >> PoolDocuments(plan.normalize)
+    pooled = {"windows": encoded["windows"], "hashes": hashes} | "PoolDocuments" >> PoolDocuments(plan.normalize)
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
-    written = ({"embeddings": pooled["embeddings"], "timing": encoded["timing"], "rejected": rejected,
-                "docs_read": read["docs_read"]}
+    written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
+                "rejected": rejected, "docs_read": read["docs_read"]}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
     written | "CommitRun" >> CommitRun(cfg.output.path, run_id, summary_base(plan, run_id, started),
                                        cfg.input.max_rejected_fraction)

@@ -21,6 +21,7 @@ EMBEDDINGS_SCHEMA = pa.schema([
     ("num_tokens", pa.int32()),
     ("num_windows", pa.int32()),
     ("truncated", pa.bool_()),
+    ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
 ])
 
 
@@ -55,26 +56,30 @@ def pool_windows(windows: list[WindowEmbedding], normalize: bool) -> dict | Reje
 
 
 class PoolDocuments(beam.PTransform):
-    """Outputs ``embeddings`` (rows) and ``rejected`` (documents whose vector is not finite)."""
+    """Input ``{"windows": WindowEmbeddings, "hashes": (id, content hash)}``; outputs ``embeddings`` (rows)
+    and ``rejected`` (documents whose vector is not finite)."""
 
     def __init__(self, normalize: bool):
         super().__init__()
         self._normalize = normalize
 
     def expand(self, windows):
-        embedded = Metrics.counter(NAMESPACE, "docs_embedded")
+        embedded = Metrics.counter(NAMESPACE, "docs_encoded")
 
         def pool(item):
-            row = pool_windows(list(item[1]), self._normalize)
+            _, grouped = item
+            windows = list(grouped["windows"])  # none for a document rejected before encoding (no tokens)
+            row = pool_windows(windows, self._normalize) if windows else None
             if isinstance(row, Rejected):
                 yield beam.pvalue.TaggedOutput(REJECTED_TAG, row)
-                return
-            embedded.inc()
-            yield row
+            elif row is not None:
+                embedded.inc()
+                (row["content_hash"],) = grouped["hash"]
+                yield row
 
-        pooled = (windows
-                  | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
-                  | "GroupWindows" >> beam.GroupByKey()
+        keyed = windows["windows"] | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
+        pooled = ({"windows": keyed, "hash": windows["hashes"]}
+                  | "GroupWindows" >> beam.CoGroupByKey()
                   | "Pool" >> beam.FlatMap(pool).with_outputs(REJECTED_TAG, main="embeddings"))
         return {"embeddings": pooled.embeddings, "rejected": pooled[REJECTED_TAG]}
 
@@ -106,7 +111,8 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def timing_stats(t: dict) -> dict:
-    stats = {"batches": 1, "real_tokens": t["real_tokens"], "padded_tokens": t["padded_tokens"],
+    stats = {"batches": 1, "windows": t["real_rows"], "real_tokens": t["real_tokens"],
+             "padded_tokens": t["padded_tokens"],
              "compiles": int(t["compiled"]), "attention_backends": {t["attention_backend"]: 1},
              "buckets": {str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"],
                                                 "padded_tokens": t["padded_tokens"]}}}
@@ -116,8 +122,8 @@ def timing_stats(t: dict) -> dict:
 
 
 class WriteOutputs(beam.PTransform):
-    """Writes embeddings/, timing/ and errors/ into the run's staging folder, every file name carrying the
-    run id. Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
+    """Writes embeddings/ (the ``encoded`` rows and the ``reused`` ones), timing/ and errors/ into the run's
+    staging folder, every file name carrying the run id. Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
     names: waiting on them is waiting for every file to be final)."""
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int = 0):
@@ -129,9 +135,15 @@ class WriteOutputs(beam.PTransform):
     def expand(self, outputs):
         from apache_beam.io.parquetio import WriteToParquet
 
-        embeddings, timing, rejected, docs_read = (outputs["embeddings"], outputs["timing"], outputs["rejected"],
-                                                   outputs["docs_read"])
+        encoded, reused, timing, rejected, docs_read = (outputs["encoded"], outputs["reused"], outputs["timing"],
+                                                        outputs["rejected"], outputs["docs_read"])
+        embeddings = (encoded, reused) | "AllEmbeddings" >> beam.Flatten()
         rejected_counter = {}
+        embedded_counter = Metrics.counter(NAMESPACE, "docs_embedded")
+
+        def embedded_stats(row):
+            embedded_counter.inc()
+            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"]}
 
         def rejected_json(r):
             rejected_counter.setdefault(r.kind, Metrics.counter(NAMESPACE, f"docs_rejected[{r.kind}]")).inc()
@@ -148,7 +160,9 @@ class WriteOutputs(beam.PTransform):
                 f"{self._out}/errors/{part}", file_name_suffix=".jsonl", num_shards=self._shards))
         stats = (
             (docs_read | "ReadStats" >> beam.Map(lambda n: {"docs_read": n}),
-             embeddings | "EmbeddedStats" >> beam.Map(lambda e: {"docs_embedded": 1, "windows": e["num_windows"]}),
+             embeddings | "EmbeddedStats" >> beam.Map(embedded_stats),
+             encoded | "EncodedStats" >> beam.Map(lambda e: {"docs_encoded": 1}),
+             reused | "ReusedStats" >> beam.Map(lambda e: {"docs_reused": 1, "tokens_reused": e["num_tokens"]}),
              rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
              timing | "TimingStats" >> beam.Map(timing_stats))
             | "AllStats" >> beam.Flatten()

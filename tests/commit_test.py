@@ -10,7 +10,7 @@ from pipeline.records import Rejected, WindowEmbedding
 from pipeline.write import pool_windows
 
 
-def summary(read: int, embedded: int, rejected: int, **by_kind) -> dict:
+def summary(read: int, embedded: int, rejected: int, **by_kind) -> dict:  # all encoded
     return {"docs_read": read, "docs_embedded": embedded, "docs_rejected": rejected, "rejected_by_kind": by_kind}
 
 

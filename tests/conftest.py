@@ -13,7 +13,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +37,8 @@ def write_tiny_checkpoint(folder: str, real_dir: str, *, layers: int = 2, hidden
         model = transformers.BertModel(transformers.BertConfig(**common), add_pooling_layer=False)
     model.eval()
     model.save_pretrained(folder, safe_serialization=True)
+    from models.checkpoint import TOKENIZER_FILES
+
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(real_dir, name), folder)
     with open(os.path.join(folder, "sentence_bert_config.json"), "w") as f:

@@ -114,3 +114,28 @@ def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_com
     assert set(after_second) == files | {f"runs/daily/{n}" for n in ("summary.json", "_manifest.json", "_SUCCESS")}
     assert all(second["run_id"] in name for name in files)
     assert notes == b"not docbeam's"
+
+
+def test_on_gcs_an_incremental_run_reuses_the_unchanged_documents_of_a_previous_run(tiny_checkpoint_dir, tmp_path):
+    docs = [{"id": f"d{i}", "text": f"Paragraph {i} on object stores and their consistency. " * (i % 4 + 1)}
+            for i in range(24)]
+    changed = [{**d, "text": d["text"] + " Revised."} if i < 3 else d for i, d in enumerate(docs[:-2])]
+    changed.append({"id": "fresh", "text": "A document that is new today."})
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(d) + "\n" for d in changed))
+    with gcs_emulator() as gcs:
+        upload_folder(gcs, str(tmp_path), "in")
+        upload_folder(gcs, tiny_checkpoint_dir, "models/tiny")
+        model = gcs.url("models", "tiny")
+        run_job(job_config(gcs.url("in", "a.jsonl"), gcs.url("runs", "a"), model))
+        summary = run_job(job_config(gcs.url("in", "b.jsonl"), gcs.url("runs", "b"), model,
+                                     input={"reuse_from": gcs.url("runs", "a")}))
+        tables = {run: pq.read_table(io.BytesIO(storage.read_bytes(path)))
+                  for run in ("a", "b") for path in storage.glob(gcs.url("runs", run, "embeddings", "*.parquet"))}
+
+    assert summary["reuse_key"]["weights_digest"].startswith("crc32c:")
+    assert (summary["docs_reused"], summary["docs_encoded"], summary["docs_embedded"]) == (19, 4, 23)
+    previous = {r["id"]: r for r in tables["a"].to_pylist()}
+    now = {r["id"]: r for r in tables["b"].to_pylist()}
+    assert sorted(now) == sorted(d["id"] for d in changed)
+    assert all(now[i]["embedding"] == previous[i]["embedding"] for i in (d["id"] for d in docs[3:-2]))

@@ -50,7 +50,7 @@ def test_sample_run_writes_embeddings_timing_errors_and_summary(sample_run):
     assert summary["docs_read"] == 400 == summary["docs_embedded"] + summary["docs_rejected"]
     assert summary["attention_backends"] == {"native": summary["batches"]}
     assert pq.read_schema(glob.glob(f"{output}/embeddings/*.parquet")[0]).names == [
-        "id", "embedding", "num_tokens", "num_windows", "truncated"]
+        "id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash"]
 
 
 def test_every_batch_has_a_timing_record_naming_the_kernel_that_ran(sample_run):

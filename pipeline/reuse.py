@@ -1,0 +1,143 @@
+"""Incremental runs: carry a previous run's vectors over for documents whose text did not change.
+
+A previous output is a source only when its manifest is complete and its reuse key (weights, tokenizer,
+window, stride, long-document mode, pooling, normalisation, dtype) equals this run's; the attention
+backend is not part of the key, since every backend is held to native's result. Then each document is
+joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
+hash carries the previous vector over byte for byte, anything else is encoded.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from pipeline import output as output_lib
+from pipeline import storage
+from pipeline.config import ConfigError
+from pipeline.records import Document
+
+NAMESPACE = "docbeam"
+KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
+              "normalize", "dtype")
+ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
+log = logging.getLogger(__name__)
+
+
+def content_hash(text: str) -> str:
+    """Of exactly the text the tokenizer is given (decoded, BOM removed): a changed byte is a changed document."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReuseSource:
+    """A previous committed run whose vectors this run may carry over."""
+
+    path: str
+    run_id: str
+    files: tuple[str, ...]  # its embeddings files, as its manifest lists them
+
+
+@dataclasses.dataclass(frozen=True)
+class ReuseDecision:
+    source: ReuseSource | None
+    reason: str  # why nothing is reused ("" when something may be)
+
+    def describe(self) -> dict:
+        return {"from": self.source.path if self.source else None,
+                "run_id": self.source.run_id if self.source else None, "reason": self.reason}
+
+
+def key_differences(previous: dict, current: dict) -> list[str]:
+    return [f"{name}: {previous.get(name)!r} then, {current[name]!r} now" for name in KEY_FIELDS
+            if previous.get(name) != current[name]]
+
+
+def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision:
+    """Whether ``reuse_from`` can be reused, checked on the driver before the job starts. With
+    ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2)."""
+    if not reuse_from:
+        return ReuseDecision(None, "")
+    reason = _why_not(reuse_from, key)
+    if reason is None:
+        manifest = output_lib.read_manifest(reuse_from)
+        files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
+                      if f["path"].startswith("embeddings/"))
+        log.info("reusing vectors of run %s from %s", manifest["run_id"], reuse_from)
+        return ReuseDecision(ReuseSource(reuse_from, manifest["run_id"], files), "")
+    if on_mismatch == "fail":
+        raise ConfigError(f"input.reuse_from={reuse_from!r} cannot be reused: {reason} "
+                          "(input.reuse_mismatch is fail; set it to encode_all to encode everything instead)")
+    log.warning("input.reuse_from=%s is not reused, encoding everything: %s", reuse_from, reason)
+    return ReuseDecision(None, reason)
+
+
+def _why_not(reuse_from: str, key: dict) -> str | None:
+    try:
+        manifest = output_lib.read_manifest(reuse_from)
+    except (output_lib.OutputRefused, ValueError) as e:
+        return f"its manifest cannot be read ({e})"
+    if manifest is None:
+        return "it holds no committed docbeam run (no _manifest.json: a failed, partial or missing run)"
+    if "reuse_key" not in manifest:
+        return f"run {manifest['run_id']} recorded no reuse key (written before incremental runs existed)"
+    differences = key_differences(manifest["reuse_key"], key)
+    if differences:
+        return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"
+    sizes = storage.list_files(reuse_from)
+    for f in manifest["files"]:
+        if f["path"].startswith("embeddings/") and sizes.get(storage.join(reuse_from, f["path"])) != f["size"]:
+            return f"its file {f['path']} is missing or not the size its manifest says ({f['size']} bytes)"
+    return None
+
+
+class SplitByReuse(beam.PTransform):
+    """Documents → ``to_encode`` (new or changed) and ``reused`` (previous rows, byte for byte)."""
+
+    def __init__(self, source: ReuseSource, dimension: int):
+        super().__init__()
+        self._source, self._dimension = source, dimension
+
+    def expand(self, documents):
+        from apache_beam.io.parquetio import ReadAllFromParquet
+
+        previous = (documents.pipeline
+                    | "PreviousFiles" >> beam.Create(self._source.files)
+                    | "ReadPrevious" >> ReadAllFromParquet(columns=list(ROW_FIELDS))
+                    | "KeyPrevious" >> beam.Map(lambda row: (row["id"], row)))
+        current = documents | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
+        split = ({"document": current, "previous": previous}
+                 | "JoinById" >> beam.CoGroupByKey()
+                 | "ReuseOrEncode" >> beam.FlatMap(_reuse_or_encode, self._dimension).with_outputs(
+                     "reused", main="to_encode"))
+        return {"to_encode": split.to_encode, "reused": split.reused}
+
+
+_reused = Metrics.counter(NAMESPACE, "docs_reused")
+
+
+def _reuse_or_encode(item, dimension: int):
+    _, grouped = item
+    for doc in grouped["document"]:  # none when it is gone from the input: then it is gone from the output
+        row = reusable_row(doc, list(grouped["previous"]), dimension)
+        if row is None:
+            yield doc
+        else:
+            _reused.inc()
+            yield beam.pvalue.TaggedOutput("reused", row)
+
+
+def reusable_row(doc: Document, previous: list[dict], dimension: int) -> dict | None:
+    """The previous row for ``doc`` if its text is unchanged and its vector sound; None to encode it."""
+    if len(previous) != 1 or previous[0].get("content_hash") != content_hash(doc.text):
+        return None
+    row = previous[0]
+    vector = np.asarray(row["embedding"], np.float32)
+    if vector.shape != (dimension,) or not np.all(np.isfinite(vector)):
+        log.warning("document %r: its previous vector is not %d finite numbers; encoding it again", doc.id, dimension)
+        return None
+    return {name: row[name] for name in ROW_FIELDS}
