@@ -75,8 +75,9 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
     from models.checkpoint import load_tokenizer
-    from pipeline.config import TokenizeConfig
+    import attention
     from attention.plan import AttentionSpec
+    from pipeline.config import TokenizeConfig
     from pipeline.encode import EncoderRuntime, EncoderSpec
     from pipeline.tokenize import windows_for
 
@@ -91,8 +92,8 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     t0 = time.perf_counter()
     runtime = EncoderRuntime(EncoderSpec(
         model_path=args.model, dtype=args.dtype, pooling=settings.pooling, buckets=args.buckets,
-        attention=AttentionSpec(backend=args.backend, options=args.attention_options, fallback=None,
-                                fallback_options={})))
+        attention=AttentionSpec(backend=args.backend,
+                                options=attention.get(args.backend).parse_options(args.attention_options))))
     load_s = time.perf_counter() - t0
 
     shapes: dict[tuple, dict] = {}

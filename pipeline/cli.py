@@ -63,9 +63,9 @@ def main(argv: list[str] | None = None) -> int:
             print(describe(cfg, args.documents))
             return 0
         if args.command == "validate":
-            from pipeline.validate import describe
+            from pipeline.validate import validation_report
 
-            print(describe(cfg, verify=args.verify))
+            print(validation_report(cfg, verify=args.verify))
             return 0
         from pipeline.run import run_job
 

@@ -21,7 +21,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from attention.plan import AttentionSpec, bind_choice, choose_all, gate, probe
+from attention.plan import AttentionSpec, bind_choice, choose_backends, gate, probe
 from pipeline.records import Batch, WindowEmbedding
 
 NAMESPACE = "docbeam"
@@ -63,7 +63,7 @@ class EncoderRuntime:
         ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
         self.config = ck.config
         self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
-        choices = choose_all(spec.attention, attention_cases(ck.config, spec.buckets, platform))
+        choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
         for choice in choices:  # always, on the platform that will run it: a broken backend fails the job here

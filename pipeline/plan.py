@@ -9,7 +9,7 @@ import dataclasses
 import importlib.metadata
 import os
 
-from attention.plan import AttentionSpec, Choice, choose_all, probe
+from attention.plan import AttentionSpec, Choice, choose_backends, probe
 from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir
 from models.encoder import EncoderConfig
 from pipeline import output as output_lib
@@ -32,16 +32,13 @@ class JobPlan:
     platform: str
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch
     encoder: EncoderConfig
-
-    @property
-    def attention(self) -> AttentionSpec:
-        return attention_spec(self.config)
+    attention: AttentionSpec  # backends with their typed options, as the workers receive them
 
 
 def attention_spec(cfg: JobConfig) -> AttentionSpec:
     a = cfg.attention
-    return AttentionSpec(backend=a.backend, options=dict(a.options.get(a.backend) or {}), fallback=a.fallback,
-                         fallback_options=dict(a.options.get(a.fallback) or {}) if a.fallback else {},
+    return AttentionSpec(backend=a.backend, options=a.options_for(a.backend), fallback=a.fallback,
+                         fallback_options=a.options_for(a.fallback) if a.fallback else None,
                          verify=a.verify, verify_tolerance=a.verify_tolerance, on_mismatch=a.on_mismatch)
 
 
@@ -128,13 +125,13 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
         check_output(cfg)
     platform = target_platform(cfg)
     spec = attention_spec(cfg)
-    choices = choose_all(spec, attention_cases(checkpoint.config, buckets, platform))
+    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform))
     if probe_backends and platform == _local_platform():
         for choice in choices:  # a backend that crashes or returns garbage fails here, not on the workers
             probe(spec, choice)
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
-    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config)
+    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config, spec)
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

@@ -7,7 +7,12 @@ import pytest
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
 
+from attention.chunked import ChunkedOptions
+from attention.flash import FlashOptions
+from attention.interface import AttentionCase, Backend
+from attention.plan import bind_choice, choose_backends
 from pipeline import config
+from pipeline.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_YAML = os.path.join(REPO, "configs", "local.yaml")
@@ -57,7 +62,6 @@ def test_a_config_that_is_not_a_mapping_is_rejected():
     ({"runner": {"devise": "cpu"}}, "runner.devise"),
     ({"attention": {"flsh": {"block_q": 64}}}, "attention.flsh"),
     ({"attention": {"backend": "flash", "flash": {"blok_q": 64}}}, "attention.flash.blok_q"),
-    ({"attention": {"backend": "chunked", "options": {"flash": {"blok_q": 64}}}}, "attention.flash.blok_q"),
 ])
 def test_unknown_keys_at_any_level_are_named_by_their_dotted_path(sections, dotted_key):
     message = config_error(**sections)
@@ -102,6 +106,46 @@ def test_backend_options_nest_under_the_backend_name():
     cfg = parse(attention={"backend": "flash", "flash": {"block_q": 64}})
     assert cfg.attention.options_for("flash").block_q == 64
     assert cfg.attention.options_for("flash").block_k == 128  # the default, untouched
+
+
+@pytest.mark.parametrize("key", ["options", "backend_options"])
+def test_backend_options_have_one_spelling(key):
+    message = config_error(attention={"backend": "flash", key: {"flash": {"block_q": 64}}})
+    assert f"attention.{key} is not a key: nest a backend's options under its name" in message
+
+
+def test_options_for_a_backend_the_job_does_not_run_are_refused():
+    message = config_error(attention={"backend": "chunked", "flash": {"block_q": 64}})
+    assert message == ("config: attention.flash: options for backend 'flash', which this job does not run "
+                       "(attention.backend is 'chunked', attention.fallback None); remove them, or set "
+                       "attention.backend or attention.fallback to 'flash'")
+
+
+def test_options_for_the_fallback_are_accepted_and_a_dump_loads_back_unchanged():
+    cfg = parse(attention={"backend": "flash", "fallback": "chunked", "chunked": {"query_chunk": 64}})
+    assert cfg.attention.options_for("chunked").query_chunk == 64
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["attention"]["chunked"]["query_chunk"] == 64 and "backend_options" not in dumped["attention"]
+    assert config.parse(dumped, base_dir="/base") == cfg
+
+
+def test_the_typed_options_reach_the_attention_spec_as_they_are():
+    import pickle
+
+    cfg = parse(attention={"backend": "flash", "fallback": "chunked", "flash": {"block_q": 64},
+                           "chunked": {"query_chunk": 32}})
+    spec = attention_spec(cfg)
+    assert spec.options is cfg.attention.options_for("flash") and isinstance(spec.options, FlashOptions)
+    assert isinstance(spec.fallback_options, ChunkedOptions) and spec.fallback_options.query_chunk == 32
+    assert pickle.loads(pickle.dumps(spec)) == spec  # what a worker receives
+
+
+def test_workers_choose_and_bind_backends_without_parsing_options_again(monkeypatch):
+    spec = attention_spec(parse(attention={"backend": "chunked", "chunked": {"query_chunk": 32}}))
+    monkeypatch.setattr(Backend, "parse_options", lambda self, raw: pytest.fail(f"{self.name} options parsed again"))
+    (choice,) = choose_backends(spec, [AttentionCase("cpu", "float32", seq_len=64, num_heads=2, head_dim=16)])
+    assert choice.backend == "chunked" and "chunks 32x512" in choice.kernel
+    assert bind_choice(spec, "chunked").backend_name == "chunked"
 
 
 def test_overrides_replace_values_parsed_as_yaml():
