@@ -5,7 +5,7 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 
 - docbeam: ``pipeline.bucket.padding_efficiency`` with the configured buckets and tokens_per_batch
   (a partial batch is padded with empty rows to its bucket's fixed shape).
-- planned: the buckets ``pipeline.bucket.plan_buckets`` proposes for these lengths (same budget, at most
+- planned: the buckets ``pipeline.bucket.propose_buckets`` proposes for these lengths (same budget, at most
   as many buckets as configured), scored the same way.
 - pad-to-max: every batch ``tokens_per_batch ÷ max_len`` rows of ``max_len`` tokens: one shape.
 - sorted fixed-size: lengths sorted, batches of that same row count, each padded to its longest window;
@@ -35,7 +35,7 @@ def parse_args(argv=None):
     p.add_argument("--min-len", type=int, default=8)
     p.add_argument("--buckets", help="comma-separated (default: configs/local.yaml's)")
     p.add_argument("--tokens-per-batch", type=int, help="default: configs/local.yaml's")
-    p.add_argument("--max-buckets", type=int, help="for plan_buckets (default: as many as --buckets)")
+    p.add_argument("--max-buckets", type=int, help="for propose_buckets (default: as many as --buckets)")
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
@@ -99,13 +99,13 @@ def sorted_fixed(lengths, rows) -> dict:
             "shapes": len({(len(b), max(b)) for b in batches}), "rows": rows}
 
 
-def compare(lengths, max_len, args, plan_buckets) -> dict:
+def compare(lengths, max_len, args, propose_buckets) -> dict:
     from pipeline.bucket import rows_for
 
     rows = rows_for(max_len, args.tokens_per_batch)
     out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch)}
-    if plan_buckets is not None:
-        planned = plan_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
+    if propose_buckets is not None:
+        planned = propose_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
                                max_buckets=args.max_buckets)
         out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)
     out["pad-to-max"] = pad_to_max(lengths, max_len, rows)
@@ -121,9 +121,9 @@ def main(argv=None) -> int:
 
     from pipeline import bucket
 
-    plan_buckets = getattr(bucket, "plan_buckets", None)
-    if plan_buckets is None:
-        print("note: pipeline.bucket.plan_buckets does not exist here; the 'planned' row is left out\n")
+    propose_buckets = getattr(bucket, "propose_buckets", None)
+    if propose_buckets is None:
+        print("note: pipeline.bucket.propose_buckets does not exist here; the 'planned' row is left out\n")
 
     real, window_len = sample_lengths(args)
     synthetic = synthetic_lengths(args.synthetic_windows, args.median, args.sigma, args.min_len, window_len, args.seed)
@@ -133,13 +133,13 @@ def main(argv=None) -> int:
         f"{len(synthetic)} windows, seed {args.seed})": synthetic,
     }
     print(f"buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, window {window_len}, "
-          f"plan_buckets max_buckets {args.max_buckets}\n")
+          f"propose_buckets max_buckets {args.max_buckets}\n")
     results = {}
     for name, lengths in datasets.items():
         pct = np.percentile(lengths, [50, 90, 99])
         print(f"## {name}\n\nlengths: mean {np.mean(lengths):.1f}, p50 {pct[0]:.0f}, p90 {pct[1]:.0f}, "
               f"p99 {pct[2]:.0f}, at {window_len}: {np.mean(np.array(lengths) == window_len):.1%}\n")
-        rows = compare(lengths, window_len, args, plan_buckets)
+        rows = compare(lengths, window_len, args, propose_buckets)
         base = rows["docbeam"]["efficiency"]
         print(common.table(
             ["strategy", "buckets", "rows per batch", "batches", "padded tokens", "padding efficiency",
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
 
     common.write_results(args.results, "bucketing", {
         "benchmark": "bucketing", "args": {k: v for k, v in vars(args).items() if k != "tokenize"},
-        "tokenize": args.tokenize.model_dump(), "machine": info, "plan_buckets_available": plan_buckets is not None,
+        "tokenize": args.tokenize.model_dump(), "machine": info, "propose_buckets_available": propose_buckets is not None,
         "results": results})
     return 0
 

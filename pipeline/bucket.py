@@ -115,7 +115,7 @@ def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch
     return sum(-(-c // rows_for(b, tokens_per_batch)) * rows_for(b, tokens_per_batch) * b for b, c in counts.items())
 
 
-def plan_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
+def propose_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
                  step: int = 16) -> tuple[int, ...]:
     """Bucket boundaries (multiples of ``step``, the last ``max_len``) that minimise padded tokens for
     this length histogram, partial last batches included. Dynamic programming over boundaries."""

@@ -115,7 +115,7 @@ class AttentionConfig(_Section):
             try:
                 parsed[name] = attention_registry.get(name).parse_options(section)
             except pydantic.ValidationError as e:
-                raise ValueError(_describe(e, prefix=f"attention.{name}")) from None
+                raise ValueError(_readable(e, prefix=f"attention.{name}")) from None
         rest = {k: v for k, v in raw.items() if k not in sections}
         return {**rest, "backend_options": parsed}
 
@@ -213,7 +213,7 @@ class JobConfig(_Section):
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _describe(error: pydantic.ValidationError, prefix: str = "") -> str:
+def _readable(error: pydantic.ValidationError, prefix: str = "") -> str:
     lines = []
     for e in error.errors():
         key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
@@ -276,7 +276,7 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     try:
         config = JobConfig.model_validate(raw)
     except pydantic.ValidationError as e:
-        raise ConfigError(f"{source}: {_describe(e)}") from None
+        raise ConfigError(f"{source}: {_readable(e)}") from None
     resolved = {
         "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir)}),
         "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),

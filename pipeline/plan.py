@@ -1,6 +1,6 @@
 """The job plan: every check that must fail at start, built once on the driver and handed to the workers.
 
-``run``, ``validate`` and ``plan-buckets`` all start here, so a config that ``validate`` approves is one
+``run``, ``validate`` and ``propose-buckets`` all start here, so a config that ``validate`` approves is one
 ``run`` starts, and a refused one touches nothing (exit 2).
 """
 from __future__ import annotations
@@ -113,7 +113,7 @@ def check_output(cfg: JobConfig) -> output_lib.OutputState:
 
 def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True) -> JobPlan:
     """Everything that can fail before the job starts fails here, with the key to change. Tools that write
-    no output (plan-buckets) leave out the output's checks (``for_output=False``)."""
+    no output (propose-buckets) leave out the output's checks (``for_output=False``)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
     settings = checkpoint.settings

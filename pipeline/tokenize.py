@@ -53,7 +53,7 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
 
 
 def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[Window]:
-    """Only the windows, for callers that need their lengths (plan-buckets, benchmarks)."""
+    """Only the windows, for callers that need their lengths (propose-buckets, benchmarks)."""
     return tokenize_documents(documents, tokenizer, window_len=window_len, config=config)[0]
 
 

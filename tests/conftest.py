@@ -16,6 +16,12 @@ SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
+def checkout_env() -> dict:
+    """The environment for a ``python -m pipeline.cli`` child run from another folder: this checkout's
+    packages first, not whichever checkout the virtualenv has installed."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+
+
 @pytest.fixture(scope="session")
 def real_checkpoint_dir() -> str:
     from models.checkpoint import resolve_dir
