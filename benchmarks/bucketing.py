@@ -72,16 +72,12 @@ def synthetic_lengths(n: int, median: float, sigma: float, lo: int, hi: int, see
 
 
 def bucketed(lengths, buckets, tokens_per_batch) -> dict:
-    from pipeline.bucket import bucket_for, padding_efficiency, rows_for
+    from pipeline.bucket import batches_per_bucket, padded_tokens
 
-    counts: dict[int, int] = {}
-    for n in lengths:
-        b = bucket_for(n, buckets)
-        counts[b] = counts.get(b, 0) + 1
-    efficiency = padding_efficiency(lengths, tuple(buckets), tokens_per_batch)
-    return {"buckets": list(buckets), "efficiency": efficiency, "padded_tokens": round(sum(lengths) / efficiency),
-            "batches": sum(-(-c // rows_for(b, tokens_per_batch)) for b, c in counts.items()),
-            "shapes": len(counts), "rows": f"{tokens_per_batch} ÷ bucket"}
+    batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch)
+    padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch)
+    return {"buckets": list(buckets), "efficiency": sum(lengths) / padded, "padded_tokens": padded,
+            "batches": sum(batches.values()), "shapes": len(batches), "rows": f"{tokens_per_batch} ÷ bucket"}
 
 
 def pad_to_max(lengths, max_len, rows) -> dict:

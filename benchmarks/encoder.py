@@ -57,27 +57,14 @@ def parse_args(argv=None):
     return args
 
 
-def make_batches(windows, buckets, tokens_per_batch):
-    """Windows → padded Batches exactly as BucketBatches groups them (one shard, arrival order)."""
-    from pipeline.bucket import bucket_for, pad_batch, rows_for
-
-    by_bucket: dict[int, list] = {}
-    for w in windows:
-        by_bucket.setdefault(bucket_for(w.length, buckets), []).append(w)
-    batches = []
-    for bucket_len, ws in sorted(by_bucket.items()):
-        rows = rows_for(bucket_len, tokens_per_batch)
-        batches += [pad_batch(ws[i:i + rows], bucket_len, rows) for i in range(0, len(ws), rows)]
-    return batches
-
-
 def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
     from models.checkpoint import load_tokenizer
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.config import TokenizeConfig
+    from pipeline.bucket import batch_windows
+    from pipeline.config import BatchingConfig, TokenizeConfig
     from pipeline.encode import EncoderRuntime, EncoderSpec
     from pipeline.tokenize import windows_for
 
@@ -87,7 +74,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     windows = windows_for(docs, tokenizer, window_len=settings.max_seq_len,
                           config=TokenizeConfig(long_documents=args.long_documents, stride=args.stride))
     tokenize_s = time.perf_counter() - t0
-    batches = make_batches(windows, args.buckets, args.tokens_per_batch)
+    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch))
 
     t0 = time.perf_counter()
     runtime = EncoderRuntime(EncoderSpec(

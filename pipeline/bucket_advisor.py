@@ -2,7 +2,8 @@
 length histogram, with the padding efficiency each would give (and what the config gives now).
 
 When the sample yields no window (no file matches, the files are empty, or the job would reject every
-document) there is nothing to propose from: ``proposal_report`` raises ``ConfigError`` saying what was read and what to change.
+document) there is nothing to propose from: ``proposal_report`` raises ``ConfigError`` saying what was read
+and what to change.
 """
 from __future__ import annotations
 

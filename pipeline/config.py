@@ -260,14 +260,9 @@ def _parse_value(item: str, value: str):
 
 def _resolve_path(path: str, base_dir: str) -> str:
     """Relative paths are relative to the config file's folder, so a config works from any cwd."""
-    parts = []
-    for p in path.split(","):
-        p = p.strip()
-        if "://" in p or p.startswith("pkg:") or os.path.isabs(p):
-            parts.append(p)
-        else:
-            parts.append(os.path.normpath(os.path.join(base_dir, os.path.expanduser(p))))
-    return ",".join(parts)
+    if "://" in path or path.startswith("pkg:") or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(base_dir, os.path.expanduser(path)))
 
 
 def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
@@ -278,7 +273,8 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {_readable(e)}") from None
     resolved = {
-        "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir)}),
+        "input": config.input.model_copy(update={
+            "path": ",".join(_resolve_path(p, base_dir) for p in config.input.patterns)}),
         "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),
         "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
     }

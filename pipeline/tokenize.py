@@ -12,9 +12,9 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
+from pipeline.observe import METRICS_NAMESPACE
 from pipeline.records import Document, Rejected, Window
 
-NAMESPACE = "docbeam"
 REJECTED_TAG = "rejected"
 
 
@@ -60,7 +60,7 @@ def windows_for(documents: list[Document], tokenizer, *, window_len: int, config
 class _TokenizeBatch(beam.DoFn):
     def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig):
         self._model_path, self._window_len, self._config = model_dir_path, window_len, config
-        self._windows = Metrics.counter(NAMESPACE, "windows")
+        self._windows = Metrics.counter(METRICS_NAMESPACE, "windows")
         self._tokenizer = None
 
     def setup(self):

