@@ -1,4 +1,4 @@
-"""BucketBatches: Windows → fixed-shape padded Batches.
+"""BucketBatches: TokenWindows → fixed-shape padded Batches.
 
 Each window is padded to the smallest bucket that fits; a batch holds one bucket length and
 ``tokens_per_batch // bucket_len`` rows, so every (bucket, rows) shape compiles once. Keys are
@@ -17,7 +17,7 @@ from apache_beam import coders
 from apache_beam.transforms import userstate
 
 from pipeline.config import BatchingConfig
-from pipeline.records import Batch, Window
+from pipeline.records import Batch, TokenWindow
 
 
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
@@ -36,15 +36,15 @@ def shard_for(doc_id: str, index: int, shards: int) -> int:
     return zlib.crc32(f"{doc_id}\x00{index}".encode()) % shards
 
 
-def batch_key(window: Window, config: BatchingConfig) -> tuple[int, int]:
+def batch_key(window: TokenWindow, config: BatchingConfig) -> tuple[int, int]:
     """(bucket, shard): the key a window is batched under."""
     return bucket_for(window.length, config.buckets), shard_for(window.doc_id, window.index, config.shards)
 
 
-def batch_windows(windows: list[Window], config: BatchingConfig) -> list[Batch]:
+def batch_windows(windows: list[TokenWindow], config: BatchingConfig) -> list[Batch]:
     """What BucketBatches makes of these windows, without Beam: per key, in the order given, full batches
     of ``rows_for(bucket)`` windows, then one padded partial batch (benchmarks time the encoder on these)."""
-    by_key: dict[tuple[int, int], list[Window]] = {}
+    by_key: dict[tuple[int, int], list[TokenWindow]] = {}
     for w in windows:
         by_key.setdefault(batch_key(w, config), []).append(w)
     batches = []
@@ -54,7 +54,7 @@ def batch_windows(windows: list[Window], config: BatchingConfig) -> list[Batch]:
     return batches
 
 
-def pad_batch(windows: list[Window], bucket_len: int, rows: int) -> Batch:
+def pad_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batch:
     """A partial batch is padded with empty rows (length 0) so it reuses the compiled full shape."""
     if len(windows) > rows:
         raise ValueError(f"{len(windows)} windows do not fit a batch of {rows} rows")
@@ -121,7 +121,7 @@ class BucketBatches(beam.PTransform):
         cfg = self._config
         return (windows
                 | "KeyByBucketAndShard" >> beam.Map(lambda w: (batch_key(w, cfg), w))
-                .with_output_types(tuple[tuple[int, int], Window])  # a deterministic key coder for state
+                .with_output_types(tuple[tuple[int, int], TokenWindow])  # a deterministic key coder for state
                 | "Batch" >> beam.ParDo(_BatchByKey(cfg.tokens_per_batch))
                 | "SpreadBatches" >> beam.Reshuffle())
 

@@ -1,4 +1,4 @@
-"""Tokenize: Documents → Windows with the checkpoint's own fast tokenizer.
+"""Tokenize: Documents → TokenWindows with the checkpoint's own fast tokenizer.
 
 A document longer than the window is split by the tokenizer itself (``return_overflowing_tokens`` with
 ``stride`` overlap), each window framed by the special tokens; or, by config, only the first is kept.
@@ -13,7 +13,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
 from pipeline.observe import METRICS_NAMESPACE
-from pipeline.records import Document, Rejected, Window
+from pipeline.records import Document, Rejected, TokenWindow
 
 REJECTED_TAG = "rejected"
 
@@ -24,7 +24,7 @@ def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
 
 
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
-                       config: TokenizeConfig) -> tuple[list[Window], list[Rejected]]:
+                       config: TokenizeConfig) -> tuple[list[TokenWindow], list[Rejected]]:
     """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if config.stride >= window_len - special:
@@ -48,11 +48,11 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
         truncated = config.long_documents == "truncate" and len(pieces) > 1
         if truncated:
             pieces = pieces[:1]
-        out += [Window(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
+        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
     return out, rejected
 
 
-def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[Window]:
+def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[TokenWindow]:
     """Only the windows, for callers that need their lengths (propose-buckets, benchmarks)."""
     return tokenize_documents(documents, tokenizer, window_len=window_len, config=config)[0]
 
@@ -88,5 +88,6 @@ class Tokenize(beam.PTransform):
         # The fast tokenizer is much quicker on a list than one text at a time.
         tokenized = (documents
                      | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=256)
-                     | "Encode" >> beam.ParDo(_TokenizeBatch(*self._args)).with_outputs(REJECTED_TAG, main="windows"))
+                     | "TokenizeBatch" >> beam.ParDo(_TokenizeBatch(*self._args))
+                     .with_outputs(REJECTED_TAG, main="windows"))
         return {"windows": tokenized.windows, "rejected": tokenized[REJECTED_TAG]}

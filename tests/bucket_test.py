@@ -9,17 +9,17 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch, padding_efficiency,
-                             rows_for, shard_for)
+from pipeline.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch,
+                             padding_efficiency, rows_for, shard_for)
 from pipeline.config import BatchingConfig
-from pipeline.records import Window
+from pipeline.records import TokenWindow
 
 BUCKETS = (16, 32, 64)
 
 
-def window(doc_id: str, index: int, length: int, num_windows: int = 1) -> Window:
+def window(doc_id: str, index: int, length: int, num_windows: int = 1) -> TokenWindow:
     token_ids = np.arange(101, 101 + length, dtype=np.int32)
-    return Window(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
+    return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
 
 
 @pytest.mark.parametrize("length, bucket", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)])
@@ -84,7 +84,7 @@ def test_padding_efficiency_is_real_over_padded_tokens():
     assert padding_efficiency([], (16,), tokens_per_batch=32) == 1.0
 
 
-def expected_fill(windows: list[Window], config: BatchingConfig) -> list[tuple[int, int]]:
+def expected_fill(windows: list[TokenWindow], config: BatchingConfig) -> list[tuple[int, int]]:
     """(bucket, real rows) per batch: the full batches of each (bucket, shard), then its one partial batch."""
     per_key = collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
                                   for w in windows)

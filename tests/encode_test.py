@@ -10,7 +10,7 @@ from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, g
 from pipeline.bucket import pad_batch, rows_for
 from pipeline.encode import EncoderRuntime, EncoderSpec
 from pipeline.plan import attention_cases
-from pipeline.records import Window
+from pipeline.records import TokenWindow
 from models.checkpoint import open_checkpoint
 
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
@@ -37,7 +37,7 @@ def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(t
 def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="native")
     runtime = EncoderRuntime(s)
-    batch = pad_batch([Window("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
+    batch = pad_batch([TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
     vectors, timing = runtime.encode(batch)
     assert vectors.shape == (1, 32) and np.isfinite(vectors).all()
     assert timing["attention_requested"] == "flash" and timing["attention_backend"] == "native"
@@ -73,7 +73,7 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
         bucket = (16, 32)[i % 2]
         rows = rows_for(bucket, 256)
         n = int(rng.integers(1, rows + 1))  # full and partial batches share one shape
-        windows = [Window(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
+        windows = [TokenWindow(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
                                                            dtype=np.int32), 1, False) for j in range(n)]
         records.append(runtime.encode(pad_batch(windows, bucket, rows))[1])
     assert [r["compiled"] for r in records[:2]] == [True, True]

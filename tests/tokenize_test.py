@@ -130,3 +130,11 @@ def test_tokenize_outputs_windows_and_rejected_documents():
                     label="Windows")
         assert_that(out["rejected"] | beam.Map(lambda r: (r.id, r.kind)),
                     equal_to([(f"n{i}", "no_tokens") for i in range(len(NO_TOKENS))]), label="Rejected")
+
+
+def test_tokenize_steps_are_named_for_what_they_do(real_checkpoint_dir):
+    p = beam.Pipeline()
+    _ = p | beam.Create([doc("a", SHORT)]) | "Tokenize" >> Tokenize(real_checkpoint_dir, 64, TokenizeConfig())
+    labels = {t.unique_name for t in p.to_runner_api().components.transforms.values()}
+    assert "Tokenize/TokenizeBatch" in labels
+    assert not [label for label in labels if label.startswith("Tokenize/") and "Encode" in label]
