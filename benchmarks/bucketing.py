@@ -14,7 +14,6 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -25,8 +24,7 @@ common.bootstrap()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--docs", type=int, help="first N sample documents (default: all; --quick: 100)")
     p.add_argument("--synthetic-windows", type=int, help="default 20000; --quick 2000")
     p.add_argument("--seed", type=int, default=0)
@@ -95,15 +93,14 @@ def sorted_fixed(lengths, rows) -> dict:
             "shapes": len({(len(b), max(b)) for b in batches}), "rows": rows}
 
 
-def compare(lengths, max_len, args, propose_buckets) -> dict:
-    from pipeline.bucket import rows_for
+def compare(lengths, max_len, args) -> dict:
+    from pipeline.bucket import propose_buckets, rows_for
 
     rows = rows_for(max_len, args.tokens_per_batch)
     out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch)}
-    if propose_buckets is not None:
-        planned = propose_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
-                               max_buckets=args.max_buckets)
-        out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)
+    planned = propose_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
+                              max_buckets=args.max_buckets)
+    out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)
     out["pad-to-max"] = pad_to_max(lengths, max_len, rows)
     out["sorted fixed-size"] = sorted_fixed(lengths, rows)
     return out
@@ -114,12 +111,6 @@ def main(argv=None) -> int:
     info = common.machine(with_jax=False)
     common.print_machine("bucketing: padding efficiency", info)
     import numpy as np
-
-    from pipeline import bucket
-
-    propose_buckets = getattr(bucket, "propose_buckets", None)
-    if propose_buckets is None:
-        print("note: pipeline.bucket.propose_buckets does not exist here; the 'planned' row is left out\n")
 
     real, window_len = sample_lengths(args)
     synthetic = synthetic_lengths(args.synthetic_windows, args.median, args.sigma, args.min_len, window_len, args.seed)
@@ -135,7 +126,7 @@ def main(argv=None) -> int:
         pct = np.percentile(lengths, [50, 90, 99])
         print(f"## {name}\n\nlengths: mean {np.mean(lengths):.1f}, p50 {pct[0]:.0f}, p90 {pct[1]:.0f}, "
               f"p99 {pct[2]:.0f}, at {window_len}: {np.mean(np.array(lengths) == window_len):.1%}\n")
-        rows = compare(lengths, window_len, args, propose_buckets)
+        rows = compare(lengths, window_len, args)
         base = rows["docbeam"]["efficiency"]
         print(common.table(
             ["strategy", "buckets", "rows per batch", "batches", "padded tokens", "padding efficiency",
@@ -145,9 +136,9 @@ def main(argv=None) -> int:
         print()
         results[name] = {"real_tokens": sum(lengths), "windows": len(lengths), "strategies": rows}
 
-    common.write_results(args.results, "bucketing", {
+    common.write_results(args, "bucketing", {
         "benchmark": "bucketing", "args": {k: v for k, v in vars(args).items() if k != "tokenize"},
-        "tokenize": args.tokenize.model_dump(), "machine": info, "propose_buckets_available": propose_buckets is not None,
+        "tokenize": args.tokenize.model_dump(), "machine": info,
         "results": results})
     return 0
 

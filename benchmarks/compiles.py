@@ -9,7 +9,6 @@ write_tiny_checkpoint, window 128); ``--real`` uses all-MiniLM-L6-v2.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
@@ -23,8 +22,7 @@ common.bootstrap()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--real", action="store_true", help="all-MiniLM-L6-v2 instead of the tiny random checkpoint")
     p.add_argument("--docs", type=int, help="first N sample documents (default: all; --quick: 60)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -86,7 +84,7 @@ def main(argv=None) -> int:
     if recompiled:
         print(f"\nshapes compiled more than once: {sorted(recompiled)}")
     print(f"\n{'PASS' if passed else 'FAIL'}")
-    common.write_results(args.results, "compiles", {
+    common.write_results(args, "compiles-real" if args.real else "compiles", {
         "benchmark": "compiles", "args": vars(args), "machine": info, "docs": len(docs), "batches": len(timing),
         "distinct_shapes": expected, "checks": checks, "passed": passed,
         "shapes": [{"worker": k[0], "backend": k[1], "bucket": k[2], "rows": k[3], **v} for k, v in per_shape.items()],

@@ -10,7 +10,6 @@ count real tokens (attention-mask tokens after truncation to the window length);
 """
 from __future__ import annotations
 
-import argparse
 import json
 import datetime
 import os
@@ -25,8 +24,7 @@ common.bootstrap()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--docs", type=int, help="first N documents of the sample corpus (default: all; --quick: 16)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--backend", default="native", help="docbeam attention backend (default: %(default)s)")
@@ -266,7 +264,7 @@ def main(argv=None) -> int:
 
     name = f"encoder-{args.dtype}" + ("" if args.backend == "native" else f"-{args.backend}") + (
         "-" + "-".join(f"{k}{v}" for k, v in args.attention_options.items()) if args.attention_options else "")
-    common.write_results(args.results, name, {
+    common.write_results(args, name, {
         "benchmark": "encoder", "args": vars(args), "machine": info, "docs": len(docs), "window_len": window_len,
         "docbeam": ours, "sentence_transformers": theirs, "docbeam_over_st": speedup, "lowest_cosine": agreement,
         "pipeline": whole})
