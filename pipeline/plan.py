@@ -16,6 +16,7 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.bucket import bucket_for
 from pipeline.config import ConfigError, JobConfig
+from pipeline.tokenize import stride_problem
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -67,9 +68,9 @@ def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, specia
     if cfg.batching.buckets[-1] < window_len:
         raise ConfigError(f"batching.buckets={list(cfg.batching.buckets)}: the largest bucket is below the model's "
                           f"window of {window_len} tokens; add {window_len} (or set model.max_seq_len lower)")
-    if cfg.tokenize.stride >= window_len - special_tokens:
-        raise ConfigError(f"tokenize.stride={cfg.tokenize.stride} must be smaller than a window's content "
-                          f"({window_len - special_tokens} tokens for window {window_len}); e.g. 32")
+    problem = stride_problem(cfg.tokenize.stride, window_len, special_tokens)
+    if problem:
+        raise ConfigError(problem)
     # Buckets past the one that holds a full window never receive a batch.
     used = [b for b in cfg.batching.buckets if b <= bucket_for(window_len, cfg.batching.buckets)]
     if encoder.position == "absolute" and used[-1] > encoder.max_position:

@@ -23,13 +23,22 @@ def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
     return sum(n - special for n in window_lengths) - stride * (len(window_lengths) - 1)
 
 
+def stride_problem(stride: int, window_len: int, special: int) -> str | None:
+    """Why ``stride`` cannot cut windows of ``window_len`` tokens, ``special`` of them the tokenizer's own
+    (None when it can): every window after the first must bring tokens of its own."""
+    if stride < window_len - special:
+        return None
+    return (f"tokenize.stride={stride} must be smaller than a window's content ({window_len - special} tokens "
+            f"for window {window_len}); e.g. 32")
+
+
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
                        config: TokenizeConfig) -> tuple[list[TokenWindow], list[Rejected]]:
     """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
-    if config.stride >= window_len - special:
-        raise ValueError(f"tokenize.stride={config.stride} must be smaller than the window's content "
-                         f"({window_len - special} tokens)")
+    problem = stride_problem(config.stride, window_len, special)
+    if problem:
+        raise ValueError(problem)
     encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
                         stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
                         return_token_type_ids=False)

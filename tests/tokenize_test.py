@@ -96,7 +96,7 @@ def test_truncate_leaves_a_document_that_fits_untruncated(tokenizer):
 
 @pytest.mark.parametrize("stride", [30, 31])
 def test_a_stride_as_long_as_the_window_content_names_tokenize_stride(tokenizer, stride):
-    with pytest.raises(ValueError, match=rf"tokenize\.stride={stride} .* \(30 tokens\)"):
+    with pytest.raises(ValueError, match=rf"tokenize\.stride={stride} .* \(30 tokens for window 32\)"):
         windows_for([doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=stride))
 
 
