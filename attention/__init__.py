@@ -1,4 +1,9 @@
-"""Swappable attention: one signature (``interface.AttentionFn``), one registry, one file per backend."""
+"""Swappable attention: one signature (``interface.AttentionFn``), one registry, one file per backend.
+
+Importing the package registers the built-in backends (``attention.backends``), so any import of
+``attention.registry`` finds them; the registry itself never imports a backend.
+"""
+from attention import backends  # noqa: F401  (registers native, chunked and flash)
 from attention.interface import AttentionCase, AttentionFn, Backend, NoOptions, Support
 from attention.registry import get, names, register
 

@@ -202,7 +202,7 @@ KERNELS: dict[str, Kernel] = {
 }
 
 
-def choose(case: AttentionCase, options: FlashOptions) -> tuple[str | None, Support]:
+def pick_kernel(case: AttentionCase, options: FlashOptions) -> tuple[str | None, Support]:
     """The kernel that runs ``case`` (None if none can), and the Support saying which or why not."""
     candidates = PLATFORM_KERNELS.get(case.platform, ()) if options.kernel == "auto" else (options.kernel,)
     refusals = []
@@ -220,10 +220,10 @@ def choose(case: AttentionCase, options: FlashOptions) -> tuple[str | None, Supp
 
 
 def supports(case: AttentionCase, options: FlashOptions) -> Support:
-    return choose(case, options)[1]
+    return pick_kernel(case, options)[1]
 
 
-def describe() -> str:
+def auto_kernel_table() -> str:
     """A markdown table of what ``kernel: auto`` picks per platform, for the README and ``docbeam validate``."""
     rows = ["| platform | `kernel: auto` tries, in order |", "|---|---|"]
     rows += [f"| {platform} | " + ", then ".join(f"`{name}` ({KERNELS[name].label})" for name in names) + " |"
@@ -246,7 +246,7 @@ def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: Flas
     b, t, n, h = q_BxTxNxH.shape
     case = AttentionCase(platform=_current_platform(), dtype=jnp.dtype(q_BxTxNxH.dtype).name,
                          seq_len=max(t, k_BxSxNxH.shape[1]), num_heads=n, head_dim=h)
-    name, support = choose(case, options)
+    name, support = pick_kernel(case, options)
     if name is None:
         raise ValueError(f"attention backend flash cannot run {case}: {support.reason}")
     out_BxTxNxH = KERNELS[name].run(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options)

@@ -20,15 +20,33 @@ class AttentionPlanError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class AttentionSpec:
-    """The attention part of a job, as plain data a worker can rebuild backends from."""
+    """The attention part of a job as the driver validated it: backend names and their typed options
+    (frozen pydantic models, picklable), handed to the workers as they are."""
 
     backend: str
-    options: dict
-    fallback: str | None
-    fallback_options: dict
+    options: pydantic.BaseModel
+    fallback: str | None = None
+    fallback_options: pydantic.BaseModel | None = None
     verify: bool = False
     verify_tolerance: float | None = None
     on_mismatch: str = "fail"
+
+    def __post_init__(self):
+        for key, value in (("options", self.options), ("fallback_options", self.fallback_options)):
+            if value is not None and not isinstance(value, pydantic.BaseModel):
+                raise TypeError(f"AttentionSpec.{key} must be the backend's typed options (Backend.parse_options), "
+                                f"not {type(value).__name__}")
+        if self.fallback and self.fallback_options is None:
+            raise TypeError(f"AttentionSpec: fallback {self.fallback!r} needs its typed fallback_options")
+
+    def options_for(self, name: str) -> pydantic.BaseModel:
+        """The options of ``backend`` or ``fallback``; no other backend runs in this job."""
+        if name == self.backend:
+            return self.options
+        if name == self.fallback and self.fallback_options is not None:
+            return self.fallback_options
+        raise ValueError(f"backend {name!r} is neither attention.backend ({self.backend!r}) nor "
+                         f"attention.fallback ({self.fallback!r}) of this job")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +68,9 @@ def ask(backend: Backend, case: AttentionCase, options: pydantic.BaseModel) -> S
                                  f"{case.dtype}); fix the backend or choose another attention.backend") from e
 
 
-def choose(case: AttentionCase, requested: Backend, requested_options: pydantic.BaseModel,
-           fallback: Backend | None, fallback_options: pydantic.BaseModel | None) -> Choice:
+def choose_backend(case: AttentionCase, requested: Backend, requested_options: pydantic.BaseModel,
+                   fallback: Backend | None, fallback_options: pydantic.BaseModel | None) -> Choice:
+    """The requested backend if its check accepts the case, else the fallback's (with the reason)."""
     support = ask(requested, case, requested_options)
     if support.ok:
         return Choice(case, requested.name, requested.name, support.kernel)
@@ -107,12 +126,11 @@ def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = No
     return error <= tolerance, error, tolerance
 
 
-def choose_all(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
+def choose_backends(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
     """One Choice per case; raises AttentionPlanError naming the bucket when nothing can run it."""
     requested = registry.get(spec.backend)
     fallback = registry.get(spec.fallback) if spec.fallback else None
-    return [choose(case, requested, requested.parse_options(spec.options), fallback,
-                   fallback.parse_options(spec.fallback_options) if fallback else None) for case in cases]
+    return [choose_backend(case, requested, spec.options, fallback, spec.fallback_options) for case in cases]
 
 
 def probe(spec: AttentionSpec, choice: Choice) -> None:
@@ -140,9 +158,7 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
 
 def bind_choice(spec: AttentionSpec, backend_name: str):
     """The AttentionFn for a backend of this spec, with its options from the spec."""
-    backend = registry.get(backend_name)
-    raw = spec.options if backend_name == spec.backend else spec.fallback_options
-    return backend.bind(backend.parse_options(raw))
+    return registry.get(backend_name).bind(spec.options_for(backend_name))
 
 
 def gate(spec: AttentionSpec, choices: list) -> list:
@@ -162,8 +178,7 @@ def gate(spec: AttentionSpec, choices: list) -> list:
         if spec.on_mismatch == "fail" or not spec.fallback or spec.fallback == choice.backend:
             raise AttentionPlanError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
                                      f"attention.fallback={spec.fallback!r})")
-        fallback = registry.get(spec.fallback)
-        support = ask(fallback, choice.case, fallback.parse_options(spec.fallback_options))
+        support = ask(registry.get(spec.fallback), choice.case, spec.options_for(spec.fallback))
         if not support.ok:
             raise AttentionPlanError(f"{reason}, and attention.fallback {spec.fallback!r} cannot run it either: "
                                      f"{support.reason}")

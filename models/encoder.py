@@ -12,7 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype's choices
 ACTIVATIONS = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # BERT's "gelu" is the exact erf form
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
@@ -70,10 +70,14 @@ def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half") -> jax.Array
     return (x * cos + rotated * sin).astype(x_BxTxNxH.dtype)
 
 
-class Layer(nn.Module):
+class _EncoderModule(nn.Module):
+    """What the encoder's modules are built from: the config and the attention function."""
+
     config: EncoderConfig
     attention: Callable[..., Any]
 
+
+class Layer(_EncoderModule):
     @nn.compact
     def __call__(self, x_BxTxD, lengths_B):
         cfg, dtype = self.config, DTYPES[self.config.dtype]
@@ -93,11 +97,8 @@ class Layer(nn.Module):
         return nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="mlp_norm")(x_BxTxD + h_BxTxD)
 
 
-class Encoder(nn.Module):
+class Encoder(_EncoderModule):
     """token ids [B, T] and valid lengths [B] → hidden states [B, T, D] (compute dtype)."""
-
-    config: EncoderConfig
-    attention: Callable[..., Any]
 
     @nn.compact
     def __call__(self, ids_BxT, lengths_B):
@@ -137,11 +138,3 @@ def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str)
 
     return embed
 
-
-def init_params(config: EncoderConfig, seed: int = 0):
-    """Random parameters: tests and benchmarks use these with tiny configs."""
-    from attention import get
-
-    module = Encoder(config, get("native").bind())
-    ids = jnp.zeros((1, 8), jnp.int32)
-    return module.init(jax.random.PRNGKey(seed), ids, jnp.array([8]))["params"]

@@ -1,4 +1,4 @@
-"""BucketBatches: Windows → fixed-shape padded Batches.
+"""BucketBatches: TokenWindows → fixed-shape padded Batches.
 
 Each window is padded to the smallest bucket that fits; a batch holds one bucket length and
 ``tokens_per_batch // bucket_len`` rows, so every (bucket, rows) shape compiles once. Keys are
@@ -6,6 +6,8 @@ Each window is padded to the smallest bucket that fits; a batch holds one bucket
 """
 from __future__ import annotations
 
+import bisect
+import collections
 import hashlib
 import zlib
 
@@ -15,7 +17,7 @@ from apache_beam import coders
 from apache_beam.transforms import userstate
 
 from pipeline.config import BatchingConfig
-from pipeline.records import Batch, Window
+from pipeline.records import Batch, TokenWindow
 
 
 def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
@@ -34,7 +36,25 @@ def shard_for(doc_id: str, index: int, shards: int) -> int:
     return zlib.crc32(f"{doc_id}\x00{index}".encode()) % shards
 
 
-def pad_batch(windows: list[Window], bucket_len: int, rows: int) -> Batch:
+def batch_key(window: TokenWindow, config: BatchingConfig) -> tuple[int, int]:
+    """(bucket, shard): the key a window is batched under."""
+    return bucket_for(window.length, config.buckets), shard_for(window.doc_id, window.index, config.shards)
+
+
+def batch_windows(windows: list[TokenWindow], config: BatchingConfig) -> list[Batch]:
+    """What BucketBatches makes of these windows, without Beam: per key, in the order given, full batches
+    of ``rows_for(bucket)`` windows, then one padded partial batch (benchmarks time the encoder on these)."""
+    by_key: dict[tuple[int, int], list[TokenWindow]] = {}
+    for w in windows:
+        by_key.setdefault(batch_key(w, config), []).append(w)
+    batches = []
+    for (bucket_len, _), group in sorted(by_key.items()):
+        rows = rows_for(bucket_len, config.tokens_per_batch)
+        batches += [pad_batch(group[i:i + rows], bucket_len, rows) for i in range(0, len(group), rows)]
+    return batches
+
+
+def pad_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batch:
     """A partial batch is padded with empty rows (length 0) so it reuses the compiled full shape."""
     if len(windows) > rows:
         raise ValueError(f"{len(windows)} windows do not fit a batch of {rows} rows")
@@ -100,31 +120,31 @@ class BucketBatches(beam.PTransform):
     def expand(self, windows):
         cfg = self._config
         return (windows
-                | "KeyByBucketAndShard" >> beam.Map(
-                    lambda w: ((bucket_for(w.length, cfg.buckets), shard_for(w.doc_id, w.index, cfg.shards)), w)
-                ).with_output_types(tuple[tuple[int, int], Window])  # a deterministic key coder for state
+                | "KeyByBucketAndShard" >> beam.Map(lambda w: (batch_key(w, cfg), w))
+                .with_output_types(tuple[tuple[int, int], TokenWindow])  # a deterministic key coder for state
                 | "Batch" >> beam.ParDo(_BatchByKey(cfg.tokens_per_batch))
                 | "SpreadBatches" >> beam.Reshuffle())
 
 
+def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> dict[int, int]:
+    """Bucket → how many batches windows of these lengths fill there (one shard, partial batches included)."""
+    counts = collections.Counter(bucket_for(n, buckets) for n in lengths)
+    return {b: -(-c // rows_for(b, tokens_per_batch)) for b, c in sorted(counts.items())}
+
+
 def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> int:
-    counts: dict[int, int] = {}
-    for n in lengths:
-        b = bucket_for(n, buckets)
-        counts[b] = counts.get(b, 0) + 1
-    return sum(-(-c // rows_for(b, tokens_per_batch)) * rows_for(b, tokens_per_batch) * b for b, c in counts.items())
+    batches = batches_per_bucket(lengths, buckets, tokens_per_batch)
+    return sum(n * rows_for(b, tokens_per_batch) * b for b, n in batches.items())
 
 
-def plan_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
-                 step: int = 16) -> tuple[int, ...]:
+def propose_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
+                    step: int = 16) -> tuple[int, ...]:
     """Bucket boundaries (multiples of ``step``, the last ``max_len``) that minimise padded tokens for
     this length histogram, partial last batches included. Dynamic programming over boundaries."""
     if not lengths:
         return (max_len,)
     candidates = sorted({min(max_len, step * -(-n // step)) for n in lengths} | {max_len})
     sorted_lengths = sorted(lengths)
-
-    import bisect
 
     def cost(lo: int, hi: int) -> int:  # windows with lo < length <= hi, padded to hi
         n = bisect.bisect_right(sorted_lengths, hi) - bisect.bisect_right(sorted_lengths, lo)

@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--verify", action="store_true",
                            help="also run each bucket's backend against native on a probe batch here")
-    p = sub.add_parser("plan-buckets", help="propose bucket lengths and token budget from the corpus")
+    p = sub.add_parser("propose-buckets", help="propose bucket lengths and token budget from the corpus")
     p.add_argument("--config", required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
@@ -57,15 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         return report.main(args)
     try:
         cfg = config_lib.load(args.config, args.overrides)
-        if args.command == "plan-buckets":
-            from pipeline.plan_buckets import describe
+        if args.command == "propose-buckets":
+            from pipeline.bucket_advisor import proposal_report
 
-            print(describe(cfg, args.documents))
+            print(proposal_report(cfg, args.documents))
             return 0
         if args.command == "validate":
-            from pipeline.validate import describe
+            from pipeline.validate import validation_report
 
-            print(describe(cfg, verify=args.verify))
+            print(validation_report(cfg, verify=args.verify))
             return 0
         from pipeline.run import run_job
 

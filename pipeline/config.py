@@ -105,18 +105,31 @@ class AttentionConfig(_Section):
     verify: bool = False  # run a probe batch per bucket against native before the main work
     verify_tolerance: pydantic.PositiveFloat | None = None  # None: 1e-5 for float32, 2e-2 for bfloat16
     on_mismatch: Literal["fail", "fallback"] = "fail"
-    options: dict[str, Any] = {}  # per-backend sections, e.g. {flash: {block_q: 256}}: filled from YAML
+    # Typed options per backend, parsed from the sections nested under a backend's name
+    # (`attention: {backend: flash, flash: {block_q: 256}}`); not a YAML key itself.
+    backend_options: dict[str, Any] = pydantic.Field(default={}, exclude=True)
 
     @pydantic.model_validator(mode="before")
     @classmethod
-    def _collect_backend_sections(cls, raw):
-        """Backend options nest under the backend's name (`attention: {backend: flash, flash: {...}}`)."""
+    def _parse_backend_sections(cls, raw):
+        """Each backend's options are written in one place, nested under its name, and parsed here once
+        into that backend's typed options."""
         if not isinstance(raw, dict):
             return raw
-        known = set(cls.model_fields)
-        options = {k: v for k, v in raw.items() if k not in known and k in attention_registry.names()}
-        rest = {k: v for k, v in raw.items() if k not in options}
-        return {**rest, "options": {**rest.get("options", {}), **options}}
+        for key in ("options", "backend_options"):
+            if key in raw:
+                raise ValueError(f"attention.{key} is not a key: nest a backend's options under its name, e.g. "
+                                 "attention: {backend: flash, flash: {block_q: 256}}")
+        fields = set(cls.model_fields)
+        sections = {k: v for k, v in raw.items() if k not in fields and k in attention_registry.names()}
+        parsed = {}
+        for name, section in sections.items():
+            try:
+                parsed[name] = attention_registry.get(name).parse_options(section)
+            except pydantic.ValidationError as e:
+                raise ValueError(_readable(e, prefix=f"attention.{name}")) from None
+        rest = {k: v for k, v in raw.items() if k not in sections}
+        return {**rest, "backend_options": parsed}
 
     @pydantic.model_validator(mode="after")
     def _check_backends(self):
@@ -127,16 +140,25 @@ class AttentionConfig(_Section):
                 attention_registry.get(name)
             except (attention_registry.UnknownBackendError, TypeError) as e:
                 raise ValueError(str(e).replace("attention.backend", f"attention.{key}", 1)) from None
-        for name, raw in self.options.items():
-            backend = attention_registry.get(name)
-            try:
-                backend.parse_options(raw)
-            except pydantic.ValidationError as e:
-                raise ValueError(f"options of backend {name!r}: {_describe(e, prefix=f'attention.{name}')}") from None
+        unused = sorted(set(self.backend_options) - {self.backend, self.fallback})
+        if unused:
+            raise ValueError(f"attention.{unused[0]}: options for backend {unused[0]!r}, which this job does not run "
+                             f"(attention.backend is {self.backend!r}, attention.fallback {self.fallback!r}); "
+                             f"remove them, or set attention.backend or attention.fallback to {unused[0]!r}")
         return self
 
+    @pydantic.model_serializer(mode="wrap")
+    def _nest_backend_sections(self, handler, info):
+        """Dumped as written: each backend's options under its name, so a dump loads back unchanged."""
+        out = handler(self)
+        out.update({name: options.model_dump(mode=info.mode) for name, options in self.backend_options.items()})
+        return out
+
     def options_for(self, name: str) -> pydantic.BaseModel:
-        return attention_registry.get(name).parse_options(self.options.get(name))
+        """The typed options of backend ``name``: its section's, or its defaults."""
+        if name in self.backend_options:
+            return self.backend_options[name]
+        return attention_registry.get(name).parse_options(None)
 
 
 class ProfileConfig(_Section):
@@ -203,13 +225,16 @@ class JobConfig(_Section):
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _describe(error: pydantic.ValidationError, prefix: str = "") -> str:
+def _readable(error: pydantic.ValidationError, prefix: str = "") -> str:
     lines = []
     for e in error.errors():
         key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
         message = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             message = "unknown key"
+        if e["type"] == "value_error" and message.startswith(f"{key}."):
+            lines.append(message)  # a check on the whole section that names the key itself
+            continue
         lines.append(f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing"
                      else f"{key}: required, but missing")
     return "; ".join(lines)
@@ -247,14 +272,9 @@ def _parse_value(item: str, value: str):
 
 def _resolve_path(path: str, base_dir: str) -> str:
     """Relative paths are relative to the config file's folder, so a config works from any cwd."""
-    parts = []
-    for p in path.split(","):
-        p = p.strip()
-        if "://" in p or p.startswith("pkg:") or os.path.isabs(p):
-            parts.append(p)
-        else:
-            parts.append(os.path.normpath(os.path.join(base_dir, os.path.expanduser(p))))
-    return ",".join(parts)
+    if "://" in path or path.startswith("pkg:") or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(base_dir, os.path.expanduser(path)))
 
 
 def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
@@ -263,11 +283,11 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     try:
         config = JobConfig.model_validate(raw)
     except pydantic.ValidationError as e:
-        raise ConfigError(f"{source}: {_describe(e)}") from None
+        raise ConfigError(f"{source}: {_readable(e)}") from None
     reuse_from = config.input.reuse_from and _resolve_path(config.input.reuse_from, base_dir).rstrip("/")
     resolved = {
-        "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir),
-                                                 "reuse_from": reuse_from}),
+        "input": config.input.model_copy(update={
+            "path": ",".join(_resolve_path(p, base_dir) for p in config.input.patterns), "reuse_from": reuse_from}),
         "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),
         "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
     }

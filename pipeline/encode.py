@@ -21,10 +21,11 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from attention.plan import AttentionSpec, bind_choice, choose_all, gate, probe
+from attention.plan import AttentionSpec, bind_choice, choose_backends, gate, probe
+from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, describe_device, fallback_key, memory,
+                              worker_name)
 from pipeline.records import Batch, WindowEmbedding
 
-NAMESPACE = "docbeam"
 TIMING_TAG = "timing"
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ class EncoderRuntime:
         import jax
 
         from models import checkpoint, encoder
-        from pipeline.observe import ENCODER_FN_NAME, CompileWatch
         from pipeline.plan import attention_cases
 
         self.spec = spec
@@ -63,7 +63,7 @@ class EncoderRuntime:
         ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
         self.config = ck.config
         self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
-        choices = choose_all(spec.attention, attention_cases(ck.config, spec.buckets, platform))
+        choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
         for choice in choices:  # always, on the platform that will run it: a broken backend fails the job here
@@ -92,8 +92,6 @@ class EncoderRuntime:
 
     def _encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
         import jax
-
-        from pipeline.observe import describe_device, memory, worker_name
 
         self._maybe_start_profile()
         choice = self.choices[batch.bucket_len]
@@ -151,8 +149,6 @@ class EncoderRuntime:
         if not self._profiling:
             return
         import jax
-
-        from pipeline.observe import worker_name
 
         jax.profiler.stop_trace()
         self._profiling = False
@@ -239,17 +235,17 @@ class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
         return {"min_batch_size": 1, "max_batch_size": 1}  # batches are already shaped by BucketBatches
 
     def get_metrics_namespace(self) -> str:
-        return NAMESPACE
+        return METRICS_NAMESPACE
 
 
 class _SplitResults(beam.DoFn):
     def __init__(self, progress_seconds: float):
         self._progress_seconds = progress_seconds
         self._progress = None
-        self._real = Metrics.counter(NAMESPACE, "real_tokens")
-        self._padded = Metrics.counter(NAMESPACE, "padded_tokens")
-        self._batches = Metrics.counter(NAMESPACE, "batches")
-        self._compiles = Metrics.counter(NAMESPACE, "compiles")
+        self._real = Metrics.counter(METRICS_NAMESPACE, "real_tokens")
+        self._padded = Metrics.counter(METRICS_NAMESPACE, "padded_tokens")
+        self._batches = Metrics.counter(METRICS_NAMESPACE, "batches")
+        self._compiles = Metrics.counter(METRICS_NAMESPACE, "compiles")
 
     def process(self, result: PredictionResult, total_windows: int):
         batch: Batch = result.example
@@ -263,11 +259,12 @@ class _SplitResults(beam.DoFn):
         self._batches.inc()
         self._compiles.inc(int(timing["compiled"]))
         if not timing["compiled"]:  # a compiling call's time is mostly compilation, not device work
-            Metrics.distribution(NAMESPACE, f"compute_ms[{timing['bucket_len']},{timing['attention_backend']}]"
-                                 ).update(int(round(timing["compute_ms"])))
+            name = f"compute_ms[{timing['bucket_len']},{timing['attention_backend']}]"
+            Metrics.distribution(METRICS_NAMESPACE, name).update(int(round(timing["compute_ms"])))
         if timing["fallback_reason"]:
-            Metrics.counter(NAMESPACE, f"fallbacks[{timing['attention_requested']}->{timing['attention_backend']}: "
-                                       f"{timing['fallback_reason'][:80]}]").inc()
+            key = fallback_key(timing["attention_requested"], timing["attention_backend"],
+                               timing["fallback_reason"][:80])
+            Metrics.counter(METRICS_NAMESPACE, f"fallbacks[{key}]").inc()
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for (doc_id, index, num_windows, doc_tokens, truncated), length, vector in zip(
                 batch.windows, batch.lengths_B, vectors):

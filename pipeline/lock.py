@@ -57,7 +57,7 @@ class Owner:
         return cls(str(raw["run_id"]), str(raw["host"]), int(raw["pid"]), float(raw["process_started"]),
                    float(raw["heartbeat"]))
 
-    def describe(self) -> str:
+    def who(self) -> str:
         age = time.time() - self.heartbeat
         return f"run {self.run_id} (host {self.host}, pid {self.pid}, last heartbeat {age:.0f} s ago)"
 
@@ -107,10 +107,10 @@ class OutputLock:
             if current is not None:
                 reason = why_stale(current, time.time(), me.host) or ("--force" if force else None)
                 if reason is None:
-                    raise LockHeld(f"output {output} is being written by {current.describe()}; wait for it, or "
+                    raise LockHeld(f"output {output} is being written by {current.who()}; wait for it, or "
                                    f"pass --force if you know it is gone (a lock is stale after "
                                    f"{STALE_AFTER_S:.0f} s without a heartbeat)")
-                log.warning("taking over the output lock of %s: %s", current.describe(), reason)
+                log.warning("taking over the output lock of %s: %s", current.who(), reason)
                 if read_owner(path) != current:
                     continue
                 storage.delete_files([path])
@@ -119,7 +119,7 @@ class OutputLock:
                 lock._start_heartbeat()
                 return lock
         raise LockHeld(f"output {output}: another run took the lock at the same moment "
-                       f"({(read_owner(path) or me).describe()})")
+                       f"({(read_owner(path) or me).who()})")
 
     def check(self) -> None:
         """Raise LockLost unless the lock still names this run."""
@@ -150,7 +150,7 @@ class OutputLock:
 def check_owner(lock_path: str, run_id: str) -> None:
     current = read_owner(lock_path)
     if current is None or current.run_id != run_id:
-        holder = current.describe() if current else "nobody"
+        holder = current.who() if current else "nobody"
         raise LockLost(f"the output lock {lock_path} is held by {holder}, not by this run {run_id}; "
                        "refusing to commit")
 

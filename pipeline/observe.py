@@ -1,4 +1,5 @@
-"""What every batch reports about the process it ran in: compilations, memory, device, worker."""
+"""What every batch reports about the process it ran in (compilations, memory, device, worker), and the names
+the job's metrics are reported under."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,12 @@ import threading
 import psutil
 
 ENCODER_FN_NAME = "docbeam_embed"  # the jitted forward's name, as jax.monitoring reports it
+METRICS_NAMESPACE = "docbeam"  # every Beam counter and distribution of the job; the summary queries it
+
+
+def fallback_key(requested: str, ran: str, reason: str) -> str:
+    """How a fallback is named in summary.json, the report and the Beam counter ``fallbacks[...]``."""
+    return f"{requested}->{ran}: {reason}"
 
 
 class CompileWatch:

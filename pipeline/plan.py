@@ -1,6 +1,6 @@
 """The job plan: every check that must fail at start, built once on the driver and handed to the workers.
 
-``run``, ``validate`` and ``plan-buckets`` all start here, so a config that ``validate`` approves is one
+``run``, ``validate`` and ``propose-buckets`` all start here, so a config that ``validate`` approves is one
 ``run`` starts, and a refused one touches nothing (exit 2).
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import importlib.metadata
 import os
 
-from attention.plan import AttentionSpec, Choice, choose_all, probe
+from attention.plan import AttentionSpec, Choice, choose_backends, probe
 from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir, tokenizer_digest, weights_digest
 from models.encoder import EncoderConfig
 from pipeline import output as output_lib
@@ -17,6 +17,7 @@ from pipeline import storage
 from pipeline.bucket import bucket_for
 from pipeline.config import ConfigError, JobConfig
 from pipeline.reuse import ReuseDecision, decide
+from pipeline.tokenize import stride_problem
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -33,18 +34,15 @@ class JobPlan:
     platform: str
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch
     encoder: EncoderConfig
+    attention: AttentionSpec  # backends with their typed options, as the workers receive them
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/reuse.py)
     reuse: ReuseDecision
-
-    @property
-    def attention(self) -> AttentionSpec:
-        return attention_spec(self.config)
 
 
 def attention_spec(cfg: JobConfig) -> AttentionSpec:
     a = cfg.attention
-    return AttentionSpec(backend=a.backend, options=dict(a.options.get(a.backend) or {}), fallback=a.fallback,
-                         fallback_options=dict(a.options.get(a.fallback) or {}) if a.fallback else {},
+    return AttentionSpec(backend=a.backend, options=a.options_for(a.backend), fallback=a.fallback,
+                         fallback_options=a.options_for(a.fallback) if a.fallback else None,
                          verify=a.verify, verify_tolerance=a.verify_tolerance, on_mismatch=a.on_mismatch)
 
 
@@ -73,9 +71,9 @@ def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, specia
     if cfg.batching.buckets[-1] < window_len:
         raise ConfigError(f"batching.buckets={list(cfg.batching.buckets)}: the largest bucket is below the model's "
                           f"window of {window_len} tokens; add {window_len} (or set model.max_seq_len lower)")
-    if cfg.tokenize.stride >= window_len - special_tokens:
-        raise ConfigError(f"tokenize.stride={cfg.tokenize.stride} must be smaller than a window's content "
-                          f"({window_len - special_tokens} tokens for window {window_len}); e.g. 32")
+    problem = stride_problem(cfg.tokenize.stride, window_len, special_tokens)
+    if problem:
+        raise ConfigError(problem)
     # Buckets past the one that holds a full window never receive a batch.
     used = [b for b in cfg.batching.buckets if b <= bucket_for(window_len, cfg.batching.buckets)]
     if encoder.position == "absolute" and used[-1] > encoder.max_position:
@@ -119,7 +117,7 @@ def check_output(cfg: JobConfig) -> output_lib.OutputState:
 
 def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True) -> JobPlan:
     """Everything that can fail before the job starts fails here, with the key to change. Tools that write
-    no output (plan-buckets) leave out the output's checks (``for_output=False``)."""
+    no output (propose-buckets) leave out the output's checks (``for_output=False``)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
     settings = checkpoint.settings
@@ -131,7 +129,7 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
         check_output(cfg)
     platform = target_platform(cfg)
     spec = attention_spec(cfg)
-    choices = choose_all(spec, attention_cases(checkpoint.config, buckets, platform))
+    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform))
     if probe_backends and platform == _local_platform():
         for choice in choices:  # a backend that crashes or returns garbage fails here, not on the workers
             probe(spec, choice)
@@ -141,7 +139,8 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
            "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
-    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config, key, reuse)
+    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config, spec, key,
+                   reuse)
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

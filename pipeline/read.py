@@ -21,11 +21,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipeline.config import InputConfig
+from pipeline.observe import METRICS_NAMESPACE
 from pipeline.records import Document, Rejected
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.bz2", ".ndjson", ".ndjson.gz")  # README lists these
 REJECTED_TAG = "rejected"
-NAMESPACE = "docbeam"
 
 
 def file_format(path: str, configured: str) -> str:
@@ -215,7 +215,7 @@ def path_records(path: str, config: InputConfig) -> Iterator[Document | Rejected
 class _ParseFile(beam.DoFn):
     def __init__(self, config: InputConfig):
         self._config = config
-        self._read = Metrics.counter(NAMESPACE, "docs_read")
+        self._read = Metrics.counter(METRICS_NAMESPACE, "docs_read")
 
     def process(self, path: str):
         try:

@@ -29,8 +29,8 @@ class Rejected:
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
-class Window:
-    """One model-length slice of a document's tokens ([CLS] … [SEP] included)."""
+class TokenWindow:
+    """One model-length slice of a document's tokens ([CLS] … [SEP] included); not a Beam window."""
 
     doc_id: str
     index: int

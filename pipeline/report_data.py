@@ -16,6 +16,7 @@ import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline.observe import fallback_key
 from pipeline.output import MANIFEST, MANIFEST_FORMAT
 
 _NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",
@@ -231,7 +232,7 @@ def fallbacks(run: Run) -> dict[str, int]:
     fell_back = (b["fallback_reason"] != "") | ((b["attention_requested"] != "")
                                                 & (b["attention_requested"] != b["attention_backend"]))
     for i in np.flatnonzero(fell_back):
-        key = f"{b['attention_requested'][i]}->{b['attention_backend'][i]}: {b['fallback_reason'][i]}"
+        key = fallback_key(b["attention_requested"][i], b["attention_backend"][i], b["fallback_reason"][i])
         counts[key] = counts.get(key, 0) + 1
     return counts
 

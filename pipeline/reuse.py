@@ -19,9 +19,9 @@ from apache_beam.metrics import Metrics
 from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.config import ConfigError
+from pipeline.observe import METRICS_NAMESPACE
 from pipeline.records import Document
 
-NAMESPACE = "docbeam"
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
               "normalize", "dtype")
 ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
@@ -117,7 +117,7 @@ class SplitByReuse(beam.PTransform):
         return {"to_encode": split.to_encode, "reused": split.reused}
 
 
-_reused = Metrics.counter(NAMESPACE, "docs_reused")
+_reused = Metrics.counter(METRICS_NAMESPACE, "docs_reused")
 
 
 def _reuse_or_encode(item, dimension: int):

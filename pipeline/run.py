@@ -18,6 +18,7 @@ from pipeline.bucket import BucketBatches
 from pipeline.commit import CommitRun, RunFailed
 from pipeline.encode import Encode, EncoderSpec
 from pipeline.lock import OutputLock
+from pipeline.observe import METRICS_NAMESPACE
 from pipeline.plan import JobPlan, check_output, make_plan, versions
 from pipeline.read import ReadDocuments
 from pipeline.reuse import SplitByReuse, content_hash
@@ -78,7 +79,7 @@ def metrics_dict(result) -> dict:
     from apache_beam.metrics.metric import MetricsFilter
 
     try:
-        queried = result.metrics().query(MetricsFilter().with_namespace("docbeam"))
+        queried = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
     except Exception as e:  # some runners cannot report metrics; the summary still has the data-derived numbers
         log.warning("could not read Beam metrics: %s", e)
         return {}

@@ -68,12 +68,6 @@ def exists(path: str) -> bool:
     return FileSystems.exists(path)
 
 
-def glob(pattern: str) -> list[str]:
-    """Sorted paths matching ``pattern`` (``*``, ``**``, ``?``, ``[...]``); [] when nothing matches."""
-    (match,) = FileSystems.match([pattern])
-    return sorted(metadata.path for metadata in match.metadata_list)
-
-
 def read_bytes(path: str) -> bytes:
     """The stored bytes: no decompression by file suffix (FileSystems' default is to guess from it)."""
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:

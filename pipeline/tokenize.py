@@ -1,4 +1,4 @@
-"""Tokenize: Documents → Windows with the checkpoint's own fast tokenizer.
+"""Tokenize: Documents → TokenWindows with the checkpoint's own fast tokenizer.
 
 A document longer than the window is split by the tokenizer itself (``return_overflowing_tokens`` with
 ``stride`` overlap), each window framed by the special tokens; or, by config, only the first is kept.
@@ -12,9 +12,9 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
-from pipeline.records import Document, Rejected, Window
+from pipeline.observe import METRICS_NAMESPACE
+from pipeline.records import Document, Rejected, TokenWindow
 
-NAMESPACE = "docbeam"
 REJECTED_TAG = "rejected"
 
 
@@ -23,13 +23,22 @@ def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
     return sum(n - special for n in window_lengths) - stride * (len(window_lengths) - 1)
 
 
+def stride_problem(stride: int, window_len: int, special: int) -> str | None:
+    """Why ``stride`` cannot cut windows of ``window_len`` tokens, ``special`` of them the tokenizer's own
+    (None when it can): every window after the first must bring tokens of its own."""
+    if stride < window_len - special:
+        return None
+    return (f"tokenize.stride={stride} must be smaller than a window's content ({window_len - special} tokens "
+            f"for window {window_len}); e.g. 32")
+
+
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
-                       config: TokenizeConfig) -> tuple[list[Window], list[Rejected]]:
+                       config: TokenizeConfig) -> tuple[list[TokenWindow], list[Rejected]]:
     """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
-    if config.stride >= window_len - special:
-        raise ValueError(f"tokenize.stride={config.stride} must be smaller than the window's content "
-                         f"({window_len - special} tokens)")
+    problem = stride_problem(config.stride, window_len, special)
+    if problem:
+        raise ValueError(problem)
     encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
                         stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
                         return_token_type_ids=False)
@@ -48,19 +57,19 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
         truncated = config.long_documents == "truncate" and len(pieces) > 1
         if truncated:
             pieces = pieces[:1]
-        out += [Window(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
+        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
     return out, rejected
 
 
-def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[Window]:
-    """Only the windows, for callers that need their lengths (plan-buckets, benchmarks)."""
+def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[TokenWindow]:
+    """Only the windows, for callers that need their lengths (propose-buckets, benchmarks)."""
     return tokenize_documents(documents, tokenizer, window_len=window_len, config=config)[0]
 
 
 class _TokenizeBatch(beam.DoFn):
     def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig):
         self._model_path, self._window_len, self._config = model_dir_path, window_len, config
-        self._windows = Metrics.counter(NAMESPACE, "windows")
+        self._windows = Metrics.counter(METRICS_NAMESPACE, "windows")
         self._tokenizer = None
 
     def setup(self):
@@ -88,5 +97,6 @@ class Tokenize(beam.PTransform):
         # The fast tokenizer is much quicker on a list than one text at a time.
         tokenized = (documents
                      | "Batch" >> beam.BatchElements(min_batch_size=16, max_batch_size=256)
-                     | "Encode" >> beam.ParDo(_TokenizeBatch(*self._args)).with_outputs(REJECTED_TAG, main="windows"))
+                     | "TokenizeBatch" >> beam.ParDo(_TokenizeBatch(*self._args))
+                     .with_outputs(REJECTED_TAG, main="windows"))
         return {"windows": tokenized.windows, "rejected": tokenized[REJECTED_TAG]}

@@ -7,7 +7,7 @@ import yaml
 from pipeline.config import JobConfig
 
 
-def describe(cfg: JobConfig, verify: bool = False) -> str:
+def validation_report(cfg: JobConfig, verify: bool = False) -> str:
     import attention
     from attention.plan import AttentionPlanError, ask, gate
     from pipeline.plan import attention_cases, make_plan
@@ -35,7 +35,7 @@ def describe(cfg: JobConfig, verify: bool = False) -> str:
             out.append(f"  {name:10s} NOT for: " + "; ".join(f"bucket {b}: {s.reason}" for b, s in answers if not s.ok))
     from attention import flash
 
-    out += ["# flash: which kernel `kernel: auto` picks per platform", flash.describe()]
+    out += ["# flash: which kernel `kernel: auto` picks per platform", flash.auto_kernel_table()]
     choices = list(plan.choices)
     if verify:
         choices = gate(plan.attention, choices)

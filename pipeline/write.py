@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from pipeline.observe import METRICS_NAMESPACE, fallback_key
 from pipeline.records import Rejected, WindowEmbedding
 
-NAMESPACE = "docbeam"
 EMBEDDINGS_SCHEMA = pa.schema([
     ("id", pa.string()),
     ("embedding", pa.list_(pa.float32())),
@@ -64,7 +64,7 @@ class PoolDocuments(beam.PTransform):
         self._normalize = normalize
 
     def expand(self, windows):
-        embedded = Metrics.counter(NAMESPACE, "docs_encoded")
+        embedded = Metrics.counter(METRICS_NAMESPACE, "docs_encoded")
 
         def pool(item):
             _, grouped = item
@@ -117,7 +117,8 @@ def timing_stats(t: dict) -> dict:
              "buckets": {str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"],
                                                 "padded_tokens": t["padded_tokens"]}}}
     if t["fallback_reason"]:
-        stats["fallbacks"] = {f"{t['attention_requested']}->{t['attention_backend']}: {t['fallback_reason']}": 1}
+        key = fallback_key(t["attention_requested"], t["attention_backend"], t["fallback_reason"])
+        stats["fallbacks"] = {key: 1}
     return stats
 
 
@@ -139,14 +140,14 @@ class WriteOutputs(beam.PTransform):
                                                         outputs["rejected"], outputs["docs_read"])
         embeddings = (encoded, reused) | "AllEmbeddings" >> beam.Flatten()
         rejected_counter = {}
-        embedded_counter = Metrics.counter(NAMESPACE, "docs_embedded")
+        embedded_counter = Metrics.counter(METRICS_NAMESPACE, "docs_embedded")
 
         def embedded_stats(row):
             embedded_counter.inc()
             return {"docs_embedded": 1, "doc_tokens": row["num_tokens"]}
 
         def rejected_json(r):
-            rejected_counter.setdefault(r.kind, Metrics.counter(NAMESPACE, f"docs_rejected[{r.kind}]")).inc()
+            rejected_counter.setdefault(r.kind, Metrics.counter(METRICS_NAMESPACE, f"docs_rejected[{r.kind}]")).inc()
             return json.dumps(r.to_json(), ensure_ascii=False)
 
         part = f"part-{self._run_id}"

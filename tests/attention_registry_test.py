@@ -79,7 +79,7 @@ def test_flash_auto_names_the_kernel_each_platform_runs():
 
 
 def test_flash_platform_table_lists_every_auto_choice():
-    table = flash.describe()
+    table = flash.auto_kernel_table()
     for platform, kernels in flash.PLATFORM_KERNELS.items():
         assert platform in table
         assert all(f"`{kernel}`" in table for kernel in kernels)

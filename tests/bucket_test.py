@@ -9,16 +9,17 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.bucket import BucketBatches, bucket_for, pad_batch, padding_efficiency, rows_for, shard_for
+from pipeline.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch,
+                             padding_efficiency, rows_for, shard_for)
 from pipeline.config import BatchingConfig
-from pipeline.records import Window
+from pipeline.records import TokenWindow
 
 BUCKETS = (16, 32, 64)
 
 
-def window(doc_id: str, index: int, length: int, num_windows: int = 1) -> Window:
+def window(doc_id: str, index: int, length: int, num_windows: int = 1) -> TokenWindow:
     token_ids = np.arange(101, 101 + length, dtype=np.int32)
-    return Window(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
+    return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
 
 
 @pytest.mark.parametrize("length, bucket", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)])
@@ -83,7 +84,7 @@ def test_padding_efficiency_is_real_over_padded_tokens():
     assert padding_efficiency([], (16,), tokens_per_batch=32) == 1.0
 
 
-def expected_fill(windows: list[Window], config: BatchingConfig) -> list[tuple[int, int]]:
+def expected_fill(windows: list[TokenWindow], config: BatchingConfig) -> list[tuple[int, int]]:
     """(bucket, real rows) per batch: the full batches of each (bucket, shard), then its one partial batch."""
     per_key = collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
                                   for w in windows)
@@ -130,6 +131,25 @@ def test_bucket_batches_put_every_window_once_in_full_then_padded_batches(shards
                     equal_to(expected_fill(windows, config)), label="FullThenOnePartialPerKey")
         assert_that(batches | "Problems" >> beam.FlatMap(problems, by_id, config), equal_to([]),
                     label="FixedShapesZeroPadding")
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_batch_windows_makes_the_batches_bucket_batches_makes(shards):
+    """The benchmarks time the encoder on batch_windows' batches: they must be the pipeline's."""
+    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, shards=shards)
+    windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(LENGTHS)]
+    by_id = {(w.doc_id, w.index): w for w in windows}
+    batches = batch_windows(windows, config)
+    assert sorted((b.bucket_len, b.real_rows) for b in batches) == sorted(expected_fill(windows, config))
+    assert [p for b in batches for p in problems(b, by_id, config)] == []
+    with TestPipeline() as p:
+        fill = p | beam.Create(windows) | BucketBatches(config) | beam.Map(lambda b: (b.bucket_len, b.real_rows))
+        assert_that(fill, equal_to([(b.bucket_len, b.real_rows) for b in batches]))
+
+
+def test_batches_per_bucket_counts_partial_batches():
+    # rows per batch: 8 at 16, 4 at 32, 2 at 64
+    assert batches_per_bucket([3] * 9 + [20] * 4 + [64], BUCKETS, tokens_per_batch=128) == {16: 2, 32: 1, 64: 1}
 
 
 def test_windows_that_fill_no_batch_reach_a_later_group_by_key():

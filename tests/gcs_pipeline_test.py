@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import job_config
-from gcs_emulator import gcs_emulator
+from gcs_emulator import gcs_emulator, matching
 from pipeline import storage
 from pipeline.run import run_job
 
@@ -41,7 +41,7 @@ def test_job_reads_corpus_and_model_from_gcs_and_writes_outputs_there(tiny_check
         parquet = [n for n in listed if n.startswith("runs/today/embeddings/") and n.endswith(".parquet")]
         table = pq.read_table(io.BytesIO(storage.read_bytes(gcs.url(parquet[0])))) if len(parquet) == 1 else None
         summary_in_gcs = json.loads(storage.read_bytes(gcs.url("runs", "today", "summary.json")))
-        errors = storage.read_bytes(storage.glob(gcs.url("runs", "today", "errors", "*.jsonl"))[0]).decode()
+        errors = storage.read_bytes(matching(gcs.url("runs", "today", "errors", "*.jsonl"))[0]).decode()
 
     assert summary["docs_read"] == 31 and summary["docs_embedded"] == 30 and summary["docs_rejected"] == 1
     assert summary_in_gcs == summary

@@ -49,6 +49,20 @@ def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
     assert counters["num_inferences"] == summary["batches"]  # RunInference's own metrics come along
 
 
+def test_summary_and_report_name_a_fallback_the_same_way():
+    from pipeline.report_data import Run, batch_columns, fallbacks
+    from pipeline.write import timing_stats
+
+    record = {"batch_id": "b16-x", "bucket_len": 16, "rows": 4, "real_rows": 1, "real_tokens": 10,
+              "padded_tokens": 64, "attention_backend": "native", "attention_requested": "flash",
+              "attention_kernel": "", "fallback_reason": "pallas_tpu runs on TPU, not cpu", "compiled": False,
+              "compile_ms": 0.0, "compute_ms": 1.0, "total_ms": 1.0, "device": "cpu:0", "worker": "h:1",
+              "started_at": "2026-11-29T00:00:00+00:00"}
+    from_summary = timing_stats(record)["fallbacks"]
+    from_batches = fallbacks(Run(path="", summary={}, batches=batch_columns([record]), errors=[]))
+    assert from_summary == from_batches == {"flash->native: pallas_tpu runs on TPU, not cpu": 1}
+
+
 def test_progress_lines_are_rate_limited_and_give_an_eta(monkeypatch):
     clock = iter([0.0, 1.0, 2.0, 12.0, 13.0])
     monkeypatch.setattr("pipeline.encode.time.monotonic", lambda: next(clock))

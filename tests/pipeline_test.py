@@ -79,13 +79,59 @@ def test_single_window_documents_equal_sentence_transformers(sample_run, real_ch
     assert cosine.min() >= 0.9999, f"worst document {ids[int(cosine.argmin())]}: cosine {cosine.min()}"
 
 
-def test_long_documents_are_windowed_and_pooled_into_one_unit_vector(sample_run):
+def content_ids(checkpoint_dir: str, text: str) -> tuple[list[int], int, int]:
+    """The document's own token ids, and the tokenizer's [CLS] and [SEP] ids."""
+    from models.checkpoint import load_tokenizer
+
+    tokenizer = load_tokenizer(checkpoint_dir)
+    return tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.cls_token_id, tokenizer.sep_token_id
+
+
+def windows_by_hand(ids: list[int], cls: int, sep: int, window_len: int, stride: int) -> list[list[int]]:
+    """Overlapping windows written out here, not by pipeline.tokenize: each holds window_len - 2 content tokens,
+    the first ``stride`` of them repeated from the previous window."""
+    content, windows, start = window_len - 2, [], 0
+    while True:
+        windows.append([cls] + ids[start:start + content] + [sep])
+        if start + content >= len(ids):
+            return windows
+        start += content - stride
+
+
+def encode_alone(checkpoint_dir: str, windows: list[list[int]]) -> np.ndarray:
+    """Mean-pooled vector of each window, one unpadded window per call, straight through the encoder."""
+    import jax
+    import jax.numpy as jnp
+
+    import attention
+    from models.checkpoint import load_params, open_checkpoint
+    from models.encoder import embed_fn
+
+    config = open_checkpoint(checkpoint_dir).config
+    params = load_params(checkpoint_dir, config)
+    embed = jax.jit(embed_fn(config, attention.get("native").bind(), "mean"))
+    return np.stack([np.asarray(embed(params, jnp.asarray([w], jnp.int32), jnp.asarray([len(w)], jnp.int32))[0])
+                     for w in windows])
+
+
+def test_a_long_document_is_the_token_weighted_mean_of_its_windows(sample_run, real_checkpoint_dir):
     output, _ = sample_run
-    long_docs = [r for r in read_embeddings(output).values() if r["num_windows"] > 1]
-    assert len(long_docs) >= 20
-    for r in long_docs:
-        assert r["num_tokens"] > 254 and not r["truncated"]
-        assert np.linalg.norm(r["embedding"]) == pytest.approx(1.0, abs=1e-5)
+    rows = read_embeddings(output)
+    long_ids = sorted((r for r in rows.values() if r["num_windows"] > 1), key=lambda r: -r["num_tokens"])
+    assert len(long_ids) >= 20
+    texts = sample_texts()
+    for row in long_ids[:3]:
+        ids, cls, sep = content_ids(real_checkpoint_dir, texts[row["id"]])
+        windows = windows_by_hand(ids, cls, sep, window_len=256, stride=32)
+        assert (row["num_windows"], row["num_tokens"], row["truncated"]) == (len(windows), len(ids), False)
+        vectors = encode_alone(real_checkpoint_dir, windows)
+        lengths = np.array([len(w) for w in windows], np.float64)
+        pooled = (vectors * lengths[:, None]).sum(0) / lengths.sum()
+        pooled /= np.linalg.norm(pooled)
+        ours = np.asarray(row["embedding"], np.float32)
+        np.testing.assert_allclose(ours, pooled, atol=2e-5, err_msg=row["id"])
+        first = vectors[0] / np.linalg.norm(vectors[0])
+        assert np.abs(ours - first).max() > 1e-3, f"{row['id']}: pooled like its first window alone"
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +160,25 @@ def test_bad_input_is_rejected_with_reasons_and_the_job_completes(tiny_corpus, t
     assert sorted(read_embeddings(str(tmp_path))) == sorted(ids)
 
 
+def test_truncate_embeds_only_the_first_window_of_a_long_document(tiny_corpus, tiny_checkpoint_dir, tmp_path):
+    folder, ids = tiny_corpus
+    summary = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path), tiny_checkpoint_dir,
+                                 tokenize={"long_documents": "truncate"}))
+    rows, texts = read_embeddings(str(tmp_path)), sample_texts()
+    assert sorted(rows) == sorted(ids) and summary["windows"] == len(ids)  # one window per document
+    truncated = 0
+    for doc_id, row in rows.items():
+        content, cls, sep = content_ids(tiny_checkpoint_dir, texts[doc_id])
+        is_long = len(content) > 126  # the tiny checkpoint's window: 128 tokens, [CLS] and [SEP] included
+        assert (row["num_windows"], row["truncated"], row["num_tokens"]) == (1, is_long, len(content)), doc_id
+        if is_long:
+            truncated += 1
+            (first,) = encode_alone(tiny_checkpoint_dir, [[cls] + content[:126] + [sep]])
+            np.testing.assert_allclose(np.asarray(row["embedding"], np.float32), first, rtol=1e-5, atol=1e-5,
+                                       err_msg=doc_id)
+    assert truncated >= 5
+
+
 def embeddings_matrix(output: str, ids: list[str]) -> np.ndarray:
     rows = read_embeddings(output)
     return np.array([rows[i]["embedding"] for i in ids], np.float32)
@@ -140,5 +205,6 @@ def test_two_worker_processes_give_the_same_embeddings(tiny_corpus, tiny_checkpo
     worker_pids = {t["worker"].rsplit(":", 1)[1] for t in read_jsonl(str(tmp_path / "two"), "timing")}
     assert summary["docs_embedded"] == len(ids)
     assert str(os.getpid()) not in worker_pids, "the encoder ran in the test process, not in worker processes"
+    assert len(worker_pids) == 2, f"batches were encoded by worker process(es) {sorted(worker_pids)}, not two"
     np.testing.assert_allclose(embeddings_matrix(str(tmp_path / "one"), ids),
                                embeddings_matrix(str(tmp_path / "two"), ids), atol=1e-5)

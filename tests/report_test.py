@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gzip
 import html.parser
 import io
 import json
@@ -342,3 +343,50 @@ def test_the_data_module_does_not_import_the_rendering_modules():
     assert "report_html" not in re.sub(r'""".*?"""', "", source, flags=re.S)
     assert "matplotlib" not in re.sub(r'""".*?"""', "", source, flags=re.S)
     assert "from pipeline.report import" not in pathlib.Path(report_charts.__file__).read_text()
+
+
+# ---------------------------------------------------------------- a real run
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory, tiny_checkpoint_dir):
+    """A small job through the real pipeline: the tiny model, bad records, and flash refused on CPU so every
+    batch falls back to native."""
+    from conftest import SAMPLE, job_config
+    from pipeline.run import run_job
+
+    root = tmp_path_factory.mktemp("real-run")
+    lines = gzip.open(SAMPLE, "rt").read().splitlines()[:30]
+    (root / "docs.jsonl").write_text("\n".join(lines + ['{"id": "broken", "text": ', '{"id": "empty", "text": ""}'])
+                                     + "\n")
+    output = str(root / "out")
+    summary = run_job(job_config(str(root / "docs.jsonl"), output, tiny_checkpoint_dir,
+                                 attention={"backend": "flash", "fallback": "native",
+                                            "flash": {"kernel": "pallas_tpu"}}))
+    return output, summary
+
+
+@pytest.mark.slow
+def test_report_of_a_real_run_shows_what_the_run_did(real_run):
+    output, summary = real_run
+    result = report.report(output)
+    text = pathlib.Path(result.path).read_text(encoding="utf-8")
+    page = _Page(text)
+    assert set(page.images) == CHARTS and result.regressions == []
+    for alt, uri in page.images.items():
+        pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])), format="png")
+        assert pixels[..., :3].std() > 0.05, f"{alt} is blank"
+    assert {"Per bucket", "Charts", "Rejected documents", "Summary", "Attention plan per bucket",
+            "Batches per bucket", "Versions", "Metrics"} <= set(page.headings)
+    assert "{'" not in html.unescape(text) and not re.search(r"\bnan\b", re.sub(r"data:image\S+", "", text), re.I)
+    cards = dict(re.findall(r"<div class=card>([^<]+)<b>([^<]*)</b></div>", text))
+    assert (cards["documents embedded"], cards["rejected"]) == (str(summary["docs_embedded"]), "2")
+    assert cards["batches"] == str(summary["batches"]) and cards["fallback batches"] == str(summary["batches"])
+    run = report_data.load_run(output)
+    assert run.batch_count == summary["batches"] and report_data.rejected_by_kind(run) == {
+        "empty_text": 1, "malformed_json": 1}
+    stats = report_data.bucket_stats(run.batches)
+    assert {s.bucket_len for s in stats} == {int(b) for b in summary["buckets"]}
+    assert {s.backend for s in stats} == {"native"} and sum(s.batches for s in stats) == summary["batches"]
+    (reason,) = {c["fallback_reason"] for c in summary["attention_plan"].values()}
+    assert report_data.fallbacks(run) == {f"flash->native: {reason}": summary["batches"]}
+    assert html.escape(f"flash->native: {reason}") in text

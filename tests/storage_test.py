@@ -13,7 +13,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import ReadFromParquet, WriteToParquet
 from apache_beam.testing.util import assert_that, equal_to
 
-from gcs_emulator import gcs_emulator
+from gcs_emulator import gcs_emulator, matching
 from pipeline import storage
 
 
@@ -44,7 +44,7 @@ def test_local_round_trip(tmp_path):
     storage.write_bytes(path, b"second")  # overwrite goes through a rename
     assert storage.read_bytes(path) == b"second"  # .gz suffix, yet not decompressed
     assert storage.exists(path)
-    assert storage.glob(storage.join(str(tmp_path), "sub", "*")) == [path]  # no temp file left behind
+    assert matching(storage.join(str(tmp_path), "sub", "*")) == [path]  # no temp file left behind
 
 
 @pytest.mark.gcs
@@ -65,9 +65,9 @@ def test_match_glob_on_gcs(gcs_dir):
         storage.write_bytes(storage.join(gcs_dir, name), name.encode())
     (match,) = FileSystems.match([storage.join(gcs_dir, "*.txt")])
     assert sorted(m.path for m in match.metadata_list) == [storage.join(gcs_dir, n) for n in ("a.txt", "b.txt")]
-    assert storage.glob(storage.join(gcs_dir, "**.txt")) == [
+    assert matching(storage.join(gcs_dir, "**.txt")) == [
         storage.join(gcs_dir, n) for n in ("a.txt", "b.txt", "deeper/d.txt")]
-    assert storage.glob(storage.join(gcs_dir, "missing-*")) == []
+    assert matching(storage.join(gcs_dir, "missing-*")) == []
 
 
 @pytest.mark.gcs
@@ -78,7 +78,7 @@ def test_text_pipeline_round_trip(gcs_dir):
     with beam.Pipeline(options=storage.pipeline_options()) as p:
         _ = p | "CreateLines" >> beam.Create(lines) | "WriteLines" >> beam.io.WriteToText(prefix)
     print(f"\nwrite pipeline against the emulator: {time.perf_counter() - started:.2f} s")
-    assert storage.glob(prefix + "*")  # finalised: temp files renamed into place
+    assert matching(prefix + "*")  # finalised: temp files renamed into place
     with beam.Pipeline(options=storage.pipeline_options()) as p:
         read = p | "ReadLines" >> beam.io.ReadFromText(prefix + "*")
         assert_that(read, equal_to(lines), label="CheckLines")
@@ -92,7 +92,7 @@ def test_parquet_pipeline_round_trip(gcs_dir):
     with beam.Pipeline(options=storage.pipeline_options()) as p:
         _ = (p | "CreateRows" >> beam.Create(rows)
              | "WriteEmbeddings" >> WriteToParquet(prefix, schema, file_name_suffix=".parquet"))
-    (path,) = storage.glob(prefix + "*.parquet")
+    (path,) = matching(prefix + "*.parquet")
     assert storage.read_bytes(path)[:4] == b"PAR1"
     with beam.Pipeline(options=storage.pipeline_options()) as p:
         read = p | "ReadEmbeddings" >> ReadFromParquet(prefix + "*.parquet")

@@ -96,7 +96,7 @@ def test_truncate_leaves_a_document_that_fits_untruncated(tokenizer):
 
 @pytest.mark.parametrize("stride", [30, 31])
 def test_a_stride_as_long_as_the_window_content_names_tokenize_stride(tokenizer, stride):
-    with pytest.raises(ValueError, match=rf"tokenize\.stride={stride} .* \(30 tokens\)"):
+    with pytest.raises(ValueError, match=rf"tokenize\.stride={stride} .* \(30 tokens for window 32\)"):
         windows_for([doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=stride))
 
 
@@ -130,3 +130,11 @@ def test_tokenize_outputs_windows_and_rejected_documents():
                     label="Windows")
         assert_that(out["rejected"] | beam.Map(lambda r: (r.id, r.kind)),
                     equal_to([(f"n{i}", "no_tokens") for i in range(len(NO_TOKENS))]), label="Rejected")
+
+
+def test_tokenize_steps_are_named_for_what_they_do(real_checkpoint_dir):
+    p = beam.Pipeline()
+    _ = p | beam.Create([doc("a", SHORT)]) | "Tokenize" >> Tokenize(real_checkpoint_dir, 64, TokenizeConfig())
+    labels = {t.unique_name for t in p.to_runner_api().components.transforms.values()}
+    assert "Tokenize/TokenizeBatch" in labels
+    assert not [label for label in labels if label.startswith("Tokenize/") and "Encode" in label]

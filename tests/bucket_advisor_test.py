@@ -1,4 +1,5 @@
-"""``docbeam plan-buckets``: a proposal on the shipped sample, and a reason (exit 2) when there is nothing to plan."""
+"""``docbeam propose-buckets``: a proposal on the shipped sample, and a reason (exit 2) when there is nothing to
+propose from."""
 from __future__ import annotations
 
 import json
@@ -8,16 +9,17 @@ import sys
 
 import pytest
 
-from conftest import REPO
-from pipeline import config, plan_buckets
+from conftest import REPO, checkout_env
+from pipeline import bucket_advisor, config
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def plan(tmp_path, *overrides) -> subprocess.CompletedProcess:
     sets = [a for o in (f"output.path={tmp_path / 'out'}",) + overrides for a in ("--set", o)]
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "plan-buckets", "--config", LOCAL, *sets],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "propose-buckets", "--config", LOCAL, *sets],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env=checkout_env())
 
 
 def jsonl(path, *records) -> str:
@@ -46,7 +48,7 @@ def test_rejects_are_counted_and_left_out_of_the_windows(tmp_path):
 def test_an_input_that_matches_nothing_says_so(tmp_path):
     result = plan(tmp_path, f"input.path={tmp_path}/absent/*.jsonl")
     assert result.returncode == 2
-    assert f"nothing to plan: input.path '{tmp_path}/absent/*.jsonl' matches no file" in result.stderr
+    assert f"nothing to propose: input.path '{tmp_path}/absent/*.jsonl' matches no file" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -54,12 +56,12 @@ def test_an_input_whose_documents_are_all_rejected_says_why(tmp_path):
     corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "body": "hello"}, {"id": "b", "body": "world"})
     result = plan(tmp_path, f"input.path={corpus}")
     assert result.returncode == 2
-    assert (f"nothing to plan: read 2 document(s) from 1 file(s) matching input.path '{corpus}'; the job would "
+    assert (f"nothing to propose: read 2 document(s) from 1 file(s) matching input.path '{corpus}'; the job would "
             "reject all of them (missing_text: 2)") in result.stderr
     assert "field 'text' (input.text_field) is missing" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_documents_without_tokens_leave_nothing_to_plan(tmp_path):
+def test_documents_without_tokens_leave_nothing_to_propose_from(tmp_path):
     corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "text": "\u200b"}, {"id": "b", "text": "\u200b\u200b"})
     result = plan(tmp_path, f"input.path={corpus}")
     assert result.returncode == 2
@@ -77,11 +79,11 @@ def test_empty_files_hold_no_documents(tmp_path):
     (tmp_path / "b.jsonl").write_text("")
     with pytest.raises(config.ConfigError, match=r"the 2 file\(s\) matching input.path '.*\*.jsonl' \(e.g. .*a.jsonl\) "
                                                  "hold no documents"):
-        plan_buckets.describe(_cfg(tmp_path, str(tmp_path / "*.jsonl")))
+        bucket_advisor.proposal_report(_cfg(tmp_path, str(tmp_path / "*.jsonl")))
 
 
 def test_the_sample_stops_at_the_limit_counting_rejects(tmp_path):
     jsonl(tmp_path / "a.jsonl", *({"id": str(i)} for i in range(5)))
     jsonl(tmp_path / "b.jsonl", {"id": "x", "text": "never read"})
-    sample = plan_buckets.read_sample(_cfg(tmp_path, str(tmp_path / "*.jsonl")), limit=3)
+    sample = bucket_advisor.read_sample(_cfg(tmp_path, str(tmp_path / "*.jsonl")), limit=3)
     assert (sample.read, len(sample.rejected), sample.documents) == (3, 3, [])

@@ -1,8 +1,9 @@
-"""``docbeam plan-buckets``: bucket boundaries and token budgets proposed from the corpus' own window
+"""``docbeam propose-buckets``: bucket boundaries and token budgets proposed from the corpus' own window
 length histogram, with the padding efficiency each would give (and what the config gives now).
 
 When the sample yields no window (no file matches, the files are empty, or the job would reject every
-document) there is nothing to plan: ``describe`` raises ``ConfigError`` saying what was read and what to change.
+document) there is nothing to propose from: ``proposal_report`` raises ``ConfigError`` saying what was read
+and what to change.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import collections
 import dataclasses
 import itertools
 
-from pipeline.bucket import padding_efficiency, plan_buckets
+from pipeline.bucket import padding_efficiency, propose_buckets
 from pipeline.config import ConfigError, JobConfig
 from pipeline.records import Document, Rejected
 
@@ -70,54 +71,54 @@ def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int) -> tu
     return [w.length for w in windows], rejected
 
 
-def nothing_to_plan(cfg: JobConfig, sample: Sample) -> str:
+def nothing_to_propose(cfg: JobConfig, sample: Sample) -> str:
     """Why ``sample`` (its rejects including the tokenizer's) yields no window to plan from, for people."""
     where = f"input.path {cfg.input.path!r}"
     if not sample.files:
-        return f"nothing to plan: {where} matches no file; check the path and the glob"
+        return f"nothing to propose: {where} matches no file; check the path and the glob"
     files = f"{len(sample.files)} file(s) matching {where}" + (f" (e.g. {sample.files[0]})"
                                                                  if len(sample.files) > 1 else "")
     if not sample.read:
-        return f"nothing to plan: the {files} hold no documents; point input.path at the corpus"
+        return f"nothing to propose: the {files} hold no documents; point input.path at the corpus"
     kinds = collections.Counter(r.kind for r in sample.rejected)
     first = next(r for r in sample.rejected if r.kind == kinds.most_common(1)[0][0])
-    return (f"nothing to plan: read {sample.read} document(s) from {files}; the job would reject all of them ("
+    return (f"nothing to propose: read {sample.read} document(s) from {files}; the job would reject all of them ("
             + ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common())
             + f"), e.g. {first.source}{f' line {first.line}' if first.line else ''}: {first.reason}. "
             "Fix the input, or the input.* keys the reasons name (input.format, input.text_field, input.id_field, "
-            "input.max_line_bytes), then rerun plan-buckets")
+            "input.max_line_bytes), then rerun propose-buckets")
 
 
-def propose(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), max_buckets=(4, 6, 8)) -> list[dict]:
+def proposals(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), max_buckets=(4, 6, 8)) -> list[dict]:
     if not lengths:
         raise ValueError("no window lengths to plan buckets for")
     rows = []
     for budget, k in itertools.product(budgets, max_buckets):
-        buckets = plan_buckets(lengths, max_len=window_len, tokens_per_batch=budget, max_buckets=k)
+        buckets = propose_buckets(lengths, max_len=window_len, tokens_per_batch=budget, max_buckets=k)
         rows.append({"tokens_per_batch": budget, "max_buckets": k, "buckets": list(buckets),
                      "padding_efficiency": round(padding_efficiency(lengths, buckets, budget), 4)})
     return rows
 
 
-def describe(cfg: JobConfig, limit: int = 10_000) -> str:
-    """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to plan."""
+def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
+    """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to propose from."""
     from pipeline.plan import make_plan
 
     sample = read_sample(cfg, limit)
     if not sample.documents:  # said before loading the model: nothing it could change
-        raise ConfigError(nothing_to_plan(cfg, sample))
+        raise ConfigError(nothing_to_propose(cfg, sample))
     plan = make_plan(cfg, probe_backends=False, for_output=False)
     lengths, no_tokens = tokenize_sample(cfg, sample.documents, plan.window_len)
     sample.rejected += no_tokens
     if not lengths:
-        raise ConfigError(nothing_to_plan(cfg, sample))
+        raise ConfigError(nothing_to_propose(cfg, sample))
     current = padding_efficiency(lengths, cfg.batching.buckets, cfg.batching.tokens_per_batch)
     out = [f"# {sample.read} documents read, {len(sample.documents) - len(no_tokens)} kept "
            f"({len(sample.rejected)} the job would reject) → {len(lengths)} windows of ≤ {plan.window_len} tokens",
            f"# now: buckets {list(cfg.batching.buckets)}, tokens_per_batch {cfg.batching.tokens_per_batch}: "
            f"padding efficiency {current:.3f}",
            "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency |", "|---|---|---|---|"]
-    rows = propose(lengths, plan.window_len)
+    rows = proposals(lengths, plan.window_len)
     out += [f"| {r['tokens_per_batch']} | {r['max_buckets']} | {r['buckets']} | {r['padding_efficiency']:.3f} |"
             for r in rows]
     best = max(rows, key=lambda r: (r["padding_efficiency"] - 0.005 * r["max_buckets"], r["tokens_per_batch"]))
