@@ -40,6 +40,14 @@ class InputConfig(_Section):
 
 
 GLOB_CHARACTERS = "*?[]{}"
+# Expanded once per run on the driver (expand_placeholders), so daily runs land side by side.
+PLACEHOLDERS = ("{run_date}", "{run_id}")
+
+
+def _without_placeholders(path: str) -> str:
+    for placeholder in PLACEHOLDERS:
+        path = path.replace(placeholder, "")
+    return path
 
 
 class OutputConfig(_Section):
@@ -50,10 +58,11 @@ class OutputConfig(_Section):
     @pydantic.field_validator("path")
     @classmethod
     def _one_plain_folder(cls, path):
-        bad = sorted({c for c in path if c in GLOB_CHARACTERS + ","})
+        bad = sorted({c for c in _without_placeholders(path) if c in GLOB_CHARACTERS + ","})
         if bad:
             raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
-                             "a run replaces what is there, so it names exactly one place")
+                             "a run replaces what is there, so it names exactly one place (placeholders: "
+                             f"{', '.join(PLACEHOLDERS)})")
         if path.strip().rstrip("/") in ("", "~", "gs:"):
             raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
         return path
@@ -138,6 +147,12 @@ class RunnerConfig(_Section):
     device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
     progress_seconds: pydantic.NonNegativeFloat = 10.0  # 0 turns progress lines off
     options: dict[str, str | int | float | bool | list[str]] = {}  # Beam pipeline options
+    # One encoder per VM owns the accelerator: RunInference shares it across the VM's SDK processes.
+    one_model_per_vm: bool = False
+    # JAX's persistent compilation cache (local folder or gs:// prefix): the next job reuses compilations.
+    compilation_cache: str | None = None
+    # Set in each worker process before the encoder loads, e.g. XLA_PYTHON_CLIENT_PREALLOCATE: "false".
+    worker_env: dict[str, str] = {}
 
     @pydantic.field_validator("options")
     @classmethod
@@ -233,7 +248,7 @@ def _parse_value(item: str, value: str):
     return parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
 
 
-def _resolve_path(path: str, base_dir: str) -> str:
+def resolve_path(path: str, base_dir: str) -> str:
     """Relative paths are relative to the config file's folder, so a config works from any cwd."""
     parts = []
     for p in path.split(","):
@@ -252,21 +267,29 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
         config = JobConfig.model_validate(raw)
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {_describe(e)}") from None
+    cache = config.runner.compilation_cache
     resolved = {
-        "input": config.input.model_copy(update={"path": _resolve_path(config.input.path, base_dir)}),
-        "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),
-        "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
+        "input": config.input.model_copy(update={"path": resolve_path(config.input.path, base_dir)}),
+        "output": config.output.model_copy(update={"path": resolve_path(config.output.path, base_dir).rstrip("/")}),
+        "model": config.model.model_copy(update={"path": resolve_path(config.model.path, base_dir)}),
+        "runner": config.runner.model_copy(
+            update={"compilation_cache": resolve_path(cache, base_dir).rstrip("/") if cache else None}),
     }
     return config.model_copy(update=resolved)
 
 
 def load(path: str, overrides: list[str] = ()) -> JobConfig:
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} not found; try configs/local.yaml") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    raw = apply_overrides(raw or {}, list(overrides))
+    """``path`` merged over the files it ``extends``, then ``--set`` overrides, validated once."""
+    from pipeline import config_files
+
+    raw = apply_overrides(config_files.load_layers(path), list(overrides))
     return parse(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path)
+
+
+def expand_placeholders(cfg: JobConfig, run_id: str, run_date: str) -> JobConfig:
+    """``{run_date}`` (UTC, YYYY-MM-DD) and ``{run_id}`` in input and output paths, filled once per run."""
+    def fill(path: str) -> str:
+        return path.replace("{run_date}", run_date).replace("{run_id}", run_id)
+
+    return cfg.model_copy(update={"input": cfg.input.model_copy(update={"path": fill(cfg.input.path)}),
+                                  "output": cfg.output.model_copy(update={"path": fill(cfg.output.path)})})
