@@ -16,6 +16,7 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.bucket import BucketBatches
 from pipeline.commit import CommitRun, RunFailed
+from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec
 from pipeline.lock import OutputLock
 from pipeline.plan import JobPlan, check_output, make_plan, versions
@@ -89,9 +90,10 @@ def metrics_dict(result) -> dict:
 
 def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False) -> dict:
     """Runs the job to completion; returns the committed summary (also in ``summary.json``)."""
+    run_id = output_lib.new_run_id()
+    cfg = expand_placeholders(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg)
     out = cfg.output.path
-    run_id = output_lib.new_run_id()
     lock = OutputLock.acquire(out, run_id, force=force)
     try:
         check_output(cfg)  # again, now that no other run can change the output under us
