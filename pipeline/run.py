@@ -33,7 +33,8 @@ def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
         model_path=cfg.model.path, dtype=cfg.model.dtype, pooling=plan.pooling,
         buckets=tuple(c.case.seq_len for c in plan.choices), attention=plan.attention, platform=plan.platform,
         profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
-        progress_seconds=cfg.runner.progress_seconds)
+        progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
+        compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())))
 
 
 def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:

@@ -16,6 +16,16 @@ SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vm_cache_root(tmp_path_factory) -> str:
+    """The per-VM cache (models/vm_cache.py) of this test session, not the machine's temp folder."""
+    from models import vm_cache
+
+    root = str(tmp_path_factory.mktemp("vm-cache"))
+    os.environ[vm_cache.ROOT_ENV] = root
+    return root
+
+
 @pytest.fixture(scope="session")
 def real_checkpoint_dir() -> str:
     from models.checkpoint import resolve_dir
