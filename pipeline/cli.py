@@ -27,6 +27,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--force", action="store_true",
                            help="take over the output's lock even if another run seems alive")
+            p.add_argument("--no-wait", action="store_true",
+                           help="return once the job is submitted (a Flex Template launcher); the job commits "
+                                "its output and releases the lock itself")
             p.add_argument("--dry-run", action="store_true",
                            help="build the Dataflow job (graph, pickled DoFns, environment), print the options "
                                 "Dataflow would receive, submit nothing; no lock, no input or output touched")
@@ -78,7 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from pipeline.run import run_job
 
-        summary = run_job(cfg, beam_args, force=args.force)
+        summary = run_job(cfg, beam_args, force=args.force, wait=not args.no_wait)
+        if args.no_wait:
+            print(f"docbeam: submitted run {summary['run_id']}; the job commits its output to {summary['output']}")
+            return 0
     except config_lib.ConfigError as e:
         print(f"docbeam: config error: {e}", file=sys.stderr)
         return 2
