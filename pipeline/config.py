@@ -220,6 +220,8 @@ def _describe(error: pydantic.ValidationError, prefix: str = "") -> str:
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     """``--set a.b=value`` on the raw YAML tree; the value is parsed as YAML (so 2, true, [1,2] work)."""
+    from pipeline.config_files import PATH_KEYS
+
     raw = json.loads(json.dumps(raw))
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -232,7 +234,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child
-        node[leaf] = _parse_value(item, value)
+        # A path is a string whatever YAML would make of it (`~` is not null, `2026-11-30` not a date).
+        node[leaf] = value if tuple(key.split(".")) in PATH_KEYS else _parse_value(item, value)
     return raw
 
 

@@ -118,6 +118,8 @@ def resolve_paths(raw: dict, base_dir: str) -> dict:
     out = dict(raw)
     for section, key in PATH_KEYS:
         values = out.get(section)
-        if isinstance(values, dict) and isinstance(values.get(key), str):
-            out[section] = {**values, key: resolve_path(values[key], base_dir)}
+        value = values.get(key) if isinstance(values, dict) else None
+        # "~" alone (the home folder) is left for the output check to refuse, not resolved past it.
+        if isinstance(value, str) and value.strip().rstrip("/") not in ("", "~"):
+            out[section] = {**values, key: resolve_path(value, base_dir)}
     return out

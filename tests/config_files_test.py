@@ -147,3 +147,18 @@ def test_placeholders_in_paths_are_filled_once_per_run():
 def test_other_braces_in_the_output_path_are_still_refused():
     with pytest.raises(config.ConfigError, match=r"output.path: must be one folder.*\{run_date\}"):
         config.parse({"input": {"path": "a"}, "output": {"path": "gs://b/{day}"}}, base_dir="/base")
+
+
+def test_a_profile_whose_output_is_the_home_folder_is_still_refused(tmp_path):
+    write(tmp_path, "base.yaml", BASE)
+    child = write(tmp_path, "child.yaml", "extends: base.yaml\noutput: {path: '~'}\n")
+    with pytest.raises(config.ConfigError, match=r"output.path: must name a folder"):
+        config.load(child)
+
+
+def test_a_path_set_on_the_command_line_stays_the_string_typed(tmp_path):
+    write(tmp_path, "base.yaml", BASE)
+    with pytest.raises(config.ConfigError, match=r"output.path: must name a folder"):
+        config.load(str(tmp_path / "base.yaml"), ["output.path=~"])
+    cfg = config.load(str(tmp_path / "base.yaml"), ["output.path=/runs/2026-11-30"])
+    assert cfg.output.path == "/runs/2026-11-30"
