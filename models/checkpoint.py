@@ -11,7 +11,6 @@ import importlib.util
 import json
 import os
 import shutil
-import tempfile
 
 import numpy as np
 
@@ -59,35 +58,45 @@ def resolve_dir(path: str, with_weights: bool = False) -> str:
     return path
 
 
-_FETCHED: dict[str, tuple[str, set[str]]] = {}  # prefix → (local folder, names already looked for)
+_FETCHED: dict[tuple[str, tuple[str, ...]], str] = {}  # (prefix, names) → local folder, per process
 
 
 def _fetch_remote(prefix: str, names: tuple[str, ...]) -> str:
-    """Copied once per process into a fresh folder: a shared cache could serve a stale model after the
-    objects under the prefix were replaced."""
+    """Copied once per VM (models/vm_cache.py) into a folder keyed by the prefix and each object's size
+    and update time: every SDK process on the VM reuses one copy, and objects replaced under the prefix
+    get a fresh folder rather than a stale model."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from models import vm_cache
+
+    prefix = prefix.rstrip("/")
+    if (prefix, names) in _FETCHED:
+        return _FETCHED[(prefix, names)]
+    if not FileSystems.exists(f"{prefix}/model.safetensors"):  # refused before any weights are copied
+        for name in PICKLE_WEIGHTS:
+            if FileSystems.exists(f"{prefix}/{name}"):
+                _refuse_pickle(f"{prefix}/{name}")
+    present = {}
+    for name in names:
+        (match,) = FileSystems.match([f"{prefix}/{name}"])
+        for m in match.metadata_list:
+            present[name] = (m.size_in_bytes, m.last_updated_in_seconds)
+    key = hashlib.sha256(json.dumps([prefix, sorted(present.items())]).encode()).hexdigest()[:24]
+    local = vm_cache.once_per_vm("models", key, lambda folder: _copy(prefix, sorted(present), folder))
+    _FETCHED[(prefix, names)] = local
+    return local
+
+
+def _copy(prefix: str, names: list[str], folder: str) -> None:
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    prefix = prefix.rstrip("/")
-    first_time = prefix not in _FETCHED
-    local, looked_for = _FETCHED.setdefault(prefix, (tempfile.mkdtemp(prefix="docbeam-model-"), set()))
-    if first_time:  # refused at the driver's start, before any weights are copied
-        if not FileSystems.exists(f"{prefix}/model.safetensors"):
-            for name in PICKLE_WEIGHTS:
-                if FileSystems.exists(f"{prefix}/{name}"):
-                    _refuse_pickle(f"{prefix}/{name}")
     for name in names:
-        remote = f"{prefix}/{name}"
-        if name in looked_for or not FileSystems.exists(remote):
-            looked_for.add(name)
-            continue
-        target = os.path.join(local, name)
+        target = os.path.join(folder, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with FileSystems.open(remote, compression_type=CompressionTypes.UNCOMPRESSED) as src, \
+        with FileSystems.open(f"{prefix}/{name}", compression_type=CompressionTypes.UNCOMPRESSED) as src, \
                 open(target, "wb") as dst:
             shutil.copyfileobj(src, dst, 16 << 20)
-        looked_for.add(name)
-    return local
 
 
 def _refuse_pickle(path: str):

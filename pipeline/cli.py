@@ -27,6 +27,12 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument("--force", action="store_true",
                            help="take over the output's lock even if another run seems alive")
+            p.add_argument("--no-wait", action="store_true",
+                           help="return once the job is submitted (a Flex Template launcher); the job commits "
+                                "its output and releases the lock itself")
+            p.add_argument("--dry-run", action="store_true",
+                           help="build the Dataflow job (graph, pickled DoFns, environment), print the options "
+                                "Dataflow would receive, submit nothing; no lock, no input or output touched")
             p.add_argument("beam_args", nargs=argparse.REMAINDER,
                            help="after --: extra Beam pipeline options, e.g. -- --direct_num_workers=2")
         else:
@@ -67,10 +73,18 @@ def main(argv: list[str] | None = None) -> int:
 
             print(validation_report(cfg, verify=args.verify))
             return 0
+        beam_args = [a for a in args.beam_args if a != "--"]
+        if args.dry_run:
+            from pipeline.dry_run import dry_run
+
+            print(dry_run(cfg, beam_args).describe())
+            return 0
         from pipeline.run import run_job
 
-        beam_args = [a for a in args.beam_args if a != "--"]
-        summary = run_job(cfg, beam_args, force=args.force)
+        summary = run_job(cfg, beam_args, force=args.force, wait=not args.no_wait)
+        if args.no_wait:
+            print(f"docbeam: submitted run {summary['run_id']}; the job commits its output to {summary['output']}")
+            return 0
     except config_lib.ConfigError as e:
         print(f"docbeam: config error: {e}", file=sys.stderr)
         return 2

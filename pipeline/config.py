@@ -14,10 +14,8 @@ import pydantic
 import yaml
 
 from attention import registry as attention_registry
-
-
-class ConfigError(ValueError):
-    """A config that cannot run, with a message for the person who wrote it."""
+from pipeline import config_files
+from pipeline.config_files import PATH_KEYS, ConfigError, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 
 class _Section(pydantic.BaseModel):
@@ -47,14 +45,23 @@ class InputConfig(_Section):
 
 
 GLOB_CHARACTERS = "*?[]{}"
+# Expanded once per run on the driver (expand_placeholders), so daily runs land side by side.
+PLACEHOLDERS = ("{run_date}", "{previous_run_date}", "{run_id}")
+
+
+def _without_placeholders(path: str) -> str:
+    for placeholder in PLACEHOLDERS:
+        path = path.replace(placeholder, "")
+    return path
 
 
 def one_folder(path: str) -> str:
     """An output-like path names exactly one place: no globs, no lists, not the home or a bucket's root."""
-    bad = sorted({c for c in path if c in GLOB_CHARACTERS + ","})
+    bad = sorted({c for c in _without_placeholders(path) if c in GLOB_CHARACTERS + ","})
     if bad:
         raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
-                         "a run replaces what is there, so it names exactly one place")
+                         "a run replaces what is there, so it names exactly one place (placeholders: "
+                         f"{', '.join(PLACEHOLDERS)})")
     if path.strip().rstrip("/") in ("", "~", "gs:"):
         raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
     return path
@@ -172,6 +179,12 @@ class RunnerConfig(_Section):
     device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
     progress_seconds: pydantic.NonNegativeFloat = 10.0  # 0 turns progress lines off
     options: dict[str, str | int | float | bool | list[str]] = {}  # Beam pipeline options
+    # One encoder per VM owns the accelerator: RunInference shares it across the VM's SDK processes.
+    one_model_per_vm: bool = False
+    # JAX's persistent compilation cache (local folder or gs:// prefix): the next job reuses compilations.
+    compilation_cache: str | None = None
+    # Set in each worker process before the encoder loads, e.g. XLA_PYTHON_CLIENT_PREALLOCATE: "false".
+    worker_env: dict[str, str] = {}
 
     @pydantic.field_validator("options")
     @classmethod
@@ -254,7 +267,8 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child
-        node[leaf] = _parse_value(item, value)
+        # A path is a string whatever YAML would make of it (`~` is not null, `2026-11-30` not a date).
+        node[leaf] = value if tuple(key.split(".")) in PATH_KEYS else _parse_value(item, value)
     return raw
 
 
@@ -270,13 +284,6 @@ def _parse_value(item: str, value: str):
     return parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
 
 
-def _resolve_path(path: str, base_dir: str) -> str:
-    """Relative paths are relative to the config file's folder, so a config works from any cwd."""
-    if "://" in path or path.startswith("pkg:") or os.path.isabs(path):
-        return path
-    return os.path.normpath(os.path.join(base_dir, os.path.expanduser(path)))
-
-
 def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (input, output, model, ...), got {raw!r}")
@@ -284,23 +291,38 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
         config = JobConfig.model_validate(raw)
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {_readable(e)}") from None
-    reuse_from = config.input.reuse_from and _resolve_path(config.input.reuse_from, base_dir).rstrip("/")
+    reuse_from = config.input.reuse_from and resolve_path(config.input.reuse_from, base_dir).rstrip("/")
+    cache = config.runner.compilation_cache
     resolved = {
         "input": config.input.model_copy(update={
-            "path": ",".join(_resolve_path(p, base_dir) for p in config.input.patterns), "reuse_from": reuse_from}),
-        "output": config.output.model_copy(update={"path": _resolve_path(config.output.path, base_dir).rstrip("/")}),
-        "model": config.model.model_copy(update={"path": _resolve_path(config.model.path, base_dir)}),
+            "path": ",".join(resolve_path(p, base_dir) for p in config.input.patterns), "reuse_from": reuse_from}),
+        "output": config.output.model_copy(update={"path": resolve_path(config.output.path, base_dir).rstrip("/")}),
+        "model": config.model.model_copy(update={"path": resolve_path(config.model.path, base_dir)}),
+        "runner": config.runner.model_copy(
+            update={"compilation_cache": resolve_path(cache, base_dir).rstrip("/") if cache else None}),
     }
     return config.model_copy(update=resolved)
 
 
 def load(path: str, overrides: list[str] = ()) -> JobConfig:
-    try:
-        with open(path) as f:
-            raw = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} not found; try configs/local.yaml") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    raw = apply_overrides(raw or {}, list(overrides))
+    """``path`` merged over the files it ``extends``, then ``--set`` overrides, validated once."""
+    raw = apply_overrides(config_files.load_layers(path, JobConfig), list(overrides))
     return parse(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path)
+
+
+def expand_placeholders(cfg: JobConfig, run_id: str, run_date: str) -> JobConfig:
+    """``{run_date}`` (UTC, YYYY-MM-DD), ``{previous_run_date}`` (the day before: where yesterday's run of a
+    daily schedule wrote, for ``input.reuse_from``) and ``{run_id}`` in input, output and reuse paths, filled
+    once per run."""
+    import datetime
+
+    previous = (datetime.date.fromisoformat(run_date) - datetime.timedelta(days=1)).isoformat()
+
+    def fill(path: str | None) -> str | None:
+        if path is None:
+            return None
+        return path.replace("{run_date}", run_date).replace("{previous_run_date}", previous).replace("{run_id}", run_id)
+
+    inputs = cfg.input.model_copy(update={"path": fill(cfg.input.path), "reuse_from": fill(cfg.input.reuse_from)})
+    return cfg.model_copy(update={"input": inputs,
+                                  "output": cfg.output.model_copy(update={"path": fill(cfg.output.path)})})

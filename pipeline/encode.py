@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -22,8 +21,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
 from attention.plan import AttentionSpec, bind_choice, choose_backends, gate, probe
-from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, describe_device, fallback_key, memory,
-                              worker_name)
+from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress, describe_device,
+                              fallback_key, memory, worker_name)
 from pipeline.records import Batch, WindowEmbedding
 
 TIMING_TAG = "timing"
@@ -43,6 +42,9 @@ class EncoderSpec:
     profile_batches: int = 0
     profile_dir: str | None = None
     progress_seconds: float = 10.0  # 0: no progress lines
+    one_model_per_vm: bool = False  # RunInference shares one runtime between the VM's SDK processes
+    compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/compile_cache.py)
+    worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
 
 
 class EncoderRuntime:
@@ -54,7 +56,11 @@ class EncoderRuntime:
         from models import checkpoint, encoder
         from pipeline.plan import attention_cases
 
+        from pipeline.compile_cache import CompileCache
+
         self.spec = spec
+        # Before the first compilation (the attention probes below compile too).
+        self.compile_cache = CompileCache(spec.compilation_cache) if spec.compilation_cache else None
         self.device = jax.devices()[0]
         platform = self.device.platform
         if spec.platform not in ("auto", platform):
@@ -99,7 +105,7 @@ class EncoderRuntime:
         t0 = time.perf_counter()
         ids = jax.device_put(batch.ids_BxT, self.device)
         lengths = jax.device_put(batch.lengths_B, self.device)
-        compiles_before, compile_s_before = self.watch.count, self.watch.seconds
+        compiles_before, compile_s_before, hits_before = self.watch.count, self.watch.seconds, self.watch.cache_hits
         t1 = time.perf_counter()
         pooled = self._forward[choice.backend](self.params, ids, lengths)
         pooled.block_until_ready()
@@ -107,6 +113,9 @@ class EncoderRuntime:
         vectors = np.asarray(pooled)[: batch.real_rows]
         t3 = time.perf_counter()
         compiled = self.watch.count > compiles_before
+        cache_hits = self.watch.cache_hits - hits_before
+        if compiled and self.compile_cache is not None and not cache_hits:
+            self.compile_cache.push()
         shape = (choice.backend, batch.ids_BxT.shape)
         if compiled and shape in self._shapes_seen:
             log.warning("recompiled the encoder for shape %s (backend %s) after warm-up", batch.ids_BxT.shape,
@@ -120,7 +129,7 @@ class EncoderRuntime:
             "padded_tokens": int(batch.ids_BxT.size), "attention_backend": choice.backend,
             "attention_requested": choice.requested, "attention_kernel": choice.kernel,
             "fallback_reason": choice.fallback_reason, "compiled": compiled,
-            "compile_ms": round((self.watch.seconds - compile_s_before) * 1e3, 3),
+            "compile_ms": round((self.watch.seconds - compile_s_before) * 1e3, 3), "compile_cache_hits": cache_hits,
             "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
             "device": describe_device(self.device), "worker": worker_name(),
             "started_at": started_at.isoformat(), **memory(self.device),
@@ -150,53 +159,12 @@ class EncoderRuntime:
             return
         import jax
 
+        from pipeline import storage
+
         jax.profiler.stop_trace()
         self._profiling = False
-        copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
+        storage.copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
         shutil.rmtree(self._trace_dir, ignore_errors=True)
-
-
-class Progress:
-    """A progress line every ``every_s`` seconds (never per batch, so logs stay readable), with an ETA
-    when the job's window count is known. Counts are this worker's; on Dataflow the Beam counters in the
-    monitoring UI give the job-wide view."""
-
-    def __init__(self, every_s: float, total_windows: int | None = None):
-        self.every_s, self.total_windows = every_s, total_windows
-        self.started = self.last = time.monotonic()
-        self.documents = self.windows = self.tokens = 0
-
-    def update(self, documents: int, windows: int, tokens: int) -> str | None:
-        self.documents += documents
-        self.windows += windows
-        self.tokens += tokens
-        now = time.monotonic()
-        if not self.every_s or now - self.last < self.every_s:
-            return None
-        self.last = now
-        elapsed = max(now - self.started, 1e-9)
-        line = (f"progress: {self.documents} documents, {self.windows} windows, {self.tokens} tokens in "
-                f"{elapsed:.0f} s ({self.tokens / elapsed:.0f} tokens/s)")
-        if self.total_windows:
-            remaining = max(self.total_windows - self.windows, 0)
-            line += (f"; {100 * self.windows / self.total_windows:.0f}% of the job's {self.total_windows} windows, "
-                     f"ETA {remaining / (self.windows / elapsed):.0f} s at this worker's rate")
-        log.info(line)
-        return line
-
-
-def copy_tree(local_dir: str, dest: str) -> None:
-    """Profiles are written locally by JAX, then copied byte for byte to the output (local or gs://)."""
-    from pipeline import storage
-
-    for root, _, files in os.walk(local_dir):
-        for name in files:
-            rel = os.path.relpath(os.path.join(root, name), local_dir)
-            target = storage.join(dest, *rel.split(os.sep))
-            if "://" not in target:
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(os.path.join(root, name), "rb") as src:
-                storage.write_bytes(target, src.read())
 
 
 _RUNTIMES: dict[str, EncoderRuntime] = {}
@@ -218,18 +186,37 @@ def runtime_for(spec: EncoderSpec) -> EncoderRuntime:
 
 
 class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
-    """RunInference's contract: load once per process, run pre-built batches one at a time."""
+    """RunInference's contract: load once per process (or once per VM), run pre-built batches one at a time.
+
+    With ``one_model_per_vm`` the first SDK process on a VM builds the runtime and serves it (Beam's
+    MultiProcessShared); the others send it their batches, so one process owns the accelerator and the
+    weights, the checkpoint copy and the compilations happen once per VM.
+    """
 
     def __init__(self, spec: EncoderSpec):
         super().__init__()
         self._spec = spec
+        self._env_vars = dict(spec.worker_env)  # ModelHandler.set_environment_vars applies them in setup()
 
     def load_model(self) -> EncoderRuntime:
         return runtime_for(self._spec)
 
+    def share_model_across_processes(self) -> bool:
+        return self._spec.one_model_per_vm
+
+    def model_copies(self) -> int:
+        return 1  # one device per VM: a second copy would fight the first for it
+
     def run_inference(self, batch: Sequence[Batch], model: EncoderRuntime,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
-        return [PredictionResult(b, model.encode(b)) for b in batch]
+        from pipeline.observe import worker_name
+
+        results = []
+        for b in batch:
+            vectors, timing = model.encode(b)
+            # Which SDK process sent the batch; "worker" says which one encoded it (the same unless shared).
+            results.append(PredictionResult(b, (vectors, {**timing, "requested_by": worker_name()})))
+        return results
 
     def batch_elements_kwargs(self):
         return {"min_batch_size": 1, "max_batch_size": 1}  # batches are already shaped by BucketBatches

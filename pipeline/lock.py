@@ -126,10 +126,15 @@ class OutputLock:
         check_owner(self.path, self.owner.run_id)
 
     def release(self) -> None:
+        self.hand_over()
+        release_if_owner(self.path, self.owner.run_id)
+
+    def hand_over(self) -> None:
+        """Stop the heartbeat and leave the lock to the job, whose commit releases it (a driver that does
+        not wait for its job; the lock turns stale after STALE_AFTER_S if the job dies)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        release_if_owner(self.path, self.owner.run_id)
 
     def _start_heartbeat(self) -> None:
         self._thread = threading.Thread(target=self._beat, name="docbeam-lock-heartbeat", daemon=True)

@@ -2,12 +2,16 @@
 the job's metrics are reported under."""
 from __future__ import annotations
 
+import logging
 import os
 import resource
 import socket
 import threading
+import time
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 ENCODER_FN_NAME = "docbeam_embed"  # the jitted forward's name, as jax.monitoring reports it
 METRICS_NAMESPACE = "docbeam"  # every Beam counter and distribution of the job; the summary queries it
@@ -31,9 +35,15 @@ class CompileWatch:
     def __init__(self):
         self.count = 0
         self.seconds = 0.0
+        self.cache_hits = 0  # executables JAX's persistent compilation cache served instead of compiling
         import jax.monitoring
 
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
+        jax.monitoring.register_event_listener(self._on_cache_event)
+
+    def _on_cache_event(self, event: str, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            self.cache_hits += 1
 
     def _on_event(self, event: str, duration: float, **kwargs):
         if kwargs.get("fun_name") != f"jit({ENCODER_FN_NAME})":
@@ -69,3 +79,32 @@ def describe_device(device) -> str:
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Progress:
+    """A progress line every ``every_s`` seconds (never per batch, so logs stay readable), with an ETA
+    when the job's window count is known. Counts are this worker's; on Dataflow the Beam counters in the
+    monitoring UI give the job-wide view."""
+
+    def __init__(self, every_s: float, total_windows: int | None = None):
+        self.every_s, self.total_windows = every_s, total_windows
+        self.started = self.last = time.monotonic()
+        self.documents = self.windows = self.tokens = 0
+
+    def update(self, documents: int, windows: int, tokens: int) -> str | None:
+        self.documents += documents
+        self.windows += windows
+        self.tokens += tokens
+        now = time.monotonic()
+        if not self.every_s or now - self.last < self.every_s:
+            return None
+        self.last = now
+        elapsed = max(now - self.started, 1e-9)
+        line = (f"progress: {self.documents} documents, {self.windows} windows, {self.tokens} tokens in "
+                f"{elapsed:.0f} s ({self.tokens / elapsed:.0f} tokens/s)")
+        if self.total_windows:
+            remaining = max(self.total_windows - self.windows, 0)
+            line += (f"; {100 * self.windows / self.total_windows:.0f}% of the job's {self.total_windows} windows, "
+                     f"ETA {remaining / (self.windows / elapsed):.0f} s at this worker's rate")
+        log.info(line)
+        return line

@@ -42,6 +42,11 @@ def new_run_id() -> str:
     return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
+def run_date() -> str:
+    """The UTC date that ``{run_date}`` in a path becomes: ``2026-11-30``."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
 def staging_dir(output: str, run_id: str) -> str:
     return f"{output.rstrip('/')}/{STAGING}/{run_id}"
 

@@ -115,16 +115,19 @@ def check_output(cfg: JobConfig) -> output_lib.OutputState:
     return state
 
 
-def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True) -> JobPlan:
+def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True,
+              for_input: bool = True) -> JobPlan:
     """Everything that can fail before the job starts fails here, with the key to change. Tools that write
-    no output (propose-buckets) leave out the output's checks (``for_output=False``)."""
+    no output (propose-buckets) leave out the output's checks (``for_output=False``); a dry run, which reads
+    and writes nothing, leaves out both (its placeholders name buckets that need not exist)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
     settings = checkpoint.settings
     window_len = cfg.model.max_seq_len or settings.max_seq_len
     special = load_tokenizer(resolve_dir(cfg.model.path)).num_special_tokens_to_add(pair=False)
     buckets = check_window(cfg, checkpoint.config, window_len, special)
-    check_inputs(cfg)
+    if for_input:
+        check_inputs(cfg)
     if for_output:
         check_output(cfg)
     platform = target_platform(cfg)

@@ -16,6 +16,7 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.bucket import BucketBatches
 from pipeline.commit import CommitRun, RunFailed
+from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec
 from pipeline.lock import OutputLock
 from pipeline.observe import METRICS_NAMESPACE
@@ -34,7 +35,8 @@ def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
         model_path=cfg.model.path, dtype=cfg.model.dtype, pooling=plan.pooling,
         buckets=tuple(c.case.seq_len for c in plan.choices), attention=plan.attention, platform=plan.platform,
         profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
-        progress_seconds=cfg.runner.progress_seconds)
+        progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
+        compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())))
 
 
 def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
@@ -96,12 +98,19 @@ def metrics_dict(result) -> dict:
     return {"counters": counters, "distributions": distributions}
 
 
-def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False) -> dict:
-    """Runs the job to completion; returns the committed summary (also in ``summary.json``)."""
+def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: bool = True) -> dict:
+    """Runs the job to completion; returns the committed summary (also in ``summary.json``).
+
+    ``wait=False`` (a Flex Template launcher, which must not wait) returns once the job is submitted; the
+    job's last step commits the output and releases the lock this driver took, so the lock is handed over
+    rather than released here.
+    """
+    run_id = output_lib.new_run_id()
+    cfg = expand_placeholders(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg)
     out = cfg.output.path
-    run_id = output_lib.new_run_id()
     lock = OutputLock.acquire(out, run_id, force=force)
+    handed_over = False
     try:
         check_output(cfg)  # again, now that no other run can change the output under us
         cleaned = output_lib.clean_dead_staging(out, run_id)
@@ -110,16 +119,23 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False) -> dic
         log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
                  {c.case.seq_len: c.backend for c in plan.choices},
                  f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
-        with beam.Pipeline(options=options) as p:
-            build(p, plan, run_id, started)
+        p = beam.Pipeline(options=options)
+        build(p, plan, run_id, started)
+        result = p.run()
+        if not wait:
+            lock.hand_over()
+            handed_over = True
+            return {"run_id": run_id, "output": out, "submitted": True}
+        result.wait_until_finish()
         manifest = output_lib.read_manifest(out)
         if manifest is None or manifest["run_id"] != run_id:
             raise RunFailed(f"the job finished but the output's manifest names run "
                             f"{manifest and manifest['run_id']}, not this run {run_id}")
         summary_path = storage.join(out, output_lib.SUMMARY)
         summary = json.loads(storage.read_bytes(summary_path))
-        summary["metrics"] = metrics_dict(p.result)  # only a driver that waited has them
+        summary["metrics"] = metrics_dict(result)  # only a driver that waited has them
         storage.write_bytes(summary_path, json.dumps(summary, indent=2, sort_keys=True).encode())
         return summary
     finally:
-        lock.release()
+        if not handed_over:
+            lock.release()

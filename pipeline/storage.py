@@ -40,6 +40,13 @@ def pipeline_options(argv: Sequence[str] | None = None) -> PipelineOptions:
     return options
 
 
+def skip_credential_lookup_for_emulator() -> None:
+    """In a worker process: against the emulator, skip Beam's credential lookup as the driver does (the
+    workers receive --no_auth, but gcsio ignores it; see skip_beam_credential_lookup)."""
+    if os.environ.get(EMULATOR_ENV):
+        skip_beam_credential_lookup()
+
+
 def skip_beam_credential_lookup() -> None:
     """Make every Beam GCP client in this process anonymous, as ``--no_auth`` promises.
 
@@ -186,3 +193,15 @@ def gcs_client():
         return gcs.Client(project="docbeam-emulator", credentials=AnonymousCredentials(),
                           client_options={"api_endpoint": host})
     return gcs.Client()
+
+
+def copy_tree(local_dir: str, dest: str) -> None:
+    """Profiles are written locally by JAX, then copied byte for byte to the output (local or gs://)."""
+    for root, _, files in os.walk(local_dir):
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), local_dir)
+            target = join(dest, *rel.split(os.sep))
+            if "://" not in target:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(os.path.join(root, name), "rb") as src:
+                write_bytes(target, src.read())

@@ -10,8 +10,11 @@ from pipeline.config import JobConfig
 def validation_report(cfg: JobConfig, verify: bool = False) -> str:
     import attention
     from attention.plan import AttentionPlanError, ask, gate
+    from pipeline.config import expand_placeholders
+    from pipeline.output import new_run_id, run_date
     from pipeline.plan import attention_cases, make_plan
 
+    cfg = expand_placeholders(cfg, new_run_id(), run_date())
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend

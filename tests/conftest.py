@@ -21,6 +21,16 @@ def checkout_env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def vm_cache_root(tmp_path_factory) -> str:
+    """The per-VM cache (models/vm_cache.py) of this test session, not the machine's temp folder."""
+    from models import vm_cache
+
+    root = str(tmp_path_factory.mktemp("vm-cache"))
+    os.environ[vm_cache.ROOT_ENV] = root
+    return root
+
+
 @pytest.fixture(scope="session")
 def real_checkpoint_dir() -> str:
     from models.checkpoint import resolve_dir

@@ -131,7 +131,7 @@ def test_on_gcs_an_incremental_run_reuses_the_unchanged_documents_of_a_previous_
         summary = run_job(job_config(gcs.url("in", "b.jsonl"), gcs.url("runs", "b"), model,
                                      input={"reuse_from": gcs.url("runs", "a")}))
         tables = {run: pq.read_table(io.BytesIO(storage.read_bytes(path)))
-                  for run in ("a", "b") for path in storage.glob(gcs.url("runs", run, "embeddings", "*.parquet"))}
+                  for run in ("a", "b") for path in matching(gcs.url("runs", run, "embeddings", "*.parquet"))}
 
     assert summary["reuse_key"]["weights_digest"].startswith("crc32c:")
     assert (summary["docs_reused"], summary["docs_encoded"], summary["docs_embedded"]) == (19, 4, 23)

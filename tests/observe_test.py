@@ -10,7 +10,7 @@ import os
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline.encode import Progress
+from pipeline.observe import Progress
 from pipeline.run import run_job
 
 

@@ -173,7 +173,7 @@ def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tm
 @pytest.mark.parametrize("output_path, message", [
     ("{root}/run*", "without glob characters or commas (found *)"),
     ("{root}/runA,{root}/runB", "without glob characters or commas (found ,)"),
-    ('"~"', "must name a folder for this job's output"),  # quoted: YAML reads a bare ~ as null
+    ("~", "must name a folder for this job's output"),
     ("{root}", "holds 2 file(s) that no docbeam run wrote"),
 ])
 def test_odd_output_paths_are_refused_and_nothing_is_deleted(output_path, message, tmp_path, corpus,

@@ -1,0 +1,75 @@
+"""JAX's persistent compilation cache at ``runner.compilation_cache``, local or on gs://.
+
+JAX 0.10 opens a non-local cache folder through etils' epath, which for gs:// needs gcsfs (not in the
+worker image) and then reads every entry over the network on each lookup. Instead the worker keeps the
+cache in a local folder and mirrors it: entries under the gs:// prefix are copied down once per VM
+(models/vm_cache.py) when the encoder loads, and entries this process compiled are copied up after the
+batch that compiled them. An entry is a file named by its key, written once and never changed, so
+mirroring is copying the names the other side lacks.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+
+from models import vm_cache
+from pipeline import storage
+
+ENTRY_SUFFIX = "-cache"  # JAX's LRUCache names an entry <key>-cache (and keeps -atime files beside it)
+log = logging.getLogger(__name__)
+
+
+class CompileCache:
+    """Points this process's JAX at the cache; ``push()`` after compiling copies new entries up."""
+
+    def __init__(self, location: str):
+        self.location = location.rstrip("/")
+        self.remote = storage.is_gcs(self.location)
+        if self.remote:
+            storage.skip_credential_lookup_for_emulator()
+            key = hashlib.sha256(self.location.encode()).hexdigest()[:16]
+            self.local = vm_cache.once_per_vm("jax-cache", key, self._pull)
+            self._pushed = set(_entries(self.local))
+        else:
+            self.local = self.location
+            os.makedirs(self.local, exist_ok=True)
+        _use(self.local)
+
+    def _pull(self, folder: str) -> None:
+        remote = storage.list_files(self.location)
+        for path in remote:
+            name = path.rsplit("/", 1)[-1]
+            if name.endswith(ENTRY_SUFFIX):
+                with open(os.path.join(folder, name), "wb") as f:
+                    f.write(storage.read_bytes(path))
+        log.info("compilation cache: %d entries from %s", len(remote), self.location)
+
+    def push(self) -> int:
+        """Copies entries compiled here that the gs:// prefix lacks; returns how many."""
+        if not self.remote:
+            return 0
+        new = sorted(set(_entries(self.local)) - self._pushed)
+        for name in new:
+            with open(os.path.join(self.local, name), "rb") as f:
+                storage.write_bytes(f"{self.location}/{name}", f.read())
+            self._pushed.add(name)
+        return len(new)
+
+
+def _entries(folder: str) -> list[str]:
+    return [n for n in os.listdir(folder) if n.endswith(ENTRY_SUFFIX)] if os.path.isdir(folder) else []
+
+
+def _use(folder: str) -> None:
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    if jax.config.jax_compilation_cache_dir != folder:
+        compilation_cache.set_cache_dir(folder)
+        compilation_cache.reset_cache()  # JAX opens its cache once per process: reopen it here
+    # The encoder compiles a handful of shapes; each is worth keeping however fast it compiled here.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    # JAX's default also turns on XLA's GPU autotune cache inside the cache folder, which puts the local
+    # folder's path into every entry's key: a machine whose folder differs would never hit.
+    jax.config.update("jax_persistent_cache_enable_xla_caches", "none")

