@@ -34,7 +34,7 @@ report: setup
 	$(VENV)/bin/docbeam report out/local
 
 test: setup-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 bench: setup-test
 	$(PY) benchmarks/run_all.py
