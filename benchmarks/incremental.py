@@ -1,6 +1,6 @@
 """Incremental runs: a full run vs runs that reuse it with 0%, 10% and 50% of the texts changed.
 
-    python benchmarks/incremental.py [--quick] [--docs 400] [--churn 0,10,50]
+    python benchmarks/incremental.py [--quick] [--docs 400] [--copies 1] [--churn 0,10,50]
 
 Every run is a whole ``run_job`` in this process (the DirectRunner) on the same machine: first a warm-up
 run (its compilations fill the persistent cache, so no timed run pays for them more than another), then
@@ -55,10 +55,16 @@ def timed_run(corpus: str, output: str, model: str, reuse_from: str | None = Non
 def main() -> None:
     parser = common.parser(__doc__)
     parser.add_argument("--docs", type=int, default=400, help="documents of the sample corpus (default 400)")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="repeat the documents under new ids, for a corpus whose changed share fills batches")
     parser.add_argument("--churn", default="0,10,50", help="percent of texts changed, comma-separated")
     parser.add_argument("--model", default=common.DEFAULT_MODEL)
     args = parser.parse_args()
-    docs = common.read_documents(common.SAMPLE, 40 if args.quick else args.docs)
+    from pipeline.records import Document
+
+    sample = common.read_documents(common.SAMPLE, 40 if args.quick else args.docs)
+    docs = [Document(f"{d.id}#{copy}" if copy else d.id, d.text, d.source, d.line)
+            for copy in range(args.copies) for d in sample]
     info = common.machine()
     common.print_machine(f"incremental runs: {len(docs)} documents, {args.model}", info)
 
@@ -88,7 +94,7 @@ def main() -> None:
                          run["encoder_s"], run["encoder_ratio"]])
     print(common.table(["run", "docs encoded", "docs reused", "tokens encoded", "padded tokens", "wall s", "÷ full",
                         "encoder s", "÷ full"], rows))
-    common.write_results(args, "incremental", results)
+    common.write_results(args, "incremental" + (f"-copies{args.copies}" if args.copies > 1 else ""), results)
 
 
 if __name__ == "__main__":
