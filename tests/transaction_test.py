@@ -212,3 +212,16 @@ def test_a_kernel_that_returns_nan_for_some_rows_never_gets_them_written(tmp_pat
     assert np.isfinite(np.array(table.column("embedding").to_pylist())).all()
     summary = json.load(open(f"{out}/summary.json"))
     assert summary["rejected_by_kind"] == {"non_finite": 1} and summary["docs_read"] == 31
+
+
+def test_an_empty_input_commits_an_empty_output_that_the_report_can_read(tmp_path, tiny_checkpoint_dir):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    out = str(tmp_path / "out")
+    result = run(str(empty), out, tiny_checkpoint_dir)
+    assert result.returncode == 0, result.stderr
+    manifest = json.load(open(f"{out}/_manifest.json"))
+    assert manifest["counts"]["docs_read"] == 0 == manifest["counts"]["docs_embedded"]
+    assert pq.read_table(glob.glob(f"{out}/embeddings/*.parquet")).num_rows == 0
+    report = finish(docbeam("report", out))
+    assert report.returncode == 0, report.stderr
