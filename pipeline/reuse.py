@@ -62,9 +62,8 @@ def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision
     ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2)."""
     if not reuse_from:
         return ReuseDecision(None, "")
-    reason = _why_not(reuse_from, key)
+    manifest, reason = _read_reusable(reuse_from, key)
     if reason is None:
-        manifest = output_lib.read_manifest(reuse_from)
         files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
                       if f["path"].startswith("embeddings/"))
         log.info("reusing vectors of run %s from %s", manifest["run_id"], reuse_from)
@@ -76,11 +75,16 @@ def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision
     return ReuseDecision(None, reason)
 
 
-def _why_not(reuse_from: str, key: dict) -> str | None:
+def _read_reusable(reuse_from: str, key: dict) -> tuple[dict | None, str | None]:
+    """The previous run's manifest, and why it cannot be reused (None when it can)."""
     try:
         manifest = output_lib.read_manifest(reuse_from)
     except (output_lib.OutputRefused, ValueError) as e:
-        return f"its manifest cannot be read ({e})"
+        return None, f"its manifest cannot be read ({e})"
+    return manifest, _why_not(reuse_from, manifest, key)
+
+
+def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
     if manifest is None:
         return "it holds no committed docbeam run (no _manifest.json: a failed, partial or missing run)"
     if "reuse_key" not in manifest:

@@ -167,3 +167,15 @@ def test_a_daily_job_can_reuse_the_folder_it_replaces(corpora, tiny_checkpoint_d
     assert (summary["docs_reused"], summary["docs_encoded"]) == (85, 15)
     assert sorted(rows(out)) == sorted(b_ids)
     assert len(glob.glob(f"{out}/embeddings/*.parquet")) == 1  # the previous run's file is gone after the commit
+
+
+def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_path):
+    from pipeline.reuse import decide
+
+    (tmp_path / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # cut mid-write
+    key = {name: "x" for name in ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents",
+                                  "pooling", "normalize", "dtype")}
+    decision = decide(str(tmp_path), key, "encode_all")
+    assert decision.source is None and "its manifest cannot be read" in decision.reason
+    with pytest.raises(ConfigError, match="cannot be reused: its manifest cannot be read"):
+        decide(str(tmp_path), key, "fail")
