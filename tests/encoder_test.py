@@ -101,3 +101,13 @@ def test_unknown_architectures_are_refused_with_the_supported_list(tmp_path, tin
     (folder / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
     with pytest.raises(checkpoint.CheckpointError, match="'gpt2'.*supported: bert"):
         checkpoint.open_checkpoint(str(folder))
+
+
+def test_bert_gelu_is_the_exact_erf_form_over_the_whole_float32_range():
+    """The clipped-argument GELU (faster on XLA:CPU) against the erf form computed in float64."""
+    import math
+
+    x = np.concatenate([np.linspace(-12, 12, 20001), [-1e4, -80.0, -6.0, 6.0, 80.0, 1e4, 0.0]]).astype(np.float32)
+    want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
+    got = np.asarray(jax.jit(encoder.ACTIVATIONS["gelu"])(x), np.float64)
+    assert np.all(np.abs(got - want) <= 2e-6 * np.maximum(1.0, np.abs(want)))
