@@ -2,7 +2,9 @@
 
 Each window is padded to the smallest bucket that fits; a batch holds one bucket length and
 ``tokens_per_batch // bucket_len`` rows, so every (bucket, rows) shape compiles once. Keys are
-(bucket, shard) rather than bucket alone so no single key serialises a large job.
+(bucket, shard) rather than bucket alone so no single key serialises a large job. What is left per key
+at the end (fewer windows than a batch) is repacked across buckets (``repack``): a small job or an
+incremental run would otherwise pay one mostly empty batch per bucket.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import bisect
 import collections
 import hashlib
 import zlib
+from typing import Callable
 
 import apache_beam as beam
 import numpy as np
@@ -41,17 +44,51 @@ def batch_key(window: TokenWindow, config: BatchingConfig) -> tuple[int, int]:
     return bucket_for(window.length, config.buckets), shard_for(window.doc_id, window.index, config.shards)
 
 
-def batch_windows(windows: list[TokenWindow], config: BatchingConfig) -> list[Batch]:
-    """What BucketBatches makes of these windows, without Beam: per key, in the order given, full batches
-    of ``rows_for(bucket)`` windows, then one padded partial batch (benchmarks time the encoder on these)."""
-    by_key: dict[tuple[int, int], list[TokenWindow]] = {}
-    for w in windows:
-        by_key.setdefault(batch_key(w, config), []).append(w)
-    batches = []
-    for (bucket_len, _), group in sorted(by_key.items()):
+def window_order(w: TokenWindow):
+    """Leftovers are repacked in this order (longest first, then by id), whatever order they arrived in."""
+    return -w.length, w.doc_id, w.index
+
+
+def repack(items: list, config: BatchingConfig, length: Callable = len, order: Callable | None = None) -> list:
+    """Leftovers (fewer than a batch per bucket) → ``[(bucket_len, rows, items)]``.
+
+    Longest first, each batch takes the bucket of the longest remaining item and as many of the next
+    longest as its rows hold, so short leftovers fill the empty rows of a longer bucket's batch. Shapes
+    stay the configured ones (nothing new to compile), and it never pads more than one partial batch
+    per bucket would (tests/bucket_test.py checks that on random bucket sets)."""
+    ordered = sorted(items, key=order or (lambda it: -length(it)))
+    groups = []
+    while ordered:
+        bucket_len = bucket_for(length(ordered[0]), config.buckets)
         rows = rows_for(bucket_len, config.tokens_per_batch)
-        batches += [pad_batch(group[i:i + rows], bucket_len, rows) for i in range(0, len(group), rows)]
-    return batches
+        groups.append((bucket_len, rows, ordered[:rows]))
+        ordered = ordered[rows:]
+    return groups
+
+
+def group_into_batches(items: list, config: BatchingConfig, length: Callable = len, shard: Callable | None = None,
+                       order: Callable | None = None) -> list:
+    """``[(bucket_len, rows, items)]`` as BucketBatches makes them: per (bucket, shard) key, in the order given,
+    full batches; then per shard, every key's leftovers repacked together."""
+    by_key: dict[tuple[int, int], list] = {}
+    for it in items:
+        by_key.setdefault((bucket_for(length(it), config.buckets), shard(it) if shard else 0), []).append(it)
+    groups, leftovers = [], {}
+    for (bucket_len, s), group in sorted(by_key.items(), key=lambda kv: kv[0]):
+        rows = rows_for(bucket_len, config.tokens_per_batch)
+        full = len(group) // rows * rows
+        groups += [(bucket_len, rows, group[i:i + rows]) for i in range(0, full, rows)]
+        leftovers.setdefault(s, []).extend(group[full:])
+    for s in sorted(leftovers):
+        groups += repack(leftovers[s], config, length, order)
+    return groups
+
+
+def batch_windows(windows: list[TokenWindow], config: BatchingConfig) -> list[Batch]:
+    """What BucketBatches makes of these windows, without Beam (benchmarks time the encoder on these)."""
+    return [pad_batch(group, bucket_len, rows) for bucket_len, rows, group in group_into_batches(
+        windows, config, length=lambda w: w.length, shard=lambda w: shard_for(w.doc_id, w.index, config.shards),
+        order=window_order)]
 
 
 def pad_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batch:
@@ -80,8 +117,11 @@ class _BatchByKey(beam.DoFn):
 
     Needed since that timer (declared even when unused) sends a pipeline off the DirectRunner's
     FnApiRunner onto its single-threaded BundleBasedDirectRunner, which ignores ``direct_num_workers``.
-    Partial batches are flushed at the end of the window (for a batch job, the end of input).
+    What is left at the end of the window (for a batch job, the end of input) goes out on ``leftovers``
+    as (shard, window), to be repacked across buckets.
     """
+
+    LEFTOVERS = "leftovers"
 
     BUFFER = userstate.BagStateSpec("buffer", coders.PickleCoder())
     COUNT = userstate.CombiningValueStateSpec("count", combine_fn=beam.combiners.CountCombineFn())
@@ -104,10 +144,9 @@ class _BatchByKey(beam.DoFn):
 
     @userstate.on_timer(FLUSH)
     def flush(self, key=beam.DoFn.KeyParam, buffer=beam.DoFn.StateParam(BUFFER), count=beam.DoFn.StateParam(COUNT)):
-        leftover = list(buffer.read())
-        if leftover:
-            bucket_len, _ = key
-            yield pad_batch(leftover, bucket_len, rows_for(bucket_len, self._tokens_per_batch))
+        _, shard = key
+        for window_record in buffer.read():
+            yield beam.pvalue.TaggedOutput(self.LEFTOVERS, (shard, window_record))
         buffer.clear()
         count.clear()
 
@@ -119,17 +158,25 @@ class BucketBatches(beam.PTransform):
 
     def expand(self, windows):
         cfg = self._config
-        return (windows
-                | "KeyByBucketAndShard" >> beam.Map(lambda w: (batch_key(w, cfg), w))
-                .with_output_types(tuple[tuple[int, int], TokenWindow])  # a deterministic key coder for state
-                | "Batch" >> beam.ParDo(_BatchByKey(cfg.tokens_per_batch))
+        batched = (windows
+                   | "KeyByBucketAndShard" >> beam.Map(lambda w: (batch_key(w, cfg), w))
+                   .with_output_types(tuple[tuple[int, int], TokenWindow])  # a deterministic key coder for state
+                   | "Batch" >> beam.ParDo(_BatchByKey(cfg.tokens_per_batch)).with_outputs(
+                       _BatchByKey.LEFTOVERS, main="full"))
+        repacked = (batched[_BatchByKey.LEFTOVERS]
+                    | "LeftoversByShard" >> beam.GroupByKey()
+                    | "RepackLeftovers" >> beam.FlatMap(
+                        lambda shard_windows: [pad_batch(group, bucket_len, rows) for bucket_len, rows, group in repack(
+                            list(shard_windows[1]), cfg, length=lambda w: w.length, order=window_order)]))
+        return ((batched.full, repacked) | "AllBatches" >> beam.Flatten()
                 | "SpreadBatches" >> beam.Reshuffle())
 
 
 def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> dict[int, int]:
-    """Bucket → how many batches windows of these lengths fill there (one shard, partial batches included)."""
-    counts = collections.Counter(bucket_for(n, buckets) for n in lengths)
-    return {b: -(-c // rows_for(b, tokens_per_batch)) for b, c in sorted(counts.items())}
+    """Bucket → how many batches windows of these lengths make there (one shard, leftovers repacked)."""
+    groups = group_into_batches(lengths, BatchingConfig(buckets=buckets, tokens_per_batch=tokens_per_batch),
+                                length=int)
+    return dict(sorted(collections.Counter(b for b, _, _ in groups).items()))
 
 
 def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> int:
@@ -140,7 +187,8 @@ def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch
 def propose_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
                     step: int = 16) -> tuple[int, ...]:
     """Bucket boundaries (multiples of ``step``, the last ``max_len``) that minimise padded tokens for
-    this length histogram, partial last batches included. Dynamic programming over boundaries."""
+    this length histogram, each bucket's partial last batch counted as if padded alone (an upper bound:
+    BucketBatches repacks them). Dynamic programming over boundaries."""
     if not lengths:
         return (max_len,)
     candidates = sorted({min(max_len, step * -(-n // step)) for n in lengths} | {max_len})

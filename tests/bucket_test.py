@@ -1,7 +1,9 @@
-"""pipeline/bucket.py: windows padded to the smallest bucket, in batches of one fixed shape per bucket."""
+"""pipeline/bucket.py: windows padded to the smallest bucket, in batches of one fixed shape per bucket; what is
+left per bucket at the end repacked across buckets."""
 from __future__ import annotations
 
 import collections
+import random
 
 import apache_beam as beam
 import numpy as np
@@ -10,7 +12,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipeline.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch,
-                             padding_efficiency, rows_for, shard_for)
+                             padding_efficiency, repack, rows_for, shard_for)
 from pipeline.config import BatchingConfig
 from pipeline.records import TokenWindow
 
@@ -84,15 +86,21 @@ def test_padding_efficiency_is_real_over_padded_tokens():
     assert padding_efficiency([], (16,), tokens_per_batch=32) == 1.0
 
 
-def expected_fill(windows: list[TokenWindow], config: BatchingConfig) -> list[tuple[int, int]]:
-    """(bucket, real rows) per batch: the full batches of each (bucket, shard), then its one partial batch."""
-    per_key = collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
-                                  for w in windows)
-    fill = []
-    for (bucket, _), count in per_key.items():
-        rows = rows_for(bucket, config.tokens_per_batch)
-        fill += [(bucket, rows)] * (count // rows) + ([(bucket, count % rows)] if count % rows else [])
-    return fill
+def per_key_counts(windows: list[TokenWindow], config: BatchingConfig) -> collections.Counter:
+    return collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
+                               for w in windows)
+
+
+def full_batches(windows: list[TokenWindow], config: BatchingConfig) -> list[int]:
+    """The bucket of each full batch of one bucket's own windows that every (bucket, shard) key must make."""
+    return sorted(b for (b, _), n in per_key_counts(windows, config).items()
+                  for _ in range(n // rows_for(b, config.tokens_per_batch)))
+
+
+def one_partial_batch_per_key_tokens(windows: list[TokenWindow], config: BatchingConfig) -> int:
+    """Padded tokens if each key's leftovers made their own partial batch (what repacking must not exceed)."""
+    return sum(-(-n // rows_for(b, config.tokens_per_batch)) * rows_for(b, config.tokens_per_batch) * b
+               for (b, _), n in per_key_counts(windows, config).items())
 
 
 def problems(batch, by_id: dict, config: BatchingConfig) -> list[str]:
@@ -124,13 +132,20 @@ def test_bucket_batches_put_every_window_once_in_full_then_padded_batches(shards
 
     with TestPipeline() as p:
         batches = p | beam.Create(windows) | BucketBatches(config)
-        assert_that(batches | "Placed" >> beam.FlatMap(lambda b: [(d, i, b.bucket_len) for d, i, *_ in b.windows]),
-                    equal_to([(w.doc_id, w.index, bucket_for(w.length, BUCKETS)) for w in windows]),
-                    label="EveryWindowOnceInItsBucket")
-        assert_that(batches | "Fill" >> beam.Map(lambda b: (b.bucket_len, b.real_rows)),
-                    equal_to(expected_fill(windows, config)), label="FullThenOnePartialPerKey")
+        assert_that(batches | "Placed" >> beam.FlatMap(
+                        lambda b: [(d, i, b.bucket_len >= bucket_for(by_id[d, i].length, BUCKETS)) for d, i, *_ in b.windows]),
+                    equal_to([(w.doc_id, w.index, True) for w in windows]), label="EveryWindowOnceInABucketItFits")
         assert_that(batches | "Problems" >> beam.FlatMap(problems, by_id, config), equal_to([]),
                     label="FixedShapesZeroPadding")
+        padded = batches | "Padded" >> beam.Map(lambda b: b.ids_BxT.size) | beam.CombineGlobally(sum)
+        assert_that(padded | beam.Map(lambda n: n <= one_partial_batch_per_key_tokens(windows, config)),
+                    equal_to([True]), label="NoMorePaddingThanOnePartialBatchPerKey")
+        fulls = (batches | beam.Filter(lambda b: b.real_rows == b.rows and all(
+                    bucket_for(by_id[d, i].length, BUCKETS) == b.bucket_len for d, i, *_ in b.windows))
+                 | beam.Map(lambda b: b.bucket_len))
+        assert_that(fulls | beam.combiners.ToList() | beam.Map(
+                        lambda got: all(got.count(b) >= n for b, n in collections.Counter(full_batches(windows, config)).items())),
+                    equal_to([True]), label="EveryKeyFillsItsFullBatches")
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -140,16 +155,41 @@ def test_batch_windows_makes_the_batches_bucket_batches_makes(shards):
     windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(LENGTHS)]
     by_id = {(w.doc_id, w.index): w for w in windows}
     batches = batch_windows(windows, config)
-    assert sorted((b.bucket_len, b.real_rows) for b in batches) == sorted(expected_fill(windows, config))
+    assert sorted(w for b in batches for w in b.windows) == sorted(
+        (w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated) for w in windows)
     assert [p for b in batches for p in problems(b, by_id, config)] == []
     with TestPipeline() as p:
-        fill = p | beam.Create(windows) | BucketBatches(config) | beam.Map(lambda b: (b.bucket_len, b.real_rows))
-        assert_that(fill, equal_to([(b.bucket_len, b.real_rows) for b in batches]))
+        made = p | beam.Create(windows) | BucketBatches(config) | beam.Map(lambda b: (b.batch_id, b.windows))
+        assert_that(made, equal_to([(b.batch_id, b.windows) for b in batches]))
 
 
-def test_batches_per_bucket_counts_partial_batches():
-    # rows per batch: 8 at 16, 4 at 32, 2 at 64
-    assert batches_per_bucket([3] * 9 + [20] * 4 + [64], BUCKETS, tokens_per_batch=128) == {16: 2, 32: 1, 64: 1}
+def test_leftovers_fill_the_empty_rows_of_a_longer_buckets_batch():
+    # Rows per batch at 128 tokens: 8 at 16, 4 at 32, 2 at 64. One window of 60 and one of 5 are left:
+    # one batch of 64 holds both (128 padded tokens) where a batch per bucket would pad 256.
+    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)
+    groups = repack([5, 60], config, length=int)
+    assert groups == [(64, 2, [60, 5])]
+
+
+def test_repacked_leftovers_never_pad_more_than_a_partial_batch_per_bucket():
+    rng = random.Random(0)
+    for _ in range(500):
+        buckets = tuple(sorted(rng.sample(range(8, 520, 8), rng.randint(1, 8))))
+        config = BatchingConfig(buckets=buckets, tokens_per_batch=rng.choice([96, 128, 500, 2048, 8192]))
+        lows = (0,) + buckets[:-1]
+        leftovers = [rng.randint(lo + 1, b) for lo, b in zip(lows, buckets)
+                     for _ in range(rng.randint(0, rows_for(b, config.tokens_per_batch) - 1))]
+        groups = repack(leftovers, config, length=int)
+        assert sorted(it for _, _, group in groups for it in group) == sorted(leftovers)
+        assert all(len(group) <= rows and max(group) <= b for b, rows, group in groups)
+        one_per_bucket = sum(b * rows_for(b, config.tokens_per_batch) for b in {bucket_for(n, buckets) for n in leftovers})
+        assert sum(b * rows for b, rows, _ in groups) <= one_per_bucket, (buckets, config.tokens_per_batch, leftovers)
+
+
+def test_batches_per_bucket_counts_repacked_leftovers():
+    # rows per batch: 8 at 16, 4 at 32, 2 at 64. Eight 3s fill a batch at 16, four 20s one at 32; the ninth 3
+    # is left over and joins the 64 in one batch at 64.
+    assert batches_per_bucket([3] * 9 + [20] * 4 + [64], BUCKETS, tokens_per_batch=128) == {16: 1, 32: 1, 64: 1}
 
 
 def test_windows_that_fill_no_batch_reach_a_later_group_by_key():
