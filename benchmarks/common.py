@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 import os
 import platform
@@ -26,12 +27,41 @@ VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "flax", "tokamax", "torch", "
              "transformers", "tokenizers", "apache-beam", "numpy")
 
 
+class _Tee(io.TextIOBase):
+    """stdout, kept as well: the tables a run printed go into its results file, and the README's performance
+    section is rendered from there (benchmarks/readme.py), never retyped."""
+
+    def __init__(self, stream):
+        self.stream, self.kept = stream, io.StringIO()
+
+    def write(self, text):
+        self.kept.write(text)
+        return self.stream.write(text)
+
+    def flush(self):
+        self.stream.flush()
+
+
 def bootstrap() -> None:
-    """Call before importing jax: compile cache, offline Hugging Face, repo root on sys.path."""
+    """Call before importing jax: compile cache, offline Hugging Face, repo root on sys.path, stdout kept."""
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(REPO, ".cache", "jax"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.path[:] = [REPO] + [p for p in sys.path if os.path.abspath(p or ".") != BENCH_DIR]
+    if not isinstance(sys.stdout, _Tee):
+        sys.stdout = _Tee(sys.stdout)
+
+
+def printed_tables() -> str:
+    """What this run printed from its first '## ' heading on."""
+    return tables_in(sys.stdout.kept.getvalue() if isinstance(sys.stdout, _Tee) else "")
+
+
+def tables_in(text: str) -> str:
+    """A benchmark's output from its first '## ' heading to the end, without the results-file line."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
+    return "\n".join(line for line in lines[start:] if not line.startswith("results: ")).strip()
 
 
 def add_common_args(parser) -> None:
@@ -57,6 +87,19 @@ def versions() -> dict:
     return installed_versions(VERSIONED)
 
 
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile", "asimd", "sve")
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD features that decide matmul speed (AVX2-only and AVX-512 machines differ ~1.7x)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        return []
+    return [flag for flag in SIMD_FLAGS if flag in flags]
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -69,7 +112,8 @@ def machine(with_jax: bool = True) -> dict:
     import psutil
 
     info = {
-        "host": socket.gethostname(), "cpu_model": cpu_model(), "python": platform.python_version(),
+        "host": socket.gethostname(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+        "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)), "load_avg_1m": round(os.getloadavg()[0], 2),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
@@ -87,7 +131,8 @@ def machine(with_jax: bool = True) -> dict:
 
 def print_machine(title: str, info: dict) -> None:
     print(f"# {title}\n")
-    print(f"machine: {info['host']}, {info['cpu_model']}, {info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
+    print(f"machine: {info['host']}, {info['cpu_model']} ({' '.join(info['cpu_flags']) or 'no SIMD flags read'}), "
+          f"{info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
           f"load {info['load_avg_1m']}, "
           f"{info['memory_available_gib']}/{info['memory_gib']} GiB free")
     if "jax_devices" in info:
@@ -126,7 +171,7 @@ def write_results(args, name: str, payload: dict) -> str:
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.json")
     record = {"benchmark": name, "source": "measured by this command on this machine", "command": command_line(),
-              "date": payload["machine"]["time"], **payload}
+              "date": payload["machine"]["time"], **payload, "tables": printed_tables()}
     with open(path, "w") as f:
         json.dump(record, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
