@@ -45,6 +45,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of each side, alternating which goes first; the fastest of each is compared")
     p.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads in the MLTransform process")
+    p.add_argument("--mlt-device", choices=("cpu", "cuda"), default="cpu",
+                   help="where MLTransform's sentence-transformers model runs (cuda: for a GPU machine)")
     p.add_argument("--cold-cache", action="store_true",
                    help="docbeam gets an empty JAX compilation cache, as a plain `docbeam run` without "
                         "JAX_COMPILATION_CACHE_DIR or runner.compilation_cache has (default: the repo's, warm after "
@@ -74,7 +76,8 @@ def mltransform_job(spec_path: str) -> int:
     from apache_beam.options.pipeline_options import PipelineOptions
 
     embed = SentenceTransformerEmbeddings(model_name=spec["model_folder"], columns=["text"],
-                                          max_seq_length=spec["max_seq_length"], load_model_args={"device": "cpu"})
+                                          max_seq_length=spec["max_seq_length"],
+                                          load_model_args={"device": spec["device"]})
     schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32()))])
     pipeline = beam.Pipeline(options=PipelineOptions(runner="DirectRunner"))
     _ = (pipeline
@@ -193,6 +196,7 @@ def run_docbeam(args, corpus: str, work: str, attempt: int) -> dict:
             "padded_tokens": summary["padded_tokens"], "batches": summary["batches"],
             "compiles": summary["compiles"], "encoder_s": compute_s, "compile_s": compile_s,
             "compile_cache_hits": sum(r.get("compile_cache_hits") or 0 for r in timing),
+            "devices": sorted({r["device"] for r in timing}),
             "encoder_share_of_wall": compute_s / wall,
             "encoder_excl_compile_share_of_wall": (compute_s - compile_s) / wall,
             "summary_stages": summary.get("stages")}
@@ -202,7 +206,7 @@ def run_mltransform(args, corpus: str, work: str, attempt: int, folder: str, win
     job = os.path.join(work, f"mltransform-{attempt}")
     os.makedirs(job)
     spec = {"input": corpus, "model_folder": folder, "max_seq_length": window_len,
-            "torch_threads": args.torch_threads, "output": os.path.join(job, "embeddings"),
+            "torch_threads": args.torch_threads, "device": args.mlt_device, "output": os.path.join(job, "embeddings"),
             "artifacts": os.path.join(job, "artifacts"), "report": os.path.join(job, "report.json")}
     spec_path = os.path.join(job, "spec.json")
     with open(spec_path, "w") as f:
@@ -217,7 +221,7 @@ def run_mltransform(args, corpus: str, work: str, attempt: int, folder: str, win
         report = json.load(f)
     artifacts = [p for p in glob.glob(os.path.join(spec["artifacts"], "**"), recursive=True) if os.path.isfile(p)]
     return {"command": " ".join(command[1:]), "wall_s": wall, "output": spec["output"], "load_before": load_before,
-            "load_after": load_average(), **report,
+            "load_after": load_average(), "device": args.mlt_device, **report,
             "artifact_files": len(artifacts), "artifact_bytes": sum(os.path.getsize(p) for p in artifacts)}
 
 
@@ -263,7 +267,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.mltransform_job:
         return mltransform_job(args.mltransform_job)
-    info = common.machine()
+    # Without JAX here: on a GPU or TPU this process must not hold the device docbeam's process needs.
+    info = common.machine(with_jax=False)
     common.print_machine("whole process: docbeam run vs Beam MLTransform + SentenceTransformerEmbeddings", info)
     from models.checkpoint import open_checkpoint
 
@@ -273,7 +278,8 @@ def main(argv=None) -> int:
     tokens = truncated_tokens(docs, folder, window_len)
     cache = "empty (--cold-cache)" if args.cold_cache else os.environ["JAX_COMPILATION_CACHE_DIR"]
     print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, {tokens} tokens after truncation to "
-          f"{window_len}; model {folder}; torch threads {args.torch_threads}; JAX compilation cache {cache}; "
+          f"{window_len}; model {folder}; MLTransform on {args.mlt_device}, torch threads {args.torch_threads}; "
+          f"JAX compilation cache {cache}; "
           f"{args.repeats} run(s) of each\n", flush=True)
 
     runs = {"docbeam": [], "mltransform": []}
@@ -308,6 +314,7 @@ def main(argv=None) -> int:
     latency = next((v for k, v in theirs["metrics"].items() if k.endswith("inference_batch_latency_micro_secs")), {})
     load = next((v for k, v in theirs["metrics"].items() if k.endswith("load_model_latency_milli_secs")), {})
     print(common.table(["measure", "value"], [
+        ["docbeam device(s)", ", ".join(ours["devices"])],
         ["docbeam summary.json wall s", ours["summary_wall_s"]],
         ["docbeam Σ compute_ms s (encoder, incl. compilation)", ours["encoder_s"]],
         ["docbeam encoder share of process wall", ours["encoder_share_of_wall"]],
@@ -322,7 +329,8 @@ def main(argv=None) -> int:
         ["MLTransform inference share of process wall", latency["sum"] / 1e6 / theirs["wall_s"] if latency else None],
         ["MLTransform model load s", load["sum"] / 1e3 if load else None],
         ["sentence-transformers encode() batch size inside each RunInference batch", theirs["st_encode_batch_size"]],
-        ["torch threads (intra-op; inter-op)", f"{theirs['torch_threads']}; {theirs['torch_interop_threads']}"],
+        ["MLTransform device; torch threads (intra-op; inter-op)",
+         f"{theirs['device']}; {theirs['torch_threads']}; {theirs['torch_interop_threads']}"],
         ["MLTransform artifacts (files, bytes)", f"{theirs['artifact_files']}, {theirs['artifact_bytes']}"],
     ]))
     print(f"\nMLTransform vectors: {check['mltransform_vectors']} for {check['docs']} documents; lowest cosine with "
