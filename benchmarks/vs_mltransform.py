@@ -22,7 +22,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -32,8 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
 common.bootstrap()
-HELDOUT_SEED = 1
-CORPUS_CACHE = os.path.join(common.REPO, ".cache", "benchmarks")
 COSINE_FLOOR = 0.9999
 
 
@@ -112,33 +109,6 @@ def mltransform_job(spec_path: str) -> int:
 
 
 # --- The benchmark ---------------------------------------------------------------------------------------------
-
-def heldout_corpus(count: int, tokenizer_folder: str) -> str:
-    """``count`` held-out documents, generated once per count, seed and Python version (the stdlib is the source)."""
-    path = os.path.join(CORPUS_CACHE, f"heldout-{count}-seed{HELDOUT_SEED}-py{platform.python_version()}.jsonl.gz")
-    if os.path.exists(path):
-        return path
-    os.makedirs(CORPUS_CACHE, exist_ok=True)
-    partial = f"{path}.{os.getpid()}.partial"
-    started = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(common.REPO, "data", "make_sample.py"), "--out", partial,
-                    "--count", str(count), "--seed", str(HELDOUT_SEED), "--exclude", common.SAMPLE,
-                    "--fill-short-bins", "--tokenizer", tokenizer_folder], check=True, cwd=common.REPO)
-    os.replace(partial, path)
-    print(f"generated {os.path.relpath(path, common.REPO)} in {time.perf_counter() - started:.0f} s", flush=True)
-    return path
-
-
-def corpus_documents(args, tokenizer_folder: str):
-    if args.corpus == "heldout":
-        source = heldout_corpus(args.docs, tokenizer_folder)
-    else:
-        source = common.SAMPLE if args.corpus == "sample" else args.corpus
-    docs = common.read_documents(source, args.docs)
-    if len(docs) < args.docs:
-        print(f"note: {source} holds {len(docs)} documents, fewer than --docs {args.docs}")
-    return source, docs
-
 
 def truncated_tokens(docs, folder: str, window_len: int) -> int:
     """Tokens each side encodes: the attention-mask tokens of the first window (special tokens included)."""
@@ -274,7 +244,7 @@ def main(argv=None) -> int:
 
     checkpoint = open_checkpoint(args.model, "float32")
     folder, window_len = checkpoint.folder, checkpoint.settings.max_seq_len
-    source, docs = corpus_documents(args, folder)
+    source, docs = common.corpus_documents(args, folder)
     tokens = truncated_tokens(docs, folder, window_len)
     cache = "empty (--cold-cache)" if args.cold_cache else os.environ["JAX_COMPILATION_CACHE_DIR"]
     print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, {tokens} tokens after truncation to "
