@@ -140,15 +140,15 @@ def variants(platform: str, dtypes, head_dim: int) -> list[dict]:
     and is not already what ``kernel: auto`` picks for every dtype."""
     import attention
     from attention import AttentionCase
-    from attention.flash import KERNELS, FlashOptions, choose
+    from attention.flash import KERNELS, FlashOptions, pick_kernel
 
     out = [{"label": name, "backend": name, "options": {}} for name in attention.names()]
     if "flash" not in attention.names():
         return out
     for kernel in KERNELS:
         options = FlashOptions(kernel=kernel)
-        runnable = [d for d in dtypes if choose(AttentionCase(platform, d, 128, 1, head_dim), options)[0]]
-        auto = {choose(AttentionCase(platform, d, 128, 1, head_dim), FlashOptions())[0] for d in runnable}
+        runnable = [d for d in dtypes if pick_kernel(AttentionCase(platform, d, 128, 1, head_dim), options)[0]]
+        auto = {pick_kernel(AttentionCase(platform, d, 128, 1, head_dim), FlashOptions())[0] for d in runnable}
         if runnable and auto != {kernel}:
             out.append({"label": f"flash/{kernel}", "backend": "flash", "options": {"kernel": kernel}})
     return out
