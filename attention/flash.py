@@ -29,7 +29,9 @@ KernelName = Literal["auto", "pallas_tpu", "pallas_gpu", "cudnn", "tokamax_trito
 PLATFORM_KERNELS: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas_tpu",),
     "gpu": ("cudnn", "tokamax_triton"),  # cuDNN takes only 16-bit floats; Triton covers float32
-    "cpu": ("tokamax_chunked",),
+    # docbeam's chunked first: measured faster than tokamax's xla_chunked at 8192 tokens, see the comment
+    # in benchmarks/results/attention-flash-cpu.json's "flash_vs_native" and the README's attention table.
+    "cpu": ("chunked", "tokamax_chunked"),
 }
 
 
