@@ -63,9 +63,11 @@ def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
           description="online-softmax attention over query and key chunks in plain JAX "
                       "(memory O(query_chunk * key_chunk) per head; any platform)")
 def chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: ChunkedOptions):
-    """Online softmax in native's einsum form (attention/native.py, measured faster on XLA:CPU): heads-major
-    operands, q scaled once, the padding mask as an additive bias, and the division applied to the
-    ``[.., head_dim]`` output once, after the last key chunk."""
+    """Online softmax in native's einsum form (attention/native.py): heads-major operands, q scaled once, the
+    padding mask as an additive bias, and the division applied to the ``[.., head_dim]`` output once, after
+    the last key chunk. Against the previous form (a select over the scores, per-step scaling), measured by
+    hand in one process on XLA:CPU: 1.4x faster at 8192 tokens with all heads per matmul, 1.1-1.7x at 256,
+    no difference beyond noise at 8192 with one head per step."""
     b, t, n, h = q_BxTxNxH.shape
     s = k_BxSxNxH.shape[1]
     query_chunk, key_chunk, heads_per_step = chunk_sizes(options, max(t, s))
@@ -82,8 +84,7 @@ def chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: Ch
         jnp.pad(x, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)]).reshape(b, groups, step, *x.shape[2:])
         .swapaxes(0, 1) for x in (q_BxNxTxH, k_BxNxSxH, v_BxNxSxH))
     if groups == 1:
-        out_BxgxTxH = _online_softmax(q_GxBxgxTxH[0], k_GxBxgxSxH[0], v_GxBxgxSxH[0], bias_BxS, query_chunk, key_chunk)
-        out_BxNxTxH = out_BxgxTxH
+        out_BxNxTxH = _online_softmax(q_GxBxgxTxH[0], k_GxBxgxSxH[0], v_GxBxgxSxH[0], bias_BxS, query_chunk, key_chunk)
     else:
         out_GxBxgxTxH = jax.lax.map(lambda qkv: _online_softmax(*qkv, bias_BxS, query_chunk, key_chunk),
                                     (q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH))
