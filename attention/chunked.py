@@ -16,10 +16,11 @@ from attention.registry import register
 
 # (longest sequence, query_chunk, key_chunk, heads_per_step) for options that leave them unset: the first
 # row whose length covers the sequence, else the last. The fastest of `python benchmarks/chunk_sweep.py`
-# (benchmarks/results/chunk_sweep.json; 2-core Xeon with AVX-512, under load from other jobs, float32,
-# 12 heads x 32): 10 ms at 512, 140 ms at 2048, 2.3 s at 8192, 6.7x, 5.9x and 5.3x native's einsum form
-# there, at 1.4% of its memory at 8192. Runner-up pairs were within 10-30%, so the choice is noisy;
-# heads_per_step 0 (one batched matmul) was 2-3x slower at 8192.
+# (benchmarks/results/chunk_sweep.json; 2-core Xeon with AVX-512, under load 6-7 from other jobs, float32,
+# 12 heads x 32): 10 ms at 512, 140 ms at 2048, 2.3 s at 8192, at 1.4% of native's memory at 8192.
+# Runner-up pairs were within 10-30%, so the choice is noisy; heads_per_step 0 (one batched matmul) was
+# 3.4x slower at 8192. (Its ratios to native are inflated: native measured 12.2 s at 8192 there, 6.0 s in
+# the quieter attention-flash-cpu.json.)
 TUNED_CHUNKS: tuple[tuple[int, int, int, int], ...] = ((512, 512, 256, 1), (2048, 512, 256, 2), (8192, 1024, 1024, 1))
 
 

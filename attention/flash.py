@@ -30,8 +30,8 @@ PLATFORM_KERNELS: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas_tpu",),
     "gpu": ("cudnn", "tokamax_triton"),  # cuDNN takes only 16-bit floats; Triton covers float32
     # Ordered by measurement at 8192 tokens, float32, 12 heads x 32 (benchmarks/results/attention-flash-cpu.json,
-    # one run on a 2-core Xeon under load from other jobs): docbeam's chunked 2.37 s, 57 MB; tokamax's
-    # xla_chunked 10.2 s, 114 MB; native (einsum) 12.4 s, 6.4 GB. tokamax stays as the second choice.
+    # one run on a 2-core Xeon, load ~4 from other jobs): docbeam's chunked 2.37 s, 16 MB; tokamax's
+    # xla_chunked 4.80 s, 87 MB; native (einsum) 5.97 s, 6.5 GB. tokamax stays as the second choice.
     "cpu": ("chunked", "tokamax_chunked"),
 }
 
