@@ -17,18 +17,22 @@ import jax
 import jax.numpy as jnp
 import pydantic
 
+from attention import chunked
 from attention.chunked import pad_to_multiple
 from attention.interface import AttentionCase, Support
 from attention.registry import register
 
 KernelName = Literal["auto", "pallas_tpu", "pallas_gpu", "cudnn", "tokamax_triton", "tokamax_mosaic",
-                     "tokamax_chunked"]
+                     "tokamax_chunked", "chunked"]
 
 # What ``kernel: auto`` tries, in order, per platform (as jax.default_backend() names it).
 PLATFORM_KERNELS: dict[str, tuple[str, ...]] = {
     "tpu": ("pallas_tpu",),
     "gpu": ("cudnn", "tokamax_triton"),  # cuDNN takes only 16-bit floats; Triton covers float32
-    "cpu": ("tokamax_chunked",),
+    # Ordered by measurement at 8192 tokens, float32, 12 heads x 32 (benchmarks/results/attention-flash-cpu.json,
+    # one run on a 2-core Xeon, load ~4 from other jobs): docbeam's chunked 2.37 s, 16 MB; tokamax's
+    # xla_chunked 4.80 s, 87 MB; native (einsum) 5.97 s, 6.5 GB. tokamax stays as the second choice.
+    "cpu": ("chunked", "tokamax_chunked"),
 }
 
 
@@ -191,6 +195,19 @@ def _tokamax(implementation: str):
     return run
 
 
+# --- anywhere: docbeam's own chunked online softmax (attention/chunked.py) -----------------------------
+
+def _chunked_refusal(case: AttentionCase, options: FlashOptions) -> str:
+    del case, options  # plain XLA: every platform, dtype and shape
+    return ""
+
+
+def _chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options):
+    del options  # block_q/block_k are Pallas tiles; chunked's own sizes are tuned per length
+    return chunked.chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale,
+                           options=chunked.ChunkedOptions())
+
+
 KERNELS: dict[str, Kernel] = {
     "pallas_tpu": Kernel("pallas.tpu.flash_attention", _pallas_tpu_refusal, _pallas_tpu),
     "pallas_gpu": Kernel("pallas.gpu.mha", _pallas_gpu_refusal, _pallas_gpu),
@@ -199,6 +216,7 @@ KERNELS: dict[str, Kernel] = {
     "tokamax_mosaic": Kernel("tokamax.mosaic", _tokamax_mosaic_refusal, _tokamax("mosaic")),
     # tokamax's public API fixes the chunks at (512 queries, 1024 keys).
     "tokamax_chunked": Kernel("tokamax.xla_chunked", _tokamax_chunked_refusal, _tokamax("xla_chunked")),
+    "chunked": Kernel("docbeam.chunked (xla online softmax, chunks tuned per length)", _chunked_refusal, _chunked),
 }
 
 

@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--time-per-case", type=float, default=20.0, help="seconds of timed calls per case")
     p.add_argument("--timeout", type=float, help="seconds per case subprocess (default 900; --quick 120)")
     p.add_argument("--mem-cap-gb", type=float, default=16.0, help="host memory cap per case (default %(default)s)")
+    p.add_argument("--name", default="attention", help="results file name, before any -<platform> suffix "
+                                                        "(default %(default)s)")
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case (JSON) and print its result
     args = p.parse_args(argv)
     args.lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else (
@@ -136,19 +138,23 @@ def child_main(case_json: str) -> int:
 # --- the parent: which cases, each in a subprocess under a watchdog ----------------------------------
 
 def variants(platform: str, dtypes, head_dim: int) -> list[dict]:
-    """Registered backends, plus ``flash/<kernel>`` for each flash kernel that runs here for some dtype
-    and is not already what ``kernel: auto`` picks for every dtype."""
+    """Registered backends, ``native/jax_nn`` (native's other formulation, where it is not the default),
+    plus ``flash/<kernel>`` for each flash kernel that runs here for some dtype and is not already what
+    ``kernel: auto`` picks for every dtype."""
     import attention
     from attention import AttentionCase
-    from attention.flash import KERNELS, FlashOptions, choose
+    from attention.flash import KERNELS, FlashOptions, pick_kernel
+    from attention.native import NativeOptions, formulation
 
     out = [{"label": name, "backend": name, "options": {}} for name in attention.names()]
+    if formulation(NativeOptions(), platform) != "jax_nn":
+        out.append({"label": "native/jax_nn", "backend": "native", "options": {"implementation": "jax_nn"}})
     if "flash" not in attention.names():
         return out
     for kernel in KERNELS:
         options = FlashOptions(kernel=kernel)
-        runnable = [d for d in dtypes if choose(AttentionCase(platform, d, 128, 1, head_dim), options)[0]]
-        auto = {choose(AttentionCase(platform, d, 128, 1, head_dim), FlashOptions())[0] for d in runnable}
+        runnable = [d for d in dtypes if pick_kernel(AttentionCase(platform, d, 128, 1, head_dim), options)[0]]
+        auto = {pick_kernel(AttentionCase(platform, d, 128, 1, head_dim), FlashOptions())[0] for d in runnable}
         if runnable and auto != {kernel}:
             out.append({"label": f"flash/{kernel}", "backend": "flash", "options": {"kernel": kernel}})
     return out
@@ -240,7 +246,8 @@ def main(argv=None) -> int:
                 row = {"backend": label, "dtype": dtype, "length": length}
                 support = supported(variant, platform, dtype, length, args.heads, args.head_dim)
                 row["kernel"] = support.kernel
-                estimate = native_estimate_bytes(args.batch, args.heads, length) if label == "native" else None
+                estimate = (native_estimate_bytes(args.batch, args.heads, length) if variant["backend"] == "native"
+                            else None)
                 if not support.ok:
                     row.update(status=f"refused: {support.reason}")
                 elif estimate and estimate > native_budget:
@@ -284,10 +291,28 @@ def main(argv=None) -> int:
         print(common.table(["dtype", "T", "native ms"] + [f"{label}/native {m}" for label in others
                                                          for m in ("time", "mem")], ratio_rows))
 
+    flash_vs_native = []
+    for dtype in args.dtypes:
+        for length in args.lengths:
+            r = by_key.get(("flash", dtype, length), {})
+            for base in [label for label in labels if label.startswith("native")]:
+                native = by_key.get((base, dtype, length), {})
+                if r.get("status") == "ok" and native.get("status") == "ok":
+                    flash_vs_native.append({
+                        "dtype": dtype, "length": length, "native": base, "native_kernel": native["kernel"],
+                        "flash_kernel": r["kernel"], "native_s": native["best_s"], "flash_s": r["best_s"],
+                        "speedup": common.ratio(native["best_s"], r["best_s"]),
+                        "memory_ratio": common.ratio(memory_of(r), memory_of(native))})
+    if flash_vs_native:
+        print("\n## flash vs native (speedup: native time ÷ flash time; memory: flash ÷ native)\n")
+        print(common.table(["dtype", "T", "native", "flash kernel", "native ms", "flash ms", "speedup", "memory ratio"],
+                           [[c["dtype"], c["length"], c["native"], c["flash_kernel"], c["native_s"] * 1e3,
+                             c["flash_s"] * 1e3, c["speedup"], c["memory_ratio"]] for c in flash_vs_native]))
+
     suffix = "" if platform == "cpu" else f"-{platform}"
-    common.write_results(args, f"attention{suffix}", {
+    common.write_results(args, f"{args.name}{suffix}", {
         "benchmark": "attention", "args": vars(args), "machine": info, "platform": platform,
-        "native_budget_bytes": native_budget, "results": results})
+        "native_budget_bytes": native_budget, "flash_vs_native": flash_vs_native, "results": results})
     return 0
 
 

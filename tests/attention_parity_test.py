@@ -43,10 +43,12 @@ VARIANTS = (
     + [("native", {"implementation": "einsum"}),
        ("native", {"implementation": "jax_nn"}),
        ("flash", {"kernel": "tokamax_chunked"}),
+       ("flash", {"kernel": "chunked"}),
        ("flash", {"kernel": "pallas_tpu", "interpret": True}),
        ("flash", {"kernel": "pallas_gpu", "interpret": True}),
        ("chunked", {"query_chunk": 64, "key_chunk": 48}),  # chunks that divide no sequence length
-       ("chunked", {"heads_per_step": 1}),  # heads split into separate matmuls
+       ("chunked", {"heads_per_step": 0}),  # all heads in one batched matmul
+       ("chunked", {"heads_per_step": 1, "query_chunk": 64, "key_chunk": 48}),  # one head per step, several chunks
        (USER_BACKEND, {})]
 )
 
@@ -62,6 +64,18 @@ def parity_params():
     for variant in VARIANTS:
         for case, jit in [(case, True) for case in CASES] + [(CASES[0], False)]:
             yield pytest.param(variant, case, jit, id=f"{variant_id(variant)}-{case}-{'jit' if jit else 'eager'}")
+
+
+def tuned_params():
+    """Each row of chunked's per-length table, on a sequence just longer than its larger chunk (so both
+    axes split into chunks, the last one partial) and with 3 heads (so 2 heads per step leaves a remainder)."""
+    from attention.chunked import TUNED_CHUNKS
+
+    for length, query_chunk, key_chunk, heads_per_step in TUNED_CHUNKS:
+        seq_len = max(query_chunk, key_chunk) + 37
+        case = Case("float32", seq_len, (seq_len, seq_len // 2 + 3), num_heads=3, head_dim=32)
+        options = {"query_chunk": query_chunk, "key_chunk": key_chunk, "heads_per_step": heads_per_step}
+        yield pytest.param(options, case, id=f"row{length}-" + "-".join(f"{k}={v}" for k, v in options.items()))
 
 
 @functools.lru_cache
@@ -119,3 +133,16 @@ def test_backend_matches_native_on_valid_rows_and_ignores_padding(variant, case,
         assert error <= TOLERANCE[case.dtype], (
             f"row {row} (length {length}): max abs error {error:.2e} > {TOLERANCE[case.dtype]:.0e} against the float64 "
             "reference; either the numerics differ or padded keys got weight")
+
+
+@pytest.mark.parametrize("raw_options,case", list(tuned_params()))
+def test_chunked_with_each_tuned_row_matches_reference(raw_options, case):
+    backend = attention.get("chunked")
+    (q, k, v), kv_lengths_B, reference = make_inputs(case)
+
+    out_BxTxNxH = jax.jit(backend.bind(backend.parse_options(raw_options)), static_argnames="scale")(
+        q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim ** -0.5)
+
+    for row, length in enumerate(case.kv_lengths):
+        error = float(jnp.abs(out_BxTxNxH[row, :length] - reference[row, :length]).max())
+        assert error <= TOLERANCE[case.dtype], f"row {row} (length {length}): max abs error {error:.2e}"

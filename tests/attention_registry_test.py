@@ -64,6 +64,10 @@ def test_user_backend_that_cannot_be_imported_names_the_spec():
     ("flash", {"block_q": 0}, "block_q"),
     ("flash", {"kernel": "pallas"}, "kernel"),
     ("chunked", {"key_chunk": -4}, "key_chunk"),
+    ("chunked", {"query_chunk": 0}, "query_chunk"),
+    ("chunked", {"heads_per_step": -1}, "heads_per_step"),
+    ("chunked", {"query_chunk": "big"}, "query_chunk"),
+    ("flash", {"kernel": "chunkd"}, "kernel"),
     ("native", {"block_q": 128}, "block_q"),
 ])
 def test_bad_option_is_refused_naming_the_key(name, raw, bad_key):
@@ -72,10 +76,30 @@ def test_bad_option_is_refused_naming_the_key(name, raw, bad_key):
 
 
 def test_flash_auto_names_the_kernel_each_platform_runs():
-    assert flash_support("cpu").kernel == "tokamax.xla_chunked"
+    assert flash_support("cpu").kernel == "docbeam.chunked (xla online softmax, chunks tuned per length)"
     assert flash_support("tpu").kernel == "pallas.tpu.flash_attention"
     assert flash_support("gpu", "bfloat16").kernel == "jax.nn.dot_product_attention[cudnn]"
     assert flash_support("gpu", "float32").kernel == "tokamax.triton"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("seq_len", [128, 8192])
+def test_flash_auto_on_cpu_picks_docbeam_chunked_before_tokamax(dtype, seq_len):
+    # The order is measured: benchmarks/results/attention-flash-cpu.json (the figures are in the comment on PLATFORM_KERNELS).
+    assert flash.PLATFORM_KERNELS["cpu"] == ("chunked", "tokamax_chunked")
+    name, support = flash.pick_kernel(case("cpu", dtype, seq_len=seq_len, num_heads=12, head_dim=32),
+                                      flash.FlashOptions())
+    assert name == "chunked" and support.ok
+
+
+def test_chunked_sizes_come_from_the_tuned_table_unless_set():
+    from attention.chunked import TUNED_CHUNKS, ChunkedOptions, chunk_sizes
+
+    for length, query_chunk, key_chunk, heads_per_step in TUNED_CHUNKS:
+        assert chunk_sizes(ChunkedOptions(), length) == (query_chunk, key_chunk, heads_per_step)
+    assert chunk_sizes(ChunkedOptions(), 10 * TUNED_CHUNKS[-1][0]) == TUNED_CHUNKS[-1][1:]
+    assert chunk_sizes(ChunkedOptions(query_chunk=64, key_chunk=48, heads_per_step=0), 8192) == (64, 48, 0)
+    assert chunk_sizes(ChunkedOptions(key_chunk=48), 1) == (TUNED_CHUNKS[0][1], 48, TUNED_CHUNKS[0][3])
 
 
 def test_flash_platform_table_lists_every_auto_choice():
@@ -111,9 +135,13 @@ def test_flash_pallas_tpu_refuses_unsupported_head_dim_and_blocks():
 def test_flash_with_missing_kernel_package_refuses_instead_of_failing_import(monkeypatch):
     monkeypatch.setitem(sys.modules, "tokamax", None)  # makes `import tokamax` raise ImportError
 
-    support = flash_support("cpu")
+    tokamax_cpu = flash_support("cpu", kernel="tokamax_chunked")
+    tokamax_gpu = flash_support("gpu", "float32")
+    auto_cpu = flash_support("cpu")  # docbeam's chunked needs nothing beyond JAX
 
-    assert not support.ok and "tokamax not importable" in support.reason
+    assert not tokamax_cpu.ok and "tokamax not importable" in tokamax_cpu.reason
+    assert not tokamax_gpu.ok and "tokamax not importable" in tokamax_gpu.reason
+    assert auto_cpu.ok and auto_cpu.kernel.startswith("docbeam.chunked")
 
 
 def test_flash_refusal_at_run_time_says_why():

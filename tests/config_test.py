@@ -145,7 +145,7 @@ def test_workers_choose_and_bind_backends_without_parsing_options_again(monkeypa
     spec = attention_spec(parse(attention={"backend": "chunked", "chunked": {"query_chunk": 32}}))
     monkeypatch.setattr(Backend, "parse_options", lambda self, raw: pytest.fail(f"{self.name} options parsed again"))
     (choice,) = choose_backends(spec, [AttentionCase("cpu", "float32", seq_len=64, num_heads=2, head_dim=16)])
-    assert choice.backend == "chunked" and "chunks 32x512" in choice.kernel
+    assert choice.backend == "chunked" and "chunks 32x" in choice.kernel  # the key chunk is tuned by length
     assert bind_choice(spec, "chunked").backend_name == "chunked"
 
 
