@@ -1,15 +1,19 @@
 """Encode: padded Batches → window embeddings and one timing record per batch, through RunInference.
 
 Each worker process loads the encoder once (RunInference shares it via ``shared.Shared``), decides per
-bucket which attention backend runs (capability checks, fallback, optional parity gate), and reuses one
-jitted forward per backend; jit compiles each (bucket, rows) shape once.
+bucket which attention backend runs (capability checks, fallback, optional parity gate), and compiles
+every (bucket, rows) shape once: all of them as it loads, in parallel threads, when the spec says how many
+rows a bucket's batches have (``tokens_per_batch``); otherwise each at its first batch.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import datetime
 import logging
+import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -18,14 +22,21 @@ from typing import Any, Iterable, Sequence
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference
 
-from attention.plan import AttentionSpec, bind_choice, choose_backends, gate, probe
-from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress, describe_device,
-                              fallback_key, memory, worker_name)
+# Beam's RunInference module imports its ModelManager when it can, and that imports torch (1.4 s and
+# ~300 MB on the 2-core test machine) wherever torch is installed. docbeam never uses the ModelManager, and
+# RunInference treats it as optional (an ImportError leaves it None), so this process does without it.
+if "apache_beam.ml.inference.base" not in sys.modules:
+    sys.modules.setdefault("apache_beam.ml.inference.model_manager", None)
+from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
+
+from attention.plan import AttentionSpec, bind_choice, choose_backends, gate
+from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress, StageClock,
+                              describe_device, fallback_key, memory, worker_name)
 from pipeline.records import Batch, WindowEmbedding
 
 TIMING_TAG = "timing"
+STARTUP_TAG = "startup"  # one record per encoder loaded: what its start-up cost (summary.json's breakdown)
 log = logging.getLogger(__name__)
 
 
@@ -45,6 +56,7 @@ class EncoderSpec:
     one_model_per_vm: bool = False  # RunInference shares one runtime between the VM's SDK processes
     compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/compile_cache.py)
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
+    tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
 
 
 class EncoderRuntime:
@@ -54,11 +66,11 @@ class EncoderRuntime:
         import jax
 
         from models import checkpoint, encoder
-        from pipeline.plan import attention_cases
-
         from pipeline.compile_cache import CompileCache
+        from pipeline.plan import attention_cases, probe_once
 
         self.spec = spec
+        t0 = time.perf_counter()
         # Before the first compilation (the attention probes below compile too).
         self.compile_cache = CompileCache(spec.compilation_cache) if spec.compilation_cache else None
         self.device = jax.devices()[0]
@@ -68,13 +80,15 @@ class EncoderRuntime:
                         spec.platform, platform)
         ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
         self.config = ck.config
-        self.params = jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device)
+        self.params = jax.block_until_ready(jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device))
+        t1 = time.perf_counter()
         choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
         for choice in choices:  # always, on the platform that will run it: a broken backend fails the job here
-            probe(spec.attention, choice)
+            probe_once(spec.attention, choice)  # once per process: the driver may have probed it already
         self.choices = {c.case.seq_len: c for c in choices}
+        t2 = time.perf_counter()
         self.watch = CompileWatch.get()
         self._forward = {}
         for name in sorted({c.backend for c in choices}):
@@ -87,14 +101,57 @@ class EncoderRuntime:
             self._forward[name] = jax.jit(forward)
         self._batches_done = 0
         self._shapes_seen: set = set()
+        self._executables: dict = {}  # (backend, (rows, bucket)) → compiled ahead of the first batch
+        compiles = self._compile_ahead(choices) if spec.tokens_per_batch else []
+        self._startup_report = {"checkpoint_s": t1 - t0, "probes_s": t2 - t1,
+                                "compile_ahead_s": time.perf_counter() - t2, "compiles": compiles,
+                                "ready_at": time.time()}
         self._profiling = False
         # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
         # and the profiler per batch, and costs nothing with one device.
         self._lock = threading.Lock()
 
+    def _compile_ahead(self, choices) -> list[dict]:
+        """Compile every (bucket, rows) shape now, in parallel threads (XLA compiles without the GIL), so
+        no batch waits for a compilation. Returns one record per shape."""
+        import jax
+
+        from pipeline.bucket import rows_for
+
+        def compile_one(choice):
+            rows, bucket = rows_for(choice.case.seq_len, self.spec.tokens_per_batch), choice.case.seq_len
+            t0 = time.perf_counter()
+            executable = self._forward[choice.backend].lower(
+                self.params, jax.ShapeDtypeStruct((rows, bucket), np.int32),
+                jax.ShapeDtypeStruct((rows,), np.int32)).compile()
+            return choice.backend, (rows, bucket), executable, time.perf_counter() - t0
+
+        hits_before = self.watch.cache_hits
+        workers = max(1, min(len(choices), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-compile") as pool:
+            compiled = list(pool.map(compile_one, choices))
+        records = []
+        for backend, shape, executable, seconds in compiled:
+            self._executables[(backend, shape)] = executable
+            self._shapes_seen.add((backend, shape))
+            records.append({"backend": backend, "bucket_len": shape[1], "rows": shape[0], "seconds": seconds})
+        if self.compile_cache is not None and self.watch.cache_hits - hits_before < len(compiled):
+            self.compile_cache.push()
+        return records
+
+    def take_startup_report(self) -> dict | None:
+        """What loading this encoder cost (checkpoint, probes, compilations ahead), once: the first batch
+        carries it to the job's metrics and summary."""
+        report, self._startup_report = self._startup_report, None
+        return report
+
     def encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
         with self._lock:
-            return self._encode(batch)
+            vectors, timing = self._encode(batch)
+            report = self.take_startup_report()
+            if report is not None:
+                timing[STARTUP_TAG] = report  # taken off by _SplitResults before the timing record is written
+            return vectors, timing
 
     def _encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
         import jax
@@ -107,7 +164,8 @@ class EncoderRuntime:
         lengths = jax.device_put(batch.lengths_B, self.device)
         compiles_before, compile_s_before, hits_before = self.watch.count, self.watch.seconds, self.watch.cache_hits
         t1 = time.perf_counter()
-        pooled = self._forward[choice.backend](self.params, ids, lengths)
+        forward = self._executables.get((choice.backend, batch.ids_BxT.shape), self._forward[choice.backend])
+        pooled = forward(self.params, ids, lengths)
         pooled.block_until_ready()
         t2 = time.perf_counter()
         vectors = np.asarray(pooled)[: batch.real_rows]
@@ -233,10 +291,15 @@ class _SplitResults(beam.DoFn):
         self._padded = Metrics.counter(METRICS_NAMESPACE, "padded_tokens")
         self._batches = Metrics.counter(METRICS_NAMESPACE, "batches")
         self._compiles = Metrics.counter(METRICS_NAMESPACE, "compiles")
+        self._clock = StageClock("encode")
 
     def process(self, result: PredictionResult, total_windows: int):
         batch: Batch = result.example
         vectors, timing = result.inference
+        startup = timing.pop(STARTUP_TAG, None)
+        if startup is not None:
+            yield beam.pvalue.TaggedOutput(STARTUP_TAG, self._report_startup(startup))
+        self._clock.add(timing["total_ms"] / 1e3)
         if self._progress is None:
             self._progress = Progress(self._progress_seconds, total_windows)
         finished_docs = sum(1 for _, index, num_windows, _, _ in batch.windows if index == num_windows - 1)
@@ -258,13 +321,27 @@ class _SplitResults(beam.DoFn):
             yield WindowEmbedding(doc_id, index, num_windows, int(length), doc_tokens, truncated, vector,
                                   batch.bucket_len, timing["attention_backend"])
 
+    def _report_startup(self, startup: dict) -> dict:
+        """Beam metrics (startup_ms[...] and compile_ms[<rows>x<bucket>,<backend>]) and one record for
+        the summary from an encoder's start-up report."""
+        for part in ("checkpoint", "probes", "compile_ahead"):
+            Metrics.distribution(METRICS_NAMESPACE, f"startup_ms[{part}]").update(
+                int(round(startup[f"{part}_s"] * 1e3)))
+        for c in startup["compiles"]:
+            Metrics.distribution(METRICS_NAMESPACE, f"compile_ms[{c['rows']}x{c['bucket_len']},{c['backend']}]"
+                                 ).update(int(round(c["seconds"] * 1e3)))
+        self._compiles.inc(len(startup["compiles"]))
+        return {**startup, "worker": worker_name()}
+
     def finish_bundle(self):
         for runtime in list(_RUNTIMES.values()):
             runtime.finish_profile()
 
 
 class Encode(beam.PTransform):
-    """Outputs ``windows`` (WindowEmbedding) and ``timing`` (one dict per batch).
+    """Outputs ``windows`` (WindowEmbedding), ``timing`` (one dict per batch) and ``startup`` (one dict per
+    encoder loaded: seconds to load the checkpoint, to probe the backends, to compile ahead, and each
+    compilation).
 
     ``total_windows`` (a one-element PCollection) lets progress lines give an ETA.
     """
@@ -279,5 +356,5 @@ class Encode(beam.PTransform):
                    | "RunInference" >> RunInference(EncoderHandler(self._spec))
                    | "Split" >> beam.ParDo(_SplitResults(self._spec.progress_seconds),
                                            total_windows=beam.pvalue.AsSingleton(self._total_windows))
-                   .with_outputs(TIMING_TAG, main="windows"))
-        return {"windows": results.windows, "timing": results[TIMING_TAG]}
+                   .with_outputs(TIMING_TAG, STARTUP_TAG, main="windows"))
+        return {"windows": results.windows, "timing": results[TIMING_TAG], "startup": results[STARTUP_TAG]}

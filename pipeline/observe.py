@@ -8,6 +8,7 @@ import resource
 import socket
 import threading
 import time
+from typing import Iterable, Iterator
 
 import psutil
 
@@ -15,6 +16,9 @@ log = logging.getLogger(__name__)
 
 ENCODER_FN_NAME = "docbeam_embed"  # the jitted forward's name, as jax.monitoring reports it
 METRICS_NAMESPACE = "docbeam"  # every Beam counter and distribution of the job; the summary queries it
+# The stages whose own code is timed (Beam counters stage_us[<stage>]); the rest of the wall time is Beam's:
+# bucketing, grouping, the Parquet and JSONL sinks, moving elements between steps.
+STAGES = ("read", "tokenize", "encode", "pool", "commit")
 
 
 def fallback_key(requested: str, ran: str, reason: str) -> str:
@@ -59,6 +63,43 @@ class CompileWatch:
             if cls._instance is None:
                 cls._instance = CompileWatch()
             return cls._instance
+
+
+def process_started() -> float:
+    """When this process started (epoch seconds), as the OS says: start-up is measured from here."""
+    return psutil.Process().create_time()
+
+
+class StageClock:
+    """Time spent inside one stage's own code, as the Beam counter ``stage_us[<stage>]`` (microseconds, so
+    that many short calls add up). Only the stage's own work counts: on a fused runner a DoFn's ``yield``
+    runs the next steps, so ``timed`` stops the clock while the consumer holds an element."""
+
+    def __init__(self, stage: str):
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+        from apache_beam.metrics import Metrics
+
+        self.stage = stage
+        self._counter = Metrics.counter(METRICS_NAMESPACE, f"stage_us[{stage}]")
+
+    def add(self, seconds: float) -> None:
+        self._counter.inc(int(seconds * 1e6))
+
+    def timed(self, items: Iterable) -> Iterator:
+        spent, iterator = 0.0, iter(items)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    spent += time.perf_counter() - t0
+                yield item
+        finally:
+            self.add(spent)
 
 
 def memory(device) -> dict:
