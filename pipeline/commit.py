@@ -39,6 +39,7 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         "padding_efficiency": round(real / padded, 4) if padded else None,
         "batches": stats.get("batches", 0), "compiles": stats.get("compiles", 0),
         "compiles_ahead": stats.get("compiles_ahead", 0),
+        "compile_cache_hits_ahead": stats.get("compile_cache_hits_ahead", 0),
         "wall_seconds": round(wall, 3), "docs_per_second": round(embedded / wall, 2),
         "tokens_per_second": round(real / wall, 1),
         "attention_backends": stats.get("attention_backends", {}), "fallbacks": stats.get("fallbacks", {}),

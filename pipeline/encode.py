@@ -67,7 +67,7 @@ class EncoderRuntime:
 
         from models import checkpoint, encoder
         from pipeline.compile_cache import CompileCache
-        from pipeline.plan import attention_cases, probe_once
+        from pipeline.plan import attention_cases, probe_all
 
         self.spec = spec
         t0 = time.perf_counter()
@@ -85,8 +85,9 @@ class EncoderRuntime:
         choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
-        for choice in choices:  # always, on the platform that will run it: a broken backend fails the job here
-            probe_once(spec.attention, choice)  # once per process: the driver may have probed it already
+        # Always, on the platform that will run it: a broken backend fails the job here. Once per process:
+        # on the DirectRunner the driver has probed them already.
+        probe_all(spec.attention, choices)
         self.choices = {c.case.seq_len: c for c in choices}
         t2 = time.perf_counter()
         self.watch = CompileWatch.get()
@@ -102,10 +103,11 @@ class EncoderRuntime:
         self._batches_done = 0
         self._shapes_seen: set = set()
         self._executables: dict = {}  # (backend, (rows, bucket)) → compiled ahead of the first batch
+        self._compile_cache_hits_ahead = 0
         compiles = self._compile_ahead(choices) if spec.tokens_per_batch else []
         self._startup_report = {"checkpoint_s": t1 - t0, "probes_s": t2 - t1,
                                 "compile_ahead_s": time.perf_counter() - t2, "compiles": compiles,
-                                "ready_at": time.time()}
+                                "compile_cache_hits": self._compile_cache_hits_ahead, "ready_at": time.time()}
         self._profiling = False
         # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
         # and the profiler per batch, and costs nothing with one device.
@@ -135,7 +137,8 @@ class EncoderRuntime:
             self._executables[(backend, shape)] = executable
             self._shapes_seen.add((backend, shape))
             records.append({"backend": backend, "bucket_len": shape[1], "rows": shape[0], "seconds": seconds})
-        if self.compile_cache is not None and self.watch.cache_hits - hits_before < len(compiled):
+        self._compile_cache_hits_ahead = self.watch.cache_hits - hits_before
+        if self.compile_cache is not None and self._compile_cache_hits_ahead < len(compiled):
             self.compile_cache.push()
         return records
 

@@ -140,8 +140,11 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     rather than released here. ``process_started`` (epoch seconds; the command line passes the process's
     start) is where summary.json's start-up breakdown begins; by default, this call.
     """
+    from pipeline.compile_cache import keep_every_compilation
+
     marks = {"run_job": time.time()}
     marks["process"] = process_started or marks["run_job"]
+    keep_every_compilation()
     run_id = output_lib.new_run_id()
     cfg = expand_placeholders(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg)
