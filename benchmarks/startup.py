@@ -97,7 +97,7 @@ def breakdown_rows(results: dict, columns: list[tuple[str, str]]) -> list[list]:
             ["batches that compiled", *[cells[c]["batches_that_compiled"] for c in columns]]]
     for step in ("imports", "plan", "lock_and_checks", "graph"):
         rows.append([f"  driver: {step} (s)", *[get(cells[c], "startup", "steps_s", step) for c in columns]])
-    for part in ("checkpoint", "probes", "compile_ahead"):
+    for part in ("checkpoint", "probes"):
         rows.append([f"  encoder: {part} (s)", *[get(cells[c], "startup", "encoder_s", part) for c in columns]])
     shapes = sorted({k for c in columns for k in (get(cells[c], "startup", "compiles_s") or {})},
                     key=lambda k: int(k.split("x")[1].split(",")[0]))

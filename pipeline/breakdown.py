@@ -31,7 +31,7 @@ def startup_breakdown(marks: dict[str, float], timing: list[dict], metrics: dict
              "lock_and_checks": marks["checks"] - marks["plan"], "graph": marks["graph"] - marks["checks"]}
     distributions = metrics.get("distributions", {})
     encoder = {part: distributions[f"startup_ms[{part}]"]["max"] / 1e3
-               for part in ("checkpoint", "probes", "compile_ahead") if f"startup_ms[{part}]" in distributions}
+               for part in ("checkpoint", "probes") if f"startup_ms[{part}]" in distributions}
     compiles = {name[len("compile_ms["):-1]: d["max"] / 1e3 for name, d in sorted(distributions.items())
                 if name.startswith("compile_ms[")}
     batches = sorted(timing, key=lambda t: _epoch(t["started_at"]))

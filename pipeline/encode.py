@@ -102,51 +102,80 @@ class EncoderRuntime:
             self._forward[name] = jax.jit(forward)
         self._batches_done = 0
         self._shapes_seen: set = set()
-        self._executables: dict = {}  # (backend, (rows, bucket)) → compiled ahead of the first batch
-        self._compile_cache_hits_ahead = 0
-        compiles = self._compile_ahead(choices) if spec.tokens_per_batch else []
-        self._startup_report = {"checkpoint_s": t1 - t0, "probes_s": t2 - t1,
-                                "compile_ahead_s": time.perf_counter() - t2, "compiles": compiles,
-                                "compile_cache_hits": self._compile_cache_hits_ahead, "ready_at": time.time()}
         self._profiling = False
         # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
         # and the profiler per batch, and costs nothing with one device.
         self._lock = threading.Lock()
+        self._reports_lock = threading.Lock()  # the background compilations add to the reports
+        self._startup_report = {"checkpoint_s": t1 - t0, "probes_s": t2 - t1}
+        self._finished_compiles: list[dict] = []  # compiled ahead, not yet reported
+        self._compiling: dict = {}  # (backend, (rows, bucket)) → Future of its executable
+        if spec.tokens_per_batch:
+            self._compile_ahead(choices)
 
-    def _compile_ahead(self, choices) -> list[dict]:
-        """Compile every (bucket, rows) shape now, in parallel threads (XLA compiles without the GIL), so
-        no batch waits for a compilation. Returns one record per shape."""
-        import jax
-
+    def _compile_ahead(self, choices) -> None:
+        """Start compiling every (bucket, rows) shape in background threads (XLA compiles without the GIL),
+        so batches find their executable ready; a batch whose shape has not started yet compiles it itself
+        rather than wait behind the others."""
         from pipeline.bucket import rows_for
 
-        def compile_one(choice):
-            rows, bucket = rows_for(choice.case.seq_len, self.spec.tokens_per_batch), choice.case.seq_len
-            t0 = time.perf_counter()
-            executable = self._forward[choice.backend].lower(
-                self.params, jax.ShapeDtypeStruct((rows, bucket), np.int32),
-                jax.ShapeDtypeStruct((rows,), np.int32)).compile()
-            return choice.backend, (rows, bucket), executable, time.perf_counter() - t0
-
-        hits_before = self.watch.cache_hits
         workers = max(1, min(len(choices), os.cpu_count() or 1))
-        with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-compile") as pool:
-            compiled = list(pool.map(compile_one, choices))
-        records = []
-        for backend, shape, executable, seconds in compiled:
-            self._executables[(backend, shape)] = executable
-            self._shapes_seen.add((backend, shape))
-            records.append({"backend": backend, "bucket_len": shape[1], "rows": shape[0], "seconds": seconds})
-        self._compile_cache_hits_ahead = self.watch.cache_hits - hits_before
-        if self.compile_cache is not None and self._compile_cache_hits_ahead < len(compiled):
-            self.compile_cache.push()
-        return records
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-compile")
+        for choice in choices:
+            key = (choice.backend, (rows_for(choice.case.seq_len, self.spec.tokens_per_batch), choice.case.seq_len))
+            self._compiling[key] = self._pool.submit(self._compile_in_background, *key)
+            self._shapes_seen.add(key)
 
-    def take_startup_report(self) -> dict | None:
-        """What loading this encoder cost (checkpoint, probes, compilations ahead), once: the first batch
-        carries it to the job's metrics and summary."""
-        report, self._startup_report = self._startup_report, None
-        return report
+    def _compile(self, backend: str, shape: tuple[int, int]):
+        """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
+        import jax
+
+        count, seconds, hits = self.watch.in_this_thread()
+        t0 = time.perf_counter()
+        executable = self._forward[backend].lower(self.params, jax.ShapeDtypeStruct(shape, np.int32),
+                                                  jax.ShapeDtypeStruct(shape[:1], np.int32)).compile()
+        record = {"backend": backend, "rows": shape[0], "bucket_len": shape[1],
+                  "seconds": time.perf_counter() - t0, "cache_hits": self.watch.in_this_thread()[2] - hits}
+        if self.compile_cache is not None and not record["cache_hits"]:
+            self.compile_cache.push()
+        return executable, record
+
+    def _compile_in_background(self, backend: str, shape: tuple[int, int]):
+        executable, record = self._compile(backend, shape)
+        with self._reports_lock:
+            self._finished_compiles.append(record)
+        return executable
+
+    def _executable(self, backend: str, shape: tuple[int, int]):
+        """(what to call for this shape, seconds spent waiting for its compilation in the background)."""
+        future = self._compiling.get((backend, shape))
+        if future is None:  # a shape not planned for: jit compiles it at this call
+            return self._forward[backend], 0.0
+        if future.cancel():  # not started: compile it here, as this batch's compilation
+            executable, _ = self._compile(backend, shape)
+            future = self._compiling[(backend, shape)] = concurrent.futures.Future()
+            future.set_result(executable)
+            return executable, 0.0
+        if future.done():
+            return future.result(), 0.0
+        t0 = time.perf_counter()
+        executable = future.result()
+        return executable, time.perf_counter() - t0
+
+    def take_startup_report(self, wait: bool = False) -> dict | None:
+        """What loading this encoder cost (checkpoint and probes, once) and the compilations finished in the
+        background since the last report; ``wait``: after every one has finished. None when there is
+        nothing new. Batches carry these to the job's metrics and summary."""
+        if wait:
+            for future in list(self._compiling.values()):
+                if not future.cancelled():
+                    future.result()
+        with self._reports_lock:
+            report, self._startup_report = self._startup_report or {}, None
+            compiles, self._finished_compiles = self._finished_compiles, []
+        if not report and not compiles:
+            return None
+        return {**report, "compiles": compiles}
 
     def encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
         with self._lock:
@@ -165,20 +194,21 @@ class EncoderRuntime:
         t0 = time.perf_counter()
         ids = jax.device_put(batch.ids_BxT, self.device)
         lengths = jax.device_put(batch.lengths_B, self.device)
-        compiles_before, compile_s_before, hits_before = self.watch.count, self.watch.seconds, self.watch.cache_hits
+        compiles_before, compile_s_before, hits_before = self.watch.in_this_thread()
+        forward, waited_s = self._executable(choice.backend, batch.ids_BxT.shape)
         t1 = time.perf_counter()
-        forward = self._executables.get((choice.backend, batch.ids_BxT.shape), self._forward[choice.backend])
         pooled = forward(self.params, ids, lengths)
         pooled.block_until_ready()
         t2 = time.perf_counter()
         vectors = np.asarray(pooled)[: batch.real_rows]
         t3 = time.perf_counter()
-        compiled = self.watch.count > compiles_before
-        cache_hits = self.watch.cache_hits - hits_before
+        compiles_after, compile_s_after, hits_after = self.watch.in_this_thread()
+        compiled = compiles_after > compiles_before
+        cache_hits = hits_after - hits_before
         if compiled and self.compile_cache is not None and not cache_hits:
             self.compile_cache.push()
         shape = (choice.backend, batch.ids_BxT.shape)
-        if compiled and shape in self._shapes_seen:
+        if compiled and shape in self._shapes_seen and shape not in self._compiling:
             log.warning("recompiled the encoder for shape %s (backend %s) after warm-up", batch.ids_BxT.shape,
                         choice.backend)
         self._shapes_seen.add(shape)
@@ -190,7 +220,9 @@ class EncoderRuntime:
             "padded_tokens": int(batch.ids_BxT.size), "attention_backend": choice.backend,
             "attention_requested": choice.requested, "attention_kernel": choice.kernel,
             "fallback_reason": choice.fallback_reason, "compiled": compiled,
-            "compile_ms": round((self.watch.seconds - compile_s_before) * 1e3, 3), "compile_cache_hits": cache_hits,
+            # Compiling this batch's shape, or waiting for its compilation in the background.
+            "compile_ms": round((compile_s_after - compile_s_before + waited_s) * 1e3, 3),
+            "compile_cache_hits": cache_hits,
             "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
             "device": describe_device(self.device), "worker": worker_name(),
             "started_at": started_at.isoformat(), **memory(self.device),
@@ -287,8 +319,9 @@ class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
 
 
 class _SplitResults(beam.DoFn):
-    def __init__(self, progress_seconds: float):
-        self._progress_seconds = progress_seconds
+    def __init__(self, spec: EncoderSpec):
+        self._spec = spec
+        self._progress_seconds = spec.progress_seconds
         self._progress = None
         self._real = Metrics.counter(METRICS_NAMESPACE, "real_tokens")
         self._padded = Metrics.counter(METRICS_NAMESPACE, "padded_tokens")
@@ -327,9 +360,10 @@ class _SplitResults(beam.DoFn):
     def _report_startup(self, startup: dict) -> dict:
         """Beam metrics (startup_ms[...] and compile_ms[<rows>x<bucket>,<backend>]) and one record for
         the summary from an encoder's start-up report."""
-        for part in ("checkpoint", "probes", "compile_ahead"):
-            Metrics.distribution(METRICS_NAMESPACE, f"startup_ms[{part}]").update(
-                int(round(startup[f"{part}_s"] * 1e3)))
+        for part in ("checkpoint", "probes"):
+            if f"{part}_s" in startup:
+                Metrics.distribution(METRICS_NAMESPACE, f"startup_ms[{part}]").update(
+                    int(round(startup[f"{part}_s"] * 1e3)))
         for c in startup["compiles"]:
             Metrics.distribution(METRICS_NAMESPACE, f"compile_ms[{c['rows']}x{c['bucket_len']},{c['backend']}]"
                                  ).update(int(round(c["seconds"] * 1e3)))
@@ -339,6 +373,16 @@ class _SplitResults(beam.DoFn):
     def finish_bundle(self):
         for runtime in list(_RUNTIMES.values()):
             runtime.finish_profile()
+        # The compilations that finished after this process's last batch of the bundle (shapes still to come,
+        # or that no batch used) count too; waiting for them here also lets no compilation outlive the job.
+        runtime = _RUNTIMES.get(repr(self._spec))
+        report = runtime.take_startup_report(wait=True) if runtime is not None else None
+        if report is not None:
+            from apache_beam.transforms.window import GlobalWindow
+            from apache_beam.utils.windowed_value import WindowedValue
+
+            yield beam.pvalue.TaggedOutput(STARTUP_TAG, WindowedValue(
+                self._report_startup(report), GlobalWindow().max_timestamp(), [GlobalWindow()]))
 
 
 class Encode(beam.PTransform):
@@ -357,7 +401,7 @@ class Encode(beam.PTransform):
     def expand(self, batches):
         results = (batches
                    | "RunInference" >> RunInference(EncoderHandler(self._spec))
-                   | "Split" >> beam.ParDo(_SplitResults(self._spec.progress_seconds),
+                   | "Split" >> beam.ParDo(_SplitResults(self._spec),
                                            total_windows=beam.pvalue.AsSingleton(self._total_windows))
                    .with_outputs(TIMING_TAG, STARTUP_TAG, main="windows"))
         return {"windows": results.windows, "timing": results[TIMING_TAG], "startup": results[STARTUP_TAG]}

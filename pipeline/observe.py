@@ -30,7 +30,8 @@ class CompileWatch:
     """Counts lowerings of the encoder's jitted forward (a jit cache miss: a new shape or backend).
 
     jax.monitoring reports every compilation with the function's name, so this measures what XLA did
-    instead of inferring it from shapes we have seen.
+    instead of inferring it from shapes we have seen. It reports them in the thread that compiles, so
+    ``in_this_thread`` tells a batch's own compilations from those running beside it (compile ahead).
     """
 
     _instance = None
@@ -40,6 +41,7 @@ class CompileWatch:
         self.count = 0
         self.seconds = 0.0
         self.cache_hits = 0  # executables JAX's persistent compilation cache served instead of compiling
+        self._thread = threading.local()
         import jax.monitoring
 
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
@@ -48,14 +50,22 @@ class CompileWatch:
     def _on_cache_event(self, event: str, **kwargs):
         if event == "/jax/compilation_cache/cache_hits":
             self.cache_hits += 1
+            self._thread.cache_hits = getattr(self._thread, "cache_hits", 0) + 1
 
     def _on_event(self, event: str, duration: float, **kwargs):
         if kwargs.get("fun_name") != f"jit({ENCODER_FN_NAME})":
             return
         if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
             self.count += 1
+            self._thread.count = getattr(self._thread, "count", 0) + 1
         if event in ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration"):
             self.seconds += duration
+            self._thread.seconds = getattr(self._thread, "seconds", 0.0) + duration
+
+    def in_this_thread(self) -> tuple[int, float, int]:
+        """(compilations, seconds, cache hits) so far in the calling thread."""
+        t = self._thread
+        return getattr(t, "count", 0), getattr(t, "seconds", 0.0), getattr(t, "cache_hits", 0)
 
     @classmethod
     def get(cls) -> "CompileWatch":

@@ -129,7 +129,7 @@ def timing_stats(t: dict) -> dict:
 def startup_stats(startup: dict) -> dict:
     """An encoder's compilations ahead of its first batch count among the run's compilations."""
     return {"compiles": len(startup["compiles"]), "compiles_ahead": len(startup["compiles"]),
-            "compile_cache_hits_ahead": startup["compile_cache_hits"]}
+            "compile_cache_hits_ahead": sum(c["cache_hits"] for c in startup["compiles"])}
 
 
 class WriteOutputs(beam.PTransform):
