@@ -121,7 +121,9 @@ class EncoderRuntime:
 
         workers = max(1, min(len(choices), os.cpu_count() or 1))
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-compile")
-        for choice in choices:
+        # Longest bucket first: it has the fewest rows and takes every full window of a long document, so
+        # its first batch tends to fill first (on the sample the first batch is bucket 256's).
+        for choice in sorted(choices, key=lambda c: -c.case.seq_len):
             key = (choice.backend, (rows_for(choice.case.seq_len, self.spec.tokens_per_batch), choice.case.seq_len))
             self._compiling[key] = self._pool.submit(self._compile_in_background, *key)
             self._shapes_seen.add(key)
