@@ -128,11 +128,15 @@ def format_summary(s: dict, output: str) -> str:
 
 def format_startup(s: dict) -> str:
     """One line of summary.json's start-up breakdown and stage shares."""
+    from pipeline.observe import STAGES
+
     startup, since = s["startup"], s["startup"]["since_process_start_s"]
-    parts = [f"{name} {seconds:.1f} s" for name, seconds in {**startup["steps_s"], **startup["encoder_s"]}.items()]
+    parts = [f"{name} {startup['steps_s'][name]:.1f} s" for name in ("imports", "plan", "lock_and_checks", "graph")]
+    parts += [f"encoder {name} {seconds:.1f} s" for name, seconds in sorted(startup["encoder_s"].items())]
     first = (f"first batch after {since['first_batch_started']:.1f} s" if "first_batch_started" in since
              else "no batch")
-    shares = ", ".join(f"{k} {v:.0%}" for k, v in s.get("stages", {}).get("share_of_wall", {}).items())
+    shares = s.get("stages", {}).get("share_of_wall", {})
+    shares = ", ".join(f"{k} {shares[k]:.1%}" for k in (*STAGES, "other") if k in shares)
     return f"  start-up   {first} ({', '.join(parts)})" + (f"\n  stages     {shares}" if shares else "")
 
 

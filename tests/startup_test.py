@@ -144,3 +144,23 @@ def test_docbeam_run_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):
+    from pipeline.cli import format_summary
+
+    output, summary, _ = tiny_run
+    text = format_summary(summary, output)
+    first = summary["startup"]["since_process_start_s"]["first_batch_started"]
+    assert f"start-up   first batch after {first:.1f} s (imports " in text
+    assert "stages     read " in text and ", other " in text
+
+
+def test_the_process_start_is_before_now_and_close_to_the_os_clock():
+    import psutil
+
+    from pipeline.observe import process_started
+
+    started = process_started()
+    assert started <= time.time()
+    assert abs(started - psutil.Process().create_time()) < 1.5  # psutil's boot time is whole seconds
