@@ -28,6 +28,13 @@ from apache_beam.metrics import Metrics
 # RunInference treats it as optional (an ImportError leaves it None), so this process does without it.
 if "apache_beam.ml.inference.base" not in sys.modules:
     sys.modules.setdefault("apache_beam.ml.inference.model_manager", None)
+    import resource
+
+    import apache_beam.ml.inference.base as _run_inference
+
+    # The same try block imports `resource` first and sets it to None on the ImportError: give it back, so
+    # RunInference still reports the process's memory.
+    _run_inference.resource = _run_inference.resource or resource
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
 from attention.plan import AttentionSpec, bind_choice, choose_backends, gate
