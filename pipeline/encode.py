@@ -171,6 +171,12 @@ class EncoderRuntime:
         executable = future.result()
         return executable, time.perf_counter() - t0
 
+    def stop_compiling(self) -> None:
+        """Drop the compilations not started yet (a job that ended before its batches needed them); a batch
+        that comes later compiles its shape itself."""
+        if self._compiling:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
     def take_startup_report(self, wait: bool = False) -> dict | None:
         """What loading this encoder cost (checkpoint and probes, once) and the compilations finished in the
         background since the last report; ``wait``: after every one has finished. None when there is
@@ -285,6 +291,14 @@ def runtime_for(spec: EncoderSpec) -> EncoderRuntime:
         if key not in _RUNTIMES:
             _RUNTIMES[key] = EncoderRuntime(spec)
         return _RUNTIMES[key]
+
+
+def stop_compiling(spec: EncoderSpec) -> None:
+    """``EncoderRuntime.stop_compiling`` for this process's runtime of ``spec``, if it has one."""
+    with _RUNTIMES_LOCK:
+        runtime = _RUNTIMES.get(repr(spec))
+    if runtime is not None:
+        runtime.stop_compiling()
 
 
 class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):

@@ -19,7 +19,7 @@ from pipeline.breakdown import stage_shares, startup_breakdown
 from pipeline.bucket import BucketBatches
 from pipeline.commit import CommitRun, RunFailed
 from pipeline.config import expand_placeholders
-from pipeline.encode import Encode, EncoderSpec, runtime_for
+from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.lock import OutputLock
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.plan import JobPlan, check_output, make_plan, versions
@@ -52,10 +52,11 @@ def in_process_worker(cfg, options) -> bool:
 
 
 def load_encoder_early(plan: JobPlan, spec: EncoderSpec, options) -> threading.Thread | None:
-    """Start loading the encoder (checkpoint, probes, every compilation) in a thread while Beam builds the
-    graph, reads and tokenizes, when this process's workers will use it (``runtime_for`` hands them this
-    one). Not for runs whose encoder may have nothing to do (reuse), nor ones that set the worker's
-    environment or share the encoder between processes: those load it as the worker starts."""
+    """Start loading the encoder (checkpoint, probes, then its compilations in the background) in a thread
+    while Beam builds the graph, reads and tokenizes, when this process's workers will use it
+    (``runtime_for`` hands them this one). Not for runs whose encoder may have nothing to do (reuse), nor
+    ones that set the worker's environment or share the encoder between processes: those load it as the
+    worker starts."""
     cfg = plan.config
     if (not in_process_worker(cfg, options) or plan.reuse.source is not None or cfg.runner.worker_env
             or cfg.runner.one_model_per_vm):
@@ -162,9 +163,9 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
                  {c.case.seq_len: c.backend for c in plan.choices},
                  f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
         p = beam.Pipeline(options=options)
+        spec = encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id)
         if wait:
-            loading = load_encoder_early(plan, encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id),
-                                         options)
+            loading = load_encoder_early(plan, spec, options)
         build(p, plan, run_id, started)
         marks["graph"] = marks["pipeline"] = time.time()
         result = p.run()
@@ -187,8 +188,9 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         storage.write_bytes(summary_path, json.dumps(summary, indent=2, sort_keys=True).encode())
         return summary
     finally:
-        if loading is not None:
-            loading.join()  # a failed job may never have asked for it; never leave XLA compiling at exit
+        if loading is not None:  # a failed job may never have asked for it: leave nothing compiling at exit
+            loading.join()
+            stop_compiling(spec)
         if not handed_over:
             lock.release()
 
