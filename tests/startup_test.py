@@ -166,3 +166,26 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
     started = process_started()
     assert started <= time.time()
     assert abs(started - psutil.Process().create_time()) < 1.5  # psutil's boot time is whole seconds
+
+
+def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
+    import attention
+    from attention.plan import AttentionSpec
+    from pipeline.bucket import pad_batch, rows_for
+    from pipeline.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.records import TokenWindow
+
+    buckets = (16, 32, 64, 128)
+    runtime = EncoderRuntime(EncoderSpec(
+        model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=buckets,
+        attention=AttentionSpec("native", attention.get("native").parse_options(None)), tokens_per_batch=512))
+    window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
+    _, first = runtime.encode(pad_batch([window], 16, rows_for(16, 512)))  # bucket 16 is compiled last
+    _, again = runtime.encode(pad_batch([window], 16, rows_for(16, 512)))
+    reported = (first.get(STARTUP_TAG) or {}).get("compiles", []) + runtime.take_startup_report(wait=True)["compiles"]
+    ahead = sorted(c["bucket_len"] for c in reported)
+    if first["compiled"]:  # its turn had not come: compiled here, not in the background
+        assert ahead == [32, 64, 128] and first["compile_ms"] > 0
+    else:  # it was compiling already: this batch waited for it
+        assert ahead == [16, 32, 64, 128]
+    assert not again["compiled"] and again["compile_ms"] == 0
