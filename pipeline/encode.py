@@ -2,8 +2,8 @@
 
 Each worker process loads the encoder once (RunInference shares it via ``shared.Shared``), decides per
 bucket which attention backend runs (capability checks, fallback, optional parity gate), and compiles
-every (bucket, rows) shape once: all of them as it loads, in parallel threads, when the spec says how many
-rows a bucket's batches have (``tokens_per_batch``); otherwise each at its first batch.
+every (bucket, rows) shape once: as it loads it starts compiling all of them in background threads when the
+spec says how many rows a bucket's batches have (``tokens_per_batch``); otherwise each at its first batch.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, 
 from pipeline.records import Batch, WindowEmbedding
 
 TIMING_TAG = "timing"
-STARTUP_TAG = "startup"  # one record per encoder loaded: what its start-up cost (summary.json's breakdown)
+STARTUP_TAG = "startup"  # what loading an encoder cost, as it becomes known (summary.json's breakdown)
 log = logging.getLogger(__name__)
 
 
@@ -139,7 +139,7 @@ class EncoderRuntime:
         """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
         import jax
 
-        count, seconds, hits = self.watch.in_this_thread()
+        hits = self.watch.in_this_thread()[2]
         t0 = time.perf_counter()
         executable = self._forward[backend].lower(self.params, jax.ShapeDtypeStruct(shape, np.int32),
                                                   jax.ShapeDtypeStruct(shape[:1], np.int32)).compile()
@@ -409,9 +409,9 @@ class _SplitResults(beam.DoFn):
 
 
 class Encode(beam.PTransform):
-    """Outputs ``windows`` (WindowEmbedding), ``timing`` (one dict per batch) and ``startup`` (one dict per
-    encoder loaded: seconds to load the checkpoint, to probe the backends, to compile ahead, and each
-    compilation).
+    """Outputs ``windows`` (WindowEmbedding), ``timing`` (one dict per batch) and ``startup`` (what loading
+    each encoder cost: seconds to load the checkpoint and to probe the backends, once, and each shape's
+    compilation ahead of its batches as it finishes).
 
     ``total_windows`` (a one-element PCollection) lets progress lines give an ETA.
     """
