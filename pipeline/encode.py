@@ -126,7 +126,9 @@ class EncoderRuntime:
         rather than wait behind the others."""
         from pipeline.bucket import rows_for
 
-        workers = max(1, min(len(choices), os.cpu_count() or 1))
+        # One core fewer than the machine has: the worker's own stages (reading, tokenizing, and on the
+        # DirectRunner all of Beam) keep one, or they would wait behind the compilations they overlap.
+        workers = max(1, min(len(choices), (os.cpu_count() or 2) - 1))
         self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-compile")
         # Longest bucket first: it has the fewest rows and takes every full window of a long document, so
         # its first batch tends to fill first (on the sample the first batch is bucket 256's).
