@@ -63,7 +63,11 @@ def main(argv=None) -> int:
         per_shape[key]["batches"] += 1
         per_shape[key]["compiled"] += int(r["compiled"])
     workers = {key[0] for key in per_shape}
-    expected = len(per_shape)
+    # Shapes compiled before the first batch (every bucket's, whether or not a batch came) count too.
+    seen = {(backend, bucket, rows) for _, backend, bucket, rows in per_shape}
+    ahead = {(name.split(",")[1], int(name.split("x")[1].split(",")[0]), int(name.split("x")[0]))
+             for name in summary.get("startup", {}).get("compiles_s", {}) if "(at its batch)" not in name}
+    expected = len(per_shape) + len(ahead - seen)
     checks = {
         "summary.json compiles": summary["compiles"],
         "jax.monitoring lowerings (this process, pipeline.observe.CompileWatch)": watch.count,

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
 common.bootstrap()
-BENCHMARKS = ("encoder", "attention", "bucketing", "compiles", "long_context", "vs_mltransform")
+BENCHMARKS = ("encoder", "attention", "bucketing", "compiles", "long_context", "vs_mltransform", "startup")
 
 
 def run(name: str, args) -> tuple[int, str, float]:

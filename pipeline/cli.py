@@ -79,9 +79,11 @@ def main(argv: list[str] | None = None) -> int:
 
             print(dry_run(cfg, beam_args).describe())
             return 0
+        from pipeline.observe import process_started
         from pipeline.run import run_job
 
-        summary = run_job(cfg, beam_args, force=args.force, wait=not args.no_wait)
+        summary = run_job(cfg, beam_args, force=args.force, wait=not args.no_wait,
+                          process_started=process_started())
         if args.no_wait:
             print(f"docbeam: submitted run {summary['run_id']}; the job commits its output to {summary['output']}")
             return 0
@@ -119,8 +121,23 @@ def format_summary(s: dict, output: str) -> str:
         f"  speed      {s['docs_per_second']} docs/s, {s['tokens_per_second']} tokens/s",
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
+        *([format_startup(s)] if s.get("startup") else []),
     ]
     return "\n".join(lines)
+
+
+def format_startup(s: dict) -> str:
+    """One line of summary.json's start-up breakdown and stage shares."""
+    from pipeline.observe import STAGES
+
+    startup, since = s["startup"], s["startup"]["since_process_start_s"]
+    parts = [f"{name} {startup['steps_s'][name]:.1f} s" for name in ("imports", "plan", "lock_and_checks", "graph")]
+    parts += [f"encoder {name} {seconds:.1f} s" for name, seconds in sorted(startup["encoder_s"].items())]
+    first = (f"first batch after {since['first_batch_started']:.1f} s" if "first_batch_started" in since
+             else "no batch")
+    shares = s.get("stages", {}).get("share_of_wall", {})
+    shares = ", ".join(f"{k} {shares[k]:.1%}" for k in (*STAGES, "other") if k in shares)
+    return f"  start-up   {first} ({', '.join(parts)})" + (f"\n  stages     {shares}" if shares else "")
 
 
 if __name__ == "__main__":

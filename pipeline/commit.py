@@ -14,6 +14,7 @@ import apache_beam as beam
 from pipeline import lock as lock_lib
 from pipeline import output as output_lib
 from pipeline import storage
+from pipeline.observe import StageClock
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         "real_tokens": real, "padded_tokens": padded,
         "padding_efficiency": round(real / padded, 4) if padded else None,
         "batches": stats.get("batches", 0), "compiles": stats.get("compiles", 0),
+        "compiles_ahead": stats.get("compiles_ahead", 0),
+        "compile_cache_hits_ahead": stats.get("compile_cache_hits_ahead", 0),
         "wall_seconds": round(wall, 3), "docs_per_second": round(embedded / wall, 2),
         "tokens_per_second": round(real / wall, 1),
         "attention_backends": stats.get("attention_backends", {}), "fallbacks": stats.get("fallbacks", {}),
@@ -83,6 +86,12 @@ class _Commit(beam.DoFn):
 
     def process(self, _, stats, written):
         del written  # a side input only so this step waits for every sink to finalise
+        t0 = time.perf_counter()
+        summary = self._commit(stats)
+        StageClock("commit").add(time.perf_counter() - t0)
+        yield summary
+
+    def _commit(self, stats: dict) -> dict:
         summary = summarize(self._base, stats, time.time())
         problems = run_problems(summary, self._max_rejected)
         staging = output_lib.staging_dir(self._output, self._run_id)
@@ -96,7 +105,7 @@ class _Commit(beam.DoFn):
         output_lib.commit(self._output, self._run_id, summary, manifest_fields(summary))
         lock_lib.release_if_owner(lock_path, self._run_id)
         log.info("committed run %s to %s", self._run_id, self._output)
-        yield summary
+        return summary
 
 
 class CommitRun(beam.PTransform):

@@ -61,6 +61,16 @@ def _entries(folder: str) -> list[str]:
     return [n for n in os.listdir(folder) if n.endswith(ENTRY_SUFFIX)] if os.path.isdir(folder) else []
 
 
+def keep_every_compilation() -> None:
+    """When JAX already has a persistent cache folder (JAX_COMPILATION_CACHE_DIR, as ``make run`` sets),
+    keep every compilation in it: JAX's default keeps only those that took over a second, and docbeam's
+    probes and shapes mostly compile faster than that, so a warm start would find none of them."""
+    import jax
+
+    if jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
 def _use(folder: str) -> None:
     import jax
     from jax.experimental.compilation_cache import compilation_cache

@@ -8,6 +8,7 @@ import resource
 import socket
 import threading
 import time
+from typing import Iterable, Iterator
 
 import psutil
 
@@ -15,6 +16,9 @@ log = logging.getLogger(__name__)
 
 ENCODER_FN_NAME = "docbeam_embed"  # the jitted forward's name, as jax.monitoring reports it
 METRICS_NAMESPACE = "docbeam"  # every Beam counter and distribution of the job; the summary queries it
+# The stages whose own code is timed (Beam counters stage_us[<stage>]); the rest of the wall time is Beam's:
+# bucketing, grouping, the Parquet and JSONL sinks, moving elements between steps.
+STAGES = ("read", "tokenize", "encode", "pool", "commit")
 
 
 def fallback_key(requested: str, ran: str, reason: str) -> str:
@@ -26,7 +30,8 @@ class CompileWatch:
     """Counts lowerings of the encoder's jitted forward (a jit cache miss: a new shape or backend).
 
     jax.monitoring reports every compilation with the function's name, so this measures what XLA did
-    instead of inferring it from shapes we have seen.
+    instead of inferring it from shapes we have seen. It reports them in the thread that compiles, so
+    ``in_this_thread`` tells a batch's own compilations from those running beside it (compile ahead).
     """
 
     _instance = None
@@ -36,6 +41,7 @@ class CompileWatch:
         self.count = 0
         self.seconds = 0.0
         self.cache_hits = 0  # executables JAX's persistent compilation cache served instead of compiling
+        self._thread = threading.local()
         import jax.monitoring
 
         jax.monitoring.register_event_duration_secs_listener(self._on_event)
@@ -44,14 +50,22 @@ class CompileWatch:
     def _on_cache_event(self, event: str, **kwargs):
         if event == "/jax/compilation_cache/cache_hits":
             self.cache_hits += 1
+            self._thread.cache_hits = getattr(self._thread, "cache_hits", 0) + 1
 
     def _on_event(self, event: str, duration: float, **kwargs):
         if kwargs.get("fun_name") != f"jit({ENCODER_FN_NAME})":
             return
         if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
             self.count += 1
+            self._thread.count = getattr(self._thread, "count", 0) + 1
         if event in ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration"):
             self.seconds += duration
+            self._thread.seconds = getattr(self._thread, "seconds", 0.0) + duration
+
+    def in_this_thread(self) -> tuple[int, float, int]:
+        """(compilations, seconds, cache hits) so far in the calling thread."""
+        t = self._thread
+        return getattr(t, "count", 0), getattr(t, "seconds", 0.0), getattr(t, "cache_hits", 0)
 
     @classmethod
     def get(cls) -> "CompileWatch":
@@ -59,6 +73,51 @@ class CompileWatch:
             if cls._instance is None:
                 cls._instance = CompileWatch()
             return cls._instance
+
+
+def process_started() -> float:
+    """When this process started (epoch seconds): start-up is measured from here. On Linux from the
+    process's age in clock ticks (10 ms); psutil's create_time adds the boot time, which Linux gives in
+    whole seconds, so it can be up to a second early."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return psutil.Process().create_time()
+
+
+class StageClock:
+    """Time spent inside one stage's own code, as the Beam counter ``stage_us[<stage>]`` (microseconds, so
+    that many short calls add up). Only the stage's own work counts: on a fused runner a DoFn's ``yield``
+    runs the next steps, so ``timed`` stops the clock while the consumer holds an element."""
+
+    def __init__(self, stage: str):
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; expected one of {STAGES}")
+        from apache_beam.metrics import Metrics
+
+        self.stage = stage
+        self._counter = Metrics.counter(METRICS_NAMESPACE, f"stage_us[{stage}]")
+
+    def add(self, seconds: float) -> None:
+        self._counter.inc(int(seconds * 1e6))
+
+    def timed(self, items: Iterable) -> Iterator:
+        spent, iterator = 0.0, iter(items)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    item = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    spent += time.perf_counter() - t0
+                yield item
+        finally:
+            self.add(spent)
 
 
 def memory(device) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import os
+import threading
 
 from attention.plan import AttentionSpec, Choice, choose_backends, probe
 from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir, tokenizer_digest, weights_digest
@@ -61,6 +62,33 @@ def attention_cases(config: EncoderConfig, buckets, platform: str) -> list:
 
     return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
                           head_dim=config.head_dim) for b in buckets]
+
+
+_PROBED: set[str] = set()
+_PROBED_LOCK = threading.Lock()
+
+
+def probe_once(spec: AttentionSpec, choice: Choice) -> None:
+    """``probe`` each backend on each case once per process: on the DirectRunner the driver and the worker
+    are one process, and every probe is a compilation."""
+    key = repr((spec, choice))
+    with _PROBED_LOCK:
+        if key in _PROBED:
+            return
+    probe(spec, choice)
+    with _PROBED_LOCK:
+        _PROBED.add(key)
+
+
+def probe_all(spec: AttentionSpec, choices) -> None:
+    """``probe_once`` for every choice, in parallel threads (XLA compiles without the GIL); a failure raises
+    as the sequential loop would, the first failing choice's."""
+    import concurrent.futures
+
+    choices = list(choices)
+    workers = max(1, min(len(choices), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-probe") as pool:
+        list(pool.map(lambda choice: probe_once(spec, choice), choices))
 
 
 def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, special_tokens: int) -> list[int]:
@@ -134,8 +162,7 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
     spec = attention_spec(cfg)
     choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform))
     if probe_backends and platform == _local_platform():
-        for choice in choices:  # a backend that crashes or returns garbage fails here, not on the workers
-            probe(spec, choice)
+        probe_all(spec, choices)  # a backend that crashes or returns garbage fails here, not on the workers
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
     key = {"weights_digest": weights_digest(cfg.model.path), "tokenizer_digest": tokenizer_digest(checkpoint.folder),

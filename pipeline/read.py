@@ -21,7 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipeline.config import InputConfig
-from pipeline.observe import METRICS_NAMESPACE
+from pipeline.observe import METRICS_NAMESPACE, StageClock
 from pipeline.records import Document, Rejected
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".jsonl.bz2", ".ndjson", ".ndjson.gz")  # README lists these
@@ -216,10 +216,11 @@ class _ParseFile(beam.DoFn):
     def __init__(self, config: InputConfig):
         self._config = config
         self._read = Metrics.counter(METRICS_NAMESPACE, "docs_read")
+        self._clock = StageClock("read")
 
     def process(self, path: str):
         try:
-            for record in path_records(path, self._config):
+            for record in self._clock.timed(path_records(path, self._config)):
                 self._read.inc()
                 yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
         except Exception as e:  # an unreadable or corrupt file is one rejection, not a crashed job

@@ -46,7 +46,9 @@ _SUMMARY_FIELDS = {
     "docs_per_second": "documents/s", "tokens_per_second": "tokens/s",
     "attention_backends": "batches by attention backend", "fallbacks": "attention fallbacks (batches)",
     "rejected_by_kind": "rejected documents by kind"}
-_OWN_TABLES = ("attention_plan", "buckets", "versions", "metrics")  # summary keys shown as tables of their own
+_OWN_TABLES = ("attention_plan", "buckets", "versions", "metrics", "startup", "stages")  # shown as tables of their own
+_STARTUP_GROUPS = {"steps_s": "driver (s)", "encoder_s": "encoder (s)", "compiles_s": "compile (s)",
+                   "since_process_start_s": "since the process started (s)", "steady_state": "steady state"}
 
 
 def _pct(value) -> str:
@@ -97,6 +99,17 @@ def _summary_tables(s: dict) -> str:
             rows.append([k, v.get("batches"), real, padded, _pct(real / padded if known else None)])
         out.append("<h3>Batches per bucket</h3>" + _table(
             ["bucket", "batches", "real tokens", "padded tokens", "padding efficiency"], rows))
+    startup = s.get("startup") or {}
+    if isinstance(startup, dict) and startup:
+        rows = [[f"{_STARTUP_GROUPS.get(group, group)}: {k}", v] for group, values in startup.items()
+                if isinstance(values, dict) for k, v in values.items()]
+        out.append("<h3>Start-up</h3>" + _table(["step", "value"], rows))
+    stages = s.get("stages") or {}
+    if isinstance(stages, dict) and isinstance(stages.get("share_of_wall"), dict):
+        seconds = stages.get("seconds") or {}
+        out.append(f"<h3>Stages (of {fmt(stages.get('wall_s'))} s of pipeline wall time)</h3>" + _table(
+            ["stage", "seconds in its own code", "share of wall time"],
+            [[k, seconds.get(k), _pct(v)] for k, v in stages["share_of_wall"].items()]))
     versions = s.get("versions") or {}
     if isinstance(versions, dict) and versions:
         out.append("<h3>Versions</h3>" + _table(["package", "version"], [[k, str(v)] for k, v in versions.items()]))

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 
 import apache_beam as beam
 
 from pipeline import output as output_lib
 from pipeline import storage
+from pipeline.breakdown import stage_shares, startup_breakdown
 from pipeline.bucket import BucketBatches
 from pipeline.commit import CommitRun, RunFailed
 from pipeline.config import expand_placeholders
-from pipeline.encode import Encode, EncoderSpec
+from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.lock import OutputLock
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.plan import JobPlan, check_output, make_plan, versions
@@ -36,7 +38,39 @@ def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
         buckets=tuple(c.case.seq_len for c in plan.choices), attention=plan.attention, platform=plan.platform,
         profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
         progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
-        compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())))
+        compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())),
+        tokens_per_batch=cfg.batching.tokens_per_batch)
+
+
+def in_process_worker(cfg, options) -> bool:
+    """Whether this process will also encode: the DirectRunner's default in-memory mode runs the workers
+    as threads of the driver (its multi_processing mode and every other runner start their own)."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    return cfg.runner.name in ("DirectRunner", "direct") and options.view_as(DirectOptions).direct_running_mode in (
+        None, "in_memory")
+
+
+def load_encoder_early(plan: JobPlan, spec: EncoderSpec, options) -> threading.Thread | None:
+    """Start loading the encoder (checkpoint, probes, then its compilations in the background) in a thread
+    while Beam builds the graph, reads and tokenizes, when this process's workers will use it
+    (``runtime_for`` hands them this one). Not for runs whose encoder may have nothing to do (reuse), nor
+    ones that set the worker's environment or share the encoder between processes: those load it as the
+    worker starts."""
+    cfg = plan.config
+    if (not in_process_worker(cfg, options) or plan.reuse.source is not None or cfg.runner.worker_env
+            or cfg.runner.one_model_per_vm):
+        return None
+
+    def load():
+        try:
+            runtime_for(spec)
+        except Exception as e:  # noqa: BLE001  the worker loads it again and fails the job with the reason
+            log.info("loading the encoder early failed (%s: %s); the worker loads it itself", type(e).__name__, e)
+
+    thread = threading.Thread(target=load, name="docbeam-load-encoder", daemon=True)
+    thread.start()
+    return thread
 
 
 def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
@@ -71,7 +105,7 @@ def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
     pooled = {"windows": encoded["windows"], "hashes": hashes} | "PoolDocuments" >> PoolDocuments(plan.normalize)
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
-                "rejected": rejected, "docs_read": read["docs_read"]}
+                "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
     written | "CommitRun" >> CommitRun(cfg.output.path, run_id, summary_base(plan, run_id, started),
                                        cfg.input.max_rejected_fraction)
@@ -98,44 +132,74 @@ def metrics_dict(result) -> dict:
     return {"counters": counters, "distributions": distributions}
 
 
-def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: bool = True) -> dict:
+def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: bool = True,
+            process_started: float | None = None) -> dict:
     """Runs the job to completion; returns the committed summary (also in ``summary.json``).
 
     ``wait=False`` (a Flex Template launcher, which must not wait) returns once the job is submitted; the
     job's last step commits the output and releases the lock this driver took, so the lock is handed over
-    rather than released here.
+    rather than released here. ``process_started`` (epoch seconds; the command line passes the process's
+    start) is where summary.json's start-up breakdown begins; by default, this call.
     """
+    from pipeline.compile_cache import keep_every_compilation
+
+    marks = {"run_job": time.time()}
+    marks["process"] = process_started or marks["run_job"]
+    keep_every_compilation()
     run_id = output_lib.new_run_id()
     cfg = expand_placeholders(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg)
+    marks["plan"] = time.time()
     out = cfg.output.path
     lock = OutputLock.acquire(out, run_id, force=force)
     handed_over = False
+    loading = None
     try:
         check_output(cfg)  # again, now that no other run can change the output under us
         cleaned = output_lib.clean_dead_staging(out, run_id)
         options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args))
-        started = time.time()
+        started = marks["checks"] = time.time()
         log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
                  {c.case.seq_len: c.backend for c in plan.choices},
                  f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
         p = beam.Pipeline(options=options)
+        spec = encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id)
+        if wait:
+            loading = load_encoder_early(plan, spec, options)
         build(p, plan, run_id, started)
+        marks["graph"] = marks["pipeline"] = time.time()
         result = p.run()
         if not wait:
             lock.hand_over()
             handed_over = True
             return {"run_id": run_id, "output": out, "submitted": True}
         result.wait_until_finish()
+        marks["finished"] = time.time()
         manifest = output_lib.read_manifest(out)
         if manifest is None or manifest["run_id"] != run_id:
             raise RunFailed(f"the job finished but the output's manifest names run "
                             f"{manifest and manifest['run_id']}, not this run {run_id}")
         summary_path = storage.join(out, output_lib.SUMMARY)
         summary = json.loads(storage.read_bytes(summary_path))
-        summary["metrics"] = metrics_dict(result)  # only a driver that waited has them
+        # Only a driver that waited has these; summary.json is not among the files the manifest sizes.
+        summary["metrics"] = metrics_dict(result)
+        summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
+        summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
         storage.write_bytes(summary_path, json.dumps(summary, indent=2, sort_keys=True).encode())
         return summary
     finally:
+        if loading is not None:  # a failed job may never have asked for it: leave nothing compiling at exit
+            loading.join()
+            stop_compiling(spec)
         if not handed_over:
             lock.release()
+
+
+def timing_records(output: str, manifest: dict) -> list[dict]:
+    """The committed run's timing records, from the files its manifest lists."""
+    records = []
+    for f in manifest["files"]:
+        if f["path"].startswith("timing/"):
+            text = storage.read_bytes(storage.join(output, f["path"])).decode("utf-8")
+            records += [json.loads(line) for line in text.splitlines() if line.strip()]
+    return records

@@ -7,12 +7,14 @@ every such document as the same vector.
 """
 from __future__ import annotations
 
+import time
+
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
-from pipeline.observe import METRICS_NAMESPACE
+from pipeline.observe import METRICS_NAMESPACE, StageClock
 from pipeline.records import Document, Rejected, TokenWindow
 
 REJECTED_TAG = "rejected"
@@ -70,6 +72,7 @@ class _TokenizeBatch(beam.DoFn):
     def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig):
         self._model_path, self._window_len, self._config = model_dir_path, window_len, config
         self._windows = Metrics.counter(METRICS_NAMESPACE, "windows")
+        self._clock = StageClock("tokenize")
         self._tokenizer = None
 
     def setup(self):
@@ -78,8 +81,10 @@ class _TokenizeBatch(beam.DoFn):
         self._tokenizer = load_tokenizer(resolve_dir(self._model_path))
 
     def process(self, documents):
+        t0 = time.perf_counter()
         windows, rejected = tokenize_documents(documents, self._tokenizer, window_len=self._window_len,
                                                config=self._config)
+        self._clock.add(time.perf_counter() - t0)
         self._windows.inc(len(windows))
         yield from windows
         for r in rejected:

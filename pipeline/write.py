@@ -6,13 +6,14 @@ no duplicates.
 from __future__ import annotations
 
 import json
+import time
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipeline.observe import METRICS_NAMESPACE, fallback_key
+from pipeline.observe import METRICS_NAMESPACE, StageClock, fallback_key
 from pipeline.records import Rejected, WindowEmbedding
 
 EMBEDDINGS_SCHEMA = pa.schema([
@@ -65,11 +66,14 @@ class PoolDocuments(beam.PTransform):
 
     def expand(self, windows):
         embedded = Metrics.counter(METRICS_NAMESPACE, "docs_encoded")
+        clock = StageClock("pool")
 
         def pool(item):
             _, grouped = item
+            t0 = time.perf_counter()
             windows = list(grouped["windows"])  # none for a document rejected before encoding (no tokens)
             row = pool_windows(windows, self._normalize) if windows else None
+            clock.add(time.perf_counter() - t0)
             if isinstance(row, Rejected):
                 yield beam.pvalue.TaggedOutput(REJECTED_TAG, row)
             elif row is not None:
@@ -122,9 +126,16 @@ def timing_stats(t: dict) -> dict:
     return stats
 
 
+def startup_stats(startup: dict) -> dict:
+    """An encoder's compilations ahead of its first batch count among the run's compilations."""
+    return {"compiles": len(startup["compiles"]), "compiles_ahead": len(startup["compiles"]),
+            "compile_cache_hits_ahead": sum(c["cache_hits"] for c in startup["compiles"])}
+
+
 class WriteOutputs(beam.PTransform):
     """Writes embeddings/ (the ``encoded`` rows and the ``reused`` ones), timing/ and errors/ into the run's
-    staging folder, every file name carrying the run id. Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
+    staging folder, every file name carrying the run id (``startup``, optional: Encode's start-up records,
+    for the compilation count). Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
     names: waiting on them is waiting for every file to be final)."""
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int = 0):
@@ -165,7 +176,8 @@ class WriteOutputs(beam.PTransform):
              encoded | "EncodedStats" >> beam.Map(lambda e: {"docs_encoded": 1}),
              reused | "ReusedStats" >> beam.Map(lambda e: {"docs_reused": 1, "tokens_reused": e["num_tokens"]}),
              rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
-             timing | "TimingStats" >> beam.Map(timing_stats))
+             timing | "TimingStats" >> beam.Map(timing_stats),
+             *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []))
             | "AllStats" >> beam.Flatten()
             | "SumStats" >> beam.CombineGlobally(_SumDicts()))
         return {"stats": stats, "written": written}

@@ -1,7 +1,8 @@
 """runner.compilation_cache: the second job of a schedule takes its executables from JAX's persistent cache.
 
 ``compile_cache_hits`` in each timing record counts the executables the cache served for that batch
-(jax.monitoring's ``/jax/compilation_cache/cache_hits``). Each job runs its encoder in fresh worker processes,
+(jax.monitoring's ``/jax/compilation_cache/cache_hits``), and summary.json's ``compile_cache_hits_ahead``
+those it served as the encoder compiled every shape before its first batch. Each job runs its encoder in fresh worker processes,
 as a scheduled job's workers would be.
 """
 from __future__ import annotations
@@ -29,21 +30,23 @@ def job(tiny_checkpoint_dir, output: str, cache: str):
                       runner={"compilation_cache": cache, "options": FRESH_PROCESS})
 
 
-def compiled_and_hits(records: list[dict]) -> tuple[int, int]:
-    return sum(r["compiled"] for r in records), sum(r["compile_cache_hits"] for r in records)
+def compiled_and_hits(records: list[dict], summary: dict) -> tuple[int, int]:
+    """Compilations and cache hits of a run: ahead of its first batch (the summary), then in its batches."""
+    return (summary["compiles_ahead"] + sum(r["compiled"] for r in records),
+            summary["compile_cache_hits_ahead"] + sum(r["compile_cache_hits"] for r in records))
 
 
 def test_a_local_cache_serves_the_second_jobs_compilations(tiny_checkpoint_dir, tmp_path):
     cache = str(tmp_path / "jax-cache")
-    run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
+    first_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
     entries = [n for n in os.listdir(cache) if n.endswith("-cache")]
-    run_job(job(tiny_checkpoint_dir, str(tmp_path / "second"), cache))
+    second_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "second"), cache))
 
     first, second = timing(str(tmp_path / "first")), timing(str(tmp_path / "second"))
     assert entries, "the first job left no executables in the cache"
-    compiled, hits = compiled_and_hits(first)
+    compiled, hits = compiled_and_hits(first, first_summary)
     assert compiled > 0 and hits == 0
-    compiled, hits = compiled_and_hits(second)
+    compiled, hits = compiled_and_hits(second, second_summary)
     assert hits >= compiled > 0, "every shape the second job compiled came from the cache"
 
 
@@ -55,15 +58,15 @@ def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(
     with gcs_emulator() as gcs:
         cache = gcs.url("jax-cache", "cpu")
         monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm-1"))
-        run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
+        first_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
         uploaded = [b.name for b in gcs.client.list_blobs(gcs.bucket, prefix="jax-cache/cpu/")]
         monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm-2"))  # a fresh VM: nothing local
-        run_job(job(tiny_checkpoint_dir, str(tmp_path / "second"), cache))
+        second_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "second"), cache))
 
     first, second = timing(str(tmp_path / "first")), timing(str(tmp_path / "second"))
     assert uploaded and all(name.endswith("-cache") for name in uploaded)
-    assert compiled_and_hits(first)[1] == 0
-    compiled, hits = compiled_and_hits(second)
+    assert compiled_and_hits(first, first_summary)[1] == 0
+    compiled, hits = compiled_and_hits(second, second_summary)
     assert hits >= compiled > 0
     pulled = os.listdir(glob.glob(str(tmp_path / "vm-2" / "jax-cache" / "*"))[0])
     assert set(n.rsplit("/", 1)[-1] for n in uploaded) <= set(pulled)

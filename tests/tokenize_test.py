@@ -138,3 +138,27 @@ def test_tokenize_steps_are_named_for_what_they_do(real_checkpoint_dir):
     labels = {t.unique_name for t in p.to_runner_api().components.transforms.values()}
     assert "Tokenize/TokenizeBatch" in labels
     assert not [label for label in labels if label.startswith("Tokenize/") and "Encode" in label]
+
+
+@pytest.mark.parametrize("window_len,stride", [(256, 32), (32, 8), (128, 0)])
+def test_the_tokenizer_equals_transformers_on_the_sample_corpus(real_checkpoint_dir, tokenizer, window_len, stride):
+    """docbeam runs tokenizer.json with the tokenizers library (transformers would import torch at start);
+    its windows must be transformers' own, odd texts included."""
+    import gzip
+    import json
+
+    from transformers import AutoTokenizer
+
+    from conftest import SAMPLE
+
+    reference = AutoTokenizer.from_pretrained(real_checkpoint_dir, use_fast=True, local_files_only=True)
+    with gzip.open(SAMPLE, "rt") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    texts += ["", "\u200b\u200b", "Ünïcödé ÀÉ 中文字 test", "a " * 600, LONG]
+    call = dict(max_length=window_len, truncation=True, stride=stride, return_overflowing_tokens=True,
+                return_attention_mask=False, return_token_type_ids=False)
+    ours, theirs = tokenizer(texts, **call), reference(texts, **call)
+    assert ours["input_ids"] == [list(ids) for ids in theirs["input_ids"]]
+    assert list(ours["overflow_to_sample_mapping"]) == list(theirs["overflow_to_sample_mapping"])
+    assert tokenizer.num_special_tokens_to_add(pair=False) == reference.num_special_tokens_to_add(pair=False)
+    assert (tokenizer.cls_token_id, tokenizer.sep_token_id) == (reference.cls_token_id, reference.sep_token_id)

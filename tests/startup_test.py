@@ -1,0 +1,191 @@
+"""Start-up: summary.json says where the time to the first batch went and what share of the wall time
+each stage took; the encoder compiles every shape before its first batch; `docbeam run` stays light."""
+from __future__ import annotations
+
+import glob
+import gzip
+import itertools
+import json
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO, SAMPLE, checkout_env, job_config
+from pipeline.observe import STAGES
+
+BUCKETS = [16, 32, 64, 128]
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("corpus") / "docs.jsonl.gz"
+    with gzip.open(SAMPLE, "rt") as src, gzip.open(path, "wt") as dst:
+        dst.writelines(itertools.islice(src, 40))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, small_corpus, tiny_checkpoint_dir):
+    from pipeline.run import run_job
+
+    output = str(tmp_path_factory.mktemp("startup-run"))
+    process_started = time.time()
+    summary = run_job(job_config(small_corpus, output, tiny_checkpoint_dir,
+                                 runner={"progress_seconds": 0}), process_started=process_started)
+    timing = [json.loads(line) for path in sorted(glob.glob(f"{output}/timing/*.jsonl")) for line in open(path)]
+    return output, summary, timing
+
+
+def test_the_startup_steps_are_non_negative_and_add_up_to_the_pipelines_start(tiny_run):
+    _, summary, _ = tiny_run
+    startup = summary["startup"]
+    steps, since = startup["steps_s"], startup["since_process_start_s"]
+    assert set(steps) == {"imports", "plan", "lock_and_checks", "graph"}
+    assert all(v >= 0 for v in steps.values())
+    assert sum(steps.values()) == pytest.approx(since["pipeline_started"], abs=0.01)
+    assert 0 <= since["plan_done"] <= since["pipeline_started"] <= since["first_batch_started"]
+    assert since["first_batch_started"] <= since["first_batch_done"]
+    assert set(startup["encoder_s"]) == {"checkpoint", "probes"}
+    assert all(v >= 0 for v in startup["encoder_s"].values())
+
+
+def test_the_steady_state_is_every_batch_after_the_first(tiny_run):
+    _, summary, timing = tiny_run
+    steady = summary["startup"]["steady_state"]
+    assert steady["batches"] == summary["batches"] - 1 == len(timing) - 1
+    first = min(timing, key=lambda t: t["started_at"])
+    assert steady["real_tokens"] == summary["real_tokens"] - first["real_tokens"]
+    assert steady["seconds"] >= 0 and steady["encode_seconds"] >= 0
+
+
+def test_stage_shares_are_measured_and_sum_to_at_most_one_on_one_worker(tiny_run):
+    _, summary, _ = tiny_run
+    stages = summary["stages"]
+    assert set(stages["seconds"]) == set(STAGES)
+    assert all(stages["seconds"][s] > 0 for s in STAGES)  # every stage's own code was timed
+    shares = stages["share_of_wall"]
+    assert all(0 <= v <= 1 for v in shares.values())
+    assert sum(shares[s] for s in STAGES) <= 1
+    assert sum(shares.values()) == pytest.approx(1, abs=1e-3)  # "other" is the rest
+    assert stages["wall_s"] <= summary["wall_seconds"] + summary["startup"]["since_process_start_s"][
+        "pipeline_started"]
+
+
+def test_every_shape_compiles_once_ahead_or_at_its_first_batch_and_never_after(tiny_run):
+    _, summary, timing = tiny_run
+    compiles = summary["startup"]["compiles_s"]
+    shapes = [name.split(" ")[0] for name in compiles]
+    assert len(shapes) == len(set(shapes)) == len(BUCKETS) == summary["compiles"]  # every planned shape, once
+    assert summary["compiles_ahead"] == sum("(at its batch)" not in name for name in compiles)
+    assert {f"{t['rows']}x{t['bucket_len']},native" for t in timing} <= set(shapes)
+    assert all(seconds > 0 for seconds in compiles.values())
+    first_of_shape = {}
+    for t in sorted(timing, key=lambda t: t["started_at"]):
+        if first_of_shape.setdefault((t["rows"], t["bucket_len"]), t["batch_id"]) != t["batch_id"]:
+            assert not t["compiled"] and t["compile_ms"] == 0  # warmed up: nothing to compile or wait for
+
+
+def test_the_summary_file_holds_the_breakdown_and_the_manifest_still_matches_the_files(tiny_run):
+    import os
+
+    output, summary, _ = tiny_run
+    assert json.load(open(f"{output}/summary.json")) == summary
+    manifest = json.load(open(f"{output}/_manifest.json"))
+    assert all(os.path.getsize(f"{output}/{f['path']}") == f["size"] for f in manifest["files"])
+
+
+def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
+    import attention
+    from attention.plan import AttentionSpec
+    from pipeline.bucket import pad_batch, rows_for
+    from pipeline.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.records import TokenWindow
+
+    spec = EncoderSpec(model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=(16, 32),
+                       attention=AttentionSpec("native", attention.get("native").parse_options(None)),
+                       tokens_per_batch=256)
+    runtime = EncoderRuntime(spec)
+    report = runtime.take_startup_report(wait=True)  # once every shape has compiled in the background
+    assert report["checkpoint_s"] > 0 and report["probes_s"] >= 0
+    assert sorted((c["bucket_len"], c["rows"]) for c in report["compiles"]) == [(16, 16), (32, 8)]
+    records = []
+    for bucket in (16, 32, 16):
+        window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
+        records.append(runtime.encode(pad_batch([window], bucket, rows_for(bucket, 256)))[1])
+    assert not any(r["compiled"] for r in records) and all(r["compile_ms"] == 0 for r in records)
+    assert all(STARTUP_TAG not in r for r in records)  # reported once
+    assert runtime.take_startup_report(wait=True) is None
+
+
+def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpoint_dir):
+    import attention
+    from attention.plan import AttentionSpec, choose_backends
+    from pipeline import plan
+
+    calls = []
+    monkeypatch.setattr(plan, "probe", lambda spec, choice: calls.append(choice.case.seq_len))
+    monkeypatch.setattr(plan, "_PROBED", set())
+    spec = AttentionSpec("native", attention.get("native").parse_options(None))
+    from models.checkpoint import open_checkpoint
+
+    choices = choose_backends(spec, plan.attention_cases(open_checkpoint(tiny_checkpoint_dir).config, (16, 32), "cpu"))
+    for _ in range(2):  # the driver's plan, then the worker's runtime in the same process
+        for choice in choices:
+            plan.probe_once(spec, choice)
+    assert calls == [16, 32]
+
+
+def test_docbeam_run_imports_neither_torch_nor_transformers():
+    code = ("import sys; import pipeline.cli, pipeline.run; "
+            "from apache_beam.ml.inference import base; "
+            "print(sorted(m for m in ('torch', 'transformers', 'tokamax') if m in sys.modules), "
+            "base.resource is not None)")  # RunInference still reports the process's memory
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[] True"
+
+
+def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):
+    from pipeline.cli import format_summary
+
+    output, summary, _ = tiny_run
+    text = format_summary(summary, output)
+    first = summary["startup"]["since_process_start_s"]["first_batch_started"]
+    assert f"start-up   first batch after {first:.1f} s (imports " in text
+    assert "stages     read " in text and ", other " in text
+
+
+def test_the_process_start_is_before_now_and_close_to_the_os_clock():
+    import psutil
+
+    from pipeline.observe import process_started
+
+    started = process_started()
+    assert started <= time.time()
+    assert abs(started - psutil.Process().create_time()) < 1.5  # psutil's boot time is whole seconds
+
+
+def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
+    import attention
+    from attention.plan import AttentionSpec
+    from pipeline.bucket import pad_batch, rows_for
+    from pipeline.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.records import TokenWindow
+
+    buckets = (16, 32, 64, 128)
+    runtime = EncoderRuntime(EncoderSpec(
+        model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=buckets,
+        attention=AttentionSpec("native", attention.get("native").parse_options(None)), tokens_per_batch=512))
+    window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
+    _, first = runtime.encode(pad_batch([window], 16, rows_for(16, 512)))  # bucket 16 is compiled last
+    _, again = runtime.encode(pad_batch([window], 16, rows_for(16, 512)))
+    reported = (first.get(STARTUP_TAG) or {}).get("compiles", []) + runtime.take_startup_report(wait=True)["compiles"]
+    ahead = sorted(c["bucket_len"] for c in reported)
+    if first["compiled"]:  # its turn had not come: compiled here, not in the background
+        assert ahead == [32, 64, 128] and first["compile_ms"] > 0
+    else:  # it was compiling already: this batch waited for it
+        assert ahead == [16, 32, 64, 128]
+    assert not again["compiled"] and again["compile_ms"] == 0
