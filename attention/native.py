@@ -4,8 +4,9 @@ backend is checked against.
 Two formulations of the same softmax(q·kᵀ·scale + mask)·v, both plain XLA:
 - ``einsum`` (CPU's default): heads-major einsums, the padding mask as an additive bias on the scores, and
   the softmax's division applied to the ``[.., head_dim]`` output instead of the ``[.., keys]`` weights. On
-  XLA:CPU this is 4-6x faster than ``jax_nn`` at 256 tokens (benchmarks/results/attention-native.json):
-  ``jax_nn`` masks with a select over the whole score tensor and normalises it before the second matmul.
+  XLA:CPU it is several times faster than ``jax_nn`` (benchmarks/results/attention-native.json at 64 and 256
+  tokens, attention-flash-cpu.json at 8,192): ``jax_nn`` masks with a select over the whole score tensor and
+  normalises it before the second matmul.
 - ``jax_nn``: ``jax.nn.dot_product_attention(implementation="xla")``, JAX's maintained reference; the default
   off CPU, where the einsum form has not been measured.
 """

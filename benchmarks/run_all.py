@@ -34,13 +34,6 @@ def run(name: str, args) -> tuple[int, str, float]:
     return proc.wait(), "".join(lines), time.perf_counter() - started
 
 
-def tables(output: str) -> str:
-    """From the first '## ' heading to the end, without the results-file line."""
-    lines = output.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("## ")), len(lines))
-    return "\n".join(line for line in lines[start:] if not line.startswith("results: ")).strip()
-
-
 def main(argv=None) -> int:
     p = common.parser(__doc__)
     p.add_argument("--only", help=f"comma-separated subset of {','.join(BENCHMARKS)}")
@@ -54,7 +47,7 @@ def main(argv=None) -> int:
     print("\n\n# All benchmarks" + (" (--quick)" if args.quick else "") + "\n")
     for name, (code, output, seconds) in outcomes.items():
         print(f"# {name}: {'ok' if code == 0 else f'exit {code}'} in {seconds:.0f} s\n")
-        print(tables(output) + "\n")
+        print(common.tables_in(output) + "\n")
     print(f"results in {os.path.relpath(common.results_dir(args), os.getcwd())}/")
     return int(any(code != 0 for code, _, _ in outcomes.values()))
 
