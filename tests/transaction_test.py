@@ -7,6 +7,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -206,7 +207,10 @@ def test_a_kernel_that_returns_nan_for_some_rows_never_gets_them_written(tmp_pat
     assert result.returncode == 0, result.stderr
     errors = [json.loads(line) for path in glob.glob(f"{out}/errors/*.jsonl") for line in open(path)]
     assert [(e["id"], e["kind"]) for e in errors] == [("seven", "non_finite")]
-    assert "bucket 16 with attention tests.fixtures_bad_backends:attend_nan_at_length_7" in errors[0]["reason"]
+    # The 7-token window fits bucket 16; as a leftover it may ride in a longer bucket's batch, which the reason names.
+    named = re.search(r"computed at bucket (\d+) with attention tests\.fixtures_bad_backends:attend_nan_at_length_7",
+                      errors[0]["reason"])
+    assert named and int(named.group(1)) >= 16, errors[0]["reason"]
     table = pq.read_table(glob.glob(f"{out}/embeddings/*.parquet"))
     assert "seven" not in table.column("id").to_pylist() and table.num_rows == 30
     assert np.isfinite(np.array(table.column("embedding").to_pylist())).all()
