@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by gpu.sh and tpu.sh (set NAME=gpu|tpu and JAX_EXTRA first): the setup, the install, the device
 # check and the time-boxed steps they share. Results go to $OUT if set, else benchmarks/results/$NAME/; each
 # step runs under `timeout`, capped by what is left of BUDGET seconds (default 570), and a step with under
