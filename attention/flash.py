@@ -19,7 +19,7 @@ import pydantic
 
 from attention import chunked
 from attention.chunked import pad_to_multiple
-from attention.interface import AttentionCase, Support
+from attention.interface import AttentionCase, Support, current_platform
 from attention.registry import register
 
 KernelName = Literal["auto", "pallas_tpu", "pallas_gpu", "cudnn", "tokamax_triton", "tokamax_mosaic",
@@ -249,20 +249,11 @@ def auto_kernel_table() -> str:
     return "\n".join(rows)
 
 
-def _current_platform() -> str:
-    """Where this trace will run: a ``jax.default_device`` in force (e.g. runner.device: cpu on a GPU
-    machine) wins over the default backend."""
-    device = jax.config.jax_default_device
-    if device is None:
-        return jax.default_backend()
-    return device if isinstance(device, str) else device.platform
-
-
 @register("flash", options=FlashOptions, supports=supports,
           description="the platform's maintained memory-efficient kernel (Pallas TPU, cuDNN, tokamax)")
 def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: FlashOptions):
     b, t, n, h = q_BxTxNxH.shape
-    case = AttentionCase(platform=_current_platform(), dtype=jnp.dtype(q_BxTxNxH.dtype).name,
+    case = AttentionCase(platform=current_platform(), dtype=jnp.dtype(q_BxTxNxH.dtype).name,
                          seq_len=max(t, k_BxSxNxH.shape[1]), num_heads=n, head_dim=h)
     name, support = pick_kernel(case, options)
     if name is None:

@@ -23,6 +23,18 @@ class AttentionFn(Protocol):
                  scale: float) -> Any: ...
 
 
+def current_platform() -> str:
+    """The platform this trace will run on, for a backend that picks its formulation at trace time (its
+    capability check saw the same platform): a ``jax.default_device`` in force (e.g. runner.device: cpu on
+    a GPU machine) wins over the default backend."""
+    import jax
+
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
+
+
 @dataclasses.dataclass(frozen=True)
 class AttentionCase:
     """One shape the encoder will call attention with: what a capability check is asked about."""

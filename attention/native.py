@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import pydantic
 
-from attention.interface import AttentionCase, Support
+from attention.interface import AttentionCase, Support, current_platform
 from attention.registry import register
 
 KERNELS = {"einsum": "xla einsum softmax (mask as bias)", "jax_nn": "jax.nn.dot_product_attention (xla)"}
@@ -48,7 +48,7 @@ def supports(case: AttentionCase, options: NativeOptions) -> Support:
           description="attention in plain XLA ops (einsum with a mask bias on CPU; "
                       "jax.nn.dot_product_attention elsewhere)")
 def native(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: NativeOptions):
-    if formulation(options, jax.default_backend()) == "jax_nn":
+    if formulation(options, current_platform()) == "jax_nn":
         return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, scale=scale,
                                             key_value_seq_lengths=kv_lengths_B, implementation="xla")
     return einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale)

@@ -2,6 +2,7 @@
 import pathlib
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pydantic
@@ -174,3 +175,26 @@ def test_entry_point_backends_register_by_name_and_a_broken_one_disables_only_it
     broken = registry.get("broken_kernel")
     refusal = broken.supports(case, broken.parse_options(None))
     assert not refusal.ok and "no_such_module:attend failed to load: ModuleNotFoundError" in refusal.reason
+
+
+
+def test_current_platform_is_the_device_in_force_not_only_the_default_backend():
+    with jax.default_device(jax.devices("cpu")[0]):
+        assert attention.current_platform() == "cpu"
+    assert attention.current_platform() == jax.default_backend()
+
+
+@pytest.mark.parametrize("platform, form", [("cpu", "einsum"), ("gpu", "jax_nn"), ("tpu", "jax_nn")])
+def test_native_auto_runs_the_form_its_check_names_for_the_platform_the_trace_runs_on(monkeypatch, platform, form):
+    import attention.native as native_module
+
+    called = []
+    monkeypatch.setattr(native_module, "current_platform", lambda: platform)
+    monkeypatch.setattr(native_module, "einsum_attention", lambda *a: called.append("einsum") or a[0])
+    monkeypatch.setattr(native_module.jax.nn, "dot_product_attention", lambda q, *a, **k: called.append("jax_nn") or q)
+    native = attention.get("native")
+    options = native.parse_options({})
+    case = attention.AttentionCase(platform=platform, dtype="float32", seq_len=8, num_heads=1, head_dim=4)
+    q = jnp.zeros((1, 8, 1, 4))
+    native.bind(options)(q, q, q, kv_lengths_B=jnp.array([5]), scale=0.5)
+    assert called == [form] and native.supports(case, options).kernel == native_module.KERNELS[form]
