@@ -3,6 +3,10 @@
 Layout is ``[batch, seq, heads, head_dim]`` (BTNH) for q, k, v and the output. Padding is always on the
 right (the bucketer pads sequences at the end), so it travels as per-row valid lengths: kernels disagree
 on mask formats (boolean masks, segment ids, sequence lengths) and each adapter converts from this one.
+
+With ``batching.packing`` a row holds several windows one after another, told apart by segment ids
+(``segment_ids_BxT``: 1, 2, … per window, 0 for padding; a token attends only to its own window). Only
+backends registered with ``segments=True`` are handed them; the plan refuses packed cases for the others.
 """
 from __future__ import annotations
 
@@ -16,11 +20,13 @@ class AttentionFn(Protocol):
     """``attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale) -> out_BxTxNxH``.
 
     Keys at positions ``>= kv_lengths_B[b]`` get zero weight. Query rows past the length are padding:
-    their values are ignored downstream but must be finite.
+    their values are ignored downstream but must be finite. A backend that declares ``segments`` is also
+    called with ``segment_ids_BxT`` on packed batches: then key s has weight for query t only where
+    both carry the same segment id.
     """
 
     def __call__(self, q_BxTxNxH: Any, k_BxSxNxH: Any, v_BxSxNxH: Any, *, kv_lengths_B: Any,
-                 scale: float) -> Any: ...
+                 scale: float, **segment_ids_BxT: Any) -> Any: ...
 
 
 def current_platform() -> str:
@@ -44,6 +50,7 @@ class AttentionCase:
     seq_len: int
     num_heads: int
     head_dim: int  # rows may always be shorter than seq_len: padding is part of every case
+    packed: bool = False  # batching.packing: rows carry several windows, told apart by segment ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +85,15 @@ class Backend:
     supports: Callable[[AttentionCase, pydantic.BaseModel], Support] = supports_everything
     options_type: type[pydantic.BaseModel] = NoOptions
     description: str = ""
+    segments: bool = False  # takes segment_ids_BxT, so it can run packed batches
+
+    def refusal(self, case: AttentionCase) -> Support | None:
+        """What the plan answers for this backend before asking its own check: a packed case for a backend
+        that does not take segment ids."""
+        if case.packed and not self.segments:
+            return Support(ok=False, reason="it takes no segment ids, which packed rows (batching.packing: true) "
+                                            "need; set batching.packing: false, or register it with segments=True")
+        return None
 
     def parse_options(self, raw: dict | None) -> pydantic.BaseModel:
         return self.options_type.model_validate(raw or {})
@@ -89,10 +105,14 @@ class Backend:
         opts = options if options is not None else self.parse_options(None)
         scope = f"attention/{self.name}"
 
-        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, segment_ids_BxT=None):
+            packed = {} if segment_ids_BxT is None else {"segment_ids_BxT": segment_ids_BxT}
+            if packed and not self.segments:
+                raise ValueError(f"attention backend {self.name!r} takes no segment ids; the plan should have "
+                                 "refused packed batches for it")
             with jax.named_scope(scope):
                 return self.attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B,
-                                   scale=scale, options=opts)
+                                   scale=scale, options=opts, **packed)
 
         attend.__name__ = f"attend_{self.name}"
         attend.backend_name = self.name

@@ -44,21 +44,28 @@ def supports(case: AttentionCase, options: NativeOptions) -> Support:
     return Support(ok=True, kernel=KERNELS[formulation(options, case.platform)])
 
 
-@register("native", options=NativeOptions, supports=supports,
+@register("native", options=NativeOptions, supports=supports, segments=True,
           description="attention in plain XLA ops (einsum with a mask bias on CPU; "
                       "jax.nn.dot_product_attention elsewhere)")
-def native(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: NativeOptions):
+def native(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: NativeOptions, segment_ids_BxT=None):
     if formulation(options, current_platform()) == "jax_nn":
-        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, scale=scale,
+        same_BxNxTxS = None
+        if segment_ids_BxT is not None:
+            same_BxNxTxS = (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])[:, None]
+        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, scale=scale, mask=same_BxNxTxS,
                                             key_value_seq_lengths=kv_lengths_B, implementation="xla")
-    return einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale)
+    return einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, segment_ids_BxT)
 
 
-def einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale):
+def einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, segment_ids_BxT=None):
     s = k_BxSxNxH.shape[1]
-    bias_BxS = jnp.where(jnp.arange(s)[None, :] < kv_lengths_B[:, None], 0.0, MASKED).astype(jnp.float32)
+    if segment_ids_BxT is None:  # one mask row for every query: T is 1
+        valid_BxTxS = (jnp.arange(s)[None, :] < kv_lengths_B[:, None])[:, None, :]
+    else:  # padding (segment 0) attends to padding: finite, and ignored downstream
+        valid_BxTxS = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
+    bias = jnp.where(valid_BxTxS, 0.0, MASKED).astype(jnp.float32)[:, None]  # [B, 1, T or 1, S]
     logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype), k_BxSxNxH,
-                                preferred_element_type=jnp.float32) + bias_BxS[:, None, None, :]
+                                preferred_element_type=jnp.float32) + bias
     weights_BxNxTxS = jnp.exp(logits_BxNxTxS - logits_BxNxTxS.max(axis=-1, keepdims=True))
     out_BxNxTxH = jnp.einsum("bnts,bsnh->bnth", weights_BxNxTxS.astype(v_BxSxNxH.dtype), v_BxSxNxH,
                              preferred_element_type=jnp.float32)

@@ -60,6 +60,9 @@ class Choice:
 
 def ask(backend: Backend, case: AttentionCase, options: pydantic.BaseModel) -> Support:
     """The backend's capability check; one that crashes stops the job at start, naming the backend."""
+    refused = backend.refusal(case)
+    if refused is not None:
+        return refused
     try:
         return backend.supports(case, options)
     except Exception as e:  # noqa: BLE001  a user's check may raise anything
@@ -88,7 +91,9 @@ def choose_backend(case: AttentionCase, requested: Backend, requested_options: p
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
-    """Random q, k, v of the case's shape with mixed padding (one full row, one half row)."""
+    """Random q, k, v of the case's shape with mixed padding (one full row, one half row), and the keyword
+    arguments of the call: ``kv_lengths_B``, and for a packed case ``segment_ids_BxT`` with two windows in
+    the full row."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(seed)
@@ -96,7 +101,13 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     q, k, v = (jnp.asarray(rng.standard_normal(shape, np.float32)).astype(case.dtype) for _ in range(3))
     lengths = np.full((batch,), case.seq_len, np.int32)
     lengths[1::2] = max(1, case.seq_len // 2)
-    return q, k, v, jnp.asarray(lengths)
+    kwargs = {"kv_lengths_B": jnp.asarray(lengths)}
+    if case.packed:
+        positions_BxT = np.arange(case.seq_len)[None, :]
+        valid_BxT = positions_BxT < lengths[:, None]
+        second_BxT = (positions_BxT >= max(1, case.seq_len // 3)) & (np.arange(batch) % 2 == 0)[:, None]
+        kwargs["segment_ids_BxT"] = jnp.asarray(valid_BxT * (1 + second_BxT), jnp.int32)
+    return q, k, v, kwargs
 
 
 def max_abs_error(candidate, reference, kv_lengths_B) -> float:
@@ -117,12 +128,12 @@ def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = No
     """Run one probe batch through the chosen backend and native; (agrees, error, tolerance)."""
     import jax
 
-    q, k, v, lengths = probe_inputs(choice.case)
+    q, k, v, kwargs = probe_inputs(choice.case)
     scale = 1.0 / choice.case.head_dim ** 0.5
-    got = jax.jit(lambda q, k, v, n: candidate_fn(q, k, v, kv_lengths_B=n, scale=scale))(q, k, v, lengths)
-    want = jax.jit(lambda q, k, v, n: native_fn(q, k, v, kv_lengths_B=n, scale=scale))(q, k, v, lengths)
+    got = jax.jit(lambda q, k, v, kw: candidate_fn(q, k, v, scale=scale, **kw))(q, k, v, kwargs)
+    want = jax.jit(lambda q, k, v, kw: native_fn(q, k, v, scale=scale, **kw))(q, k, v, kwargs)
     tolerance = tolerance or default_tolerance(choice.case.dtype)
-    error = max_abs_error(got, want, lengths)
+    error = max_abs_error(got, want, kwargs["kv_lengths_B"])
     return error <= tolerance, error, tolerance
 
 
@@ -139,12 +150,11 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
     Parity with native is the gate's job (``attention.verify``); this check always runs."""
     import jax
 
-    q, k, v, lengths = probe_inputs(choice.case)
+    q, k, v, kwargs = probe_inputs(choice.case)
     fn = bind_choice(spec, choice.backend)
     where = f"attention backend {choice.backend!r} at bucket {choice.case.seq_len}"
     try:
-        out = jax.jit(lambda q, k, v, n: fn(q, k, v, kv_lengths_B=n, scale=choice.case.head_dim ** -0.5))(
-            q, k, v, lengths)
+        out = jax.jit(lambda q, k, v, kw: fn(q, k, v, scale=choice.case.head_dim ** -0.5, **kw))(q, k, v, kwargs)
         out = np.asarray(jax.block_until_ready(out))
     except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure
         raise AttentionPlanError(f"{where} failed on a probe batch: {type(e).__name__}: {e}") from e

@@ -23,12 +23,14 @@ class UnknownBackendError(ValueError):
 
 
 def register(name: str, *, options: type = NoOptions, supports: Callable | None = None,
-             description: str = ""):
-    """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``."""
+             description: str = "", segments: bool = False):
+    """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; with
+    ``segments=True`` it also takes ``segment_ids_BxT`` (packed batches)."""
 
     def decorate(fn):
         add(Backend(name=name, attend=fn, supports=supports or supports_everything,
-                    options_type=options, description=description or (fn.__doc__ or "").strip().split("\n")[0]))
+                    options_type=options, description=description or (fn.__doc__ or "").strip().split("\n")[0],
+                    segments=segments))
         return fn
 
     return decorate
@@ -44,20 +46,22 @@ def add(backend: Backend) -> Backend:
 
 def from_callable(name: str, obj) -> Backend:
     """A Backend from a user's object: a Backend as is, or a plain AttentionFn (its optional
-    ``supports(case, options)`` attribute is its capability check)."""
+    ``supports(case, options)`` attribute is its capability check; ``supports_segments = True`` says it
+    takes ``segment_ids_BxT``)."""
     if isinstance(obj, Backend):
         return dataclasses.replace(obj, name=name)  # registered under the name the config uses
     if not callable(obj):
         raise TypeError(f"attention backend {name!r} is {obj!r}, which is not callable; it must be an "
                         "AttentionFn: attend(q, k, v, *, kv_lengths_B, scale)")
 
-    def attend(q, k, v, *, kv_lengths_B, scale, options):
+    def attend(q, k, v, *, kv_lengths_B, scale, options, **segment_ids_BxT):
         del options
-        return obj(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale)
+        return obj(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale, **segment_ids_BxT)
 
     supports = getattr(obj, "supports", None) or supports_everything
     return Backend(name=name, attend=attend, supports=supports, options_type=NoOptions,
-                   description=(obj.__doc__ or f"user backend {name}").strip().split("\n")[0])
+                   description=(obj.__doc__ or f"user backend {name}").strip().split("\n")[0],
+                   segments=bool(getattr(obj, "supports_segments", False)))
 
 
 def _load_entry_points() -> None:
