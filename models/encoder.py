@@ -58,24 +58,26 @@ class EncoderConfig:
             raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
 
 
-def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half") -> jax.Array:
+def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None) -> jax.Array:
     """Rotary position embedding; computed per position, so sequences have no length limit.
 
     ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
-    pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i.
+    pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i. Positions count from each row's start,
+    or are given per token (packed rows restart them at each window).
     """
     _, T, _, H = x_BxTxNxH.shape
     inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
-    angles_TxH2 = jnp.arange(T, dtype=jnp.float32)[:, None] * inv_freq_H2[None, :]
+    positions_BxT = jnp.arange(T)[None, :] if positions_BxT is None else positions_BxT
+    angles_BxTxH2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_H2
     x = x_BxTxNxH.astype(jnp.float32)
     if style == "interleaved":
-        angles_TxH = jnp.repeat(angles_TxH2, 2, axis=-1)
+        angles_BxTxH = jnp.repeat(angles_BxTxH2, 2, axis=-1)
         rotated = jnp.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
     else:
-        angles_TxH = jnp.concatenate([angles_TxH2, angles_TxH2], axis=-1)
+        angles_BxTxH = jnp.concatenate([angles_BxTxH2, angles_BxTxH2], axis=-1)
         x1, x2 = jnp.split(x, 2, axis=-1)
         rotated = jnp.concatenate([-x2, x1], axis=-1)
-    cos, sin = jnp.cos(angles_TxH)[None, :, None, :], jnp.sin(angles_TxH)[None, :, None, :]
+    cos, sin = jnp.cos(angles_BxTxH)[:, :, None, :], jnp.sin(angles_BxTxH)[:, :, None, :]
     return (x * cos + rotated * sin).astype(x_BxTxNxH.dtype)
 
 
@@ -86,19 +88,31 @@ class _EncoderModule(nn.Module):
     attention: Callable[..., Any]
 
 
+def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
+    """Each token's position inside its own window: packed rows restart positions where the segment id
+    changes, so a packed window sees the positions it would alone."""
+    T = segment_ids_BxT.shape[1]
+    starts_BxT = jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
+                                  segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
+    index_T = jnp.arange(T, dtype=jnp.int32)
+    start_BxT = jax.lax.cummax(jnp.where(starts_BxT, index_T[None, :], 0), axis=1)
+    return index_T[None, :] - start_BxT
+
+
 class Layer(_EncoderModule):
     @nn.compact
-    def __call__(self, x_BxTxD, lengths_B):
+    def __call__(self, x_BxTxD, lengths_B, segment_ids_BxT=None, positions_BxT=None):
         cfg, dtype = self.config, DTYPES[self.config.dtype]
         B, T, D = x_BxTxD.shape
         N, H = cfg.num_heads, cfg.head_dim
         qkv_BxTx3D = nn.Dense(3 * D, dtype=dtype, name="qkv")(x_BxTxD)
         q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
         if cfg.position == "rope":
-            q_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta, cfg.rope_style)
-            k_BxTxNxH = rotary(k_BxTxNxH, cfg.rope_theta, cfg.rope_style)
+            q_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta, cfg.rope_style, positions_BxT)
+            k_BxTxNxH = rotary(k_BxTxNxH, cfg.rope_theta, cfg.rope_style, positions_BxT)
+        packed = {} if segment_ids_BxT is None else {"segment_ids_BxT": segment_ids_BxT}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=lengths_B,
-                                      scale=1.0 / H ** 0.5)
+                                      scale=1.0 / H ** 0.5, **packed)
         attn_BxTxD = nn.Dense(D, dtype=dtype, name="attn_out")(attn_BxTxNxH.reshape(B, T, D))
         x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="attn_norm")(x_BxTxD + attn_BxTxD)
         h_BxTxF = ACTIVATIONS[cfg.activation](nn.Dense(cfg.intermediate_size, dtype=dtype, name="mlp_in")(x_BxTxD))
@@ -107,22 +121,25 @@ class Layer(_EncoderModule):
 
 
 class Encoder(_EncoderModule):
-    """token ids [B, T] and valid lengths [B] → hidden states [B, T, D] (compute dtype)."""
+    """token ids [B, T] and valid lengths [B] → hidden states [B, T, D] (compute dtype). With segment ids
+    [B, T] (packed rows: 1, 2, … per window, 0 for padding) each window attends only to itself and counts
+    its positions from its own start."""
 
     @nn.compact
-    def __call__(self, ids_BxT, lengths_B):
+    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
         cfg, dtype = self.config, DTYPES[self.config.dtype]
+        positions_BxT = None if segment_ids_BxT is None else segment_positions(segment_ids_BxT)
         x_BxTxD = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, name="word")(ids_BxT)
         if cfg.position == "absolute":
-            positions_T = jnp.arange(ids_BxT.shape[1])
-            x_BxTxD = x_BxTxD + nn.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype, name="position")(positions_T)
+            positions = jnp.arange(ids_BxT.shape[1]) if positions_BxT is None else positions_BxT
+            x_BxTxD = x_BxTxD + nn.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype, name="position")(positions)
         if cfg.type_vocab_size:
             # One segment per window: token type 0 everywhere.
             type_D = nn.Embed(cfg.type_vocab_size, cfg.hidden_size, dtype=dtype, name="token_type")(jnp.zeros((), jnp.int32))
             x_BxTxD = x_BxTxD + type_D
         x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="embed_norm")(x_BxTxD)
         for i in range(cfg.num_layers):
-            x_BxTxD = Layer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, lengths_B)
+            x_BxTxD = Layer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, lengths_B, segment_ids_BxT, positions_BxT)
         return x_BxTxD
 
 
@@ -138,12 +155,35 @@ def pool(hidden_BxTxD: jax.Array, lengths_B: jax.Array, mode: str) -> jax.Array:
     return summed_BxD / jnp.maximum(lengths_B, 1)[:, None].astype(jnp.float32)
 
 
+def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_lengths_BxK: jax.Array,
+                  mode: str) -> jax.Array:
+    """Packed rows: one float32 embedding per window slot [B, K, D]; slot k is segment k + 1. Mean over
+    the slot's tokens, or its first token for ``cls``; empty slots are zero."""
+    K = slot_lengths_BxK.shape[1]
+    in_slot_BxTxK = segment_ids_BxT[:, :, None] == jnp.arange(1, K + 1, dtype=segment_ids_BxT.dtype)
+    if mode == "cls":
+        first_BxT = jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
+                                     segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
+        in_slot_BxTxK = in_slot_BxTxK & first_BxT[:, :, None]
+    elif mode != "mean":
+        raise ValueError(f"pooling {mode!r} is not supported; use 'mean' or 'cls'")
+    summed_BxKxD = jnp.einsum("btd,btk->bkd", hidden_BxTxD.astype(jnp.float32), in_slot_BxTxK.astype(jnp.float32))
+    if mode == "cls":
+        return summed_BxKxD
+    return summed_BxKxD / jnp.maximum(slot_lengths_BxK, 1)[..., None].astype(jnp.float32)
+
+
 def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str):
-    """``(params, ids_BxT, lengths_B) -> pooled_BxD``, ready for jax.jit (one compile per shape)."""
+    """``(params, ids_BxT, lengths_B) -> pooled_BxD``, or with packed rows
+    ``(params, ids_BxT, lengths_B, segment_ids_BxT, slot_lengths_BxK) -> pooled_BxKxD``; ready for jax.jit
+    (one compile per shape)."""
     module = Encoder(config, attention)
 
-    def embed(params, ids_BxT, lengths_B):
-        return pool(module.apply({"params": params}, ids_BxT, lengths_B), lengths_B, pooling)
+    def embed(params, ids_BxT, lengths_B, segment_ids_BxT=None, slot_lengths_BxK=None):
+        hidden_BxTxD = module.apply({"params": params}, ids_BxT, lengths_B, segment_ids_BxT)
+        if segment_ids_BxT is None:
+            return pool(hidden_BxTxD, lengths_B, pooling)
+        return pool_segments(hidden_BxTxD, segment_ids_BxT, slot_lengths_BxK, pooling)
 
     return embed
 
