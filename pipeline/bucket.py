@@ -5,6 +5,11 @@ Each window is padded to the smallest bucket that fits; a batch holds one bucket
 (bucket, shard) rather than bucket alone so no single key serialises a large job. What is left per key
 at the end (fewer windows than a batch) is repacked across buckets (``repack``): a small job or an
 incremental run would otherwise pay one mostly empty batch per bucket.
+
+With ``batching.packing`` a row holds several windows (``pack_rows``): short windows fill the room a
+longer one leaves in its row, told apart by segment ids. Packing needs windows of every length together,
+so windows are keyed by shard alone, gathered until a few batches' worth, packed, and the full batches
+sent on (``PackBatches``); what fills no batch waits for the next round, and the end of input.
 """
 from __future__ import annotations
 
@@ -84,11 +89,127 @@ def group_into_batches(items: list, config: BatchingConfig, length: Callable = l
     return groups
 
 
+def packs(config: BatchingConfig) -> bool:
+    """A job's plan resolves ``auto`` by its attention backends (pipeline.plan.resolve_packing); here, with
+    no backend to ask, ``auto`` does not pack."""
+    return config.packing is True
+
+
 def batch_windows(windows: list[TokenWindow], config: BatchingConfig) -> list[Batch]:
     """What BucketBatches makes of these windows, without Beam (benchmarks time the encoder on these)."""
+    shard = lambda w: shard_for(w.doc_id, w.index, config.shards)  # noqa: E731
+    if packs(config):
+        return [pack_batch(group, bucket_len, rows) for bucket_len, rows, group in packed_stream(
+            windows, config, length=lambda w: w.length, shard=shard, order=window_order)]
     return [pad_batch(group, bucket_len, rows) for bucket_len, rows, group in group_into_batches(
-        windows, config, length=lambda w: w.length, shard=lambda w: shard_for(w.doc_id, w.index, config.shards),
-        order=window_order)]
+        windows, config, length=lambda w: w.length, shard=shard, order=window_order)]
+
+
+MIN_PACKED_TOKENS = 8
+
+
+def max_windows_per_row(bucket_len: int) -> int:
+    """The most windows a packed row holds: the encoder pools one slot per window ([rows, slots, D]), and
+    a window is at least [CLS] a few tokens [SEP]."""
+    return max(1, bucket_len // MIN_PACKED_TOKENS)
+
+
+def pack_rows(items: list, config: BatchingConfig, length: Callable = len, order: Callable | None = None) -> list:
+    """Items → packed rows ``[(bucket_len, [items])]``. Longest first, each item goes into the open row
+    whose free room fits it most tightly (best fit decreasing), else opens a row of the smallest bucket
+    that fits it; so short windows fill what long ones leave, and a row's length is still a bucket's."""
+    rows: list[list] = []  # [bucket_len, free tokens, items]
+    open_by_free: dict[int, list[int]] = collections.defaultdict(list)  # free tokens → open rows' indexes
+    for it in sorted(items, key=order or (lambda it: -length(it))):
+        n = length(it)
+        index = next((open_by_free[free].pop() for free in range(n, config.buckets[-1] + 1)
+                      if open_by_free.get(free)), None)
+        if index is None:
+            bucket_len = bucket_for(n, config.buckets)
+            rows.append([bucket_len, bucket_len, []])
+            index = len(rows) - 1
+        row = rows[index]
+        row[1] -= n
+        row[2].append(it)
+        if row[1] > 0 and len(row[2]) < max_windows_per_row(row[0]):
+            open_by_free[row[1]].append(index)
+    return [(bucket_len, row_items) for bucket_len, _, row_items in rows]
+
+
+def packed_batches(items: list, config: BatchingConfig, length: Callable = len, order: Callable | None = None,
+                   final: bool = True) -> tuple[list, list]:
+    """``([(bucket_len, rows, [row items])], items left)``: packed rows in full batches per bucket. The rows
+    that fill no batch give their items back (``final=False``: they wait for more), or at the end are
+    repacked across buckets like leftover windows."""
+    by_bucket: dict[int, list] = collections.defaultdict(list)
+    for bucket_len, row in pack_rows(items, config, length, order):
+        by_bucket[bucket_len].append(row)
+    groups, left = [], []
+    for bucket_len in sorted(by_bucket):
+        rows = rows_for(bucket_len, config.tokens_per_batch)
+        bucket_rows = by_bucket[bucket_len]
+        full = len(bucket_rows) // rows * rows
+        groups += [(bucket_len, rows, bucket_rows[i:i + rows]) for i in range(0, full, rows)]
+        left += bucket_rows[full:]
+    if not final:
+        return groups, [it for row in left for it in row]
+    used = lambda row: sum(length(it) for it in row)  # noqa: E731
+    row_order = (lambda row: (-used(row), order(row[0]))) if order else None
+    return groups + repack(left, config, length=used, order=row_order), []
+
+
+def pack_threshold(config: BatchingConfig) -> int:
+    """Tokens a shard gathers before packing: more than one batch per bucket can leave behind, so every
+    round sends at least one batch on."""
+    return (len(config.buckets) + 1) * config.tokens_per_batch
+
+
+def packed_stream(items: list, config: BatchingConfig, length: Callable = len, shard: Callable | None = None,
+                  order: Callable | None = None) -> list:
+    """``[(bucket_len, rows, [row items])]`` as PackBatches makes them from items arriving in this order."""
+    buffers: dict[int, list] = collections.defaultdict(list)
+    tokens: collections.Counter = collections.Counter()
+    groups = []
+    for it in items:
+        s = shard(it) if shard else 0
+        buffers[s].append(it)
+        tokens[s] += length(it)
+        if tokens[s] >= pack_threshold(config):
+            made, buffers[s] = packed_batches(buffers[s], config, length, order, final=False)
+            tokens[s] = sum(length(left) for left in buffers[s])
+            groups += made
+    for s in sorted(buffers):
+        groups += packed_batches(buffers[s], config, length, order, final=True)[0]
+    return groups
+
+
+def pack_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows: int) -> Batch:
+    """Packed rows → a Batch of the bucket's full shape, with segment ids and slot lengths; rows and their
+    windows in (doc_id, index) order, so a batch's contents and id do not depend on arrival order."""
+    if len(rows_of_windows) > rows:
+        raise ValueError(f"{len(rows_of_windows)} packed rows do not fit a batch of {rows} rows")
+    slots = max_windows_per_row(bucket_len)
+    key = lambda w: (w.doc_id, w.index)  # noqa: E731
+    ordered = sorted((sorted(row, key=key) for row in rows_of_windows), key=lambda row: key(row[0]))
+    ids_BxT = np.zeros((rows, bucket_len), np.int32)
+    segment_ids_BxT = np.zeros((rows, bucket_len), np.int32)
+    slot_lengths_BxK = np.zeros((rows, slots), np.int32)
+    for r, row in enumerate(ordered):
+        if len(row) > slots or sum(w.length for w in row) > bucket_len:
+            raise ValueError(f"a packed row of {len(row)} windows, {sum(w.length for w in row)} tokens, does not "
+                             f"fit bucket {bucket_len} ({slots} windows at most)")
+        start = 0
+        for k, w in enumerate(row):
+            ids_BxT[r, start:start + w.length] = w.token_ids
+            segment_ids_BxT[r, start:start + w.length] = k + 1
+            slot_lengths_BxK[r, k] = w.length
+            start += w.length
+    windows = [w for row in ordered for w in row]
+    digest = hashlib.sha1("|".join(f"{w.doc_id}#{w.index}" for w in sorted(windows, key=key)).encode()).hexdigest()[:12]
+    return Batch(batch_id=f"p{bucket_len}-{digest}", bucket_len=bucket_len, ids_BxT=ids_BxT,
+                 lengths_B=slot_lengths_BxK.sum(axis=1, dtype=np.int32),
+                 windows=tuple((w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated) for w in windows),
+                 segment_ids_BxT=segment_ids_BxT, slot_lengths_BxK=slot_lengths_BxK)
 
 
 def pad_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batch:
@@ -106,9 +227,10 @@ def pad_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batch:
                  windows=tuple((w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated) for w in windows))
 
 
-def padding_efficiency(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> float:
+def padding_efficiency(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
+                       packing: bool = False) -> float:
     """Real ÷ padded tokens if these window lengths went through bucketing (one shard)."""
-    padded = padded_tokens(lengths, buckets, tokens_per_batch)
+    padded = padded_tokens(lengths, buckets, tokens_per_batch, packing)
     return sum(lengths) / padded if padded else 1.0
 
 
@@ -151,6 +273,44 @@ class _BatchByKey(beam.DoFn):
         count.clear()
 
 
+class _PackByShard(beam.DoFn):
+    """Gathers a shard's windows until ``pack_threshold`` tokens, packs them, sends the full batches on and
+    keeps the rest for the next round; at the end of input packs and sends everything (``packed_stream``
+    is the same without Beam). Without a processing-time timer, as ``_BatchByKey``."""
+
+    BUFFER = userstate.BagStateSpec("buffer", coders.PickleCoder())
+    TOKENS = userstate.CombiningValueStateSpec("tokens", combine_fn=sum)
+    FLUSH = userstate.TimerSpec("flush", userstate.TimeDomain.WATERMARK)
+
+    def __init__(self, config: BatchingConfig):
+        self._config = config
+
+    def process(self, element, window=beam.DoFn.WindowParam, buffer=beam.DoFn.StateParam(BUFFER),
+                tokens=beam.DoFn.StateParam(TOKENS), flush=beam.DoFn.TimerParam(FLUSH)):
+        _, window_record = element
+        flush.set(window.max_timestamp())
+        buffer.add(window_record)
+        tokens.add(window_record.length)
+        if tokens.read() >= pack_threshold(self._config):
+            groups, left = packed_batches(list(buffer.read()), self._config, length=lambda w: w.length,
+                                          order=window_order, final=False)
+            buffer.clear()
+            tokens.clear()
+            for w in left:
+                buffer.add(w)
+                tokens.add(w.length)
+            for bucket_len, rows, group in groups:
+                yield pack_batch(group, bucket_len, rows)
+
+    @userstate.on_timer(FLUSH)
+    def flush(self, buffer=beam.DoFn.StateParam(BUFFER), tokens=beam.DoFn.StateParam(TOKENS)):
+        groups, _ = packed_batches(list(buffer.read()), self._config, length=lambda w: w.length, order=window_order)
+        buffer.clear()
+        tokens.clear()
+        for bucket_len, rows, group in groups:
+            yield pack_batch(group, bucket_len, rows)
+
+
 class BucketBatches(beam.PTransform):
     def __init__(self, config: BatchingConfig):
         super().__init__()
@@ -158,6 +318,12 @@ class BucketBatches(beam.PTransform):
 
     def expand(self, windows):
         cfg = self._config
+        if packs(cfg):
+            return (windows
+                    | "KeyByShard" >> beam.Map(lambda w: (shard_for(w.doc_id, w.index, cfg.shards), w))
+                    .with_output_types(tuple[int, TokenWindow])
+                    | "Pack" >> beam.ParDo(_PackByShard(cfg))
+                    | "SpreadBatches" >> beam.Reshuffle())
         batched = (windows
                    | "KeyByBucketAndShard" >> beam.Map(lambda w: (batch_key(w, cfg), w))
                    .with_output_types(tuple[tuple[int, int], TokenWindow])  # a deterministic key coder for state
@@ -172,15 +338,17 @@ class BucketBatches(beam.PTransform):
                 | "SpreadBatches" >> beam.Reshuffle())
 
 
-def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> dict[int, int]:
+def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
+                       packing: bool = False) -> dict[int, int]:
     """Bucket → how many batches windows of these lengths make there (one shard, leftovers repacked)."""
-    groups = group_into_batches(lengths, BatchingConfig(buckets=buckets, tokens_per_batch=tokens_per_batch),
-                                length=int)
+    config = BatchingConfig(buckets=buckets, tokens_per_batch=tokens_per_batch, packing=packing)
+    make = packed_stream if packing else group_into_batches
+    groups = make(lengths, config, length=int)
     return dict(sorted(collections.Counter(b for b, _, _ in groups).items()))
 
 
-def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int) -> int:
-    batches = batches_per_bucket(lengths, buckets, tokens_per_batch)
+def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int, packing: bool = False) -> int:
+    batches = batches_per_bucket(lengths, buckets, tokens_per_batch, packing)
     return sum(n * rows_for(b, tokens_per_batch) * b for b, n in batches.items())
 
 

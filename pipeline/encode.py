@@ -64,6 +64,7 @@ class EncoderSpec:
     compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/compile_cache.py)
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
+    packing: bool = False  # batching.packing: batches carry segment ids and slot lengths
 
 
 class EncoderRuntime:
@@ -89,7 +90,7 @@ class EncoderRuntime:
         self.config = ck.config
         self.params = jax.block_until_ready(jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device))
         t1 = time.perf_counter()
-        choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform))
+        choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform, spec.packing))
         if spec.attention.verify:
             choices = gate(spec.attention, choices)
         # Always, on the platform that will run it: a broken backend fails the job here. Once per process:
@@ -102,8 +103,8 @@ class EncoderRuntime:
         for name in sorted({c.backend for c in choices}):
             embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling)
 
-            def forward(params, ids_BxT, lengths_B, embed=embed):
-                return embed(params, ids_BxT, lengths_B)
+            def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
+                return embed(params, ids_BxT, lengths_B, *packed)
 
             forward.__name__ = forward.__qualname__ = ENCODER_FN_NAME  # CompileWatch counts by this name
             self._forward[name] = jax.jit(forward)
@@ -141,10 +142,16 @@ class EncoderRuntime:
         """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
         import jax
 
+        from pipeline.bucket import max_windows_per_row
+
         hits = self.watch.in_this_thread()[2]
         t0 = time.perf_counter()
+        packed = ()
+        if self.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
+            packed = (jax.ShapeDtypeStruct(shape, np.int32),
+                      jax.ShapeDtypeStruct((shape[0], max_windows_per_row(shape[1])), np.int32))
         executable = self._forward[backend].lower(self.params, jax.ShapeDtypeStruct(shape, np.int32),
-                                                  jax.ShapeDtypeStruct(shape[:1], np.int32)).compile()
+                                                  jax.ShapeDtypeStruct(shape[:1], np.int32), *packed).compile()
         record = {"backend": backend, "rows": shape[0], "bucket_len": shape[1],
                   "seconds": time.perf_counter() - t0, "cache_hits": self.watch.in_this_thread()[2] - hits}
         if self.compile_cache is not None and not record["cache_hits"]:
@@ -209,15 +216,20 @@ class EncoderRuntime:
         choice = self.choices[batch.bucket_len]
         started_at = datetime.datetime.now(datetime.timezone.utc)
         t0 = time.perf_counter()
-        ids = jax.device_put(batch.ids_BxT, self.device)
-        lengths = jax.device_put(batch.lengths_B, self.device)
+        if batch.packed != self.spec.packing:
+            raise ValueError(f"batch {batch.batch_id} is {'' if batch.packed else 'not '}packed, but this encoder was "
+                             f"built for batching.packing: {self.spec.packing}")
+        inputs = (batch.ids_BxT, batch.lengths_B) + ((batch.segment_ids_BxT, batch.slot_lengths_BxK)
+                                                     if batch.packed else ())
+        inputs = [jax.device_put(x, self.device) for x in inputs]
         compiles_before, compile_s_before, hits_before = self.watch.in_this_thread()
         forward, waited_s = self._executable(choice.backend, batch.ids_BxT.shape)
         t1 = time.perf_counter()
-        pooled = forward(self.params, ids, lengths)
+        pooled = forward(self.params, *inputs)
         pooled.block_until_ready()
         t2 = time.perf_counter()
-        vectors = np.asarray(pooled)[: batch.real_rows]
+        pooled = np.asarray(pooled)
+        vectors = pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
         t3 = time.perf_counter()
         compiles_after, compile_s_after, hits_after = self.watch.in_this_thread()
         compiled = compiles_after > compiles_before
@@ -233,7 +245,7 @@ class EncoderRuntime:
         self._maybe_stop_profile()
         timing = {
             "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
-            "real_rows": batch.real_rows, "real_tokens": batch.real_tokens,
+            "real_rows": batch.real_rows, "real_tokens": batch.real_tokens, "packed": batch.packed,
             "padded_tokens": int(batch.ids_BxT.size), "attention_backend": choice.backend,
             "attention_requested": choice.requested, "attention_kernel": choice.kernel,
             "fallback_reason": choice.fallback_reason, "compiled": compiled,
@@ -378,7 +390,7 @@ class _SplitResults(beam.DoFn):
             Metrics.counter(METRICS_NAMESPACE, f"fallbacks[{key}]").inc()
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for (doc_id, index, num_windows, doc_tokens, truncated), length, vector in zip(
-                batch.windows, batch.lengths_B, vectors):
+                batch.windows, batch.window_lengths(), vectors):
             yield WindowEmbedding(doc_id, index, num_windows, int(length), doc_tokens, truncated, vector,
                                   batch.bucket_len, timing["attention_backend"])
 

@@ -57,11 +57,11 @@ def _local_platform() -> str:
     return jax.default_backend()
 
 
-def attention_cases(config: EncoderConfig, buckets, platform: str) -> list:
+def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool = False) -> list:
     from attention import AttentionCase
 
     return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim) for b in buckets]
+                          head_dim=config.head_dim, packed=packed) for b in buckets]
 
 
 _PROBED: set[str] = set()
@@ -143,6 +143,18 @@ def check_output(cfg: JobConfig) -> output_lib.OutputState:
     return state
 
 
+def resolve_packing(cfg: JobConfig) -> JobConfig:
+    """``batching.packing: auto`` → true when every backend this job may run takes segment ids, else
+    false (switching attention.backend to one that does not must keep working); true and false stay."""
+    from attention import registry
+
+    if cfg.batching.packing != "auto":
+        return cfg
+    names = [cfg.attention.backend] + ([cfg.attention.fallback] if cfg.attention.fallback else [])
+    packing = all(registry.get(name).segments for name in names)
+    return cfg.model_copy(update={"batching": cfg.batching.model_copy(update={"packing": packing})})
+
+
 def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True,
               for_input: bool = True) -> JobPlan:
     """Everything that can fail before the job starts fails here, with the key to change. Tools that write
@@ -160,7 +172,8 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
         check_output(cfg)
     platform = target_platform(cfg)
     spec = attention_spec(cfg)
-    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform))
+    cfg = resolve_packing(cfg)  # the plan's config says what runs
+    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform, cfg.batching.packing))
     if probe_backends and platform == _local_platform():
         probe_all(spec, choices)  # a backend that crashes or returns garbage fails here, not on the workers
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling

@@ -46,13 +46,23 @@ class TokenWindow:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Batch:
-    """A padded block of windows of one bucket length: the unit the encoder compiles and times."""
+    """A padded block of windows of one bucket length: the unit the encoder compiles and times.
+
+    Unpacked, row r holds window r. Packed (``batching.packing``), a row holds several windows one after
+    another: ``segment_ids_BxT`` numbers them 1, 2, … (0 is padding) and ``slot_lengths_BxK`` gives each
+    one's length in its row's slot k = segment - 1; ``windows`` lists them row by row, slot by slot."""
 
     batch_id: str
     bucket_len: int
     ids_BxT: np.ndarray  # int32 [rows, bucket_len]; padding rows and columns are 0
-    lengths_B: np.ndarray  # int32 [rows]; 0 marks a padding row
-    windows: tuple  # (doc_id, index, num_windows, doc_tokens, truncated) per real row
+    lengths_B: np.ndarray  # int32 [rows]: tokens used per row; 0 marks a padding row
+    windows: tuple  # (doc_id, index, num_windows, doc_tokens, truncated) per window
+    segment_ids_BxT: np.ndarray | None = None  # int32 [rows, bucket_len]; packed batches only
+    slot_lengths_BxK: np.ndarray | None = None  # int32 [rows, max windows per row]; packed batches only
+
+    @property
+    def packed(self) -> bool:
+        return self.segment_ids_BxT is not None
 
     @property
     def rows(self) -> int:
@@ -60,11 +70,24 @@ class Batch:
 
     @property
     def real_rows(self) -> int:
+        """Windows in the batch (as many as rows with data, unless packed)."""
         return len(self.windows)
 
     @property
     def real_tokens(self) -> int:
         return int(self.lengths_B.sum())
+
+    def window_lengths(self) -> np.ndarray:
+        """Each window's length, in ``windows``' order."""
+        if not self.packed:
+            return self.lengths_B[: self.real_rows]
+        return self.slot_lengths_BxK.ravel()[self.window_slots()]
+
+    def window_slots(self) -> np.ndarray:
+        """Where each window's vector is in the encoder's output flattened to [rows × slots, D]."""
+        if not self.packed:
+            return np.arange(self.real_rows)
+        return np.flatnonzero(self.slot_lengths_BxK.ravel() > 0)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -39,7 +39,7 @@ def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
         profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
         progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
         compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())),
-        tokens_per_batch=cfg.batching.tokens_per_batch)
+        tokens_per_batch=cfg.batching.tokens_per_batch, packing=cfg.batching.packing)
 
 
 def in_process_worker(cfg, options) -> bool:
@@ -83,7 +83,8 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
         "model": cfg.model.path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "config_digest": cfg.digest(), "versions": versions(), "reuse_key": plan.reuse_key,
+        "packing": cfg.batching.packing, "config_digest": cfg.digest(), "versions": versions(),
+        "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
     }
 

@@ -18,10 +18,13 @@ def validation_report(cfg: JobConfig, verify: bool = False) -> str:
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
-    cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform)
+    cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform,
+                            plan.config.batching.packing)
     out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}",
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
-            f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim})"]
+            f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
+            f"{str(plan.config.batching.packing).lower()}"
+            + (" (auto)" if cfg.batching.packing == "auto" else "")]
     for name in attention.names():
         backend = attention.get(name)
         options = cfg.attention.options_for(name)

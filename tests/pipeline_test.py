@@ -211,3 +211,33 @@ def test_two_worker_processes_give_the_same_embeddings(tiny_corpus, tiny_checkpo
     assert len(worker_pids) == 2, f"batches were encoded by worker process(es) {sorted(worker_pids)}, not two"
     np.testing.assert_allclose(embeddings_matrix(str(tmp_path / "one"), ids),
                                embeddings_matrix(str(tmp_path / "two"), ids), atol=1e-5)
+
+
+def test_packed_rows_give_the_embeddings_of_unpacked_ones_with_less_padding(tiny_corpus, tiny_checkpoint_dir, tmp_path):
+    folder, ids = tiny_corpus
+    batching = {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}
+    plain = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "plain"), tiny_checkpoint_dir,
+                               batching={**batching, "packing": False}))
+    packed = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "packed"), tiny_checkpoint_dir,
+                                batching={**batching, "packing": True}))
+    assert packed["docs_embedded"] == plain["docs_embedded"] == len(ids)
+    assert packed["windows"] == plain["windows"]
+    timing = read_jsonl(str(tmp_path / "packed"), "timing")
+    assert all(t["packed"] for t in timing) and sum(t["real_rows"] for t in timing) == packed["windows"]
+    padded = {name: sum(t["padded_tokens"] for t in read_jsonl(str(tmp_path / name), "timing"))
+              for name in ("plain", "packed")}
+    assert padded["packed"] < padded["plain"]
+    np.testing.assert_allclose(embeddings_matrix(str(tmp_path / "plain"), ids),
+                               embeddings_matrix(str(tmp_path / "packed"), ids), atol=1e-5)
+
+
+def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(tiny_corpus, tiny_checkpoint_dir,
+                                                                                 tmp_path):
+    from pipeline.config import ConfigError
+    from attention.plan import AttentionPlanError
+
+    folder, _ = tiny_corpus
+    with pytest.raises((AttentionPlanError, ConfigError), match="batching.packing"):
+        run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "out"), tiny_checkpoint_dir,
+                           batching={"packing": True}, attention={"backend": "chunked"}))
+    assert not os.path.exists(tmp_path / "out" / "embeddings")
