@@ -5,6 +5,8 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 
 - docbeam: ``pipeline.bucket.padding_efficiency`` with the configured buckets and tokens_per_batch
   (a partial batch is padded with empty rows to its bucket's fixed shape).
+- docbeam packed: the same with ``batching.packing: true`` (several windows per row, segment ids), as
+  ``PackBatches`` makes them from the windows in this order.
 - planned: the buckets ``pipeline.bucket.propose_buckets`` proposes for these lengths (same budget, at most
   as many buckets as configured), scored the same way.
 - pad-to-max: every batch ``tokens_per_batch ÷ max_len`` rows of ``max_len`` tokens: one shape.
@@ -69,11 +71,11 @@ def synthetic_lengths(n: int, median: float, sigma: float, lo: int, hi: int, see
     return [int(x) for x in np.clip(np.rint(rng.lognormal(np.log(median), sigma, n)), lo, hi)]
 
 
-def bucketed(lengths, buckets, tokens_per_batch) -> dict:
+def bucketed(lengths, buckets, tokens_per_batch, packing: bool = False) -> dict:
     from pipeline.bucket import batches_per_bucket, padded_tokens
 
-    batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch)
-    padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch)
+    batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch, packing)
+    padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch, packing)
     return {"buckets": list(buckets), "efficiency": sum(lengths) / padded, "padded_tokens": padded,
             "batches": sum(batches.values()), "shapes": len(batches), "rows": f"{tokens_per_batch} ÷ bucket"}
 
@@ -97,7 +99,8 @@ def compare(lengths, max_len, args) -> dict:
     from pipeline.bucket import propose_buckets, rows_for
 
     rows = rows_for(max_len, args.tokens_per_batch)
-    out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch)}
+    out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch),
+           "docbeam packed": bucketed(lengths, args.buckets, args.tokens_per_batch, packing=True)}
     planned = propose_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
                               max_buckets=args.max_buckets)
     out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)

@@ -36,6 +36,7 @@ def parse_args(argv=None):
                    help='the backend\'s options as JSON, e.g. \'{"heads_per_step": 1}\' for chunked')
     p.add_argument("--buckets", help="comma-separated bucket lengths (default: configs/local.yaml's)")
     p.add_argument("--tokens-per-batch", type=int, help="default: configs/local.yaml's; --quick: 1024")
+    p.add_argument("--packing", choices=("on", "off"), help="batching.packing (default: configs/local.yaml's)")
     p.add_argument("--long-documents", choices=("truncate", "window"), default="truncate",
                    help="truncate: both sides encode the same first window (default); window: docbeam "
                         "encodes every window, so its token count exceeds sentence-transformers'")
@@ -53,6 +54,11 @@ def parse_args(argv=None):
     local = load(common.LOCAL_CONFIG)
     args.buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else local.batching.buckets
     args.tokens_per_batch = args.tokens_per_batch or (1024 if args.quick else local.batching.tokens_per_batch)
+    import attention
+
+    args.packing = local.batching.packing if args.packing is None else args.packing == "on"
+    if args.packing == "auto":  # as the job's plan resolves it (pipeline.plan.resolve_packing)
+        args.packing = attention.get(args.backend).segments
     args.docs = args.docs or (16 if args.quick else None)
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.stride = local.tokenize.stride
@@ -76,13 +82,15 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     windows = windows_for(docs, tokenizer, window_len=settings.max_seq_len,
                           config=TokenizeConfig(long_documents=args.long_documents, stride=args.stride))
     tokenize_s = time.perf_counter() - t0
-    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch))
+    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch,
+                                                    packing=args.packing))
 
     t0 = time.perf_counter()
     runtime = EncoderRuntime(EncoderSpec(
         model_path=args.model, dtype=args.dtype, pooling=settings.pooling, buckets=args.buckets,
         attention=AttentionSpec(backend=args.backend,
-                                options=attention.get(args.backend).parse_options(args.attention_options))))
+                                options=attention.get(args.backend).parse_options(args.attention_options)),
+        packing=args.packing))
     load_s = time.perf_counter() - t0
 
     shapes: dict[tuple, dict] = {}
@@ -166,6 +174,7 @@ def pipeline_side(args, docs, tmp) -> dict:
                  f"attention.{args.backend}={json.dumps(args.attention_options)}",
                  f"batching.buckets=[{','.join(map(str, args.buckets))}]",
                  f"batching.tokens_per_batch={args.tokens_per_batch}",
+                 f"batching.packing={str(args.packing).lower()}",
                  f"tokenize.long_documents={args.long_documents}", "runner.progress_seconds=0"]
     summary = run_job(load(common.LOCAL_CONFIG, overrides))
     timing = common.read_timing(out)

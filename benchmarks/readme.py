@@ -82,7 +82,12 @@ def _flash(field):
 def _padding(corpus):
     def figure(r):
         key = next(k for k in r["results"] if k.startswith(corpus))
-        docbeam = r["results"][key]["strategies"]["docbeam"]
+        strategies = r["results"][key]["strategies"]
+        if "docbeam packed" in strategies:  # batching.packing: true, as configs/local.yaml runs
+            packed, plain = strategies["docbeam packed"], strategies["docbeam"]
+            return packed["efficiency"], (f"packed rows, {len(packed['buckets'])} bucket shapes "
+                                          f"(unpacked: {plain['efficiency']:.2f})")
+        docbeam = strategies["docbeam"]
         return docbeam["efficiency"], f"{len(docbeam['buckets'])} bucket shapes"
     return figure
 
