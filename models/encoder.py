@@ -88,12 +88,17 @@ class _EncoderModule(nn.Module):
     attention: Callable[..., Any]
 
 
+def segment_starts(segment_ids_BxT: jax.Array) -> jax.Array:
+    """True where a packed row's segment id changes: each window's first token."""
+    return jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
+                            segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
+
+
 def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
     """Each token's position inside its own window: packed rows restart positions where the segment id
     changes, so a packed window sees the positions it would alone."""
     T = segment_ids_BxT.shape[1]
-    starts_BxT = jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
-                                  segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
+    starts_BxT = segment_starts(segment_ids_BxT)
     index_T = jnp.arange(T, dtype=jnp.int32)
     start_BxT = jax.lax.cummax(jnp.where(starts_BxT, index_T[None, :], 0), axis=1)
     return index_T[None, :] - start_BxT
@@ -162,9 +167,7 @@ def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_leng
     K = slot_lengths_BxK.shape[1]
     in_slot_BxTxK = segment_ids_BxT[:, :, None] == jnp.arange(1, K + 1, dtype=segment_ids_BxT.dtype)
     if mode == "cls":
-        first_BxT = jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
-                                     segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
-        in_slot_BxTxK = in_slot_BxTxK & first_BxT[:, :, None]
+        in_slot_BxTxK = in_slot_BxTxK & segment_starts(segment_ids_BxT)[:, :, None]
     elif mode != "mean":
         raise ValueError(f"pooling {mode!r} is not supported; use 'mean' or 'cls'")
     summed_BxKxD = jnp.einsum("btd,btk->bkd", hidden_BxTxD.astype(jnp.float32), in_slot_BxTxK.astype(jnp.float32))
