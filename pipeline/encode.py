@@ -230,6 +230,7 @@ class EncoderRuntime:
         t2 = time.perf_counter()
         pooled = np.asarray(pooled)
         vectors = pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
+        alone = self._reencode_row_mates(forward, batch, vectors) if batch.packed else []
         t3 = time.perf_counter()
         compiles_after, compile_s_after, hits_after = self.watch.in_this_thread()
         compiled = compiles_after > compiles_before
@@ -246,6 +247,7 @@ class EncoderRuntime:
         timing = {
             "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
             "real_rows": batch.real_rows, "real_tokens": batch.real_tokens, "packed": batch.packed,
+            "reencoded_alone": len(alone),
             "padded_tokens": int(batch.ids_BxT.size), "attention_backend": choice.backend,
             "attention_requested": choice.requested, "attention_kernel": choice.kernel,
             "fallback_reason": choice.fallback_reason, "compiled": compiled,
@@ -257,6 +259,36 @@ class EncoderRuntime:
             "started_at": started_at.isoformat(), **memory(self.device),
         }
         return vectors, timing
+
+    def _reencode_row_mates(self, forward, batch: Batch, vectors: np.ndarray) -> list[int]:
+        """A non-finite value in one packed window can reach the others of its row (a zero attention weight
+        times NaN is NaN): encode each window of such a row again, alone in a row of the same compiled
+        shape, so only the window that is non-finite by itself is refused downstream. Updates ``vectors``
+        in place; returns the windows encoded again."""
+        import jax
+
+        bad = ~np.isfinite(vectors).all(axis=1)
+        if not bad.any():
+            return []
+        slots = batch.slot_lengths_BxK.shape[1]
+        where = batch.window_slots()
+        row_of = where // slots
+        bad_rows, windows_in_row = set(row_of[bad].tolist()), np.bincount(row_of, minlength=batch.rows)
+        redo = [i for i in range(len(vectors)) if row_of[i] in bad_rows and windows_in_row[row_of[i]] > 1]
+        for start in range(0, len(redo), batch.rows):
+            chunk = redo[start:start + batch.rows]
+            ids_BxT, segment_ids_BxT = np.zeros_like(batch.ids_BxT), np.zeros_like(batch.segment_ids_BxT)
+            slot_lengths_BxK = np.zeros_like(batch.slot_lengths_BxK)
+            for r, i in enumerate(chunk):
+                row, k = divmod(int(where[i]), slots)
+                tokens = batch.ids_BxT[row][batch.segment_ids_BxT[row] == k + 1]
+                ids_BxT[r, :len(tokens)], segment_ids_BxT[r, :len(tokens)], slot_lengths_BxK[r, 0] = tokens, 1, len(tokens)
+            inputs = (ids_BxT, slot_lengths_BxK.sum(axis=1, dtype=np.int32), segment_ids_BxT, slot_lengths_BxK)
+            pooled = np.asarray(forward(self.params, *[jax.device_put(x, self.device) for x in inputs]))
+            vectors[chunk] = pooled[: len(chunk), 0]
+        log.warning("batch %s: a non-finite vector in a packed row; encoded its %d row-mates again, each alone",
+                    batch.batch_id, len(redo))
+        return redo
 
     def _maybe_start_profile(self):
         if self.spec.profile_batches and self._batches_done == 0 and not self._profiling:

@@ -222,3 +222,28 @@ def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(ba
     assert resolve_packing(cfg).batching.packing is packs
     explicit = cfg.model_copy(update={"batching": BatchingConfig(packing=False)})
     assert resolve_packing(explicit).batching.packing is False
+
+
+def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_checkpoint_dir):
+    """Token 7's embedding is NaN: window "bad" holds it. Packed in one row with "good", attention would carry
+    the NaN into "good" (weight 0 × NaN); the runtime encodes the row's windows again, each alone."""
+    from pipeline.encode import EncoderRuntime, EncoderSpec
+
+    native = attention.get("native")
+    runtime = EncoderRuntime(EncoderSpec(model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean",
+                                         buckets=(16, 32), attention=AttentionSpec("native", native.parse_options(None)),
+                                         packing=True))
+    good = TokenWindow("good", 0, 1, np.arange(20, 30, dtype=np.int32), 8, False)
+    bad = TokenWindow("bad", 0, 1, np.array([20, 7, 21, 22], np.int32), 2, False)
+    other = TokenWindow("other", 0, 1, np.arange(40, 52, dtype=np.int32), 10, False)
+    clean, _ = runtime.encode(pack_batch([[good], [other]], 32, 2))
+    embedding = runtime.params["word"]["embedding"]
+    runtime.params["word"]["embedding"] = embedding.at[7].set(jnp.nan)
+    batch = pack_batch([[good, bad], [other]], 32, 2)
+    assert batch.segment_ids_BxT[0].max() == 2  # bad and good share row 0
+    vectors, timing = runtime.encode(batch)
+    by_id = {w[0]: v for w, v in zip(batch.windows, vectors)}
+    assert not np.isfinite(by_id["bad"]).all()
+    np.testing.assert_allclose(by_id["good"], clean[0], atol=2e-6)
+    np.testing.assert_allclose(by_id["other"], clean[1], atol=2e-6)
+    assert timing["reencoded_alone"] == 2  # good and bad; other's row had no non-finite window
