@@ -6,7 +6,7 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 - docbeam: ``pipeline.bucket.padding_efficiency`` with the configured buckets and tokens_per_batch
   (a partial batch is padded with empty rows to its bucket's fixed shape).
 - docbeam packed: the same with ``batching.packing: true`` (several windows per row, segment ids), as
-  ``PackBatches`` makes them from the windows in this order.
+  ``BucketBatches`` makes them from the windows in this order.
 - planned: the buckets ``pipeline.bucket.propose_buckets`` proposes for these lengths (same budget, at most
   as many buckets as configured), scored the same way.
 - pad-to-max: every batch ``tokens_per_batch ÷ max_len`` rows of ``max_len`` tokens: one shape.

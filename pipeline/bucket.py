@@ -8,8 +8,9 @@ incremental run would otherwise pay one mostly empty batch per bucket.
 
 With ``batching.packing`` a row holds several windows (``pack_rows``): short windows fill the room a
 longer one leaves in its row, told apart by segment ids. Packing needs windows of every length together,
-so windows are keyed by shard alone, gathered until a few batches' worth, packed, and the full batches
-sent on (``PackBatches``); what fills no batch waits for the next round, and the end of input.
+so windows are keyed by shard alone, gathered two batches' worth at a time, packed with what the last round
+left, and the full batches sent on (``_PackByShard``); what fills no batch waits for the next round, and the
+end of input.
 """
 from __future__ import annotations
 
@@ -159,14 +160,15 @@ def packed_batches(items: list, config: BatchingConfig, length: Callable = len, 
 
 
 def pack_threshold(config: BatchingConfig) -> int:
-    """Tokens a shard gathers before packing: more than one batch per bucket can leave behind, so every
-    round sends at least one batch on."""
-    return (len(config.buckets) + 1) * config.tokens_per_batch
+    """New tokens a shard gathers between packing rounds. Two batches' worth: the first batch goes out
+    soon after the job starts, and what a round leaves (less than a batch per bucket) is packed again with
+    the next round's windows, so rounds cost packing quality only at the margin."""
+    return 2 * config.tokens_per_batch
 
 
 def packed_stream(items: list, config: BatchingConfig, length: Callable = len, shard: Callable | None = None,
                   order: Callable | None = None) -> list:
-    """``[(bucket_len, rows, [row items])]`` as PackBatches makes them from items arriving in this order."""
+    """``[(bucket_len, rows, [row items])]`` as ``_PackByShard`` makes them from items arriving in this order."""
     buffers: dict[int, list] = collections.defaultdict(list)
     tokens: collections.Counter = collections.Counter()
     groups = []
@@ -176,7 +178,7 @@ def packed_stream(items: list, config: BatchingConfig, length: Callable = len, s
         tokens[s] += length(it)
         if tokens[s] >= pack_threshold(config):
             made, buffers[s] = packed_batches(buffers[s], config, length, order, final=False)
-            tokens[s] = sum(length(left) for left in buffers[s])
+            tokens[s] = 0
             groups += made
     for s in sorted(buffers):
         groups += packed_batches(buffers[s], config, length, order, final=True)[0]
@@ -274,8 +276,8 @@ class _BatchByKey(beam.DoFn):
 
 
 class _PackByShard(beam.DoFn):
-    """Gathers a shard's windows until ``pack_threshold`` tokens, packs them, sends the full batches on and
-    keeps the rest for the next round; at the end of input packs and sends everything (``packed_stream``
+    """Gathers a shard's windows until ``pack_threshold`` new tokens, packs them with what earlier rounds
+    left, sends the full batches on and keeps the rest for the next round; at the end of input packs and sends everything (``packed_stream``
     is the same without Beam). Without a processing-time timer, as ``_BatchByKey``."""
 
     BUFFER = userstate.BagStateSpec("buffer", coders.PickleCoder())
@@ -298,7 +300,6 @@ class _PackByShard(beam.DoFn):
             tokens.clear()
             for w in left:
                 buffer.add(w)
-                tokens.add(w.length)
             for bucket_len, rows, group in groups:
                 yield pack_batch(group, bucket_len, rows)
 

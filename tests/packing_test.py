@@ -99,7 +99,7 @@ def test_packing_never_pads_more_than_bucketing_and_keeps_every_window_whole(see
 
 def test_bucket_batches_packs_as_batch_windows_does():
     """Fewer tokens than a packing round: all is packed at the end of input, whatever the arrival order."""
-    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, packing=True)
+    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=512, packing=True)
     windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(
         [3, 16, 17, 40, 64, 5, 30, 9, 12, 33, 2, 15, 16, 31, 50, 8, 7, 6, 60, 20, 11, 4])]
     assert sum(w.length for w in windows) < pack_threshold(config)
