@@ -7,7 +7,9 @@ pipeline vs the encoder alone.
 docbeam is timed as the pipeline runs it: windows from pipeline.tokenize.windows_for, batches from
 pipeline.bucket, EncoderRuntime.encode per batch, every shape compiled once before timing. Both sides
 count real tokens (attention-mask tokens after truncation to the window length); with the default
-``--long-documents truncate`` they encode exactly the same token sequences.
+``--long-documents truncate`` they encode exactly the same token sequences. Both load and warm up, then
+their timed passes take turns (docbeam, sentence-transformers, docbeam, …), best of each kept: this shared
+VM's speed drifts by ±20% within minutes, and taking turns moves both sides alike.
 """
 from __future__ import annotations
 
@@ -105,6 +107,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     cache_after_warmup = cache.snapshot()
 
     passes, vectors = [], {}
+    yield  # warmed up: the timed passes alternate with the other side's (see ``alternate``)
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         for batch in batches:
@@ -112,6 +115,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
             shapes[batch.ids_BxT.shape]["steady_ms"].append(timing["total_ms"])
             vectors.update({w[0]: v for w, v in zip(batch.windows, out) if w[1] == 0})
         passes.append(time.perf_counter() - t0)
+        yield
 
     real = sum(b.real_tokens for b in batches)
     for s in shapes.values():
@@ -132,6 +136,7 @@ def sentence_transformers_side(args, texts, folder, window_len) -> dict:
     import torch
 
     if args.st_device == "cuda" and not torch.cuda.is_available():
+        yield
         return {"skipped": f"torch {torch.__version__} has no CUDA"}
     torch.set_num_threads(args.torch_threads)
     from sentence_transformers import SentenceTransformer
@@ -155,10 +160,12 @@ def sentence_transformers_side(args, texts, folder, window_len) -> dict:
     encode(texts[:2 * args.st_batch_size])
     warmup_s = time.perf_counter() - t0
     passes = []
+    yield
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         embeddings = encode(texts)
         passes.append(time.perf_counter() - t0)
+        yield
     return {"device": args.st_device, "torch_threads": torch.get_num_threads(), "real_tokens": real,
             "load_s": load_s, "warmup_s": warmup_s, "passes_s": passes, "best_s": min(passes),
             "tokens_per_s": real / min(passes), "embeddings": embeddings}
@@ -192,6 +199,27 @@ def pipeline_side(args, docs, tmp) -> dict:
             "wall_after_first_batch_tokens_per_s": real / after_first_s}
 
 
+def alternate(*sides) -> list:
+    """Drive generator sides round-robin: each loads and warms up, then their timed passes take turns, so a
+    machine that speeds up or slows down during the run (these shared VMs swing ±20%) moves both alike.
+    Returns what each side returns."""
+    results = [None] * len(sides)
+    running = dict(enumerate(sides))
+    while running:
+        for i, side in list(running.items()):
+            try:
+                next(side)
+            except StopIteration as done:
+                results[i] = done.value
+                del running[i]
+    return results
+
+
+def skipped(reason: str):
+    yield
+    return {"skipped": reason}
+
+
 def cosine_agreement(docbeam_vectors: dict, st_embeddings, docs) -> float:
     """Lowest cosine between docbeam's and sentence-transformers' embedding of a document."""
     import numpy as np
@@ -219,10 +247,10 @@ def main(argv=None) -> int:
           f"{args.tokens_per_batch}, dtype {args.dtype}, backend {args.backend}, long documents "
           f"{args.long_documents}, best of {args.repeats}\n", flush=True)
 
-    ours = docbeam_side(args, docs, folder, checkpoint.settings)
+    ours, theirs = alternate(docbeam_side(args, docs, folder, checkpoint.settings),
+                             skipped("--st-device skip") if args.st_device == "skip"
+                             else sentence_transformers_side(args, [d.text for d in docs], folder, window_len))
     vectors = ours.pop("vectors")
-    theirs = ({"skipped": "--st-device skip"} if args.st_device == "skip"
-              else sentence_transformers_side(args, [d.text for d in docs], folder, window_len))
     agreement = None
     if "embeddings" in theirs:
         embeddings = theirs.pop("embeddings")
