@@ -36,7 +36,7 @@ def test_validate_fails_at_start_when_no_backend_can_run_a_bucket():
     result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=flash",
                      "--set", "attention.flash={kernel: cudnn}")
     assert result.returncode == 2
-    assert "cannot run bucket 48 (cpu, float32" in result.stderr and "attention.fallback" in result.stderr
+    assert "cannot run bucket 128 (cpu, float32" in result.stderr and "attention.fallback" in result.stderr
 
 
 @pytest.mark.slow
