@@ -100,6 +100,20 @@ def proposals(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), m
     return rows
 
 
+def packed_proposals(lengths: list[int], window_len: int, unpacked: list[dict]) -> list[dict]:
+    """With packing, short windows fill long rows, so fewer buckets pad about as little and compile less:
+    per budget, the longest bucket alone, half and whole window, and each unpacked proposal, scored packed."""
+    half = max(16, 16 * round(window_len / 32))
+    rows = []
+    for budget in sorted({r["tokens_per_batch"] for r in unpacked}):
+        sets = {(window_len,), (half, window_len) if half < window_len else (window_len,)}
+        sets |= {tuple(r["buckets"]) for r in unpacked if r["tokens_per_batch"] == budget}
+        for buckets in sorted(sets, key=lambda b: (len(b), b)):
+            rows.append({"tokens_per_batch": budget, "buckets": list(buckets),
+                         "padding_efficiency": round(padding_efficiency(lengths, buckets, budget, packing=True), 4)})
+    return rows
+
+
 def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to propose from."""
     from pipeline.plan import make_plan
@@ -112,16 +126,25 @@ def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     sample.rejected += no_tokens
     if not lengths:
         raise ConfigError(nothing_to_propose(cfg, sample))
-    current = padding_efficiency(lengths, cfg.batching.buckets, cfg.batching.tokens_per_batch)
+    packing = plan.config.batching.packing is True  # as the plan resolved auto for this job's backends
+    current = padding_efficiency(lengths, cfg.batching.buckets, cfg.batching.tokens_per_batch, packing)
     out = [f"# {sample.read} documents read, {len(sample.documents) - len(no_tokens)} kept "
            f"({len(sample.rejected)} the job would reject) → {len(lengths)} windows of ≤ {plan.window_len} tokens",
-           f"# now: buckets {list(cfg.batching.buckets)}, tokens_per_batch {cfg.batching.tokens_per_batch}: "
-           f"padding efficiency {current:.3f}",
+           f"# now: buckets {list(cfg.batching.buckets)}, tokens_per_batch {cfg.batching.tokens_per_batch}"
+           f"{', packed' if packing else ''}: padding efficiency {current:.3f}",
            "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency |", "|---|---|---|---|"]
     rows = proposals(lengths, plan.window_len)
     out += [f"| {r['tokens_per_batch']} | {r['max_buckets']} | {r['buckets']} | {r['padding_efficiency']:.3f} |"
             for r in rows]
     best = max(rows, key=lambda r: (r["padding_efficiency"] - 0.005 * r["max_buckets"], r["tokens_per_batch"]))
+    if packing:
+        packed = packed_proposals(lengths, plan.window_len, rows)
+        out += ["", "# batching.packing is on for this job: the same budgets with packed rows",
+                "| tokens_per_batch | buckets | padding efficiency (packed) |", "|---|---|---|"]
+        out += [f"| {r['tokens_per_batch']} | {r['buckets']} | {r['padding_efficiency']:.3f} |" for r in packed]
+        best = max(packed, key=lambda r: (r["padding_efficiency"] - 0.005 * len(r["buckets"]), r["tokens_per_batch"]))
+        out += ["# padding alone does not show that a packed row pays attention over its whole length: a short",
+                "# bucket as well (e.g. [128, 256]) costs one compilation more and less attention; time both"]
     out += ["# each bucket costs one compilation per worker; a larger budget means fewer, larger batches.",
             "# with one bucket fewer per half-point of efficiency, this config would be:",
             "batching:", f"  buckets: {best['buckets']}", f"  tokens_per_batch: {best['tokens_per_batch']}"]

@@ -87,3 +87,13 @@ def test_the_sample_stops_at_the_limit_counting_rejects(tmp_path):
     jsonl(tmp_path / "b.jsonl", {"id": "x", "text": "never read"})
     sample = bucket_advisor.read_sample(_cfg(tmp_path, str(tmp_path / "*.jsonl")), limit=3)
     assert (sample.read, len(sample.rejected), sample.documents) == (3, 3, [])
+
+
+def test_a_packed_job_gets_packed_proposals_with_fewer_buckets(tmp_path):
+    result = plan(tmp_path, "batching.packing=true")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert any(", packed: padding efficiency" in line for line in lines)
+    assert "# batching.packing is on for this job: the same budgets with packed rows" in lines
+    proposed = next(line for line in lines[::-1] if line.startswith("  buckets: ["))
+    assert len(proposed.split(",")) <= 2  # short windows fill long rows: one or two shapes pad as little
