@@ -18,7 +18,7 @@ from attention.interface import AttentionCase
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends
 from attention.registry import from_callable
 from pipeline.bucket import (BucketBatches, batch_windows, max_windows_per_row, pack_batch, pack_rows,
-                             pack_threshold, padding_efficiency)
+                             pack_threshold, packed_batches, padding_efficiency, window_order)
 from pipeline.config import BatchingConfig
 from pipeline.records import TokenWindow
 
@@ -110,15 +110,31 @@ def test_bucket_batches_packs_as_batch_windows_does():
         assert_that(made, equal_to([(b.batch_id, b.windows, b.segment_ids_BxT.tolist()) for b in batches]))
 
 
-def test_bucket_batches_sends_batches_before_the_end_of_a_large_input():
+def test_a_packing_round_sends_full_batches_and_keeps_less_than_a_batch_per_bucket():
+    """What _PackByShard does each time a shard has gathered pack_threshold new tokens, before the end of input:
+    the first batches leave early, and what waits stays bounded whatever the input's size."""
     config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, packing=True)
     windows = [window(f"d{i:04d}", 0, 5 + i % 60) for i in range(400)]
-    assert sum(w.length for w in windows) > 10 * pack_threshold(config)
-    expected = batch_windows(windows, config)
+    left, sent, rounds, new = [], 0, 0, 0
+    for w in windows:
+        left.append(w)
+        new += w.length
+        if new >= pack_threshold(config):
+            groups, left = packed_batches(left, config, length=lambda w: w.length, order=window_order, final=False)
+            assert groups, "a round sent no batch"
+            assert all(len(rows) == n for _, n, rows in groups)  # only full batches leave before the end
+            assert sum(w.length for w in left) < len(BUCKETS) * config.tokens_per_batch
+            sent, rounds, new = sent + len(groups), rounds + 1, 0
+    assert rounds > 10 and sent > 10
+
+
+def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
+    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, packing=True)
+    windows = [window(f"d{i:04d}", 0, 5 + i % 60) for i in range(400)]
+    assert sum(w.length for w in windows) > 10 * pack_threshold(config)  # many rounds, then the end of input
     with TestPipeline() as p:
         made = p | beam.Create(windows) | BucketBatches(config) | beam.FlatMap(lambda b: [w[:2] for w in b.windows])
         assert_that(made, equal_to([(w.doc_id, w.index) for w in windows]))
-    assert len(expected) > 10
 
 
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
