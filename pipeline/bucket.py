@@ -9,8 +9,8 @@ incremental run would otherwise pay one mostly empty batch per bucket.
 With ``batching.packing`` a row holds several windows (``pack_rows``): short windows fill the room a
 longer one leaves in its row, told apart by segment ids. Packing needs windows of every length together,
 so windows are keyed by shard alone, gathered two batches' worth at a time, packed with what the last round
-left, and the full batches sent on (``_PackByShard``); what fills no batch waits for the next round, and the
-end of input.
+left, and the full batches sent on (``_PackByShard``); under-filled rows and what fills no batch wait for
+the next round, and the end of input.
 """
 from __future__ import annotations
 
@@ -137,26 +137,53 @@ def pack_rows(items: list, config: BatchingConfig, length: Callable = len, order
     return [(bucket_len, row_items) for bucket_len, _, row_items in rows]
 
 
-def packed_batches(items: list, config: BatchingConfig, length: Callable = len, order: Callable | None = None,
-                   final: bool = True) -> tuple[list, list]:
-    """``([(bucket_len, rows, [row items])], items left)``: packed rows in full batches per bucket. The rows
-    that fill no batch give their items back (``final=False``: they wait for more), or at the end are
-    repacked across buckets like leftover windows."""
+# Under-filled rows a round may hold back per bucket, in batches: they wait for short windows that fill them.
+HELD_BATCHES = 2
+
+
+def _rows_by_bucket(items: list, config: BatchingConfig, length: Callable, order: Callable | None) -> dict:
     by_bucket: dict[int, list] = collections.defaultdict(list)
     for bucket_len, row in pack_rows(items, config, length, order):
         by_bucket[bucket_len].append(row)
-    groups, left = [], []
-    for bucket_len in sorted(by_bucket):
-        rows = rows_for(bucket_len, config.tokens_per_batch)
-        bucket_rows = by_bucket[bucket_len]
-        full = len(bucket_rows) // rows * rows
-        groups += [(bucket_len, rows, bucket_rows[i:i + rows]) for i in range(0, full, rows)]
-        left += bucket_rows[full:]
-    if not final:
-        return groups, [it for row in left for it in row]
+    return by_bucket
+
+
+def packed_batches(items: list, config: BatchingConfig, length: Callable = len, order: Callable | None = None,
+                   final: bool = True) -> tuple[list, list]:
+    """``([(bucket_len, rows, [row items])], items left)``: packed rows in full batches per bucket.
+
+    Before the end (``final=False``) a round sends full rows first and holds back up to ``HELD_BATCHES``
+    batches' worth of under-filled rows per bucket (and what fills no batch): their items wait for the
+    next round's short windows, so what waits stays under ``HELD_BATCHES + 1`` batches per bucket.
+    At the end everything goes out, packed the way that pads less: into every bucket's rows, the rows
+    that fill no batch repacked across buckets like leftover windows, or into the longest bucket's rows
+    alone (a row of the longest bucket holds what two shorter ones would, so the last few windows fill
+    fewer batches). So ``config.buckets`` must be the buckets the encoder has compiled: the job's plan
+    leaves out those past the one a full window needs."""
     used = lambda row: sum(length(it) for it in row)  # noqa: E731
+    if not final:
+        groups, left = [], []
+        for bucket_len, bucket_rows in sorted(_rows_by_bucket(items, config, length, order).items()):
+            rows = rows_for(bucket_len, config.tokens_per_batch)
+            full = lambda row: used(row) == bucket_len or len(row) == max_windows_per_row(bucket_len)  # noqa: E731
+            bucket_rows = sorted(bucket_rows, key=lambda row: (not full(row), -used(row)))  # fullest first
+            send = max(sum(map(full, bucket_rows)), len(bucket_rows) - HELD_BATCHES * rows) // rows * rows
+            groups += [(bucket_len, rows, bucket_rows[i:i + rows]) for i in range(0, send, rows)]
+            left += bucket_rows[send:]
+        return groups, [it for row in left for it in row]
     row_order = (lambda row: (-used(row), order(row[0]))) if order else None
-    return groups + repack(left, config, length=used, order=row_order), []
+    ways = []
+    for buckets in dict.fromkeys([config.buckets, config.buckets[-1:]]):
+        each = config.model_copy(update={"buckets": buckets})
+        groups, left = [], []
+        for bucket_len, bucket_rows in sorted(_rows_by_bucket(items, each, length, order).items()):
+            rows = rows_for(bucket_len, config.tokens_per_batch)
+            whole = len(bucket_rows) // rows * rows
+            groups += [(bucket_len, rows, bucket_rows[i:i + rows]) for i in range(0, whole, rows)]
+            left += bucket_rows[whole:]
+        groups += repack(left, config, length=used, order=row_order)
+        ways.append((sum(rows * bucket_len for bucket_len, rows, _ in groups), len(buckets) == 1, groups))
+    return min(ways, key=lambda way: way[:2])[2], []
 
 
 def pack_threshold(config: BatchingConfig) -> int:
@@ -277,8 +304,9 @@ class _BatchByKey(beam.DoFn):
 
 class _PackByShard(beam.DoFn):
     """Gathers a shard's windows until ``pack_threshold`` new tokens, packs them with what earlier rounds
-    left, sends the full batches on and keeps the rest for the next round; at the end of input packs and sends everything (``packed_stream``
-    is the same without Beam). Without a processing-time timer, as ``_BatchByKey``."""
+    left, sends full batches on and keeps the rest (under-filled rows, what fills no batch) for the next
+    round; at the end of input packs and sends everything (``packed_batches``; ``packed_stream`` is the
+    same without Beam). Without a processing-time timer, as ``_BatchByKey``."""
 
     BUFFER = userstate.BagStateSpec("buffer", coders.PickleCoder())
     TOKENS = userstate.CombiningValueStateSpec("tokens", combine_fn=sum)

@@ -100,7 +100,9 @@ def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
     hashes = to_encode | "HashContents" >> beam.Map(lambda d: (d.id, content_hash(d.text)))
     tokenized = to_encode | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize)
-    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(cfg.batching)
+    # The buckets the encoder compiles: packing may fill the longest of them, never one past a full window.
+    used = cfg.batching.model_copy(update={"buckets": tuple(sorted(c.case.seq_len for c in plan.choices))})
+    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
     pooled = {"windows": encoded["windows"], "hashes": hashes} | "PoolDocuments" >> PoolDocuments(plan.normalize)

@@ -17,7 +17,7 @@ import attention
 from attention.interface import AttentionCase
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends
 from attention.registry import from_callable
-from pipeline.bucket import (BucketBatches, batch_windows, max_windows_per_row, pack_batch, pack_rows,
+from pipeline.bucket import (HELD_BATCHES, BucketBatches, batch_windows, max_windows_per_row, pack_batch, pack_rows,
                              pack_threshold, packed_batches, padding_efficiency, window_order)
 from pipeline.config import BatchingConfig
 from pipeline.records import TokenWindow
@@ -110,7 +110,7 @@ def test_bucket_batches_packs_as_batch_windows_does():
         assert_that(made, equal_to([(b.batch_id, b.windows, b.segment_ids_BxT.tolist()) for b in batches]))
 
 
-def test_a_packing_round_sends_full_batches_and_keeps_less_than_a_batch_per_bucket():
+def test_a_packing_round_sends_full_batches_and_keeps_what_waits_bounded():
     """What _PackByShard does each time a shard has gathered pack_threshold new tokens, before the end of input:
     the first batches leave early, and what waits stays bounded whatever the input's size."""
     config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, packing=True)
@@ -123,9 +123,27 @@ def test_a_packing_round_sends_full_batches_and_keeps_less_than_a_batch_per_buck
             groups, left = packed_batches(left, config, length=lambda w: w.length, order=window_order, final=False)
             assert groups, "a round sent no batch"
             assert all(len(rows) == n for _, n, rows in groups)  # only full batches leave before the end
-            assert sum(w.length for w in left) < len(BUCKETS) * config.tokens_per_batch
+            assert sum(w.length for w in left) < (HELD_BATCHES + 1) * len(BUCKETS) * config.tokens_per_batch
             sent, rounds, new = sent + len(groups), rounds + 1, 0
     assert rounds > 10 and sent > 10
+
+
+def test_a_round_sends_full_rows_first_and_holds_back_under_filled_ones_for_later_windows():
+    config = BatchingConfig(buckets=(64,), tokens_per_batch=128, packing=True)  # 2 rows per batch
+    # Two rows fill exactly (60 + 4); six hold one 50 each, room a later 14 could fill.
+    groups, left = packed_batches([60, 60] + [50] * 6 + [4, 4], config, length=int, final=False)
+    assert groups[0] == (64, 2, [[60, 4], [60, 4]])
+    # More under-filled rows than HELD_BATCHES batches: the surplus goes out, in full batches.
+    assert [rows for _, _, rows in groups[1:]] == [[[50], [50]]] * (6 // 2 - HELD_BATCHES)
+    assert left == [50] * (2 * HELD_BATCHES)
+
+
+def test_the_end_of_input_packs_into_the_longest_bucket_when_that_pads_less():
+    config = BatchingConfig(buckets=(32, 64), tokens_per_batch=128, packing=True)  # 4 rows of 32, 2 of 64
+    # Five 20s: five rows of 32 (two batches) or two rows of 64 (one).
+    assert packed_batches([20] * 5, config, length=int) == ([(64, 2, [[20, 20, 20], [20, 20]])], [])
+    # Four 30s pad alike either way: the shorter rows are kept, their attention is cheaper.
+    assert packed_batches([30] * 4, config, length=int) == ([(32, 4, [[30], [30], [30], [30]])], [])
 
 
 def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
