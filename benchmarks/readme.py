@@ -30,6 +30,7 @@ SECTIONS = (
     ("attention-native.json", "native's two forms at encoder lengths (batch 8)"),
     ("chunk_sweep.json", "chunked's chunk sizes per length"),
     ("bucketing.json", "Padding"),
+    ("batch_shapes.json", "Batch shapes: bucket sets × tokens_per_batch"),
     ("compiles-real.json", "Compilations"),
     ("long_context.json", "Long context"),
     ("incremental.json", "Incremental runs"),
