@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import importlib.metadata
 import os
@@ -83,8 +84,6 @@ def probe_once(spec: AttentionSpec, choice: Choice) -> None:
 def probe_all(spec: AttentionSpec, choices) -> None:
     """``probe_once`` for every choice, in parallel threads (XLA compiles without the GIL); a failure raises
     as the sequential loop would, the first failing choice's."""
-    import concurrent.futures
-
     choices = list(choices)
     workers = max(1, min(len(choices), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-probe") as pool:
@@ -162,6 +161,15 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
     and writes nothing, leaves out both (its placeholders name buckets that need not exist)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
+    # Hashing the weights releases the GIL: it runs on another core beside the checks and probes below.
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docbeam-digest") as pool:
+        weights = pool.submit(weights_digest, cfg.model.path)
+        return _checked_plan(cfg, checkpoint, weights, probe_backends, for_output, for_input)
+
+
+def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future, probe_backends: bool,
+                  for_output: bool, for_input: bool) -> JobPlan:
+    """``make_plan`` once the checkpoint is open and its weights are being hashed (``weights``)."""
     settings = checkpoint.settings
     window_len = cfg.model.max_seq_len or settings.max_seq_len
     special = load_tokenizer(resolve_dir(cfg.model.path)).num_special_tokens_to_add(pair=False)
@@ -178,7 +186,7 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
         probe_all(spec, choices)  # a backend that crashes or returns garbage fails here, not on the workers
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
-    key = {"weights_digest": weights_digest(cfg.model.path), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
+    key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
            "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
