@@ -9,7 +9,9 @@ pipeline.bucket, EncoderRuntime.encode per batch, every shape compiled once befo
 count real tokens (attention-mask tokens after truncation to the window length); with the default
 ``--long-documents truncate`` they encode exactly the same token sequences. Both load and warm up, then
 their timed passes take turns (docbeam, sentence-transformers, docbeam, …), best of each kept: this shared
-VM's speed drifts by ±20% within minutes, and taking turns moves both sides alike.
+VM's speed drifts by ±20% within minutes, and taking turns moves both sides alike. The whole pipeline then
+runs as many times (in this process, so later runs find the encoder loaded) and keeps its run with the
+shortest wall time after the first batch, so both sides of "pipeline ÷ encoder alone" are a best of N.
 """
 from __future__ import annotations
 
@@ -259,7 +261,9 @@ def main(argv=None) -> int:
     whole = None
     if not args.skip_pipeline:
         with tempfile.TemporaryDirectory(prefix="docbeam-bench-") as tmp:
-            whole = pipeline_side(args, docs, tmp)
+            runs = [pipeline_side(args, docs, tempfile.mkdtemp(dir=tmp)) for _ in range(args.repeats)]
+        whole = min(runs, key=lambda run: run["wall_after_first_batch_s"])
+        whole["wall_after_first_batch_every_run_s"] = [round(run["wall_after_first_batch_s"], 3) for run in runs]
 
     rows = [[f"docbeam ({args.backend})", ours["device"], ours["real_tokens"], ours["padded_tokens"],
              ours["load_s"], ours["compile_s"], ours["warmup_s"], ours["best_s"], ours["tokens_per_s"]]]
@@ -304,7 +308,8 @@ def main(argv=None) -> int:
              common.ratio(whole["summary_tokens_per_s"], base)],
         ]))
         print(f"\npipeline: {whole['batches']} batches, {whole['compiles']} compilations, {whole['real_tokens']} real "
-              "tokens; compute_ms includes compilation on a batch that compiled")
+              "tokens; compute_ms includes compilation on a batch that compiled; the fastest of "
+              f"{len(runs)} run(s) after the first batch: {', '.join(map(str, whole['wall_after_first_batch_every_run_s']))} s")
 
     corpus = "" if args.corpus == "sample" else f"-{os.path.basename(args.corpus).split('.')[0]}{len(docs)}"
     name = f"encoder-{args.dtype}" + corpus + ("" if args.backend == "native" else f"-{args.backend}") + (
