@@ -11,7 +11,8 @@ count real tokens (attention-mask tokens after truncation to the window length);
 their timed passes take turns (docbeam, sentence-transformers, docbeam, …), best of each kept: this shared
 VM's speed drifts by ±20% within minutes, and taking turns moves both sides alike. The whole pipeline then
 runs as many times (in this process, so later runs find the encoder loaded) and keeps its run with the
-shortest wall time after the first batch, so both sides of "pipeline ÷ encoder alone" are a best of N.
+shortest wall time after the first batch, so both sides of "pipeline ÷ encoder alone" are a best of N; the
+whole-job row is the first run's, which loads and compiles the encoder as `docbeam run` does.
 """
 from __future__ import annotations
 
@@ -201,6 +202,17 @@ def pipeline_side(args, docs, tmp) -> dict:
             "wall_after_first_batch_tokens_per_s": real / after_first_s}
 
 
+def best_after_first_batch(runs: list[dict]) -> dict:
+    """The run with the shortest wall time after its first batch, for the rates after the first batch; the
+    whole-job figures stay the first run's, the only one that loaded and compiled the encoder as a
+    `docbeam run` does (later runs in this process find it loaded)."""
+    best = min(runs, key=lambda run: run["wall_after_first_batch_s"])
+    first = runs[0]
+    return {**best, "wall_seconds": first["wall_seconds"], "summary_tokens_per_s": first["summary_tokens_per_s"],
+            "compiles": first["compiles"],
+            "wall_after_first_batch_every_run_s": [round(run["wall_after_first_batch_s"], 3) for run in runs]}
+
+
 def alternate(*sides) -> list:
     """Drive generator sides round-robin: each loads and warms up, then their timed passes take turns, so a
     machine that speeds up or slows down during the run (these shared VMs swing ±20%) moves both alike.
@@ -262,8 +274,7 @@ def main(argv=None) -> int:
     if not args.skip_pipeline:
         with tempfile.TemporaryDirectory(prefix="docbeam-bench-") as tmp:
             runs = [pipeline_side(args, docs, tempfile.mkdtemp(dir=tmp)) for _ in range(args.repeats)]
-        whole = min(runs, key=lambda run: run["wall_after_first_batch_s"])
-        whole["wall_after_first_batch_every_run_s"] = [round(run["wall_after_first_batch_s"], 3) for run in runs]
+        whole = best_after_first_batch(runs)
 
     rows = [[f"docbeam ({args.backend})", ours["device"], ours["real_tokens"], ours["padded_tokens"],
              ours["load_s"], ours["compile_s"], ours["warmup_s"], ours["best_s"], ours["tokens_per_s"]]]
@@ -304,7 +315,7 @@ def main(argv=None) -> int:
              excl_compile, common.ratio(excl_compile, base)],
             ["pipeline wall after first batch", whole["wall_after_first_batch_s"],
              after_first, common.ratio(after_first, base)],
-            ["pipeline whole job (summary.json)", whole["wall_seconds"], whole["summary_tokens_per_s"],
+            ["pipeline whole job (summary.json, first run)", whole["wall_seconds"], whole["summary_tokens_per_s"],
              common.ratio(whole["summary_tokens_per_s"], base)],
         ]))
         print(f"\npipeline: {whole['batches']} batches, {whole['compiles']} compilations, {whole['real_tokens']} real "
