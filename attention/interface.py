@@ -7,6 +7,15 @@ on mask formats (boolean masks, segment ids, sequence lengths) and each adapter 
 With ``batching.packing`` a row holds several windows one after another, told apart by segment ids
 (``segment_ids_BxT``: 1, 2, … per window, 0 for padding; a token attends only to its own window). Only
 backends registered with ``segments=True`` are handed them; the plan refuses packed cases for the others.
+
+Model families add two more things a layer may ask of attention, each declared per backend the same way:
+- ``local_window=(left, right)``: query i attends only keys i-left ≤ j ≤ i+right (ModernBERT's local layers,
+  ±64). Static Python ints, so a kernel can skip whole key blocks outside the window.
+- ``bias``: an additive per-head score bias, ``bias(q_index_T, k_index_S) -> bias_NxTxS`` (float32), a pure
+  JAX function of row indices (MPNet's relative-position buckets; ALiBi later). A backend calls it for the
+  blocks it computes, so no ``[B, N, T, S]`` tensor need exist. Packed windows are contiguous, so an index
+  difference inside one window is a position difference, and pairs across windows are masked anyway.
+A layer passes only the ones it uses; a backend is never handed a feature it did not declare.
 """
 from __future__ import annotations
 
@@ -26,7 +35,24 @@ class AttentionFn(Protocol):
     """
 
     def __call__(self, q_BxTxNxH: Any, k_BxSxNxH: Any, v_BxSxNxH: Any, *, kv_lengths_B: Any,
-                 scale: float, **segment_ids_BxT: Any) -> Any: ...
+                 scale: float, **features: Any) -> Any: ...
+
+
+# The optional keyword arguments of an AttentionFn, and the Backend flag that declares each.
+FEATURE_FLAGS = {"segment_ids_BxT": "segments", "local_window": "windows", "bias": "bias"}
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFeatures:
+    """What one kind of layer asks of attention beyond plain padding: a model has one or a few kinds
+    (ModernBERT: global and local layers), and the plan asks the capability check about each."""
+
+    local_window: tuple[int, int] | None = None  # (left, right) keys each side; None: global
+    bias: bool = False  # an additive per-head bias function
+
+    def describe(self) -> str:
+        parts = [f"local window {self.local_window}" if self.local_window else "global"]
+        return ", ".join(parts + (["per-head bias"] if self.bias else []))
 
 
 def current_platform() -> str:
@@ -51,6 +77,15 @@ class AttentionCase:
     num_heads: int
     head_dim: int  # rows may always be shorter than seq_len: padding is part of every case
     packed: bool = False  # batching.packing: rows carry several windows, told apart by segment ids
+    local_window: tuple[int, int] | None = None  # AttentionFeatures.local_window of the layers asked about
+    bias: bool = False  # those layers add a per-head bias
+
+    @property
+    def features(self) -> AttentionFeatures:
+        return AttentionFeatures(self.local_window, self.bias)
+
+    def with_features(self, features: AttentionFeatures) -> "AttentionCase":
+        return dataclasses.replace(self, local_window=features.local_window, bias=features.bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +121,22 @@ class Backend:
     options_type: type[pydantic.BaseModel] = NoOptions
     description: str = ""
     segments: bool = False  # takes segment_ids_BxT, so it can run packed batches
+    windows: bool = False  # takes local_window=(left, right)
+    bias: bool = False  # takes bias(q_index_T, k_index_S) -> bias_NxTxS
 
     def refusal(self, case: AttentionCase) -> Support | None:
-        """What the plan answers for this backend before asking its own check: a packed case for a backend
-        that does not take segment ids."""
+        """What the plan answers for this backend before asking its own check: a case needing a feature the
+        backend did not declare."""
         if case.packed and not self.segments:
             return Support(ok=False, reason="it takes no segment ids, which packed rows (batching.packing: true) "
                                             "need; set batching.packing: false, or register it with segments=True")
+        if case.local_window and not self.windows:
+            return Support(ok=False, reason=f"it takes no local window, which this model's local layers need "
+                                            f"({case.local_window[0]} keys left, {case.local_window[1]} right); "
+                                            "register it with windows=True")
+        if case.bias and not self.bias:
+            return Support(ok=False, reason="it takes no additive per-head bias, which this model's layers add "
+                                            "(relative positions); register it with bias=True")
         return None
 
     def parse_options(self, raw: dict | None) -> pydantic.BaseModel:
@@ -105,14 +149,18 @@ class Backend:
         opts = options if options is not None else self.parse_options(None)
         scope = f"attention/{self.name}"
 
-        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, segment_ids_BxT=None):
-            packed = {} if segment_ids_BxT is None else {"segment_ids_BxT": segment_ids_BxT}
-            if packed and not self.segments:
-                raise ValueError(f"attention backend {self.name!r} takes no segment ids; the plan should have "
-                                 "refused packed batches for it")
+        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, **features):
+            features = {key: value for key, value in features.items() if value is not None}
+            for key in features:
+                flag = FEATURE_FLAGS.get(key)
+                if flag is None:
+                    raise TypeError(f"attention got an unknown argument {key!r}; known: {', '.join(FEATURE_FLAGS)}")
+                if not getattr(self, flag):
+                    raise ValueError(f"attention backend {self.name!r} takes no {key} (it is not registered "
+                                     f"with {flag}=True); the plan should have refused this case for it")
             with jax.named_scope(scope):
                 return self.attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B,
-                                   scale=scale, options=opts, **packed)
+                                   scale=scale, options=opts, **features)
 
         attend.__name__ = f"attend_{self.name}"
         attend.backend_name = self.name

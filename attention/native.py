@@ -44,28 +44,45 @@ def supports(case: AttentionCase, options: NativeOptions) -> Support:
     return Support(ok=True, kernel=KERNELS[formulation(options, case.platform)])
 
 
-@register("native", options=NativeOptions, supports=supports, segments=True,
+@register("native", options=NativeOptions, supports=supports, segments=True, windows=True, bias=True,
           description="attention in plain XLA ops (einsum with a mask bias on CPU; "
                       "jax.nn.dot_product_attention elsewhere)")
-def native(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: NativeOptions, segment_ids_BxT=None):
+def native(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: NativeOptions, segment_ids_BxT=None,
+           local_window=None, bias=None):
     if formulation(options, current_platform()) == "jax_nn":
+        t, s = q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]
         same_BxNxTxS = None
         if segment_ids_BxT is not None:
             same_BxNxTxS = (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])[:, None]
-        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, scale=scale, mask=same_BxNxTxS,
-                                            key_value_seq_lengths=kv_lengths_B, implementation="xla")
-    return einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, segment_ids_BxT)
+        bias_1xNxTxS = None if bias is None else bias(jnp.arange(t), jnp.arange(s))[None].astype(q_BxTxNxH.dtype)
+        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_1xNxTxS, scale=scale,
+                                            mask=same_BxNxTxS, key_value_seq_lengths=kv_lengths_B,
+                                            local_window_size=local_window, implementation="xla")
+    return einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, segment_ids_BxT, local_window,
+                            bias)
 
 
-def einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, segment_ids_BxT=None):
-    s = k_BxSxNxH.shape[1]
+def in_window(q_index_T, k_index_S, local_window):
+    """[T, S]: whether key j lies within (left, right) of query i."""
+    left, right = local_window
+    offset_TxS = k_index_S[None, :] - q_index_T[:, None]
+    return (offset_TxS >= -left) & (offset_TxS <= right)
+
+
+def einsum_attention(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, segment_ids_BxT=None,
+                     local_window=None, bias=None):
+    t, s = q_BxTxNxH.shape[1], k_BxSxNxH.shape[1]
     if segment_ids_BxT is None:  # one mask row for every query: T is 1
         valid_BxTxS = (jnp.arange(s)[None, :] < kv_lengths_B[:, None])[:, None, :]
     else:  # padding (segment 0) attends to padding: finite, and ignored downstream
         valid_BxTxS = segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :]
-    bias = jnp.where(valid_BxTxS, 0.0, MASKED).astype(jnp.float32)[:, None]  # [B, 1, T or 1, S]
+    if local_window is not None:
+        valid_BxTxS = valid_BxTxS & in_window(jnp.arange(t), jnp.arange(s), local_window)[None]
+    mask_bias = jnp.where(valid_BxTxS, 0.0, MASKED).astype(jnp.float32)[:, None]  # [B, 1, T or 1, S]
+    if bias is not None:
+        mask_bias = mask_bias + bias(jnp.arange(t), jnp.arange(s)).astype(jnp.float32)[None]
     logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype), k_BxSxNxH,
-                                preferred_element_type=jnp.float32) + bias
+                                preferred_element_type=jnp.float32) + mask_bias
     weights_BxNxTxS = jnp.exp(logits_BxNxTxS - logits_BxNxTxS.max(axis=-1, keepdims=True))
     out_BxNxTxH = jnp.einsum("bnts,bsnh->bnth", weights_BxNxTxS.astype(v_BxSxNxH.dtype), v_BxSxNxH,
                              preferred_element_type=jnp.float32)

@@ -23,14 +23,15 @@ class UnknownBackendError(ValueError):
 
 
 def register(name: str, *, options: type = NoOptions, supports: Callable | None = None,
-             description: str = "", segments: bool = False):
+             description: str = "", segments: bool = False, windows: bool = False, bias: bool = False):
     """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; with
-    ``segments=True`` it also takes ``segment_ids_BxT`` (packed batches)."""
+    ``segments=True`` it also takes ``segment_ids_BxT`` (packed batches), with ``windows=True``
+    ``local_window``, with ``bias=True`` ``bias`` (attention/interface.py)."""
 
     def decorate(fn):
         add(Backend(name=name, attend=fn, supports=supports or supports_everything,
                     options_type=options, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    segments=segments))
+                    segments=segments, windows=windows, bias=bias))
         return fn
 
     return decorate
@@ -47,21 +48,23 @@ def add(backend: Backend) -> Backend:
 def from_callable(name: str, obj) -> Backend:
     """A Backend from a user's object: a Backend as is, or a plain AttentionFn (its optional
     ``supports(case, options)`` attribute is its capability check; ``supports_segments = True`` says it
-    takes ``segment_ids_BxT``)."""
+    takes ``segment_ids_BxT``, ``supports_windows`` ``local_window``, ``supports_bias`` ``bias``)."""
     if isinstance(obj, Backend):
         return dataclasses.replace(obj, name=name)  # registered under the name the config uses
     if not callable(obj):
         raise TypeError(f"attention backend {name!r} is {obj!r}, which is not callable; it must be an "
                         "AttentionFn: attend(q, k, v, *, kv_lengths_B, scale)")
 
-    def attend(q, k, v, *, kv_lengths_B, scale, options, **segment_ids_BxT):
+    def attend(q, k, v, *, kv_lengths_B, scale, options, **features):
         del options
-        return obj(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale, **segment_ids_BxT)
+        return obj(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale, **features)
 
     supports = getattr(obj, "supports", None) or supports_everything
     return Backend(name=name, attend=attend, supports=supports, options_type=NoOptions,
                    description=(obj.__doc__ or f"user backend {name}").strip().split("\n")[0],
-                   segments=bool(getattr(obj, "supports_segments", False)))
+                   segments=bool(getattr(obj, "supports_segments", False)),
+                   windows=bool(getattr(obj, "supports_windows", False)),
+                   bias=bool(getattr(obj, "supports_bias", False)))
 
 
 def _load_entry_points() -> None:
