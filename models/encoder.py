@@ -51,6 +51,14 @@ class EncoderConfig:
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
 
+    @property
+    def attention_features(self) -> tuple:
+        """The distinct AttentionFeatures this model's layers call attention with (what the plan asks each
+        backend's capability check about, per bucket): BERT's layers are all global, with no bias."""
+        from attention.interface import AttentionFeatures
+
+        return (AttentionFeatures(),)
+
     def __post_init__(self):
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
