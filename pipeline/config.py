@@ -189,6 +189,9 @@ class RunnerConfig(_Section):
     compilation_cache: str | None = None
     # Set in each worker process before the encoder loads, e.g. XLA_PYTHON_CLIENT_PREALLOCATE: "false".
     worker_env: dict[str, str] = {}
+    # Memory growth after warm-up (pipeline/memory_trend.py) above which the run fails (exit 1, nothing
+    # committed); unset: the growth is only reported (summary.json's memory, the report).
+    max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
 
     @pydantic.field_validator("options")
     @classmethod

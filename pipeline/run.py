@@ -17,7 +17,7 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.breakdown import stage_shares, startup_breakdown
 from pipeline.bucket import BucketBatches
-from pipeline.commit import CommitRun, RunFailed
+from pipeline.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.lock import OutputLock
@@ -86,6 +86,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "packing": cfg.batching.packing, "config_digest": cfg.digest(), "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
+        MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
 
 
