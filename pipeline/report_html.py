@@ -31,6 +31,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 th{background:#f0f0f0}
 .regressions{border-radius:6px;padding:4px 16px 12px;margin-top:12px}
 .bad{background:#fdecea;border:2px solid #c62828}.ok{background:#e8f5e9;border:2px solid #2e7d32}
+.amber{background:#fff8e1;border:2px solid #ef8f00}
 tr.flag td{background:#ffcdd2;font-weight:bold}.warn{background:#fff8e1;border:2px solid #f9a825;padding:4px 12px}
 .empty{background:#fff8e1;border:2px solid #f9a825;border-radius:6px;padding:8px 14px;margin-top:12px}
 .note{color:#666}
@@ -155,14 +156,20 @@ def _regressions_section(run: Run, baseline: Run, regressions: list[Regression],
     limit = 1 + threshold
     rows = [[fmt(b.bucket_len), now.backend or "?", b.median_ms, now.median_ms,
              f"{now.median_ms / b.median_ms - 1:+.1%}"] for b, now in changes]
-    verdict = (f"<p><b>{len(regressions)} regression(s) found.</b></p>" +
-               _table(["what", "where", "baseline", "current", "detail"],
-                      [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions])
-               if regressions else "<p><b>No regressions.</b></p>")
+    if regressions:
+        verdict = (f"<p><b>{len(regressions)} regression(s) found.</b></p>" +
+                   _table(["what", "where", "baseline", "current", "detail"],
+                          [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions]))
+    elif not changes:
+        verdict = ("<p><b>Nothing compared:</b> no (bucket, backend) has steady batches in both runs, so no "
+                   "latency could be compared (different backends or buckets?).</p>")
+    else:
+        verdict = "<p><b>No regressions.</b></p>"
+    status = "bad" if regressions else "ok" if changes else "amber"
     latency = (_table(["bucket", "backend", "baseline median (ms)", "current median (ms)", "change"], rows,
                       [now.median_ms > b.median_ms * limit for b, now in changes])
                if changes else "<p class=note>No (bucket, backend) has steady batches in both runs.</p>")
-    return (f"<section class='regressions {'bad' if regressions else 'ok'}'><h2>Regressions vs baseline</h2>"
+    return (f"<section class='regressions {status}'><h2>Regressions vs baseline</h2>"
             f"<p>Baseline: <code>{html.escape(baseline.path)}</code>. Flagged: a (bucket, backend) whose median "
             f"compute_ms grew by more than {threshold:.0%}, any increase in rejected documents or fallbacks, and a "
             f"suspected memory leak the baseline did not have (or one growing {threshold:.0%} faster)."
