@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", required=True, help="YAML job config, e.g. configs/local.yaml")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key, e.g. --set attention.backend=flash (repeatable)")
+                       help="override a config key, e.g. --set attention.backend=flash (repeatable); a relative path "
+                            "is relative to the current folder (the file's own paths: to the file)")
         if name == "run":
             p.add_argument("--force", action="store_true",
                            help="take over the output's lock even if another run seems alive")
