@@ -9,18 +9,25 @@ mirroring is copying the names the other side lacks.
 
 The cache only saves time: one that cannot be reached (a bucket that does not exist or denies this worker,
 a folder that cannot be created, an upload that fails) is logged as a warning and the encoder compiles
-without it, as it would with no cache configured.
+without it, as it would with no cache configured. A gs:// endpoint that does not answer costs Beam's
+retries (about two minutes) once per VM: the first process to give up leaves a note beside the VM's copy,
+and the VM's other processes, which waited for it on the same lock, read the note instead of retrying.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import time
 
 from models import vm_cache
 from pipeline import storage
 
 ENTRY_SUFFIX = "-cache"  # JAX's LRUCache names an entry <key>-cache (and keeps -atime files beside it)
+UNREACHABLE_SUFFIX = ".unreachable"  # beside the VM's copy: why the first process could not fill it
+# A note speaks for one job's start-up only: a later job on the same machine (a developer's, or a reused
+# VM) tries the cache again.
+UNREACHABLE_NOTE_TTL_S = 600
 log = logging.getLogger(__name__)
 
 
@@ -46,12 +53,22 @@ class CompileCache:
             return self.location
         storage.skip_credential_lookup_for_emulator()
         key = hashlib.sha256(self.location.encode()).hexdigest()[:16]
+        self._note = os.path.join(vm_cache.root(), "jax-cache", key + UNREACHABLE_SUFFIX)
         local = vm_cache.once_per_vm("jax-cache", key, self._pull)
         self._pushed = set(_entries(local))
         return local
 
     def _pull(self, folder: str) -> None:
-        remote = storage.list_files(self.location)
+        """Runs under the VM's lock for this cache, so a note left by a process that gave up is seen here."""
+        if os.path.exists(self._note) and time.time() - os.path.getmtime(self._note) < UNREACHABLE_NOTE_TTL_S:
+            with open(self._note) as f:
+                raise OSError(f"another process on this VM could not reach it: {f.read()}")
+        try:
+            remote = storage.list_files(self.location)
+        except Exception as e:
+            with open(self._note, "w") as f:
+                f.write(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            raise
         for path in remote:
             name = path.rsplit("/", 1)[-1]
             if name.endswith(ENTRY_SUFFIX):

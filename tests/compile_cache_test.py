@@ -109,6 +109,26 @@ def test_a_gcs_cache_in_a_bucket_that_does_not_exist_is_a_warning(tmp_path, monk
     assert jax.config.jax_compilation_cache_dir == before
 
 
+@pytest.mark.gcs
+def test_the_vms_other_processes_take_the_first_ones_word_instead_of_retrying(tmp_path, monkeypatch, caplog):
+    """Beam retries a gs:// endpoint that does not answer for about two minutes; the VM's processes wait for
+    each other on one lock, so without the note each of them would spend those minutes in turn."""
+    from gcs_emulator import gcs_emulator
+
+    monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm"))
+    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="pipeline.compile_cache"):
+        CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        gcs.client.create_bucket("no-such-bucket")  # reachable now: the second process must not ask
+        second = CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        assert second.local is None
+        assert "another process on this VM could not reach it: BeamIOError" in caplog.records[-1].getMessage()
+        (note,) = glob.glob(str(tmp_path / "vm" / "jax-cache" / "*.unreachable"))
+        os.utime(note, (0, 0))  # a note from an earlier job: a new one asks the endpoint again
+        gcs.client.bucket("no-such-bucket").delete()  # (and fails, so that JAX's cache stays this process's)
+        CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        assert "cannot be reached (BeamIOError: Match operation failed" in caplog.records[-1].getMessage()
+
+
 @pytest.mark.slow
 def test_a_job_whose_cache_cannot_be_reached_embeds_every_document_and_commits(tiny_checkpoint_dir, tmp_path):
     cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir,
