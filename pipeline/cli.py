@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--verify", action="store_true",
                            help="also run each bucket's backend against native on a probe batch here")
+            p.add_argument("--for-launch", action="store_true",
+                           help="first refuse (exit 2) the profiles' placeholder project, buckets and image, as "
+                                "run --dry-run and the Flex Template launcher do: a CI step before a launch")
     p = sub.add_parser("propose-buckets", help="propose bucket lengths and token budget from the corpus")
     p.add_argument("--config", required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "validate":
             from pipeline.validate import validation_report
 
-            print(validation_report(cfg, verify=args.verify))
+            print(validation_report(cfg, verify=args.verify, for_launch=args.for_launch))
             return 0
         beam_args = [a for a in args.beam_args if a != "--"]
         if args.dry_run:
