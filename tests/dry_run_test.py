@@ -155,6 +155,15 @@ def test_validate_for_launch_refuses_placeholders_for_a_ci_step(capsys):
     assert code == 0 and "# launch: no placeholder in runner.options.project" in out
 
 
+def test_a_real_run_on_a_profile_as_shipped_is_refused_before_it_touches_anything(tmp_path, capsys):
+    """A scheduler that calls `docbeam run` (no dry run, no Flex Template) on a shipped profile must not
+    launch workers that write the placeholder bucket."""
+    code = cli.main(["run", "--config", profile("dataflow_cpu"), "--set", f"output.path={tmp_path / 'out'}"])
+    captured = capsys.readouterr()
+    assert code == 2 and "runner.options.project is 'my-docbeam-project'" in captured.err
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_dry_run_needs_the_dataflow_runner():
     cfg = config.load(os.path.join(REPO, "configs", "local.yaml"))
     with pytest.raises(ConfigError, match=r"--dry-run builds a Dataflow job, but runner.name is 'DirectRunner'"):
