@@ -71,12 +71,39 @@ def refuse_placeholders(runner: str, values: Mapping[str, object]) -> None:
         raise ConfigError("this job would launch on placeholders:\n  " + "\n  ".join(problems))
 
 
+def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
+    """One line: whether ``name`` would run every bucket of this job were it chosen, and how (its kernels,
+    packed or not), or why not. Packing is resolved for that choice, so a backend that takes no segment ids
+    is not shown as refused merely because this config's own backend packs."""
+    import attention
+    from attention.plan import AttentionPlanError, ask
+    from pipeline.plan import attention_cases, resolve_packing
+
+    backend = attention.get(name)
+    chosen = resolve_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
+    packed = chosen.batching.packing
+    cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform, packed)
+    try:
+        answers = [(case.seq_len, ask(backend, case, cfg.attention.options_for(name))) for case in cases]
+    except AttentionPlanError as e:
+        return f"  {name:10s} NOT usable: {e}"
+    refused = [(b, s) for b, s in answers if not s.ok]
+    if refused:
+        return f"  {name:10s} refused for " + "; ".join(f"bucket {b}: {s.reason}" for b, s in refused)
+    kernels = sorted({s.kernel for _, s in answers if s.kernel})
+    how = "packed" if packed else "unpacked"
+    if cfg.batching.packing == "auto" and packed != plan.config.batching.packing:
+        how += f" (batching.packing: auto would resolve to {str(packed).lower()} with it)"
+    return (f"  {name:10s} runs every bucket, {how}" + (f" ({', '.join(kernels)})" if kernels else "")
+            + f" — {backend.description}")
+
+
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
     import attention
-    from attention.plan import AttentionPlanError, ask, gate
+    from attention.plan import gate
     from pipeline.config import expand_placeholders
     from pipeline.output import new_run_id, run_date
-    from pipeline.plan import attention_cases, make_plan
+    from pipeline.plan import make_plan
 
     cfg = expand_placeholders(cfg, new_run_id(), run_date())
     if for_launch:
@@ -84,27 +111,14 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
-    cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform,
-                            plan.config.batching.packing)
     out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}",
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
             f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
             f"{str(plan.config.batching.packing).lower()}"
             + (" (auto)" if cfg.batching.packing == "auto" else "")]
+    out.append("# what each backend would do if attention.backend named it (packing as `auto` would resolve then):")
     for name in attention.names():
-        backend = attention.get(name)
-        options = cfg.attention.options_for(name)
-        try:
-            answers = [(case.seq_len, ask(backend, case, options)) for case in cases]
-        except AttentionPlanError as e:
-            out.append(f"  {name:10s} NOT usable: {e}")
-            continue
-        if all(s.ok for _, s in answers):
-            kernels = sorted({s.kernel for _, s in answers if s.kernel})
-            out.append(f"  {name:10s} available" + (f" ({', '.join(kernels)})" if kernels else "")
-                       + f" — {backend.description}")
-        else:
-            out.append(f"  {name:10s} NOT for: " + "; ".join(f"bucket {b}: {s.reason}" for b, s in answers if not s.ok))
+        out.append(backend_if_chosen(cfg, plan, name))
     from attention import flash
 
     out += ["# flash: which kernel `kernel: auto` picks per platform", flash.auto_kernel_table()]
