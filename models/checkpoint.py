@@ -16,32 +16,13 @@ import threading
 import numpy as np
 
 from models.encoder import ACTIVATIONS, EncoderConfig
+from models.st_settings import CheckpointError, ModelSettings, model_settings
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
-                    "1_Pooling/config.json")
+                    "config_sentence_transformers.json", "1_Pooling/config.json")
 METADATA_FILES = tuple(name for name in CHECKPOINT_FILES if name != "model.safetensors")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
-# The sentence-transformers modules docbeam reproduces; any other (Dense, LayerNorm, ...) changes the embedding.
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
-POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers before v5, and the mode each means
-    "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken"}
-SUPPORTED_POOLING = ("mean", "cls")
-
-
-class CheckpointError(ValueError):
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """What the checkpoint folder says about windows and pooling (sentence-transformers' files if present)."""
-
-    max_seq_len: int
-    pooling: str  # "mean" | "cls"
-    normalize: bool
 
 
 def resolve_dir(path: str, with_weights: bool = False) -> str:
@@ -141,61 +122,6 @@ def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
         layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=hf.get("hidden_act", "gelu"),
         position="rope" if rope else "absolute", rope_theta=float(hf.get("rope_theta", 10000.0)),
         rope_style="interleaved" if model_type == "roformer" else "half", dtype=dtype)
-
-
-def model_settings(folder: str, config: EncoderConfig) -> ModelSettings:
-    """sentence-transformers' settings decide window length, pooling and normalisation when present; a
-    setting docbeam cannot honour is refused rather than replaced by mean pooling (other embeddings)."""
-    st = _read_json(folder, "sentence_bert_config.json") or {}
-    modules = sentence_transformers_modules(folder)
-    max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
-    max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
-    normalize = any(kind == "Normalize" for kind, _ in modules)
-    return ModelSettings(max_seq_len=int(max_len), pooling=pooling_mode(folder, modules), normalize=normalize)
-
-
-def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
-    """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError."""
-    modules = _read_json(folder, "modules.json") or []
-    out = []
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in SUPPORTED_MODULES:
-            raise CheckpointError(
-                f"model.path: {folder}/modules.json lists module {module.get('name')!r} of type "
-                f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
-                f"{', '.join(SUPPORTED_MODULES)}, so its embeddings would not be this model's; use a checkpoint "
-                "without that module")
-        out.append((kind, module))
-    return out
-
-
-def pooling_mode(folder: str, modules: list[tuple[str, dict]]) -> str:
-    """``mean`` or ``cls`` from the Pooling module's config.json; mean when the checkpoint has none."""
-    path = next((m.get("path") or "1_Pooling" for kind, m in modules if kind == "Pooling"), "1_Pooling")
-    name = f"{path}/config.json"
-    pooling_cfg = _read_json(folder, name)
-    if pooling_cfg is None:
-        if any(kind == "Pooling" for kind, _ in modules):
-            raise CheckpointError(f"model.path: {folder}/modules.json lists a Pooling module at {path!r}, but "
-                                  f"{name} is missing; docbeam reads the pooling mode from it")
-        return "mean"
-    if "pooling_mode" in pooling_cfg:  # sentence-transformers >= 5: a mode name, or a list to concatenate
-        mode = pooling_cfg["pooling_mode"]
-        modes, settings = ([mode] if isinstance(mode, str) else list(mode)), f"pooling_mode: {mode!r}"
-    else:
-        flags = [flag for flag in POOLING_FLAGS if pooling_cfg.get(flag)]
-        modes, settings = [POOLING_FLAGS[f] for f in flags], ", ".join(f"{f}: true" for f in flags)
-    if len(modes) != 1 or modes[0] not in SUPPORTED_POOLING:
-        raise CheckpointError(
-            f"model.path: {folder}/{name} (the Pooling module) sets {settings or 'no pooling mode'}; docbeam pools "
-            f"by exactly one of {', '.join(SUPPORTED_POOLING)}, so its embeddings would not be this model's")
-    return modes[0]
-
-
-def _tokenizer_max_len(folder: str) -> int | None:
-    value = (_read_json(folder, "tokenizer_config.json") or {}).get("model_max_length")
-    return int(value) if value and value < 1_000_000 else None
 
 
 def load_params(folder: str, config: EncoderConfig) -> dict:
