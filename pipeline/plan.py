@@ -12,7 +12,8 @@ import os
 import threading
 
 from attention.plan import AttentionSpec, Choice, choose_backends, probe
-from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir, tokenizer_digest, weights_digest
+from models.checkpoint import (hub_revision, load_tokenizer, open_checkpoint, pinned_path, tokenizer_digest,
+                               weights_digest)
 from models.encoder import EncoderConfig
 from models.st_settings import document_prompt
 from pipeline import output as output_lib
@@ -163,6 +164,9 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
     and writes nothing, leaves out both (its placeholders name buckets that need not exist)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
+    # The workers load the commit the driver resolved a Hub id's branch to.
+    pinned = pinned_path(cfg.model.path, checkpoint.folder)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": pinned})})
     # Hashing the weights releases the GIL: it runs on another core beside the checks and probes below.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docbeam-digest") as pool:
         weights = pool.submit(weights_digest, cfg.model.path)
@@ -193,7 +197,8 @@ def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
-           "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt}
+           "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
+           "model_revision": hub_revision(cfg.model.path)}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
     return JobPlan(cfg, window_len, pooling, normalize, prompt, platform, tuple(choices), checkpoint.config, spec,
                    key, reuse)

@@ -1,7 +1,8 @@
 """Incremental runs: carry a previous run's vectors over for documents whose text did not change.
 
 A previous output is a source only when its manifest is complete and its reuse key (weights, tokenizer,
-window, stride, long-document mode, pooling, normalisation, dtype, prompt) equals this run's; the attention
+window, stride, long-document mode, pooling, normalisation, dtype, prompt, and a Hub id's commit) equals
+this run's; the attention
 backend is not part of the key, since every backend is held to native's result. Then each document is
 joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
 hash carries the previous vector over byte for byte, anything else is encoded.
@@ -22,9 +23,10 @@ from pipeline.config import ConfigError
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.records import Document
 
-# A run before prompts recorded no "prompt": it embedded without one, which None (no prompt) matches.
+# A run before prompts and Hub ids recorded no "prompt" nor "model_revision": it embedded without a prompt
+# from a path that was not a Hub id, which None matches.
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype", "prompt")
+              "normalize", "dtype", "prompt", "model_revision")
 ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
 log = logging.getLogger(__name__)
 
@@ -56,8 +58,9 @@ class ReuseDecision:
 
 
 def key_differences(previous: dict, current: dict) -> list[str]:
-    return [f"{name}: {previous.get(name)!r} then, {current[name]!r} now" for name in KEY_FIELDS
-            if previous.get(name) != current[name]]
+    """A field a key does not hold is None: what a run before that field existed used (no prompt, no Hub id)."""
+    return [f"{name}: {previous.get(name)!r} then, {current.get(name)!r} now" for name in KEY_FIELDS
+            if previous.get(name) != current.get(name)]
 
 
 def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision:
