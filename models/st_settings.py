@@ -16,7 +16,9 @@ not listed, is a CheckpointError naming the file and key, so a setting is never 
   (a speed setting); refused unless at their defaults ``do_lower_case`` (false), ``transformer_task``
   (feature-extraction), ``modality_config`` (text through forward's last_hidden_state), ``module_output_name``
   (token_embeddings), ``processing_kwargs`` (empty), ``query_length``, ``document_length``,
-  ``query_expansion`` (null).
+  ``query_expansion`` (null); ``model_args``, ``tokenizer_args``, ``config_args`` (before v5; and v5's
+  ``model_kwargs``, ``processor_kwargs``, ``config_kwargs``) harmless when they hold at most
+  ``trust_remote_code`` (docbeam runs its own code for each family, never the repository's), else refused.
 """
 from __future__ import annotations
 
@@ -52,6 +54,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "module_output_name": "token_embeddings", "processing_kwargs": {}, "query_length": None,
         "document_length": None, "query_expansion": None},
 }
+# from_pretrained arguments a Transformer module may carry, and the ones that do not change the vectors.
+LOADING_KWARGS = ("model_args", "tokenizer_args", "config_args", "model_kwargs", "processor_kwargs", "config_kwargs")
+HARMLESS_LOADING_KWARGS = {"trust_remote_code"}
 HONOURED = {
     ST_CONFIG: ("prompts", "default_prompt_name", "model_type"),
     MODULES: ("idx", "name", "path", "type"),
@@ -62,6 +67,8 @@ WHY_REFUSED = {
     "truncate_dim": "docbeam writes the model's full vector", "kwargs": "docbeam passes no arguments to modules",
     "do_lower_case": "docbeam does not lowercase text", "processing_kwargs": "docbeam tokenizes with the "
     "tokenizer's own settings", "transformer_task": "docbeam runs the encoder's hidden states",
+    **{key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
+       for key in LOADING_KWARGS},
 }
 
 
@@ -98,6 +105,8 @@ def check_keys(folder: str, name: str, kind: str, values: dict) -> None:
     defaults, honoured = DEFAULTS[kind], HONOURED[kind]
     for key, value in values.items():
         if key in honoured or defaults.get(key, None) is _ANY:
+            continue
+        if key in LOADING_KWARGS and isinstance(value, dict) and set(value) <= HARMLESS_LOADING_KWARGS:
             continue
         if key in defaults and value == defaults[key]:
             continue
