@@ -63,10 +63,10 @@ class HubId:
 
 
 def parse_hub_id(path: str) -> HubId:
-    repo, _, revision = path[len(HUB):].partition("@")
+    repo, at, revision = path[len(HUB):].partition("@")
     parts = repo.split("/")
     if not 1 <= len(parts) <= 2 or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in parts) \
-            or (_ and not revision):
+            or (at and not revision):
         raise CheckpointError(f"model.path {path!r}: expected a Hub id hf://org/name or hf://org/name@revision "
                               "(a branch, tag or commit), e.g. hf://sentence-transformers/all-MiniLM-L6-v2@main")
     return HubId(repo, revision or "main")
