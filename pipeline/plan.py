@@ -12,14 +12,16 @@ import os
 import threading
 
 from attention.plan import AttentionSpec, Choice, choose_backends, probe
-from models.checkpoint import load_tokenizer, open_checkpoint, resolve_dir, tokenizer_digest, weights_digest
+from models.checkpoint import (hub_revision, load_tokenizer, open_checkpoint, pinned_path, tokenizer_digest,
+                               weights_digest)
 from models.encoder import EncoderConfig
+from models.st_settings import document_prompt
 from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.bucket import bucket_for
 from pipeline.config import ConfigError, JobConfig
 from pipeline.reuse import ReuseDecision, decide
-from pipeline.tokenize import stride_problem
+from pipeline.tokenize import prompt_token_ids, stride_problem
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -33,6 +35,7 @@ class JobPlan:
     window_len: int
     pooling: str
     normalize: bool
+    prompt: str | None  # put in front of every window (model.prompt resolved against the checkpoint)
     platform: str
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch
     encoder: EncoderConfig
@@ -161,6 +164,9 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
     and writes nothing, leaves out both (its placeholders name buckets that need not exist)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
+    # The workers load the commit the driver resolved a Hub id's branch to.
+    pinned = pinned_path(cfg.model.path, checkpoint.folder)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": pinned})})
     # Hashing the weights releases the GIL: it runs on another core beside the checks and probes below.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docbeam-digest") as pool:
         weights = pool.submit(weights_digest, cfg.model.path)
@@ -172,7 +178,10 @@ def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future
     """``make_plan`` once the checkpoint is open and its weights are being hashed (``weights``)."""
     settings = checkpoint.settings
     window_len = cfg.model.max_seq_len or settings.max_seq_len
-    special = load_tokenizer(resolve_dir(cfg.model.path)).num_special_tokens_to_add(pair=False)
+    prompt = document_prompt(settings, cfg.model.prompt, checkpoint.folder)
+    tokenizer = load_tokenizer(checkpoint.folder)
+    # Every window repeats the prompt's tokens: they count against the window like the special tokens.
+    special = tokenizer.num_special_tokens_to_add(pair=False) + len(prompt_token_ids(tokenizer, prompt))
     buckets = check_window(cfg, checkpoint.config, window_len, special)
     if for_input:
         check_inputs(cfg)
@@ -188,10 +197,11 @@ def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
-           "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype}
+           "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
+           "model_revision": hub_revision(cfg.model.path)}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
-    return JobPlan(cfg, window_len, pooling, normalize, platform, tuple(choices), checkpoint.config, spec, key,
-                   reuse)
+    return JobPlan(cfg, window_len, pooling, normalize, prompt, platform, tuple(choices), checkpoint.config, spec,
+                   key, reuse)
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

@@ -1,7 +1,8 @@
 """Incremental runs: carry a previous run's vectors over for documents whose text did not change.
 
 A previous output is a source only when its manifest is complete and its reuse key (weights, tokenizer,
-window, stride, long-document mode, pooling, normalisation, dtype) equals this run's; the attention
+window, stride, long-document mode, pooling, normalisation, dtype, prompt, and a Hub id's commit) equals
+this run's; the attention
 backend is not part of the key, since every backend is held to native's result. Then each document is
 joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
 hash carries the previous vector over byte for byte, anything else is encoded.
@@ -22,15 +23,19 @@ from pipeline.config import ConfigError
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.records import Document
 
+# A run before prompts and Hub ids recorded no "prompt" nor "model_revision": it embedded without a prompt
+# from a path that was not a Hub id, which None matches.
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype")
+              "normalize", "dtype", "prompt", "model_revision")
 ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
 log = logging.getLogger(__name__)
 
 
-def content_hash(text: str) -> str:
-    """Of exactly the text the tokenizer is given (decoded, BOM removed): a changed byte is a changed document."""
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+def content_hash(text: str, prompt: str | None = None) -> str:
+    """Of exactly what the tokenizer is given (the text decoded, BOM removed, and the prompt put before it): a
+    changed byte is a changed document. Without a prompt, the hash of the text alone, as before prompts."""
+    data = text if prompt is None else f"{prompt}\0{text}"
+    return hashlib.sha256(data.encode("utf-8")).hexdigest()[:32]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +58,9 @@ class ReuseDecision:
 
 
 def key_differences(previous: dict, current: dict) -> list[str]:
-    return [f"{name}: {previous.get(name)!r} then, {current[name]!r} now" for name in KEY_FIELDS
-            if previous.get(name) != current[name]]
+    """A field a key does not hold is None: what a run before that field existed used (no prompt, no Hub id)."""
+    return [f"{name}: {previous.get(name)!r} then, {current.get(name)!r} now" for name in KEY_FIELDS
+            if previous.get(name) != current.get(name)]
 
 
 def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision:
@@ -102,9 +108,9 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
 class SplitByReuse(beam.PTransform):
     """Documents → ``to_encode`` (new or changed) and ``reused`` (previous rows, byte for byte)."""
 
-    def __init__(self, source: ReuseSource, dimension: int):
+    def __init__(self, source: ReuseSource, dimension: int, prompt: str | None = None):
         super().__init__()
-        self._source, self._dimension = source, dimension
+        self._source, self._dimension, self._prompt = source, dimension, prompt
 
     def expand(self, documents):
         from apache_beam.io.parquetio import ReadAllFromParquet
@@ -116,7 +122,7 @@ class SplitByReuse(beam.PTransform):
         current = documents | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
         split = ({"document": current, "previous": previous}
                  | "JoinById" >> beam.CoGroupByKey()
-                 | "ReuseOrEncode" >> beam.FlatMap(_reuse_or_encode, self._dimension).with_outputs(
+                 | "ReuseOrEncode" >> beam.FlatMap(_reuse_or_encode, self._dimension, self._prompt).with_outputs(
                      "reused", main="to_encode"))
         return {"to_encode": split.to_encode, "reused": split.reused}
 
@@ -124,10 +130,10 @@ class SplitByReuse(beam.PTransform):
 _reused = Metrics.counter(METRICS_NAMESPACE, "docs_reused")
 
 
-def _reuse_or_encode(item, dimension: int):
+def _reuse_or_encode(item, dimension: int, prompt: str | None):
     _, grouped = item
     for doc in grouped["document"]:  # none when it is gone from the input: then it is gone from the output
-        row = reusable_row(doc, list(grouped["previous"]), dimension)
+        row = reusable_row(doc, list(grouped["previous"]), dimension, prompt)
         if row is None:
             yield doc
         else:
@@ -135,9 +141,9 @@ def _reuse_or_encode(item, dimension: int):
             yield beam.pvalue.TaggedOutput("reused", row)
 
 
-def reusable_row(doc: Document, previous: list[dict], dimension: int) -> dict | None:
-    """The previous row for ``doc`` if its text is unchanged and its vector sound; None to encode it."""
-    if len(previous) != 1 or previous[0].get("content_hash") != content_hash(doc.text):
+def reusable_row(doc: Document, previous: list[dict], dimension: int, prompt: str | None = None) -> dict | None:
+    """The previous row for ``doc`` if its text (and prompt) is unchanged and its vector sound; None to encode it."""
+    if len(previous) != 1 or previous[0].get("content_hash") != content_hash(doc.text, prompt):
         return None
     row = previous[0]
     vector = np.asarray(row["embedding"], np.float32)

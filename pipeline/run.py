@@ -96,12 +96,14 @@ def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
     if plan.reuse.source is not None:
-        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.encoder.hidden_size)
+        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.encoder.hidden_size,
+                                                                   plan.prompt)
         to_encode, reused = split["to_encode"], split["reused"]
     else:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
-    hashes = to_encode | "HashContents" >> beam.Map(lambda d: (d.id, content_hash(d.text)))
-    tokenized = to_encode | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize)
+    hashes = to_encode | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
+                                                   plan.prompt)
+    tokenized = to_encode | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize, plan.prompt)
     # The buckets the encoder compiles: packing may fill the longest of them, never one past a full window.
     used = cfg.batching.model_copy(update={"buckets": tuple(sorted(c.case.seq_len for c in plan.choices))})
     batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used)

@@ -4,9 +4,17 @@ A document longer than the window is split by the tokenizer itself (``return_ove
 ``stride`` overlap), each window framed by the special tokens; or, by config, only the first is kept.
 A document with no tokens of its own is rejected (``no_tokens``): its lone [CLS] [SEP] window would embed
 every such document as the same vector.
+
+A prompt (``model.prompt``: e5's ``passage: ``) goes in front of every window, since each window is a model
+input of its own and the model was trained to see its prompt at the start of every input. The first window
+is exactly what sentence-transformers encodes (the prompt put before the text, then tokenized and truncated),
+so a document that fits one window gets its vector; the later windows repeat the prompt's tokens after the
+leading special tokens. A prompt whose last token merges with the text's first (one that does not end at a
+token boundary) cannot be repeated token-exactly: then only the first window carries it.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import apache_beam as beam
@@ -34,23 +42,77 @@ def stride_problem(stride: int, window_len: int, special: int) -> str | None:
             f"for window {window_len}); e.g. 32")
 
 
-def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
-                       config: TokenizeConfig) -> tuple[list[TokenWindow], list[Rejected]]:
-    """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none."""
+@dataclasses.dataclass(frozen=True)
+class Framing:
+    """The special tokens the tokenizer puts around one text ([CLS] ... [SEP], <s> ... </s>)."""
+
+    leading: tuple[int, ...]
+    trailing: tuple[int, ...]
+
+
+def framing(tokenizer) -> Framing:
+    framed = list(tokenizer("a", add_special_tokens=True)["input_ids"])
+    bare = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    at = next(i for i in range(len(framed) - len(bare) + 1) if framed[i:i + len(bare)] == bare)
+    return Framing(tuple(framed[:at]), tuple(framed[at + len(bare):]))
+
+
+def prompt_token_ids(tokenizer, prompt: str | None) -> tuple[int, ...]:
+    """The prompt's own tokens: the common start of two texts that begin with it, so a token its last character
+    shares with the text that follows (a byte-level BPE's leading space) is not counted as the prompt's."""
+    if not prompt:
+        return ()
+    probes = tokenizer([prompt + "a", prompt + "1"], add_special_tokens=False)["input_ids"]
+    common = 0
+    while common < min(map(len, probes)) and probes[0][common] == probes[1][common]:
+        common += 1
+    return tuple(probes[0][:common])
+
+
+def prompted_windows(ids: list[int], prompt_ids: tuple[int, ...], framing: Framing, *, window_len: int,
+                     stride: int) -> tuple[list[list[int]], int]:
+    """Windows of one document tokenized with its prompt in front (``ids``, no special tokens), each framed and
+    starting with the prompt's tokens, consecutive ones sharing ``stride`` of the document's tokens; and the
+    number of the document's own tokens. Cut as the tokenizer's own overflow cuts (tests hold the two equal)."""
+    separable = tuple(ids[:len(prompt_ids)]) == prompt_ids
+    repeated = list(prompt_ids) if separable else []
+    content = ids[len(repeated):]
+    room = window_len - len(framing.leading) - len(framing.trailing) - len(repeated)
+    starts = [0]
+    while starts[-1] + room < len(content):
+        starts.append(starts[-1] + room - stride)
+    windows = [[*framing.leading, *repeated, *content[s:s + room], *framing.trailing] for s in starts]
+    return windows, max(0, len(ids) - len(prompt_ids))
+
+
+def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,
+                       prompt: str | None = None) -> tuple[list[TokenWindow], list[Rejected]]:
+    """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none;
+    ``prompt`` goes in front of every window."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
-    problem = stride_problem(config.stride, window_len, special)
+    prompt_ids = prompt_token_ids(tokenizer, prompt)
+    problem = stride_problem(config.stride, window_len, special + len(prompt_ids))
     if problem:
         raise ValueError(problem)
-    encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
-                        stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
-                        return_token_type_ids=False)
     by_doc: dict[int, list] = {}
-    for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
-        by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
+    doc_tokens_of: dict[int, int] = {}
+    if prompt:
+        frame = framing(tokenizer)
+        encoded = tokenizer([prompt + d.text for d in documents], add_special_tokens=False)
+        for doc_index, ids in enumerate(encoded["input_ids"]):
+            windows, doc_tokens_of[doc_index] = prompted_windows(list(ids), prompt_ids, frame, window_len=window_len,
+                                                                 stride=config.stride)
+            by_doc[doc_index] = [np.asarray(w, np.int32) for w in windows]
+    else:
+        encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
+                            stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
+                            return_token_type_ids=False)
+        for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
+            by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
     out, rejected = [], []
     for doc_index, doc in enumerate(documents):
         pieces = by_doc[doc_index]
-        doc_tokens = content_tokens([len(p) for p in pieces], config.stride, special)
+        doc_tokens = doc_tokens_of.get(doc_index, content_tokens([len(p) for p in pieces], config.stride, special))
         if doc_tokens == 0:
             rejected.append(Rejected(doc.source, doc.line, doc.id, "no_tokens",
                                      "the text has no tokens: the tokenizer drops all of it (e.g. only zero-width, "
@@ -63,14 +125,15 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
     return out, rejected
 
 
-def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig) -> list[TokenWindow]:
+def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,
+                prompt: str | None = None) -> list[TokenWindow]:
     """Only the windows, for callers that need their lengths (propose-buckets, benchmarks)."""
-    return tokenize_documents(documents, tokenizer, window_len=window_len, config=config)[0]
+    return tokenize_documents(documents, tokenizer, window_len=window_len, config=config, prompt=prompt)[0]
 
 
 class _TokenizeBatch(beam.DoFn):
-    def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig):
-        self._model_path, self._window_len, self._config = model_dir_path, window_len, config
+    def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig, prompt: str | None):
+        self._model_path, self._window_len, self._config, self._prompt = model_dir_path, window_len, config, prompt
         self._windows = Metrics.counter(METRICS_NAMESPACE, "windows")
         self._clock = StageClock("tokenize")
         self._tokenizer = None
@@ -83,7 +146,7 @@ class _TokenizeBatch(beam.DoFn):
     def process(self, documents):
         t0 = time.perf_counter()
         windows, rejected = tokenize_documents(documents, self._tokenizer, window_len=self._window_len,
-                                               config=self._config)
+                                               config=self._config, prompt=self._prompt)
         self._clock.add(time.perf_counter() - t0)
         self._windows.inc(len(windows))
         yield from windows
@@ -94,9 +157,9 @@ class _TokenizeBatch(beam.DoFn):
 class Tokenize(beam.PTransform):
     """Outputs ``windows`` and ``rejected`` (documents with no tokens)."""
 
-    def __init__(self, model_path: str, window_len: int, config: TokenizeConfig):
+    def __init__(self, model_path: str, window_len: int, config: TokenizeConfig, prompt: str | None = None):
         super().__init__()
-        self._args = (model_path, window_len, config)
+        self._args = (model_path, window_len, config, prompt)
 
     def expand(self, documents):
         # The fast tokenizer is much quicker on a list than one text at a time.

@@ -1,0 +1,231 @@
+"""sentence-transformers' files in a checkpoint folder → ModelSettings (window, pooling, normalisation, prompts).
+
+Every key sentence-transformers 6.2.0 reads or writes in these files is classified below as honoured (docbeam
+reproduces it), harmless (it does not change the vectors of documents) or refused; a refused value, and any key
+not listed, is a CheckpointError naming the file and key, so a setting is never silently ignored:
+
+- ``config_sentence_transformers.json``: honoured ``prompts``, ``default_prompt_name``, ``model_type``
+  (``SentenceTransformer`` only); harmless ``__version__``, ``similarity_fn_name`` (how vectors are compared,
+  not made), ``requirements`` (sentence-transformers' own environment check); ``truncate_dim`` refused unless null.
+- ``modules.json``: entries ``idx``, ``name``, ``path``, ``type`` (sentence-transformers' Transformer, Pooling,
+  Normalize only); ``kwargs`` (encode arguments routed to a module) refused unless empty.
+- the Pooling module's ``config.json``: honoured ``pooling_mode`` (or the ``pooling_mode_*`` flags before v5),
+  ``include_prompt`` (false is refused when a prompt applies: docbeam pools the prompt's tokens like any other);
+  ``embedding_dimension`` / ``word_embedding_dimension`` checked against the model's hidden size.
+- ``sentence_bert_config.json`` (the Transformer module): honoured ``max_seq_length``; harmless ``unpad_inputs``
+  (a speed setting); refused unless at their defaults ``do_lower_case`` (false), ``transformer_task``
+  (feature-extraction), ``modality_config`` (text through forward's last_hidden_state), ``module_output_name``
+  (token_embeddings), ``processing_kwargs`` (empty), ``query_length``, ``document_length``,
+  ``query_expansion`` (null); ``model_args``, ``tokenizer_args``, ``config_args`` (before v5; and v5's
+  ``model_kwargs``, ``processor_kwargs``, ``config_kwargs``) harmless when they hold at most
+  ``trust_remote_code`` (docbeam runs its own code for each family, never the repository's), else refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+ST_CONFIG = "config_sentence_transformers.json"
+MODULES = "modules.json"
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+# The sentence-transformers modules docbeam reproduces; any other (Dense, LayerNorm, ...) changes the embedding.
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers before v5, and the mode each means
+    "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken"}
+SUPPORTED_POOLING = ("mean", "cls")
+# encode_document's choice when the caller names no prompt: the first of these the checkpoint defines, else
+# its default_prompt_name (sentence_transformers/sentence_transformer/model.py, 6.2.0).
+DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+
+_ANY = object()  # a harmless key: any value
+# file → key → the only value docbeam reproduces (_ANY: any value is harmless); keys docbeam reads itself
+# (prompts, pooling_mode, max_seq_length, ...) are checked where they are read and listed in HONOURED.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    ST_CONFIG: {"__version__": _ANY, "similarity_fn_name": _ANY, "requirements": _ANY, "truncate_dim": None},
+    MODULES: {"kwargs": []},
+    "Pooling": {},
+    TRANSFORMER_CONFIG: {
+        "unpad_inputs": _ANY, "do_lower_case": False, "transformer_task": "feature-extraction",
+        "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+        "module_output_name": "token_embeddings", "processing_kwargs": {}, "query_length": None,
+        "document_length": None, "query_expansion": None},
+}
+# from_pretrained arguments a Transformer module may carry, and the ones that do not change the vectors.
+LOADING_KWARGS = ("model_args", "tokenizer_args", "config_args", "model_kwargs", "processor_kwargs", "config_kwargs")
+HARMLESS_LOADING_KWARGS = {"trust_remote_code"}
+HONOURED = {
+    ST_CONFIG: ("prompts", "default_prompt_name", "model_type"),
+    MODULES: ("idx", "name", "path", "type"),
+    "Pooling": ("pooling_mode", *POOLING_FLAGS, "include_prompt", "embedding_dimension", "word_embedding_dimension"),
+    TRANSFORMER_CONFIG: ("max_seq_length",),
+}
+WHY_REFUSED = {
+    "truncate_dim": "docbeam writes the model's full vector", "kwargs": "docbeam passes no arguments to modules",
+    "do_lower_case": "docbeam does not lowercase text", "processing_kwargs": "docbeam tokenizes with the "
+    "tokenizer's own settings", "transformer_task": "docbeam runs the encoder's hidden states",
+    **{key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
+       for key in LOADING_KWARGS},
+}
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """What the checkpoint folder says about windows, pooling and prompts (sentence-transformers' files if
+    present)."""
+
+    max_seq_len: int
+    pooling: str  # "mean" | "cls"
+    normalize: bool
+    prompts: tuple[tuple[str, str], ...] = ()  # (name, text) as config_sentence_transformers.json lists them
+    document_prompt_name: str | None = None  # the prompt encode_document applies when none is named
+    include_prompt: bool = True  # the Pooling module pools the prompt's tokens
+
+    def prompt_text(self, name: str) -> str:
+        return dict(self.prompts)[name]
+
+
+def read_json(folder: str, name: str) -> Any:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_keys(folder: str, name: str, kind: str, values: dict) -> None:
+    """Every key of ``values`` (file ``name``) is honoured, harmless, or at the one value docbeam reproduces."""
+    defaults, honoured = DEFAULTS[kind], HONOURED[kind]
+    for key, value in values.items():
+        if key in honoured or defaults.get(key, None) is _ANY:
+            continue
+        if key in LOADING_KWARGS and isinstance(value, dict) and set(value) <= HARMLESS_LOADING_KWARGS:
+            continue
+        if key in defaults and value == defaults[key]:
+            continue
+        why = WHY_REFUSED.get(key, "docbeam does not reproduce it, so its embeddings would not be this model's")
+        allowed = f" (docbeam reproduces only {json.dumps(defaults[key])})" if key in defaults else ""
+        raise CheckpointError(f"model.path: {folder}/{name} sets {key}: {json.dumps(value)}, which docbeam does not "
+                              f"honour{allowed}: {why}; use a checkpoint without that setting")
+
+
+def model_settings(folder: str, config) -> ModelSettings:
+    """sentence-transformers' settings decide window length, pooling, normalisation and prompts when present;
+    a setting docbeam cannot honour is refused rather than replaced by a default (other embeddings)."""
+    st = read_json(folder, TRANSFORMER_CONFIG) or {}
+    check_keys(folder, TRANSFORMER_CONFIG, TRANSFORMER_CONFIG, st)
+    modules = sentence_transformers_modules(folder)
+    max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
+    max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
+    normalize = any(kind == "Normalize" for kind, _ in modules)
+    pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size)
+    prompts, document_prompt = prompt_settings(folder)
+    return ModelSettings(max_seq_len=int(max_len), pooling=pooling, normalize=normalize, prompts=prompts,
+                         document_prompt_name=document_prompt, include_prompt=include_prompt)
+
+
+def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The checkpoint's prompts and the one its documents get: what sentence-transformers' ``encode_document``
+    applies when no prompt is named (the first of document, passage, corpus it defines, else
+    ``default_prompt_name``). docbeam embeds documents, so a default_prompt_name of ``query`` does not apply."""
+    cfg = read_json(folder, ST_CONFIG) or {}
+    check_keys(folder, ST_CONFIG, ST_CONFIG, cfg)
+    if cfg.get("model_type", "SentenceTransformer") != "SentenceTransformer":
+        raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets model_type: {cfg['model_type']!r}; docbeam "
+                              "runs dense embedding models (SentenceTransformer), not sparse, multi-vector or "
+                              "cross encoders")
+    prompts = cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets prompts: {json.dumps(prompts)}; expected a "
+                              'mapping of prompt names to texts, e.g. {"query": "query: ", "document": "passage: "}')
+    default = cfg.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets default_prompt_name: {default!r}, which is not "
+                              f"among its prompts {sorted(prompts)}")
+    document = next((name for name in DOCUMENT_PROMPT_NAMES if name in prompts), default)
+    return tuple(prompts.items()), document
+
+
+def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
+    """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError."""
+    modules = read_json(folder, MODULES) or []
+    out = []
+    for module in modules:
+        module_type = str(module.get("type", ""))
+        kind = module_type.rsplit(".", 1)[-1]
+        if kind not in SUPPORTED_MODULES or not module_type.startswith("sentence_transformers."):
+            raise CheckpointError(
+                f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
+                f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
+                f"sentence-transformers' {', '.join(SUPPORTED_MODULES)}, so its embeddings would not be this "
+                "model's; use a checkpoint without that module")
+        check_keys(folder, MODULES, MODULES, module)
+        out.append((kind, module))
+    return out
+
+
+def pooling_mode(folder: str, modules: list[tuple[str, dict]], hidden_size: int | None = None) -> tuple[str, bool]:
+    """``mean`` or ``cls`` from the Pooling module's config.json (mean when the checkpoint has none), and its
+    ``include_prompt``."""
+    path = next((m.get("path") or "1_Pooling" for kind, m in modules if kind == "Pooling"), "1_Pooling")
+    name = f"{path}/config.json"
+    pooling_cfg = read_json(folder, name)
+    if pooling_cfg is None:
+        if any(kind == "Pooling" for kind, _ in modules):
+            raise CheckpointError(f"model.path: {folder}/modules.json lists a Pooling module at {path!r}, but "
+                                  f"{name} is missing; docbeam reads the pooling mode from it")
+        return "mean", True
+    check_keys(folder, name, "Pooling", pooling_cfg)
+    dimension = pooling_cfg.get("embedding_dimension", pooling_cfg.get("word_embedding_dimension"))
+    if hidden_size is not None and dimension is not None and dimension != hidden_size:
+        raise CheckpointError(f"model.path: {folder}/{name} sets embedding_dimension: {dimension}, but the model's "
+                              f"hidden_size is {hidden_size}; the Pooling module belongs to another model")
+    if "pooling_mode" in pooling_cfg:  # sentence-transformers >= 5: a mode name, or a list to concatenate
+        mode = pooling_cfg["pooling_mode"]
+        modes, settings = ([mode] if isinstance(mode, str) else list(mode)), f"pooling_mode: {mode!r}"
+    else:
+        flags = [flag for flag in POOLING_FLAGS if pooling_cfg.get(flag)]
+        modes, settings = [POOLING_FLAGS[f] for f in flags], ", ".join(f"{f}: true" for f in flags)
+    if len(modes) != 1 or modes[0] not in SUPPORTED_POOLING:
+        raise CheckpointError(
+            f"model.path: {folder}/{name} (the Pooling module) sets {settings or 'no pooling mode'}; docbeam pools "
+            f"by exactly one of {', '.join(SUPPORTED_POOLING)}, so its embeddings would not be this model's")
+    return modes[0], bool(pooling_cfg.get("include_prompt", True))
+
+
+def _tokenizer_max_len(folder: str) -> int | None:
+    value = (read_json(folder, "tokenizer_config.json") or {}).get("model_max_length")
+    return int(value) if value and value < 1_000_000 else None
+
+
+def document_prompt(settings: ModelSettings, choice, folder: str) -> str | None:
+    """The text put in front of every document for ``model.prompt`` = ``choice`` (None: no prompt). ``auto``
+    is the checkpoint's document prompt; a name must be one of its prompts; ``{text: ...}`` is used as written.
+    An empty prompt is no prompt, as in sentence-transformers."""
+    names = [name for name, _ in settings.prompts]
+    if choice is None:
+        text = None
+    elif choice == "auto":
+        text = settings.prompt_text(settings.document_prompt_name) if settings.document_prompt_name else None
+    elif isinstance(choice, str):
+        if choice not in names:
+            where = (f"{folder}/{ST_CONFIG} defines {names}" if names else f"{folder} defines no prompts "
+                     f"(no prompts in {ST_CONFIG})")
+            raise CheckpointError(f"model.prompt: {choice!r} is not a prompt of this checkpoint: {where}; name one of "
+                                  'those, give a text of your own as {text: "passage: "}, or write null for none')
+        text = settings.prompt_text(choice)
+    else:
+        text = choice.text
+    if text and not settings.include_prompt:
+        raise CheckpointError(f"model.path: {folder}'s Pooling module config.json sets include_prompt: false (pool "
+                              f"without the prompt's tokens), which docbeam does not reproduce; with model.prompt "
+                              f"giving {text!r} its embeddings would not be this model's; set model.prompt: null "
+                              "only if the model is meant to run without its prompt")
+    return text or None
