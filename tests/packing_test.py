@@ -3,6 +3,7 @@ and in a row of a configured bucket; packed rows pad less than one window per ro
 packed window the vector it gives it alone; backends that take no segment ids are refused."""
 from __future__ import annotations
 
+import os
 import random
 
 import apache_beam as beam
@@ -244,10 +245,16 @@ def test_packed_probes_run_native_with_two_windows_in_a_row():
     probe(spec, choice)  # raises on a crash or a non-finite output
 
 
-@pytest.mark.parametrize("backend, fallback, packs", [("native", None, True), ("chunked", None, False),
-                                                      ("flash", "native", False)])
-def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs):
+USER_BACKEND = "tests.fixtures_user_backend:attend"  # a plain AttentionFn: takes no segment ids
+
+
+@pytest.mark.parametrize("backend, fallback, packs", [("native", None, True), ("chunked", None, True),
+                                                      ("flash", "native", True), (USER_BACKEND, None, False),
+                                                      ("chunked", USER_BACKEND, False)])
+def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs, monkeypatch):
     from pipeline.config import JobConfig
+
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from pipeline.plan import resolve_packing
 
     cfg = JobConfig.model_validate({"input": {"path": "x"}, "output": {"path": "y"}, "model": {"path": "m"},
