@@ -158,14 +158,15 @@ def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
 
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-@pytest.mark.parametrize("position", ["absolute", "rope"])
-def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position):
+@pytest.mark.parametrize("pooling, position, backend", [
+    ("mean", "absolute", "native"), ("cls", "absolute", "native"), ("mean", "rope", "native"), ("cls", "rope", "native"),
+    ("mean", "rope", "chunked"), ("cls", "absolute", "flash")])  # every built-in backend takes segment ids
+def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position, backend):
     from models.encoder import Encoder, EncoderConfig, embed_fn
 
     config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                            max_position=64, position=position)
-    attend = attention.get("native").bind()
+    attend = attention.get(backend).bind()
     params = Encoder(config, attend).init(jax.random.PRNGKey(0), jnp.zeros((1, 32), jnp.int32),
                                           jnp.ones((1,), jnp.int32))["params"]
     embed = jax.jit(embed_fn(config, attend, pooling))
