@@ -57,7 +57,7 @@ def chunk_sizes(options: ChunkedOptions, seq_len: int) -> tuple[int, int, int]:
 
 # Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
 # can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
-# all heads per matmul. By hand on the 2-core Xeon under load 4-5 (ModernBERT's ±64 window, 8,192 tokens,
+# all heads per matmul. By hand on a 2-core AMD EPYC under load 4-5 (ModernBERT's ±64 window, 8,192 tokens,
 # 12 heads x 64, float32): query chunks of 32, 64 and 128 rows and 0, 1 or 4 heads per step all took
 # 160-250 ms, within the noise of each other; 256 rows took 590-860 ms.
 LOCAL_QUERY_CHUNK = 64

@@ -137,6 +137,23 @@ def ratios(results: list[dict], totals: list[dict], lengths) -> list[dict]:
     return out
 
 
+def target_verdict(results: list[dict], speedups: list[dict], length: int = 8192, wanted: float = 3.0) -> dict:
+    """Issue 18's target: with local layers, the model's attention on chunked at least ``wanted`` × native's
+    speed at ``length`` tokens, with flat memory (chunked's local-layer memory per length beside native's)."""
+    row = next((r for r in speedups if r["backend"] == "chunked" and r["length"] == length), None)
+    speedup = row and row["model_speedup"]
+    memory = {backend: {r["length"]: r["memory_gb"] for r in results
+                        if r["backend"] == backend and r["kind"] == "local" and r["status"] == "ok"}
+              for backend in ("chunked", "native")}
+    verdict = "not measured" if speedup is None else ("PASS" if speedup >= wanted else "FAIL")
+    line = (f"target: chunked's model attention >= {wanted:g}x native at {length} tokens: "
+            f"{'—' if speedup is None else f'{speedup:.2f}x'} {verdict}; local-layer peak RSS growth by length, "
+            + "; ".join(f"{backend} " + ", ".join(f"{n}: {gb:.3g} GB" for n, gb in sorted(by_length.items()))
+                        for backend, by_length in memory.items()))
+    return {"speedup": speedup, "wanted": wanted, "length": length, "verdict": verdict,
+            "local_memory_gb": memory, "line": line}
+
+
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
         case = json.loads(sys.argv[2])
@@ -185,11 +202,13 @@ def main(argv=None) -> int:
                         "global memory ÷ native", "local memory ÷ native"],
                        [[r["backend"], r["length"], r["global_speedup"], r["local_speedup"], r["model_speedup"],
                          r["global_memory_ratio"], r["local_memory_ratio"]] for r in speedups]))
+    target = target_verdict(results, speedups)
+    print(f"\n{target['line']}")
     print(f"\nbenchmark wall time {time.perf_counter() - started:.0f} s")
     common.write_results(args, "long_context", {
         "machine": info, "lengths": list(lengths), "shape": {"heads": HEADS, "head_dim": HEAD_DIM, "layers": LAYERS,
                                                              "layer_counts": LAYER_COUNTS, "window": list(WINDOW)},
-        "results": results, "model_totals": totals, "native_over_backend": speedups})
+        "results": results, "model_totals": totals, "native_over_backend": speedups, "target": target})
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in results) else 1
 
 
