@@ -6,12 +6,15 @@ chunks, one query chunk at a time: the largest temporary is ``[B, N, query_chunk
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import pydantic
 
 from attention.interface import AttentionCase, Support
-from attention.native import MASKED
+from attention.native import MASKED, in_window
 from attention.registry import register
 
 # (longest sequence, query_chunk, key_chunk, heads_per_step) for options that leave them unset: the first
@@ -52,64 +55,168 @@ def chunk_sizes(options: ChunkedOptions, seq_len: int) -> tuple[int, int, int]:
             heads_per_step if options.heads_per_step is None else options.heads_per_step)
 
 
+# Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
+# can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
+# all heads per matmul. By hand on a 2-core AMD EPYC under load 4-5 (ModernBERT's ±64 window, 8,192 tokens,
+# 12 heads x 64, float32): query chunks of 32, 64 and 128 rows and 0, 1 or 4 heads per step all took
+# 160-250 ms, within the noise of each other; 256 rows took 590-860 ms.
+LOCAL_QUERY_CHUNK = 64
+LOCAL_HEADS_PER_STEP = 0
+LOCAL_MAX_KEY_CHUNK = 2048
+
+
+def layer_chunk_sizes(options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None
+                      ) -> tuple[int, int, int]:
+    """``chunk_sizes`` for a global layer; for a local one the LOCAL_* sizes and one key chunk spanning a
+    query chunk's window (capped at LOCAL_MAX_KEY_CHUNK), unless the options set them."""
+    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len)
+    if local_window is None:
+        return query_chunk, key_chunk, heads_per_step
+    query_chunk = options.query_chunk or LOCAL_QUERY_CHUNK
+    span = query_chunk + sum(local_window)
+    key_chunk = options.key_chunk or (span if span <= LOCAL_MAX_KEY_CHUNK else key_chunk)
+    return query_chunk, key_chunk, LOCAL_HEADS_PER_STEP if options.heads_per_step is None else options.heads_per_step
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyPlan:
+    """Which keys each query chunk scans: ``steps`` key chunks of ``key_chunk`` from a start that depends on the
+    chunk (all keys from 0 for a global layer); keys are padded to ``padded_len``."""
+
+    key_chunk: int
+    steps: int
+    padded_len: int
+    local_window: tuple[int, int] | None
+
+    def start(self, query_start):
+        """First key a query chunk starting at ``query_start`` (traced) scans; its rows see keys from
+        query_start - left to query_start + query_chunk - 1 + right, and ``steps * key_chunk`` covers that."""
+        if self.local_window is None:
+            return 0
+        return jnp.clip(query_start - self.local_window[0], 0, self.padded_len - self.steps * self.key_chunk)
+
+
+def key_plan(seq_len: int, query_chunk: int, key_chunk: int, local_window: tuple[int, int] | None) -> KeyPlan:
+    """A global layer scans every key; a local one the ``query_chunk + left + right`` keys a chunk's rows
+    reach, so its cost grows with T * window instead of T²."""
+    reach = seq_len if local_window is None else min(seq_len, query_chunk + sum(local_window))
+    key_chunk = min(key_chunk, reach)
+    steps = -(-reach // key_chunk)
+    return KeyPlan(key_chunk, steps, max(seq_len, steps * key_chunk), local_window)
+
+
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
-    # plain XLA: every platform, dtype and shape
-    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, case.seq_len)
-    query_chunk, key_chunk = min(query_chunk, case.seq_len), min(key_chunk, case.seq_len)
+    # plain XLA: every platform, dtype and shape, with windows, bias and segment ids
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, case.local_window)
+    query_chunk = min(query_chunk, case.seq_len)
+    keys = key_plan(case.seq_len, query_chunk, key_chunk, case.local_window)
     heads = f", {heads_per_step} head(s) per step" if heads_per_step else ""
-    return Support(ok=True, kernel=f"xla online softmax, chunks {query_chunk}x{key_chunk}{heads}")
+    scanned = (f", {keys.steps * keys.key_chunk} keys per query chunk (local window {case.local_window})"
+               if case.local_window else "")
+    return Support(ok=True, kernel=f"xla online softmax, chunks {query_chunk}x{keys.key_chunk}{heads}{scanned}")
 
 
-@register("chunked", options=ChunkedOptions, supports=supports,
+@register("chunked", options=ChunkedOptions, supports=supports, segments=True, windows=True, bias=True,
           description="online-softmax attention over query and key chunks in plain JAX "
-                      "(memory O(query_chunk * key_chunk) per head; any platform)")
-def chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: ChunkedOptions):
+                      "(memory O(query_chunk * key_chunk) per head; local windows scan only the keys they reach; "
+                      "any platform)")
+def chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: ChunkedOptions, segment_ids_BxT=None,
+            local_window=None, bias=None):
     """Online softmax in native's einsum form (attention/native.py): heads-major operands, q scaled once, the
-    padding mask as an additive bias, and the division applied to the ``[.., head_dim]`` output once, after
-    the last key chunk. Against the previous form (a select over the scores, per-step scaling), measured by
-    hand in one process on XLA:CPU: 1.4x faster at 8192 tokens with all heads per matmul, 1.1-1.7x at 256,
-    no difference beyond noise at 8192 with one head per step."""
+    mask as an additive bias, and the division applied to the ``[.., head_dim]`` output once, after the last
+    key chunk. Against the previous form (a select over the scores, per-step scaling), measured by hand in
+    one process on XLA:CPU: 1.4x faster at 8192 tokens with all heads per matmul, 1.1-1.7x at 256, no
+    difference beyond noise at 8192 with one head per step.
+
+    Masks (padding or segment ids, the window) and ``bias`` are computed per (query chunk, key chunk) block
+    from positions, so nothing ``[T, S]``-sized exists."""
     b, t, n, h = q_BxTxNxH.shape
     s = k_BxSxNxH.shape[1]
-    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, max(t, s))
-    query_chunk, key_chunk, step = min(query_chunk, t), min(key_chunk, s), min(heads_per_step or n, n)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), local_window)
+    query_chunk, step = min(query_chunk, t), min(heads_per_step or n, n)
+    keys = key_plan(s, query_chunk, key_chunk, local_window)
     q_BxNxTxH = pad_to_multiple(q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype), query_chunk).swapaxes(1, 2)
-    k_BxNxSxH, v_BxNxSxH = (pad_to_multiple(x, key_chunk).swapaxes(1, 2) for x in (k_BxSxNxH, v_BxSxNxH))
-    key_pos_S = jnp.arange(k_BxNxSxH.shape[2])
-    bias_BxS = jnp.where(key_pos_S[None, :] < kv_lengths_B[:, None], 0.0, MASKED).astype(jnp.float32)
-
+    k_BxNxSxH, v_BxNxSxH = (pad_to_length(x, keys.padded_len).swapaxes(1, 2) for x in (k_BxSxNxH, v_BxSxNxH))
     # Head groups run one after another in a loop (not unrolled, so compilation stays short): XLA:CPU's
     # batched matmul is slow with many small (head_dim 32) batch entries.
     groups = -(-n // step)
+    masks = BlockMasks(kv_lengths_B, local_window, bias,
+                       None if segment_ids_BxT is None else pad_to_multiple(segment_ids_BxT, query_chunk),
+                       None if segment_ids_BxT is None else pad_to_length(segment_ids_BxT, keys.padded_len),
+                       groups * step)
     q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH = (
         jnp.pad(x, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)]).reshape(b, groups, step, *x.shape[2:])
         .swapaxes(0, 1) for x in (q_BxNxTxH, k_BxNxSxH, v_BxNxSxH))
     if groups == 1:
-        out_BxNxTxH = _online_softmax(q_GxBxgxTxH[0], k_GxBxgxSxH[0], v_GxBxgxSxH[0], bias_BxS, query_chunk, key_chunk)
+        out_BxNxTxH = _online_softmax(q_GxBxgxTxH[0], k_GxBxgxSxH[0], v_GxBxgxSxH[0], masks, 0, query_chunk, keys)
     else:
-        out_GxBxgxTxH = jax.lax.map(lambda qkv: _online_softmax(*qkv, bias_BxS, query_chunk, key_chunk),
-                                    (q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH))
+        out_GxBxgxTxH = jax.lax.map(lambda g_qkv: _online_softmax(*g_qkv[1], masks, g_qkv[0] * step, query_chunk, keys),
+                                    (jnp.arange(groups), (q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH)))
         out_BxNxTxH = out_GxBxgxTxH.swapaxes(0, 1).reshape(b, groups * step, -1, h)[:, :n]
     out_BxTxNxH = out_BxNxTxH.swapaxes(1, 2)[:, :t]
     # A row with no valid key averages every key (the bias is finite); pin it to zeros, as flash does.
     return jnp.where((kv_lengths_B > 0)[:, None, None, None], out_BxTxNxH, 0).astype(q_BxTxNxH.dtype)
 
 
-def _online_softmax(q_BxNxTxH, k_BxNxSxH, v_BxNxSxH, bias_BxS, query_chunk: int, key_chunk: int):
-    """Heads-major, q already scaled, T and S multiples of their chunks; returns ``[B, N, T, H]`` in float32."""
+def pad_to_length(x_BxLx___, length: int):
+    """Right-pads axis 1 to ``length`` (zeros: padding's segment id, and keys masked by length)."""
+    return jnp.pad(x_BxLx___, [(0, 0), (0, length - x_BxLx___.shape[1])] + [(0, 0)] * (x_BxLx___.ndim - 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockMasks:
+    """What decides a block's additive bias: padding by length (or segment ids, padded with 0), the local
+    window, and the model's bias function."""
+
+    kv_lengths_B: jax.Array
+    local_window: tuple[int, int] | None
+    bias: Callable | None
+    query_segments_BxT: jax.Array | None
+    key_segments_BxS: jax.Array | None
+    padded_heads: int  # heads rounded up to whole head groups: the bias is padded to as many
+
+    def block_bias(self, query_pos_Q, key_pos_K, head_start, heads: int):
+        """``[B, heads or 1, Q or 1, K]`` float32, added to the block's scores. Masked entries get MASKED
+        (finite), so a row whose block is all masked stays finite and later blocks outweigh it."""
+        if self.query_segments_BxT is None:  # one mask row for every query: Q is 1
+            valid_BxQxK = (key_pos_K[None, :] < self.kv_lengths_B[:, None])[:, None, :]
+        else:  # padding (segment 0) attends to padding: finite, and ignored downstream
+            q_seg_BxQ = jax.lax.dynamic_slice_in_dim(self.query_segments_BxT, query_pos_Q[0], query_pos_Q.shape[0], 1)
+            k_seg_BxK = jax.lax.dynamic_slice_in_dim(self.key_segments_BxS, key_pos_K[0], key_pos_K.shape[0], 1)
+            valid_BxQxK = q_seg_BxQ[:, :, None] == k_seg_BxK[:, None, :]
+        if self.local_window is not None:
+            valid_BxQxK = valid_BxQxK & in_window(query_pos_Q, key_pos_K, self.local_window)[None]
+        bias_BxNxQxK = jnp.where(valid_BxQxK, 0.0, MASKED).astype(jnp.float32)[:, None]
+        if self.bias is not None:
+            bias_NxQxK = self.bias(query_pos_Q, key_pos_K).astype(jnp.float32)
+            if heads != bias_NxQxK.shape[0]:  # this head group's rows (dynamic_slice would clamp past the end)
+                bias_NxQxK = jnp.pad(bias_NxQxK, [(0, self.padded_heads - bias_NxQxK.shape[0]), (0, 0), (0, 0)])
+                bias_NxQxK = jax.lax.dynamic_slice_in_dim(bias_NxQxK, head_start, heads, 0)
+            bias_BxNxQxK = bias_BxNxQxK + bias_NxQxK[None]
+        return bias_BxNxQxK
+
+
+def _online_softmax(q_BxNxTxH, k_BxNxSxH, v_BxNxSxH, masks: BlockMasks, head_start, query_chunk: int, keys: KeyPlan):
+    """Heads ``head_start ..`` of the layer, heads-major, q already scaled and T a multiple of query_chunk, keys
+    padded to ``keys.padded_len``; returns ``[B, N, T, H]`` in float32."""
     b, n, t, h = q_BxNxTxH.shape
-    num_key_chunks = k_BxNxSxH.shape[2] // key_chunk
-    k_KxBxNxKcxH, v_KxBxNxKcxH = (x.reshape(b, n, num_key_chunks, key_chunk, h).transpose(2, 0, 1, 3, 4)
-                                  for x in (k_BxNxSxH, v_BxNxSxH))
-    bias_KxBxKc = bias_BxS.reshape(b, num_key_chunks, key_chunk).swapaxes(0, 1)
     q_CxBxNxQxH = q_BxNxTxH.reshape(b, n, t // query_chunk, query_chunk, h).transpose(2, 0, 1, 3, 4)
 
-    def attend_query_chunk(q_BxNxQxH):
+    def attend_query_chunk(chunk_index, q_BxNxQxH):
+        query_start = chunk_index * query_chunk
+        query_pos_Q = query_start + jnp.arange(query_chunk)
+        key_start = keys.start(query_start)
+        span = keys.steps * keys.key_chunk
+        k_KxBxNxKcxH, v_KxBxNxKcxH = (
+            jax.lax.dynamic_slice_in_dim(x, key_start, span, 2).reshape(b, n, keys.steps, keys.key_chunk, h)
+            .transpose(2, 0, 1, 3, 4) for x in (k_BxNxSxH, v_BxNxSxH))
+        key_pos_KxKc = (key_start + jnp.arange(span)).reshape(keys.steps, keys.key_chunk)
+
         def absorb_key_chunk(carry, chunk):
             acc_BxNxQxH, max_BxNxQ, denom_BxNxQ = carry
-            k_BxNxKcxH, v_BxNxKcxH, bias_BxKc = chunk
-            logits_BxNxQxKc = jnp.einsum("bnqh,bnkh->bnqk", q_BxNxQxH, k_BxNxKcxH,
-                                         preferred_element_type=jnp.float32) + bias_BxKc[:, None, None, :]
+            k_BxNxKcxH, v_BxNxKcxH, key_pos_Kc = chunk
+            logits_BxNxQxKc = jnp.einsum("bnqh,bnkh->bnqk", q_BxNxQxH, k_BxNxKcxH, preferred_element_type=jnp.float32
+                                         ) + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
             # The bias is finite, so the running max is finite after the first chunk: no NaN guard needed.
             new_max_BxNxQ = jnp.maximum(max_BxNxQ, logits_BxNxQxKc.max(axis=-1))
             p_BxNxQxKc = jnp.exp(logits_BxNxQxKc - new_max_BxNxQ[..., None])
@@ -119,18 +226,17 @@ def _online_softmax(q_BxNxTxH, k_BxNxSxH, v_BxNxSxH, bias_BxS, query_chunk: int,
                 "bnqk,bnkh->bnqh", p_BxNxQxKc.astype(v_BxNxKcxH.dtype), v_BxNxKcxH, preferred_element_type=jnp.float32)
             return (acc_BxNxQxH, new_max_BxNxQ, denom_BxNxQ), None
 
-        rows = q_BxNxQxH.shape[2]
-        init = (jnp.zeros((b, n, rows, h), jnp.float32), jnp.full((b, n, rows), -jnp.inf, jnp.float32),
-                jnp.zeros((b, n, rows), jnp.float32))
-        chunks = (k_KxBxNxKcxH, v_KxBxNxKcxH, bias_KxBxKc)
-        if num_key_chunks == 1:  # no loop: XLA fuses the one step like native's softmax
+        init = (jnp.zeros((b, n, query_chunk, h), jnp.float32), jnp.full((b, n, query_chunk), -jnp.inf, jnp.float32),
+                jnp.zeros((b, n, query_chunk), jnp.float32))
+        chunks = (k_KxBxNxKcxH, v_KxBxNxKcxH, key_pos_KxKc)
+        if keys.steps == 1:  # no loop: XLA fuses the one step like native's softmax
             (acc_BxNxQxH, _, denom_BxNxQ), _ = absorb_key_chunk(init, jax.tree.map(lambda x: x[0], chunks))
         else:
             (acc_BxNxQxH, _, denom_BxNxQ), _ = jax.lax.scan(absorb_key_chunk, init, chunks)
         return acc_BxNxQxH / denom_BxNxQ[..., None]  # denominator >= 1: the max's own term is exp(0)
 
     if q_CxBxNxQxH.shape[0] == 1:
-        out_CxBxNxQxH = attend_query_chunk(q_CxBxNxQxH[0])[None]
+        out_CxBxNxQxH = attend_query_chunk(0, q_CxBxNxQxH[0])[None]
     else:
-        out_CxBxNxQxH = jax.lax.map(attend_query_chunk, q_CxBxNxQxH)
+        out_CxBxNxQxH = jax.lax.map(lambda iq: attend_query_chunk(*iq), (jnp.arange(q_CxBxNxQxH.shape[0]), q_CxBxNxQxH))
     return out_CxBxNxQxH.transpose(1, 2, 0, 3, 4).reshape(b, n, t, h)

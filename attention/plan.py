@@ -1,4 +1,9 @@
-"""Which backend runs each bucket, decided before any work: capability checks, fallback, parity gate."""
+"""Which backend runs each bucket, decided before any work: capability checks, fallback, parity gate.
+
+A bucket has one case per kind of layer the model has (``EncoderConfig.attention_features``: ModernBERT a
+global and a local kind, MPNet one with a bias). One backend runs the whole bucket, so timing records name one
+backend: it must accept every kind, and a refusal of any kind sends the whole bucket to the fallback, with the
+reason naming the kind."""
 from __future__ import annotations
 
 import dataclasses
@@ -51,11 +56,16 @@ class AttentionSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-    case: AttentionCase
+    case: AttentionCase  # the bucket's first case (its seq_len names the bucket)
     requested: str
     backend: str  # the one that will run
     kernel: str
     fallback_reason: str | None = None
+    cases: tuple[AttentionCase, ...] = ()  # every kind of layer in the bucket; () means just ``case``
+
+    def __post_init__(self):
+        if not self.cases:
+            object.__setattr__(self, "cases", (self.case,))
 
 
 def ask(backend: Backend, case: AttentionCase, options: pydantic.BaseModel) -> Support:
@@ -71,29 +81,71 @@ def ask(backend: Backend, case: AttentionCase, options: pydantic.BaseModel) -> S
                                  f"{case.dtype}); fix the backend or choose another attention.backend") from e
 
 
-def choose_backend(case: AttentionCase, requested: Backend, requested_options: pydantic.BaseModel,
-                   fallback: Backend | None, fallback_options: pydantic.BaseModel | None) -> Choice:
-    """The requested backend if its check accepts the case, else the fallback's (with the reason)."""
-    support = ask(requested, case, requested_options)
+def ask_all(backend: Backend, cases, options: pydantic.BaseModel) -> Support:
+    """One answer for a bucket's cases (one per kind of layer): ok when every kind is; the kernel names each
+    kind's kernel where they differ; a refusal names the kind it is about when the model has several."""
+    answers = [(case, ask(backend, case, options)) for case in cases]
+    several = len(answers) > 1
+    refused = [(case, s) for case, s in answers if not s.ok]
+    if refused:
+        return Support(ok=False, reason="; ".join((f"{case.features.describe()} layers: " if several else "")
+                                                  + s.reason for case, s in refused))
+    kernels = list(dict.fromkeys(s.kernel for _, s in answers))
+    if len(kernels) <= 1:
+        return Support(ok=True, kernel=kernels[0] if kernels else "")
+    return Support(ok=True, kernel="; ".join(f"{case.features.describe()}: {s.kernel}" for case, s in answers))
+
+
+def choose_backend(case: AttentionCase | tuple[AttentionCase, ...], requested: Backend,
+                   requested_options: pydantic.BaseModel, fallback: Backend | None,
+                   fallback_options: pydantic.BaseModel | None) -> Choice:
+    """The requested backend if its check accepts the bucket's case (or every case of the bucket, one per kind
+    of layer), else the fallback's (with the reason)."""
+    cases = case if isinstance(case, tuple) else (case,)
+    first = cases[0]
+    support = ask_all(requested, cases, requested_options)
     if support.ok:
-        return Choice(case, requested.name, requested.name, support.kernel)
-    where = f"bucket {case.seq_len} ({case.platform}, {case.dtype}, head_dim {case.head_dim})"
+        return Choice(first, requested.name, requested.name, support.kernel, cases=cases)
+    where = f"bucket {first.seq_len} ({first.platform}, {first.dtype}, head_dim {first.head_dim})"
     if fallback is None:
         raise AttentionPlanError(
             f"attention.backend {requested.name!r} cannot run {where}: {support.reason}. "
             f"Set attention.fallback (e.g. native) to run such buckets with another backend, or choose another "
             f"attention.backend")
-    fb_support = ask(fallback, case, fallback_options)
+    fb_support = ask_all(fallback, cases, fallback_options)
     if not fb_support.ok:
         raise AttentionPlanError(f"neither attention.backend {requested.name!r} ({support.reason}) nor "
                                  f"attention.fallback {fallback.name!r} ({fb_support.reason}) can run {where}")
-    return Choice(case, requested.name, fallback.name, fb_support.kernel, fallback_reason=support.reason)
+    return Choice(first, requested.name, fallback.name, fb_support.kernel, fallback_reason=support.reason, cases=cases)
+
+
+def by_bucket(cases: list[AttentionCase]) -> list[tuple[AttentionCase, ...]]:
+    """The cases grouped by bucket (seq_len), in the order the buckets first appear."""
+    groups: dict[int, list[AttentionCase]] = {}
+    for case in cases:
+        groups.setdefault(case.seq_len, []).append(case)
+    return [tuple(group) for group in groups.values()]
+
+
+def relative_bias(num_heads: int, seq_len: int, seed: int = 0):
+    """A random relative-position bias, ``bias(q_index_T, k_index_S) -> [N, T, S]``: one value per head and
+    offset (what MPNet's buckets and ALiBi are special cases of), large enough to move the output."""
+    import jax.numpy as jnp
+
+    table_NxD = np.random.default_rng(seed).standard_normal((num_heads, 2 * seq_len - 1)).astype(np.float32)
+
+    def bias(q_index_T, k_index_S):
+        return jnp.asarray(table_NxD)[:, k_index_S[None, :] - q_index_T[:, None] + seq_len - 1]
+    return bias
+
+
+STATIC_FEATURES = ("local_window", "bias")  # not arrays: closed over by the jitted call, never its arguments
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     """Random q, k, v of the case's shape with mixed padding (one full row, one half row), and the keyword
-    arguments of the call: ``kv_lengths_B``, and for a packed case ``segment_ids_BxT`` with two windows in
-    the full row."""
+    arguments of the call: ``kv_lengths_B``, for a packed case ``segment_ids_BxT`` with two windows in
+    the full row, for a local layer its ``local_window`` and for a biased one a random ``relative_bias``."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(seed)
@@ -107,7 +159,21 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
         valid_BxT = positions_BxT < lengths[:, None]
         second_BxT = (positions_BxT >= max(1, case.seq_len // 3)) & (np.arange(batch) % 2 == 0)[:, None]
         kwargs["segment_ids_BxT"] = jnp.asarray(valid_BxT * (1 + second_BxT), jnp.int32)
+    if case.local_window:
+        kwargs["local_window"] = case.local_window
+    if case.bias:
+        kwargs["bias"] = relative_bias(case.num_heads, case.seq_len, seed)
     return q, k, v, kwargs
+
+
+def run_probe(fn, case: AttentionCase, q, k, v, kwargs):
+    """``fn`` on probe inputs under jit: the arrays are arguments, the window and bias function closed over."""
+    import jax
+
+    static = {key: kwargs[key] for key in STATIC_FEATURES if key in kwargs}
+    arrays = {key: value for key, value in kwargs.items() if key not in static}
+    scale = case.head_dim ** -0.5
+    return jax.jit(lambda q, k, v, kw: fn(q, k, v, scale=scale, **kw, **static))(q, k, v, arrays)
 
 
 def max_abs_error(candidate, reference, kv_lengths_B) -> float:
@@ -125,45 +191,50 @@ def default_tolerance(dtype: str) -> float:
 
 
 def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = None) -> tuple[bool, float, float]:
-    """Run one probe batch through the chosen backend and native; (agrees, error, tolerance)."""
-    import jax
-
-    q, k, v, kwargs = probe_inputs(choice.case)
-    scale = 1.0 / choice.case.head_dim ** 0.5
-    got = jax.jit(lambda q, k, v, kw: candidate_fn(q, k, v, scale=scale, **kw))(q, k, v, kwargs)
-    want = jax.jit(lambda q, k, v, kw: native_fn(q, k, v, scale=scale, **kw))(q, k, v, kwargs)
+    """Run one probe batch per kind of layer through the chosen backend and native; (agrees, the largest
+    error, tolerance)."""
+    error = 0.0
+    for case in choice.cases:
+        q, k, v, kwargs = probe_inputs(case)
+        got = run_probe(candidate_fn, case, q, k, v, kwargs)
+        want = run_probe(native_fn, case, q, k, v, kwargs)
+        error = max(error, max_abs_error(got, want, kwargs["kv_lengths_B"]))
     tolerance = tolerance or default_tolerance(choice.case.dtype)
-    error = max_abs_error(got, want, kwargs["kv_lengths_B"])
     return error <= tolerance, error, tolerance
 
 
 def choose_backends(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
-    """One Choice per case; raises AttentionPlanError naming the bucket when nothing can run it."""
+    """One Choice per bucket, whose backend runs every case (kind of layer) of the bucket; raises
+    AttentionPlanError naming the bucket when nothing can run it."""
     requested = registry.get(spec.backend)
     fallback = registry.get(spec.fallback) if spec.fallback else None
-    return [choose_backend(case, requested, spec.options, fallback, spec.fallback_options) for case in cases]
+    return [choose_backend(bucket, requested, spec.options, fallback, spec.fallback_options)
+            for bucket in by_bucket(cases)]
 
 
 def probe(spec: AttentionSpec, choice: Choice) -> None:
     """Run the chosen backend once on a probe batch of the bucket's shape: the output must have q's shape
     and dtype and be finite everywhere (padded rows too), so a broken backend fails before the real work.
-    Parity with native is the gate's job (``attention.verify``); this check always runs."""
+    Parity with native is the gate's job (``attention.verify``); this check always runs, once per kind of layer."""
     import jax
 
-    q, k, v, kwargs = probe_inputs(choice.case)
     fn = bind_choice(spec, choice.backend)
-    where = f"attention backend {choice.backend!r} at bucket {choice.case.seq_len}"
-    try:
-        out = jax.jit(lambda q, k, v, kw: fn(q, k, v, scale=choice.case.head_dim ** -0.5, **kw))(q, k, v, kwargs)
-        out = np.asarray(jax.block_until_ready(out))
-    except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure
-        raise AttentionPlanError(f"{where} failed on a probe batch: {type(e).__name__}: {e}") from e
-    if out.shape != q.shape or out.dtype != q.dtype:
-        raise AttentionPlanError(f"{where} returned {out.dtype}{list(out.shape)} for q of {q.dtype}{list(q.shape)} "
-                                 "(batch, seq, heads, head_dim); it must return q's shape, layout and dtype")
-    if not np.all(np.isfinite(out.astype(np.float32))):
-        raise AttentionPlanError(f"{where} returned non-finite values on a probe batch (NaN or inf); "
-                                 "refusing to write such embeddings")
+    for case in choice.cases:
+        q, k, v, kwargs = probe_inputs(case)
+        where = f"attention backend {choice.backend!r} at bucket {case.seq_len}" + (
+            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.local_window
+            or case.features.bias else "")
+        try:
+            out = np.asarray(jax.block_until_ready(run_probe(fn, case, q, k, v, kwargs)))
+        except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure
+            raise AttentionPlanError(f"{where} failed on a probe batch: {type(e).__name__}: {e}") from e
+        if out.shape != q.shape or out.dtype != q.dtype:
+            raise AttentionPlanError(f"{where} returned {out.dtype}{list(out.shape)} for q of {q.dtype}"
+                                     f"{list(q.shape)} (batch, seq, heads, head_dim); it must return q's shape, "
+                                     "layout and dtype")
+        if not np.all(np.isfinite(out.astype(np.float32))):
+            raise AttentionPlanError(f"{where} returned non-finite values on a probe batch (NaN or inf); "
+                                     "refusing to write such embeddings")
 
 
 def bind_choice(spec: AttentionSpec, backend_name: str):
@@ -188,7 +259,7 @@ def gate(spec: AttentionSpec, choices: list) -> list:
         if spec.on_mismatch == "fail" or not spec.fallback or spec.fallback == choice.backend:
             raise AttentionPlanError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
                                      f"attention.fallback={spec.fallback!r})")
-        support = ask(registry.get(spec.fallback), choice.case, spec.options_for(spec.fallback))
+        support = ask_all(registry.get(spec.fallback), choice.cases, spec.options_for(spec.fallback))
         if not support.ok:
             raise AttentionPlanError(f"{reason}, and attention.fallback {spec.fallback!r} cannot run it either: "
                                      f"{support.reason}")

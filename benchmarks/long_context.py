@@ -1,8 +1,15 @@
-"""Long context: one sequence of 32,768 tokens through a rotary (RoFormer) encoder, flash and chunked vs
-native, each in its own subprocess under a memory cap so native's O(T²) scores cannot take the machine down.
+"""Long context: attention for a ModernBERT-base shape (hidden 768, 12 heads x 64, 22 layers of which every
+3rd is global and the rest local with a ±64 window; float32, batch 1) at 2k, 8k and 16k tokens, native,
+chunked and flash side by side.
 
-The encoder is a random RoFormer written by transformers itself (no download): 2 layers, hidden 128,
-4 heads of 32. Run: python benchmarks/long_context.py [--quick] [--length 32768] [--mem-cap-gb 20]
+    python benchmarks/long_context.py [--quick] [--lengths 2048,8192,16384] [--backends native,chunked,flash]
+
+One global and one local layer are timed per backend and length, each in its own subprocess (so its peak
+memory is its own, and under an address-space cap so native's O(T²) scores cannot take the machine down); the
+model's attention total weights them by the layer counts (8 global, 14 local). Memory is the child's peak RSS
+minus its RSS once the inputs exist (compilation included), and XLA's own count of the temporary buffers the
+compiled layer allocates (``memory_analysis().temp_size_in_bytes``: the scores, for native). A case whose native scores would not fit the cap is skipped with the
+reason. Lengths run in increasing order, so the largest, slowest points come last.
 """
 from __future__ import annotations
 
@@ -11,7 +18,6 @@ import os
 import resource
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,87 +25,191 @@ from benchmarks import common  # noqa: E402
 
 common.bootstrap()
 
-LAYERS, HIDDEN, HEADS = 2, 128, 4
+HEADS, HEAD_DIM, LAYERS, GLOBAL_EVERY, WINDOW = 12, 64, 22, 3, (64, 64)  # ModernBERT-base
+KINDS = {"global": None, "local": WINDOW}
+LAYER_COUNTS = {"global": len(range(0, LAYERS, GLOBAL_EVERY)), "local": LAYERS - len(range(0, LAYERS, GLOBAL_EVERY))}
+DEFAULT_LENGTHS, QUICK_LENGTHS = (2048, 8192, 16384), (512, 1024)
+GB = 2**30
 
 
-def write_checkpoint(folder: str) -> str:
-    sys.path.insert(0, os.path.join(common.REPO, "tests"))
-    from conftest import write_tiny_checkpoint
-    from models.checkpoint import resolve_dir
-
-    return write_tiny_checkpoint(folder, resolve_dir(common.DEFAULT_MODEL), layers=LAYERS, hidden=HIDDEN,
-                                 heads=HEADS, rope=True)
-
-
-def run_case(checkpoint: str, backend: str, length: int) -> dict:
-    """In the child: encode one sequence of ``length`` tokens; time, peak RSS, finiteness."""
+def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: float) -> dict:
+    """In the child: compile and call one layer's attention; best time of the timed calls, peak RSS growth."""
     import jax
+    import jax.numpy as jnp
     import numpy as np
 
     import attention
-    from models import checkpoint as ckpt
-    from models import encoder
 
-    ck = ckpt.open_checkpoint(checkpoint)
-    params = ckpt.load_params(ck.folder, ck.config)
-    embed = jax.jit(encoder.embed_fn(ck.config, attention.get(backend).bind(), "mean"))
-    ids = np.random.default_rng(0).integers(1000, 30000, (1, length)).astype(np.int32)
-    lengths = np.array([length], np.int32)
-    baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
-    out = np.asarray(embed(params, ids, lengths))
-    seconds = time.perf_counter() - t0
-    return {"backend": backend, "length": length, "status": "ok", "seconds": round(seconds, 2),
-            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-            "growth_gb": round((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 2**20, 2),
-            "finite": bool(np.isfinite(out).all())}
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32)) for _ in range(3))
+    lengths = jnp.asarray([length], jnp.int32)
+    chosen = attention.get(backend)
+    case = attention.AttentionCase(jax.default_backend(), "float32", length, HEADS, HEAD_DIM, local_window=KINDS[kind])
+    kernel = chosen.supports(case, chosen.parse_options(None)).kernel
+    fn = chosen.bind()
+    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=HEAD_DIM ** -0.5,
+                                        local_window=KINDS[kind]))
+    baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    attend = attend.lower(q, k, v).compile()
+    compile_s = time.perf_counter() - start
+    temp_bytes = getattr(attend.memory_analysis(), "temp_size_in_bytes", None)
+    start = time.perf_counter()
+    out = attend(q, k, v).block_until_ready()
+    first_s = time.perf_counter() - start
+    times = []
+    while len(times) < repeats and (not times or sum(times) + times[-1] <= time_per_case):
+        start = time.perf_counter()
+        attend(q, k, v).block_until_ready()
+        times.append(time.perf_counter() - start)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"backend": backend, "length": length, "kind": kind, "status": "ok", "kernel": kernel,
+            "seconds": round(min(times), 4), "calls": len(times), "compile_s": round(compile_s, 2),
+            "first_call_s": round(first_s, 2), "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
+            "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / GB, 4),
+            "finite": bool(np.isfinite(np.asarray(out)).all())}
 
 
-def spawn(checkpoint: str, backend: str, length: int, cap_gb: float, timeout: float) -> dict:
+def native_scores_gb(length: int) -> float:
+    """native's einsum form holds float32 scores and their exponentials, 2 × N·T² × 4 bytes, for every layer
+    (the window is a mask on the whole score matrix)."""
+    return 2 * HEADS * length * length * 4 / GB
+
+
+def spawn(case: dict, cap_gb: float, timeout: float) -> dict:
     def limit():
-        cap = int(cap_gb * 2**30)
+        cap = int(cap_gb * GB)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    cmd = [sys.executable, __file__, "--child", checkpoint, backend, str(length)]
+    label = {key: case[key] for key in ("backend", "length", "kind")}
+    if case["backend"] == "native" and native_scores_gb(case["length"]) > 0.8 * cap_gb:
+        return {**label, "status": f"skipped: native's scores need ~{native_scores_gb(case['length']):.1f} GB, over "
+                                   f"80% of the {cap_gb:g} GB cap on this {common.machine(False)['memory_gib']} GiB "
+                                   "machine shared with other jobs"}
+    cmd = [sys.executable, __file__, "--child", json.dumps(case)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
     except subprocess.TimeoutExpired:
-        return {"backend": backend, "length": length, "status": f"timed out after {timeout:.0f} s"}
+        return {**label, "status": f"timed out after {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode == 0 and lines:
         return json.loads(lines[-1])
     tail = (done.stderr.strip().splitlines() or ["?"])[-1][:160]
-    return {"backend": backend, "length": length, "status": f"failed under the {cap_gb:g} GB cap: {tail}"}
+    return {**label, "status": f"failed under the {cap_gb:g} GB cap: {tail}"}
+
+
+def model_totals(results: list[dict], backends, lengths) -> list[dict]:
+    """Per backend and length: the 22 layers' attention time (global and local layers weighted by their
+    counts) and the larger of the two kinds' peak memory (layers run one after another)."""
+    ok = {(r["backend"], r["length"], r["kind"]): r for r in results if r["status"] == "ok"}
+    totals = []
+    for length in lengths:
+        for backend in backends:
+            kinds = [ok.get((backend, length, kind)) for kind in KINDS]
+            if not all(kinds):
+                totals.append({"backend": backend, "length": length, "status": "incomplete"})
+                continue
+            totals.append({"backend": backend, "length": length, "status": "ok",
+                           "model_seconds": round(sum(LAYER_COUNTS[r["kind"]] * r["seconds"] for r in kinds), 3),
+                           "memory_gb": max(r["memory_gb"] for r in kinds),
+                           "xla_temp_gb": max((r["xla_temp_gb"] or 0) for r in kinds)})
+    return totals
+
+
+def ratios(results: list[dict], totals: list[dict], lengths) -> list[dict]:
+    """native ÷ each other backend: time and memory per kind of layer and for the model."""
+    def find(rows, **keys):
+        return next((r for r in rows if r["status"] == "ok" and all(r[k] == v for k, v in keys.items())), None)
+
+    out = []
+    for length in lengths:
+        for backend in sorted({r["backend"] for r in results} - {"native"}):
+            row = {"backend": backend, "length": length}
+            for kind in KINDS:
+                mine, native = find(results, backend=backend, length=length, kind=kind), find(
+                    results, backend="native", length=length, kind=kind)
+                row[f"{kind}_speedup"] = round(native["seconds"] / mine["seconds"], 2) if mine and native else None
+                row[f"{kind}_memory_ratio"] = (round(mine["memory_gb"] / native["memory_gb"], 4)
+                                               if mine and native and native["memory_gb"] else None)
+            mine, native = find(totals, backend=backend, length=length), find(totals, backend="native", length=length)
+            row["model_speedup"] = round(native["model_seconds"] / mine["model_seconds"], 2) if mine and native else None
+            out.append(row)
+    return out
+
+
+def target_verdict(results: list[dict], speedups: list[dict], length: int = 8192, wanted: float = 3.0) -> dict:
+    """Issue 18's target: with local layers, the model's attention on chunked at least ``wanted`` × native's
+    speed at ``length`` tokens, with flat memory (chunked's local-layer memory per length beside native's)."""
+    row = next((r for r in speedups if r["backend"] == "chunked" and r["length"] == length), None)
+    speedup = row and row["model_speedup"]
+    memory = {backend: {r["length"]: r["memory_gb"] for r in results
+                        if r["backend"] == backend and r["kind"] == "local" and r["status"] == "ok"}
+              for backend in ("chunked", "native")}
+    verdict = "not measured" if speedup is None else ("PASS" if speedup >= wanted else "FAIL")
+    line = (f"target: chunked's model attention >= {wanted:g}x native at {length} tokens: "
+            f"{'—' if speedup is None else f'{speedup:.2f}x'} {verdict}; local-layer peak RSS growth by length, "
+            + "; ".join(f"{backend} " + ", ".join(f"{n}: {gb:.3g} GB" for n, gb in sorted(by_length.items()))
+                        for backend, by_length in memory.items()))
+    return {"speedup": speedup, "wanted": wanted, "length": length, "verdict": verdict,
+            "local_memory_gb": memory, "line": line}
 
 
 def main(argv=None) -> int:
-    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--child":
-        print(json.dumps(run_case(sys.argv[2], sys.argv[3], int(sys.argv[4]))))
+    if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
+        case = json.loads(sys.argv[2])
+        print(json.dumps(run_case(**case)))
         return 0
     p = common.parser(__doc__)
-    p.add_argument("--length", type=int, default=32768)
-    p.add_argument("--backends", default="flash,chunked,native")
-    p.add_argument("--mem-cap-gb", type=float, default=20.0)
-    p.add_argument("--timeout", type=float, default=1200.0)
+    p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, DEFAULT_LENGTHS))}; "
+                                     f"--quick {','.join(map(str, QUICK_LENGTHS))})")
+    p.add_argument("--backends", default="native,chunked,flash")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls after the first (compiling) one, best kept")
+    p.add_argument("--time-per-case", type=float, default=20.0, help="stop timing a case after this many seconds")
+    p.add_argument("--mem-cap-gb", type=float, default=16.0, help="address-space cap per case (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case subprocess")
     args = p.parse_args(argv)
-    length = 2048 if args.quick else args.length
+    lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else (
+        QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    backends = tuple(args.backends.split(","))
     info = common.machine(with_jax=False)
-    common.print_machine("long context: one sequence through a rotary encoder", info)
-    scores_gb = 2 * HEADS * length * length * 4 / 2**30  # logits and probabilities, float32, per layer
-    print(f"RoFormer {LAYERS} layers, hidden {HIDDEN}, {HEADS} heads; one sequence of {length} tokens; "
-          f"native materialises ~{scores_gb:.1f} GB of scores per layer; cap {args.mem_cap_gb:g} GB per case\n")
+    common.print_machine("long context: ModernBERT-base attention, global and local layers", info)
+    print(f"{HEADS} heads x {HEAD_DIM}, float32, batch 1; {LAYERS} layers: {LAYER_COUNTS['global']} global, "
+          f"{LAYER_COUNTS['local']} local (window {WINDOW}); cap {args.mem_cap_gb:g} GB per case\n", flush=True)
     results = []
-    with tempfile.TemporaryDirectory(prefix="docbeam-long-") as tmp:
-        checkpoint = write_checkpoint(os.path.join(tmp, "roformer"))
-        for backend in args.backends.split(","):
-            results.append(spawn(checkpoint, backend, length, args.mem_cap_gb, args.timeout))
-            print(f"  {backend}: {results[-1]}", flush=True)
-    rows = [[r["backend"], r["length"], r["status"], r.get("seconds", "—"), r.get("peak_rss_gb", "—"),
-             r.get("finite", "—")] for r in results]
-    print("\n" + common.table(["backend", "tokens", "status", "seconds", "peak RSS GB", "finite"], rows))
-    common.write_results(args, "long_context", {"machine": info, "length": length,
-                                                         "scores_gb_per_layer": scores_gb, "results": results})
-    return 0 if any(r["status"] == "ok" and r["backend"] != "native" for r in results) else 1
+    started = time.perf_counter()
+    for length in sorted(lengths):
+        for backend in backends:
+            for kind in KINDS:
+                case = {"backend": backend, "length": length, "kind": kind, "repeats": args.repeats,
+                        "time_per_case": args.time_per_case}
+                results.append(spawn(case, args.mem_cap_gb, args.timeout))
+                print(f"  {results[-1]}", flush=True)
+    totals = model_totals(results, backends, sorted(lengths))
+    speedups = ratios(results, totals, sorted(lengths))
+
+    print("\n## One layer's attention\n")
+    print(common.table(["backend", "tokens", "layer", "kernel", "status", "ms", "peak RSS growth GB",
+                        "XLA temp GB"],
+                       [[r["backend"], r["length"], r["kind"], r.get("kernel", "—"), r["status"],
+                         r["seconds"] * 1000 if "seconds" in r else None, r.get("memory_gb"), r.get("xla_temp_gb")]
+                        for r in results]))
+    print(f"\n## The model's attention ({LAYER_COUNTS['global']} global + {LAYER_COUNTS['local']} local layers)\n")
+    print(common.table(["backend", "tokens", "status", "seconds", "peak RSS growth GB", "XLA temp GB"],
+                       [[t["backend"], t["length"], t["status"], t.get("model_seconds"), t.get("memory_gb"),
+                         t.get("xla_temp_gb")] for t in totals]))
+    print("\n## native ÷ backend\n")
+    print(common.table(["backend", "tokens", "global speed-up", "local speed-up", "model speed-up",
+                        "global memory ÷ native", "local memory ÷ native"],
+                       [[r["backend"], r["length"], r["global_speedup"], r["local_speedup"], r["model_speedup"],
+                         r["global_memory_ratio"], r["local_memory_ratio"]] for r in speedups]))
+    target = target_verdict(results, speedups)
+    print(f"\n{target['line']}")
+    print(f"\nbenchmark wall time {time.perf_counter() - started:.0f} s")
+    common.write_results(args, "long_context", {
+        "machine": info, "lengths": list(lengths), "shape": {"heads": HEADS, "head_dim": HEAD_DIM, "layers": LAYERS,
+                                                             "layer_counts": LAYER_COUNTS, "window": list(WINDOW)},
+        "results": results, "model_totals": totals, "native_over_backend": speedups, "target": target})
+    return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -62,10 +62,14 @@ def _local_platform() -> str:
 
 
 def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool = False) -> list:
+    """One case per bucket and per kind of layer the model has (``config.attention_features``: ModernBERT's
+    global and local layers are two), bucket by bucket; ``choose_backends`` picks one backend per bucket that
+    takes every kind."""
     from attention import AttentionCase
 
     return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim, packed=packed) for b in buckets]
+                          head_dim=config.head_dim, packed=packed).with_features(features)
+            for b in buckets for features in config.attention_features]
 
 
 _PROBED: set[str] = set()

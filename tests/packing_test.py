@@ -3,6 +3,7 @@ and in a row of a configured bucket; packed rows pad less than one window per ro
 packed window the vector it gives it alone; backends that take no segment ids are refused."""
 from __future__ import annotations
 
+import os
 import random
 
 import apache_beam as beam
@@ -157,14 +158,15 @@ def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
 
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
-@pytest.mark.parametrize("position", ["absolute", "rope"])
-def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position):
+@pytest.mark.parametrize("pooling, position, backend", [
+    ("mean", "absolute", "native"), ("cls", "absolute", "native"), ("mean", "rope", "native"), ("cls", "rope", "native"),
+    ("mean", "rope", "chunked"), ("cls", "absolute", "flash")])  # every built-in backend takes segment ids
+def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position, backend):
     from models.encoder import Encoder, EncoderConfig, embed_fn
 
     config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                            max_position=64, position=position)
-    attend = attention.get("native").bind()
+    attend = attention.get(backend).bind()
     params = Encoder(config, attend).init(jax.random.PRNGKey(0), jnp.zeros((1, 32), jnp.int32),
                                           jnp.ones((1,), jnp.int32))["params"]
     embed = jax.jit(embed_fn(config, attend, pooling))
@@ -244,10 +246,16 @@ def test_packed_probes_run_native_with_two_windows_in_a_row():
     probe(spec, choice)  # raises on a crash or a non-finite output
 
 
-@pytest.mark.parametrize("backend, fallback, packs", [("native", None, True), ("chunked", None, False),
-                                                      ("flash", "native", False)])
-def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs):
+USER_BACKEND = "tests.fixtures_user_backend:attend"  # a plain AttentionFn: takes no segment ids
+
+
+@pytest.mark.parametrize("backend, fallback, packs", [("native", None, True), ("chunked", None, True),
+                                                      ("flash", "native", True), (USER_BACKEND, None, False),
+                                                      ("chunked", USER_BACKEND, False)])
+def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs, monkeypatch):
     from pipeline.config import JobConfig
+
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from pipeline.plan import resolve_packing
 
     cfg = JobConfig.model_validate({"input": {"path": "x"}, "output": {"path": "y"}, "model": {"path": "m"},

@@ -232,12 +232,14 @@ def test_packed_rows_give_the_embeddings_of_unpacked_ones_with_less_padding(tiny
 
 
 def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(tiny_corpus, tiny_checkpoint_dir,
-                                                                                 tmp_path):
+                                                                                 tmp_path, monkeypatch):
     from pipeline.config import ConfigError
     from attention.plan import AttentionPlanError
 
+    monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.… importable
     folder, _ = tiny_corpus
     with pytest.raises((AttentionPlanError, ConfigError), match="batching.packing"):
         run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "out"), tiny_checkpoint_dir,
-                           batching={"packing": True}, attention={"backend": "chunked"}))
+                           batching={"packing": True},
+                           attention={"backend": "tests.fixtures_user_backend:attend"}))
     assert not os.path.exists(tmp_path / "out" / "embeddings")
