@@ -87,6 +87,14 @@ class KeyPlan:
     steps: int
     padded_len: int
     local_window: tuple[int, int] | None
+    causal: bool = False  # a causal global layer: a query chunk stops after the key chunk holding its last row
+
+    def steps_for(self, query_start, query_chunk: int):
+        """How many key chunks a query chunk scans (traced): all ``steps``, but for a causal global layer only
+        those up to its last row, so the blocks past the diagonal (about half) are never computed."""
+        if not self.causal:
+            return self.steps
+        return jnp.minimum(self.steps, (query_start + query_chunk + self.key_chunk - 1) // self.key_chunk)
 
     def start(self, query_start):
         """First key a query chunk starting at ``query_start`` (traced) scans; its rows see keys from
@@ -96,57 +104,79 @@ class KeyPlan:
         return jnp.clip(query_start - self.local_window[0], 0, self.padded_len - self.steps * self.key_chunk)
 
 
-def key_plan(seq_len: int, query_chunk: int, key_chunk: int, local_window: tuple[int, int] | None) -> KeyPlan:
-    """A global layer scans every key; a local one the ``query_chunk + left + right`` keys a chunk's rows
-    reach, so its cost grows with T * window instead of T²."""
+def key_plan(seq_len: int, query_chunk: int, key_chunk: int, local_window: tuple[int, int] | None,
+             causal: bool = False) -> KeyPlan:
+    """A global layer scans every key (a causal one up to each chunk's diagonal); a local one the
+    ``query_chunk + left + right`` keys a chunk's rows reach, so its cost grows with T * window instead of T²."""
     reach = seq_len if local_window is None else min(seq_len, query_chunk + sum(local_window))
     key_chunk = min(key_chunk, reach)
     steps = -(-reach // key_chunk)
-    return KeyPlan(key_chunk, steps, max(seq_len, steps * key_chunk), local_window)
+    return KeyPlan(key_chunk, steps, max(seq_len, steps * key_chunk), local_window, causal and local_window is None)
+
+
+def causal_window(local_window: tuple[int, int] | None, causal: bool, seq_len: int) -> tuple[int, int] | None:
+    """The mask a causal layer adds: no key to the right (a local causal layer is a left-only window)."""
+    if not causal:
+        return local_window
+    return (local_window[0] if local_window else seq_len, 0)
 
 
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
-    # plain XLA: every platform, dtype and shape, with windows, bias and segment ids
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, case.local_window)
+    # plain XLA: every platform, dtype and shape, with windows, bias, segment ids, causal and grouped k/v
+    window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window)
     query_chunk = min(query_chunk, case.seq_len)
-    keys = key_plan(case.seq_len, query_chunk, key_chunk, case.local_window)
-    heads = f", {heads_per_step} head(s) per step" if heads_per_step else ""
-    scanned = (f", {keys.steps * keys.key_chunk} keys per query chunk (local window {case.local_window})"
-               if case.local_window else "")
-    return Support(ok=True, kernel=f"xla online softmax, chunks {query_chunk}x{keys.key_chunk}{heads}{scanned}")
+    keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal)
+    heads = f", {group_step(heads_per_step, case.num_heads, case.kv_heads)} head(s) per step" if heads_per_step else ""
+    scanned = (f", {keys.steps * keys.key_chunk} keys per query chunk (local window {window})" if window
+               else ", key blocks past the diagonal skipped" if keys.causal else "")
+    grouped = f", {case.num_heads} query heads over {case.kv_heads} k/v heads" if case.kv_heads != case.num_heads else ""
+    return Support(ok=True, kernel=f"xla online softmax, chunks {query_chunk}x{keys.key_chunk}{heads}{scanned}{grouped}")
 
 
-@register("chunked", options=ChunkedOptions, supports=supports, segments=True, windows=True, bias=True,
+def group_step(heads_per_step: int, num_heads: int, kv_heads: int) -> int:
+    """Query heads per step: a multiple of the query heads sharing one k/v head, so a step's k/v heads are whole."""
+    per_kv = num_heads // kv_heads
+    return min(num_heads, -(-(heads_per_step or num_heads) // per_kv) * per_kv)
+
+
+@register("chunked", options=ChunkedOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
+          grouped=True,
           description="online-softmax attention over query and key chunks in plain JAX "
                       "(memory O(query_chunk * key_chunk) per head; local windows scan only the keys they reach; "
                       "any platform)")
-def chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: ChunkedOptions, segment_ids_BxT=None,
-            local_window=None, bias=None):
+def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: ChunkedOptions, segment_ids_BxT=None,
+            local_window=None, bias=None, causal=False):
     """Online softmax in native's einsum form (attention/native.py): heads-major operands, q scaled once, the
     mask as an additive bias, and the division applied to the ``[.., head_dim]`` output once, after the last
     key chunk. Against the previous form (a select over the scores, per-step scaling), measured by hand in
     one process on XLA:CPU: 1.4x faster at 8192 tokens with all heads per matmul, 1.1-1.7x at 256, no
     difference beyond noise at 8192 with one head per step.
 
-    Masks (padding or segment ids, the window) and ``bias`` are computed per (query chunk, key chunk) block
-    from positions, so nothing ``[T, S]``-sized exists."""
+    Masks (padding or segment ids, the window, causality) and ``bias`` are computed per (query chunk, key
+    chunk) block from positions, so nothing ``[T, S]``-sized exists. A causal global layer stops each query
+    chunk at its diagonal; grouped-query k/v (K heads under N) are read as they are, never repeated."""
     b, t, n, h = q_BxTxNxH.shape
-    s = k_BxSxNxH.shape[1]
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), local_window)
-    query_chunk, step = min(query_chunk, t), min(heads_per_step or n, n)
-    keys = key_plan(s, query_chunk, key_chunk, local_window)
+    s, kv_heads = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
+    window = local_window and causal_window(local_window, causal, s)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window)
+    query_chunk, step = min(query_chunk, t), group_step(heads_per_step, n, kv_heads)
+    per_kv = n // kv_heads
+    keys = key_plan(s, query_chunk, key_chunk, window, causal)
     q_BxNxTxH = pad_to_multiple(q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype), query_chunk).swapaxes(1, 2)
-    k_BxNxSxH, v_BxNxSxH = (pad_to_length(x, keys.padded_len).swapaxes(1, 2) for x in (k_BxSxNxH, v_BxSxNxH))
+    k_BxKxSxH, v_BxKxSxH = (pad_to_length(x, keys.padded_len).swapaxes(1, 2) for x in (k_BxSxKxH, v_BxSxKxH))
     # Head groups run one after another in a loop (not unrolled, so compilation stays short): XLA:CPU's
     # batched matmul is slow with many small (head_dim 32) batch entries.
     groups = -(-n // step)
-    masks = BlockMasks(kv_lengths_B, local_window, bias,
+    masks = BlockMasks(kv_lengths_B, causal_window(local_window, causal, s), bias,
                        None if segment_ids_BxT is None else pad_to_multiple(segment_ids_BxT, query_chunk),
                        None if segment_ids_BxT is None else pad_to_length(segment_ids_BxT, keys.padded_len),
                        groups * step)
-    q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH = (
-        jnp.pad(x, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)]).reshape(b, groups, step, *x.shape[2:])
-        .swapaxes(0, 1) for x in (q_BxNxTxH, k_BxNxSxH, v_BxNxSxH))
+    q_GxBxgxTxH = (jnp.pad(q_BxNxTxH, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)])
+                   .reshape(b, groups, step, *q_BxNxTxH.shape[2:]).swapaxes(0, 1))
+    k_GxBxgxSxH, v_GxBxgxSxH = (
+        jnp.pad(x, [(0, 0), (0, (groups * step - n) // per_kv), (0, 0), (0, 0)])
+        .reshape(b, groups, step // per_kv, *x.shape[2:]).swapaxes(0, 1) for x in (k_BxKxSxH, v_BxKxSxH))
     if groups == 1:
         out_BxNxTxH = _online_softmax(q_GxBxgxTxH[0], k_GxBxgxSxH[0], v_GxBxgxSxH[0], masks, 0, query_chunk, keys)
     else:
@@ -196,39 +226,68 @@ class BlockMasks:
         return bias_BxNxQxK
 
 
-def _online_softmax(q_BxNxTxH, k_BxNxSxH, v_BxNxSxH, masks: BlockMasks, head_start, query_chunk: int, keys: KeyPlan):
+def _scores(q_BxNxQxH, k_BxKxKcxH):
+    """q·kᵀ with each k/v head read by its N/K query heads (grouped-query attention), never repeated."""
+    b, n, q_len, h = q_BxNxQxH.shape
+    kv_heads = k_BxKxKcxH.shape[1]
+    if kv_heads == n:
+        return jnp.einsum("bnqh,bnkh->bnqk", q_BxNxQxH, k_BxKxKcxH, preferred_element_type=jnp.float32)
+    return jnp.einsum("bjgqh,bjkh->bjgqk", q_BxNxQxH.reshape(b, kv_heads, n // kv_heads, q_len, h), k_BxKxKcxH,
+                      preferred_element_type=jnp.float32).reshape(b, n, q_len, -1)
+
+
+def _weighted_values(p_BxNxQxKc, v_BxKxKcxH):
+    b, n, q_len, kc = p_BxNxQxKc.shape
+    kv_heads = v_BxKxKcxH.shape[1]
+    if kv_heads == n:
+        return jnp.einsum("bnqk,bnkh->bnqh", p_BxNxQxKc, v_BxKxKcxH, preferred_element_type=jnp.float32)
+    return jnp.einsum("bjgqk,bjkh->bjgqh", p_BxNxQxKc.reshape(b, kv_heads, n // kv_heads, q_len, kc), v_BxKxKcxH,
+                      preferred_element_type=jnp.float32).reshape(b, n, q_len, -1)
+
+
+def _online_softmax(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, masks: BlockMasks, head_start, query_chunk: int, keys: KeyPlan):
     """Heads ``head_start ..`` of the layer, heads-major, q already scaled and T a multiple of query_chunk, keys
-    padded to ``keys.padded_len``; returns ``[B, N, T, H]`` in float32."""
+    padded to ``keys.padded_len`` (K k/v heads, N a multiple of K); returns ``[B, N, T, H]`` in float32."""
     b, n, t, h = q_BxNxTxH.shape
+    kv_heads = k_BxKxSxH.shape[1]
     q_CxBxNxQxH = q_BxNxTxH.reshape(b, n, t // query_chunk, query_chunk, h).transpose(2, 0, 1, 3, 4)
 
     def attend_query_chunk(chunk_index, q_BxNxQxH):
         query_start = chunk_index * query_chunk
         query_pos_Q = query_start + jnp.arange(query_chunk)
         key_start = keys.start(query_start)
-        span = keys.steps * keys.key_chunk
-        k_KxBxNxKcxH, v_KxBxNxKcxH = (
-            jax.lax.dynamic_slice_in_dim(x, key_start, span, 2).reshape(b, n, keys.steps, keys.key_chunk, h)
-            .transpose(2, 0, 1, 3, 4) for x in (k_BxNxSxH, v_BxNxSxH))
-        key_pos_KxKc = (key_start + jnp.arange(span)).reshape(keys.steps, keys.key_chunk)
 
         def absorb_key_chunk(carry, chunk):
             acc_BxNxQxH, max_BxNxQ, denom_BxNxQ = carry
-            k_BxNxKcxH, v_BxNxKcxH, key_pos_Kc = chunk
-            logits_BxNxQxKc = jnp.einsum("bnqh,bnkh->bnqk", q_BxNxQxH, k_BxNxKcxH, preferred_element_type=jnp.float32
-                                         ) + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
+            k_BxKxKcxH, v_BxKxKcxH, key_pos_Kc = chunk
+            logits_BxNxQxKc = _scores(q_BxNxQxH, k_BxKxKcxH) + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
             # The bias is finite, so the running max is finite after the first chunk: no NaN guard needed.
             new_max_BxNxQ = jnp.maximum(max_BxNxQ, logits_BxNxQxKc.max(axis=-1))
             p_BxNxQxKc = jnp.exp(logits_BxNxQxKc - new_max_BxNxQ[..., None])
             rescale_BxNxQ = jnp.exp(max_BxNxQ - new_max_BxNxQ)
             denom_BxNxQ = denom_BxNxQ * rescale_BxNxQ + p_BxNxQxKc.sum(axis=-1)
-            acc_BxNxQxH = acc_BxNxQxH * rescale_BxNxQ[..., None] + jnp.einsum(
-                "bnqk,bnkh->bnqh", p_BxNxQxKc.astype(v_BxNxKcxH.dtype), v_BxNxKcxH, preferred_element_type=jnp.float32)
+            acc_BxNxQxH = acc_BxNxQxH * rescale_BxNxQ[..., None] + _weighted_values(
+                p_BxNxQxKc.astype(v_BxKxKcxH.dtype), v_BxKxKcxH)
             return (acc_BxNxQxH, new_max_BxNxQ, denom_BxNxQ), None
 
         init = (jnp.zeros((b, n, query_chunk, h), jnp.float32), jnp.full((b, n, query_chunk), -jnp.inf, jnp.float32),
                 jnp.zeros((b, n, query_chunk), jnp.float32))
-        chunks = (k_KxBxNxKcxH, v_KxBxNxKcxH, key_pos_KxKc)
+        if keys.causal:  # as many key chunks as reach this query chunk's diagonal: a loop of traced length
+            def absorb_chunk_at(i, carry):
+                start = i * keys.key_chunk
+                k_BxKxKcxH, v_BxKxKcxH = (jax.lax.dynamic_slice_in_dim(x, start, keys.key_chunk, 2)
+                                          for x in (k_BxKxSxH, v_BxKxSxH))
+                return absorb_key_chunk(carry, (k_BxKxKcxH, v_BxKxKcxH, start + jnp.arange(keys.key_chunk)))[0]
+
+            acc_BxNxQxH, _, denom_BxNxQ = jax.lax.fori_loop(0, keys.steps_for(query_start, query_chunk),
+                                                           absorb_chunk_at, init)
+            return acc_BxNxQxH / denom_BxNxQ[..., None]
+        span = keys.steps * keys.key_chunk
+        k_KxBxKxKcxH, v_KxBxKxKcxH = (
+            jax.lax.dynamic_slice_in_dim(x, key_start, span, 2).reshape(b, kv_heads, keys.steps, keys.key_chunk, h)
+            .transpose(2, 0, 1, 3, 4) for x in (k_BxKxSxH, v_BxKxSxH))
+        key_pos_KxKc = (key_start + jnp.arange(span)).reshape(keys.steps, keys.key_chunk)
+        chunks = (k_KxBxKxKcxH, v_KxBxKxKcxH, key_pos_KxKc)
         if keys.steps == 1:  # no loop: XLA fuses the one step like native's softmax
             (acc_BxNxQxH, _, denom_BxNxQ), _ = absorb_key_chunk(init, jax.tree.map(lambda x: x[0], chunks))
         else:

@@ -139,18 +139,21 @@ def relative_bias(num_heads: int, seq_len: int, seed: int = 0):
     return bias
 
 
-STATIC_FEATURES = ("local_window", "bias")  # not arrays: closed over by the jitted call, never its arguments
+STATIC_FEATURES = ("local_window", "bias", "causal")  # not arrays: closed over by the jitted call, never its arguments
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     """Random q, k, v of the case's shape with mixed padding (one full row, one half row), and the keyword
     arguments of the call: ``kv_lengths_B``, for a packed case ``segment_ids_BxT`` with two windows in
-    the full row, for a local layer its ``local_window`` and for a biased one a random ``relative_bias``."""
+    the full row, for a local layer its ``local_window``, for a biased one a random ``relative_bias``, for a
+    causal one ``causal``; a grouped-query case gets k and v with its fewer heads."""
     import jax.numpy as jnp
 
     rng = np.random.default_rng(seed)
     shape = (batch, case.seq_len, case.num_heads, case.head_dim)
-    q, k, v = (jnp.asarray(rng.standard_normal(shape, np.float32)).astype(case.dtype) for _ in range(3))
+    kv_shape = (batch, case.seq_len, case.kv_heads, case.head_dim)  # grouped-query: fewer k/v heads
+    q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32)).astype(case.dtype)
+               for s in (shape, kv_shape, kv_shape))
     lengths = np.full((batch,), case.seq_len, np.int32)
     lengths[1::2] = max(1, case.seq_len // 2)
     kwargs = {"kv_lengths_B": jnp.asarray(lengths)}
@@ -163,6 +166,8 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
         kwargs["local_window"] = case.local_window
     if case.bias:
         kwargs["bias"] = relative_bias(case.num_heads, case.seq_len, seed)
+    if case.causal:
+        kwargs["causal"] = True
     return q, k, v, kwargs
 
 

@@ -68,7 +68,8 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     from attention import AttentionCase
 
     return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim, packed=packed).with_features(features)
+                          head_dim=config.head_dim, packed=packed,
+                          num_kv_heads=getattr(config, "num_kv_heads", None)).with_features(features)
             for b in buckets for features in config.attention_features]
 
 

@@ -76,15 +76,16 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
     packed or not), or why not. Packing is resolved for that choice, so a backend that takes no segment ids
     is not shown as refused merely because this config's own backend packs."""
     import attention
-    from attention.plan import AttentionPlanError, ask
+    from attention.plan import AttentionPlanError, ask_all, by_bucket
     from pipeline.plan import attention_cases, resolve_packing
 
     backend = attention.get(name)
     chosen = resolve_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
     packed = chosen.batching.packing
     cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform, packed)
-    try:
-        answers = [(case.seq_len, ask(backend, case, cfg.attention.options_for(name))) for case in cases]
+    try:  # one answer per bucket, over every kind of layer the model has
+        answers = [(group[0].seq_len, ask_all(backend, group, cfg.attention.options_for(name)))
+                   for group in by_bucket(cases)]
     except AttentionPlanError as e:
         return f"  {name:10s} NOT usable: {e}"
     refused = [(b, s) for b, s in answers if not s.ok]
