@@ -16,6 +16,7 @@ import threading
 import numpy as np
 
 from models.encoder import ACTIVATIONS, EncoderConfig
+from pipeline.errors import Refused
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
@@ -31,7 +32,7 @@ POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers be
 SUPPORTED_POOLING = ("mean", "cls")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Refused, ValueError):
     pass
 
 
