@@ -3,7 +3,8 @@
 A document longer than the window is split by the tokenizer itself (``return_overflowing_tokens`` with
 ``stride`` overlap), each window framed by the special tokens; or, by config, only the first is kept.
 A document with no tokens of its own is rejected (``no_tokens``): its lone [CLS] [SEP] window would embed
-every such document as the same vector.
+every such document as the same vector. A document the tokenizer raises on is rejected (``tokenizer_error``),
+never its batch.
 """
 from __future__ import annotations
 
@@ -36,14 +37,24 @@ def stride_problem(stride: int, window_len: int, special: int) -> str | None:
 
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
                        config: TokenizeConfig) -> tuple[list[TokenWindow], list[Rejected]]:
-    """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none."""
+    """The windows of every document that has tokens, a ``no_tokens`` Rejected for each one that has none,
+    and a ``tokenizer_error`` Rejected for each one the tokenizer raises on: the batch is tokenized again one
+    document at a time, so one such document costs only itself."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     problem = stride_problem(config.stride, window_len, special)
     if problem:
         raise ValueError(problem)
-    encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
-                        stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
-                        return_token_type_ids=False)
+    try:
+        encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
+                            stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
+                            return_token_type_ids=False)
+    except Exception as e:  # noqa: BLE001  which document it was is found below, one at a time
+        if len(documents) > 1:
+            alone = [tokenize_documents([d], tokenizer, window_len=window_len, config=config) for d in documents]
+            return [w for windows, _ in alone for w in windows], [r for _, rejected in alone for r in rejected]
+        doc = documents[0]
+        return [], [Rejected(doc.source, doc.line, doc.id, "tokenizer_error",
+                             f"the tokenizer raised {type(e).__name__}: {e}")]
     by_doc: dict[int, list] = {}
     for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
         by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
