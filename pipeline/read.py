@@ -24,7 +24,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.config import InputConfig
 from pipeline.observe import METRICS_NAMESPACE, StageClock
-from pipeline.records import Document, Rejected
+from pipeline.records import Document, Rejected, writable
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # README lists these, each also with any compression suffix below
 REJECTED_TAG = "rejected"
@@ -259,7 +259,7 @@ def guarded_line(raw: bytes | None, *, source: str, line: int, config: InputConf
         return parse_jsonl_line(raw, source=source, line=line, id_field=config.id_field,
                                 text_field=config.text_field, cap=config.max_line_bytes)
     except Exception as e:  # noqa: BLE001  one line's rejection, with the reason
-        return Rejected(source, line, None, "malformed_json", f"not parsed: {type(e).__name__}: {e}")
+        return Rejected(source, line, None, "malformed_json", writable(f"not parsed: {type(e).__name__}: {e}"))
 
 
 def match_local(pattern: str) -> list[str]:
@@ -367,7 +367,8 @@ class _ParseFile(beam.DoFn):
         except Exception as e:  # an unreadable or corrupt file is one rejection, not a crashed job
             self._read.inc()
             yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(
-                path, None, None, "unreadable_file", f"{type(e).__name__}: {e} (records before the failure were kept)"))
+                path, None, None, "unreadable_file",
+                writable(f"{type(e).__name__}: {e} (records before the failure were kept)")))
 
 
 def keep_first_of_duplicates(item) -> Iterator:

@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
 from pipeline.observe import METRICS_NAMESPACE, StageClock
-from pipeline.records import Document, Rejected, TokenWindow
+from pipeline.records import Document, Rejected, TokenWindow, writable
 
 REJECTED_TAG = "rejected"
 
@@ -54,7 +54,7 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
             return [w for windows, _ in alone for w in windows], [r for _, rejected in alone for r in rejected]
         doc = documents[0]
         return [], [Rejected(doc.source, doc.line, doc.id, "tokenizer_error",
-                             f"the tokenizer raised {type(e).__name__}: {e}")]
+                             writable(f"the tokenizer raised {type(e).__name__}: {e}"))]
     by_doc: dict[int, list] = {}
     for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
         by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
