@@ -165,8 +165,7 @@ class DecompressedStream:
     def __init__(self, raw: BinaryIO, compression: str):
         self._raw, self._gzip = raw, compression == CompressionTypes.GZIP
         self._new, self._chunk, self._bounded = _DECOMPRESSORS[compression]
-        self._input = raw.read(self._chunk)
-        self._decompressor = self._new() if self._input else None  # an empty file is empty, as gzip reads it
+        self._decompressor, self._input, self._empty = self._new(), b"", True
 
     def read1(self, size: int) -> bytes:
         while self._decompressor is not None:
@@ -179,7 +178,10 @@ class DecompressedStream:
             if not self._input:
                 self._input = self._raw.read(self._chunk)
                 if not self._input and not self._decompressor.eof:
+                    if self._empty:
+                        return b""  # an empty file holds nothing, as gzip reads it; not a cut stream
                     raise EOFError("the compressed stream ends before its end marker")
+                self._empty = False
         return b""
 
     def _next_stream(self):
