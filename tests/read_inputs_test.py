@@ -175,7 +175,8 @@ COMPRESSIONS = {
     ".gz": (gzip.compress, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)),
     ".bz2": (bz2.compress, bz2.BZ2Decompressor),
     ".deflate": (zlib.compress, zlib.decompressobj),
-    ".zst": (lambda data: zstandard.ZstdCompressor().compress(data), lambda: zstandard.ZstdDecompressor().decompressobj()),
+    ".zst": (lambda data: zstandard.ZstdCompressor().compress(data),
+             lambda: zstandard.ZstdDecompressor().decompressobj()),
     ".xz": (lzma.compress, lzma.LZMADecompressor),
     ".lzma": (lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE), lzma.LZMADecompressor),
 }
