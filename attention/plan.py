@@ -14,12 +14,13 @@ import pydantic
 
 from attention import registry
 from attention.interface import AttentionCase, Backend, Support
+from pipeline.errors import Refused
 
 
 log = logging.getLogger(__name__)
 
 
-class AttentionPlanError(RuntimeError):
+class AttentionPlanError(Refused, RuntimeError):
     """The configured backend cannot run a case and no fallback is configured: stop before any work."""
 
 

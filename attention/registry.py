@@ -12,13 +12,14 @@ import importlib.metadata
 from typing import Callable
 
 from attention.interface import Backend, NoOptions, Support, supports_everything
+from pipeline.errors import Refused
 
 ENTRY_POINT_GROUP = "docbeam.attention"
 _REGISTRY: dict[str, Backend] = {}
 _entry_points_loaded = False
 
 
-class UnknownBackendError(ValueError):
+class UnknownBackendError(Refused, ValueError):
     pass
 
 

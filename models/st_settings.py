@@ -27,6 +27,8 @@ import json
 import os
 from typing import Any
 
+from pipeline.errors import Refused
+
 ST_CONFIG = "config_sentence_transformers.json"
 MODULES = "modules.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
@@ -72,8 +74,8 @@ WHY_REFUSED = {
 }
 
 
-class CheckpointError(ValueError):
-    pass
+class CheckpointError(Refused, ValueError):
+    """A checkpoint docbeam cannot run as its authors meant: refused at start (exit 2)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Exit codes: 0 the run committed its output (some documents may have been rejected: see errors/); 1 the
 job ran but failed, nothing was committed and the previous output is unchanged; 2 refused at start
-(config, checkpoint, attention, input or output), nothing was touched.
+(config, checkpoint, attention, input or output: any ``pipeline.errors.Refused``), nothing was touched.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import logging
 import sys
 
 from pipeline import config as config_lib
+from pipeline.errors import Refused
 
 log = logging.getLogger("docbeam")
 
@@ -91,18 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_wait:
             print(f"docbeam: submitted run {summary['run_id']}; the job commits its output to {summary['output']}")
             return 0
-    except config_lib.ConfigError as e:
-        print(f"docbeam: config error: {e}", file=sys.stderr)
+    except Refused as e:
+        print(f"docbeam: cannot start: {e} ({type(e).__name__}; nothing was touched)", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001  the job failed: say why in one line, details in the log above
-        from attention.plan import AttentionPlanError
-        from models.checkpoint import CheckpointError
-        from pipeline.lock import LockHeld
-        from pipeline.output import OutputRefused
-
-        if isinstance(e, (AttentionPlanError, CheckpointError, LockHeld, OutputRefused)):
-            print(f"docbeam: cannot start: {e}", file=sys.stderr)
-            return 2
         log.exception("job failed")
         print(f"docbeam: job failed, nothing committed (the previous output is unchanged): "
               f"{type(e).__name__}: {e}", file=sys.stderr)

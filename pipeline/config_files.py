@@ -13,6 +13,8 @@ import os
 
 import yaml
 
+from pipeline.errors import Refused
+
 EXTENDS = "extends"
 PATH_KEYS = (("input", "path"), ("input", "reuse_from"), ("output", "path"), ("model", "path"),
              ("runner", "compilation_cache"))
@@ -21,7 +23,7 @@ PATH_KEYS = (("input", "path"), ("input", "reuse_from"), ("output", "path"), ("m
 OPEN_SECTIONS = (("runner", "options"), ("runner", "worker_env"), ("attention",))
 
 
-class ConfigError(ValueError):
+class ConfigError(Refused, ValueError):
     """A config that cannot run, with a message for the person who wrote it."""
 
 

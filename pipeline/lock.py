@@ -19,6 +19,7 @@ import time
 import psutil
 
 from pipeline import storage
+from pipeline.errors import Refused
 
 LOCK_NAME = "_lock.json"
 HEARTBEAT_S = 30.0
@@ -26,7 +27,7 @@ STALE_AFTER_S = 600.0  # ten missed heartbeats and more: the owner is gone (READ
 log = logging.getLogger(__name__)
 
 
-class LockHeld(RuntimeError):
+class LockHeld(Refused):
     """Another live run writes this output: refuse at start."""
 
 

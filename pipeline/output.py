@@ -21,6 +21,7 @@ import os
 import secrets
 
 from pipeline import storage
+from pipeline.errors import Refused
 
 STAGING = "_staging"
 MANIFEST = "_manifest.json"
@@ -32,7 +33,7 @@ OWN_NAMES = (MANIFEST, SUCCESS, SUMMARY, "_lock.json")
 log = logging.getLogger(__name__)
 
 
-class OutputRefused(RuntimeError):
+class OutputRefused(Refused):
     """The output folder cannot be written safely: refuse at start, touching nothing."""
 
 

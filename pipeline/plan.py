@@ -20,6 +20,7 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.bucket import bucket_for
 from pipeline.config import ConfigError, JobConfig
+from pipeline.errors import refused_at_start
 from pipeline.reuse import ReuseDecision, decide
 from pipeline.tokenize import prompt_token_ids, stride_problem
 
@@ -143,8 +144,10 @@ def check_inputs(cfg: JobConfig) -> None:
 
 def check_output(cfg: JobConfig) -> output_lib.OutputState:
     try:
-        state = output_lib.inspect(cfg.output.path)
-        output_lib.check_writable(cfg.output.path, state, cfg.output.mode)
+        with refused_at_start(f"output.path {cfg.output.path} cannot be checked (a damaged _manifest.json, "
+                              "_lock.json or _staging/ entry, or a folder that cannot be read)"):
+            state = output_lib.inspect(cfg.output.path)
+            output_lib.check_writable(cfg.output.path, state, cfg.output.mode)
     except output_lib.OutputRefused as e:
         raise ConfigError(str(e)) from None
     return state

@@ -28,6 +28,12 @@ class Rejected:
         return dataclasses.asdict(self)
 
 
+def writable(text: str) -> str:
+    """``text`` with any lone surrogate as a ``\\udxxx`` escape: an exception's message can quote the bad
+    input, and errors/ is written as UTF-8, which has no encoding for them."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenWindow:
     """One model-length slice of a document's tokens ([CLS] … [SEP] included); not a Beam window."""

@@ -6,6 +6,7 @@ run that fails commits nothing: the previous output stays as it was.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import threading
@@ -21,7 +22,8 @@ from pipeline.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from pipeline.validate import beam_options_of, launch_values, refuse_placeholders
 from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
-from pipeline.lock import OutputLock
+from pipeline.errors import JobFailed, Refused, refused_at_start
+from pipeline.lock import LOCK_NAME, OutputLock
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.plan import JobPlan, check_output, make_plan, versions
 from pipeline.read import ReadDocuments
@@ -160,12 +162,14 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     plan = make_plan(cfg)
     marks["plan"] = time.time()
     out = cfg.output.path
-    lock = OutputLock.acquire(out, run_id, force=force)
+    with refused_at_start(f"output.path {out}: taking its lock {LOCK_NAME}"):
+        lock = OutputLock.acquire(out, run_id, force=force)
     handed_over = False
     loading = None
     try:
         check_output(cfg)  # again, now that no other run can change the output under us
-        cleaned = output_lib.clean_dead_staging(out, run_id)
+        with refused_at_start(f"output.path {out}: cleaning up after dead runs"):
+            cleaned = output_lib.clean_dead_staging(out, run_id)
         options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args))
         started = marks["checks"] = time.time()
         log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
@@ -196,12 +200,38 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
         storage.write_bytes(summary_path, json.dumps(summary, indent=2, sort_keys=True).encode())
         return summary
+    except Exception as e:
+        if isinstance(e, Refused) and "pipeline" not in marks:
+            raise  # refused at start: nothing was touched
+        leave_failed_summary(out, run_id, summary_base(plan, run_id, marks.get("checks", marks["plan"])), e)
+        if isinstance(e, Refused):  # e.g. a worker's CheckpointError: the job ran, so it failed (exit 1)
+            raise JobFailed(f"{type(e).__name__}: {e}") from e
+        raise
     finally:
         if loading is not None:  # a failed job may never have asked for it: leave nothing compiling at exit
             loading.join()
             stop_compiling(spec)
         if not handed_over:
             lock.release()
+
+
+def leave_failed_summary(output: str, run_id: str, base: dict, error: BaseException) -> None:
+    """summary.json in a failed run's staging folder, saying why it failed, so every run that started
+    leaves one. Kept as it is when the job's own commit step wrote it (it has the run's counts)."""
+    path = f"{output_lib.staging_dir(output, run_id)}/{output_lib.SUMMARY}"
+    try:
+        if storage.exists(path):
+            return
+        summary = {key: value for key, value in base.items() if key != "started"}
+        summary.update(started_at=_iso(base["started"]), finished_at=_iso(time.time()),
+                       failed=[f"{type(error).__name__}: {error}"])
+        storage.write_bytes(path, json.dumps(summary, indent=2, sort_keys=True).encode())
+    except Exception as e:  # noqa: BLE001  the job's own error is the one to report
+        log.warning("could not leave the failed run's summary at %s: %s: %s", path, type(e).__name__, e)
+
+
+def _iso(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
 
 
 def timing_records(output: str, manifest: dict) -> list[dict]:

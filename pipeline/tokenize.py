@@ -11,6 +11,8 @@ is exactly what sentence-transformers encodes (the prompt put before the text, t
 so a document that fits one window gets its vector; the later windows repeat the prompt's tokens after the
 leading special tokens. A prompt whose last token merges with the text's first (one that does not end at a
 token boundary) cannot be repeated token-exactly: then only the first window carries it.
+
+A document the tokenizer raises on is rejected (``tokenizer_error``), never its batch.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.config import TokenizeConfig
 from pipeline.observe import METRICS_NAMESPACE, StageClock
-from pipeline.records import Document, Rejected, TokenWindow
+from pipeline.records import Document, Rejected, TokenWindow, writable
 
 REJECTED_TAG = "rejected"
 
@@ -87,13 +89,43 @@ def prompted_windows(ids: list[int], prompt_ids: tuple[int, ...], framing: Frami
 
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,
                        prompt: str | None = None) -> tuple[list[TokenWindow], list[Rejected]]:
-    """The windows of every document that has tokens, and a ``no_tokens`` Rejected for each one that has none;
-    ``prompt`` goes in front of every window."""
+    """The windows of every document that has tokens, a ``no_tokens`` Rejected for each one that has none, and
+    a ``tokenizer_error`` Rejected for each one the tokenizer raises on: the batch is tokenized again one
+    document at a time, so one such document costs only itself; ``prompt`` goes in front of every window."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     prompt_ids = prompt_token_ids(tokenizer, prompt)
     problem = stride_problem(config.stride, window_len, special + len(prompt_ids))
     if problem:
         raise ValueError(problem)
+    try:
+        by_doc, doc_tokens_of = _encode(documents, tokenizer, window_len, config, prompt, prompt_ids)
+    except Exception as e:  # noqa: BLE001  which document it was is found below, one at a time
+        if len(documents) > 1:
+            alone = [tokenize_documents([d], tokenizer, window_len=window_len, config=config, prompt=prompt)
+                     for d in documents]
+            return [w for windows, _ in alone for w in windows], [r for _, rejected in alone for r in rejected]
+        doc = documents[0]
+        return [], [Rejected(doc.source, doc.line, doc.id, "tokenizer_error",
+                             writable(f"the tokenizer raised {type(e).__name__}: {e}"))]
+    out, rejected = [], []
+    for doc_index, doc in enumerate(documents):
+        pieces = by_doc[doc_index]
+        doc_tokens = doc_tokens_of.get(doc_index, content_tokens([len(p) for p in pieces], config.stride, special))
+        if doc_tokens == 0:
+            rejected.append(Rejected(doc.source, doc.line, doc.id, "no_tokens",
+                                     "the text has no tokens: the tokenizer drops all of it (e.g. only zero-width, "
+                                     "control or combining characters)"))
+            continue
+        truncated = config.long_documents == "truncate" and len(pieces) > 1
+        if truncated:
+            pieces = pieces[:1]
+        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
+    return out, rejected
+
+
+def _encode(documents: list[Document], tokenizer, window_len: int, config: TokenizeConfig, prompt: str | None,
+            prompt_ids: tuple[int, ...]) -> tuple[dict[int, list], dict[int, int]]:
+    """Each document's windows (by its index), and its own token count where the prompt decides it."""
     by_doc: dict[int, list] = {}
     doc_tokens_of: dict[int, int] = {}
     if prompt:
@@ -109,20 +141,7 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
                             return_token_type_ids=False)
         for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
             by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
-    out, rejected = [], []
-    for doc_index, doc in enumerate(documents):
-        pieces = by_doc[doc_index]
-        doc_tokens = doc_tokens_of.get(doc_index, content_tokens([len(p) for p in pieces], config.stride, special))
-        if doc_tokens == 0:
-            rejected.append(Rejected(doc.source, doc.line, doc.id, "no_tokens",
-                                     "the text has no tokens: the tokenizer drops all of it (e.g. only zero-width, "
-                                     "control or combining characters)"))
-            continue
-        truncated = config.long_documents == "truncate" and len(pieces) > 1
-        if truncated:
-            pieces = pieces[:1]
-        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
-    return out, rejected
+    return by_doc, doc_tokens_of
 
 
 def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,

@@ -97,3 +97,51 @@ def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatc
     assert "runs every bucket, packed" in line_of("native")
     refused = line_of("plain", "batching.packing=true")
     assert "refused for bucket 128: it takes no segment ids" in refused and "set batching.packing: false" in refused
+
+
+def folder_state(path) -> dict[str, bytes | None]:
+    """Every entry under ``path``: a file's bytes, None for a folder."""
+    return {os.path.relpath(os.path.join(root, name), path): (None if name in dirs else
+                                                               open(os.path.join(root, name), "rb").read())
+            for root, dirs, files in os.walk(path) for name in dirs + files}
+
+
+def garbled_manifest(out):
+    out.mkdir()
+    (out / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # cut mid-write by hand
+
+
+def lock_that_is_a_folder(out):
+    (out / "_lock.json").mkdir(parents=True)
+
+
+def output_below_a_file(out):
+    out.write_text("a report someone saved where the output folder goes")
+    return str(out / "daily")
+
+
+START_REFUSALS = {  # what the output is made into, and what stderr must say
+    "garbled manifest": (garbled_manifest, "cannot be checked (a damaged _manifest.json"),
+    "_lock.json is a folder": (lock_that_is_a_folder, "taking its lock _lock.json: IsADirectoryError"),
+    "output below a file": (output_below_a_file, "taking its lock _lock.json: NotADirectoryError"),
+    "unwritable output": (lambda out: "/proc/docbeam-cannot-write-here", "/proc/docbeam-cannot-write-here"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", START_REFUSALS)
+def test_whatever_refuses_a_run_at_start_exits_2_naming_it_and_touches_nothing(case, tmp_path, tiny_checkpoint_dir):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"id": "a", "text": "hello world"}\n')
+    prepare, message = START_REFUSALS[case]
+    out = tmp_path / "out"
+    output_path = prepare(out) or str(out)
+    before = folder_state(tmp_path)
+
+    result = docbeam("run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={output_path}",
+                     "--set", f"model.path={tiny_checkpoint_dir}")
+    assert result.returncode == 2, result.stderr
+    [last] = result.stderr.strip().splitlines()[-1:]
+    assert last.startswith("docbeam: cannot start: ") and message in last
+    assert last.endswith("(UnusablePath; nothing was touched)")
+    assert folder_state(tmp_path) == before

@@ -5,6 +5,7 @@ import bz2
 import gzip
 import io
 import json
+import lzma
 import os
 import random
 import re
@@ -16,6 +17,7 @@ import apache_beam as beam
 import pytest
 import requests
 import urllib3
+import zstandard
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
@@ -165,6 +167,90 @@ def test_a_truncated_gzip_text_file_is_one_truncated_record(tmp_path):
 
     read_and_check(InputConfig(path=str(tmp_path / "cut.txt.gz")), ids=[], rejected=[
         ("cut.txt.gz", None, "truncated_file", "the text is incomplete and was not kept")], docs_read=1)
+
+
+# Every compression Beam reads (apache_beam.io.filesystem.CompressionTypes): suffix → (compress, a decompressor
+# that hands over what a cut file holds, to count the lines complete before the cut).
+COMPRESSIONS = {
+    ".gz": (gzip.compress, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)),
+    ".bz2": (bz2.compress, bz2.BZ2Decompressor),
+    ".deflate": (zlib.compress, zlib.decompressobj),
+    ".zst": (lambda data: zstandard.ZstdCompressor().compress(data),
+             lambda: zstandard.ZstdDecompressor().decompressobj()),
+    ".xz": (lzma.compress, lzma.LZMADecompressor),
+    ".lzma": (lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE), lzma.LZMADecompressor),
+}
+
+
+def test_every_compression_beam_knows_is_covered():
+    from apache_beam.io.filesystem import CompressionTypes
+
+    known = {CompressionTypes.detect_compression_type(f"a{suffix}") for suffix in (".bz2", ".deflate", ".gz", ".zst",
+                                                                                    ".zstd", ".xz", ".lzma")}
+    assert known == {CompressionTypes.detect_compression_type(f"a{suffix}") for suffix in COMPRESSIONS}
+
+
+def test_a_truncated_file_in_every_compression_keeps_the_lines_before_the_cut_and_is_one_record(tmp_path):
+    rng = random.Random(0)
+    ids, rejected = [], []
+    for n, (suffix, (compress, partial)) in enumerate(COMPRESSIONS.items()):
+        # Incompressible 8 kB lines: the cut at 60 % falls inside the data (for bz2, inside its first block).
+        stored = compress(b"".join(b'{"id": "%d-t%d", "text": "%s"}\n' % (n, i, rng.randbytes(4_000).hex().encode())
+                                   for i in range(25)))
+        cut = stored[: len(stored) * 6 // 10]
+        (tmp_path / f"cut.jsonl{suffix}").write_bytes(cut)
+        complete = partial().decompress(cut).count(b"\n")
+        assert complete < 25
+        ids += [f"{n}-t{i}" for i in range(complete)]
+        rejected.append((f"cut.jsonl{suffix}", None, "truncated_file",
+                         f"breaks after line {complete}; the records before it were kept"))
+
+    read_and_check(InputConfig(path=f"{tmp_path}/*"), ids=ids, rejected=rejected,
+                   docs_read=len(ids) + len(COMPRESSIONS))
+
+
+def test_whole_files_and_streams_one_after_another_are_read_whole_in_every_compression(tmp_path):
+    ids = []
+    for suffix, (compress, _) in COMPRESSIONS.items():
+        name = suffix[1:]
+        (tmp_path / f"one.jsonl{suffix}").write_bytes(compress(jsonl(f"{name}1", f"{name}2")))
+        (tmp_path / f"two.jsonl{suffix}").write_bytes(compress(jsonl(f"{name}3")) + compress(jsonl(f"{name}4")))
+        (tmp_path / f"empty.jsonl{suffix}").write_bytes(b"")  # as gzip reads an empty file: no lines, no damage
+        (tmp_path / f"whole.txt{suffix}").write_bytes(compress("héllo".encode()))
+        ids += [f"{name}1", f"{name}2", f"{name}3", f"{name}4", f"{tmp_path}/whole.txt{suffix}"]
+
+    read_and_check(InputConfig(path=f"{tmp_path}/*"), ids=ids, rejected=[], docs_read=len(ids))
+
+
+# Lines and names that must cost one record
+
+def test_a_line_json_cannot_parse_costs_that_line_and_never_the_rest_of_its_file(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(jsonl("a1") + b'{"id": "big", "n": ' + b"7" * 5000 + b"}\n" + jsonl("a2")
+                                       + b"[" * 200_000 + b"]" * 200_000 + b"\n" + jsonl("a3"))
+
+    read_and_check(InputConfig(path=str(tmp_path / "a.jsonl")), ids=["a1", "a2", "a3"], rejected=[
+        ("a.jsonl", 2, "malformed_json", "not parsed"), ("a.jsonl", 4, "malformed_json", "not parsed")],
+        docs_read=5)
+
+
+def test_lone_surrogates_in_ids_and_texts_are_rejected_as_invalid_text(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(jsonl("a1") + b'{"id": "s", "text": "x \\ud800 y"}\n'
+                                       + b'{"id": "\\udfff", "text": "fine"}\n' + jsonl("a2"))
+
+    with TestPipeline() as p:
+        out = p | ReadDocuments(InputConfig(path=str(tmp_path / "a.jsonl")))
+        assert_that(out["documents"] | beam.Map(lambda d: d.id), equal_to(["a1", "a2"]), label="DocumentIds")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r.line, r.id, r.kind)),
+                    equal_to([(2, "s", "invalid_text"), (3, None, "invalid_text")]), label="Rejected")
+
+
+def test_a_file_name_that_is_not_utf8_is_one_bad_path_record_and_the_other_files_are_read(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(jsonl("a1"))
+    with open(os.fsencode(tmp_path) + b"/caf\xe9.jsonl", "wb") as f:  # Latin-1, as an old system names it
+        f.write(jsonl("lost"))
+
+    read_and_check(InputConfig(path=f"{tmp_path}/*.jsonl"), ids=["a1"], rejected=[
+        ("caf\\xe9.jsonl", None, "bad_path", f"the file name {tmp_path}/caf\\xe9.jsonl is not UTF-8")], docs_read=2)
 
 
 def test_a_utf8_bom_at_the_start_of_a_file_is_skipped(tmp_path):

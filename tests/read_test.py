@@ -106,6 +106,10 @@ def test_custom_field_names_are_used():
     (b'{"id": "a", "text": " \\n\\t "}', "empty_text", "a"),
     (b'{"id": "a", "text": "\xff\xfe"}', "invalid_utf8", None),
     (None, "line_too_large", None),
+    (b'{"id": "a", "text": "t", "n": ' + b"9" * 5000 + b"}", "malformed_json", None),  # ValueError, not decode
+    (b"[" * 200_000 + b"]" * 200_000, "malformed_json", None),  # RecursionError
+    (b'{"id": "a", "text": "half a pair \\ud83d here"}', "invalid_text", "a"),
+    (b'{"id": "\\udc80", "text": "fine"}', "invalid_text", None),
 ])
 def test_each_bad_line_is_rejected_with_its_kind_place_and_known_id(raw, kind, rejected_id):
     rejected = parse(raw)
@@ -120,6 +124,22 @@ def test_line_too_large_names_the_config_key_and_cap():
 
 def test_missing_id_names_the_config_key():
     assert "input.id_field" in parse(b'{"text": "x"}').reason
+
+
+def test_lines_json_cannot_parse_say_why():
+    assert "4300" in parse(b'{"id": "a", "n": ' + b"1" * 5000 + b"}", cap=10_000).reason  # Python's digit limit
+    assert parse(b"[" * 100_000, cap=10**6).reason == "not parsed: arrays or objects nested too deeply"
+
+
+def test_a_lone_surrogate_is_named_escaped_with_its_field_and_position():
+    assert parse(b'{"id": "a", "text": "ab\\ud800"}').reason == (
+        "field 'text' holds a lone UTF-16 surrogate ('\\ud800' at character 2), which is not text: the producer "
+        "split or damaged a character")
+    assert parse(b'{"id": "x\\udfff", "text": "t"}').reason.startswith("field 'id' (input.id_field) 'x\\udfff' holds")
+
+
+def test_a_surrogate_pair_is_one_character_and_stays_text():
+    assert parse(b'{"id": "a", "text": "smile \\ud83d\\ude00"}').text == "smile \U0001F600"
 
 
 # parse_text_file
@@ -150,7 +170,8 @@ def test_a_bad_text_file_is_rejected_under_its_path(data, kind):
 
 @pytest.mark.parametrize("path, expected", [
     ("a.jsonl", "jsonl"), ("a.jsonl.gz", "jsonl"), ("a.ndjson", "jsonl"), ("a.ndjson.gz", "jsonl"),
-    ("a.json.gz", "text"), ("a.jsonl.bz2", "jsonl"), ("gs://b/A.JSONL", "jsonl"),
+    ("a.json.gz", "text"), ("a.jsonl.bz2", "jsonl"), ("gs://b/A.JSONL", "jsonl"), ("a.jsonl.zst", "jsonl"),
+    ("a.ndjson.xz", "jsonl"), ("a.jsonl.deflate", "jsonl"), ("a.jsonl.lzma", "jsonl"), ("a.txt.zstd", "text"),
     ("a.txt", "text"), ("a.json", "text"), ("a.md", "text"), ("jsonl", "text"),
 ])
 def test_auto_format_follows_the_suffix(path, expected):

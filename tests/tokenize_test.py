@@ -115,6 +115,18 @@ def test_a_document_without_tokens_is_rejected_instead_of_windowed(tokenizer, te
     assert "no tokens" in r.reason
 
 
+def test_a_document_the_tokenizer_raises_on_is_rejected_alone_and_its_batch_is_tokenized(tokenizer):
+    # ReadDocuments rejects lone surrogates first (invalid_text); here one reaches the tokenizer, which raises.
+    broken = Document(id="b", text="half a pair \ud83d", source="in.jsonl", line=4)
+    docs = [doc("s", SHORT), broken, doc("l", LONG)]
+    windows, rejected = tokenize_documents(docs, tokenizer, window_len=32, config=TokenizeConfig(stride=8))
+    alone = [tokenize_documents([d], tokenizer, window_len=32, config=TokenizeConfig(stride=8))[0] for d in docs[::2]]
+    assert [w.token_ids.tolist() for w in windows] == [w.token_ids.tolist() for ws in alone for w in ws]
+    [r] = rejected
+    assert (r.source, r.line, r.id, r.kind) == ("in.jsonl", 4, "b", "tokenizer_error")
+    assert r.reason.startswith("the tokenizer raised TypeError: ")
+
+
 def test_windows_for_gives_the_windows_of_documents_with_tokens(tokenizer):
     docs = [doc("n", NO_TOKENS[0]), doc("s", SHORT)]
     config = TokenizeConfig(stride=8)
