@@ -54,7 +54,7 @@ def test_a_refusal_passes_unchanged_and_a_bug_is_not_called_a_refusal():
             len(3)
 
 
-def _hash_that_raises(text: str) -> str:
+def _hash_that_raises(text: str, prompt: str | None = None) -> str:
     from models.checkpoint import CheckpointError
 
     raise CheckpointError("model.path: tokenizer.json vanished on the worker")
