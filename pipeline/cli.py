@@ -9,12 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
+import time
 
 from pipeline import config as config_lib
 from pipeline.errors import Refused
 
 log = logging.getLogger("docbeam")
+
+
+VERBOSE_HELP = ("stream the whole log (Beam's and JAX's records, tracebacks) to stderr; without it they go only to "
+                "a log file, which a failure names")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key, e.g. --set attention.backend=flash (repeatable); a relative path "
                             "is relative to the current folder (the file's own paths: to the file)")
+        p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
         if name == "run":
             p.add_argument("--force", action="store_true",
                            help="take over the output's lock even if another run seems alive")
@@ -47,21 +55,71 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     from pipeline import report
 
     report.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
     return parser
 
 
-def _setup_logging():
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for name in ("docbeam", "pipeline", "models", "attention"):
+OWN_LOGGERS = ("docbeam", "pipeline", "models", "attention")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _OwnMessages(logging.Filter):
+    """The console's share of the log: docbeam's own messages, not Beam's, JAX's or a traceback's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.name.split(".")[0] in OWN_LOGGERS and not getattr(record, "log_file_only", False)
+
+
+class _WithoutTraceback(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        record = logging.makeLogRecord({**record.__dict__, "exc_info": None, "exc_text": None, "stack_info": None})
+        return super().format(record)
+
+
+def _setup_logging(command: str, verbose: bool) -> str:
+    """Everything (Beam's and JAX's records, tracebacks) goes to a log file, whose path is returned. The console
+    gets docbeam's own messages without tracebacks: on stdout for ``run`` (its running commentary, so that
+    stderr holds only why a run failed), on stderr for the other commands (whose stdout is their report).
+    ``--verbose`` streams the whole log to stderr instead."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "docbeam", False)]:  # main() called again in-process
+        root.removeHandler(handler)
+        handler.close()
+    folder = os.path.join(tempfile.gettempdir(), "docbeam-logs")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{command}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.log")
+    log_file = logging.FileHandler(path, encoding="utf-8")
+    log_file.setFormatter(logging.Formatter(LOG_FORMAT))
+    if verbose:
+        console = logging.StreamHandler(sys.stderr)
+        console.setFormatter(logging.Formatter(LOG_FORMAT))
+    else:
+        console = logging.StreamHandler(sys.stdout if command == "run" else sys.stderr)
+        console.setFormatter(_WithoutTraceback("%(levelname)s %(name)s: %(message)s"))
+        console.addFilter(_OwnMessages())
+        console.setLevel(logging.INFO if command == "run" else logging.WARNING)
+    for handler in (log_file, console):
+        handler.docbeam = True
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in OWN_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
+    return path
+
+
+def first_line(error: Exception) -> str:
+    """Why, without what Beam appends when it re-raises a step's error (the step's name, a traceback's text)."""
+    text = str(error).strip()
+    return text.split("\n")[0].split(" [while running")[0] if text else type(error).__name__
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _setup_logging()
+    log_path = _setup_logging(args.command, getattr(args, "verbose", False))
+    details = f"details and tracebacks: {log_path}, or run again with --verbose"
     if args.command == "report":
         from pipeline import report
 
@@ -95,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         print(f"docbeam: cannot start: {e} ({type(e).__name__}; nothing was touched)", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001  the job failed: say why in one line, details in the log above
-        log.exception("job failed")
+    except Exception as e:  # noqa: BLE001  the job failed: why comes first and alone; tracebacks in the log file
+        log.error("job failed", exc_info=True, extra={"log_file_only": True})
         print(f"docbeam: job failed, nothing committed (the previous output is unchanged): "
-              f"{type(e).__name__}: {e}", file=sys.stderr)
+              f"{type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
         return 1
     print(format_summary(summary, cfg.output.path))
     return 0

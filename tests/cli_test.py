@@ -49,7 +49,13 @@ def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fai
               "--set", f"model.path={tiny_checkpoint_dir}"]
     refused = docbeam(*common)  # 1 of 2 rejected: over the default input.max_rejected_fraction of 0.1
     assert refused.returncode == 1
-    assert "1 of 2 documents were rejected (50.0%), more than input.max_rejected_fraction=0.1" in refused.stderr
+    why, details = refused.stderr.strip().splitlines()  # the reason first and alone; no Beam traceback
+    assert "1 of 2 documents were rejected (50.0%), more than input.max_rejected_fraction=0.1" in why
+    assert why.startswith("docbeam: job failed, nothing committed")
+    log_file = details.removeprefix("details and tracebacks: ").removesuffix(", or run again with --verbose")
+    assert "Traceback (most recent call last)" in open(log_file).read()  # the details are kept, in the named file
+    verbose = docbeam(*common, "--verbose")
+    assert verbose.returncode == 1 and "Traceback (most recent call last)" in verbose.stderr
     assert not (out / "summary.json").exists()
     result = docbeam(*common, "--set", "input.max_rejected_fraction=0.5", "--", "--direct_num_workers=1")
     assert result.returncode == 0, result.stderr

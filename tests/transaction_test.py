@@ -150,7 +150,7 @@ def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(comm
 
     rerun = run(str(tmp_path / "big.jsonl"), out, tiny_checkpoint_dir)
     assert rerun.returncode == 0, rerun.stderr
-    assert "is no longer running" in rerun.stderr and "cleaned up the staging folder of dead run" in rerun.stderr
+    assert "is no longer running" in rerun.stdout and "cleaned up the staging folder of dead run" in rerun.stdout
     assert not os.path.exists(f"{out}/_staging") and not os.path.exists(f"{out}/_lock.json")
     manifest = json.load(open(f"{out}/_manifest.json"))
     assert sorted(os.path.relpath(p, out) for p in glob.glob(f"{out}/*/*")) == sorted(f["path"] for f in manifest["files"])
