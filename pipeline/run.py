@@ -15,12 +15,13 @@ import apache_beam as beam
 
 from pipeline import output as output_lib
 from pipeline import storage
+from pipeline import transaction
 from pipeline.breakdown import stage_shares, startup_breakdown
 from pipeline.bucket import BucketBatches
 from pipeline.commit import CommitRun, RunFailed
 from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
-from pipeline.lock import OutputLock
+from pipeline.lock import Fence, OutputLock
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.plan import JobPlan, check_output, make_plan, versions
 from pipeline.read import ReadDocuments
@@ -89,8 +90,9 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
     }
 
 
-def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
+def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release_lock: bool = True) -> None:
     cfg = plan.config
+    run_id = fence.run_id
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
     if plan.reuse.source is not None:
@@ -110,8 +112,8 @@ def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
-    written | "CommitRun" >> CommitRun(cfg.output.path, run_id, summary_base(plan, run_id, started),
-                                       cfg.input.max_rejected_fraction)
+    written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
+                                       release_lock)
 
 
 def metrics_dict(result) -> dict:
@@ -159,7 +161,9 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     loading = None
     try:
         check_output(cfg)  # again, now that no other run can change the output under us
-        cleaned = output_lib.clean_dead_staging(out, run_id)
+        cleaned = transaction.recover(out, lock)
+        lock.fence.prove()
+        output_lib.mark_staging(out, run_id, lock.fence.token)
         options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args))
         started = marks["checks"] = time.time()
         log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
@@ -169,7 +173,8 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         spec = encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id)
         if wait:
             loading = load_encoder_early(plan, spec, options)
-        build(p, plan, run_id, started)
+        # A driver that waits releases the lock itself, after it has added the metrics to summary.json.
+        build(p, plan, lock.fence, started, release_lock=not wait)
         marks["graph"] = marks["pipeline"] = time.time()
         result = p.run()
         if not wait:
@@ -188,8 +193,13 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         summary["metrics"] = metrics_dict(result)
         summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
         summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
-        storage.write_bytes(summary_path, json.dumps(summary, indent=2, sort_keys=True).encode())
+        transaction.rewrite_summary(out, lock.fence, summary)
         return summary
+    except Exception as error:
+        lost = lock.fence.taken_over(error)  # a failure caused by another run taking the output over
+        if lost is not None:
+            raise lost from error
+        raise
     finally:
         if loading is not None:  # a failed job may never have asked for it: leave nothing compiling at exit
             loading.join()
