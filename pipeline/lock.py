@@ -110,6 +110,9 @@ class Fence:
     output: str
     run_id: str
     token: int
+    # The lock record this fence last wrote and its version: the next step writes from it without reading
+    # first (one request on gs://); if anything wrote since, that write fails and the step reads again.
+    _last: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     @property
     def path(self) -> str:
@@ -134,14 +137,23 @@ class Fence:
         return self.update(lambda owner: dataclasses.replace(owner, pending=None))
 
     def update(self, change: Callable[[Owner], Owner]) -> Owner:
+        if self._last:
+            (current, version), = self._last
+            if (new := self._write(change(current), version)) is not None:
+                return new
         for _ in range(8):  # our own heartbeat may have written in between: read again
             data, version = storage.read_versioned(self.path)
             current = parse_owner(data, self.path)
             self._raise_unless_mine(current)
-            new = dataclasses.replace(change(current), heartbeat=time.time())
-            if storage.write_if(self.path, new.to_bytes(), version):
+            if (new := self._write(change(current), version)) is not None:
                 return new
         raise LockLost(f"the output lock {self.path} kept changing under run {self.run_id}; refusing to go on")
+
+    def _write(self, owner: Owner, version: object) -> Owner | None:
+        new = dataclasses.replace(owner, heartbeat=time.time())
+        written, new_version = storage.write_versioned(self.path, new.to_bytes(), version)
+        self._last[:] = [(new, new_version)] if written and new_version is not None else []
+        return new if written else None
 
     def release(self) -> bool:
         """Delete the lock if it still names this run; True when it did."""

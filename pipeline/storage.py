@@ -243,13 +243,19 @@ def write_if(path: str, data: bytes, version: object) -> bool:
     """Write ``data`` only if ``path`` is still at ``version`` (None: only if it does not exist); False
     when it is not. gs:// checks with a generation precondition; local disk compares the bytes under an
     exclusive ``flock`` of the folder, then renames a finished temporary file over the target."""
+    return write_versioned(path, data, version)[0]
+
+
+def write_versioned(path: str, data: bytes, version: object) -> tuple[bool, object]:
+    """``write_if``, also returning the version the write created (to write from it next, unread)."""
     if is_gcs(path):
         faults.before_change("write", path)
+        blob = _blob(path)
         try:
-            _blob(path).upload_from_string(data, if_generation_match=version or 0)
+            blob.upload_from_string(data, if_generation_match=version or 0)
         except _gcs_errors().PreconditionFailed:
-            return False
-        return True
+            return False, None
+        return True, blob.generation
     temp_path = temp_name(path)
     _write(temp_path, data)
     faults.before_change("rename", path)
@@ -257,11 +263,11 @@ def write_if(path: str, data: bytes, version: object) -> bool:
         try:
             if read_versioned(path)[1] == version:
                 os.rename(temp_path, path)
-                return True
+                return True, data
         except FileNotFoundError:  # our temporary file was cleaned up as a leftover: the write did not happen
-            return False
+            return False, None
     _unlink_quietly(temp_path)
-    return False
+    return False, None
 
 
 def delete_if(path: str, version: object) -> bool:

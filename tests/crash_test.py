@@ -33,9 +33,9 @@ def emulator():
         yield server
 
 
-@pytest.fixture(params=["local", pytest.param("gcs", marks=pytest.mark.gcs)])
+@pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
 def new_output(request, tmp_path):
-    """Makes a fresh output folder per call: one per crash point."""
+    """Makes a fresh output folder per call: one per crash point (on the emulator ~10 s each: slow)."""
     if request.param == "local":
         return lambda: str(tmp_path / uuid.uuid4().hex[:8])
     server = request.getfixturevalue("emulator")
