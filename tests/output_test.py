@@ -176,3 +176,14 @@ def test_an_oddly_spelled_absolute_output_commits_and_the_next_run_replaces_it(t
     commit_run(out, "r1", run_files("r1"))
     commit_run(out, "r2", run_files("r2"))
     assert set(snapshot(out)) == set(run_files("r2")) | {"summary.json", "_manifest.json", "_SUCCESS"}
+
+
+def test_the_commit_places_what_the_sinks_wrote_never_what_else_lies_in_staging(out):
+    held = lock.OutputLock.acquire(out, "r1", heartbeat=False)
+    written = stage(out, "r1", run_files("r1"))
+    stray = f"{output.staging_dir(out, 'r1')}/embeddings/beam-temp-part-r1-x/leftover.parquet"
+    storage.write_bytes(stray, b"a retried bundle's leftover")
+    manifest = transaction.commit(out, held.fence, written, {"run_id": "r1"}, {})
+    held.release()
+    assert sorted(f["path"] for f in manifest["files"]) == sorted(run_files("r1"))
+    assert set(snapshot(out)) == set(run_files("r1")) | {"summary.json", "_manifest.json", "_SUCCESS"}
