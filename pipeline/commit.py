@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import time
 
 import apache_beam as beam
@@ -80,6 +81,26 @@ def manifest_fields(summary: dict) -> dict:
                                        "versions", "reuse_key")}}
 
 
+_SHARD = re.compile(r"^(?P<prefix>.*-)(?P<index>\d{5})-of-(?P<count>\d{5})(?P<suffix>[^/]*)$")
+
+
+def every_shard(written: list[str]) -> list[str]:
+    """The sinks' files, every shard of each: a finalize step retried after renaming some shards reports
+    only the ones it renamed itself, but each name (``…-00001-of-00003.parquet``) says all of its siblings'.
+    A shard that is named but missing fails the commit rather than commit a partial output."""
+    files = set(written)
+    for path in written:
+        match = _SHARD.match(path)
+        if match is None:
+            continue
+        count = int(match["count"])
+        files |= {f"{match['prefix']}{i:05d}-of-{count:05d}{match['suffix']}" for i in range(count)}
+    missing = sorted(p for p in files - set(written) if not storage.exists(p))
+    if missing:
+        raise RuntimeError(f"the sinks finalised {len(written)} file(s) but not their sibling shard(s) {missing[:3]}")
+    return sorted(files)
+
+
 def profile_files(output: str, run_id: str) -> list[str]:
     """The profiler's traces (written by the encoder, not by a sink): the files under this run's own
     ``profiles/<run_id>/`` staging folder."""
@@ -111,7 +132,7 @@ class _Commit(beam.DoFn):
                             f"in {staging}; the previous output is unchanged")
         # The commit's file list is what the sinks wrote, never a listing of the staging folder.
         with fence.failing_as_lost():
-            transaction.commit(output, fence, written + profile_files(output, run_id), summary,
+            transaction.commit(output, fence, every_shard(written) + profile_files(output, run_id), summary,
                                manifest_fields(summary))
         if self._release:
             fence.release()
