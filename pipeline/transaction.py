@@ -133,7 +133,7 @@ def recover(output: str, lock: OutputLock) -> list[str]:
     if state.leftovers:
         fence.prove()
         delete_inside(output, list(state.leftovers))
-    storage.prune_empty_folders(output)
+    storage.prune_empty_folders(f"{output}/{STAGING}")  # only docbeam's own folders: a user's empty one stays
     return others
 
 
