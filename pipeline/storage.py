@@ -140,14 +140,6 @@ def list_files(prefix: str) -> dict[str, int]:
     return {m.path: m.size_in_bytes for m in match.metadata_list}
 
 
-def list_folders(prefix: str) -> list[str]:
-    """Names of the folders directly under ``prefix``; on gs:// those holding at least one object."""
-    prefix = prefix.rstrip("/")
-    if is_gcs(prefix):
-        return sorted({p[len(prefix) + 1:].split("/")[0] for p in list_files(prefix) if "/" in p[len(prefix) + 1:]})
-    return sorted(e.name for e in os.scandir(prefix) if e.is_dir()) if os.path.isdir(prefix) else []
-
-
 def rename(source: str, destination: str) -> None:
     """Move one file (on gs:// a copy and a delete, two changes: readers may briefly see both)."""
     if is_gcs(destination):
