@@ -7,14 +7,16 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import time
 
 import apache_beam as beam
 
-from pipeline import lock as lock_lib
 from pipeline import memory_trend
 from pipeline import output as output_lib
 from pipeline import storage
+from pipeline import transaction
+from pipeline.lock import Fence
 from pipeline.observe import StageClock
 
 log = logging.getLogger(__name__)
@@ -88,41 +90,72 @@ def manifest_fields(summary: dict) -> dict:
                                        "versions", "reuse_key")}}
 
 
+_SHARD = re.compile(r"^(?P<prefix>.*-)(?P<index>\d{5})-of-(?P<count>\d{5})(?P<suffix>[^/]*)$")
+
+
+def every_shard(written: list[str]) -> list[str]:
+    """The sinks' files, every shard of each: a finalize step retried after renaming some shards reports
+    only the ones it renamed itself, but each name (``…-00001-of-00003.parquet``) says all of its siblings'.
+    A shard that is named but missing fails the commit rather than commit a partial output."""
+    files = set(written)
+    for path in written:
+        match = _SHARD.match(path)
+        if match is None:
+            continue
+        count = int(match["count"])
+        files |= {f"{match['prefix']}{i:05d}-of-{count:05d}{match['suffix']}" for i in range(count)}
+    missing = sorted(p for p in files - set(written) if not storage.exists(p))
+    if missing:
+        raise RuntimeError(f"the sinks finalised {len(written)} file(s) but not their sibling shard(s) {missing[:3]}")
+    return sorted(files)
+
+
+def profile_files(output: str, run_id: str) -> list[str]:
+    """The profiler's traces (written by the encoder, not by a sink): the files under this run's own
+    ``profiles/<run_id>/`` staging folder."""
+    return sorted(storage.list_files(f"{output_lib.staging_dir(output, run_id)}/profiles/{run_id}"))
+
+
 class _Commit(beam.DoFn):
-    def __init__(self, output: str, run_id: str, base: dict, max_rejected_fraction: float):
-        self._output, self._run_id, self._base = output, run_id, base
-        self._max_rejected = max_rejected_fraction
+    def __init__(self, fence: Fence, base: dict, max_rejected_fraction: float, release: bool):
+        self._fence, self._base = fence, base
+        self._max_rejected, self._release = max_rejected_fraction, release
 
     def process(self, _, stats, written):
-        del written  # a side input only so this step waits for every sink to finalise
         t0 = time.perf_counter()
-        summary = self._commit(stats)
+        summary = self._commit(stats, list(written))
         StageClock("commit").add(time.perf_counter() - t0)
         yield summary
 
-    def _commit(self, stats: dict) -> dict:
+    def _commit(self, stats: dict, written: list[str]) -> dict:
+        fence = self._fence
+        output, run_id = fence.output, fence.run_id
         summary = summarize(self._base, stats, time.time())
         problems = run_problems(summary, self._max_rejected)
-        staging = output_lib.staging_dir(self._output, self._run_id)
+        staging = output_lib.staging_dir(output, run_id)
         if problems:
             summary["failed"] = problems
+            fence.prove()
             storage.write_bytes(f"{staging}/{output_lib.SUMMARY}", json.dumps(summary, indent=2).encode())
-            raise RunFailed(f"run {self._run_id} not committed: {'; '.join(problems)}. Its errors and summary are "
+            raise RunFailed(f"run {run_id} not committed: {'; '.join(problems)}. Its errors and summary are "
                             f"in {staging}; the previous output is unchanged")
-        lock_path = storage.join(self._output, lock_lib.LOCK_NAME)
-        lock_lib.check_owner(lock_path, self._run_id)
-        output_lib.commit(self._output, self._run_id, summary, manifest_fields(summary))
-        lock_lib.release_if_owner(lock_path, self._run_id)
-        log.info("committed run %s to %s", self._run_id, self._output)
+        # The commit's file list is what the sinks wrote, never a listing of the staging folder.
+        with fence.failing_as_lost():
+            transaction.commit(output, fence, every_shard(written) + profile_files(output, run_id), summary,
+                               manifest_fields(summary))
+        if self._release:
+            fence.release()
+        log.info("committed run %s to %s", run_id, output)
         return summary
 
 
 class CommitRun(beam.PTransform):
-    """Input: ``{"stats": one dict, "written": PCollections of written file names}``; output: the summary."""
+    """Input: ``{"stats": one dict, "written": PCollections of written file names}``; output: the summary.
+    ``release``: the job releases the lock after its commit (a driver that does not wait for it)."""
 
-    def __init__(self, output: str, run_id: str, base: dict, max_rejected_fraction: float):
+    def __init__(self, fence: Fence, base: dict, max_rejected_fraction: float, release: bool = True):
         super().__init__()
-        self._args = (output, run_id, base, max_rejected_fraction)
+        self._args = (fence, base, max_rejected_fraction, release)
 
     def expand(self, inputs):
         written = tuple(inputs["written"]) | "AllWritten" >> beam.Flatten()

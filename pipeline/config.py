@@ -75,7 +75,11 @@ class OutputConfig(_Section):
     @pydantic.field_validator("path")
     @classmethod
     def _one_plain_folder(cls, path):
-        return one_folder(path)
+        # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
+        # outside the folder to its clean-up (pipeline/output.inside compares plain prefixes).
+        from pipeline.output import normalize_folder
+
+        return normalize_folder(one_folder(path).strip())
 
 
 class PromptText(_Section):

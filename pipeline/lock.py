@@ -1,12 +1,15 @@
-"""One writer per output: a lock object under the output, with the owner and a heartbeat.
+"""One writer per output: a lock object under the output, with the owner, a heartbeat and a fencing token.
 
 A second run into an output that a live run is writing is refused at start, naming that run. A lock is
 stale, and taken over with a warning, when its owner is provably gone (same host, process not alive) or
-its heartbeat is older than ``STALE_AFTER_S``; ``--force`` takes over any lock. Before the commit the
-run checks that the lock still names it, so a run whose lock was taken never commits.
+its heartbeat is older than ``STALE_AFTER_S``; ``--force`` takes over any lock. Every change of the lock is
+a conditional write (pipeline/storage.write_if) from the version just read, so of any number of runs
+racing for it exactly one wins. The lock names its holder by run id and token (the token grows by one at
+each takeover): the ``Fence`` the commit carries proves, before each step, that the lock still names it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -15,6 +18,7 @@ import os
 import socket
 import threading
 import time
+from typing import Callable
 
 import psutil
 
@@ -24,6 +28,7 @@ from pipeline.errors import Refused
 LOCK_NAME = "_lock.json"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0  # ten missed heartbeats and more: the owner is gone (README "Runs and commits")
+RUNNING, COMMITTED = "running", "committed"
 log = logging.getLogger(__name__)
 
 
@@ -42,6 +47,9 @@ class Owner:
     pid: int
     process_started: float  # guards against a reused pid
     heartbeat: float  # epoch seconds
+    token: int = 0  # the fencing token: one more than the lock this one took over
+    state: str = RUNNING  # COMMITTED once the run passed its commit point: a successor must finish that commit
+    pending: str | None = None  # a run whose commit point passed and that may not have finished: finish it first
 
     @classmethod
     def me(cls, run_id: str) -> "Owner":
@@ -55,8 +63,10 @@ class Owner:
     @classmethod
     def from_bytes(cls, data: bytes) -> "Owner":
         raw = json.loads(data)
+        pending = raw.get("pending")
         return cls(str(raw["run_id"]), str(raw["host"]), int(raw["pid"]), float(raw["process_started"]),
-                   float(raw["heartbeat"]))
+                   float(raw["heartbeat"]), int(raw.get("token", 0)), str(raw.get("state", RUNNING)),
+                   None if pending is None else str(pending))
 
     def who(self) -> str:
         age = time.time() - self.heartbeat
@@ -79,8 +89,7 @@ def _alive(pid: int, started: float) -> bool:
         return False
 
 
-def read_owner(path: str) -> Owner | None:
-    data = storage.read_bytes(path) if storage.exists(path) else None
+def parse_owner(data: bytes | None, path: str) -> Owner | None:
     if data is None:
         return None
     try:
@@ -91,44 +100,152 @@ def read_owner(path: str) -> Owner | None:
         return Owner("unknown", "unknown", -1, 0.0, 0.0)
 
 
+def read_owner(path: str) -> Owner | None:
+    return parse_owner(storage.read_versioned(path)[0], path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """What a run's commit carries to prove, step by step, that the output's lock still names it."""
+
+    output: str
+    run_id: str
+    token: int
+    # The lock record this fence last wrote and its version: the next step writes from it without reading
+    # first (one request on gs://); if anything wrote since, that write fails and the step reads again.
+    _last: list = dataclasses.field(default_factory=list, compare=False, repr=False)
+
+    @property
+    def path(self) -> str:
+        return storage.join(self.output, LOCK_NAME)
+
+    def check(self) -> Owner:
+        """Raise LockLost unless the lock names this run and token."""
+        current = read_owner(self.path)
+        self._raise_unless_mine(current)
+        return current
+
+    def prove(self) -> Owner:
+        """Renew the heartbeat by a conditional write: the lock named this run at the instant it was written."""
+        return self.update(lambda owner: owner)
+
+    def commit_point(self) -> Owner:
+        """The commit point: from here on, whoever holds the lock next finishes this run's commit."""
+        return self.update(lambda owner: dataclasses.replace(owner, state=COMMITTED))
+
+    def settled(self) -> Owner:
+        """The pending commit of a previous holder is finished: stop carrying it."""
+        return self.update(lambda owner: dataclasses.replace(owner, pending=None))
+
+    def update(self, change: Callable[[Owner], Owner]) -> Owner:
+        if self._last:
+            (current, version), = self._last
+            if (new := self._write(change(current), version)) is not None:
+                return new
+        for _ in range(8):  # our own heartbeat may have written in between: read again
+            data, version = storage.read_versioned(self.path)
+            current = parse_owner(data, self.path)
+            self._raise_unless_mine(current)
+            if (new := self._write(change(current), version)) is not None:
+                return new
+        raise LockLost(f"the output lock {self.path} kept changing under run {self.run_id}; refusing to go on")
+
+    def _write(self, owner: Owner, version: object) -> Owner | None:
+        new = dataclasses.replace(owner, heartbeat=time.time())
+        written, new_version = storage.write_versioned(self.path, new.to_bytes(), version)
+        self._last[:] = [(new, new_version)] if written and new_version is not None else []
+        return new if written else None
+
+    def release(self) -> bool:
+        """Delete the lock if it still names this run; True when it did."""
+        data, version = storage.read_versioned(self.path)
+        current = parse_owner(data, self.path)
+        if current is None or (current.run_id, current.token) != (self.run_id, self.token):
+            return False
+        return storage.delete_if(self.path, version)
+
+    @contextlib.contextmanager
+    def failing_as_lost(self):
+        """An error raised while the lock names another run is that takeover's doing (a file moved or deleted
+        under this run): report it as LockLost, which is what the operator needs to know."""
+        try:
+            yield
+        except Exception as error:
+            lost = self.taken_over(error)
+            if lost is not None:
+                raise lost from error
+            raise
+
+    def taken_over(self, error: Exception) -> LockLost | None:
+        """The LockLost to report instead of ``error`` when the lock no longer names this run."""
+        if isinstance(error, LockLost):
+            return None
+        try:
+            self.check()
+        except LockLost as lost:
+            return lost
+        except Exception:  # noqa: BLE001  the lock cannot be read: report the original error
+            return None
+        return None
+
+    def _raise_unless_mine(self, current: Owner | None) -> None:
+        if current is None or (current.run_id, current.token) != (self.run_id, self.token):
+            holder = current.who() if current else "nobody"
+            raise LockLost(f"the output lock {self.path} is held by {holder}, not by this run {self.run_id} "
+                           f"(token {self.token}); refusing to change the output")
+
+
 class OutputLock:
     """Acquire with ``OutputLock.acquire(output, run_id, force)``; ``release()`` when the run ends."""
 
-    def __init__(self, path: str, owner: Owner):
-        self.path, self.owner = path, owner
+    def __init__(self, output: str, owner: Owner, taken_from: Owner | None, owner_dead: bool):
+        self.owner = owner
+        self.fence = Fence(output, owner.run_id, owner.token)
+        self.path = self.fence.path
+        self.taken_from = taken_from  # the lock this one replaced, if any
+        self.owner_dead = owner_dead  # whether that lock's run is provably gone (not merely forced or silent)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def acquire(cls, output: str, run_id: str, *, force: bool = False) -> "OutputLock":
+    def acquire(cls, output: str, run_id: str, *, force: bool = False, owner: Owner | None = None,
+                heartbeat: bool = True) -> "OutputLock":
+        """``owner``: who takes the lock (default: this process; a test names a dead process's run)."""
         path = storage.join(output, LOCK_NAME)
-        me = Owner.me(run_id)
-        for _ in range(3):  # a lock released or taken over between our read and our create: look again
-            current = read_owner(path)
+        me = owner or Owner.me(run_id)
+        for _ in range(3):  # a lock released or taken between our read and our write: look again
+            data, version = storage.read_versioned(path)
+            current = parse_owner(data, path)
+            mine = dataclasses.replace(me, token=1)
+            dead = False
             if current is not None:
-                reason = why_stale(current, time.time(), me.host) or ("--force" if force else None)
-                if reason is None:
+                stale = why_stale(current, time.time(), me.host)
+                if stale is None and not force:
                     raise LockHeld(f"output {output} is being written by {current.who()}; wait for it, or "
                                    f"pass --force if you know it is gone (a lock is stale after "
                                    f"{STALE_AFTER_S:.0f} s without a heartbeat)")
-                log.warning("taking over the output lock of %s: %s", current.who(), reason)
-                if read_owner(path) != current:
-                    continue
-                storage.delete_files([path])
-            if storage.create_exclusive(path, me.to_bytes()) and read_owner(path) == me:
-                lock = cls(path, me)
-                lock._start_heartbeat()
+                dead = stale is not None and (current.pid < 0 or (
+                    current.host == me.host and not _alive(current.pid, current.process_started)))
+                pending = current.run_id if current.state == COMMITTED else current.pending
+                mine = dataclasses.replace(me, token=current.token + 1, pending=pending)
+            if storage.write_if(path, mine.to_bytes(), version):
+                if current is not None:
+                    log.warning("taking over the output lock of %s: %s", current.who(), stale or "--force")
+                lock = cls(output, mine, current, dead)
+                if heartbeat:
+                    lock._start_heartbeat()
                 return lock
+        current = read_owner(path)
         raise LockHeld(f"output {output}: another run took the lock at the same moment "
-                       f"({(read_owner(path) or me).who()})")
+                       f"({current.who() if current else 'and released it'})")
 
     def check(self) -> None:
         """Raise LockLost unless the lock still names this run."""
-        check_owner(self.path, self.owner.run_id)
+        self.fence.check()
 
     def release(self) -> None:
         self.hand_over()
-        release_if_owner(self.path, self.owner.run_id)
+        self.fence.release()
 
     def hand_over(self) -> None:
         """Stop the heartbeat and leave the lock to the job, whose commit releases it (a driver that does
@@ -142,26 +259,15 @@ class OutputLock:
         self._thread.start()
 
     def _beat(self) -> None:
+        def renew(owner: Owner) -> Owner:
+            if owner.state != RUNNING:
+                raise LockLost("committing")  # the commit owns the lock now: stop beating
+            return owner
+
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                current = read_owner(self.path)
-                if current is None or current.run_id != self.owner.run_id:
-                    return  # released by the commit, or taken over: the commit's own check decides
-                self.owner = dataclasses.replace(self.owner, heartbeat=time.time())
-                storage.write_bytes(self.path, self.owner.to_bytes())
+                self.fence.update(renew)
+            except LockLost:
+                return  # taken over, released or committing: the commit's own checks decide
             except Exception as e:  # noqa: BLE001  a missed beat is not a failed run; staleness is judged by age
                 log.warning("could not renew the output lock %s: %s", self.path, e)
-
-
-def check_owner(lock_path: str, run_id: str) -> None:
-    current = read_owner(lock_path)
-    if current is None or current.run_id != run_id:
-        holder = current.who() if current else "nobody"
-        raise LockLost(f"the output lock {lock_path} is held by {holder}, not by this run {run_id}; "
-                       "refusing to commit")
-
-
-def release_if_owner(lock_path: str, run_id: str) -> None:
-    current = read_owner(lock_path)
-    if current is not None and current.run_id == run_id:
-        storage.delete_files([lock_path])

@@ -1,15 +1,10 @@
-"""The output as a transaction: stage, then commit; delete only what a docbeam manifest lists.
+"""What an output folder holds and which of it docbeam may touch.
 
-A run writes everything under ``<output>/_staging/<run_id>/``. Its commit moves the staged files to
-their places (every name carries the run id, so nothing of the previous run is overwritten), replaces
-``summary.json``, writes ``_manifest.json`` (the commit point: the manifest is the truth about which
-files form the output) and ``_SUCCESS`` last, then deletes the previous run's files and the staging
-folder. On local disk each of these steps is a rename; GCS has no atomic rename (a move is a copy and a
-delete), so there readers must take the file list from ``_manifest.json`` rather than from a glob.
-
-Before it moves anything, a commit writes its intent (``_staging/<run_id>/_commit.json``: the files it
-will place and those of the run it replaces), so a commit killed halfway can be finished or undone by the
-next run, which only ever deletes files that a manifest or an intent lists.
+An output folder holds one committed run: the files its ``_manifest.json`` lists, ``summary.json`` and
+``_SUCCESS``. A run stages its files under ``_staging/<run_id>/`` (marked docbeam's by
+``_staging/<run_id>/_run.json``) and commits them with pipeline/transaction.py. docbeam trusts only what it
+provably wrote: a manifest, intent or staging marker of its own format naming its own run; every other file
+is foreign, left alone, and makes a folder without a manifest refused at start.
 """
 from __future__ import annotations
 
@@ -18,6 +13,8 @@ import datetime
 import json
 import logging
 import os
+import posixpath
+import re
 import secrets
 
 from pipeline import storage
@@ -28,8 +25,12 @@ MANIFEST = "_manifest.json"
 SUCCESS = "_SUCCESS"
 SUMMARY = "summary.json"
 INTENT = "_commit.json"
+MARKER = "_run.json"
+LOCK = "_lock.json"
 MANIFEST_FORMAT = "docbeam.manifest/1"
-OWN_NAMES = (MANIFEST, SUCCESS, SUMMARY, "_lock.json")
+INTENT_FORMAT = "docbeam.intent/1"
+STAGING_FORMAT = "docbeam.staging/1"
+TEMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{32}$")  # pipeline/storage.temp_name: a write a kill interrupted
 log = logging.getLogger(__name__)
 
 
@@ -56,32 +57,89 @@ def relative(output: str, path: str) -> str:
     return path[len(output.rstrip("/")) + 1:]
 
 
+def normalize_folder(path: str) -> str:
+    """One spelling per folder: ``//``, ``/./``, ``/../`` and a trailing ``/`` resolved (gs:// too), so that
+    every later comparison of paths under it is a plain prefix test."""
+    if storage.is_gcs(path):
+        bucket, _, name = path[len("gs://"):].partition("/")
+        name = posixpath.normpath("/" + name).lstrip("/") if name else ""
+        return f"gs://{bucket}/{name}".rstrip("/") if name else f"gs://{bucket}"
+    normal = posixpath.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("/") else normal
+
+
 def inside(output: str, path: str) -> bool:
     """Whether ``path`` lies strictly under the folder ``output`` (no ``..`` tricks)."""
-    base = output.rstrip("/") + "/"
-    if not storage.is_gcs(path):
-        path = os.path.normpath(path)
+    base = normalize_folder(output) + "/"
+    path = path if storage.is_gcs(path) else os.path.normpath(path)
     return path.startswith(base) and ".." not in path[len(base):].split("/")
+
+
+def carries_run(rel: str, run_id: str) -> bool:
+    """Whether a file of the output is provably one of ``run_id``'s: every file a run writes carries its id
+    (``part-<run_id>-…`` or a ``<run_id>/`` folder)."""
+    return bool(run_id) and (f"part-{run_id}-" in posixpath.basename(rel) or f"/{run_id}/" in f"/{rel}")
+
+
+def plain_relative(rel: object) -> bool:
+    """A file path as a manifest or intent may list it: relative, one spelling, not a folder."""
+    return (isinstance(rel, str) and rel != "" and not rel.startswith("/") and not rel.endswith("/")
+            and posixpath.normpath(rel) == rel and not rel.startswith("..") and "://" not in rel)
+
+
+def parse_manifest(data: bytes | None, path: str) -> dict | None:
+    if data is None:
+        return None
+    manifest = json.loads(data)
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise OutputRefused(f"{path} is not a docbeam manifest (format {found!r}, expected {MANIFEST_FORMAT!r}); "
+                            "choose another output.path")
+    bad = [f for f in manifest.get("files", []) if not (isinstance(f, dict) and plain_relative(f.get("path")))]
+    if bad or not isinstance(manifest.get("run_id"), str):
+        raise OutputRefused(f"{path} lists {bad[:1] or 'no run id'}: not a file path of a docbeam run (relative, "
+                            "no '..', no trailing '/'); move the folder aside or choose another output.path")
+    return manifest
 
 
 def read_manifest(output: str) -> dict | None:
     path = storage.join(output, MANIFEST)
-    if not storage.exists(path):
-        return None
-    manifest = json.loads(storage.read_bytes(path))
-    if manifest.get("format") != MANIFEST_FORMAT:
-        raise OutputRefused(f"{path} is not a docbeam manifest (format {manifest.get('format')!r}, expected "
-                            f"{MANIFEST_FORMAT!r}); choose another output.path")
-    return manifest
+    return parse_manifest(storage.read_versioned(path)[0], path)
 
 
 def manifest_paths(output: str, manifest: dict | None) -> set[str]:
     return {storage.join(output, f["path"]) for f in (manifest or {}).get("files", [])}
 
 
-def _read_intent(folder: str) -> dict | None:
-    path = f"{folder}/{INTENT}"
-    return json.loads(storage.read_bytes(path)) if storage.exists(path) else None
+def _read_json(path: str) -> dict | None:
+    data = storage.read_versioned(path)[0]
+    try:
+        record = json.loads(data) if data is not None else None
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def read_intent(output: str, run_id: str) -> dict | None:
+    """A staged run's commit intent, only if it is docbeam's and names that run."""
+    intent = _read_json(f"{staging_dir(output, run_id)}/{INTENT}")
+    if intent is None or intent.get("format") != INTENT_FORMAT or intent.get("run_id") != run_id:
+        return None
+    return intent
+
+
+def mark_staging(output: str, run_id: str, token: int) -> None:
+    """Mark ``_staging/<run_id>/`` as this run's before anything is written there."""
+    record = {"format": STAGING_FORMAT, "run_id": run_id, "token": token}
+    storage.write_bytes(f"{staging_dir(output, run_id)}/{MARKER}", json.dumps(record).encode())
+
+
+def _docbeam_staging(output: str, run_id: str, paths: list[str]) -> bool:
+    folder = staging_dir(output, run_id)
+    if all(p.startswith(f"{folder}/{MARKER}.tmp-") and TEMP_SUFFIX.search(p) for p in paths):
+        return True  # killed while writing its marker
+    marker = _read_json(f"{folder}/{MARKER}") if f"{folder}/{MARKER}" in paths else None
+    return marker is not None and marker.get("format") == STAGING_FORMAT and marker.get("run_id") == run_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,21 +147,35 @@ class OutputState:
     """What an output folder holds, sorted by who wrote it."""
 
     manifest: dict | None
-    staged_runs: tuple[str, ...]  # run ids with a folder under _staging/
+    staged_runs: tuple[str, ...]  # run ids with a docbeam staging folder under _staging/
     intent_paths: frozenset[str]  # final paths a staged run's (interrupted) commit meant to place
-    foreign: tuple[str, ...]  # files no docbeam manifest or intent lists
+    leftovers: tuple[str, ...]  # temporary files of docbeam's own writes that a kill interrupted
+    foreign: tuple[str, ...]  # files no docbeam manifest, intent or staging marker accounts for
 
 
 def inspect(output: str) -> OutputState:
+    output = output.rstrip("/")
     files = storage.list_files(output)
     manifest = read_manifest(output)
-    staging_root = f"{output.rstrip('/')}/{STAGING}/"
-    staged_runs = storage.list_folders(staging_root)
-    intents = [_read_intent(staging_root + run) for run in staged_runs]
-    intent_paths = {storage.join(output, rel) for i in intents if i for rel in i["files"]}
-    known = manifest_paths(output, manifest) | intent_paths | {storage.join(output, n) for n in OWN_NAMES}
-    foreign = sorted(p for p in files if p not in known and not p.startswith(staging_root))
-    return OutputState(manifest, tuple(staged_runs), frozenset(intent_paths), tuple(foreign))
+    staging_root = f"{output}/{STAGING}/"
+    by_run: dict[str, list[str]] = {}
+    for path in files:
+        if path.startswith(staging_root) and "/" in path[len(staging_root):]:
+            by_run.setdefault(path[len(staging_root):].split("/")[0], []).append(path)
+    staged = sorted(run for run, paths in by_run.items() if _docbeam_staging(output, run, paths))
+    intent_paths = set()
+    for run in staged:
+        intent = read_intent(output, run) or {}
+        intent_paths |= {storage.join(output, rel) for rel in intent.get("files", [])
+                         if plain_relative(rel) and carries_run(rel, run)}
+    own = {storage.join(output, n) for n in ((MANIFEST, SUMMARY, SUCCESS, LOCK) if manifest else (LOCK,))}
+    leftovers = sorted(p for p in files if TEMP_SUFFIX.sub("", p) in {storage.join(output, n) for n in
+                                                                    (MANIFEST, SUMMARY, SUCCESS, LOCK)}
+                       and TEMP_SUFFIX.search(p))
+    known = manifest_paths(output, manifest) | intent_paths | own | set(leftovers)
+    known |= {p for run in staged for p in by_run[run]}
+    foreign = sorted(p for p in files if p not in known)
+    return OutputState(manifest, tuple(staged), frozenset(intent_paths), tuple(leftovers), tuple(foreign))
 
 
 def check_writable(output: str, state: OutputState, mode: str) -> None:
@@ -121,68 +193,9 @@ def check_writable(output: str, state: OutputState, mode: str) -> None:
                     "readers that glob the output will see them", output, len(state.foreign), state.foreign[0])
 
 
-def clean_dead_staging(output: str, keep_run_id: str) -> list[str]:
-    """Finish or undo what dead runs left under _staging/ (the caller holds the lock, so every staged
-    run but ours is dead). Returns the run ids cleaned."""
-    state = inspect(output)
-    cleaned = []
-    for run in state.staged_runs:
-        if run == keep_run_id:
-            continue
-        folder = staging_dir(output, run)
-        intent = _read_intent(folder)
-        if intent is not None:
-            committed = manifest_paths(output, state.manifest)
-            if state.manifest is not None and state.manifest["run_id"] == run:
-                leftovers = [storage.join(output, rel) for rel in intent["replaces"]]  # committed: finish it
-            else:
-                leftovers = [storage.join(output, rel) for rel in intent["files"]]  # never committed: undo it
-            _delete_inside(output, [p for p in leftovers if p not in committed])
-        _delete_inside(output, list(storage.list_files(folder)))
-        storage.prune_empty_folders(folder)
-        storage.prune_empty_folders(f"{output.rstrip('/')}/{STAGING}")
-        log.warning("cleaned up the staging folder of dead run %s", run)
-        cleaned.append(run)
-    return cleaned
-
-
-def _delete_inside(output: str, paths: list[str]) -> None:
-    """The one place docbeam deletes output files: never anything outside the output folder."""
+def delete_inside(output: str, paths: list[str]) -> None:
+    """The one place docbeam deletes output files: never anything outside the output folder, never a folder."""
     outside = [p for p in paths if not inside(output, p)]
     if outside:
         raise RuntimeError(f"refusing to delete {outside[:3]}: outside the output folder {output}")
     storage.delete_files(paths, within=output)
-
-
-def commit(output: str, run_id: str, summary: dict, manifest_extra: dict) -> dict:
-    """Place the staged files, then the summary, the manifest and ``_SUCCESS``; then delete what the
-    previous run wrote. Each step can be repeated, so a retried commit finishes the same way."""
-    folder = staging_dir(output, run_id)
-    intent = _read_intent(folder)
-    if intent is None:
-        staged = sorted(relative(folder, p) for p in storage.list_files(folder))
-        previous = read_manifest(output)
-        intent = {"run_id": run_id, "files": staged,
-                  "replaces": sorted(relative(output, p) for p in manifest_paths(output, previous)),
-                  "previous_run_id": previous and previous["run_id"]}
-        storage.write_bytes(f"{folder}/{INTENT}", json.dumps(intent, indent=1).encode())
-    for rel in intent["files"]:
-        source, target = f"{folder}/{rel}", storage.join(output, rel)
-        if storage.exists(source):
-            storage.rename(source, target)
-    sizes = storage.list_files(output)
-    files = [{"path": rel, "size": sizes.get(storage.join(output, rel))} for rel in intent["files"]]
-    missing = [f["path"] for f in files if f["size"] is None]
-    if missing:
-        raise RuntimeError(f"commit of run {run_id}: staged files vanished before they were placed: {missing[:3]}")
-    storage.write_bytes(storage.join(output, SUMMARY), json.dumps(summary, indent=2, sort_keys=True).encode())
-    manifest = {"format": MANIFEST_FORMAT, "run_id": run_id, "previous_run_id": intent["previous_run_id"],
-                "committed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                "files": files, **manifest_extra}
-    storage.write_bytes(storage.join(output, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
-    storage.write_bytes(storage.join(output, SUCCESS), f"{run_id}\n".encode())
-    placed = manifest_paths(output, manifest)
-    _delete_inside(output, [p for p in (storage.join(output, rel) for rel in intent["replaces"]) if p not in placed])
-    _delete_inside(output, list(storage.list_files(folder)))
-    storage.prune_empty_folders(f"{output.rstrip('/')}/{STAGING}")
-    return manifest

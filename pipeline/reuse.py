@@ -1,8 +1,9 @@
 """Incremental runs: carry a previous run's vectors over for documents whose text did not change.
 
-A previous output is a source only when its manifest is complete and its reuse key (weights, tokenizer,
-window, stride, long-document mode, pooling, normalisation, dtype, prompt, and a Hub id's commit) equals
-this run's; the attention
+A previous output is a source only when its manifest is complete, every embeddings file has the size and
+checksum the manifest lists (sha256 locally, the object's CRC32C on gs://), and its reuse key (weights,
+tokenizer, window, stride, long-document mode, pooling, normalisation, dtype, prompt, and a Hub id's commit)
+equals this run's; the attention
 backend is not part of the key, since every backend is held to native's result. Then each document is
 joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
 hash carries the previous vector over byte for byte, anything else is encoded.
@@ -100,8 +101,16 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"
     sizes = storage.list_files(reuse_from)
     for f in manifest["files"]:
-        if f["path"].startswith("embeddings/") and sizes.get(storage.join(reuse_from, f["path"])) != f["size"]:
+        if not f["path"].startswith("embeddings/"):
+            continue
+        path = storage.join(reuse_from, f["path"])
+        if sizes.get(path) != f["size"]:
             return f"its file {f['path']} is missing or not the size its manifest says ({f['size']} bytes)"
+        if "checksum" not in f:
+            return f"run {manifest['run_id']} recorded no checksums (written before they were), so its files " \
+                   "cannot be checked"
+        if storage.checksum(path) != f["checksum"]:
+            return f"its file {f['path']} does not match the checksum its manifest lists ({f['checksum']}): damaged"
     return None
 
 

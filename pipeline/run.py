@@ -16,6 +16,7 @@ import apache_beam as beam
 
 from pipeline import output as output_lib
 from pipeline import storage
+from pipeline import transaction
 from pipeline.breakdown import stage_shares, startup_breakdown
 from pipeline.bucket import BucketBatches
 from pipeline.commit import MEMORY_LIMIT, CommitRun, RunFailed
@@ -23,7 +24,7 @@ from pipeline.validate import beam_options_of, launch_values, refuse_placeholder
 from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.errors import JobFailed, Refused, refused_at_start
-from pipeline.lock import LOCK_NAME, OutputLock
+from pipeline.lock import LOCK_NAME, Fence, OutputLock
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.plan import JobPlan, check_output, make_plan, versions
 from pipeline.read import ReadDocuments
@@ -93,8 +94,9 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
     }
 
 
-def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
+def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release_lock: bool = True) -> None:
     cfg = plan.config
+    run_id = fence.run_id
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
     if plan.reuse.source is not None:
@@ -116,8 +118,8 @@ def build(p: beam.Pipeline, plan: JobPlan, run_id: str, started: float) -> None:
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
-    written | "CommitRun" >> CommitRun(cfg.output.path, run_id, summary_base(plan, run_id, started),
-                                       cfg.input.max_rejected_fraction)
+    written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
+                                       release_lock)
 
 
 def metrics_dict(result) -> dict:
@@ -169,7 +171,9 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     try:
         check_output(cfg)  # again, now that no other run can change the output under us
         with refused_at_start(f"output.path {out}: cleaning up after dead runs"):
-            cleaned = output_lib.clean_dead_staging(out, run_id)
+            cleaned = transaction.recover(out, lock)
+        lock.fence.prove()
+        output_lib.mark_staging(out, run_id, lock.fence.token)
         options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args))
         started = marks["checks"] = time.time()
         log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
@@ -179,7 +183,8 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         spec = encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id)
         if wait:
             loading = load_encoder_early(plan, spec, options)
-        build(p, plan, run_id, started)
+        # A driver that waits releases the lock itself, after it has added the metrics to summary.json.
+        build(p, plan, lock.fence, started, release_lock=not wait)
         marks["graph"] = marks["pipeline"] = time.time()
         result = p.run()
         if not wait:
@@ -198,9 +203,12 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         summary["metrics"] = metrics_dict(result)
         summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
         summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
-        storage.write_bytes(summary_path, json.dumps(summary, indent=2, sort_keys=True).encode())
+        transaction.rewrite_summary(out, lock.fence, summary)
         return summary
     except Exception as e:
+        lost = lock.fence.taken_over(e)  # a failure caused by another run taking the output over
+        if lost is not None:
+            raise lost from e  # the output is the other run's now: this one writes nothing more there
         if isinstance(e, Refused) and "pipeline" not in marks:
             raise  # refused at start: nothing was touched
         leave_failed_summary(out, run_id, summary_base(plan, run_id, marks.get("checks", marks["plan"])), e)

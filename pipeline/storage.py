@@ -6,6 +6,10 @@ otherwise costs ~20 s on any machine without Google credentials (a laptop, CI, a
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import functools
+import hashlib
 import os
 import uuid
 from typing import Sequence
@@ -14,6 +18,8 @@ from apache_beam.internal.gcp import auth
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+from pipeline import faults
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 NO_AUTH_FLAG = "--no_auth"
@@ -85,23 +91,43 @@ def write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` so readers see the old file or the new one, never a partial one.
 
     An object in gs:// only appears once its upload completes, so it is written in place; a local file is
-    written next to the target and renamed over it (atomic on POSIX within one filesystem).
+    written next to the target (``<name>.tmp-<32 hex>``, a name the output's clean-up recognises when a
+    kill leaves one behind) and renamed over it (atomic on POSIX within one filesystem).
     """
-    if FileSystems.get_scheme(path) is not None:
+    if is_gcs(path):
         _write(path, data)
         return
-    temp_path = f"{path}.tmp-{uuid.uuid4().hex}"
+    temp_path = temp_name(path)
+    _write(temp_path, data)
     try:
-        _write(temp_path, data)
-        FileSystems.rename([temp_path], [path])
-    finally:
-        if FileSystems.exists(temp_path):
-            FileSystems.delete([temp_path])
+        _rename_local(temp_path, path)
+    except Exception:
+        _unlink_quietly(temp_path)
+        raise
+
+
+def temp_name(path: str) -> str:
+    return f"{path}.tmp-{uuid.uuid4().hex}"
 
 
 def _write(path: str, data: bytes) -> None:
+    faults.before_change("write", path)
+    if not is_gcs(path):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(data)
+
+
+def _rename_local(source: str, destination: str) -> None:
+    faults.before_change("rename", destination)
+    os.rename(source, destination)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def is_gcs(path: str) -> bool:
@@ -114,27 +140,31 @@ def list_files(prefix: str) -> dict[str, int]:
     return {m.path: m.size_in_bytes for m in match.metadata_list}
 
 
-def list_folders(prefix: str) -> list[str]:
-    """Names of the folders directly under ``prefix``; on gs:// those holding at least one object."""
-    prefix = prefix.rstrip("/")
-    if is_gcs(prefix):
-        return sorted({p[len(prefix) + 1:].split("/")[0] for p in list_files(prefix) if "/" in p[len(prefix) + 1:]})
-    return sorted(e.name for e in os.scandir(prefix) if e.is_dir()) if os.path.isdir(prefix) else []
-
-
 def rename(source: str, destination: str) -> None:
-    """Move one file (on gs:// a copy and a delete: readers may briefly see both)."""
-    if not is_gcs(destination):
-        os.makedirs(os.path.dirname(destination), exist_ok=True)
-    FileSystems.rename([source], [destination])
+    """Move one file (on gs:// a copy and a delete, two changes: readers may briefly see both)."""
+    if is_gcs(destination):
+        faults.before_change("copy", destination)
+        FileSystems.copy([source], [destination])
+        delete_files([source])
+        return
+    os.makedirs(os.path.dirname(destination), exist_ok=True)
+    _rename_local(source, destination)
 
 
 def delete_files(paths: Sequence[str], within: str | None = None) -> None:
-    """Delete the files that exist; local folders left empty by it are removed too, up to (not including)
-    the folder ``within``."""
-    present = [p for p in paths if FileSystems.exists(p)]
-    if present:
-        FileSystems.delete(present)
+    """Delete each file that exists, exactly that file: never a folder, never a glob's matches (so a
+    manifest that lists a folder deletes nothing). Local folders left empty are removed too, up to (not
+    including) the folder ``within``."""
+    for path in paths:
+        if is_gcs(path):
+            faults.before_change("delete", path)
+            try:
+                _blob(path).delete()
+            except _gcs_errors().NotFound:
+                pass
+        elif os.path.isfile(path) or os.path.islink(path):
+            faults.before_change("delete", path)
+            _unlink_quietly(path)
     if within is not None:
         for folder in sorted({os.path.dirname(p) for p in paths if not is_gcs(p)}, key=len, reverse=True):
             _remove_empty_folders(folder, stop=within)
@@ -146,47 +176,144 @@ def prune_empty_folders(root: str) -> None:
     if is_gcs(root) or not os.path.isdir(root):
         return
     for folder, _, _ in sorted(os.walk(root), key=lambda entry: len(entry[0]), reverse=True):
-        if not os.listdir(folder):
-            os.rmdir(folder)
+        _rmdir_if_empty(folder)
 
 
 def _remove_empty_folders(folder: str, stop: str) -> None:
     stop = os.path.normpath(stop)
-    while folder.startswith(stop + os.sep) and os.path.isdir(folder) and not os.listdir(folder):
-        os.rmdir(folder)
+    while folder.startswith(stop + os.sep) and _rmdir_if_empty(folder):
         folder = os.path.dirname(folder)
 
 
-def create_exclusive(path: str, data: bytes) -> bool:
-    """Create ``path`` with ``data`` unless it exists; True when this call created it.
+def _rmdir_if_empty(folder: str) -> bool:
+    if not os.path.isdir(folder) or os.listdir(folder):
+        return False
+    faults.before_change("delete", folder)
+    try:
+        os.rmdir(folder)
+    except OSError:  # a file arrived meanwhile: keep the folder
+        return False
+    return True
 
-    Needed for the output lock: two runs starting together must not both believe they own it. Local disk
-    uses O_EXCL; gs:// uses a generation precondition (the object must not exist yet).
-    """
+
+def checksum(path: str) -> str:
+    """``sha256:<hex>`` of a local file; on gs:// the object's CRC32C as GCS keeps it (no download)."""
     if is_gcs(path):
-        from google.api_core import exceptions as gexc
+        return f"crc32c:{FileSystems.checksum(path)}"
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
 
-        bucket, _, name = path[len("gs://"):].partition("/")
+
+# Versioned reads and conditional writes: the output lock, the manifest, summary.json and _SUCCESS change
+# only through these, so a run whose view is out of date changes nothing. A version is the object's
+# generation on gs:// and the file's bytes locally; None is "absent".
+def read_versioned(path: str) -> tuple[bytes | None, object]:
+    if not is_gcs(path):
         try:
-            gcs_client().bucket(bucket).blob(name).upload_from_string(data, if_generation_match=0)
-        except gexc.PreconditionFailed:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None, None
+        return data, data
+    errors = _gcs_errors()
+    for _ in range(5):  # changed between the metadata and the download: read again
+        blob = _blob(path).bucket.get_blob(_blob(path).name)
+        if blob is None:
+            return None, None
+        generation = blob.generation  # before the download, which resets it from response headers
+        try:
+            return blob.download_as_bytes(if_generation_match=generation), generation
+        except (errors.PreconditionFailed, errors.NotFound):
+            continue
+    raise RuntimeError(f"{path} kept changing while it was read")
+
+
+def write_if(path: str, data: bytes, version: object) -> bool:
+    """Write ``data`` only if ``path`` is still at ``version`` (None: only if it does not exist); False
+    when it is not. gs:// checks with a generation precondition; local disk compares the bytes under an
+    exclusive ``flock`` of the folder, then renames a finished temporary file over the target."""
+    return write_versioned(path, data, version)[0]
+
+
+def write_versioned(path: str, data: bytes, version: object) -> tuple[bool, object]:
+    """``write_if``, also returning the version the write created (to write from it next, unread)."""
+    if is_gcs(path):
+        faults.before_change("write", path)
+        blob = _blob(path)
+        try:
+            blob.upload_from_string(data, if_generation_match=version or 0)
+        except _gcs_errors().PreconditionFailed:
+            return False, None
+        return True, blob.generation
+    temp_path = temp_name(path)
+    _write(temp_path, data)
+    faults.before_change("rename", path)
+    with _folder_guard(os.path.dirname(path)):
+        try:
+            if read_versioned(path)[1] == version:
+                os.rename(temp_path, path)
+                return True, data
+        except FileNotFoundError:  # our temporary file was cleaned up as a leftover: the write did not happen
+            return False, None
+    _unlink_quietly(temp_path)
+    return False, None
+
+
+def delete_if(path: str, version: object) -> bool:
+    """Delete ``path`` only if it is still at ``version``; False when it is not (or is gone)."""
+    if version is None:
+        return False
+    faults.before_change("delete", path)
+    if is_gcs(path):
+        errors = _gcs_errors()
+        try:
+            _blob(path).delete(if_generation_match=version)
+        except (errors.PreconditionFailed, errors.NotFound):
             return False
         return True
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with _folder_guard(os.path.dirname(path)):
+        if read_versioned(path)[1] != version:
+            return False
+        os.unlink(path)
+        return True
+
+
+@contextlib.contextmanager
+def _folder_guard(folder: str):
+    """An exclusive flock of a local folder: the compare and the rename of a conditional write happen as one
+    step for every process and thread on this host (the kernel releases it when a process dies)."""
+    os.makedirs(folder, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY)
     try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return True
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _gcs_errors():
+    from google.api_core import exceptions
+
+    return exceptions
+
+
+def _blob(path: str):
+    bucket, _, name = path[len("gs://"):].partition("/")
+    return gcs_client().bucket(bucket).blob(name)
 
 
 def gcs_client():
     """A google-cloud-storage client: anonymous against the emulator, the environment's credentials else."""
+    return _client_for(os.environ.get(EMULATOR_ENV))
+
+
+@functools.lru_cache(maxsize=4)
+def _client_for(host: str | None):
     from google.cloud import storage as gcs
 
-    host = os.environ.get(EMULATOR_ENV)
     if host:
         from google.auth.credentials import AnonymousCredentials
 

@@ -59,3 +59,16 @@ def test_a_non_finite_window_makes_the_document_a_non_finite_error_naming_bucket
     result = pool_windows([window(0, 2, [1.0, 0.0]), window(1, 2, [bad, 1.0])], normalize=True)
     assert isinstance(result, Rejected) and result.kind == "non_finite" and result.id == "doc"
     assert "1 of 2 window(s) non-finite" in result.reason and "bucket 32 with attention mine" in result.reason
+
+
+def test_every_shard_of_a_sink_is_committed_even_when_a_retried_finalize_reports_only_some(tmp_path):
+    from pipeline.commit import every_shard
+
+    shards = [str(tmp_path / f"part-r1-{i:05d}-of-00003.parquet") for i in range(3)]
+    for path in shards:
+        open(path, "wb").close()
+    single = str(tmp_path / "errors.jsonl")
+    assert every_shard([shards[1], single]) == sorted([*shards, single])
+    (tmp_path / "part-r1-00002-of-00003.parquet").unlink()
+    with pytest.raises(RuntimeError, match="not their sibling shard"):
+        every_shard([shards[1]])

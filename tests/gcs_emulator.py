@@ -1,7 +1,8 @@
 """A throwaway GCS for tests: ``gcp-storage-emulator`` on a free loopback port, in memory.
 
 gcp-storage-emulator rather than fake-gcs-server because it answers the JSON batch API that Beam's gcsio
-uses to finalise writes (copy + delete of temp files).
+uses to finalise writes (copy + delete of temp files); started through gcs_emulator_server.py, which adds
+GCS's generation preconditions (the output lock and the fenced commit rely on them).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from google.cloud import storage
 
 from pipeline.storage import EMULATOR_ENV
 LOOPBACK = "127.0.0.1"
+EMULATOR_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gcs_emulator_server.py")
 PROJECT = "docbeam-test"
 START_TIMEOUT_S = 15.0
 
@@ -72,7 +74,7 @@ def _start_server(work_dir: str) -> tuple[subprocess.Popen, str]:
         with open(log_path, "wb") as log:
             # --data-dir keeps the emulator's files, if any, out of the working tree despite --in-memory.
             server = subprocess.Popen(
-                [sys.executable, "-m", "gcp_storage_emulator", "--data-dir", work_dir,
+                [sys.executable, EMULATOR_SCRIPT, "--data-dir", work_dir,
                  "start", "--host", LOOPBACK, "--port", str(port), "--in-memory"],
                 cwd=work_dir, stdout=log, stderr=subprocess.STDOUT)
         host = f"http://{LOOPBACK}:{port}"

@@ -122,8 +122,17 @@ def test_a_previous_run_without_a_complete_manifest_or_with_a_damaged_file_is_ne
     (parquet,) = glob.glob(f"{damaged}/embeddings/*.parquet")
     with open(parquet, "r+b") as f:
         f.truncate(100)
+    flipped = tmp_path / "flipped"  # same size, one float's bits changed: only a checksum can tell
+    os.system(f"cp -r {root / 'a'} {flipped}")
+    (parquet,) = glob.glob(f"{flipped}/embeddings/*.parquet")
+    with open(parquet, "r+b") as f:
+        f.seek(os.path.getsize(parquet) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
     for previous, reason in ((partial, "holds no committed docbeam run"),
-                             (damaged, "is missing or not the size its manifest says")):
+                             (damaged, "is missing or not the size its manifest says"),
+                             (flipped, "does not match the checksum its manifest lists")):
         summary = run_job(job_config(b_path, str(tmp_path / f"out-{previous.name}"), tiny_checkpoint_dir,
                                      input={"reuse_from": str(previous)}))
         assert summary["docs_reused"] == 0 and reason in summary["reuse"]["reason"]
@@ -179,3 +188,37 @@ def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_
     assert decision.source is None and "its manifest cannot be read" in decision.reason
     with pytest.raises(ConfigError, match="cannot be reused: its manifest cannot be read"):
         decide(str(tmp_path), key, "fail")
+
+
+def committed_run(out: str, key: dict, rows: bytes) -> str:
+    """A committed docbeam run whose embeddings file holds ``rows`` (decide() reads sizes and checksums only)."""
+    from pipeline import output, storage, transaction
+    from pipeline.lock import OutputLock
+
+    held = OutputLock.acquire(out, "r1", heartbeat=False)
+    output.mark_staging(out, "r1", held.fence.token)
+    staged = f"{output.staging_dir(out, 'r1')}/embeddings/part-r1-00000-of-00001.parquet"
+    storage.write_bytes(staged, rows)
+    transaction.commit(out, held.fence, [staged], {"run_id": "r1"}, {"reuse_key": key})
+    held.release()
+    return f"{out}/embeddings/part-r1-00000-of-00001.parquet"
+
+
+@pytest.mark.parametrize("where", ["a float", "the footer"])
+def test_a_previous_file_damaged_at_its_size_is_not_reused_and_fail_mode_refuses_it(tmp_path, where):
+    from pipeline.reuse import decide
+
+    key = {name: "x" for name in ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents",
+                                  "pooling", "normalize", "dtype")}
+    rows = b"PAR1" + bytes(range(256)) * 4 + b"footer" + b"PAR1"
+    path = committed_run(str(tmp_path / "previous"), key, rows)
+    assert decide(str(tmp_path / "previous"), key, "encode_all").source is not None  # sound: reused
+    damaged = bytearray(rows)
+    damaged[100 if where == "a float" else -8] ^= 0x40  # one bit, same size
+    with open(path, "wb") as f:
+        f.write(damaged)
+    decision = decide(str(tmp_path / "previous"), key, "encode_all")
+    assert decision.source is None and "does not match the checksum its manifest lists" in decision.reason
+    with pytest.raises(ConfigError, match="cannot be reused: its file embeddings/part-r1-00000-of-00001.parquet "
+                                          "does not match the checksum"):
+        decide(str(tmp_path / "previous"), key, "fail")

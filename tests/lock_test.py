@@ -86,7 +86,7 @@ def test_a_garbled_lock_is_treated_as_stale_not_as_a_crash(tmp_path):
 
 @pytest.mark.gcs
 def test_on_gcs_a_second_run_is_refused_and_a_released_lock_is_gone():
-    # The emulator ignores generation preconditions; real GCS also refuses two exactly simultaneous creates.
+    # The emulator honours generation preconditions (tests/gcs_emulator_server.py), as GCS does.
     with gcs_emulator() as gcs:
         storage.pipeline_options()
         out = gcs.url(f"out-{uuid.uuid4().hex[:8]}")

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline import output, storage
+from pipeline import lock, output, storage, transaction
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +28,21 @@ def out(request, tmp_path):
     return request.getfixturevalue("emulator").url(f"out-{uuid.uuid4().hex[:8]}")
 
 
-def stage(out: str, run_id: str, files: dict[str, bytes]) -> None:
-    for rel, data in files.items():
-        storage.write_bytes(f"{output.staging_dir(out, run_id)}/{rel}", data)
+def stage(out: str, run_id: str, files: dict[str, bytes]) -> list[str]:
+    """What a run's pipeline leaves in its staging folder; returns the paths its sinks report as written."""
+    output.mark_staging(out, run_id, 1)
+    written = [f"{output.staging_dir(out, run_id)}/{rel}" for rel in files]
+    for path, data in zip(written, files.values()):
+        storage.write_bytes(path, data)
+    return written
 
 
 def commit_run(out: str, run_id: str, files: dict[str, bytes]) -> dict:
-    stage(out, run_id, files)
-    return output.commit(out, run_id, {"run_id": run_id}, {})
+    held = lock.OutputLock.acquire(out, run_id, heartbeat=False)
+    transaction.recover(out, held)
+    manifest = transaction.commit(out, held.fence, stage(out, run_id, files), {"run_id": run_id}, {})
+    held.release()
+    return manifest
 
 
 def snapshot(out: str) -> dict[str, bytes]:
@@ -65,36 +72,6 @@ def test_the_next_commit_replaces_the_previous_run_and_keeps_files_it_did_not_wr
     manifest = commit_run(out, "r2", run_files("r2"))
     assert manifest["previous_run_id"] == "r1"
     assert set(snapshot(out)) == set(run_files("r2")) | {"summary.json", "_manifest.json", "_SUCCESS", "report.html"}
-
-
-def test_a_commit_killed_before_its_manifest_is_undone_by_the_next_run(out):
-    commit_run(out, "r1", run_files("r1"))
-    before = snapshot(out)
-    stage(out, "dead", run_files("dead"))
-    intent = {"run_id": "dead", "files": sorted(run_files("dead")), "replaces": sorted(run_files("r1")),
-              "previous_run_id": "r1"}
-    storage.write_bytes(f"{output.staging_dir(out, 'dead')}/{output.INTENT}", json.dumps(intent).encode())
-    first = sorted(run_files("dead"))[0]  # the kill came after one file was placed
-    storage.rename(f"{output.staging_dir(out, 'dead')}/{first}", f"{out}/{first}")
-    assert output.inspect(out).foreign == ()  # the stray file is accounted for by the intent
-    assert output.clean_dead_staging(out, keep_run_id="r2") == ["dead"]
-    assert snapshot(out) == before
-
-
-def test_a_commit_killed_after_its_manifest_is_finished_by_the_next_run(out):
-    commit_run(out, "r1", run_files("r1"))
-    stage(out, "r2", run_files("r2"))
-    # Run the real commit, then put back what its clean-up removed: the state a kill right after the
-    # manifest leaves behind (r1's files still there, r2's intent still staged).
-    intent_path = f"{output.staging_dir(out, 'r2')}/{output.INTENT}"
-    output.commit(out, "r2", {"run_id": "r2"}, {})
-    for rel, data in run_files("r1").items():
-        storage.write_bytes(f"{out}/{rel}", data)
-    storage.write_bytes(intent_path, json.dumps({"run_id": "r2", "files": sorted(run_files("r2")),
-                                                 "replaces": sorted(run_files("r1")),
-                                                 "previous_run_id": "r1"}).encode())
-    output.clean_dead_staging(out, keep_run_id="r3")
-    assert set(snapshot(out)) == set(run_files("r2")) | {"summary.json", "_manifest.json", "_SUCCESS"}
 
 
 def test_a_folder_with_files_docbeam_did_not_write_is_refused(out):
@@ -129,19 +106,43 @@ def test_deleting_refuses_paths_outside_the_output(tmp_path):
     out = str(tmp_path / "out")
     for path in (str(victim), f"{out}/../sibling/data.txt", f"{out}-other/x"):
         with pytest.raises(RuntimeError, match="outside the output folder"):
-            output._delete_inside(out, [path])
+            output.delete_inside(out, [path])
     assert victim.read_text() == "precious"
 
 
-def test_a_forged_intent_cannot_delete_outside_the_output(tmp_path):
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_stray_or_forged_intent_deletes_nothing_its_run_did_not_write(tmp_path, marked):
     victim = tmp_path / "precious.txt"
     victim.write_text("keep")
     out = str(tmp_path / "out")
+    commit_run(out, "r1", run_files("r1"))
+    storage.write_bytes(f"{out}/report.html", b"<html>")  # the user's, listed nowhere
+    if marked:
+        output.mark_staging(out, "evil", 1)
     storage.write_bytes(f"{output.staging_dir(out, 'evil')}/{output.INTENT}", json.dumps(
-        {"run_id": "evil", "files": ["../precious.txt"], "replaces": [], "previous_run_id": None}).encode())
-    with pytest.raises(RuntimeError, match="outside the output folder"):
-        output.clean_dead_staging(out, keep_run_id="r1")
-    assert victim.read_text() == "keep"
+        {"format": output.INTENT_FORMAT, "run_id": "evil", "files": ["../precious.txt", "report.html"],
+         "replaces": [], "manifest": {}, "summary": {}}).encode())
+    commit_run(out, "r2", run_files("r2"))
+    assert victim.read_text() == "keep" and storage.read_bytes(f"{out}/report.html") == b"<html>"
+    assert storage.exists(f"{output.staging_dir(out, 'evil')}/{output.INTENT}") != marked  # unmarked: foreign
+
+
+def test_a_manifest_that_lists_a_folder_never_costs_the_next_run_its_files(out):
+    commit_run(out, "r1", run_files("r1"))
+    manifest = json.loads(storage.read_bytes(f"{out}/_manifest.json"))
+    manifest["files"].append({"path": "embeddings", "size": 0})
+    storage.write_bytes(f"{out}/_manifest.json", json.dumps(manifest).encode())
+    commit_run(out, "r2", run_files("r2"))
+    assert {k: v for k, v in snapshot(out).items() if "/" in k} == run_files("r2")
+
+
+def test_summary_json_or_success_without_a_manifest_is_foreign(out):
+    storage.write_bytes(f"{out}/summary.json", b'{"mine": true}')
+    storage.write_bytes(f"{out}/{output.STAGING}/x/{output.INTENT}", b'{"files": ["summary.json"]}')
+    state = output.inspect(out)
+    assert [output.relative(out, p) for p in state.foreign] == ["_staging/x/_commit.json", "summary.json"]
+    with pytest.raises(output.OutputRefused, match="no docbeam run wrote"):
+        output.check_writable(out, state, "replace")
 
 
 def test_emptied_local_folders_are_removed_but_never_the_output_or_its_parents(tmp_path):
@@ -149,7 +150,7 @@ def test_emptied_local_folders_are_removed_but_never_the_output_or_its_parents(t
     out = str(parent / "today")
     commit_run(out, "r1", run_files("r1"))
     stage(out, "dead", run_files("dead"))
-    output.clean_dead_staging(out, keep_run_id="r2")
+    commit_run(out, "r2", run_files("r2"))
     assert not os.path.exists(f"{out}/{output.STAGING}") and os.path.isdir(out) and parent.is_dir()
 
 
@@ -157,3 +158,32 @@ def test_run_ids_sort_by_start_time_and_do_not_collide():
     ids = [output.new_run_id() for _ in range(50)]
     assert len(set(ids)) == 50
     assert all(len(i) == len("20261130T114500Z-3f9a1c") and i[8] == "T" for i in ids)
+
+
+@pytest.mark.parametrize("spelled, normal", [
+    ("/data//runs/./today/", "/data/runs/today"), ("//data/x/../runs/today", "/data/runs/today"),
+    ("out//local/.", "out/local"), ("gs://bucket/runs//./x/../today/", "gs://bucket/runs/today")])
+def test_an_output_path_is_spelled_one_way_once_the_config_is_read(spelled, normal):
+    from pipeline.config import OutputConfig
+
+    assert OutputConfig(path=spelled).path == normal
+
+
+def test_an_oddly_spelled_absolute_output_commits_and_the_next_run_replaces_it(tmp_path):
+    from pipeline.config import OutputConfig
+
+    out = OutputConfig(path=f"{tmp_path}//runs/./daily/../daily").path
+    commit_run(out, "r1", run_files("r1"))
+    commit_run(out, "r2", run_files("r2"))
+    assert set(snapshot(out)) == set(run_files("r2")) | {"summary.json", "_manifest.json", "_SUCCESS"}
+
+
+def test_the_commit_places_what_the_sinks_wrote_never_what_else_lies_in_staging(out):
+    held = lock.OutputLock.acquire(out, "r1", heartbeat=False)
+    written = stage(out, "r1", run_files("r1"))
+    stray = f"{output.staging_dir(out, 'r1')}/embeddings/beam-temp-part-r1-x/leftover.parquet"
+    storage.write_bytes(stray, b"a retried bundle's leftover")
+    manifest = transaction.commit(out, held.fence, written, {"run_id": "r1"}, {})
+    held.release()
+    assert sorted(f["path"] for f in manifest["files"]) == sorted(run_files("r1"))
+    assert set(snapshot(out)) == set(run_files("r1")) | {"summary.json", "_manifest.json", "_SUCCESS"}

@@ -1,0 +1,284 @@
+"""The commit and the lock, killed or paused before every one of their changes to storage.
+
+A run here is what the driver and the job do around the pipeline (lock, recover, mark the staging folder,
+the sinks' files, commit, release), driven directly so that each of its few dozen changes can be the one
+before which it dies (pipeline/faults.py) or stops while a ``--force`` run takes the output over. After
+each: a reader of the manifest sees a whole run, the next run recovers exactly the old run or exactly the
+new one (bytes, manifest, ``_SUCCESS``, ``summary.json`` agree), commits its own, and leaves no stray file.
+On local disk and on the GCS emulator (with generation preconditions: tests/gcs_emulator_server.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+import uuid
+
+import pytest
+
+from gcs_emulator import gcs_emulator
+from pipeline import output, storage, transaction
+from pipeline.faults import FaultPlan, SimulatedKill, injected
+from pipeline.lock import LockHeld, LockLost, Owner, OutputLock
+
+POINTERS = ("_manifest.json", "summary.json", "_SUCCESS")
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    with gcs_emulator() as server:
+        storage.pipeline_options()
+        yield server
+
+
+@pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
+def new_output(request, tmp_path):
+    """Makes a fresh output folder per call: one per crash point (on the emulator ~10 s each: slow)."""
+    if request.param == "local":
+        return lambda: str(tmp_path / uuid.uuid4().hex[:8])
+    server = request.getfixturevalue("emulator")
+    return lambda: server.url(f"crash-{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(scope="module")
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def run_files(run_id: str) -> dict[str, bytes]:
+    return {f"embeddings/part-{run_id}-00000-of-00002.parquet": f"rows of {run_id}, shard 0".encode(),
+            f"embeddings/part-{run_id}-00001-of-00002.parquet": f"rows of {run_id}, shard 1".encode(),
+            f"errors/part-{run_id}-00000-of-00001.jsonl": b""}
+
+
+def summary(run_id: str) -> dict:
+    return {"run_id": run_id, "docs_embedded": 2}
+
+
+def start(out: str, run_id: str, **acquire) -> OutputLock:
+    """A run's start: take the lock, recover what earlier runs left, mark the staging folder."""
+    held = OutputLock.acquire(out, run_id, heartbeat=False, **acquire)
+    with held.fence.failing_as_lost():  # as run_job does
+        transaction.recover(out, held)
+        held.fence.prove()
+        output.mark_staging(out, run_id, held.fence.token)
+    return held
+
+
+def finish(out: str, held: OutputLock) -> dict:
+    """The sinks' files, then the commit and the release."""
+    run_id = held.fence.run_id
+    written = [f"{output.staging_dir(out, run_id)}/{rel}" for rel in run_files(run_id)]
+    try:
+        with held.fence.failing_as_lost():
+            for path, data in zip(written, run_files(run_id).values()):
+                storage.write_bytes(path, data)
+            return transaction.commit(out, held.fence, written, summary(run_id), {})
+    finally:
+        held.release()
+
+
+def a_run(out: str, run_id: str, **acquire) -> dict:
+    return finish(out, start(out, run_id, **acquire))
+
+
+def every_file(out: str) -> dict[str, bytes]:
+    return {output.relative(out, p): storage.read_bytes(p) for p in storage.list_files(out)}
+
+
+def readers_view(out: str) -> dict[str, bytes]:
+    """What a reader sees: everything outside the staging folder, less the lock."""
+    return {rel: data for rel, data in every_file(out).items()
+            if not rel.startswith(f"{output.STAGING}/") and rel != output.LOCK}
+
+
+def holds_exactly(out: str, run_id: str, ignore: str | None = None) -> bool:
+    """The folder holds run ``run_id`` and nothing else: its bytes, its manifest (with sizes and checksums),
+    its summary.json and its _SUCCESS, no staging folder, no lock, no temporary file."""
+    files = {rel: data for rel, data in every_file(out).items() if not (ignore and rel.startswith(ignore))}
+    if set(files) != set(run_files(run_id)) | set(POINTERS):
+        return False
+    manifest = json.loads(files["_manifest.json"])
+    listed = {f["path"]: (f["size"], f["checksum"]) for f in manifest["files"]}
+    return (all(files[rel] == data for rel, data in run_files(run_id).items())
+            and manifest["run_id"] == run_id
+            and listed == {rel: (len(data), storage.checksum(storage.join(out, rel)))
+                           for rel, data in run_files(run_id).items()}
+            and json.loads(files["summary.json"]) == summary(run_id) and files["_SUCCESS"] == f"{run_id}\n".encode())
+
+
+def assert_a_reader_sees_a_whole_run(out: str, old: str, new: str) -> None:
+    """Right after a kill, before any recovery: the manifest names the old or the new run and every file it
+    lists is there with that run's bytes; summary.json is the new run's only once the manifest is; _SUCCESS
+    never names a run whose files are gone."""
+    view = readers_view(out)
+    committed = json.loads(view["_manifest.json"])["run_id"]
+    assert committed in (old, new)
+    assert all(view.get(rel) == data for rel, data in run_files(committed).items())
+    assert json.loads(view["summary.json"])["run_id"] in ({old, new} if committed == new else {old})
+    named = view["_SUCCESS"].decode().strip()
+    assert named in (old, new) and all(view.get(rel) == data for rel, data in run_files(named).items())
+
+
+def changes_of_a_clean_run(new_output) -> list[tuple[str, str]]:
+    out = new_output()
+    a_run(out, "old")
+    with injected(FaultPlan()) as plan:
+        a_run(out, "new")
+    return [(op, output.relative(out, path)) for op, path in plan.changes]
+
+
+def test_a_run_killed_before_any_of_its_changes_leaves_the_old_or_the_new_run_and_the_next_run_recovers(
+        new_output, dead_pid):
+    changes = changes_of_a_clean_run(new_output)
+    assert len(changes) >= 30, changes  # the crash points number in the dozens
+    recovered = []
+    for n in range(len(changes)):
+        out = new_output()
+        a_run(out, "old")
+        killed = dataclasses.replace(Owner.me("new"), pid=dead_pid)  # the run's process is gone, as after kill -9
+        with injected(FaultPlan(crash_at=n)), pytest.raises(SimulatedKill):
+            a_run(out, "new", owner=killed)
+        assert_a_reader_sees_a_whole_run(out, "old", "new")
+
+        held = OutputLock.acquire(out, "next", heartbeat=False)  # not forced: the dead run's lock is stale
+        transaction.recover(out, held)
+        held.release()
+        survivor = "old" if holds_exactly(out, "old") else "new"
+        assert holds_exactly(out, survivor), (n, changes[n], every_file(out).keys())
+        recovered.append(survivor)
+        a_run(out, "next")
+        assert holds_exactly(out, "next"), (n, changes[n], every_file(out).keys())
+        clear(out)
+    commit_point = recovered.index("new")  # before it the old run survives, from it on the new one
+    assert recovered == ["old"] * commit_point + ["new"] * (len(changes) - commit_point)
+    assert changes[commit_point - 1] in (("rename", output.LOCK), ("write", output.LOCK))
+
+
+def test_a_run_paused_before_any_of_its_changes_while_a_forced_run_takes_over_changes_nothing_after(new_output):
+    changes = changes_of_a_clean_run(new_output)
+    success_written = max(i for i, (op, rel) in enumerate(changes) if rel == "_SUCCESS" and op != "delete")
+    locked = min(i for i, (op, rel) in enumerate(changes) if rel == output.LOCK and op != "delete")
+    for n in range(len(changes)):
+        out = new_output()
+        a_run(out, "old")
+        plan = FaultPlan(pause_at=n)
+        outcome = {}
+
+        def paused_run():
+            with injected(plan):
+                try:
+                    outcome["result"] = a_run(out, "slow")
+                except (LockLost, LockHeld) as e:
+                    outcome["result"] = e
+
+        slow = threading.Thread(target=paused_run)
+        slow.start()
+        assert plan.paused.wait(timeout=60), f"the run never reached change {n}"
+        a_run(out, "forced", force=True)
+        plan.resume.set()
+        slow.join(timeout=60)
+        assert not slow.is_alive()
+        result = outcome["result"]
+        if n <= locked:  # stopped before it held the lock: it takes the lock the forced run released
+            assert isinstance(result, dict) and holds_exactly(out, "slow"), (n, changes[n], result)
+        else:  # overtaken: it fails (or had finished its commit) and the forced run's output stands
+            assert isinstance(result, LockLost) or n > success_written, (n, changes[n], result)
+            assert holds_exactly_but_staging_of(out, "forced", "slow"), (n, changes[n], every_file(out).keys())
+        a_run(out, "next")
+        assert holds_exactly(out, "next"), (n, changes[n], every_file(out).keys())
+        clear(out)
+
+
+def clear(out: str) -> None:
+    """Keep the emulator's bucket small: it lists by scanning every object."""
+    storage.delete_files(list(storage.list_files(out)))
+
+
+def holds_exactly_but_staging_of(out: str, run_id: str, overtaken: str) -> bool:
+    """``holds_exactly``, but for the overtaken run's staging folder: while that run may live it can still
+    write there, so the folder keeps its marker (docbeam's, for the next run to remove)."""
+    prefix = f"{output.STAGING}/{overtaken}/"
+    rest = {rel for rel in every_file(out) if rel.startswith(prefix)}
+    return (not rest or f"{prefix}{output.MARKER}" in rest) and holds_exactly(out, run_id, ignore=prefix)
+
+
+@pytest.mark.parametrize("stale", ["garbled", "dead owner"])
+def test_forty_racers_for_a_stale_lock_exactly_one_acquires_every_time(new_output, dead_pid, stale):
+    for _ in range(5):
+        out = new_output()
+        lock_path = storage.join(out, output.LOCK)
+        dead = dataclasses.replace(Owner.me("gone"), pid=dead_pid, token=1)
+        storage.write_bytes(lock_path, b"{half a lock" if stale == "garbled" else dead.to_bytes())
+        resume = threading.Event()  # every racer reads the stale lock, then all write at once
+        plans = [FaultPlan(pause_at=0, resume=resume) for _ in range(40)]
+        won = [None] * 40
+
+        def race(i):
+            with injected(plans[i]):
+                try:
+                    won[i] = OutputLock.acquire(out, f"racer-{i}", heartbeat=False)
+                except LockHeld:
+                    won[i] = False
+
+        racers = [threading.Thread(target=race, args=(i,)) for i in range(40)]
+        for racer in racers:
+            racer.start()
+        assert all(plan.paused.wait(timeout=60) for plan in plans)
+        resume.set()
+        for racer in racers:
+            racer.join(timeout=60)
+        winners = [held for held in won if held]
+        assert len(winners) == 1 and won.count(False) == 39
+        winners[0].check()
+        assert json.loads(storage.read_bytes(lock_path))["token"] == (2 if stale == "dead owner" else 1)
+
+
+@pytest.mark.slow
+def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_forced_run_stands(
+        tmp_path, tiny_checkpoint_dir):
+    """The wiring, end to end: the real job pauses before its commit places its first file; a forced
+    `docbeam run` commits meanwhile; the paused job then fails with LockLost and changes nothing."""
+    import gzip
+
+    from conftest import REPO, SAMPLE, checkout_env, job_config
+    from pipeline.run import run_job
+
+    corpus = tmp_path / "docs.jsonl"
+    with gzip.open(SAMPLE, "rt") as f:
+        corpus.write_text("".join(line for line, _ in zip(f, range(20))))
+    out = str(tmp_path / "out")
+    plan = FaultPlan(pause_at=0, every_thread=True,  # the commit runs in a Beam worker thread
+                     counts=lambda op, path: op == "rename" and path.startswith(f"{out}/embeddings/"))
+    outcome = {}
+
+    def overtaken():
+        with injected(plan):
+            try:
+                outcome["result"] = run_job(job_config(str(corpus), out, tiny_checkpoint_dir))
+            except Exception as e:  # noqa: BLE001  what the command line would turn into exit 1
+                outcome["result"] = e
+
+    job = threading.Thread(target=overtaken)
+    job.start()
+    assert plan.paused.wait(timeout=300), outcome
+    paused_run = json.loads(storage.read_bytes(f"{out}/_lock.json"))["run_id"]
+    forced = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
+         "--set", f"input.path={corpus}", "--set", f"output.path={out}", "--set", f"model.path={tiny_checkpoint_dir}",
+         "--set", "batching.buckets=[16, 32, 64, 128]", "--set", "batching.tokens_per_batch=512"],
+        cwd=REPO, env=checkout_env(), capture_output=True, text=True, timeout=600)
+    plan.resume.set()
+    job.join(timeout=300)
+    assert forced.returncode == 0, forced.stderr
+    assert isinstance(outcome["result"], LockLost), outcome["result"]
+    manifest = json.loads(storage.read_bytes(f"{out}/_manifest.json"))
+    assert manifest["run_id"] != paused_run and json.loads(storage.read_bytes(f"{out}/summary.json"))["run_id"] == \
+        manifest["run_id"] == storage.read_bytes(f"{out}/_SUCCESS").decode().strip()
+    outside_staging = {output.relative(out, p) for p in storage.list_files(out)} - set(POINTERS)
+    assert {rel for rel in outside_staging if not rel.startswith("_staging/")} == {f["path"] for f in manifest["files"]}
+    assert not any(paused_run in rel for rel in outside_staging if not rel.startswith(f"_staging/{paused_run}/"))
