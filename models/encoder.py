@@ -1,7 +1,9 @@
-"""A BERT-family encoder in Flax whose attention is whatever AttentionFn it is given.
+"""The encoder's shared surface: the config every family extends, rotary positions, pooling, and
+``embed_fn``; the model itself is the config's family (models/families/), a Flax module whose attention is
+whatever AttentionFn it is given.
 
-The module owns the projections (one fused QKV matmul); the attention function owns only the score
-computation, so swapping kernels never touches this file.
+Family modules own the projections (one fused QKV matmul); the attention function owns only the score
+computation, so swapping kernels never touches a family.
 """
 from __future__ import annotations
 
@@ -52,6 +54,11 @@ class EncoderConfig:
         return self.hidden_size // self.num_heads
 
     @property
+    def position_offset(self) -> int:
+        """The first position id a window uses: BERT counts from 0 (RoBERTa overrides it)."""
+        return 0
+
+    @property
     def attention_features(self) -> tuple:
         """The distinct AttentionFeatures this model's layers call attention with (what the plan asks each
         backend's capability check about, per bucket): BERT's layers are all global, with no bias."""
@@ -66,15 +73,19 @@ class EncoderConfig:
             raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
 
 
-def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None) -> jax.Array:
+def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,
+           scale: float = 1.0) -> jax.Array:
     """Rotary position embedding; computed per position, so sequences have no length limit.
 
     ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
     pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i. Positions count from each row's start,
-    or are given per token (packed rows restart them at each window).
+    or are given per token (packed rows restart them at each window). ``scale`` multiplies every frequency
+    (RoPE scaling: 1/factor for linear, factor^(-2/H) for fixed NTK).
     """
     _, T, _, H = x_BxTxNxH.shape
     inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
+    if scale != 1.0:
+        inv_freq_H2 = inv_freq_H2 * jnp.float32(scale)
     positions_BxT = jnp.arange(T)[None, :] if positions_BxT is None else positions_BxT
     angles_BxTxH2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_H2
     x = x_BxTxNxH.astype(jnp.float32)
@@ -87,13 +98,6 @@ def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_Bx
         rotated = jnp.concatenate([-x2, x1], axis=-1)
     cos, sin = jnp.cos(angles_BxTxH)[:, :, None, :], jnp.sin(angles_BxTxH)[:, :, None, :]
     return (x * cos + rotated * sin).astype(x_BxTxNxH.dtype)
-
-
-class _EncoderModule(nn.Module):
-    """What the encoder's modules are built from: the config and the attention function."""
-
-    config: EncoderConfig
-    attention: Callable[..., Any]
 
 
 def segment_starts(segment_ids_BxT: jax.Array) -> jax.Array:
@@ -112,48 +116,14 @@ def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
     return index_T[None, :] - start_BxT
 
 
-class Layer(_EncoderModule):
-    @nn.compact
-    def __call__(self, x_BxTxD, lengths_B, segment_ids_BxT=None, positions_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        B, T, D = x_BxTxD.shape
-        N, H = cfg.num_heads, cfg.head_dim
-        qkv_BxTx3D = nn.Dense(3 * D, dtype=dtype, name="qkv")(x_BxTxD)
-        q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
-        if cfg.position == "rope":
-            q_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta, cfg.rope_style, positions_BxT)
-            k_BxTxNxH = rotary(k_BxTxNxH, cfg.rope_theta, cfg.rope_style, positions_BxT)
-        packed = {} if segment_ids_BxT is None else {"segment_ids_BxT": segment_ids_BxT}
-        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=lengths_B,
-                                      scale=1.0 / H ** 0.5, **packed)
-        attn_BxTxD = nn.Dense(D, dtype=dtype, name="attn_out")(attn_BxTxNxH.reshape(B, T, D))
-        x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="attn_norm")(x_BxTxD + attn_BxTxD)
-        h_BxTxF = ACTIVATIONS[cfg.activation](nn.Dense(cfg.intermediate_size, dtype=dtype, name="mlp_in")(x_BxTxD))
-        h_BxTxD = nn.Dense(D, dtype=dtype, name="mlp_out")(h_BxTxF)
-        return nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="mlp_norm")(x_BxTxD + h_BxTxD)
+def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
+    """The Flax module of the config's family (models/families/): token ids [B, T] and valid lengths [B] →
+    hidden states [B, T, D] (compute dtype). With segment ids [B, T] (packed rows: 1, 2, … per window, 0 for
+    padding) each window attends only to itself and counts its positions from its own start. Named like the
+    module it returns: ``Encoder(config, attend).apply(...)`` / ``.init(...)``."""
+    from models.families import family_of
 
-
-class Encoder(_EncoderModule):
-    """token ids [B, T] and valid lengths [B] → hidden states [B, T, D] (compute dtype). With segment ids
-    [B, T] (packed rows: 1, 2, … per window, 0 for padding) each window attends only to itself and counts
-    its positions from its own start."""
-
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        positions_BxT = None if segment_ids_BxT is None else segment_positions(segment_ids_BxT)
-        x_BxTxD = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, name="word")(ids_BxT)
-        if cfg.position == "absolute":
-            positions = jnp.arange(ids_BxT.shape[1]) if positions_BxT is None else positions_BxT
-            x_BxTxD = x_BxTxD + nn.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype, name="position")(positions)
-        if cfg.type_vocab_size:
-            # One segment per window: token type 0 everywhere.
-            type_D = nn.Embed(cfg.type_vocab_size, cfg.hidden_size, dtype=dtype, name="token_type")(jnp.zeros((), jnp.int32))
-            x_BxTxD = x_BxTxD + type_D
-        x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="embed_norm")(x_BxTxD)
-        for i in range(cfg.num_layers):
-            x_BxTxD = Layer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, lengths_B, segment_ids_BxT, positions_BxT)
-        return x_BxTxD
+    return family_of(config).Model(config, attention)
 
 
 def pool(hidden_BxTxD: jax.Array, lengths_B: jax.Array, mode: str) -> jax.Array:
