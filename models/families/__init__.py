@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from models.families import bert, modernbert, roberta
+from models.families import bert, modernbert, mpnet, roberta
 from models.families.common import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -19,6 +19,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "roberta": roberta,
     "camembert": roberta,
     "modernbert": modernbert,
+    "mpnet": mpnet,
 }
 
 

@@ -82,7 +82,7 @@ class Embeddings(nn.Module):
                 rows.positions_BxT + self.position_offset)
         if self.type_vocab_size:  # one segment per window: token type 0 everywhere
             x_BxTxD = x_BxTxD + nn.Embed(self.type_vocab_size, self.hidden_size, dtype=self.dtype,
-                                         name="token_type")(jnp.zeros((), jnp.int32))
+                                         name="token_type")(jnp.zeros((1,), jnp.int32))[0]
         return layer_norm(self.eps, self.dtype, "norm", self.norm_bias)(x_BxTxD)
 
 
