@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from models.families import bert, modernbert, mpnet, roberta
+from models.families import bert, gte, modernbert, mpnet, roberta
 from models.families.common import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -20,6 +20,8 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "camembert": roberta,
     "modernbert": modernbert,
     "mpnet": mpnet,
+    "gte": gte,
+    "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
 }
 
 
