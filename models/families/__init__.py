@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from models.families import bert, gte, modernbert, mpnet, roberta
+from models.families import bert, gte, modernbert, mpnet, nomic, roberta
 from models.families.common import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -21,6 +21,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "modernbert": modernbert,
     "mpnet": mpnet,
     "gte": gte,
+    "nomic_bert": nomic,
     "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
 }
 
