@@ -15,9 +15,8 @@ import threading
 
 import numpy as np
 
-from models.encoder import EncoderConfig
 from models.families import family_for, family_of
-from models.families.common import CheckpointError, HubConfig, Tensors
+from models.families.common import CheckpointError, EncoderConfig, HubConfig, Tensors
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",

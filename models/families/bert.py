@@ -6,8 +6,8 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from models.encoder import DTYPES, EncoderConfig
-from models.families.common import Embeddings, HubConfig, Mlp, Rope, SelfAttention, Tensors, layer_norm, rows_of
+from models.families.common import (DTYPES, Embeddings, EncoderConfig, HubConfig, Mlp, Rope, SelfAttention, Tensors,
+                                    layer_norm, rows_of)
 
 Config = EncoderConfig
 PREFIXES = ("bert.", "roformer.", "roberta.", "model.")

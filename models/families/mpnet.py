@@ -10,9 +10,8 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models.encoder import DTYPES
 from models.families import bert, roberta
-from models.families.common import Embeddings, HubConfig, Tensors, rows_of
+from models.families.common import DTYPES, Embeddings, HubConfig, Tensors, rows_of
 
 PREFIXES = ("mpnet.",)
 NUM_BUCKETS, MAX_DISTANCE = 32, 128  # transformers' compute_position_bias uses these, whatever the config says

@@ -9,9 +9,8 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from models.encoder import DTYPES, EncoderConfig
-from models.families.common import (Embeddings, GatedMlp, HubConfig, Rope, SelfAttention, Tensors, layer_norm,
-                                    rows_of)
+from models.families.common import (DTYPES, Embeddings, EncoderConfig, GatedMlp, HubConfig, Rope, SelfAttention,
+                                    Tensors, layer_norm, rows_of)
 
 
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.encoder import EncoderConfig
 from models.families import bert
-from models.families.common import HubConfig
+from models.families.common import EncoderConfig, HubConfig
 
 PREFIXES = ("roberta.", "xlm_roberta.", "camembert.", "model.")
 Model = bert.Model
