@@ -69,7 +69,8 @@ def test_vectors_match_transformers_across_local_windows(model, folder, packed):
 @pytest.mark.parametrize("broken", [
     pytest.param(replace(local_window=(64, 64)), id="local-layers-attend-globally"),
     pytest.param(replace(local_window=(2, 2)), id="window-too-narrow"),
-    pytest.param(lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c), id="thetas-swapped"),
+    pytest.param(lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c),
+                 id="thetas-swapped"),
     pytest.param(replace(global_layers=(False, True, False, True)), id="global-layers-shifted"),
     pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
 ])

@@ -32,11 +32,13 @@ HUB_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attent
 
 def hub_config(config: dict) -> dict:
     """nomic-embed-text-v1.5's config.json keys, and its options at the values docbeam runs."""
-    config = {HUB_KEYS.get(k, k): v for k, v in config.items() if k not in ("rope_parameters", "hidden_act", "head_dim")}
+    dropped = ("rope_parameters", "hidden_act", "head_dim")
+    config = {HUB_KEYS.get(k, k): v for k, v in config.items() if k not in dropped}
     return {**config, "rotary_emb_base": 1000, "activation_function": "swiglu", "rotary_emb_fraction": 1.0,
             "rotary_emb_interleaved": False, "rotary_scaling_factor": None, "prenorm": False,
             "qkv_proj_bias": False, "mlp_fc1_bias": False, "mlp_fc2_bias": False, "causal": False,
-            "architectures": ["NomicBertModel"], "auto_map": {"AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"}}
+            "architectures": ["NomicBertModel"],
+            "auto_map": {"AutoModel": "nomic-ai/nomic-bert-2048--modeling_hf_nomic_bert.NomicBertModel"}}
 
 
 def hub_tensors(tensors: dict) -> dict:
@@ -50,7 +52,8 @@ def hub_tensors(tensors: dict) -> dict:
             _, i, rest = name.split(".", 2)
             p = f"encoder.layers.{i}"
             if rest == "self_attn.q_proj.weight":
-                out[f"{p}.attn.Wqkv.weight"] = np.concatenate([tensors[f"layers.{i}.self_attn.{n}_proj.weight"] for n in "qkv"])
+                out[f"{p}.attn.Wqkv.weight"] = np.concatenate(
+                    [tensors[f"layers.{i}.self_attn.{n}_proj.weight"] for n in "qkv"])
             elif rest not in ("self_attn.k_proj.weight", "self_attn.v_proj.weight"):
                 for old, new in (("self_attn.o_proj", "attn.out_proj"), ("mlp.up_proj", "mlp.fc11"),
                                  ("mlp.gate_proj", "mlp.fc12"), ("mlp.down_proj", "mlp.fc2"),
@@ -86,11 +89,13 @@ def test_vectors_match_transformers(model, folder, packed):
 ])
 def test_each_feature_moves_the_output(model, folder, broken):
     ids, lengths = token_inputs(LENGTHS)
-    assert lowest_cosine(our_vectors(folder, ids, lengths, change=broken), reference_vectors(model, ids, lengths)) < 0.999
+    ours = our_vectors(folder, ids, lengths, change=broken)
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
 
 
 def test_hub_options_docbeam_does_not_run_are_refused(tmp_path, model):
-    folder = save_checkpoint(model, str(tmp_path), config_rewrite=lambda c: {**hub_config(c), "rotary_emb_fraction": 0.5})
+    half = lambda c: {**hub_config(c), "rotary_emb_fraction": 0.5}  # noqa: E731
+    folder = save_checkpoint(model, str(tmp_path), config_rewrite=half)
     with pytest.raises(checkpoint.CheckpointError, match="rotary_emb_fraction: 0.5.*partial rotary"):
         checkpoint.open_checkpoint(folder)
 

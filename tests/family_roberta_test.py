@@ -60,7 +60,8 @@ def test_positions_counted_from_zero_move_the_output(model, folder):
 
 
 def test_other_position_embedding_types_are_refused(tmp_path, model):
-    folder = save_checkpoint(model, str(tmp_path), config_rewrite=lambda c: {**c, "position_embedding_type": "relative_key"})
+    relative = lambda c: {**c, "position_embedding_type": "relative_key"}  # noqa: E731
+    folder = save_checkpoint(model, str(tmp_path), config_rewrite=relative)
     with pytest.raises(checkpoint.CheckpointError, match="position_embedding_type: 'relative_key'"):
         checkpoint.open_checkpoint(folder)
 

@@ -1,5 +1,5 @@
 """BERT, and RoFormer (BERT with interleaved rotary positions instead of a position table): the post-norm
-layer every other post-norm family varies. Config: models.encoder.EncoderConfig itself."""
+layer every other post-norm family varies. Config: EncoderConfig itself (models/families/common.py)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -10,7 +10,7 @@ from models.families.common import (DTYPES, Embeddings, EncoderConfig, HubConfig
                                     layer_norm, rows_of)
 
 Config = EncoderConfig
-PREFIXES = ("bert.", "roformer.", "roberta.", "model.")
+PREFIXES = ("bert.", "roformer.", "model.")
 
 
 class Model(nn.Module):

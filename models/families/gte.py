@@ -81,8 +81,10 @@ def read_params(t: Tensors, config: Config) -> dict:
             wi = t.dense_halves(f"{p}.mlp.up_gate_proj", swap=True)
         else:
             p = f"layers.{i}"
-            attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv")), "out": t.dense(f"{p}.self_attn.o_proj")}
-            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"), "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
+            attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv")),
+                    "out": t.dense(f"{p}.self_attn.o_proj")}
+            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"),
+                     "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
             wi = t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False)
         params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": {"wi": wi, "wo": t.dense(f"{p}.mlp.down_proj")}}
     return params

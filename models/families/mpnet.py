@@ -85,7 +85,8 @@ def read_params(t: Tensors, config: Config) -> dict:
     for i in range(config.num_layers):
         p = f"encoder.layer.{i}"
         params[f"layer_{i}"] = {
-            "attn": {"qkv": t.dense(*(f"{p}.attention.attn.{n}" for n in "qkv")), "out": t.dense(f"{p}.attention.attn.o")},
+            "attn": {"qkv": t.dense(*(f"{p}.attention.attn.{n}" for n in "qkv")),
+                     "out": t.dense(f"{p}.attention.attn.o")},
             "attn_norm": t.norm(f"{p}.attention.LayerNorm"),
             "mlp": {"wi": t.dense(f"{p}.intermediate.dense"), "wo": t.dense(f"{p}.output.dense")},
             "mlp_norm": t.norm(f"{p}.output.LayerNorm"),

@@ -87,12 +87,14 @@ def read_params(t: Tensors, config: Config) -> dict:
             p = f"encoder.layers.{i}"
             attn = {"qkv": t.dense(f"{p}.attn.Wqkv", bias=False), "out": t.dense(f"{p}.attn.out_proj", bias=False)}
             norms = {"attn_norm": t.norm(f"{p}.norm1"), "mlp_norm": t.norm(f"{p}.norm2")}
-            mlp = {"wi": t.dense(f"{p}.mlp.fc12", f"{p}.mlp.fc11", bias=False), "wo": t.dense(f"{p}.mlp.fc2", bias=False)}
+            mlp = {"wi": t.dense(f"{p}.mlp.fc12", f"{p}.mlp.fc11", bias=False),
+                   "wo": t.dense(f"{p}.mlp.fc2", bias=False)}
         else:
             p = f"layers.{i}"
             attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=False),
                     "out": t.dense(f"{p}.self_attn.o_proj", bias=False)}
-            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"), "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
+            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"),
+                     "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
             mlp = {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
                    "wo": t.dense(f"{p}.mlp.down_proj", bias=False)}
         params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": mlp}
