@@ -94,8 +94,8 @@ def main(argv=None) -> int:
           f"max_seq_length {model.max_seq_length}) on {len(docs)} sample documents\n")
     print(common.table(["", "documents", "lowest cosine", "mean cosine", "worst document", "docbeam run s",
                         "sentence-transformers s"],
-                       [["docbeam vs sentence-transformers", len(docs), f"{cosine.min():.7f}",
-                         f"{cosine.mean():.7f}", worst, round(docbeam_s, 1), round(st_s, 1)]]))
+                       [["docbeam vs sentence-transformers", len(docs), f"{cosine.min():.10f}",
+                         f"{cosine.mean():.10f}", worst, round(docbeam_s, 1), round(st_s, 1)]]))
     print(f"\npacking: {summary.get('packing')}, batches {summary.get('batches')}, "
           f"attention {summary.get('attention_backends')}")
     common.write_results(args, "real_mpnet", {

@@ -90,13 +90,14 @@ def pack(ids: np.ndarray, lengths: np.ndarray, row_len: int):
 
 
 def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: str = "native", packed: bool = False,
-                change: Callable | None = None) -> np.ndarray:
+                change: Callable | None = None, options: dict | None = None) -> np.ndarray:
     """Our mean-pooled vectors from the checkpoint folder; ``change`` edits the config read from it (a test
-    breaking one feature on purpose), the weights staying the checkpoint's."""
+    breaking one feature on purpose), the weights staying the checkpoint's; ``options`` are the backend's."""
     ck = checkpoint.open_checkpoint(folder)
     params = checkpoint.load_params(ck.folder, ck.config)
     config = change(ck.config) if change else ck.config
-    embed = jax.jit(encoder.embed_fn(config, attention.get(backend).bind(), "mean"))
+    chosen = attention.get(backend)
+    embed = jax.jit(encoder.embed_fn(config, chosen.bind(chosen.parse_options(options)), "mean"))
     if not packed:
         return np.asarray(embed(params, ids, lengths), np.float32)
     row_len = int(max(lengths.max(), lengths.sum() // 2 + 1))

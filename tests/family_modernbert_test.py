@@ -66,6 +66,15 @@ def test_vectors_match_transformers_across_local_windows(model, folder, packed):
         assert lowest_cosine(ours, reference) >= MIN_COSINE, backend
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_native_jax_nn_form_matches_too(model, folder, packed):
+    """native's other formulation (jax.nn.dot_product_attention, its default off CPU) takes the same
+    local window and bias."""
+    ids, lengths = token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, packed=packed, options={"implementation": "jax_nn"})
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+
+
 @pytest.mark.parametrize("broken", [
     pytest.param(replace(local_window=(64, 64)), id="local-layers-attend-globally"),
     pytest.param(replace(local_window=(2, 2)), id="window-too-narrow"),

@@ -66,6 +66,15 @@ def test_vectors_match_transformers(model, folder, packed):
         assert lowest_cosine(ours, reference) >= MIN_COSINE, backend
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_native_jax_nn_form_matches_too(model, folder, packed):
+    """native's other formulation (jax.nn.dot_product_attention, its default off CPU) takes the same
+    local window and bias."""
+    ids, lengths = token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, packed=packed, options={"implementation": "jax_nn"})
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+
+
 def test_positions_counted_from_zero_move_the_output(model, folder):
     ids, lengths = token_inputs(LENGTHS)
     from_zero = lambda c: replace(pad_token_id=-1, max_position=c.max_position + c.position_offset)(c)  # noqa: E731

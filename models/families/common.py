@@ -1,6 +1,7 @@
-"""What model families share: the Flax blocks they are built from (embeddings, self-attention around whatever
-AttentionFn the model is handed, plain and gated MLPs, norms, rotary positions), reading a Hub ``config.json``
-in either of its forms, and mapping safetensors tensors onto those blocks' parameters.
+"""What model families share: the config they all extend (EncoderConfig, BERT's fields), the Flax blocks they
+are built from (embeddings, self-attention around whatever AttentionFn the model is handed, plain and gated
+MLPs, norms, rotary positions), reading a Hub ``config.json`` in either of its forms, and mapping safetensors
+tensors onto those blocks' parameters. models/encoder.py re-exports the config and the arithmetic.
 
 A family file states only how it differs: which blocks, in which order, with which options, read from which
 config keys and tensor names. No block knows a kernel, and none knows a family.
@@ -15,7 +16,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 
 
 class CheckpointError(ValueError):
