@@ -237,12 +237,11 @@ class GatedMlp(nn.Module):
     intermediate_size: int
     activation: str
     dtype: Any
-    in_bias: bool = False
-    out_bias: bool = False
+    out_bias: bool = False  # GTE's down projection has one
 
     @nn.compact
     def __call__(self, x_BxTxD):
-        h_BxTx2F = nn.Dense(2 * self.intermediate_size, use_bias=self.in_bias, dtype=self.dtype, name="wi")(x_BxTxD)
+        h_BxTx2F = nn.Dense(2 * self.intermediate_size, use_bias=False, dtype=self.dtype, name="wi")(x_BxTxD)
         activated_BxTxF, linear_BxTxF = jnp.split(h_BxTx2F, 2, axis=-1)
         h_BxTxF = ACTIVATIONS[self.activation](activated_BxTxF) * linear_BxTxF
         return nn.Dense(x_BxTxD.shape[-1], use_bias=self.out_bias, dtype=self.dtype, name="wo")(h_BxTxF)
@@ -342,13 +341,10 @@ class Tensors:
             out["bias"] = np.concatenate([self(f"{p}.bias") for p in prefixes])
         return out
 
-    def dense_halves(self, prefix: str, swap: bool, bias: bool = False) -> dict:
-        """A fused torch Linear whose two output halves a family activates the other way round from
-        GatedMlp's [activated | linear]."""
-        out = self.dense(prefix, bias=bias)
-        if swap:
-            out = {k: np.concatenate(np.split(v, 2, axis=-1)[::-1], axis=-1) for k, v in out.items()}
-        return out
+    def swapped_halves(self, prefix: str) -> dict:
+        """A fused, unbiased torch Linear whose output halves are [linear | activated]: GatedMlp's order is
+        the other way round."""
+        return {"kernel": np.concatenate(np.split(self(f"{prefix}.weight").T, 2, axis=-1)[::-1], axis=-1)}
 
     def norm(self, prefix: str, bias: bool = True) -> dict:
         out = {"scale": self(f"{prefix}.weight")}

@@ -78,7 +78,7 @@ def read_params(t: Tensors, config: Config) -> dict:
             p = f"encoder.layer.{i}"
             attn = {"qkv": t.dense(f"{p}.attention.qkv_proj"), "out": t.dense(f"{p}.attention.o_proj")}
             norms = {"attn_norm": t.norm(f"{p}.attn_ln"), "mlp_norm": t.norm(f"{p}.mlp_ln")}
-            wi = t.dense_halves(f"{p}.mlp.up_gate_proj", swap=True)
+            wi = t.swapped_halves(f"{p}.mlp.up_gate_proj")
         else:
             p = f"layers.{i}"
             attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv")),

@@ -100,7 +100,7 @@ def read_params(t: Tensors, config: Config) -> dict:
         layer = {"attn": {"qkv": t.dense(f"{p}.attn.Wqkv", bias=False), "out": t.dense(f"{p}.attn.Wo", bias=False)},
                  "mlp_norm": t.norm(f"{p}.mlp_norm", bias=False),
                  # Wi's first half is activated: GatedMlp's order already.
-                 "mlp": {"wi": t.dense_halves(f"{p}.mlp.Wi", swap=False), "wo": t.dense(f"{p}.mlp.Wo", bias=False)}}
+                 "mlp": {"wi": t.dense(f"{p}.mlp.Wi", bias=False), "wo": t.dense(f"{p}.mlp.Wo", bias=False)}}
         if i:
             layer["attn_norm"] = t.norm(f"{p}.attn_norm", bias=False)
         params[f"layer_{i}"] = layer
