@@ -13,8 +13,6 @@ import os
 import shutil
 import threading
 
-import numpy as np
-
 from models.families import family_for, family_of
 from models.families.common import CheckpointError, EncoderConfig, HubConfig, Tensors
 

@@ -116,16 +116,31 @@ def replace(**fields) -> Callable:
     return lambda config: dataclasses.replace(config, **fields)
 
 
-def backends_for(features) -> list[str]:
-    """native, and every other CPU-runnable backend registered with what these layers ask of attention."""
+def backends_for(features, packed: bool) -> list[str]:
+    """The built-in backends that run these layers on CPU: registered with what the layers ask of attention
+    (and segment ids when packed), and passing their own capability check. native always; chunked and flash
+    where the family asks nothing they have not declared."""
     from attention.interface import AttentionCase
 
     out = []
-    for name in ("native", "chunked"):
-        case = AttentionCase(platform="cpu", dtype="float32", seq_len=64, num_heads=2, head_dim=16, packed=True)
-        if all(attention.get(name).refusal(case.with_features(f)) is None for f in features):
+    for name in ("native", "chunked", "flash"):
+        backend = attention.get(name)
+        base = AttentionCase(platform="cpu", dtype="float32", seq_len=64, num_heads=2, head_dim=16, packed=packed)
+        cases = [base.with_features(f) for f in features]
+        if all(backend.refusal(c) is None and backend.supports(c, backend.parse_options(None)).ok for c in cases):
             out.append(name)
     return out
+
+
+def assert_matches_transformers(model, folder: str, lengths: list[int], packed: bool) -> list[str]:
+    """Every backend that runs this family's layers gives transformers' vectors; the backends checked."""
+    ids, lengths_B = token_inputs(lengths)
+    reference = reference_vectors(model, ids, lengths_B)
+    backends = backends_for(checkpoint.open_checkpoint(folder).config.attention_features, packed)
+    for backend in backends:
+        ours = our_vectors(folder, ids, lengths_B, backend=backend, packed=packed)
+        assert lowest_cosine(ours, reference) >= MIN_COSINE, backend
+    return backends
 
 
 def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> dict:

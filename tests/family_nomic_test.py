@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (MIN_COSINE, VOCAB, lowest_cosine, our_vectors, reference_vectors, replace,
-                             run_docbeam, save_checkpoint, token_inputs)
+from family_fixtures import (MIN_COSINE, VOCAB, assert_matches_transformers, lowest_cosine, our_vectors,
+                             reference_vectors, replace, run_docbeam, save_checkpoint, token_inputs)
 from models import checkpoint
 
 LENGTHS = [40, 57, 23, 64, 12, 33]
@@ -78,9 +78,8 @@ def test_both_forms_read_as_the_same_model(folder):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_vectors_match_transformers(model, folder, packed):
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    backends = assert_matches_transformers(model, folder, LENGTHS, packed)
+    assert backends == (["native"] if packed else ["native", "chunked", "flash"])  # global layers, no bias
 
 
 @pytest.mark.parametrize("broken", [
