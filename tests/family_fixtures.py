@@ -90,10 +90,10 @@ def pack(ids: np.ndarray, lengths: np.ndarray, row_len: int):
 
 
 def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: str = "native", packed: bool = False,
-                change: Callable | None = None, options: dict | None = None) -> np.ndarray:
+                change: Callable | None = None, options: dict | None = None, dtype: str = "float32") -> np.ndarray:
     """Our mean-pooled vectors from the checkpoint folder; ``change`` edits the config read from it (a test
     breaking one feature on purpose), the weights staying the checkpoint's; ``options`` are the backend's."""
-    ck = checkpoint.open_checkpoint(folder)
+    ck = checkpoint.open_checkpoint(folder, dtype)
     params = checkpoint.load_params(ck.folder, ck.config)
     config = change(ck.config) if change else ck.config
     chosen = attention.get(backend)

@@ -90,6 +90,12 @@ def test_hub_options_docbeam_does_not_run_are_refused(tmp_path, model):
         checkpoint.open_checkpoint(folder)
 
 
+
+def test_bfloat16_stays_close_to_float32(folder):
+    ids, lengths = token_inputs(LENGTHS)
+    f32 = our_vectors(folder, ids, lengths, packed=True)
+    assert lowest_cosine(our_vectors(folder, ids, lengths, packed=True, dtype="bfloat16"), f32) >= 0.99
+
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     from models.checkpoint import load_tokenizer

@@ -89,6 +89,12 @@ def test_the_relative_bias_moves_the_output(model, folder, monkeypatch, broken):
     assert lowest_cosine(our_vectors(folder, ids, lengths), reference_vectors(model, ids, lengths)) < 0.999
 
 
+
+def test_bfloat16_stays_close_to_float32(folder):
+    ids, lengths = token_inputs(LENGTHS)
+    f32 = our_vectors(folder, ids, lengths, packed=True)
+    assert lowest_cosine(our_vectors(folder, ids, lengths, packed=True, dtype="bfloat16"), f32) >= 0.99
+
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "Sentence embeddings, relatively.", "b": " ".join(["Buckets grow logarithmically."] * 12)}
