@@ -15,9 +15,8 @@ import re
 import shutil
 import threading
 
-import numpy as np
-
-from models.encoder import ACTIVATIONS, EncoderConfig
+from models.families import family_for, family_of
+from models.families.common import EncoderConfig, HubConfig, Tensors
 from models.st_settings import CheckpointError, ModelSettings, model_settings
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
@@ -224,36 +223,16 @@ def _read_json(folder: str, name: str) -> dict | None:
 
 
 def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
+    """config.json → the config of its family (models/families/), read from the Hub's keys or transformers 5's."""
     hf = _read_json(folder, "config.json")
     if hf is None:
         raise CheckpointError(f"model.path: no config.json in {folder}; expected a Hugging Face checkpoint folder")
-    model_type = hf.get("model_type", "bert")
-    if model_type not in ("bert", "roformer"):  # RoBERTa would need its position-id offset
-        raise CheckpointError(f"model.path: model_type {model_type!r} in {folder}/config.json is not supported; "
-                              "supported: bert (absolute positions) and roformer (rotary, no length limit)")
-    rope = model_type == "roformer"
-    if not rope and hf.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"model.path: {folder}/config.json has position_embedding_type "
-                              f"{hf['position_embedding_type']!r}; only 'absolute' is supported for bert")
-    if hf.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise CheckpointError(f"model.path: {folder}/config.json has hidden_act {hf['hidden_act']!r}; "
-                              f"supported: {sorted(ACTIVATIONS)}")
-    if rope and hf.get("embedding_size", hf["hidden_size"]) != hf["hidden_size"]:
-        raise CheckpointError(f"model.path: {folder}/config.json has embedding_size != hidden_size, which needs "
-                              "an embedding projection this encoder does not have")
-    if rope and hf.get("rotary_value"):
-        raise CheckpointError(f"model.path: {folder}/config.json sets rotary_value, which is not supported")
-    return EncoderConfig(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-        max_position=hf.get("max_position_embeddings", 512), type_vocab_size=hf.get("type_vocab_size", 2),
-        layer_norm_eps=hf.get("layer_norm_eps", 1e-12), activation=hf.get("hidden_act", "gelu"),
-        position="rope" if rope else "absolute", rope_theta=float(hf.get("rope_theta", 10000.0)),
-        rope_style="interleaved" if model_type == "roformer" else "half", dtype=dtype)
+    where = f"{folder}/config.json"
+    return family_for(hf.get("model_type", "bert"), where).read_config(HubConfig(hf, where), dtype)
 
 
 def load_params(folder: str, config: EncoderConfig) -> dict:
-    """safetensors (Hugging Face names, torch [out, in] layout) → this encoder's Flax parameter tree."""
+    """safetensors (Hugging Face names, torch [out, in] layout) → the family's Flax parameter tree."""
     from safetensors.numpy import load_file
 
     path = os.path.join(folder, "model.safetensors")
@@ -262,55 +241,8 @@ def load_params(folder: str, config: EncoderConfig) -> dict:
             if os.path.exists(os.path.join(folder, name)):
                 _refuse_pickle(os.path.join(folder, name))
         raise CheckpointError(f"model.path: no model.safetensors in {folder}")
-    raw = load_file(path)
-    tensors = {_strip_prefix(k): v for k, v in raw.items()}
-
-    def t(name):
-        key = _find(tensors, name)
-        return np.asarray(tensors[key], np.float32)
-
-    def dense(prefix):
-        return {"kernel": t(f"{prefix}.weight").T, "bias": t(f"{prefix}.bias")}
-
-    def norm(prefix):
-        return {"scale": t(f"{prefix}.weight"), "bias": t(f"{prefix}.bias")}
-
-    params = {"word": {"embedding": t("embeddings.word_embeddings.weight")},
-              "embed_norm": norm("embeddings.LayerNorm")}
-    if config.position == "absolute":
-        params["position"] = {"embedding": t("embeddings.position_embeddings.weight")}
-    if config.type_vocab_size:
-        params["token_type"] = {"embedding": t("embeddings.token_type_embeddings.weight")}
-    for i in range(config.num_layers):
-        p = f"encoder.layer.{i}"
-        q, k, v = (dense(f"{p}.attention.self.{n}") for n in ("query", "key", "value"))
-        params[f"layer_{i}"] = {
-            "qkv": {"kernel": np.concatenate([q["kernel"], k["kernel"], v["kernel"]], axis=1),
-                    "bias": np.concatenate([q["bias"], k["bias"], v["bias"]])},
-            "attn_out": dense(f"{p}.attention.output.dense"),
-            "attn_norm": norm(f"{p}.attention.output.LayerNorm"),
-            "mlp_in": dense(f"{p}.intermediate.dense"),
-            "mlp_out": dense(f"{p}.output.dense"),
-            "mlp_norm": norm(f"{p}.output.LayerNorm"),
-        }
-    return params
-
-
-def _strip_prefix(name: str) -> str:
-    for prefix in ("bert.", "roformer.", "model."):
-        if name.startswith(prefix):
-            return name[len(prefix):]
-    return name
-
-
-def _find(tensors: dict, name: str) -> str:
-    """Old checkpoints name LayerNorm parameters gamma/beta."""
-    candidates = [name, name.replace(".weight", ".gamma"), name.replace(".bias", ".beta")]
-    for c in candidates:
-        if c in tensors:
-            return c
-    raise CheckpointError(f"checkpoint has no tensor {name!r}; is this a BERT-family model? "
-                          f"(first names: {sorted(tensors)[:5]})")
+    family = family_of(config)
+    return family.read_params(Tensors(load_file(path), family.PREFIXES, path), config)
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")

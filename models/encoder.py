@@ -1,159 +1,33 @@
-"""A BERT-family encoder in Flax whose attention is whatever AttentionFn it is given.
+"""The encoder's shared surface: the config every family extends, rotary positions, pooling, and
+``embed_fn``; the model itself is the config's family (models/families/), a Flax module whose attention is
+whatever AttentionFn it is given.
 
-The module owns the projections (one fused QKV matmul); the attention function owns only the score
-computation, so swapping kernels never touches this file.
+Family modules own the projections (one fused QKV matmul); the attention function owns only the score
+computation, so swapping kernels never touches a family.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype's choices
+from models.families import family_of
+from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf, rotary, segment_positions,
+                                    segment_starts)
+
+# Re-exported: the base config and the pieces families share live with the blocks (models/families/common.py).
+__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "embed_fn", "gelu_erf", "pool", "pool_segments",
+           "rotary", "segment_positions", "segment_starts"]
 
 
-def gelu_erf(x):
-    """BERT's "gelu", the exact erf form. erf(±4) is ±1 in float32, so clipping its argument there changes
-    nothing, and lets XLA:CPU skip its large-argument path: 2.3-2.6x faster than jax.nn.gelu(approximate=False)
-    on a [2048, 1536] block when timed by hand (no results file), within 1e-6 of it (tests/encoder_test.py)."""
-    return 0.5 * x * (1.0 + jax.lax.erf(jnp.clip(x * 0.7071067811865476, -4.0, 4.0)))
-
-
-ACTIVATIONS = {
-    "gelu": gelu_erf,
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class EncoderConfig:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position: int
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    activation: str = "gelu"
-    position: Literal["absolute", "rope"] = "absolute"
-    rope_theta: float = 10000.0
-    rope_style: Literal["half", "interleaved"] = "half"  # RoFormer rotates interleaved pairs; Llama-style halves
-    dtype: str = "float32"  # compute dtype; parameters stay float32
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def attention_features(self) -> tuple:
-        """The distinct AttentionFeatures this model's layers call attention with (what the plan asks each
-        backend's capability check about, per bucket): BERT's layers are all global, with no bias."""
-        from attention.interface import AttentionFeatures
-
-        return (AttentionFeatures(),)
-
-    def __post_init__(self):
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
-
-
-def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None) -> jax.Array:
-    """Rotary position embedding; computed per position, so sequences have no length limit.
-
-    ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
-    pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i. Positions count from each row's start,
-    or are given per token (packed rows restart them at each window).
-    """
-    _, T, _, H = x_BxTxNxH.shape
-    inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
-    positions_BxT = jnp.arange(T)[None, :] if positions_BxT is None else positions_BxT
-    angles_BxTxH2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_H2
-    x = x_BxTxNxH.astype(jnp.float32)
-    if style == "interleaved":
-        angles_BxTxH = jnp.repeat(angles_BxTxH2, 2, axis=-1)
-        rotated = jnp.stack([-x[..., 1::2], x[..., 0::2]], axis=-1).reshape(x.shape)
-    else:
-        angles_BxTxH = jnp.concatenate([angles_BxTxH2, angles_BxTxH2], axis=-1)
-        x1, x2 = jnp.split(x, 2, axis=-1)
-        rotated = jnp.concatenate([-x2, x1], axis=-1)
-    cos, sin = jnp.cos(angles_BxTxH)[:, :, None, :], jnp.sin(angles_BxTxH)[:, :, None, :]
-    return (x * cos + rotated * sin).astype(x_BxTxNxH.dtype)
-
-
-class _EncoderModule(nn.Module):
-    """What the encoder's modules are built from: the config and the attention function."""
-
-    config: EncoderConfig
-    attention: Callable[..., Any]
-
-
-def segment_starts(segment_ids_BxT: jax.Array) -> jax.Array:
-    """True where a packed row's segment id changes: each window's first token."""
-    return jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
-                            segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
-
-
-def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
-    """Each token's position inside its own window: packed rows restart positions where the segment id
-    changes, so a packed window sees the positions it would alone."""
-    T = segment_ids_BxT.shape[1]
-    starts_BxT = segment_starts(segment_ids_BxT)
-    index_T = jnp.arange(T, dtype=jnp.int32)
-    start_BxT = jax.lax.cummax(jnp.where(starts_BxT, index_T[None, :], 0), axis=1)
-    return index_T[None, :] - start_BxT
-
-
-class Layer(_EncoderModule):
-    @nn.compact
-    def __call__(self, x_BxTxD, lengths_B, segment_ids_BxT=None, positions_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        B, T, D = x_BxTxD.shape
-        N, H = cfg.num_heads, cfg.head_dim
-        qkv_BxTx3D = nn.Dense(3 * D, dtype=dtype, name="qkv")(x_BxTxD)
-        q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
-        if cfg.position == "rope":
-            q_BxTxNxH = rotary(q_BxTxNxH, cfg.rope_theta, cfg.rope_style, positions_BxT)
-            k_BxTxNxH = rotary(k_BxTxNxH, cfg.rope_theta, cfg.rope_style, positions_BxT)
-        packed = {} if segment_ids_BxT is None else {"segment_ids_BxT": segment_ids_BxT}
-        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=lengths_B,
-                                      scale=1.0 / H ** 0.5, **packed)
-        attn_BxTxD = nn.Dense(D, dtype=dtype, name="attn_out")(attn_BxTxNxH.reshape(B, T, D))
-        x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="attn_norm")(x_BxTxD + attn_BxTxD)
-        h_BxTxF = ACTIVATIONS[cfg.activation](nn.Dense(cfg.intermediate_size, dtype=dtype, name="mlp_in")(x_BxTxD))
-        h_BxTxD = nn.Dense(D, dtype=dtype, name="mlp_out")(h_BxTxF)
-        return nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="mlp_norm")(x_BxTxD + h_BxTxD)
-
-
-class Encoder(_EncoderModule):
-    """token ids [B, T] and valid lengths [B] → hidden states [B, T, D] (compute dtype). With segment ids
-    [B, T] (packed rows: 1, 2, … per window, 0 for padding) each window attends only to itself and counts
-    its positions from its own start."""
-
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        positions_BxT = None if segment_ids_BxT is None else segment_positions(segment_ids_BxT)
-        x_BxTxD = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, name="word")(ids_BxT)
-        if cfg.position == "absolute":
-            positions = jnp.arange(ids_BxT.shape[1]) if positions_BxT is None else positions_BxT
-            x_BxTxD = x_BxTxD + nn.Embed(cfg.max_position, cfg.hidden_size, dtype=dtype, name="position")(positions)
-        if cfg.type_vocab_size:
-            # One segment per window: token type 0 everywhere.
-            type_D = nn.Embed(cfg.type_vocab_size, cfg.hidden_size, dtype=dtype, name="token_type")(jnp.zeros((), jnp.int32))
-            x_BxTxD = x_BxTxD + type_D
-        x_BxTxD = nn.LayerNorm(cfg.layer_norm_eps, dtype=dtype, name="embed_norm")(x_BxTxD)
-        for i in range(cfg.num_layers):
-            x_BxTxD = Layer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, lengths_B, segment_ids_BxT, positions_BxT)
-        return x_BxTxD
+def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
+    """The Flax module of the config's family (models/families/): token ids [B, T] and valid lengths [B] →
+    hidden states [B, T, D] (compute dtype). With segment ids [B, T] (packed rows: 1, 2, … per window, 0 for
+    padding) each window attends only to itself and counts its positions from its own start. Named like the
+    module it returns: ``Encoder(config, attend).apply(...)`` / ``.init(...)``."""
+    return family_of(config).Model(config, attention)
 
 
 def pool(hidden_BxTxD: jax.Array, lengths_B: jax.Array, mode: str) -> jax.Array:

@@ -27,7 +27,7 @@ import json
 import os
 from typing import Any
 
-from pipeline.errors import Refused
+from models.families.common import CheckpointError
 
 ST_CONFIG = "config_sentence_transformers.json"
 MODULES = "modules.json"
@@ -72,10 +72,6 @@ WHY_REFUSED = {
     **{key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
        for key in LOADING_KWARGS},
 }
-
-
-class CheckpointError(Refused, ValueError):
-    """A checkpoint docbeam cannot run as its authors meant: refused at start (exit 2)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,10 +13,11 @@ PACKAGES = ("pipeline", "models", "attention")
 def modules() -> dict[str, str]:
     found = {}
     for package in PACKAGES:
-        for name in sorted(os.listdir(os.path.join(REPO, package))):
-            if name.endswith(".py"):
-                module = package if name == "__init__.py" else f"{package}.{name[:-3]}"
-                found[module] = os.path.join(REPO, package, name)
+        for folder, _, names in sorted(os.walk(os.path.join(REPO, package))):
+            dotted = os.path.relpath(folder, REPO).replace(os.sep, ".")
+            for name in sorted(names):
+                if name.endswith(".py"):
+                    found[dotted if name == "__init__.py" else f"{dotted}.{name[:-3]}"] = os.path.join(folder, name)
     return found
 
 

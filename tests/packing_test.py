@@ -279,8 +279,8 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_che
     bad = TokenWindow("bad", 0, 1, np.array([20, 7, 21, 22], np.int32), 2, False)
     other = TokenWindow("other", 0, 1, np.arange(40, 52, dtype=np.int32), 10, False)
     clean, _ = runtime.encode(pack_batch([[good], [other]], 32, 2))
-    embedding = runtime.params["word"]["embedding"]
-    runtime.params["word"]["embedding"] = embedding.at[7].set(jnp.nan)
+    embedding = runtime.params["embed"]["word"]["embedding"]
+    runtime.params["embed"]["word"]["embedding"] = embedding.at[7].set(jnp.nan)
     batch = pack_batch([[good, bad], [other]], 32, 2)
     assert batch.segment_ids_BxT[0].max() == 2  # bad and good share row 0
     vectors, timing = runtime.encode(batch)

@@ -1,0 +1,41 @@
+"""Model families: one file each (its config keys, its Flax module built from models/families/common.py's
+blocks, its tensor names), and here the one table that picks a family from config.json's ``model_type``.
+
+A family module exposes ``Config`` (an EncoderConfig), ``Model`` (a Flax module taking the config and an
+AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry), ``read_config(HubConfig, dtype)``
+and ``read_params(Tensors, config)``.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from models.families import bert, gte, modernbert, mpnet, nomic, roberta
+from models.families.common import CheckpointError
+
+MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
+    "bert": bert,
+    "roformer": bert,
+    "xlm-roberta": roberta,
+    "roberta": roberta,
+    "camembert": roberta,
+    "modernbert": modernbert,
+    "mpnet": mpnet,
+    "gte": gte,
+    "nomic_bert": nomic,
+    "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
+}
+
+
+def family_for(model_type: str, where: str) -> ModuleType:
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(f"model.path: model_type {model_type!r} in {where} is not supported; supported: "
+                              f"{', '.join(MODEL_TYPES)}")
+    return MODEL_TYPES[model_type]
+
+
+def family_of(config) -> ModuleType:
+    """The family whose Config the config is (the most derived one: roberta.Config extends bert's)."""
+    for family in MODEL_TYPES.values():
+        if type(config) is family.Config:
+            return family
+    raise TypeError(f"{type(config).__name__} is no registered family's config")

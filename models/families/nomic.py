@@ -1,0 +1,101 @@
+"""NomicBERT: BERT's post-norm layers with rotary positions (half style, theta 1000), a fused Wqkv, SwiGLU,
+and no biases in any projection. The Hub's config.json uses GPT-2-style keys (``n_embd``, ``n_layer``,
+``n_head``, ``n_inner``, ``rotary_emb_base``, …) that transformers 5 ignores; both are read here.
+nomic-embed-text v1 / v1.5."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+
+from models.families.common import (DTYPES, Embeddings, EncoderConfig, GatedMlp, HubConfig, Rope, SelfAttention,
+                                    Tensors, layer_norm, rows_of)
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(EncoderConfig):
+    """BERT's fields suffice (the keys map onto them); the class is what names the family."""
+
+
+PREFIXES = ("nomic_bert.", "bert.", "model.")
+HUB_REFUSED = (  # the Hub's keys whose other values change the model: (key, what docbeam runs, what else means)
+    ("activation_function", "swiglu", "another MLP"), ("prenorm", False, "pre-norm layers"),
+    ("qkv_proj_bias", False, "biased projections"), ("mlp_fc1_bias", False, "biased projections"),
+    ("mlp_fc2_bias", False, "biased projections"), ("rotary_emb_fraction", 1.0, "partial rotary positions"),
+    ("rotary_emb_interleaved", False, "interleaved rotary pairs"), ("rotary_emb_scale_base", None, "xPos scaling"),
+    ("rotary_scaling_factor", None, "dynamic NTK scaling"), ("use_rms_norm", False, "RMSNorm"),
+    ("causal", False, "causal attention"), ("parallel_block", False, "parallel attention and MLP"))
+
+
+class Model(nn.Module):
+    config: Config
+    attention: Callable[..., Any]
+
+    @nn.compact
+    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
+        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
+                             type_vocab_size=cfg.type_vocab_size, name="embed")(ids_BxT, rows)
+        rope = Rope(cfg.rope_theta)
+        for i in range(cfg.num_layers):
+            x_BxTxD = Layer(cfg, self.attention, rope, name=f"layer_{i}")(x_BxTxD, rows)
+        return x_BxTxD
+
+
+class Layer(nn.Module):
+    config: Config
+    attention: Callable[..., Any]
+    rope: Rope
+
+    @nn.compact
+    def __call__(self, x_BxTxD, rows):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, dtype, use_bias=False, rope=self.rope,
+                                   name="attn")(x_BxTxD, rows)
+        x_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD + attn_BxTxD)
+        h_BxTxD = GatedMlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp")(x_BxTxD)
+        return layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD + h_BxTxD)
+
+
+def read_config(hub: HubConfig, dtype: str) -> Config:
+    for key, runs, other in HUB_REFUSED:
+        hub.refuse_unless(key, (runs,), other)
+    hidden, heads = hub.get("n_embd", "hidden_size"), hub.get("n_head", "num_attention_heads")
+    activation = "silu" if "activation_function" in hub.raw else hub.activation("hidden_act", default="silu")
+    return Config(
+        vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("n_layer", "num_hidden_layers"),
+        num_heads=heads, intermediate_size=hub.get("n_inner", "intermediate_size", default=4 * hidden),
+        max_position=hub.get("n_positions", "max_position_embeddings", default=2048),
+        type_vocab_size=hub.get("type_vocab_size", default=2),
+        layer_norm_eps=hub.get("layer_norm_epsilon", "layer_norm_eps", default=1e-12), activation=activation,
+        position="rope", rope_theta=hub.rope(hidden // heads, 1000.0, legacy_theta=("rotary_emb_base",)).theta,
+        dtype=dtype)
+
+
+def read_params(t: Tensors, config: Config) -> dict:
+    hub_names = t.has("emb_ln.weight")
+    embed = {"word": t.embedding("embeddings.word_embeddings.weight"),
+             "norm": t.norm("emb_ln" if hub_names else "embeddings.LayerNorm")}
+    if config.type_vocab_size:
+        embed["token_type"] = t.embedding("embeddings.token_type_embeddings.weight")
+    params = {"embed": embed}
+    for i in range(config.num_layers):
+        if hub_names:  # fc12 is the gate (activated), fc11 the linear half
+            p = f"encoder.layers.{i}"
+            attn = {"qkv": t.dense(f"{p}.attn.Wqkv", bias=False), "out": t.dense(f"{p}.attn.out_proj", bias=False)}
+            norms = {"attn_norm": t.norm(f"{p}.norm1"), "mlp_norm": t.norm(f"{p}.norm2")}
+            mlp = {"wi": t.dense(f"{p}.mlp.fc12", f"{p}.mlp.fc11", bias=False),
+                   "wo": t.dense(f"{p}.mlp.fc2", bias=False)}
+        else:
+            p = f"layers.{i}"
+            attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=False),
+                    "out": t.dense(f"{p}.self_attn.o_proj", bias=False)}
+            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"),
+                     "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
+            mlp = {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
+                   "wo": t.dense(f"{p}.mlp.down_proj", bias=False)}
+        params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": mlp}
+    return params

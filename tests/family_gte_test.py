@@ -1,0 +1,126 @@
+"""GTE against transformers' GteModel: post-norm, rotary positions with the RoPE scaling the checkpoint ships,
+fused qkv with biases, GeGLU. The Hub's gte-*-en-v1.5 ship a fixed NTK scaling (their remote code), which
+transformers has no rope_type for; it equals transformers' linear scaling with theta·factor and factor^(2/H)
+(every frequency (θs)^(-2i/H)·s^(-2/H)), so one transformers model is the reference for both forms: linear in
+transformers 5's config.json, ``model_type: new`` with ``rope_scaling: {type: ntk}`` and fused tensors in the
+Hub's."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from family_fixtures import (MIN_COSINE, VOCAB, assert_matches_transformers, lowest_cosine, our_vectors,
+                             reference_vectors, replace, run_docbeam, save_checkpoint, token_inputs)
+from models import checkpoint
+
+LENGTHS = [40, 57, 23, 64, 12, 33]
+THETA, NTK_FACTOR, HEAD_DIM = 10_000.0, 4.0, 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    rope = {"rope_type": "linear", "rope_theta": THETA * NTK_FACTOR, "factor": NTK_FACTOR ** (2 / HEAD_DIM)}
+    config = transformers.GteConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
+        type_vocab_size=1, initializer_range=0.3, rope_parameters=rope, attn_implementation="eager")
+    return transformers.GteModel(config).eval()
+
+
+def hub_config(config: dict) -> dict:
+    config = {k: v for k, v in config.items() if k != "rope_parameters"}
+    return {**config, "model_type": "new", "architectures": ["NewModel"], "position_embedding_type": "rope",
+            "rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}, "pack_qkv": True,
+            "layer_norm_type": "layer_norm", "logn_attention_scale": False,
+            "auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"}}
+
+
+def hub_tensors(tensors: dict) -> dict:
+    """The Hub's names: encoder.layer.N, fused attention.qkv_proj and mlp.up_gate_proj ([up | gate])."""
+    out = {}
+    for name, value in tensors.items():
+        if not name.startswith("layers."):
+            out[f"new.{name}"] = value
+            continue
+        _, i, rest = name.split(".", 2)
+        p = f"new.encoder.layer.{i}"
+        kind = rest.rsplit(".", 1)[-1]
+        if rest.startswith("self_attn.q_proj"):
+            out[f"{p}.attention.qkv_proj.{kind}"] = np.concatenate(
+                [tensors[f"layers.{i}.self_attn.{n}_proj.{kind}"] for n in "qkv"])
+        elif rest.startswith("mlp.up_proj"):
+            out[f"{p}.mlp.up_gate_proj.{kind}"] = np.concatenate(
+                [tensors[f"layers.{i}.mlp.up_proj.{kind}"], tensors[f"layers.{i}.mlp.gate_proj.{kind}"]])
+        elif not rest.startswith(("self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj")):
+            rest = (rest.replace("self_attn.o_proj", "attention.o_proj")
+                    .replace("post_attention_layernorm", "attn_ln").replace("post_mlp_layernorm", "mlp_ln"))
+            out[f"{p}.{rest}"] = value
+    return out
+
+
+@pytest.fixture(scope="module", params=["transformers5", "hub"])
+def folder(request, model, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp(f"gte-{request.param}"))
+    if request.param == "hub":
+        return save_checkpoint(model, path, config_rewrite=hub_config, tensor_rename=hub_tensors)
+    return save_checkpoint(model, path)
+
+
+def test_hub_ntk_frequencies_are_the_remote_codes():
+    """NTKScalingRotaryEmbedding (Alibaba-NLP/new-impl), fixed form: base·factor, then inv_freq / factor^(2/dim)."""
+    import jax.numpy as jnp
+
+    from models.encoder import rotary
+    from models.families.common import HubConfig
+
+    rope = HubConfig({"rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}}, "config.json").rope(
+        HEAD_DIM, 10_000.0)
+    base = THETA * NTK_FACTOR
+    want = 1.0 / base ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / NTK_FACTOR ** (2 / HEAD_DIM)
+    x = jnp.zeros((1, 2, 1, HEAD_DIM)).at[:, :, :, :HEAD_DIM // 2].set(1.0)  # cos and sin of each angle at position 1
+    got = np.asarray(rotary(x, rope.theta, positions_BxT=jnp.asarray([[0, 1]]), scale=rope.scale))[0, 1, 0]
+    np.testing.assert_allclose(np.arctan2(got[HEAD_DIM // 2:], got[:HEAD_DIM // 2]), want, rtol=1e-5)
+
+
+def test_both_forms_read_as_the_same_rotary_positions(folder):
+    config = checkpoint.open_checkpoint(folder).config
+    assert config.rope_theta == THETA * NTK_FACTOR
+    assert config.rope_scale == pytest.approx(NTK_FACTOR ** (-2 / HEAD_DIM))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_vectors_match_transformers(model, folder, packed):
+    backends = assert_matches_transformers(model, folder, LENGTHS, packed)
+    assert backends == (["native"] if packed else ["native", "chunked", "flash"])  # global layers, no bias
+
+
+@pytest.mark.parametrize("broken", [
+    pytest.param(replace(rope_scale=1.0), id="rope-scaling-ignored"),
+    pytest.param(replace(rope_theta=THETA), id="ntk-base-unscaled"),
+    pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
+])
+def test_each_feature_moves_the_output(model, folder, broken):
+    ids, lengths = token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, change=broken)
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
+
+
+def test_rope_scalings_docbeam_does_not_reproduce_are_refused(tmp_path, model):
+    dynamic = lambda c: {**hub_config(c), "rope_scaling": {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}}  # noqa: E731
+    folder = save_checkpoint(model, str(tmp_path), config_rewrite=dynamic)
+    with pytest.raises(checkpoint.CheckpointError, match="rope_scaling.*mixed_b"):
+        checkpoint.open_checkpoint(folder)
+
+
+@pytest.mark.slow
+def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
+    texts = {"a": "General text embeddings.", "b": " ".join(["Rotary positions, stretched."] * 12)}
+    got = run_docbeam(folder, tmp_path, texts)
+    tokenizer = checkpoint.load_tokenizer(folder)
+    for doc_id, text in texts.items():
+        ids = np.asarray([tokenizer(text)["input_ids"]], np.int32)
+        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
+        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
