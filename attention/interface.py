@@ -15,6 +15,9 @@ Model families add two more things a layer may ask of attention, each declared p
   JAX function of row indices (MPNet's relative-position buckets; ALiBi later). A backend calls it for the
   blocks it computes, so no ``[B, N, T, S]`` tensor need exist. Packed windows are contiguous, so an index
   difference inside one window is a position difference, and pairs across windows are masked anyway.
+- ``causal=True``: query i attends only keys j ≤ i (decoder models: Qwen3), inside its own packed window.
+- grouped-query attention: k and v may carry fewer heads K than q's N (N a multiple of K; query head n reads
+  key/value head n // (N / K)), as decoders store them: a backend never needs them repeated.
 A layer passes only the ones it uses; a backend is never handed a feature it did not declare.
 """
 from __future__ import annotations
@@ -39,7 +42,7 @@ class AttentionFn(Protocol):
 
 
 # The optional keyword arguments of an AttentionFn, and the Backend flag that declares each.
-FEATURE_FLAGS = {"segment_ids_BxT": "segments", "local_window": "windows", "bias": "bias"}
+FEATURE_FLAGS = {"segment_ids_BxT": "segments", "local_window": "windows", "bias": "bias", "causal": "causal"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,10 +52,11 @@ class AttentionFeatures:
 
     local_window: tuple[int, int] | None = None  # (left, right) keys each side; None: global
     bias: bool = False  # an additive per-head bias function
+    causal: bool = False  # keys after the query get no weight
 
     def describe(self) -> str:
         parts = [f"local window {self.local_window}" if self.local_window else "global"]
-        return ", ".join(parts + (["per-head bias"] if self.bias else []))
+        return ", ".join(parts + (["per-head bias"] if self.bias else []) + (["causal"] if self.causal else []))
 
 
 def current_platform() -> str:
@@ -79,13 +83,20 @@ class AttentionCase:
     packed: bool = False  # batching.packing: rows carry several windows, told apart by segment ids
     local_window: tuple[int, int] | None = None  # AttentionFeatures.local_window of the layers asked about
     bias: bool = False  # those layers add a per-head bias
+    causal: bool = False  # those layers are causal
+    num_kv_heads: int | None = None  # grouped-query attention: k/v heads, fewer than num_heads; None: as many
 
     @property
     def features(self) -> AttentionFeatures:
-        return AttentionFeatures(self.local_window, self.bias)
+        return AttentionFeatures(self.local_window, self.bias, self.causal)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
 
     def with_features(self, features: AttentionFeatures) -> "AttentionCase":
-        return dataclasses.replace(self, local_window=features.local_window, bias=features.bias)
+        return dataclasses.replace(self, local_window=features.local_window, bias=features.bias,
+                                   causal=features.causal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +134,8 @@ class Backend:
     segments: bool = False  # takes segment_ids_BxT, so it can run packed batches
     windows: bool = False  # takes local_window=(left, right)
     bias: bool = False  # takes bias(q_index_T, k_index_S) -> bias_NxTxS
+    causal: bool = False  # takes causal=True
+    grouped: bool = False  # takes k/v with fewer heads than q (grouped-query attention)
 
     def refusal(self, case: AttentionCase) -> Support | None:
         """What the plan answers for this backend before asking its own check: a case needing a feature the
@@ -137,6 +150,12 @@ class Backend:
         if case.bias and not self.bias:
             return Support(ok=False, reason="it takes no additive per-head bias, which this model's layers add "
                                             "(relative positions); register it with bias=True")
+        if case.causal and not self.causal:
+            return Support(ok=False, reason="it takes no causal mask, which this decoder model's layers need; "
+                                            "register it with causal=True")
+        if case.kv_heads != case.num_heads and not self.grouped:
+            return Support(ok=False, reason=f"it takes no grouped-query k/v ({case.num_heads} query heads over "
+                                            f"{case.kv_heads} key/value heads); register it with grouped=True")
         return None
 
     def parse_options(self, raw: dict | None) -> pydantic.BaseModel:
@@ -150,7 +169,11 @@ class Backend:
         scope = f"attention/{self.name}"
 
         def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, **features):
-            features = {key: value for key, value in features.items() if value is not None}
+            features = {key: value for key, value in features.items() if value is not None and value is not False}
+            if k_BxSxNxH.shape[2] != q_BxTxNxH.shape[2] and not self.grouped:
+                raise ValueError(f"attention backend {self.name!r} takes no grouped-query k/v (q has "
+                                 f"{q_BxTxNxH.shape[2]} heads, k {k_BxSxNxH.shape[2]}); the plan should have "
+                                 "refused this case for it")
             for key in features:
                 flag = FEATURE_FLAGS.get(key)
                 if flag is None:

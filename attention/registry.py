@@ -23,15 +23,17 @@ class UnknownBackendError(ValueError):
 
 
 def register(name: str, *, options: type = NoOptions, supports: Callable | None = None,
-             description: str = "", segments: bool = False, windows: bool = False, bias: bool = False):
+             description: str = "", segments: bool = False, windows: bool = False, bias: bool = False,
+             causal: bool = False, grouped: bool = False):
     """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; with
     ``segments=True`` it also takes ``segment_ids_BxT`` (packed batches), with ``windows=True``
-    ``local_window``, with ``bias=True`` ``bias`` (attention/interface.py)."""
+    ``local_window``, with ``bias=True`` ``bias``, with ``causal=True`` ``causal``, with ``grouped=True`` k/v
+    with fewer heads than q (attention/interface.py)."""
 
     def decorate(fn):
         add(Backend(name=name, attend=fn, supports=supports or supports_everything,
                     options_type=options, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    segments=segments, windows=windows, bias=bias))
+                    segments=segments, windows=windows, bias=bias, causal=causal, grouped=grouped))
         return fn
 
     return decorate
@@ -48,7 +50,8 @@ def add(backend: Backend) -> Backend:
 def from_callable(name: str, obj) -> Backend:
     """A Backend from a user's object: a Backend as is, or a plain AttentionFn (its optional
     ``supports(case, options)`` attribute is its capability check; ``supports_segments = True`` says it
-    takes ``segment_ids_BxT``, ``supports_windows`` ``local_window``, ``supports_bias`` ``bias``)."""
+    takes ``segment_ids_BxT``, ``supports_windows`` ``local_window``, ``supports_bias`` ``bias``,
+    ``supports_causal`` ``causal``, ``supports_grouped`` grouped-query k/v)."""
     if isinstance(obj, Backend):
         return dataclasses.replace(obj, name=name)  # registered under the name the config uses
     if not callable(obj):
@@ -64,7 +67,9 @@ def from_callable(name: str, obj) -> Backend:
                    description=(obj.__doc__ or f"user backend {name}").strip().split("\n")[0],
                    segments=bool(getattr(obj, "supports_segments", False)),
                    windows=bool(getattr(obj, "supports_windows", False)),
-                   bias=bool(getattr(obj, "supports_bias", False)))
+                   bias=bool(getattr(obj, "supports_bias", False)),
+                   causal=bool(getattr(obj, "supports_causal", False)),
+                   grouped=bool(getattr(obj, "supports_grouped", False)))
 
 
 def _load_entry_points() -> None:

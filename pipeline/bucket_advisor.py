@@ -89,7 +89,8 @@ def nothing_to_propose(cfg: JobConfig, sample: Sample) -> str:
             "input.max_line_bytes), then rerun propose-buckets")
 
 
-def proposals(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), max_buckets=(4, 6, 8)) -> list[dict]:
+def proposals(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192),
+              max_buckets=(4, 6, 8)) -> list[dict]:
     if not lengths:
         raise ValueError("no window lengths to plan buckets for")
     rows = []
@@ -114,6 +115,17 @@ def packed_proposals(lengths: list[int], window_len: int, unpacked: list[dict]) 
     return rows
 
 
+# What a proposal is judged by: padding efficiency, less half a point per bucket (each bucket is one more
+# compilation per worker). The config's own choice is judged by the same measure, and kept unless a proposal
+# beats it by more than KEEP_MARGIN: padding alone does not see what a config was measured for (time).
+BUCKET_COST = 0.005
+KEEP_MARGIN = 0.005
+
+
+def score(row: dict) -> float:
+    return row["padding_efficiency"] - BUCKET_COST * len(row["buckets"])
+
+
 def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to propose from."""
     from pipeline.plan import make_plan
@@ -127,25 +139,38 @@ def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     if not lengths:
         raise ConfigError(nothing_to_propose(cfg, sample))
     packing = plan.config.batching.packing is True  # as the plan resolved auto for this job's backends
-    current = padding_efficiency(lengths, cfg.batching.buckets, cfg.batching.tokens_per_batch, packing)
+    budget = cfg.batching.tokens_per_batch
+    used = [b for b in cfg.batching.buckets if b <= plan.config.batching.buckets[-1]]
+    current = {"tokens_per_batch": budget, "buckets": used,
+               "padding_efficiency": round(padding_efficiency(lengths, used, budget, packing), 4)}
     out = [f"# {sample.read} documents read, {len(sample.documents) - len(no_tokens)} kept "
            f"({len(sample.rejected)} the job would reject) → {len(lengths)} windows of ≤ {plan.window_len} tokens",
-           f"# now: buckets {list(cfg.batching.buckets)}, tokens_per_batch {cfg.batching.tokens_per_batch}"
-           f"{', packed' if packing else ''}: padding efficiency {current:.3f}",
-           "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency |", "|---|---|---|---|"]
-    rows = proposals(lengths, plan.window_len)
-    out += [f"| {r['tokens_per_batch']} | {r['max_buckets']} | {r['buckets']} | {r['padding_efficiency']:.3f} |"
-            for r in rows]
-    best = max(rows, key=lambda r: (r["padding_efficiency"] - 0.005 * r["max_buckets"], r["tokens_per_batch"]))
-    if packing:
-        packed = packed_proposals(lengths, plan.window_len, rows)
+           f"# now: buckets {used}, tokens_per_batch {budget}{', packed' if packing else ''}: padding efficiency "
+           f"{current['padding_efficiency']:.3f}, score {score(current):.3f} (efficiency less {BUCKET_COST} per bucket)",
+           "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency | score |",
+           "|---|---|---|---|---|"]
+    budgets = tuple(sorted({2048, 4096, 8192, budget}))
+    rows = proposals(lengths, plan.window_len, budgets=budgets)
+    candidates = rows
+    out += [f"| {r['tokens_per_batch']} | {r['max_buckets']} | {r['buckets']} | {r['padding_efficiency']:.3f} | "
+            f"{score(r):.3f} |" for r in rows]
+    if not packing:
+        out.append(f"| {budget} (this config) | — | {used} | {current['padding_efficiency']:.3f} | {score(current):.3f} |")
+    else:
+        candidates = packed_proposals(lengths, plan.window_len, rows)
         out += ["", "# batching.packing is on for this job: the same budgets with packed rows",
-                "| tokens_per_batch | buckets | padding efficiency (packed) |", "|---|---|---|"]
-        out += [f"| {r['tokens_per_batch']} | {r['buckets']} | {r['padding_efficiency']:.3f} |" for r in packed]
-        best = max(packed, key=lambda r: (r["padding_efficiency"] - 0.005 * len(r["buckets"]), r["tokens_per_batch"]))
+                "| tokens_per_batch | buckets | padding efficiency (packed) | score |", "|---|---|---|---|"]
+        out += [f"| {r['tokens_per_batch']} | {r['buckets']} | {r['padding_efficiency']:.3f} | {score(r):.3f} |"
+                for r in candidates]
+        out.append(f"| {budget} (this config) | {used} | {current['padding_efficiency']:.3f} | {score(current):.3f} |")
         out += ["# padding alone does not show that a packed row pays attention over its whole length: a short",
                 "# bucket as well (e.g. [128, 256]) costs one compilation more and less attention; time both"]
-    out += ["# each bucket costs one compilation per worker; a larger budget means fewer, larger batches.",
-            "# with one bucket fewer per half-point of efficiency, this config would be:",
-            "batching:", f"  buckets: {best['buckets']}", f"  tokens_per_batch: {best['tokens_per_batch']}"]
+    best = max(candidates, key=lambda r: (score(r), r["tokens_per_batch"]))
+    out.append("# each bucket costs one compilation per worker; a larger budget means fewer, larger batches.")
+    if score(best) <= score(current) + KEEP_MARGIN:
+        out += [f"# no proposal scores more than {KEEP_MARGIN} above this config's own choice: keep it",
+                "batching:", f"  buckets: {used}", f"  tokens_per_batch: {budget}"]
+    else:
+        out += [f"# the best proposal scores {score(best) - score(current):.3f} above this config's choice; with it:",
+                "batching:", f"  buckets: {best['buckets']}", f"  tokens_per_batch: {best['tokens_per_batch']}"]
     return "\n".join(out)

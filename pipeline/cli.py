@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", required=True, help="YAML job config, e.g. configs/local.yaml")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key, e.g. --set attention.backend=flash (repeatable)")
+                       help="override a config key, e.g. --set attention.backend=flash (repeatable); a relative path "
+                            "is relative to the current folder (the file's own paths: to the file)")
         if name == "run":
             p.add_argument("--force", action="store_true",
                            help="take over the output's lock even if another run seems alive")
@@ -38,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--verify", action="store_true",
                            help="also run each bucket's backend against native on a probe batch here")
+            p.add_argument("--for-launch", action="store_true",
+                           help="first refuse (exit 2) the profiles' placeholder project, buckets and image, as "
+                                "run --dry-run and the Flex Template launcher do: a CI step before a launch")
     p = sub.add_parser("propose-buckets", help="propose bucket lengths and token budget from the corpus")
     p.add_argument("--config", required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "validate":
             from pipeline.validate import validation_report
 
-            print(validation_report(cfg, verify=args.verify))
+            print(validation_report(cfg, verify=args.verify, for_launch=args.for_launch))
             return 0
         beam_args = [a for a in args.beam_args if a != "--"]
         if args.dry_run:

@@ -12,6 +12,7 @@ import time
 import apache_beam as beam
 
 from pipeline import lock as lock_lib
+from pipeline import memory_trend
 from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.observe import StageClock
@@ -23,12 +24,16 @@ class RunFailed(RuntimeError):
     """The job ran, but its result must not be committed (exit 1; the previous output stays)."""
 
 
+MEMORY_LIMIT = "max_memory_growth_mb_per_1k_batches"  # runner's option, handed over in the driver's base
+
+
 def summarize(base: dict, stats: dict, finished: float) -> dict:
     """summary.json from the run's summed statistics and what the driver planned (``base``)."""
     wall = max(finished - base["started"], 1e-9)
     real, padded = stats.get("real_tokens", 0), stats.get("padded_tokens", 0)
     embedded = stats.get("docs_embedded", 0)
-    summary = {key: value for key, value in base.items() if key != "started"}
+    summary = {key: value for key, value in base.items() if key not in ("started", MEMORY_LIMIT)}
+    trends = [memory_trend.Trend(**t) for _, t in sorted(stats.get("memory_trends", {}).items())]
     doc_tokens = stats.get("doc_tokens", 0)
     summary.update({
         "docs_read": stats.get("docs_read", 0), "docs_embedded": embedded,
@@ -45,6 +50,7 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         "attention_backends": stats.get("attention_backends", {}), "fallbacks": stats.get("fallbacks", {}),
         "rejected_by_kind": stats.get("rejected_by_kind", {}), "buckets": stats.get("buckets", {}),
         "started_at": _iso(base["started"]), "finished_at": _iso(finished), "metrics": {},
+        "memory": memory_trend.summary_block(trends, base.get(MEMORY_LIMIT)),
     })
     return summary
 
@@ -69,6 +75,9 @@ def run_problems(summary: dict, max_rejected_fraction: float) -> list[str]:
         problems.append(f"{rejected} of {read} documents were rejected ({rejected / read:.1%}), more than "
                         f"input.max_rejected_fraction={max_rejected_fraction} (by kind: "
                         f"{json.dumps(summary['rejected_by_kind'], sort_keys=True)})")
+    memory = memory_trend.over_limit(summary.get("memory", {}))
+    if memory:
+        problems.append(memory)
     return problems
 
 

@@ -6,17 +6,28 @@ cache in a local folder and mirrors it: entries under the gs:// prefix are copie
 (models/vm_cache.py) when the encoder loads, and entries this process compiled are copied up after the
 batch that compiled them. An entry is a file named by its key, written once and never changed, so
 mirroring is copying the names the other side lacks.
+
+The cache only saves time: one that cannot be reached (a bucket that does not exist or denies this worker,
+a folder that cannot be created, an upload that fails) is logged as a warning and the encoder compiles
+without it, as it would with no cache configured. A gs:// endpoint that does not answer costs Beam's
+retries (about two minutes) once per VM: the first process to give up leaves a note beside the VM's copy,
+and the VM's other processes, which waited for it on the same lock, read the note instead of retrying.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import time
 
 from models import vm_cache
 from pipeline import storage
 
 ENTRY_SUFFIX = "-cache"  # JAX's LRUCache names an entry <key>-cache (and keeps -atime files beside it)
+UNREACHABLE_SUFFIX = ".unreachable"  # beside the VM's copy: why the first process could not fill it
+# A note speaks for one job's start-up only: a later job on the same machine (a developer's, or a reused
+# VM) tries the cache again.
+UNREACHABLE_NOTE_TTL_S = 600
 log = logging.getLogger(__name__)
 
 
@@ -26,18 +37,38 @@ class CompileCache:
     def __init__(self, location: str):
         self.location = location.rstrip("/")
         self.remote = storage.is_gcs(self.location)
-        if self.remote:
-            storage.skip_credential_lookup_for_emulator()
-            key = hashlib.sha256(self.location.encode()).hexdigest()[:16]
-            self.local = vm_cache.once_per_vm("jax-cache", key, self._pull)
-            self._pushed = set(_entries(self.local))
-        else:
-            self.local = self.location
-            os.makedirs(self.local, exist_ok=True)
+        self.local: str | None = None  # None: not reachable, this process compiles without a cache
+        self._pushed: set[str] = set()
+        try:
+            self.local = self._open()
+        except Exception as e:  # noqa: BLE001  whatever keeps the cache out of reach, the encoder can still run
+            log.warning("compilation cache %s cannot be reached (%s: %s); compiling without it", self.location,
+                        type(e).__name__, " ".join(str(e).split())[:300])
+            return
         _use(self.local)
 
+    def _open(self) -> str:
+        if not self.remote:
+            os.makedirs(self.location, exist_ok=True)
+            return self.location
+        storage.skip_credential_lookup_for_emulator()
+        key = hashlib.sha256(self.location.encode()).hexdigest()[:16]
+        self._note = os.path.join(vm_cache.root(), "jax-cache", key + UNREACHABLE_SUFFIX)
+        local = vm_cache.once_per_vm("jax-cache", key, self._pull)
+        self._pushed = set(_entries(local))
+        return local
+
     def _pull(self, folder: str) -> None:
-        remote = storage.list_files(self.location)
+        """Runs under the VM's lock for this cache, so a note left by a process that gave up is seen here."""
+        if os.path.exists(self._note) and time.time() - os.path.getmtime(self._note) < UNREACHABLE_NOTE_TTL_S:
+            with open(self._note) as f:
+                raise OSError(f"another process on this VM could not reach it: {f.read()}")
+        try:
+            remote = storage.list_files(self.location)
+        except Exception as e:
+            with open(self._note, "w") as f:
+                f.write(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}")
+            raise
         for path in remote:
             name = path.rsplit("/", 1)[-1]
             if name.endswith(ENTRY_SUFFIX):
@@ -46,15 +77,21 @@ class CompileCache:
         log.info("compilation cache: %d entries from %s", len(remote), self.location)
 
     def push(self) -> int:
-        """Copies entries compiled here that the gs:// prefix lacks; returns how many."""
-        if not self.remote:
+        """Copies entries compiled here that the gs:// prefix lacks; returns how many. A failed upload is a
+        warning (the next push tries the rest again), never the batch's failure."""
+        if not self.remote or self.local is None:
             return 0
-        new = sorted(set(_entries(self.local)) - self._pushed)
-        for name in new:
-            with open(os.path.join(self.local, name), "rb") as f:
-                storage.write_bytes(f"{self.location}/{name}", f.read())
-            self._pushed.add(name)
-        return len(new)
+        uploaded = 0
+        try:
+            for name in sorted(set(_entries(self.local)) - self._pushed):
+                with open(os.path.join(self.local, name), "rb") as f:
+                    storage.write_bytes(f"{self.location}/{name}", f.read())
+                self._pushed.add(name)
+                uploaded += 1
+        except Exception as e:  # noqa: BLE001  the executables are in the local cache already
+            log.warning("compilation cache %s: upload failed (%s: %s); this job's compilations stay local",
+                        self.location, type(e).__name__, " ".join(str(e).split())[:300])
+        return uploaded
 
 
 def _entries(folder: str) -> list[str]:

@@ -189,6 +189,9 @@ class RunnerConfig(_Section):
     compilation_cache: str | None = None
     # Set in each worker process before the encoder loads, e.g. XLA_PYTHON_CLIENT_PREALLOCATE: "false".
     worker_env: dict[str, str] = {}
+    # Memory growth after warm-up (pipeline/memory_trend.py) above which the run fails (exit 1, nothing
+    # committed); unset: the growth is only reported (summary.json's memory, the report).
+    max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
 
     @pydantic.field_validator("options")
     @classmethod
@@ -258,7 +261,8 @@ def _readable(error: pydantic.ValidationError, prefix: str = "") -> str:
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """``--set a.b=value`` on the raw YAML tree; the value is parsed as YAML (so 2, true, [1,2] work)."""
+    """``--set a.b=value`` on the raw YAML tree; the value is parsed as YAML (so 2, true, [1,2] work), and
+    a relative path is made absolute against the current folder."""
     raw = json.loads(json.dumps(raw))
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -271,8 +275,13 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
             node = child
-        # A path is a string whatever YAML would make of it (`~` is not null, `2026-11-30` not a date).
-        node[leaf] = value if tuple(key.split(".")) in PATH_KEYS else _parse_value(item, value)
+        # A path is a string whatever YAML would make of it (`~` is not null, `2026-11-30` not a date), and a
+        # relative one is relative to the folder the command runs in, as a shell user expects (the file's own
+        # paths stay relative to the file).
+        if tuple(key.split(".")) in PATH_KEYS:
+            node[leaf] = config_files.resolve_paths({parents[0]: {leaf: value}}, os.getcwd())[parents[0]][leaf]
+        else:
+            node[leaf] = _parse_value(item, value)
     return raw
 
 

@@ -1,10 +1,12 @@
 """``docbeam run --dry-run``: build the Dataflow job exactly as a run would, and submit nothing.
 
 Beam's own ``--dry_run`` makes DataflowRunner do everything up to the submission: translate the graph,
-pickle every DoFn, resolve the worker environment. What it does not build is the job's environment (the
-worker pool Dataflow would create); that is Beam's ``apiclient.Environment`` made from the same options
-and graph, so what is printed is what the request would carry. No lock is taken and neither input nor
-output is read or written: a profile's placeholder buckets need not exist.
+pickle every DoFn, resolve the worker environment, and add its own options (Runner v2's experiments among
+them) to the pipeline's copy of the options. The job's environment (the worker pool and the options the
+workers receive) is built from that copy only at submission, so it is built here the same way, from the
+runner's own ``Job``: what is printed is what the request would carry. The resolved input and output paths
+and the compilation cache are printed beside it, and the profiles' placeholders are refused (exit 2). No
+lock is taken and neither input nor output is read or written.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import apache_beam as beam
 from pipeline import config as config_lib
 from pipeline import output as output_lib
 from pipeline import storage
+from pipeline import validate
 from pipeline.config import ConfigError, JobConfig
 
 DATAFLOW = "DataflowRunner"
@@ -32,8 +35,9 @@ PICKLED_DOFN_URN = "beam:dofn:pickled_python_info:v1"
 class DryRun:
     run_id: str
     platform: str
+    paths: dict  # input.path, output.path, runner.compilation_cache: as this run resolves them
     attention: dict  # bucket -> "backend [kernel]" (fallback reason)
-    options: dict  # Beam option name -> value, as the runner left them
+    options: dict  # Beam option name -> value, as the workers would receive them (after the runner's additions)
     worker_pool: dict  # what Dataflow's job environment would ask for
     service_options: tuple[str, ...]
     experiments: tuple[str, ...]
@@ -43,9 +47,11 @@ class DryRun:
     def describe(self) -> str:
         lines = [f"# dry run {self.run_id}: the Dataflow job was built (graph translated, every DoFn pickled, "
                  "environment resolved) and not submitted",
-                 f"# attention planned for {self.platform}:"]
+                 "# paths (resolved for this run)"]
+        lines += [f"  {key}: {value}" for key, value in self.paths.items()]
+        lines.append(f"# attention planned for {self.platform}:")
         lines += [f"  bucket {bucket:>5} -> {choice}" for bucket, choice in self.attention.items()]
-        lines.append("# pipeline options (Beam's names)")
+        lines.append("# pipeline options (Beam's names, as submitted: the runner's additions included)")
         lines += [f"  {key}: {value}" for key, value in self.options.items()]
         lines.append("# job environment (what Dataflow would create)")
         lines += [f"  {key}: {value}" for key, value in self.worker_pool.items()]
@@ -55,7 +61,6 @@ class DryRun:
 
 
 def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
-    from apache_beam.options.pipeline_options import GoogleCloudOptions
     from apache_beam.runners.dataflow.internal import apiclient
 
     from pipeline.plan import make_plan
@@ -69,31 +74,46 @@ def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
     cfg = config_lib.expand_placeholders(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg, for_output=False, for_input=False)
     options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args) + ["--dry_run=True"])
+    # Before building: the values as the user gave them (the runner appends the job's name to the locations).
+    validate.refuse_placeholders(cfg.runner.name, validate.launch_values(
+        cfg, options.get_all_options(retain_unknown_options=True)))
     try:
         p = beam.Pipeline(options=options)  # Beam validates the options here (project id, locations, ...)
         build(p, plan, run_id, time.time())
-        p.run()
+        result = p.run()
     except ValueError as e:
         raise ConfigError(f"runner.options: Dataflow refuses these options: {' '.join(str(e).split())}") from None
-    proto = p.runner.proto_pipeline
-    env = apiclient.Environment([], options, apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION, None,
+    job = result.job  # the runner's Job: its options are the pipeline's copy, with the runner's additions
+    proto = job.proto_pipeline
+    env = apiclient.Environment([], job.options, apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION, None,
                                 proto_pipeline=proto).proto
+    submitted = dict(env.sdk_pipeline_options["options"])
     pool = env.worker_pools[0]
-    all_options = {**options.get_all_options(retain_unknown_options=True),
-                   "job_name": options.view_as(GoogleCloudOptions).job_name}
     return DryRun(
         run_id=run_id, platform=plan.platform,
+        paths={"input.path": cfg.input.path, "output.path": cfg.output.path,
+               "runner.compilation_cache": cfg.runner.compilation_cache or "(none: every job compiles afresh)"},
         attention={c.case.seq_len: f"{c.backend}" + (f" [{c.kernel}]" if c.kernel else "")
                    + (f" ({c.fallback_reason})" if c.fallback_reason else "") for c in plan.choices},
-        options={k: all_options[k] for k in SHOWN_OPTIONS if all_options.get(k) not in (None, [], False)},
+        options={k: plain(submitted[k]) for k in SHOWN_OPTIONS if submitted.get(k) not in (None, [], False)},
         worker_pool={"machine_type": pool.machine_type, "disk_size_gb": pool.disk_size_gb,
                      "num_workers": pool.num_workers or "(Dataflow's default)",
                      "max_num_workers": pool.autoscaling_settings.max_num_workers,
                      "worker_harness_container_image": pool.worker_harness_container_image,
                      "sdk_harness_container_images": [i.container_image for i in pool.sdk_harness_container_images],
-                     "region": options.view_as(GoogleCloudOptions).region},
+                     "region": submitted["region"]},
         service_options=tuple(env.service_options), experiments=tuple(env.experiments),
         steps=len(proto.components.transforms), pickled_dofns=unpickle_dofns(proto))
+
+
+def plain(value):
+    """An option as the request's Struct holds it (lists as protobuf lists, integers as floats), as YAML would
+    show it: the printed value is the submitted one."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if not isinstance(value, (str, int, float, bool)) and hasattr(value, "__iter__"):
+        return [plain(v) for v in value]
+    return value
 
 
 def unpickle_dofns(proto) -> int:

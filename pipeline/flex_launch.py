@@ -4,34 +4,62 @@ Dataflow's Python launcher runs this file with each template parameter as ``--na
 the pipeline options of the launch (project, region, staging and temp locations, the job name, the
 image, the service account). The parameters (docker/flex-template/metadata.json) map onto ``docbeam run``;
 everything else goes to Beam after the profile's own options, so the launch's values win over the
-profile's placeholders. The launcher must not wait for the job: the job commits its own output.
+profile's placeholders. A launch that leaves any placeholder in place (project, buckets, image, input,
+output, compilation cache) is refused before anything is submitted: its workers would pull an image nobody
+built and write to a bucket nobody owns. The launcher must not wait for the job: the job commits its own
+output.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
-PARAMETERS = ("config", "input", "output", "overrides")
+PARAMETERS = ("config", "input", "output", "compilation_cache", "overrides")
 OVERRIDE_SEPARATOR = ";"  # the launch API's parameters are strings: several key=value in one
+# Parameter -> the docbeam key it sets; `overrides` carries any other key.
+PARAMETER_KEYS = {"input": "input.path", "output": "output.path", "compilation_cache": "runner.compilation_cache"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    config: str  # the profile's path, resolved against the image's /opt/docbeam
+    sets: tuple[str, ...]  # key=value, applied like --set, in order
+    beam_args: tuple[str, ...]  # the launch's pipeline options, after the profile's
+
+    def run_args(self) -> list[str]:
+        args = ["run", "--config", self.config, "--no-wait"]
+        for item in self.sets:
+            args += ["--set", item]
+        return args + (["--", *self.beam_args] if self.beam_args else [])
+
+
+def parse(argv: list[str]) -> Launch:
+    parser = argparse.ArgumentParser(prog="flex_launch", add_help=False)
+    parser.add_argument("--config", required=True)
+    for name in PARAMETER_KEYS:
+        parser.add_argument(f"--{name}")
+    parser.add_argument("--overrides", default="")
+    known, beam_args = parser.parse_known_args(argv)
+    sets = [f"{key}={getattr(known, name)}" for name, key in PARAMETER_KEYS.items() if getattr(known, name)]
+    sets += [item.strip() for item in known.overrides.split(OVERRIDE_SEPARATOR) if item.strip()]
+    return Launch(profile_path(known.config), tuple(sets), tuple(beam_args))
 
 
 def to_run_args(argv: list[str]) -> list[str]:
-    parser = argparse.ArgumentParser(prog="flex_launch", add_help=False)
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--input")
-    parser.add_argument("--output")
-    parser.add_argument("--overrides", default="")
-    known, beam_args = parser.parse_known_args(argv)
-    args = ["run", "--config", profile_path(known.config), "--no-wait"]
-    if known.input:
-        args += ["--set", f"input.path={known.input}"]
-    if known.output:
-        args += ["--set", f"output.path={known.output}"]
-    for item in known.overrides.split(OVERRIDE_SEPARATOR):
-        if item.strip():
-            args += ["--set", item.strip()]
-    return args + (["--", *beam_args] if beam_args else [])
+    return parse(argv).run_args()
+
+
+def refuse_placeholders(launch: Launch) -> None:
+    """Raises ConfigError naming each profile placeholder the launch left in place (see pipeline/validate.py)."""
+    from pipeline import config as config_lib
+    from pipeline import output, validate
+
+    cfg = config_lib.load(launch.config, list(launch.sets))
+    cfg = config_lib.expand_placeholders(cfg, output.new_run_id(), output.run_date())
+    validate.refuse_placeholders(cfg.runner.name,
+                                 validate.launch_values(cfg, validate.beam_options_of(cfg, launch.beam_args)))
 
 
 def profile_path(config: str) -> str:
@@ -44,8 +72,15 @@ def profile_path(config: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline import cli
+    from pipeline.config import ConfigError
 
-    return cli.main(to_run_args(sys.argv[1:] if argv is None else argv))
+    launch = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        refuse_placeholders(launch)
+    except ConfigError as e:
+        print(f"docbeam: config error: {e}", file=sys.stderr)
+        return 2
+    return cli.main(launch.run_args())
 
 
 if __name__ == "__main__":

@@ -17,44 +17,59 @@ import sys
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.report_data import Regression, Run, check_threshold, compare, load_run
+from pipeline.output import STAGING
+from pipeline.report_data import Regression, Run, check_threshold, compare, latency_changes, load_run
 
 
 @dataclasses.dataclass(frozen=True)
 class ReportResult:
     path: str
     regressions: list[Regression]
+    compared: bool = True  # with a baseline: whether any (bucket, backend) could be compared at all
+
+
+def default_dest(output: str) -> str:
+    """Beside the output folder, never inside it: a file there that no manifest lists is foreign to the
+    next run (a warning, and a stale report left behind). A staged run's report goes beside the whole output."""
+    path = output.rstrip("/")
+    parent, _, name = path.rpartition("/")
+    if parent.rpartition("/")[2] == STAGING:
+        return f"{parent.rpartition('/')[0]}.{name}.report.html"
+    return f"{path}.report.html"
 
 
 def report(output: str, *, baseline: str | None = None, dest: str | None = None,
            threshold: float = 0.10) -> ReportResult:
-    """Writes the report of the run at ``output`` to ``dest`` (default ``<output>/report.html``)."""
+    """Writes the report of the run at ``output`` to ``dest`` (default ``<output>.report.html``, beside it)."""
     return write_report(load_run(output), load_run(baseline) if baseline else None, dest=dest, threshold=threshold)
 
 
 def write_report(run: Run, baseline: Run | None = None, *, dest: str | None = None,
                  threshold: float = 0.10) -> ReportResult:
-    """Writes the report of loaded runs; ``dest`` defaults to ``<run.path>/report.html``."""
+    """Writes the report of loaded runs; ``dest`` defaults to ``default_dest(run.path)``."""
     # Imported here so that `docbeam --help` and the other commands do not import matplotlib.
     from pipeline.report_html import render_html
 
     regressions = compare(run, baseline, threshold) if baseline is not None else []
     page = render_html(run, baseline, regressions, threshold)
-    dest = dest or FileSystems.join(run.path, "report.html")
+    dest = dest or default_dest(run.path)
     with FileSystems.create(dest, mime_type="text/html") as f:
         f.write(page.encode("utf-8"))
-    return ReportResult(path=dest, regressions=regressions)
+    return ReportResult(path=dest, regressions=regressions,
+                        compared=baseline is None or bool(latency_changes(run, baseline)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = "Write a self-contained HTML report of a docbeam run (local path or gs:// prefix)."
     parser.epilog = ("Exit status: 0 when the report was written and no regression was found, 1 when "
-                     "--baseline was given and at least one regression was found, 2 when a run cannot be read "
-                     "or --threshold is not a fraction.")
+                     "--baseline was given and at least one regression was found, 2 when a run cannot be read, "
+                     "--threshold is not a fraction, or the baseline shares no (bucket, backend) with the run "
+                     "(nothing could be compared).")
     parser.add_argument("output", help="the run's output path (holds timing/, errors/, summary.json)")
     parser.add_argument("--baseline", help="output path of an earlier run to compare against; regressions "
                         "make the command exit with status 1")
-    parser.add_argument("--out", help="where to write the HTML (default: OUTPUT/report.html)")
+    parser.add_argument("--out", help="where to write the HTML (default: OUTPUT.report.html, beside the output "
+                        "folder: a file inside it would be foreign to the next run)")
     parser.add_argument("--threshold", type=float, default=0.10,
                         help="flag a (bucket, backend) whose median compute_ms grew by more than this fraction "
                              "(default: %(default)s)")
@@ -84,7 +99,13 @@ def main(args: argparse.Namespace) -> int:
     print(f"wrote {result.path}")
     for regression in result.regressions:
         print(f"REGRESSION {regression}", file=sys.stderr)
-    return 1 if result.regressions else 0
+    if result.regressions:
+        return 1
+    if not result.compared:
+        print(f"docbeam report: nothing to compare: no (bucket, backend) has steady batches in both {args.output} "
+              f"and the baseline {args.baseline} (different backends or buckets?)", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -170,13 +170,21 @@ def memory_chart(run: Run) -> Figure | None:
     return fig
 
 
+def compile_title(summary: dict, in_batches: int, recompiled: int) -> str:
+    """Every compilation the run made: those ahead of the first batch (summary.json's ``compiles_ahead``, no
+    batch marks them) and those a batch made itself (the markers)."""
+    ahead = summary.get("compiles_ahead") or 0
+    total = summary.get("compiles", ahead + in_batches)
+    return (f"XLA compilations: {count(total, 'compilation')} ({ahead} ahead of time, {in_batches} in a batch), "
+            f"{count(recompiled, 'recompilation')}")
+
+
 def compile_chart(run: Run) -> Figure | None:
     b = run.batches
     if not run.batch_count:
         return None
     again = recompilations(b)
-    fig, ax = _figure(f"XLA compile events: {count(int(b['compiled'].sum()), 'compile')}, "
-                      f"{count(again.size, 'recompilation')}")
+    fig, ax = _figure(compile_title(run.summary, int(b["compiled"].sum()), again.size))
     t = _time_axis(ax, b)
     if t is None:
         return fig

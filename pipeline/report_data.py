@@ -16,6 +16,7 @@ import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
+from pipeline import memory_trend
 from pipeline.observe import fallback_key
 from pipeline.output import MANIFEST, MANIFEST_FORMAT
 
@@ -55,7 +56,7 @@ class BucketStats:
 
 @dataclasses.dataclass(frozen=True)
 class Regression:
-    what: str  # "latency", "rejected documents" or "fallbacks"
+    what: str  # "latency", "memory growth", "rejected documents" or "fallbacks"
     where: str
     baseline: float
     current: float
@@ -247,7 +248,8 @@ def latency_changes(run: Run, baseline: Run) -> list[tuple[BucketStats, BucketSt
 
 def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression]:
     """Regressions of ``run`` against ``baseline``: a (bucket, backend) whose median compute_ms grew by more
-    than ``threshold`` (a fraction), and any increase in rejected documents or fallback batches."""
+    than ``threshold`` (a fraction), a suspected memory leak (memory_regression), and any increase in rejected
+    documents or fallback batches."""
     check_threshold(threshold)
     found = []
     for before, now in latency_changes(run, baseline):
@@ -256,6 +258,9 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
                 "latency", f"bucket {fmt(now.bucket_len)} / {now.backend or '?'}", before.median_ms, now.median_ms,
                 f"median compute {now.median_ms:.2f} ms vs {before.median_ms:.2f} ms "
                 f"({now.median_ms / before.median_ms - 1:+.1%}, threshold {threshold:.0%})"))
+    memory = memory_regression(run, baseline, threshold)
+    if memory is not None:
+        found.append(memory)
     for what, count in (("rejected documents", rejected_by_kind), ("fallbacks", fallbacks)):
         before, now = count(baseline), count(run)
         if sum(now.values()) > sum(before.values()):
@@ -263,6 +268,35 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
             found.append(Regression(what, "all", sum(before.values()), sum(now.values()),
                                     f"{sum(now.values())} vs {sum(before.values())} ({'; '.join(grew)})"))
     return found
+
+
+def memory_trends(run: Run) -> list[memory_trend.Trend]:
+    """Each worker's memory trend from the timing records (batches are sorted by start time), so a run
+    whose summary predates the ``memory`` block gets one too."""
+    b = run.batches
+    keys = [memory_trend.worker_key({"worker": w, "device": d}) for w, d in zip(b["worker"], b["device"])]
+    trends = []
+    for key in sorted(set(keys)):
+        rows = [i for i, k in enumerate(keys) if k == key]
+        trends.append(memory_trend.trend(key, list(b["memory_in_use_bytes"][rows]), list(b["memory_peak_bytes"][rows])))
+    return trends
+
+
+def memory_regression(run: Run, baseline: Run, threshold: float) -> Regression | None:
+    """A suspected leak the baseline did not have, or one that grows more than ``threshold`` faster."""
+    def worst(r):
+        judged = [t for t in memory_trends(r) if t.growth_mb_per_1k_batches is not None]
+        return max(judged, key=lambda t: t.growth_mb_per_1k_batches, default=None)
+
+    now, before = worst(run), worst(baseline)
+    if now is None or not now.leak_suspected:
+        return None
+    before_growth = before.growth_mb_per_1k_batches if before is not None else 0.0
+    if before is not None and before.leak_suspected and now.growth_mb_per_1k_batches <= before_growth * (1 + threshold):
+        return None
+    return Regression("memory growth", now.worker, before_growth, now.growth_mb_per_1k_batches,
+                      f"{now.growth_mb_per_1k_batches:,.0f} MB per 1,000 batches after warm-up vs "
+                      f"{before_growth:,.0f} MB in the baseline (leak suspected: {memory_trend.RULE})")
 
 
 def check_threshold(threshold: float) -> None:

@@ -8,9 +8,9 @@ import html
 
 import numpy as np
 
-from pipeline import report_charts
-from pipeline.report_data import (Regression, Run, bucket_stats, fallbacks, fmt, latency_changes, recompilations,
-                                  rejected_by_kind)
+from pipeline import memory_trend, report_charts
+from pipeline.report_data import (Regression, Run, bucket_stats, fallbacks, fmt, latency_changes, memory_trends,
+                                  recompilations, rejected_by_kind)
 
 # .w (a cell with a long unbroken value: a gs:// path, a digest) and code wrap anywhere rather than widen
 # the page; other cells keep whole words.
@@ -31,6 +31,7 @@ td.n{text-align:right;font-variant-numeric:tabular-nums}
 th{background:#f0f0f0}
 .regressions{border-radius:6px;padding:4px 16px 12px;margin-top:12px}
 .bad{background:#fdecea;border:2px solid #c62828}.ok{background:#e8f5e9;border:2px solid #2e7d32}
+.amber{background:#fff8e1;border:2px solid #ef8f00}
 tr.flag td{background:#ffcdd2;font-weight:bold}.warn{background:#fff8e1;border:2px solid #f9a825;padding:4px 12px}
 .empty{background:#fff8e1;border:2px solid #f9a825;border-radius:6px;padding:8px 14px;margin-top:12px}
 .note{color:#666}
@@ -46,7 +47,7 @@ _SUMMARY_FIELDS = {
     "docs_per_second": "documents/s", "tokens_per_second": "tokens/s",
     "attention_backends": "batches by attention backend", "fallbacks": "attention fallbacks (batches)",
     "rejected_by_kind": "rejected documents by kind"}
-_OWN_TABLES = ("attention_plan", "buckets", "versions", "metrics", "startup", "stages")  # shown as tables of their own
+_OWN_TABLES = ("attention_plan", "buckets", "versions", "metrics", "startup", "stages", "memory")  # shown as tables of their own
 _STARTUP_GROUPS = {"steps_s": "driver (s)", "encoder_s": "encoder (s)", "compiles_s": "compile (s)",
                    "since_process_start_s": "since the process started (s)", "steady_state": "steady state"}
 
@@ -155,17 +156,41 @@ def _regressions_section(run: Run, baseline: Run, regressions: list[Regression],
     limit = 1 + threshold
     rows = [[fmt(b.bucket_len), now.backend or "?", b.median_ms, now.median_ms,
              f"{now.median_ms / b.median_ms - 1:+.1%}"] for b, now in changes]
-    verdict = (f"<p><b>{len(regressions)} regression(s) found.</b></p>" +
-               _table(["what", "where", "baseline", "current", "detail"],
-                      [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions])
-               if regressions else "<p><b>No regressions.</b></p>")
+    if regressions:
+        verdict = (f"<p><b>{len(regressions)} regression(s) found.</b></p>" +
+                   _table(["what", "where", "baseline", "current", "detail"],
+                          [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions]))
+    elif not changes:
+        verdict = ("<p><b>Nothing compared:</b> no (bucket, backend) has steady batches in both runs, so no "
+                   "latency could be compared (different backends or buckets?).</p>")
+    else:
+        verdict = "<p><b>No regressions.</b></p>"
+    status = "bad" if regressions else "ok" if changes else "amber"
     latency = (_table(["bucket", "backend", "baseline median (ms)", "current median (ms)", "change"], rows,
                       [now.median_ms > b.median_ms * limit for b, now in changes])
                if changes else "<p class=note>No (bucket, backend) has steady batches in both runs.</p>")
-    return (f"<section class='regressions {'bad' if regressions else 'ok'}'><h2>Regressions vs baseline</h2>"
+    return (f"<section class='regressions {status}'><h2>Regressions vs baseline</h2>"
             f"<p>Baseline: <code>{html.escape(baseline.path)}</code>. Flagged: a (bucket, backend) whose median "
-            f"compute_ms grew by more than {threshold:.0%}, and any increase in rejected documents or fallbacks."
+            f"compute_ms grew by more than {threshold:.0%}, any increase in rejected documents or fallbacks, and a "
+            f"suspected memory leak the baseline did not have (or one growing {threshold:.0%} faster)."
             f"</p>{verdict}<h3>Median compute_ms per bucket and backend</h3>{latency}</section>")
+
+
+def _memory_trend(run: Run) -> str:
+    """Beside the memory chart: each worker's growth after warm-up and where it would be at 10x the batches."""
+    trends = memory_trends(run)
+    if not trends:
+        return ""
+    suspected = [t for t in trends if t.leak_suspected]
+    head = ("<div class=warn><b>⚠ Memory leak suspected</b> on " + html.escape(", ".join(t.worker for t in suspected))
+            + "</div>" if suspected else "")
+    rows = [[t.worker, t.batches, fmt(t.peak_bytes / 2**20), fmt(t.growth_mb_per_1k_batches),
+             fmt(None if t.projected_bytes() is None else t.projected_bytes() / 2**20),
+             "yes" if t.leak_suspected else "no"] for t in trends]
+    return (f"<h3>Memory growth per worker</h3>{head}"
+            + _table(["worker", "batches", "peak (MB)", "growth after warm-up (MB per 1,000 batches)",
+                      "projected at 10x the batches (MB)", "leak suspected"], rows, [t.leak_suspected for t in trends])
+            + f"<p class=note>Rule: {html.escape(memory_trend.RULE)}.</p>")
 
 
 def _recompilations(b) -> str:
@@ -214,6 +239,7 @@ started {html.escape(str(s.get("started_at", "—")))}</p>
 per second of compute on one device.</p>{bucket_table}
 <h2>Charts</h2>
 {_charts(run)}
+{_memory_trend(run)}
 {_recompilations(b)}
 <h2>Rejected documents</h2>
 {rejected_sample if run.errors else "<p class=note>No error records.</p>"}

@@ -17,7 +17,8 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline.breakdown import stage_shares, startup_breakdown
 from pipeline.bucket import BucketBatches
-from pipeline.commit import CommitRun, RunFailed
+from pipeline.commit import MEMORY_LIMIT, CommitRun, RunFailed
+from pipeline.validate import beam_options_of, launch_values, refuse_placeholders
 from pipeline.config import expand_placeholders
 from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.lock import OutputLock
@@ -86,6 +87,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "packing": cfg.batching.packing, "config_digest": cfg.digest(), "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
+        MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
 
 
@@ -151,6 +153,8 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     keep_every_compilation()
     run_id = output_lib.new_run_id()
     cfg = expand_placeholders(cfg, run_id, output_lib.run_date())
+    # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
+    refuse_placeholders(cfg.runner.name, launch_values(cfg, beam_options_of(cfg, extra_beam_args)))
     plan = make_plan(cfg)
     marks["plan"] = time.time()
     out = cfg.output.path

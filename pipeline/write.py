@@ -5,6 +5,7 @@ no duplicates.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -13,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from pipeline import memory_trend
 from pipeline.observe import METRICS_NAMESPACE, StageClock, fallback_key
 from pipeline.records import Rejected, WindowEmbedding
 
@@ -108,9 +110,13 @@ class _SumDicts(beam.CombineFn):
 
 
 def _merge(a: dict, b: dict) -> dict:
+    """Numbers add up; a value under a key only one side has (a worker's memory trend) is kept as it is."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) else out.get(k, 0) + v
+        if isinstance(v, dict):
+            out[k] = _merge(out.get(k, {}), v)
+        else:
+            out[k] = out[k] + v if k in out else v
     return out
 
 
@@ -124,6 +130,18 @@ def timing_stats(t: dict) -> dict:
         key = fallback_key(t["attention_requested"], t["attention_backend"], t["fallback_reason"])
         stats["fallbacks"] = {key: 1}
     return stats
+
+
+def memory_sample(t: dict) -> tuple[str, tuple[str, float, float]]:
+    nan = float("nan")
+    return memory_trend.worker_key(t), (t.get("started_at", ""), t.get("memory_in_use_bytes", nan),
+                                        t.get("memory_peak_bytes", nan))
+
+
+def memory_trend_stats(worker: str, samples) -> dict:
+    """One worker's trend (pipeline/memory_trend.py) under ``memory_trends``: one entry per worker, so the
+    sum of the run's statistics keeps each as it is."""
+    return {"memory_trends": {worker: dataclasses.asdict(memory_trend.trend_from_samples(worker, samples))}}
 
 
 def startup_stats(startup: dict) -> dict:
@@ -177,6 +195,8 @@ class WriteOutputs(beam.PTransform):
              reused | "ReusedStats" >> beam.Map(lambda e: {"docs_reused": 1, "tokens_reused": e["num_tokens"]}),
              rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
              timing | "TimingStats" >> beam.Map(timing_stats),
+             timing | "MemorySamples" >> beam.Map(memory_sample) | "ByWorker" >> beam.GroupByKey()
+             | "MemoryTrend" >> beam.MapTuple(memory_trend_stats),
              *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []))
             | "AllStats" >> beam.Flatten()
             | "SumStats" >> beam.CombineGlobally(_SumDicts()))

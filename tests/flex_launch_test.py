@@ -9,17 +9,26 @@ import ast
 import json
 import os
 import re
+import shlex
 
 import pytest
 
 from conftest import SAMPLE, job_config
 from pipeline import flex_launch, output
+from pipeline.config import ConfigError
 from pipeline.run import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METADATA = os.path.join(REPO, "docker", "flex-template", "metadata.json")
 DAG = os.path.join(REPO, "docker", "airflow", "docbeam_dag.py")
+SCHEDULER_BODY = os.path.join(REPO, "docker", "flex-template", "scheduler_body.json")
+README = os.path.join(REPO, "README.md")
 PARAM_TYPES = {"TEXT", "GCS_READ_FILE", "GCS_WRITE_FOLDER"}
+# The launch request's environment, as Dataflow's launcher hands it to the main file (Beam's option names).
+ENVIRONMENT_OPTIONS = {"tempLocation": "temp_location", "stagingLocation": "staging_location",
+                       "sdkContainerImage": "sdk_container_image", "serviceAccountEmail": "service_account_email"}
+# What a user puts where the shipped files say my-docbeam-*: every other value is the files' own.
+USERS_OWN = {"my-docbeam-project": "acme-prod", "my-docbeam-bucket": "acme-embeddings"}
 
 
 def metadata() -> dict:
@@ -37,6 +46,7 @@ def test_the_template_declares_typed_parameters_that_the_launcher_reads():
 @pytest.mark.parametrize("name, good, bad", [
     ("config", "configs/dataflow_tpu.yaml", "configs/dataflow_tpu.json"),
     ("output", "gs://b/runs/{run_date}", "gs://b/runs/*"),
+    ("compilation_cache", "gs://b/jax-cache/tpu-v5e", "/local/jax-cache"),
     ("overrides", "batching.shards=32;attention.verify=false", "batching.shards"),
 ])
 def test_parameter_regexes_accept_good_values_and_refuse_bad_ones(name, good, bad):
@@ -48,10 +58,12 @@ def test_parameters_map_to_docbeam_run_and_launch_options_go_to_beam_after_the_p
     monkeypatch.chdir(tmp_path)  # the launcher's working folder is not the image's /opt/docbeam
     args = flex_launch.to_run_args([
         "--config=configs/dataflow_tpu.yaml", "--input=gs://b/corpus/x.jsonl", "--output=gs://b/runs/{run_date}",
+        "--compilation_cache=gs://b/jax-cache/tpu-v5e",
         "--overrides=batching.shards=32; attention.verify=false", "--project=real-project", "--region=us-east5",
         "--temp_location=gs://b/tmp", "--job_name=docbeam-20261130"])
     assert args == ["run", "--config", os.path.join(REPO, "configs", "dataflow_tpu.yaml"), "--no-wait",
                     "--set", "input.path=gs://b/corpus/x.jsonl", "--set", "output.path=gs://b/runs/{run_date}",
+                    "--set", "runner.compilation_cache=gs://b/jax-cache/tpu-v5e",
                     "--set", "batching.shards=32", "--set", "attention.verify=false",
                     "--", "--project=real-project", "--region=us-east5", "--temp_location=gs://b/tmp",
                     "--job_name=docbeam-20261130"]
@@ -113,7 +125,7 @@ def test_the_airflow_dag_launches_the_template_with_its_parameters_and_waits_for
     assert set(launch["parameters"]) <= set(flex_launch.PARAMETERS) and "config" in launch["parameters"]
     assert os.path.exists(os.path.join(REPO, launch["parameters"]["config"]))
     assert "{{ ds }}" in launch["parameters"]["output"], "each day's run needs its own output folder"
-    assert set(launch["environment"]) <= {"serviceAccountEmail", "tempLocation", "stagingLocation"}
+    assert set(launch["environment"]) <= set(ENVIRONMENT_OPTIONS)
     assert kwargs["wait_until_finished"] is True
 
 
@@ -132,3 +144,82 @@ def test_the_cloud_scheduler_body_launches_the_template_into_a_folder_per_day():
     # Cloud Scheduler sends the same body every day: the date comes from docbeam's own placeholder.
     assert "{run_date}" in launch["parameters"]["output"]
     assert os.path.exists(os.path.join(REPO, launch["parameters"]["config"]))
+
+
+def launcher_argv(launch: dict, project: str, region: str) -> list[str]:
+    """What Dataflow's Python launcher runs the main file with, for this launch request: each template
+    parameter as --name=value, then the launch's pipeline options."""
+    return ([f"--{name}={value}" for name, value in launch["parameters"].items()]
+            + [f"--{ENVIRONMENT_OPTIONS[key]}={value}" for key, value in launch.get("environment", {}).items()]
+            + [f"--project={project}", f"--region={region}"])
+
+
+def filled_in(text: str) -> str:
+    """A shipped launch file after its user replaced the placeholders it shows, and nothing else."""
+    for placeholder, own in USERS_OWN.items():
+        text = text.replace(placeholder, own)
+    return text
+
+
+def test_the_cloud_scheduler_body_filled_in_replaces_every_placeholder_of_its_profile():
+    launch = json.loads(filled_in(open(SCHEDULER_BODY).read()))["launchParameter"]
+    flex_launch.refuse_placeholders(flex_launch.parse(launcher_argv(launch, "acme-prod", "us-central1")))
+
+
+def test_the_airflow_dag_filled_in_replaces_every_placeholder_of_its_profile():
+    tree = ast.parse(filled_in(open(DAG).read()))
+    names = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            names[node.targets[0].id] = literal(node.value, names)
+    (call,) = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "")
+               == "DataflowStartFlexTemplateOperator"]
+    kwargs = {k.arg: literal(k.value, names) for k in call.keywords}
+    # Airflow renders its templates ({{ ds }}: the logical date) before the operator sends the body.
+    launch = json.loads(json.dumps(kwargs["body"]["launchParameter"]).replace("{{ ds }}", "2026-11-30"))
+    flex_launch.refuse_placeholders(flex_launch.parse(launcher_argv(launch, kwargs["project_id"],
+                                                                    kwargs["location"])))
+
+
+def readme_flex_template_run() -> dict:
+    """The README's `gcloud dataflow flex-template run` command as a launch request, its shell variables set
+    as the README's step list defines them."""
+    text = open(README).read()
+    (command,) = re.findall(r"^ *gcloud dataflow flex-template run (?:.*\\\n)*.*$", text, re.M)
+    shell = {"$PROJECT": "acme-prod", "$REGION": "us-central1", "$BUCKET": "gs://acme-embeddings",
+             "$SA": "docbeam-worker@acme-prod.iam.gserviceaccount.com",
+             "$IMAGE": "us-central1-docker.pkg.dev/acme-prod/docbeam/worker-tpu:0.1.0"}
+    command = command.replace("\\\n", " ")
+    for name, value in shell.items():
+        command = command.replace(name, value)
+    flags = dict(arg.removeprefix("--").split("=", 1) for arg in shlex.split(command) if arg.startswith("--"))
+    environment = {"tempLocation": flags.pop("temp-location"), "stagingLocation": flags.pop("staging-location"),
+                   "serviceAccountEmail": flags.pop("service-account-email")}
+    parameters = dict(item.split("=", 1) for item in flags.pop("parameters").split(","))
+    return {"project": flags["project"], "region": flags["region"], "parameters": parameters,
+            "environment": environment}
+
+
+def test_the_readmes_flex_template_run_replaces_every_placeholder_of_its_profile():
+    launch = readme_flex_template_run()
+    assert "sdk_container_image" in launch["parameters"] and "compilation_cache" in launch["parameters"]
+    flex_launch.refuse_placeholders(flex_launch.parse(launcher_argv(launch, launch["project"], launch["region"])))
+
+
+def test_a_launch_that_leaves_placeholders_is_refused_with_exit_2_before_anything_is_submitted(capsys):
+    code = flex_launch.main(["--config=configs/dataflow_tpu.yaml", "--output=gs://acme-embeddings/runs/x",
+                             "--project=acme-prod", "--temp_location=gs://acme-embeddings/tmp"])
+    err = capsys.readouterr().err
+    assert code == 2
+    refused = {line.split(" is ")[0].strip() for line in err.splitlines() if line.startswith("  ")}
+    assert refused == {"input.path", "runner.compilation_cache", "runner.options.staging_location",
+                       "runner.options.sdk_container_image"}, err
+
+
+def test_template_parameters_and_launch_options_replace_the_profiles_placeholders():
+    argv = ["--config=configs/dataflow_cpu.yaml", "--input=gs://a/in/*.jsonl", "--output=gs://a/runs/{run_date}",
+            "--compilation_cache=gs://a/jax-cache/cpu", "--project=p-1", "--temp_location=gs://a/t",
+            "--staging_location=gs://a/s", "--sdk_container_image=r-docker.pkg.dev/p-1/docbeam/worker-cpu:0.1.0"]
+    flex_launch.refuse_placeholders(flex_launch.parse(argv))
+    with pytest.raises(ConfigError, match=r"\n  runner.options.project is 'my-docbeam-project'[^\n]*$"):
+        flex_launch.refuse_placeholders(flex_launch.parse([a for a in argv if not a.startswith("--project=")]))

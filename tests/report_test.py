@@ -67,9 +67,10 @@ def slow_report(runs):
     return result, pathlib.Path(result.path).read_text(encoding="utf-8")
 
 
-def test_report_is_written_next_to_the_run_and_is_self_contained(runs, slow_report):
+def test_report_is_written_beside_the_run_never_inside_it_and_is_self_contained(runs, slow_report):
     result, text = slow_report
-    assert result.path == str(pathlib.Path(runs["slow"]) / "report.html")
+    assert result.path == f"{runs['slow']}.report.html"  # inside, the next run would find a file no manifest lists
+    assert not (pathlib.Path(runs["slow"]) / "report.html").exists()
     page = _Page(text)
     assert page.links and all(link.startswith("data:image/png;base64,") for link in page.links)
     assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)
@@ -206,7 +207,7 @@ def _cli(*args) -> int:
 def test_a_run_whose_documents_were_all_rejected_renders_and_says_why(tmp_path, capsys):
     output = write_empty_run(tmp_path / "run", rejected=("missing_text", "missing_text", "malformed_json"))
     assert _cli(output) == 0, capsys.readouterr().err
-    text = (tmp_path / "run" / "report.html").read_text()
+    text = (tmp_path / "run.report.html").read_text()
     assert "No batches ran: 0 documents embedded, 3 rejected — see rejected documents by kind" in text
     assert set(_Page(text).images) == {"rejected documents by kind"}
     assert "No data to draw: batch latency by bucket and backend, throughput over the run" in text
@@ -216,7 +217,7 @@ def test_a_run_whose_documents_were_all_rejected_renders_and_says_why(tmp_path, 
 def test_an_empty_input_renders_and_says_why(tmp_path, capsys):
     output = write_empty_run(tmp_path / "run")
     assert _cli(output) == 0, capsys.readouterr().err
-    text = (tmp_path / "run" / "report.html").read_text()
+    text = (tmp_path / "run.report.html").read_text()
     assert "No batches ran: 0 documents embedded, 0 rejected — the input held no documents" in text
     assert _Page(text).images == {} and "No error records" in text
 
@@ -227,6 +228,10 @@ def test_an_empty_run_against_a_busy_baseline_and_back(runs, tmp_path, capsys):
     assert "REGRESSION rejected documents (all): 9 vs 6" in capsys.readouterr().err
     text = (tmp_path / "a.html").read_text()
     assert "regressions bad" in text and "No (bucket, backend) has steady batches in both runs" in text
+    assert _cli(empty, "--baseline", empty, "--out", tmp_path / "c.html") == 2  # nothing to compare: not a pass
+    assert "nothing to compare" in capsys.readouterr().err
+    text = (tmp_path / "c.html").read_text()
+    assert "regressions amber" in text and "Nothing compared" in text and "No regressions" not in text
     assert _cli(runs["baseline"], "--baseline", empty, "--out", tmp_path / "b.html") == 1  # 90 fallbacks vs none
     assert set(_Page((tmp_path / "b.html").read_text()).images) == CHARTS
 
@@ -241,7 +246,8 @@ def test_a_run_that_was_not_committed_is_found_and_says_so(tmp_path, capsys):
     assert _cli(tmp_path / "out") == 2
     assert f"it holds uncommitted runs, e.g. {staged} (pass that folder" in capsys.readouterr().err
     assert _cli(staged) == 0
-    text = (staged / "report.html").read_text()
+    assert not (staged / "report.html").exists() and not (tmp_path / "out" / "_staging" / "r1.report.html").exists()
+    text = (tmp_path / "out.r1.report.html").read_text()  # beside the whole output, not in its _staging/
     assert "This run failed and was not committed: nothing was embedded; too many rejects." in text
     assert "<td>nothing was embedded; too many rejects</td>" in text
 
@@ -255,7 +261,8 @@ def test_nested_summary_fields_are_tables_not_python_dicts(slow_report):
     assert {"Attention plan per bucket", "Batches per bucket", "Versions"} <= set(headings)
     assert ("<tr><td>32</td><td>native</td><td>xla</td><td>flash needs bucket_len &gt;= 64</td></tr>" in text)
     assert "<tr><td>jax</td><td>0.10.2</td></tr>" in text
-    buckets = json.loads((pathlib.Path(slow_report[0].path).parent / "summary.json").read_text())["buckets"]
+    output = pathlib.Path(slow_report[0].path.removesuffix(".report.html"))
+    buckets = json.loads((output / "summary.json").read_text())["buckets"]
     assert f"<td class=n>{buckets['256']['padded_tokens']:,}</td>" in text
 
 
@@ -390,3 +397,14 @@ def test_report_of_a_real_run_shows_what_the_run_did(real_run):
     (reason,) = {c["fallback_reason"] for c in summary["attention_plan"].values()}
     assert report_data.fallbacks(run) == {f"flash->native: {reason}": summary["batches"]}
     assert html.escape(f"flash->native: {reason}") in text
+
+
+def test_the_compile_chart_counts_compilations_made_ahead_of_the_first_batch():
+    """The command says "2 compilations" when both shapes compiled in the background before any batch; the
+    chart must not say 0."""
+    from pipeline.report_charts import compile_title
+
+    assert compile_title({"compiles": 2, "compiles_ahead": 2}, in_batches=0, recompiled=0).startswith(
+        "XLA compilations: 2 compilations (2 ahead of time, 0 in a batch)")
+    assert compile_title({}, in_batches=3, recompiled=1) == \
+        "XLA compilations: 3 compilations (0 ahead of time, 3 in a batch), 1 recompilation"

@@ -1,7 +1,9 @@
 """Cloud Composer / Airflow: the daily docbeam TPU job, launched from the Flex Template.
 
 Copy this file into the environment's dags/ folder after replacing the placeholders (project, region,
-buckets, service account); README "Running on Dataflow (TPU, GPU, CPU)" builds the template it launches.
+bucket, image); README "Running on Dataflow (TPU, GPU, CPU)" builds the template and the image it launches.
+Every value the profile holds as a placeholder is passed here explicitly (project, temp and staging
+locations, worker image, input, output, compilation cache): the launcher refuses a launch that leaves one.
 Each run embeds the day's corpus into its own folder, so a rerun of one day replaces only that day.
 """
 from __future__ import annotations
@@ -13,6 +15,8 @@ from airflow.providers.google.cloud.operators.dataflow import DataflowStartFlexT
 PROJECT = "my-docbeam-project"
 REGION = "us-central1"
 BUCKET = "gs://my-docbeam-bucket"
+# The image built from docker/Dockerfile (FLAVOUR=tpu): it launches the template and runs the workers.
+IMAGE = f"{REGION}-docker.pkg.dev/{PROJECT}/docbeam/worker-tpu:0.1.0"
 WORKER_SERVICE_ACCOUNT = f"docbeam-worker@{PROJECT}.iam.gserviceaccount.com"
 
 with DAG(
@@ -37,8 +41,11 @@ with DAG(
                     "config": "configs/dataflow_tpu.yaml",
                     "input": f"{BUCKET}/corpus/{{{{ ds }}}}/*.jsonl.gz",
                     "output": f"{BUCKET}/runs/{{{{ ds }}}}",
+                    # One cache per accelerator type: tomorrow's job reuses today's compilations.
+                    "compilation_cache": f"{BUCKET}/jax-cache/tpu-v5e",
                 },
                 "environment": {
+                    "sdkContainerImage": IMAGE,
                     "serviceAccountEmail": WORKER_SERVICE_ACCOUNT,
                     "tempLocation": f"{BUCKET}/dataflow/temp",
                     "stagingLocation": f"{BUCKET}/dataflow/staging",
