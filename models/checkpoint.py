@@ -29,7 +29,7 @@ POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers be
     "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken"}
-SUPPORTED_POOLING = ("mean", "cls")
+SUPPORTED_POOLING = ("mean", "cls", "lasttoken")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +37,7 @@ class ModelSettings:
     """What the checkpoint folder says about windows and pooling (sentence-transformers' files if present)."""
 
     max_seq_len: int
-    pooling: str  # "mean" | "cls"
+    pooling: str  # "mean" | "cls" | "lasttoken"
     normalize: bool
 
 
@@ -128,7 +128,14 @@ def model_settings(folder: str, config: EncoderConfig) -> ModelSettings:
     max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
-    return ModelSettings(max_seq_len=int(max_len), pooling=pooling_mode(folder, modules), normalize=normalize)
+    return ModelSettings(max_seq_len=int(max_len), pooling=pooling_mode(folder, modules, default_pooling(config)),
+                         normalize=normalize)
+
+
+def default_pooling(config: EncoderConfig) -> str:
+    """The pooling of a checkpoint without a Pooling module: the last token for a causal model (a decoder's
+    only token that has seen its whole window: Qwen3-Embedding, gte-Qwen2), the mean for the rest."""
+    return "lasttoken" if any(f.causal for f in config.attention_features) else "mean"
 
 
 def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
@@ -147,8 +154,9 @@ def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
     return out
 
 
-def pooling_mode(folder: str, modules: list[tuple[str, dict]]) -> str:
-    """``mean`` or ``cls`` from the Pooling module's config.json; mean when the checkpoint has none."""
+def pooling_mode(folder: str, modules: list[tuple[str, dict]], default: str = "mean") -> str:
+    """``mean``, ``cls`` or ``lasttoken`` from the Pooling module's config.json; ``default`` when the
+    checkpoint has none."""
     path = next((m.get("path") or "1_Pooling" for kind, m in modules if kind == "Pooling"), "1_Pooling")
     name = f"{path}/config.json"
     pooling_cfg = _read_json(folder, name)
@@ -156,7 +164,7 @@ def pooling_mode(folder: str, modules: list[tuple[str, dict]]) -> str:
         if any(kind == "Pooling" for kind, _ in modules):
             raise CheckpointError(f"model.path: {folder}/modules.json lists a Pooling module at {path!r}, but "
                                   f"{name} is missing; docbeam reads the pooling mode from it")
-        return "mean"
+        return default
     if "pooling_mode" in pooling_cfg:  # sentence-transformers >= 5: a mode name, or a list to concatenate
         mode = pooling_cfg["pooling_mode"]
         modes, settings = ([mode] if isinstance(mode, str) else list(mode)), f"pooling_mode: {mode!r}"

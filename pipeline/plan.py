@@ -62,7 +62,8 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     from attention import AttentionCase
 
     return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim, packed=packed) for b in buckets]
+                          head_dim=config.head_dim, packed=packed, num_kv_heads=getattr(config, "num_kv_heads", None))
+            for b in buckets]
 
 
 _PROBED: set[str] = set()
