@@ -148,6 +148,16 @@ def test_both_forms_read_as_the_same_decoder(folder):
     assert ck.settings.pooling == "lasttoken"  # no Pooling module: a causal model's default
 
 
+def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
+    from pipeline.plan import attention_cases
+
+    config = checkpoint.open_checkpoint(folder).config
+    (case,) = attention_cases(config, [64], "cpu", packed=True)
+    assert (case.num_heads, case.kv_heads, case.head_dim) == (4, 2, 16)
+    for features in config.attention_features:
+        assert attention.get("native").refusal(case.with_features(features)) is None
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_last_token_vectors_match_transformers(model, folder, packed):
     ids, lengths = token_inputs(LENGTHS)

@@ -157,7 +157,7 @@ def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
 
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
 
-@pytest.mark.parametrize("pooling", ["mean", "cls"])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "lasttoken"])
 @pytest.mark.parametrize("position", ["absolute", "rope"])
 def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position):
     from models.encoder import Encoder, EncoderConfig, embed_fn
