@@ -123,12 +123,13 @@ def reference_vectors(model, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray
 
 
 def our_vectors(folder: str, ids, lengths, *, packed: bool = False, attend=None, pooling: str = "lasttoken",
-                change=None) -> np.ndarray:
+                change=None, implementation: str = "auto") -> np.ndarray:
     """Our vectors from the checkpoint on native attention; ``attend`` wraps it (a test breaking what a layer
     asks of attention), ``change`` edits the config read, the weights staying the checkpoint's."""
     ck = checkpoint.open_checkpoint(folder)
     params = checkpoint.load_params(ck.folder, ck.config)
-    native = attention.get("native").bind()
+    backend = attention.get("native")
+    native = backend.bind(backend.parse_options({"implementation": implementation}))
     config = change(ck.config) if change else ck.config
     embed = jax.jit(encoder.embed_fn(config, attend(native) if attend else native, pooling))
     if not packed:
@@ -158,10 +159,11 @@ def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
         assert attention.get("native").refusal(case.with_features(features)) is None
 
 
+@pytest.mark.parametrize("implementation", ["einsum", "jax_nn"])  # native's CPU form and the one off CPU
 @pytest.mark.parametrize("packed", [False, True])
-def test_last_token_vectors_match_transformers(model, folder, packed):
+def test_last_token_vectors_match_transformers(model, folder, packed, implementation):
     ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed)
+    ours = our_vectors(folder, ids, lengths, packed=packed, implementation=implementation)
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
 
 
@@ -238,6 +240,16 @@ def test_every_window_of_a_long_document_ends_with_endoftext(tmp_path):
     assert windows[0].doc_tokens == 50
     content = [w.token_ids[:-1].tolist() for w in windows]
     assert content[1][:4] == content[0][-4:]  # the stride overlaps content, not the appended token
+
+
+def test_transformers_reads_the_test_tokenizer_as_docbeam_does(tmp_path):
+    """The tokenizer files are a real checkpoint's: transformers' AutoTokenizer appends the same token."""
+    from transformers import AutoTokenizer
+
+    write_tokenizer(str(tmp_path))
+    text = "w3 w14 w15 w92 unknown"
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path))(text)["input_ids"]
+    assert checkpoint.load_tokenizer(str(tmp_path))(text)["input_ids"] == theirs == [3, 14, 15, 92, UNK, EOS]
 
 
 @pytest.mark.slow
