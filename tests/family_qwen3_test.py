@@ -197,6 +197,12 @@ def test_each_feature_moves_the_output(model, folder, packed, broken):
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
 
 
+def test_bfloat16_stays_close_to_transformers(model, folder):
+    ids, lengths = token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, packed=True, change=replace(dtype="bfloat16"))
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= 0.99
+
+
 def test_repeating_kv_heads_per_query_head_changes_nothing(model, folder):
     """The grouping itself, checked the other way: native on K heads equals native on K heads repeated."""
     ids, lengths = token_inputs(LENGTHS)
