@@ -18,8 +18,8 @@ from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
                                     segment_starts)
 
 # Re-exported: the base config and the pieces families share live with the blocks (models/families/common.py).
-__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "embed_fn", "gelu_erf", "pool", "pool_segments",
-           "rotary", "segment_positions", "segment_starts"]
+__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "embed_fn", "gelu_erf", "pool",
+           "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
 
 
 def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
@@ -30,30 +30,46 @@ def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
     return family_of(config).Model(config, attention)
 
 
+POOLING_MODES = ("mean", "cls", "lasttoken")
+
+
 def pool(hidden_BxTxD: jax.Array, lengths_B: jax.Array, mode: str) -> jax.Array:
-    """Window embeddings in float32: mean over the valid tokens, or the first ([CLS]) token."""
+    """Window embeddings in float32: mean over the valid tokens, the first ([CLS]) token, or the last valid
+    one (``lasttoken``: decoders, whose last token is the only one that has seen the whole window; rows are
+    right-padded, so it sits at length - 1)."""
     hidden_BxTxD = hidden_BxTxD.astype(jnp.float32)
     if mode == "cls":
         return hidden_BxTxD[:, 0, :]
+    if mode == "lasttoken":
+        last_B = jnp.maximum(lengths_B, 1) - 1
+        return jnp.take_along_axis(hidden_BxTxD, last_B[:, None, None].astype(jnp.int32), axis=1)[:, 0, :]
     if mode != "mean":
-        raise ValueError(f"pooling {mode!r} is not supported; use 'mean' or 'cls'")
+        raise ValueError(f"pooling {mode!r} is not supported; use one of {', '.join(POOLING_MODES)}")
     mask_BxT = jnp.arange(hidden_BxTxD.shape[1])[None, :] < lengths_B[:, None]
     summed_BxD = jnp.einsum("btd,bt->bd", hidden_BxTxD, mask_BxT.astype(jnp.float32))
     return summed_BxD / jnp.maximum(lengths_B, 1)[:, None].astype(jnp.float32)
 
 
+def segment_ends(segment_ids_BxT: jax.Array) -> jax.Array:
+    """True at each packed window's last token: where the next token's segment id differs, or the row ends."""
+    return jnp.concatenate([segment_ids_BxT[:, :-1] != segment_ids_BxT[:, 1:],
+                            jnp.ones_like(segment_ids_BxT[:, :1], bool)], axis=1)
+
+
 def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_lengths_BxK: jax.Array,
                   mode: str) -> jax.Array:
     """Packed rows: one float32 embedding per window slot [B, K, D]; slot k is segment k + 1. Mean over
-    the slot's tokens, or its first token for ``cls``; empty slots are zero."""
+    the slot's tokens, its first token for ``cls``, its last for ``lasttoken``; empty slots are zero."""
     K = slot_lengths_BxK.shape[1]
     in_slot_BxTxK = segment_ids_BxT[:, :, None] == jnp.arange(1, K + 1, dtype=segment_ids_BxT.dtype)
     if mode == "cls":
         in_slot_BxTxK = in_slot_BxTxK & segment_starts(segment_ids_BxT)[:, :, None]
+    elif mode == "lasttoken":
+        in_slot_BxTxK = in_slot_BxTxK & segment_ends(segment_ids_BxT)[:, :, None]
     elif mode != "mean":
-        raise ValueError(f"pooling {mode!r} is not supported; use 'mean' or 'cls'")
+        raise ValueError(f"pooling {mode!r} is not supported; use one of {', '.join(POOLING_MODES)}")
     summed_BxKxD = jnp.einsum("btd,btk->bkd", hidden_BxTxD.astype(jnp.float32), in_slot_BxTxK.astype(jnp.float32))
-    if mode == "cls":
+    if mode != "mean":
         return summed_BxKxD
     return summed_BxKxD / jnp.maximum(slot_lengths_BxK, 1)[..., None].astype(jnp.float32)
 

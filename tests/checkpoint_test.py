@@ -40,6 +40,9 @@ def checkpoint(folder, modules=None, pooling=None) -> str:
      ("cls", False)),
     ([TRANSFORMER, POOLING], {"embedding_dimension": 32, "pooling_mode": "cls"}, ("cls", False)),  # ST >= 5
     ([TRANSFORMER, POOLING], {"pooling_mode": ["mean"]}, ("mean", False)),
+    ([TRANSFORMER, POOLING, NORMALIZE], {"pooling_mode": "lasttoken"}, ("lasttoken", True)),  # Qwen3-Embedding
+    ([TRANSFORMER, POOLING], {**MEAN, "pooling_mode_mean_tokens": False, "pooling_mode_lasttoken": True},
+     ("lasttoken", False)),
 ])
 def test_supported_settings_give_pooling_and_normalisation(tmp_path, modules, pooling, expected):
     settings = open_checkpoint(checkpoint(tmp_path, modules, pooling)).settings
@@ -47,18 +50,18 @@ def test_supported_settings_give_pooling_and_normalisation(tmp_path, modules, po
 
 
 @pytest.mark.parametrize("flag", ["pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
-                                  "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken"])
+                                  "pooling_mode_weightedmean_tokens"])
 def test_an_unsupported_pooling_flag_is_refused_naming_file_module_and_setting(tmp_path, flag):
     folder = checkpoint(tmp_path, [TRANSFORMER, POOLING], {**MEAN, "pooling_mode_mean_tokens": False, flag: True})
     with pytest.raises(CheckpointError) as e:
         open_checkpoint(folder)
     assert f"{folder}/1_Pooling/config.json (the Pooling module) sets {flag}: true" in str(e.value)
-    assert "docbeam pools by exactly one of mean, cls" in str(e.value)
+    assert "docbeam pools by exactly one of mean, cls, lasttoken" in str(e.value)
 
 
 @pytest.mark.parametrize("pooling, setting", [
     ({"pooling_mode": "max"}, "pooling_mode: 'max'"),
-    ({"pooling_mode": "lasttoken"}, "pooling_mode: 'lasttoken'"),
+    ({"pooling_mode": ["lasttoken", "mean"]}, "pooling_mode: ['lasttoken', 'mean']"),
     ({"pooling_mode": ["cls", "mean"]}, "pooling_mode: ['cls', 'mean']"),  # concatenated
     ({**MEAN, "pooling_mode_cls_token": True}, "pooling_mode_cls_token: true, pooling_mode_mean_tokens: true"),
 ])

@@ -111,3 +111,12 @@ def test_bert_gelu_is_the_exact_erf_form_over_the_whole_float32_range():
     want = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
     got = np.asarray(jax.jit(encoder.ACTIVATIONS["gelu"])(x), np.float64)
     assert np.all(np.abs(got - want) <= 2e-6 * np.maximum(1.0, np.abs(want)))
+
+
+def test_lasttoken_pools_each_windows_last_valid_token_right_padded_and_packed():
+    hidden_BxTxD = np.arange(2 * 6, dtype=np.float32).reshape(2, 6, 1) + 100  # token t of row b: 100 + 6b + t
+    rows = encoder.pool(hidden_BxTxD, np.array([4, 6], np.int32), "lasttoken")
+    assert rows[:, 0].tolist() == [103.0, 111.0]
+    segments_BxT = np.array([[1, 1, 2, 2, 2, 0], [1, 1, 1, 1, 1, 1]], np.int32)
+    slots = encoder.pool_segments(hidden_BxTxD, segments_BxT, np.array([[2, 3], [6, 0]], np.int32), "lasttoken")
+    assert slots[..., 0].tolist() == [[101.0, 104.0], [111.0, 0.0]]  # an empty slot stays zero

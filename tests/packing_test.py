@@ -159,8 +159,10 @@ def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
 
 @pytest.mark.parametrize("pooling, position, backend", [
-    ("mean", "absolute", "native"), ("cls", "absolute", "native"), ("mean", "rope", "native"), ("cls", "rope", "native"),
-    ("mean", "rope", "chunked"), ("cls", "absolute", "flash")])  # every built-in backend takes segment ids
+    ("mean", "absolute", "native"), ("cls", "absolute", "native"), ("lasttoken", "absolute", "native"),
+    ("mean", "rope", "native"), ("cls", "rope", "native"), ("lasttoken", "rope", "native"),
+    ("mean", "rope", "chunked"), ("lasttoken", "rope", "chunked"),
+    ("cls", "absolute", "flash")])  # every built-in backend takes segment ids
 def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position, backend):
     from models.encoder import Encoder, EncoderConfig, embed_fn
 

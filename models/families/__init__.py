@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from models.families import bert, gte, modernbert, mpnet, nomic, roberta
+from models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
 from models.families.common import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -23,6 +23,8 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "gte": gte,
     "nomic_bert": nomic,
     "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
+    "qwen3": qwen3,
+    "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
 }
 
 

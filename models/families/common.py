@@ -356,3 +356,44 @@ class Tensors:
 
     def embedding(self, name: str) -> dict:
         return {"embedding": self(name)}
+
+
+# --- decoder blocks: RMSNorm, grouped-query causal self-attention ---------------------------------------------
+
+def rms_norm(eps: float, dtype, name: str) -> nn.RMSNorm:
+    """Llama-style RMSNorm (Qwen2/3): x / sqrt(mean(x²) + eps) · scale, no centring, no bias; the statistics
+    in float32 as transformers computes them."""
+    return nn.RMSNorm(eps, dtype=dtype, name=name)
+
+
+class GroupedSelfAttention(nn.Module):
+    """A decoder's self-attention: one fused projection to N query heads and K ≤ N key/value heads of
+    ``head_dim`` (which need not be hidden/N: Qwen3-0.6B has 16 heads of 128 over a 1024 hidden size),
+    optional per-head RMSNorm on q and k before rotary positions (Qwen3), and the AttentionFn called with
+    ``causal=True`` and the K heads as they are: grouping q heads over them is the backend's job."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attention: Callable[..., Any]
+    dtype: Any
+    rope: Rope
+    qkv_bias: bool = False  # Qwen2 biases q, k and v
+    out_bias: bool = False
+    qk_norm_eps: float | None = None  # Qwen3's per-head q/k RMSNorm; None: none (Qwen2)
+
+    @nn.compact
+    def __call__(self, x_BxTxD, rows: Rows):
+        B, T, D = x_BxTxD.shape
+        N, K, H = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv_BxTxM = nn.Dense((N + 2 * K) * H, use_bias=self.qkv_bias, dtype=self.dtype, name="qkv")(x_BxTxD)
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = jnp.split(qkv_BxTxM.reshape(B, T, N + 2 * K, H), [N, N + K], axis=2)
+        if self.qk_norm_eps is not None:
+            q_BxTxNxH = rms_norm(self.qk_norm_eps, self.dtype, "q_norm")(q_BxTxNxH)
+            k_BxTxKxH = rms_norm(self.qk_norm_eps, self.dtype, "k_norm")(k_BxTxKxH)
+        q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
+                                for t in (q_BxTxNxH, k_BxTxKxH))
+        features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
+        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
+                                      scale=1.0 / math.sqrt(H), causal=True, **features)
+        return nn.Dense(D, use_bias=self.out_bias, dtype=self.dtype, name="out")(attn_BxTxNxH.reshape(B, T, N * H))

@@ -1,0 +1,118 @@
+"""Qwen3 and Qwen2: decoders. Pre-norm RMSNorm layers, q/k/v projections with fewer key/value heads than query
+heads (grouped-query), rotary positions (half style, theta from config), SwiGLU, a final RMSNorm, and causal
+attention: a token sees only the tokens before it in its window, so the window's last token is the one that
+has seen it all (last-token pooling, and the ``<|endoftext|>`` the tokenizer appends). Qwen3 adds a per-head
+RMSNorm on q and k and drops every bias; Qwen2 biases q, k and v. Qwen3-Embedding 0.6B/4B/8B, gte-Qwen2."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import flax.linen as nn
+
+from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, GatedMlp, GroupedSelfAttention, HubConfig,
+                                    Rope, Tensors, rms_norm, rows_of)
+
+PREFIXES = ("model.",)  # Qwen3ForCausalLM's tensors; Qwen3Model (Qwen3-Embedding) saves them bare
+
+
+@dataclasses.dataclass(frozen=True)
+class Config(EncoderConfig):
+    num_kv_heads: int | None = None  # grouped-query: key/value heads, a divisor of num_heads; None: num_heads
+    attention_head_dim: int | None = None  # config.json's head_dim; None: hidden_size // num_heads
+    qk_norm: bool = True  # Qwen3's per-head q/k RMSNorm
+    qkv_bias: bool = False  # Qwen2's biased q/k/v projections
+    out_bias: bool = False  # Qwen3's attention_bias biases the output projection too
+
+    @property
+    def head_dim(self) -> int:
+        return self.attention_head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def attention_features(self) -> tuple:
+        from attention.interface import AttentionFeatures
+
+        return (AttentionFeatures(causal=True),)
+
+    def __post_init__(self):  # head_dim is the config's own, so hidden_size need not divide by num_heads
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+
+
+class Model(nn.Module):
+    config: Config
+    attention: Callable[..., Any]
+
+    @nn.compact
+    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
+        x_BxTxD = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, name="embed")(ids_BxT)
+        rope = Rope(cfg.rope_theta)
+        for i in range(cfg.num_layers):
+            x_BxTxD = Layer(cfg, self.attention, rope, name=f"layer_{i}")(x_BxTxD, rows)
+        return rms_norm(cfg.layer_norm_eps, dtype, "final_norm")(x_BxTxD)
+
+
+class Layer(nn.Module):
+    config: Config
+    attention: Callable[..., Any]
+    rope: Rope
+
+    @nn.compact
+    def __call__(self, x_BxTxD, rows):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        h_BxTxD = rms_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD)
+        x_BxTxD = x_BxTxD + GroupedSelfAttention(
+            cfg.num_heads, cfg.kv_heads, cfg.head_dim, self.attention, dtype, self.rope, qkv_bias=cfg.qkv_bias,
+            out_bias=cfg.out_bias, qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, name="attn")(h_BxTxD, rows)
+        h_BxTxD = rms_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD)
+        return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp")(h_BxTxD)
+
+
+def read_config(hub: HubConfig, dtype: str) -> Config:
+    """transformers 5's keys (``rope_parameters``, ``layer_types``) or the Hub's (``rope_theta``,
+    ``rope_scaling``); a sliding-window layer is refused: Qwen-Embedding checkpoints attend over the whole
+    window, and docbeam would run such a layer as a full one."""
+    qwen3 = hub.get("model_type") == "qwen3"
+    hub.refuse_unless("use_sliding_window", (False,), "sliding-window layers")
+    kinds = set(hub.raw.get("layer_types") or ())
+    if kinds - {"full_attention"}:
+        raise hub.error(f"has layer_types {sorted(kinds)}; docbeam runs only full_attention decoder layers")
+    heads, hidden = hub.get("num_attention_heads"), hub.get("hidden_size")
+    head_dim = hub.get("head_dim", default=hidden // heads)
+    rope = hub.rope(head_dim, 10_000.0)
+    if rope.scale != 1.0:
+        raise hub.error("sets a RoPE scaling, which docbeam does not reproduce for Qwen")
+    biased = bool(hub.get("attention_bias", default=False)) if qwen3 else True  # Qwen2 always biases q/k/v
+    return Config(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("num_hidden_layers"),
+                  num_heads=heads, intermediate_size=hub.get("intermediate_size"),
+                  max_position=hub.get("max_position_embeddings", default=32768), type_vocab_size=0,
+                  layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
+                  activation=hub.activation("hidden_act", default="silu"), position="rope", rope_theta=rope.theta,
+                  num_kv_heads=hub.get("num_key_value_heads", default=heads), attention_head_dim=head_dim,
+                  qk_norm=qwen3, qkv_bias=biased, out_bias=qwen3 and biased, dtype=dtype)
+
+
+def read_params(t: Tensors, config: Config) -> dict:
+    params = {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False)}
+    for i in range(config.num_layers):
+        p = f"layers.{i}"
+        attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=config.qkv_bias),
+                "out": t.dense(f"{p}.self_attn.o_proj", bias=config.out_bias)}
+        if config.qk_norm:
+            attn |= {"q_norm": t.norm(f"{p}.self_attn.q_norm", bias=False),
+                     "k_norm": t.norm(f"{p}.self_attn.k_norm", bias=False)}
+        params[f"layer_{i}"] = {
+            "attn_norm": t.norm(f"{p}.input_layernorm", bias=False), "attn": attn,
+            "mlp_norm": t.norm(f"{p}.post_attention_layernorm", bias=False),
+            # gate_proj is the activated half: GatedMlp's order.
+            "mlp": {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
+                    "wo": t.dense(f"{p}.mlp.down_proj", bias=False)}}
+    return params
