@@ -123,13 +123,17 @@ def reference_vectors(model, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray
 
 
 def our_vectors(folder: str, ids, lengths, *, packed: bool = False, attend=None, pooling: str = "lasttoken",
-                change=None, implementation: str = "auto") -> np.ndarray:
-    """Our vectors from the checkpoint on native attention; ``attend`` wraps it (a test breaking what a layer
-    asks of attention), ``change`` edits the config read, the weights staying the checkpoint's."""
+                change=None, implementation: str = "auto", backend_name: str = "native",
+                options: dict | None = None) -> np.ndarray:
+    """Our vectors from the checkpoint on native attention (or ``backend_name``); ``attend`` wraps it (a test
+    breaking what a layer asks of attention), ``change`` edits the config read, the weights staying the
+    checkpoint's."""
     ck = checkpoint.open_checkpoint(folder)
     params = checkpoint.load_params(ck.folder, ck.config)
-    backend = attention.get("native")
-    native = backend.bind(backend.parse_options({"implementation": implementation}))
+    backend = attention.get(backend_name)
+    options = options if options is not None else ({"implementation": implementation} if backend_name == "native"
+                                                   else {})
+    native = backend.bind(backend.parse_options(options))
     config = change(ck.config) if change else ck.config
     embed = jax.jit(encoder.embed_fn(config, attend(native) if attend else native, pooling))
     if not packed:
@@ -164,6 +168,18 @@ def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
 def test_last_token_vectors_match_transformers(model, folder, packed, implementation):
     ids, lengths = token_inputs(LENGTHS)
     ours = our_vectors(folder, ids, lengths, packed=packed, implementation=implementation)
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+
+
+@pytest.mark.parametrize("options", [{}, {"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 16, "key_chunk": 8,
+                                                                            "heads_per_step": 1}],
+                         ids=["tuned", "small-chunks", "one-kv-group-per-step"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_last_token_vectors_match_transformers_on_chunked(model, folder, packed, options):
+    """chunked skips the key blocks past each query chunk's diagonal and reads each k/v head for its query heads:
+    with chunks smaller than the rows, both are exercised, packed windows included."""
+    ids, lengths = token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, packed=packed, backend_name="chunked", options=options)
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
 
 
