@@ -55,14 +55,16 @@ class Kernel:
     label: str  # what Support.kernel reports
     refusal: Callable[[AttentionCase, FlashOptions], str]  # "" when the kernel can run the case's shape
     # run(q_BxTxNxH, k, v, kv_lengths_B, scale, options, features), features: the AttentionFn's optional
-    # keywords (segment_ids_BxT, local_window, bias) that the kernel declared in ``takes``
+    # keywords (segment_ids_BxT, local_window, bias, causal) that the kernel declared in ``takes``; with
+    # ``grouped`` in ``takes``, k and v may carry fewer heads than q
     run: Callable[..., jax.Array]
     takes: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → how the kernel receives it
     cannot: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → why it cannot (the refusal)
 
     def feature_refusal(self, case: AttentionCase) -> str:
         needed = [name for name, wanted in (("segments", case.packed), ("windows", bool(case.local_window)),
-                                            ("bias", case.bias)) if wanted]
+                                            ("bias", case.bias), ("causal", case.causal),
+                                            ("grouped", case.kv_heads != case.num_heads)) if wanted]
         missing = [name for name in needed if name not in self.takes]
         return "; ".join(self.cannot.get(name, f"takes no {name}") for name in missing)
 
@@ -70,6 +72,9 @@ class Kernel:
 # Why a kernel cannot take a feature, as its refusal says it.
 NO_WINDOW = "{name} has no local-window mask (ModernBERT's local layers need one)"
 NO_BIAS = "{name} adds no per-head bias (relative-position models need one)"
+NO_CAUSAL = "{name} has no causal mask here (decoder models need one)"
+NO_GROUPED = ("{name} takes as many k/v heads as q heads (grouped-query decoders have fewer, and repeating them "
+              "is the memory the kernel exists to save)")
 
 
 def _not_importable(module: str) -> str:
@@ -100,7 +105,7 @@ def _pallas_tpu_refusal(case: AttentionCase, options: FlashOptions) -> str:
     return _not_importable("jax.experimental.pallas.ops.tpu.flash_attention")
 
 
-def _pallas_tpu(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, segment_ids_BxT=None):
+def _pallas_tpu(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, segment_ids_BxT=None, causal=False):
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 
@@ -124,7 +129,8 @@ def _pallas_tpu(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, s
     interpret = pltpu.force_tpu_interpret_mode() if options.interpret else contextlib.nullcontext()
     with interpret:
         out_BxNxTxH = tpu_flash.flash_attention(q_BxNxTxH, k_BxNxSxH, v_BxNxSxH, segment_ids=segment_ids,
-                                                sm_scale=scale, block_sizes=blocks)  # sm_scale defaults to 1
+                                                causal=causal, sm_scale=scale,  # sm_scale defaults to 1
+                                                block_sizes=blocks)
     return jnp.swapaxes(out_BxNxTxH, 1, 2)[:, :t]
 
 
@@ -254,7 +260,7 @@ def _tokamax_chunked_refusal(case: AttentionCase, options: FlashOptions) -> str:
 
 def _tokamax(implementation: str):
     def run(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, segment_ids_BxT=None, local_window=None,
-            bias=None):
+            bias=None, causal=False):
         """The window goes to tokamax as its ``local_window_size`` (its kernels skip blocks outside it); its
         public API takes segment ids and a bias only as dense arrays, so those are built here: a
         ``[B, 1, T, S]`` mask and a ``[1, N, T, S]`` bias, O(T²) memory at the lengths that need them
@@ -274,7 +280,7 @@ def _tokamax(implementation: str):
             mask_Bx1xTxS = (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])[:, None]
         bias_1xNxTxS = None if bias is None else bias(jnp.arange(t), jnp.arange(s))[None].astype(jnp.float32)
         return tokamax.dot_product_attention(
-            q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_1xNxTxS, mask=mask_Bx1xTxS, scale=scale,
+            q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_1xNxTxS, mask=mask_Bx1xTxS, scale=scale, is_causal=causal,
             key_value_seq_lengths=None if segment_ids_BxT is not None else kv_lengths_B,
             local_window_size=None if local_window is None else tuple(local_window), implementation=implementation)
     return run
@@ -295,25 +301,34 @@ def _chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, **fe
 
 SEGMENT_IDS = {"segments": "segment ids"}
 TOKAMAX_TAKES = {"segments": "a dense [B, 1, T, S] mask", "windows": "local_window_size",
-                 "bias": "a dense [1, N, T, S] array"}
+                 "bias": "a dense [1, N, T, S] array", "causal": "is_causal",
+                 "grouped": "k/v with fewer heads, as its API takes them"}
 KERNELS: dict[str, Kernel] = {
-    "pallas_tpu": Kernel("pallas.tpu.flash_attention", _pallas_tpu_refusal, _pallas_tpu, takes=SEGMENT_IDS,
+    "pallas_tpu": Kernel("pallas.tpu.flash_attention", _pallas_tpu_refusal, _pallas_tpu,
+                         takes={**SEGMENT_IDS, "causal": "its causal flag"},
                          cannot={"windows": NO_WINDOW.format(name="pallas_tpu") + "; splash_tpu runs it",
                                  "bias": "pallas_tpu takes a bias only as a dense [B, N, T, S] array, which "
-                                         "docbeam does not build for it"}),
+                                         "docbeam does not build for it",
+                                 "grouped": NO_GROUPED.format(name="pallas_tpu")}),
     "splash_tpu": Kernel("pallas.tpu.splash_attention", _splash_tpu_refusal, _splash_tpu,
                          takes={"segments": "segment ids", "windows": "a LocalMask per head"},
-                         cannot={"bias": NO_BIAS.format(name="splash_tpu")}),
+                         cannot={"bias": NO_BIAS.format(name="splash_tpu"),
+                                 "causal": NO_CAUSAL.format(name="splash_tpu"),
+                                 "grouped": NO_GROUPED.format(name="splash_tpu")}),
     "pallas_gpu": Kernel("pallas.gpu.mha", _pallas_gpu_refusal, _pallas_gpu, takes=SEGMENT_IDS,
                          cannot={"windows": NO_WINDOW.format(name="pallas_gpu") + " (causal only)",
-                                 "bias": NO_BIAS.format(name="pallas_gpu")}),
+                                 "bias": NO_BIAS.format(name="pallas_gpu"),
+                                 "causal": NO_CAUSAL.format(name="pallas_gpu"),
+                                 "grouped": NO_GROUPED.format(name="pallas_gpu")}),
     "cudnn": Kernel("jax.nn.dot_product_attention[cudnn]", _cudnn_refusal, _cudnn,
                     cannot={"windows": "cudnn's sliding window is causal (keys left of the query only): it has no "
                                        "symmetric window; tokamax_triton runs it",
                             "bias": "docbeam hands cudnn no bias (jax.nn would need it as a dense [B, N, T, S] "
                                     "array); tokamax_triton runs it",
                             "segments": "docbeam hands cudnn no segment ids (jax.nn would need a dense mask); "
-                                        "tokamax_triton runs packed rows"}),
+                                        "tokamax_triton runs packed rows",
+                            "causal": "docbeam hands cudnn no causal flag yet; tokamax_triton runs it",
+                            "grouped": "docbeam hands cudnn no grouped k/v yet; tokamax_triton runs it"}),
     "tokamax_triton": Kernel("tokamax.triton", _tokamax_triton_refusal, _tokamax("triton"), takes=TOKAMAX_TAKES),
     "tokamax_mosaic": Kernel("tokamax.mosaic", _tokamax_mosaic_refusal, _tokamax("mosaic"), takes=TOKAMAX_TAKES),
     # tokamax's public API fixes the chunks at (512 queries, 1024 keys).
@@ -321,7 +336,8 @@ KERNELS: dict[str, Kernel] = {
                               takes=TOKAMAX_TAKES),
     "chunked": Kernel("docbeam.chunked (xla online softmax, chunks tuned per length)", _chunked_refusal, _chunked,
                       takes={"segments": "segment ids", "windows": "only the key chunks the window reaches",
-                             "bias": "the bias function per block"}),
+                             "bias": "the bias function per block", "causal": "no key block past the diagonal",
+                             "grouped": "each k/v head read as it is"}),
 }
 
 
@@ -356,26 +372,29 @@ def auto_kernel_table() -> str:
 
 def feature_table() -> str:
     """A markdown table of how each kernel takes windows, bias and segment ids, or why it cannot, for the README."""
-    rows = ["| kernel | local windows | per-head bias | segment ids (packing) |", "|---|---|---|---|"]
+    rows = ["| kernel | local windows | per-head bias | segment ids (packing) | causal | grouped-query k/v |",
+            "|---|---|---|---|---|---|"]
     for name, kernel in KERNELS.items():
         cells = [kernel.takes.get(feature) or "no: " + kernel.cannot.get(feature, f"takes no {feature}")
-                 for feature in ("windows", "bias", "segments")]
+                 for feature in ("windows", "bias", "segments", "causal", "grouped")]
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-@register("flash", options=FlashOptions, supports=supports, segments=True, windows=True, bias=True,
+@register("flash", options=FlashOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
+          grouped=True,
           description="the platform's maintained memory-efficient kernel (Pallas TPU, cuDNN, tokamax)")
 def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: FlashOptions, **features):
     b, t, n, h = q_BxTxNxH.shape
     case = AttentionCase(platform=current_platform(), dtype=jnp.dtype(q_BxTxNxH.dtype).name,
                          seq_len=max(t, k_BxSxNxH.shape[1]), num_heads=n, head_dim=h,
                          packed=features.get("segment_ids_BxT") is not None,
-                         local_window=features.get("local_window"), bias=features.get("bias") is not None)
+                         local_window=features.get("local_window"), bias=features.get("bias") is not None,
+                         causal=bool(features.get("causal")), num_kv_heads=k_BxSxNxH.shape[2])
     name, support = pick_kernel(case, options)
     if name is None:
         raise ValueError(f"attention backend flash cannot run {case}: {support.reason}")
-    features = {key: value for key, value in features.items() if value is not None}
+    features = {key: value for key, value in features.items() if value is not None and value is not False}
     out_BxTxNxH = KERNELS[name].run(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, **features)
     # Kernels disagree on rows with no valid key (uniform average, zeros, or unspecified): pin them to zeros.
     return jnp.where((kv_lengths_B > 0)[:, None, None, None], out_BxTxNxH, 0).astype(q_BxTxNxH.dtype)

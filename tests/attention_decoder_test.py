@@ -43,6 +43,9 @@ EXTRA_OPTIONS = {
     # several query and key chunks, so causal skipping and windows cross chunk edges; one head per step is
     # rounded up to the two query heads that share a k/v head
     "chunked": [{"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 8, "key_chunk": 16, "heads_per_step": 1}],
+    # flash on CPU runs chunked; tokamax takes is_causal and grouped k/v itself; the TPU kernel (interpret
+    # mode) takes causal but not grouped heads, so it meets the scenarios with as many k/v heads as q heads
+    "flash": [{"kernel": "tokamax_chunked"}, {"kernel": "pallas_tpu", "interpret": True}],
 }
 
 
@@ -57,6 +60,8 @@ SCENARIOS = {
     "grouped": dict(causal=False),
     "causal-packed": dict(causal=True, segments=SEGMENTS),
     "causal-window": dict(causal=True, window=(3, 3)),
+    "causal-ungrouped": dict(causal=True, kv_heads=N),
+    "causal-ungrouped-packed": dict(causal=True, kv_heads=N, segments=SEGMENTS),
 }
 
 
@@ -65,11 +70,15 @@ SCENARIOS = {
 def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, options, scenario):
     import jax
 
-    assert name in ("native", "chunked") or name.startswith("tests.")  # what the contract promises runs both
+    assert name in ("native", "chunked", "flash") or name.startswith("tests.")  # what the contract promises
     backend, kw = attention.get(name), SCENARIOS[scenario]
-    if "window" in kw and not backend.windows:
-        pytest.skip(f"{name} takes no local window")
-    q, k, v = inputs()
+    case = AttentionCase("cpu", "float32", T, N, H, packed=kw.get("segments") is not None,
+                         local_window=kw.get("window"), causal=kw["causal"], num_kv_heads=kw.get("kv_heads", K))
+    support = backend.refusal(case) or backend.supports(case, backend.parse_options(options))
+    if not support.ok:  # a kernel that cannot says why: that is its contract, checked below
+        assert name == "flash" and options.get("kernel") == "pallas_tpu" and "k/v heads" in support.reason
+        pytest.skip(f"{name} {options} refuses {scenario}: {support.reason}")
+    q, k, v = inputs(kw.get("kv_heads", K))
     fn = backend.bind(backend.parse_options(options))
     extra = {"causal": kw["causal"], "local_window": kw.get("window")}
     if kw.get("segments") is not None:

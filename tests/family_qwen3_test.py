@@ -183,6 +183,14 @@ def test_last_token_vectors_match_transformers_on_chunked(model, folder, packed,
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
 
 
+@pytest.mark.parametrize("options", [{}, {"kernel": "tokamax_chunked"}], ids=["auto", "tokamax"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_last_token_vectors_match_transformers_on_flash(model, folder, packed, options):
+    ids, lengths = token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, packed=packed, backend_name="flash", options=options)
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+
+
 def without_causality(native):
     return lambda *args, **kwargs: native(*args, **{**kwargs, "causal": False})
 
