@@ -20,6 +20,7 @@ from pipeline import output as output_lib
 from pipeline import storage
 from pipeline import validate
 from pipeline.config import ConfigError, JobConfig
+from pipeline.lock import Fence
 
 DATAFLOW = "DataflowRunner"
 # Options a reader checks before a submission, by Beam's names, in this order.
@@ -79,7 +80,8 @@ def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
         cfg, options.get_all_options(retain_unknown_options=True)))
     try:
         p = beam.Pipeline(options=options)  # Beam validates the options here (project id, locations, ...)
-        build(p, plan, run_id, time.time())
+        # A fence that is never proven: a dry run takes no lock, and its commit step is only pickled, never run.
+        build(p, plan, Fence(cfg.output.path, run_id, token=0), time.time())
         result = p.run()
     except ValueError as e:
         raise ConfigError(f"runner.options: Dataflow refuses these options: {' '.join(str(e).split())}") from None

@@ -129,7 +129,7 @@ def output_below_a_file(out):
 START_REFUSALS = {  # what the output is made into, and what stderr must say
     "garbled manifest": (garbled_manifest, "cannot be checked (a damaged _manifest.json"),
     "_lock.json is a folder": (lock_that_is_a_folder, "taking its lock _lock.json: IsADirectoryError"),
-    "output below a file": (output_below_a_file, "taking its lock _lock.json: NotADirectoryError"),
+    "output below a file": (output_below_a_file, "out/daily cannot be checked (a damaged _manifest.json"),
     "unwritable output": (lambda out: "/proc/docbeam-cannot-write-here", "/proc/docbeam-cannot-write-here"),
 }
 
