@@ -155,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # noqa: BLE001  the job failed: why comes first and alone; tracebacks in the log file
         log.error("job failed", exc_info=True, extra={"log_file_only": True})
-        print(f"docbeam: job failed, nothing committed (the previous output is unchanged): "
-              f"{type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
+        what = ("job failed, nothing committed (the previous output is unchanged)" if args.command == "run"
+                else f"{args.command} failed")
+        print(f"docbeam: {what}: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
         return 1
     print(format_summary(summary, cfg.output.path))
     return 0
