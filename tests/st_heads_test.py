@@ -222,3 +222,46 @@ def test_a_truncate_dim_wider_than_the_vector_exits_2_naming_the_key(tmp_path, h
     assert result.returncode == 2, result.stderr[-3000:]
     assert "docbeam: cannot start:" in result.stderr and named in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+# --- fetched with the checkpoint ------------------------------------------------------------------------------
+
+def dense_files(folder: str) -> list[str]:
+    return sorted(os.path.relpath(p, folder) for p in glob.glob(os.path.join(folder, "*_Dense*", "*")))
+
+
+@pytest.mark.gcs
+@pytest.mark.slow
+def test_the_dense_modules_are_fetched_from_gcs_with_the_metadata(headed_checkpoint):
+    from gcs_emulator import gcs_emulator
+    from gcs_pipeline_test import upload_folder
+    from pipeline import storage
+
+    storage.pipeline_options([])
+    with gcs_emulator() as gcs:
+        upload_folder(gcs, headed_checkpoint, "models/headed")
+        planned = open_checkpoint(gcs.url("models", "headed"))
+        layers = load_dense(planned.folder, planned.settings)
+    assert dense_files(planned.folder) == dense_files(headed_checkpoint) != []
+    assert planned.settings.width(HIDDEN) == OUT and len(layers) == 2
+    assert not os.path.exists(os.path.join(planned.folder, "model.safetensors"))  # the encoder's: not for planning
+
+
+@pytest.mark.slow
+def test_the_dense_modules_are_fetched_from_the_hub(headed_checkpoint, tmp_path):
+    import hashlib
+    import subprocess
+    import sys
+
+    from hub_server import hub_server, repo_from_folder
+    from hub_test import hub_env
+
+    commit = hashlib.sha1(b"docbeam/headed").hexdigest()
+    script = ("import json, sys; from models.checkpoint import open_checkpoint; ck = open_checkpoint(sys.argv[1]); "
+              "print(json.dumps([ck.folder, [d.out_features for d in ck.settings.dense]]))")
+    with hub_server({"docbeam/headed": repo_from_folder(headed_checkpoint, commit)}) as hub:
+        result = subprocess.run([sys.executable, "-c", script, "hf://docbeam/headed@main"], capture_output=True,
+                                text=True, timeout=300, env=hub_env(tmp_path, hub.url))
+    assert result.returncode == 0, result.stderr[-3000:]
+    folder, widths = json.loads(result.stdout.splitlines()[-1])
+    assert widths == [MIDDLE, OUT] and dense_files(folder) == dense_files(headed_checkpoint) != []
