@@ -169,6 +169,21 @@ def test_docbeam_run_gives_sentence_transformers_vectors_through_the_dense_modul
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1, atol=1e-5)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["embedding_dim"] == OUT and summary["reuse_key"]["dense_digest"].startswith("sha256:")
+    # An incremental run reuses these vectors: they are checked against the output's width (16), not the
+    # encoder's hidden size (32).
+    again = docbeam_run(tmp_path, headed_checkpoint, f"input.reuse_from={tmp_path / 'out'}",
+                        f"output.path={tmp_path / 'again'}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads((tmp_path / "again" / "summary.json").read_text())["docs_reused"] == DOCS
+
+
+def test_truncate_dim_and_the_dense_modules_are_reuse_key_fields():
+    from pipeline.reuse import key_differences
+
+    key = {"truncate_dim": None, "dense_digest": "sha256:aa"}
+    assert key_differences(key, {**key, "truncate_dim": 8}) == ["truncate_dim: None then, 8 now"]
+    assert key_differences(key, {**key, "dense_digest": "sha256:bb"}) == [
+        "dense_digest: 'sha256:aa' then, 'sha256:bb' now"]
 
 
 @pytest.mark.slow
