@@ -18,8 +18,8 @@ from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
                                     segment_starts)
 
 # Re-exported: the base config and the pieces families share live with the blocks (models/families/common.py).
-__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "apply_dense", "embed_fn", "gelu_erf", "pool",
-           "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
+__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "apply_dense", "embed_fn", "gelu_erf",
+           "pool", "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
 
 
 def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:

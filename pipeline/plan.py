@@ -12,8 +12,8 @@ import os
 import threading
 
 from attention.plan import AttentionSpec, Choice, choose_backends, probe
-from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path, tokenizer_digest,
-                               weights_digest)
+from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
+                               tokenizer_digest, weights_digest)
 from models.encoder import EncoderConfig
 from models.st_settings import document_prompt
 from pipeline import output as output_lib
@@ -212,8 +212,8 @@ def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future
            "model_revision": hub_revision(cfg.model.path), "truncate_dim": truncate_dim,
            "dense_digest": dense_digest(checkpoint.folder, settings)}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
-    return JobPlan(cfg, window_len, pooling, normalize, prompt, truncate_dim, width, platform, tuple(choices), checkpoint.config, spec,
-                   key, reuse)
+    return JobPlan(cfg, window_len, pooling, normalize, prompt, truncate_dim, width, platform, tuple(choices),
+                   checkpoint.config, spec, key, reuse)
 
 
 def output_width(cfg: JobConfig, checkpoint) -> tuple[int | None, int]:

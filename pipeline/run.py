@@ -114,7 +114,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
-    pooled = {"windows": encoded["windows"], "hashes": hashes} | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim)
+    pooled = ({"windows": encoded["windows"], "hashes": hashes}
+              | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}

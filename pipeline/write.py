@@ -31,7 +31,8 @@ EMBEDDINGS_SCHEMA = pa.schema([
 REJECTED_TAG = "rejected"
 
 
-def pool_windows(windows: list[WindowEmbedding], normalize: bool, truncate_dim: int | None = None) -> dict | Rejected:
+def pool_windows(windows: list[WindowEmbedding], normalize: bool,
+                 truncate_dim: int | None = None) -> dict | Rejected:
     """Token-weighted mean of a document's window embeddings, cut to its first ``truncate_dim`` dimensions
     (Matryoshka; None: all), then (optionally) L2 normalisation, so a truncated vector is a unit vector too.
 
