@@ -21,7 +21,10 @@ from models.st_settings import CheckpointError, ModelSettings, model_settings
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
-                    "config_sentence_transformers.json", "1_Pooling/config.json")
+                    "config_sentence_transformers.json", "1_Pooling/config.json",
+                    # sentence-transformers' Dense modules (2_Dense, 3_Dense, ... or 2_Dense_1024): small, so the
+                    # driver fetches their weights too, to name them in the reuse key
+                    "*_Dense*/config.json", "*_Dense*/model.safetensors")
 METADATA_FILES = tuple(name for name in CHECKPOINT_FILES if name != "model.safetensors")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
 HUB = "hf://"
@@ -186,10 +189,10 @@ def _fetch_remote(prefix: str, names: tuple[str, ...]) -> str:
             if FileSystems.exists(f"{prefix}/{name}"):
                 _refuse_pickle(f"{prefix}/{name}")
     present = {}
-    for name in names:
+    for name in names:  # a name may be a glob (the Dense modules' folders)
         (match,) = FileSystems.match([f"{prefix}/{name}"])
         for m in match.metadata_list:
-            present[name] = (m.size_in_bytes, m.last_updated_in_seconds)
+            present[m.path[len(prefix) + 1:]] = (m.size_in_bytes, m.last_updated_in_seconds)
     key = hashlib.sha256(json.dumps([prefix, sorted(present.items())]).encode()).hexdigest()[:24]
     local = vm_cache.once_per_vm("models", key, lambda folder: _copy(prefix, sorted(present), folder))
     _FETCHED[(prefix, names)] = local
@@ -243,6 +246,52 @@ def load_params(folder: str, config: EncoderConfig) -> dict:
         raise CheckpointError(f"model.path: no model.safetensors in {folder}")
     family = family_of(config)
     return family.read_params(Tensors(load_file(path), family.PREFIXES, path), config)
+
+
+def load_dense(folder: str, settings: ModelSettings) -> tuple[dict, ...]:
+    """Each Dense module's safetensors → ``{"kernel": [in, out], "bias": [out]}`` in float32 (zeros for a
+    module without bias), in the order they run."""
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    layers = []
+    for dense in settings.dense:
+        path = os.path.join(folder, dense.path, "model.safetensors")
+        if not os.path.exists(path):
+            for name in PICKLE_WEIGHTS:
+                if os.path.exists(os.path.join(folder, dense.path, name)):
+                    _refuse_pickle(os.path.join(folder, dense.path, name))
+            raise CheckpointError(f"model.path: the Dense module {dense.path!r} has no model.safetensors in "
+                                  f"{folder}/{dense.path} (docbeam never loads pickle weights: save it with "
+                                  "safe_serialization=True)")
+        tensors = load_file(path)
+        kernel = tensors.get("linear.weight")
+        if kernel is None or kernel.shape != (dense.out_features, dense.in_features):
+            raise CheckpointError(f"model.path: {path} holds no linear.weight of shape "
+                                  f"[{dense.out_features}, {dense.in_features}] (its config.json's out_features, "
+                                  f"in_features); keys: {sorted(tensors)}")
+        bias = tensors.get("linear.bias") if dense.bias else None
+        if dense.bias and (bias is None or bias.shape != (dense.out_features,)):
+            raise CheckpointError(f"model.path: {path} holds no linear.bias of shape [{dense.out_features}], "
+                                  "but its config.json sets bias: true")
+        layers.append({"kernel": np.ascontiguousarray(kernel.T, np.float32),
+                       "bias": np.zeros(dense.out_features, np.float32) if bias is None else bias.astype(np.float32)})
+    return tuple(layers)
+
+
+def dense_digest(folder: str, settings: ModelSettings) -> str | None:
+    """Of the Dense modules' config.json and weights as they are (part of the reuse key); None without any."""
+    if not settings.dense:
+        return None
+    digest = hashlib.sha256()
+    for dense in settings.dense:
+        for name in ("config.json", "model.safetensors"):
+            path = os.path.join(folder, dense.path, name)
+            digest.update(f"{dense.path}/{name}".encode() + b"\0")
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    digest.update(hashlib.sha256(f.read()).digest())
+    return f"sha256:{digest.hexdigest()}"
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")

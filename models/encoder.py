@@ -18,8 +18,8 @@ from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
                                     segment_starts)
 
 # Re-exported: the base config and the pieces families share live with the blocks (models/families/common.py).
-__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "embed_fn", "gelu_erf", "pool",
-           "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
+__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "apply_dense", "embed_fn", "gelu_erf",
+           "pool", "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
 
 
 def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
@@ -74,17 +74,35 @@ def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_leng
     return summed_BxKxD / jnp.maximum(slot_lengths_BxK, 1)[..., None].astype(jnp.float32)
 
 
-def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str):
+DENSE_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh}
+
+
+def apply_dense(pooled_xD: jax.Array, dense: tuple[dict, ...], activations: tuple[str, ...]) -> jax.Array:
+    """sentence-transformers' Dense modules on pooled vectors [..., D] in float32: each
+    ``activation(x @ kernel + bias)``. Per window, before windows are averaged: the activation is not linear,
+    so on a long document this is each window's vector as sentence-transformers would give it."""
+    for layer, activation in zip(dense, activations, strict=True):
+        pooled_xD = DENSE_ACTIVATIONS[activation](
+            jnp.einsum("...d,de->...e", pooled_xD, layer["kernel"], precision=jax.lax.Precision.HIGHEST)
+            + layer["bias"])
+    return pooled_xD
+
+
+def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, activations: tuple[str, ...] = ()):
     """``(params, ids_BxT, lengths_B) -> pooled_BxD``, or with packed rows
     ``(params, ids_BxT, lengths_B, segment_ids_BxT, slot_lengths_BxK) -> pooled_BxKxD``; ready for jax.jit
-    (one compile per shape)."""
+    (one compile per shape). With ``activations`` (one per sentence-transformers Dense module) ``params`` is
+    ``{"encoder": <the family's params>, "dense": (<load_dense's layers>)}`` and D is the last one's width."""
     module = Encoder(config, attention)
 
     def embed(params, ids_BxT, lengths_B, segment_ids_BxT=None, slot_lengths_BxK=None):
-        hidden_BxTxD = module.apply({"params": params}, ids_BxT, lengths_B, segment_ids_BxT)
+        encoder_params, dense = (params["encoder"], params["dense"]) if activations else (params, ())
+        hidden_BxTxD = module.apply({"params": encoder_params}, ids_BxT, lengths_B, segment_ids_BxT)
         if segment_ids_BxT is None:
-            return pool(hidden_BxTxD, lengths_B, pooling)
-        return pool_segments(hidden_BxTxD, segment_ids_BxT, slot_lengths_BxK, pooling)
+            pooled = pool(hidden_BxTxD, lengths_B, pooling)
+        else:
+            pooled = pool_segments(hidden_BxTxD, segment_ids_BxT, slot_lengths_BxK, pooling)
+        return apply_dense(pooled, dense, activations)
 
     return embed
 

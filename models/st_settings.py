@@ -6,9 +6,15 @@ not listed, is a CheckpointError naming the file and key, so a setting is never 
 
 - ``config_sentence_transformers.json``: honoured ``prompts``, ``default_prompt_name``, ``model_type``
   (``SentenceTransformer`` only); harmless ``__version__``, ``similarity_fn_name`` (how vectors are compared,
-  not made), ``requirements`` (sentence-transformers' own environment check); ``truncate_dim`` refused unless null.
+  not made), ``requirements`` (sentence-transformers' own environment check); honoured ``truncate_dim`` (the
+  default of ``model.truncate_dim``: Matryoshka vectors cut to their first N dimensions).
 - ``modules.json``: entries ``idx``, ``name``, ``path``, ``type`` (sentence-transformers' Transformer, Pooling,
-  Normalize only); ``kwargs`` (encode arguments routed to a module) refused unless empty.
+  any number of Dense, Normalize, in that order); ``kwargs`` (encode arguments routed to a module) refused unless
+  empty.
+- a Dense module's ``config.json``: honoured ``in_features``, ``out_features``, ``bias``,
+  ``activation_function`` (``torch.nn.modules.linear.Identity`` or ``torch.nn.modules.activation.Tanh``);
+  refused unless at their defaults ``module_input_name`` / ``module_output_name`` (sentence_embedding),
+  ``use_residual`` (false). Its weights are read from its folder's model.safetensors (never a pickle).
 - the Pooling module's ``config.json``: honoured ``pooling_mode`` (or the ``pooling_mode_*`` flags before v5),
   ``include_prompt`` (false is refused when a prompt applies: docbeam pools the prompt's tokens like any other);
   ``embedding_dimension`` / ``word_embedding_dimension`` checked against the model's hidden size.
@@ -32,8 +38,11 @@ from models.families.common import CheckpointError
 ST_CONFIG = "config_sentence_transformers.json"
 MODULES = "modules.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
-# The sentence-transformers modules docbeam reproduces; any other (Dense, LayerNorm, ...) changes the embedding.
-SUPPORTED_MODULES = ("Transformer", "Pooling", "Normalize")
+# The sentence-transformers modules docbeam reproduces, in the order it runs them; any other (LayerNorm, ...)
+# changes the embedding.
+SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+# A Dense module's activation_function (sentence-transformers saves the class's full name) → docbeam's name.
+DENSE_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}
 POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers before v5, and the mode each means
     "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
     "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
@@ -47,9 +56,11 @@ _ANY = object()  # a harmless key: any value
 # file → key → the only value docbeam reproduces (_ANY: any value is harmless); keys docbeam reads itself
 # (prompts, pooling_mode, max_seq_length, ...) are checked where they are read and listed in HONOURED.
 DEFAULTS: dict[str, dict[str, Any]] = {
-    ST_CONFIG: {"__version__": _ANY, "similarity_fn_name": _ANY, "requirements": _ANY, "truncate_dim": None},
+    ST_CONFIG: {"__version__": _ANY, "similarity_fn_name": _ANY, "requirements": _ANY},
     MODULES: {"kwargs": []},
     "Pooling": {},
+    "Dense": {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding",
+              "use_residual": False},
     TRANSFORMER_CONFIG: {
         "unpad_inputs": _ANY, "do_lower_case": False, "transformer_task": "feature-extraction",
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
@@ -60,18 +71,30 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 LOADING_KWARGS = ("model_args", "tokenizer_args", "config_args", "model_kwargs", "processor_kwargs", "config_kwargs")
 HARMLESS_LOADING_KWARGS = {"trust_remote_code"}
 HONOURED = {
-    ST_CONFIG: ("prompts", "default_prompt_name", "model_type"),
+    ST_CONFIG: ("prompts", "default_prompt_name", "model_type", "truncate_dim"),
     MODULES: ("idx", "name", "path", "type"),
     "Pooling": ("pooling_mode", *POOLING_FLAGS, "include_prompt", "embedding_dimension", "word_embedding_dimension"),
     TRANSFORMER_CONFIG: ("max_seq_length",),
+    "Dense": ("in_features", "out_features", "bias", "activation_function"),
 }
 WHY_REFUSED = {
-    "truncate_dim": "docbeam writes the model's full vector", "kwargs": "docbeam passes no arguments to modules",
+    "kwargs": "docbeam passes no arguments to modules",
     "do_lower_case": "docbeam does not lowercase text", "processing_kwargs": "docbeam tokenizes with the "
     "tokenizer's own settings", "transformer_task": "docbeam runs the encoder's hidden states",
     **{key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
        for key in LOADING_KWARGS},
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseModule:
+    """A sentence-transformers Dense module: ``activation(x @ W.T + b)`` on each pooled vector."""
+
+    path: str  # its folder inside the checkpoint, holding config.json and model.safetensors
+    in_features: int
+    out_features: int
+    bias: bool
+    activation: str  # "identity" | "tanh"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +108,12 @@ class ModelSettings:
     prompts: tuple[tuple[str, str], ...] = ()  # (name, text) as config_sentence_transformers.json lists them
     document_prompt_name: str | None = None  # the prompt encode_document applies when none is named
     include_prompt: bool = True  # the Pooling module pools the prompt's tokens
+    dense: tuple[DenseModule, ...] = ()  # applied in order to every pooled window
+    truncate_dim: int | None = None  # config_sentence_transformers.json's: the default of model.truncate_dim
+
+    def width(self, hidden_size: int) -> int:
+        """The pooled vector's width after the Dense modules (before any truncation)."""
+        return self.dense[-1].out_features if self.dense else hidden_size
 
     def prompt_text(self, name: str) -> str:
         return dict(self.prompts)[name]
@@ -125,8 +154,42 @@ def model_settings(folder: str, config) -> ModelSettings:
     normalize = any(kind == "Normalize" for kind, _ in modules)
     pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size, default_pooling(config))
     prompts, document_prompt = prompt_settings(folder)
+    dense = dense_modules(folder, modules, config.hidden_size)
+    truncate_dim = (read_json(folder, ST_CONFIG) or {}).get("truncate_dim")
+    if truncate_dim is not None and (not isinstance(truncate_dim, int) or isinstance(truncate_dim, bool)
+                                     or truncate_dim < 1):
+        raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets truncate_dim: {json.dumps(truncate_dim)}; "
+                              "expected a positive number of dimensions or null")
     return ModelSettings(max_seq_len=int(max_len), pooling=pooling, normalize=normalize, prompts=prompts,
-                         document_prompt_name=document_prompt, include_prompt=include_prompt)
+                         document_prompt_name=document_prompt, include_prompt=include_prompt, dense=dense,
+                         truncate_dim=truncate_dim)
+
+
+def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int) -> tuple[DenseModule, ...]:
+    """The Dense modules in modules.json's order, each reading the width the one before it writes."""
+    out, width = [], hidden_size
+    for kind, module in modules:
+        if kind != "Dense":
+            continue
+        name = f"{module.get('path')}/config.json"
+        cfg = read_json(folder, name)
+        if cfg is None:
+            raise CheckpointError(f"model.path: {folder}/{MODULES} lists a Dense module at {module.get('path')!r}, "
+                                  f"but {name} is missing; docbeam reads its shape and activation from it")
+        check_keys(folder, name, "Dense", cfg)
+        activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
+        if activation not in DENSE_ACTIVATIONS:
+            raise CheckpointError(f"model.path: {folder}/{name} sets activation_function: {json.dumps(activation)}, "
+                                  f"which docbeam does not run (it runs {', '.join(DENSE_ACTIVATIONS)}), so its "
+                                  "embeddings would not be this model's; use a checkpoint without that module")
+        if cfg.get("in_features") != width or not isinstance(cfg.get("out_features"), int):
+            raise CheckpointError(f"model.path: {folder}/{name} sets in_features: {cfg.get('in_features')} and "
+                                  f"out_features: {cfg.get('out_features')}, but the vector reaching it has {width} "
+                                  "dimensions; the Dense module belongs to another model")
+        width = cfg["out_features"]
+        out.append(DenseModule(path=module["path"], in_features=cfg["in_features"], out_features=width,
+                               bias=bool(cfg.get("bias", True)), activation=DENSE_ACTIVATIONS[activation]))
+    return tuple(out)
 
 
 def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
@@ -166,6 +229,11 @@ def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
                 "model's; use a checkpoint without that module")
         check_keys(folder, MODULES, MODULES, module)
         out.append((kind, module))
+    order = [SUPPORTED_MODULES.index(kind) for kind, _ in out]
+    if order != sorted(order):
+        raise CheckpointError(f"model.path: {folder}/{MODULES} lists its modules in the order "
+                              f"{[kind for kind, _ in out]}; docbeam runs them only as Transformer, Pooling, "
+                              "Dense..., Normalize, so its embeddings would not be this model's")
     return out
 
 

@@ -98,6 +98,9 @@ class ModelConfig(_Section):
     # The text put in front of every document: auto, the checkpoint's document prompt (models/st_settings.py);
     # a name from its config_sentence_transformers.json prompts; {text: "passage: "}; null for none.
     prompt: Literal["auto"] | PromptText | str | None = "auto"
+    # Matryoshka: keep the first N dimensions of each vector (then normalise, if the model does); auto: the
+    # checkpoint's config_sentence_transformers.json truncate_dim if it sets one; null: the full vector.
+    truncate_dim: Literal["auto"] | pydantic.PositiveInt | None = "auto"
 
     @pydantic.field_validator("prompt", mode="before")
     @classmethod

@@ -88,7 +88,12 @@ class EncoderRuntime:
                         spec.platform, platform)
         ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
         self.config = ck.config
-        self.params = jax.block_until_ready(jax.device_put(checkpoint.load_params(ck.folder, ck.config), self.device))
+        params = checkpoint.load_params(ck.folder, ck.config)
+        # sentence-transformers' Dense modules run inside the jitted forward, right after pooling.
+        activations = tuple(d.activation for d in ck.settings.dense)
+        if activations:
+            params = {"encoder": params, "dense": checkpoint.load_dense(ck.folder, ck.settings)}
+        self.params = jax.block_until_ready(jax.device_put(params, self.device))
         t1 = time.perf_counter()
         choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform, spec.packing))
         if spec.attention.verify:
@@ -101,7 +106,7 @@ class EncoderRuntime:
         self.watch = CompileWatch.get()
         self._forward = {}
         for name in sorted({c.backend for c in choices}):
-            embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling)
+            embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling, activations)
 
             def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
                 return embed(params, ids_BxT, lengths_B, *packed)

@@ -12,8 +12,8 @@ import os
 import threading
 
 from attention.plan import AttentionSpec, Choice, choose_backends, probe
-from models.checkpoint import (hub_revision, load_tokenizer, open_checkpoint, pinned_path, tokenizer_digest,
-                               weights_digest)
+from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
+                               tokenizer_digest, weights_digest)
 from models.encoder import EncoderConfig
 from models.st_settings import document_prompt
 from pipeline import output as output_lib
@@ -37,6 +37,8 @@ class JobPlan:
     pooling: str
     normalize: bool
     prompt: str | None  # put in front of every window (model.prompt resolved against the checkpoint)
+    truncate_dim: int | None  # documents' vectors keep their first truncate_dim dimensions (None: all)
+    width: int  # of every vector written: after the Dense modules and the truncation
     platform: str
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch
     encoder: EncoderConfig
@@ -203,13 +205,29 @@ def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future
         probe_all(spec, choices)  # a backend that crashes or returns garbage fails here, not on the workers
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
+    truncate_dim, width = output_width(cfg, checkpoint)
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
            "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
-           "model_revision": hub_revision(cfg.model.path)}
+           "model_revision": hub_revision(cfg.model.path), "truncate_dim": truncate_dim,
+           "dense_digest": dense_digest(checkpoint.folder, settings)}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
-    return JobPlan(cfg, window_len, pooling, normalize, prompt, platform, tuple(choices), checkpoint.config, spec,
-                   key, reuse)
+    return JobPlan(cfg, window_len, pooling, normalize, prompt, truncate_dim, width, platform, tuple(choices),
+                   checkpoint.config, spec, key, reuse)
+
+
+def output_width(cfg: JobConfig, checkpoint) -> tuple[int | None, int]:
+    """``model.truncate_dim`` resolved (auto: the checkpoint's) and the width of the vectors written: the
+    pooled vector's after sentence-transformers' Dense modules, cut to truncate_dim."""
+    full = checkpoint.settings.width(checkpoint.config.hidden_size)
+    choice = cfg.model.truncate_dim
+    truncate_dim = checkpoint.settings.truncate_dim if choice == "auto" else choice
+    if truncate_dim is not None and truncate_dim > full:
+        where = (f"auto, from {checkpoint.folder}/config_sentence_transformers.json's truncate_dim"
+                 if choice == "auto" else "")
+        raise ConfigError(f"model.truncate_dim: {truncate_dim}{f' ({where})' if where else ''} is larger than the "
+                          f"model's {full}-dimensional vectors; set it to at most {full}, or null for the full vector")
+    return truncate_dim, truncate_dim or full
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

@@ -24,10 +24,11 @@ from pipeline.config import ConfigError
 from pipeline.observe import METRICS_NAMESPACE
 from pipeline.records import Document
 
-# A run before prompts and Hub ids recorded no "prompt" nor "model_revision": it embedded without a prompt
-# from a path that was not a Hub id, which None matches.
+# A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
+# "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
+# vector without Dense modules, which None matches.
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype", "prompt", "model_revision")
+              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest")
 ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
 log = logging.getLogger(__name__)
 

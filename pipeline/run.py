@@ -86,6 +86,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "attention_plan": {str(c.case.seq_len): {"backend": c.backend, "kernel": c.kernel,
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
         "model": cfg.model.path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
+        "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim,
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
         "packing": cfg.batching.packing, "config_digest": cfg.digest(), "versions": versions(),
         "reuse_key": plan.reuse_key,
@@ -100,7 +101,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
     if plan.reuse.source is not None:
-        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.encoder.hidden_size,
+        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.width,
                                                                    plan.prompt)
         to_encode, reused = split["to_encode"], split["reused"]
     else:
@@ -113,7 +114,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
-    pooled = {"windows": encoded["windows"], "hashes": hashes} | "PoolDocuments" >> PoolDocuments(plan.normalize)
+    pooled = ({"windows": encoded["windows"], "hashes": hashes}
+              | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}

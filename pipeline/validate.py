@@ -112,7 +112,8 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
-    out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}",
+    out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}, "
+            f"{plan.width} dimensions" + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else ""),
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
             f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
             f"{str(plan.config.batching.packing).lower()}"

@@ -31,8 +31,10 @@ EMBEDDINGS_SCHEMA = pa.schema([
 REJECTED_TAG = "rejected"
 
 
-def pool_windows(windows: list[WindowEmbedding], normalize: bool) -> dict | Rejected:
-    """Token-weighted mean of a document's window embeddings, then (optionally) L2 normalisation.
+def pool_windows(windows: list[WindowEmbedding], normalize: bool,
+                 truncate_dim: int | None = None) -> dict | Rejected:
+    """Token-weighted mean of a document's window embeddings, cut to its first ``truncate_dim`` dimensions
+    (Matryoshka; None: all), then (optionally) L2 normalisation, so a truncated vector is a unit vector too.
 
     For mean pooling this is the mean over every window token, so a one-window document gets exactly
     the model's own embedding. A document with any non-finite value in a window or in the result is
@@ -45,6 +47,7 @@ def pool_windows(windows: list[WindowEmbedding], normalize: bool) -> dict | Reje
     broken = [w for w in windows if not np.all(np.isfinite(w.vector))]
     weights = np.array([w.length for w in windows], np.float64)
     vector = (np.stack([w.vector for w in windows]).astype(np.float64) * weights[:, None]).sum(0) / weights.sum()
+    vector = vector[:truncate_dim]
     if normalize and not broken:
         vector = vector / max(np.linalg.norm(vector), 1e-12)
     vector = vector.astype(np.float32)
@@ -62,9 +65,9 @@ class PoolDocuments(beam.PTransform):
     """Input ``{"windows": WindowEmbeddings, "hashes": (id, content hash)}``; outputs ``embeddings`` (rows)
     and ``rejected`` (documents whose vector is not finite)."""
 
-    def __init__(self, normalize: bool):
+    def __init__(self, normalize: bool, truncate_dim: int | None = None):
         super().__init__()
-        self._normalize = normalize
+        self._normalize, self._truncate_dim = normalize, truncate_dim
 
     def expand(self, windows):
         embedded = Metrics.counter(METRICS_NAMESPACE, "docs_encoded")
@@ -74,7 +77,7 @@ class PoolDocuments(beam.PTransform):
             _, grouped = item
             t0 = time.perf_counter()
             windows = list(grouped["windows"])  # none for a document rejected before encoding (no tokens)
-            row = pool_windows(windows, self._normalize) if windows else None
+            row = pool_windows(windows, self._normalize, self._truncate_dim) if windows else None
             clock.add(time.perf_counter() - t0)
             if isinstance(row, Rejected):
                 yield beam.pvalue.TaggedOutput(REJECTED_TAG, row)

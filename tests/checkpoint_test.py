@@ -18,6 +18,7 @@ TRANSFORMER = {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers
 POOLING = {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}
 NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
 DENSE = {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}
+LAYER_NORM = {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"}
 MEAN = {"pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False}
 
@@ -71,12 +72,17 @@ def test_other_pooling_modes_and_concatenations_are_refused(tmp_path, pooling, s
     assert f"sets {setting};" in str(e.value)
 
 
-def test_a_dense_module_is_refused_naming_it(tmp_path):
-    folder = checkpoint(tmp_path, [TRANSFORMER, POOLING, DENSE], MEAN)
+def test_a_module_docbeam_does_not_run_is_refused_naming_it(tmp_path):
+    folder = checkpoint(tmp_path, [TRANSFORMER, POOLING, LAYER_NORM], MEAN)
     with pytest.raises(CheckpointError) as e:
         open_checkpoint(folder)
-    assert (f"{folder}/modules.json lists module '2' of type 'sentence_transformers.models.Dense' (path '2_Dense'), "
-            "which docbeam does not run") in str(e.value)
+    assert (f"{folder}/modules.json lists module '2' of type 'sentence_transformers.models.LayerNorm' (path "
+            "'2_LayerNorm'), which docbeam does not run") in str(e.value)
+
+
+def test_a_listed_dense_module_without_its_config_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="lists a Dense module at '2_Dense', but 2_Dense/config.json is missing"):
+        open_checkpoint(checkpoint(tmp_path, [TRANSFORMER, POOLING, DENSE], MEAN))
 
 
 def test_a_listed_pooling_module_without_its_config_is_refused(tmp_path):
@@ -86,12 +92,12 @@ def test_a_listed_pooling_module_without_its_config_is_refused(tmp_path):
 
 
 def test_the_job_refuses_such_a_checkpoint_at_start_with_exit_2(tmp_path):
-    model = checkpoint(tmp_path / "model", [TRANSFORMER, POOLING, DENSE], MEAN)
+    model = checkpoint(tmp_path / "model", [TRANSFORMER, POOLING, LAYER_NORM], MEAN)
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps({"input": {"path": "in.jsonl"}, "output": {"path": "out"}, "model": {"path": model}}))
     result = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(config)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300, env=checkout_env())
     assert result.returncode == 2, result.stderr
-    assert "docbeam: cannot start: model.path:" in result.stderr and "Dense" in result.stderr
+    assert "docbeam: cannot start: model.path:" in result.stderr and "LayerNorm" in result.stderr
     assert not (tmp_path / "out").exists()

@@ -233,7 +233,7 @@ def test_docbeam_run_gives_sentence_transformers_vectors_with_the_prompt(prompte
 
 @pytest.mark.parametrize("change, named", [
     ({"sets": ("model.prompt=passage",)}, "model.prompt: 'passage' is not a prompt of this checkpoint"),
-    ({"st": {"prompts": PROMPTS, "truncate_dim": 16}}, "config_sentence_transformers.json sets truncate_dim: 16"),
+    ({"st": {"prompts": PROMPTS, "truncate_dim": 64}}, "model.truncate_dim: 64 (auto, from"),
     ({"pooling": {"pooling_mode": "mean", "include_prompt": False}}, "config.json sets include_prompt: false"),
 ])
 def test_an_unknown_prompt_or_an_unsupported_setting_exits_2_naming_it(prompted_checkpoint, tmp_path, change, named):

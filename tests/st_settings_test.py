@@ -27,7 +27,7 @@ def folder_with(tmp_path, *, st: dict | None = None, modules: list | None = None
 
 
 @pytest.mark.parametrize("where, key, value", [
-    ("st", "truncate_dim", 16),
+    ("st", "truncate_dim", 0),
     ("st", "model_type", "SparseEncoder"),
     ("st", "a_key_from_the_future", 1),
     ("pooling", "include_prompt_tokens", True),
