@@ -42,7 +42,9 @@ EXTRA_OPTIONS = {
     "native": [{"implementation": "jax_nn"}],
     # several query and key chunks, so causal skipping and windows cross chunk edges; one head per step is
     # rounded up to the two query heads that share a k/v head
-    "chunked": [{"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 8, "key_chunk": 16, "heads_per_step": 1}],
+    # heads_per_step 0 puts both k/v heads in one step, so the query heads' grouping over them is exercised
+    "chunked": [{"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 8, "key_chunk": 16, "heads_per_step": 1},
+                {"query_chunk": 8, "key_chunk": 8, "heads_per_step": 0}],
     # flash on CPU runs chunked; tokamax takes is_causal and grouped k/v itself; the TPU kernel (interpret
     # mode) takes causal but not grouped heads, so it meets the scenarios with as many k/v heads as q heads
     "flash": [{"kernel": "tokamax_chunked"}, {"kernel": "pallas_tpu", "interpret": True}],
