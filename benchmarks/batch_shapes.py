@@ -45,7 +45,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from pipeline.config import load
+    from pipeline.driver.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.settings = [parse_setting(s) for s in args.settings.split(";") if s]

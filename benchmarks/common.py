@@ -86,7 +86,7 @@ def results_dir(args) -> str:
 
 
 def versions() -> dict:
-    from pipeline.plan import versions as installed_versions
+    from pipeline.driver.plan import versions as installed_versions
 
     return installed_versions(VERSIONED)
 

@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
     common.print_machine("compiles: one encoder compilation per (bucket, rows) shape", info)
-    from pipeline.config import load
-    from pipeline.observe import CompileWatch
-    from pipeline.run import run_job
+    from pipeline.driver.config import load
+    from pipeline.telemetry.observe import CompileWatch
+    from pipeline.driver.run import run_job
 
     watch = CompileWatch.get()  # the process's own: the DirectRunner's in-process workers report to it too
     with tempfile.TemporaryDirectory(prefix="docbeam-compiles-") as tmp:
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     expected = len(per_shape) + len(ahead - seen)
     checks = {
         "summary.json compiles": summary["compiles"],
-        "jax.monitoring lowerings (this process, pipeline.observe.CompileWatch)": watch.count,
+        "jax.monitoring lowerings (this process, pipeline.telemetry.observe.CompileWatch)": watch.count,
     }
     verdicts = {name: value == expected for name, value in checks.items()}
     passed = all(verdicts.values())

@@ -4,8 +4,8 @@ pipeline vs the encoder alone.
     python benchmarks/encoder.py [--quick] [--corpus sample|heldout|PATH] [--docs N] [--dtype float32|bfloat16]
                                  [--backend native]
 
-docbeam is timed as the pipeline runs it: windows from pipeline.tokenize.windows_for, batches from
-pipeline.bucket, EncoderRuntime.encode per batch, every shape compiled once before timing. Both sides
+docbeam is timed as the pipeline runs it: windows from pipeline.stages.tokenize.windows_for, batches from
+pipeline.stages.bucket, EncoderRuntime.encode per batch, every shape compiled once before timing. Both sides
 count real tokens (attention-mask tokens after truncation to the window length); with the default
 ``--long-documents truncate`` they encode exactly the same token sequences. Both load and warm up, then
 their timed passes take turns (docbeam, sentence-transformers, docbeam, …), best of each kept: this shared
@@ -54,7 +54,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from pipeline.config import load
+    from pipeline.driver.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else local.batching.buckets
@@ -62,7 +62,7 @@ def parse_args(argv=None):
     import attention
 
     args.packing = local.batching.packing if args.packing is None else args.packing == "on"
-    if args.packing == "auto":  # as the job's plan resolves it (pipeline.plan.resolve_packing)
+    if args.packing == "auto":  # as the job's plan resolves it (pipeline.driver.plan.resolve_packing)
         args.packing = attention.get(args.backend).segments
     args.docs = args.docs or (16 if args.quick else None)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -76,10 +76,10 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     from models.checkpoint import load_tokenizer
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.bucket import batch_windows
-    from pipeline.config import BatchingConfig, TokenizeConfig
-    from pipeline.encode import EncoderRuntime, EncoderSpec
-    from pipeline.tokenize import windows_for
+    from pipeline.stages.bucket import batch_windows
+    from pipeline.driver.config import BatchingConfig, TokenizeConfig
+    from pipeline.stages.encode import EncoderRuntime, EncoderSpec
+    from pipeline.stages.tokenize import windows_for
 
     cache = common.CacheEvents()
     tokenizer = load_tokenizer(folder)
@@ -175,8 +175,8 @@ def sentence_transformers_side(args, texts, folder, window_len) -> dict:
 
 
 def pipeline_side(args, docs, tmp) -> dict:
-    from pipeline.config import load
-    from pipeline.run import run_job
+    from pipeline.driver.config import load
+    from pipeline.driver.run import run_job
 
     out = os.path.join(tmp, "out")
     overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={args.model}",

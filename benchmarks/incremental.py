@@ -33,8 +33,8 @@ def churned(docs, percent: int):
 
 
 def timed_run(corpus: str, output: str, model: str, reuse_from: str | None = None) -> dict:
-    from pipeline import config
-    from pipeline.run import run_job
+    from pipeline.driver import config
+    from pipeline.driver.run import run_job
 
     overrides = [f"input.path={corpus}", f"output.path={output}", f"model.path={model}", "runner.progress_seconds=0"]
     if reuse_from:

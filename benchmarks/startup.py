@@ -4,7 +4,7 @@ another checkout's code side by side, in one run.
 
     python benchmarks/startup.py [--quick] [--docs N] [--baseline-repo PATH] [--repeats N] [--set key=value ...]
 
-Each run is `python -m pipeline.cli run --config configs/local.yaml --set output.path=<temp>` started
+Each run is `python -m pipeline.driver.cli run --config configs/local.yaml --set output.path=<temp>` started
 from the checkout's folder (its packages first on the path) with a fresh JAX_COMPILATION_CACHE_DIR for
 the cold run, which the warm run then reuses. "Command → first batch" is the first timing record's
 ``started_at`` minus the moment the subprocess was started, so it can be measured on checkouts whose
@@ -54,7 +54,7 @@ def parse_args(argv=None):
 def run_docbeam(repo: str, args, input_path: str | None, cache: str, out: str, log_path: str) -> dict:
     """One whole `docbeam run` process; what it took, from outside and from its own records."""
     overrides = [f"output.path={out}", *([f"input.path={input_path}"] if input_path else []), *args.set]
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", os.path.join(repo, args.config)]
+    command = [sys.executable, "-m", "pipeline.driver.cli", "run", "--config", os.path.join(repo, args.config)]
     command += [a for o in overrides for a in ("--set", o)]
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": repo}

@@ -4,7 +4,7 @@ checkpoint, same machine, DirectRunner for both, one run, side by side.
     python benchmarks/vs_mltransform.py [--quick] [--docs 1800] [--corpus heldout|sample|PATH] [--repeats 1]
 
 Each side is its own process, timed from launch to exit (imports, graph, model load, compilations, reading,
-encoding, writing). docbeam: ``python -m pipeline.cli run --config configs/local.yaml`` (what ``docbeam run``
+encoding, writing). docbeam: ``python -m pipeline.driver.cli run --config configs/local.yaml`` (what ``docbeam run``
 runs) with ``tokenize.long_documents=truncate`` and a temporary ``output.path``. MLTransform: this file again,
 with ``--mltransform-job``: ReadFromText + json, ``MLTransform(write_artifact_location=<temp>)`` with
 ``SentenceTransformerEmbeddings`` (the checkpoint folder docbeam resolves, ``max_seq_length`` = docbeam's window),
@@ -147,7 +147,7 @@ def run_docbeam(args, corpus: str, work: str, attempt: int) -> dict:
         env["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-cold-", dir=work)
     overrides = [f"input.path={corpus}", f"output.path={out}", f"model.path={args.model}",
                  "tokenize.long_documents=truncate", "runner.progress_seconds=0"]
-    command = [sys.executable, "-m", "pipeline.cli", "run", "--config", common.LOCAL_CONFIG]
+    command = [sys.executable, "-m", "pipeline.driver.cli", "run", "--config", common.LOCAL_CONFIG]
     command += [a for o in overrides for a in ("--set", o)]
     log = os.path.join(work, f"docbeam-{attempt}.log")
     load_before = load_average()

@@ -10,14 +10,15 @@ import sys
 import pytest
 
 from conftest import REPO, checkout_env
-from pipeline import bucket_advisor, config
+from pipeline.tools import bucket_advisor
+from pipeline.driver import config
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def plan(tmp_path, *overrides) -> subprocess.CompletedProcess:
     sets = [a for o in (f"output.path={tmp_path / 'out'}",) + overrides for a in ("--set", o)]
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "propose-buckets", "--config", LOCAL, *sets],
+    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "propose-buckets", "--config", LOCAL, *sets],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env=checkout_env())
 

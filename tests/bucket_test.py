@@ -1,4 +1,4 @@
-"""pipeline/bucket.py: windows padded to the smallest bucket, in batches of one fixed shape per bucket; what is
+"""pipeline/stages/bucket.py: windows padded to the smallest bucket, in batches of one fixed shape per bucket; what is
 left per bucket at the end repacked across buckets."""
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch,
-                             padding_efficiency, repack, rows_for, shard_for)
-from pipeline.config import BatchingConfig
+from pipeline.stages.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch,
+                                    padding_efficiency, repack, rows_for, shard_for)
+from pipeline.driver.config import BatchingConfig
 from pipeline.records import TokenWindow
 
 BUCKETS = (16, 32, 64)

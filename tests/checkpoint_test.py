@@ -96,7 +96,7 @@ def test_the_job_refuses_such_a_checkpoint_at_start_with_exit_2(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps({"input": {"path": "in.jsonl"}, "output": {"path": "out"}, "model": {"path": model}}))
-    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(config)], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", str(config)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300, env=checkout_env())
     assert result.returncode == 2, result.stderr
     assert "docbeam: cannot start: model.path:" in result.stderr and "LayerNorm" in result.stderr

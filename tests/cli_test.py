@@ -14,7 +14,7 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def docbeam(*args, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=checkout_env())
 
 
@@ -90,7 +90,8 @@ def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatc
     validate must say so, not call it refused; with packing forced on it is refused, naming why."""
     from attention import registry
     from attention.interface import Backend
-    from pipeline import config, validate
+    from pipeline.driver import config
+    from pipeline.tools import validate
 
     monkeypatch.setitem(registry._REGISTRY, "plain", Backend(name="plain", attend=lambda *a, **k: None,
                                                              description="takes no segment ids"))

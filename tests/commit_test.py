@@ -1,13 +1,13 @@
-"""pipeline/commit.py and the pooling check: what makes a run fail instead of commit, and that no
+"""pipeline/stages/commit.py and the pooling check: what makes a run fail instead of commit, and that no
 non-finite vector is ever written."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.commit import run_problems, summarize
+from pipeline.stages.commit import run_problems, summarize
 from pipeline.records import Rejected, WindowEmbedding
-from pipeline.write import pool_windows
+from pipeline.stages.write import pool_windows
 
 
 def summary(read: int, embedded: int, rejected: int, **by_kind) -> dict:  # all encoded
@@ -62,7 +62,7 @@ def test_a_non_finite_window_makes_the_document_a_non_finite_error_naming_bucket
 
 
 def test_every_shard_of_a_sink_is_committed_even_when_a_retried_finalize_reports_only_some(tmp_path):
-    from pipeline.commit import every_shard
+    from pipeline.stages.commit import every_shard
 
     shards = [str(tmp_path / f"part-r1-{i:05d}-of-00003.parquet") for i in range(3)]
     for path in shards:

@@ -1,4 +1,4 @@
-"""pipeline/config.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
+"""pipeline/driver/config.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
 from __future__ import annotations
 
 import os
@@ -12,8 +12,8 @@ from attention.chunked import ChunkedOptions
 from attention.flash import FlashOptions
 from attention.interface import AttentionCase, Backend
 from attention.plan import bind_choice, choose_backends
-from pipeline import config
-from pipeline.plan import attention_spec
+from pipeline.driver import config
+from pipeline.driver.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_YAML = os.path.join(REPO, "configs", "local.yaml")
@@ -325,7 +325,7 @@ def documented_default(cell: str):
     return yaml.safe_load(cell.strip("`")) if cell.count("`") in (0, 2) else cell
 
 
-FILE_KEYS = {"extends": REQUIRED}  # read by pipeline/config_files.py before the sections are validated
+FILE_KEYS = {"extends": REQUIRED}  # read by pipeline/driver/config_files.py before the sections are validated
 
 
 def test_the_readme_config_table_has_every_key_and_no_other():

@@ -16,7 +16,7 @@ SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 
 
 def checkout_env() -> dict:
-    """The environment for a ``python -m pipeline.cli`` child run from another folder: this checkout's
+    """The environment for a ``python -m pipeline.driver.cli`` child run from another folder: this checkout's
     packages first, not whichever checkout the virtualenv has installed."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
 
@@ -69,7 +69,7 @@ def tiny_checkpoint_dir(tmp_path_factory, real_checkpoint_dir) -> str:
 
 def job_config(input_path: str, output_path: str, model_path: str, **sections):
     """A JobConfig as a test would write it in YAML; sections override the defaults key by key."""
-    from pipeline import config
+    from pipeline.driver import config
 
     raw = {"input": {"path": input_path}, "output": {"path": output_path}, "model": {"path": model_path},
            "batching": {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}}

@@ -2,7 +2,7 @@
 
 A run here is what the driver and the job do around the pipeline (lock, recover, mark the staging folder,
 the sinks' files, commit, release), driven directly so that each of its few dozen changes can be the one
-before which it dies (pipeline/faults.py) or stops while a ``--force`` run takes the output over. After
+before which it dies (pipeline/store/faults.py) or stops while a ``--force`` run takes the output over. After
 each: a reader of the manifest sees a whole run, the next run recovers exactly the old run or exactly the
 new one (bytes, manifest, ``_SUCCESS``, ``summary.json`` agree), commits its own, and leaves no stray file.
 On local disk and on the GCS emulator (with generation preconditions: tests/gcs_emulator_server.py).
@@ -19,9 +19,9 @@ import uuid
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline import output, storage, transaction
-from pipeline.faults import FaultPlan, SimulatedKill, injected
-from pipeline.lock import LockHeld, LockLost, Owner, OutputLock
+from pipeline.store import output, storage, transaction
+from pipeline.store.faults import FaultPlan, SimulatedKill, injected
+from pipeline.store.lock import LockHeld, LockLost, Owner, OutputLock
 
 POINTERS = ("_manifest.json", "summary.json", "_SUCCESS")
 
@@ -246,7 +246,7 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     import gzip
 
     from conftest import REPO, SAMPLE, checkout_env, job_config
-    from pipeline.run import run_job
+    from pipeline.driver.run import run_job
 
     corpus = tmp_path / "docs.jsonl"
     with gzip.open(SAMPLE, "rt") as f:
@@ -268,7 +268,7 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     assert plan.paused.wait(timeout=300), outcome
     paused_run = json.loads(storage.read_bytes(f"{out}/_lock.json"))["run_id"]
     forced = subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
+        [sys.executable, "-m", "pipeline.driver.cli", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
          "--set", f"input.path={corpus}", "--set", f"output.path={out}", "--set", f"model.path={tiny_checkpoint_dir}",
          "--set", "batching.buckets=[16, 32, 64, 128]", "--set", "batching.tokens_per_batch=512"],
         cwd=REPO, env=checkout_env(), capture_output=True, text=True, timeout=600)

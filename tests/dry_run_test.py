@@ -13,9 +13,11 @@ import re
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline import cli, config, output, validate
-from pipeline.config import ConfigError
-from pipeline.dry_run import dry_run
+from pipeline.driver import cli, config
+from pipeline.store import output
+from pipeline.tools import validate
+from pipeline.driver.config import ConfigError
+from pipeline.driver.dry_run import dry_run
 
 pytestmark = pytest.mark.gcs
 

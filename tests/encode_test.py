@@ -7,9 +7,9 @@ import pytest
 
 import attention
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
-from pipeline.bucket import pad_batch, rows_for
-from pipeline.encode import EncoderRuntime, EncoderSpec
-from pipeline.plan import attention_cases
+from pipeline.stages.bucket import pad_batch, rows_for
+from pipeline.stages.encode import EncoderRuntime, EncoderSpec
+from pipeline.driver.plan import attention_cases
 from pipeline.records import TokenWindow
 from models.checkpoint import open_checkpoint
 

@@ -150,7 +150,7 @@ def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> 
     import pyarrow.parquet as pq
 
     from conftest import job_config
-    from pipeline.run import run_job
+    from pipeline.driver.run import run_job
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in texts.items()))

@@ -15,9 +15,9 @@ import pytest
 import attention
 from family_fixtures import MIN_COSINE, lowest_cosine, pack, replace, run_docbeam
 from models import checkpoint, encoder
-from pipeline.config import TokenizeConfig
+from pipeline.driver.config import TokenizeConfig
 from pipeline.records import Document
-from pipeline.tokenize import tokenize_documents
+from pipeline.stages.tokenize import tokenize_documents
 
 LENGTHS = [40, 57, 23, 64, 12, 33]
 WORDS = 254  # w1 … w254 are ids 1 … 254
@@ -154,7 +154,7 @@ def test_both_forms_read_as_the_same_decoder(folder):
 
 
 def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
-    from pipeline.plan import attention_cases
+    from pipeline.driver.plan import attention_cases
 
     config = checkpoint.open_checkpoint(folder).config
     (case,) = attention_cases(config, [64], "cpu", packed=True)

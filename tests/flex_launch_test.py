@@ -1,4 +1,4 @@
-"""The Flex Template (metadata.json), its launcher (pipeline/flex_launch.py) and the Airflow DAG that starts it.
+"""The Flex Template (metadata.json), its launcher (pipeline/driver/flex_launch.py) and the Airflow DAG that starts it.
 
 Airflow is not installed here (it is heavy): the DAG file is read with ``ast`` and its operator's arguments
 checked against the template's parameters.
@@ -14,9 +14,10 @@ import shlex
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline import flex_launch, output
-from pipeline.config import ConfigError
-from pipeline.run import run_job
+from pipeline.driver import flex_launch
+from pipeline.store import output
+from pipeline.driver.config import ConfigError
+from pipeline.driver.run import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METADATA = os.path.join(REPO, "docker", "flex-template", "metadata.json")

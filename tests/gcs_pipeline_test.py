@@ -10,8 +10,8 @@ import pytest
 
 from conftest import job_config
 from gcs_emulator import gcs_emulator, matching
-from pipeline import storage
-from pipeline.run import run_job
+from pipeline.store import storage
+from pipeline.driver.run import run_job
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -78,8 +78,8 @@ def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
 
 def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_commit_replaces_it(
         tiny_checkpoint_dir, tmp_path):
-    from pipeline.commit import RunFailed
-    from pipeline.config import ConfigError
+    from pipeline.stages.commit import RunFailed
+    from pipeline.driver.config import ConfigError
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Text {i} about object storage. " * (i % 5 + 1)})

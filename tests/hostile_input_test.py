@@ -1,6 +1,6 @@
 """A daily run over a corpus with one record of every hostile kind: each costs itself, never its file or the day.
 
-Through ``python -m pipeline.cli run`` on the tiny checkpoint, as a scheduler runs it.
+Through ``python -m pipeline.driver.cli run`` on the tiny checkpoint, as a scheduler runs it.
 """
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def docbeam_run(tmp_path, model: str, env: dict, out: str = "out") -> subprocess
     config.write_text(json.dumps({"input": {"path": str(docs)}, "output": {"path": str(tmp_path / out)},
                                   "model": {"path": model}, "tokenize": {"long_documents": "truncate"},
                                   "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048}}))
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(config)], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", str(config)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config, write_tiny_checkpoint
-from pipeline.config import ConfigError
+from pipeline.driver.config import ConfigError
 from pipeline.records import Document
-from pipeline.reuse import content_hash, key_differences, reusable_row
-from pipeline.run import run_job
+from pipeline.stages.reuse import content_hash, key_differences, reusable_row
+from pipeline.driver.run import run_job
 
 
 def write_corpus(path, docs: list[dict]) -> str:
@@ -179,7 +179,7 @@ def test_a_daily_job_can_reuse_the_folder_it_replaces(corpora, tiny_checkpoint_d
 
 
 def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_path):
-    from pipeline.reuse import decide
+    from pipeline.stages.reuse import decide
 
     (tmp_path / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # cut mid-write
     key = {name: "x" for name in ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents",
@@ -192,8 +192,8 @@ def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_
 
 def committed_run(out: str, key: dict, rows: bytes) -> str:
     """A committed docbeam run whose embeddings file holds ``rows`` (decide() reads sizes and checksums only)."""
-    from pipeline import output, storage, transaction
-    from pipeline.lock import OutputLock
+    from pipeline.store import output, storage, transaction
+    from pipeline.store.lock import OutputLock
 
     held = OutputLock.acquire(out, "r1", heartbeat=False)
     output.mark_staging(out, "r1", held.fence.token)
@@ -206,7 +206,7 @@ def committed_run(out: str, key: dict, rows: bytes) -> str:
 
 @pytest.mark.parametrize("where", ["a float", "the footer"])
 def test_a_previous_file_damaged_at_its_size_is_not_reused_and_fail_mode_refuses_it(tmp_path, where):
-    from pipeline.reuse import decide
+    from pipeline.stages.reuse import decide
 
     key = {name: "x" for name in ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents",
                                   "pooling", "normalize", "dtype")}

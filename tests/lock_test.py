@@ -1,4 +1,4 @@
-"""pipeline/lock.py: one writer per output; a dead owner's lock is taken over, a live one's never."""
+"""pipeline/store/lock.py: one writer per output; a dead owner's lock is taken over, a live one's never."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline import lock, storage
+from pipeline.store import lock, storage
 
 
 def lock_path(out) -> str:

@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from pipeline import memory_trend
-from pipeline.memory_trend import MB, steady_growth, trend
+from pipeline.telemetry import memory_trend
+from pipeline.telemetry.memory_trend import MB, steady_growth, trend
 
 BASE = 600 * MB
 
@@ -90,7 +90,7 @@ def test_steady_growth_ignores_missing_figures():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_checkpoint_dir):
     from conftest import SAMPLE, job_config
-    from pipeline.run import run_job
+    from pipeline.driver.run import run_job
 
     summaries = {}
     for backend in ("native", "tests.fixtures_leaky_backend:attend"):
@@ -122,8 +122,8 @@ def test_native_over_the_same_documents_is_not_flagged(runs):
 @pytest.mark.slow
 def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, tiny_checkpoint_dir):
     from conftest import SAMPLE, job_config
-    from pipeline.commit import RunFailed
-    from pipeline.run import run_job
+    from pipeline.stages.commit import RunFailed
+    from pipeline.driver.run import run_job
 
     output, _ = runs["native"]
     before = {name: open(os.path.join(output, name), "rb").read() for name in ("_manifest.json", "summary.json")}
@@ -139,7 +139,7 @@ def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, ti
 def test_the_report_shows_the_trend_and_the_baseline_comparison_exits_1_for_a_new_leak(runs, tmp_path):
     import argparse
 
-    from pipeline import report
+    from pipeline.tools import report
 
     leaky, native = runs["tests.fixtures_leaky_backend:attend"][0], runs["native"][0]
     page = tmp_path / "leaky.html"

@@ -18,9 +18,9 @@ import attention
 from attention.interface import AttentionCase
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends
 from attention.registry import from_callable
-from pipeline.bucket import (HELD_BATCHES, BucketBatches, batch_windows, max_windows_per_row, pack_batch, pack_rows,
-                             pack_threshold, packed_batches, padding_efficiency, window_order)
-from pipeline.config import BatchingConfig
+from pipeline.stages.bucket import (HELD_BATCHES, BucketBatches, batch_windows, max_windows_per_row, pack_batch, pack_rows,
+                                    pack_threshold, packed_batches, padding_efficiency, window_order)
+from pipeline.driver.config import BatchingConfig
 from pipeline.records import TokenWindow
 
 BUCKETS = (16, 32, 64)
@@ -255,10 +255,10 @@ USER_BACKEND = "tests.fixtures_user_backend:attend"  # a plain AttentionFn: take
                                                       ("flash", "native", True), (USER_BACKEND, None, False),
                                                       ("chunked", USER_BACKEND, False)])
 def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs, monkeypatch):
-    from pipeline.config import JobConfig
+    from pipeline.driver.config import JobConfig
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from pipeline.plan import resolve_packing
+    from pipeline.driver.plan import resolve_packing
 
     cfg = JobConfig.model_validate({"input": {"path": "x"}, "output": {"path": "y"}, "model": {"path": "m"},
                                     "attention": {"backend": backend, "fallback": fallback}})
@@ -271,7 +271,7 @@ def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(ba
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_checkpoint_dir):
     """Token 7's embedding is NaN: window "bad" holds it. Packed in one row with "good", attention would carry
     the NaN into "good" (weight 0 × NaN); the runtime encodes the row's windows again, each alone."""
-    from pipeline.encode import EncoderRuntime, EncoderSpec
+    from pipeline.stages.encode import EncoderRuntime, EncoderSpec
 
     native = attention.get("native")
     runtime = EncoderRuntime(EncoderSpec(model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean",

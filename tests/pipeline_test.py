@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline.run import run_job
+from pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def content_ids(checkpoint_dir: str, text: str) -> tuple[list[int], int, int]:
 
 
 def windows_by_hand(ids: list[int], cls: int, sep: int, window_len: int, stride: int) -> list[list[int]]:
-    """Overlapping windows written out here, not by pipeline.tokenize: each holds window_len - 2 content tokens,
+    """Overlapping windows written out here, not by pipeline.stages.tokenize: each holds window_len - 2 content tokens,
     the first ``stride`` of them repeated from the previous window."""
     content, windows, start = window_len - 2, [], 0
     while True:
@@ -233,7 +233,7 @@ def test_packed_rows_give_the_embeddings_of_unpacked_ones_with_less_padding(tiny
 
 def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(tiny_corpus, tiny_checkpoint_dir,
                                                                                  tmp_path, monkeypatch):
-    from pipeline.config import ConfigError
+    from pipeline.driver.config import ConfigError
     from attention.plan import AttentionPlanError
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.… importable

@@ -1,11 +1,11 @@
-"""pipeline/write.py pool_windows: a document's window embeddings become one token-weighted, normalised vector."""
+"""pipeline/stages/write.py pool_windows: a document's window embeddings become one token-weighted, normalised vector."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from pipeline.records import WindowEmbedding
-from pipeline.write import pool_windows
+from pipeline.stages.write import pool_windows
 
 
 def embedding(index: int, num_windows: int, vector, *, length: int = 4, doc_tokens: int = 10,

@@ -17,10 +17,10 @@ import pytest
 from conftest import SAMPLE, checkout_env, write_tiny_checkpoint
 from models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
 from models.st_settings import document_prompt
-from pipeline.config import ModelConfig, TokenizeConfig
+from pipeline.driver.config import ModelConfig, TokenizeConfig
 from pipeline.records import Document
-from pipeline.reuse import content_hash, key_differences
-from pipeline.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents
+from pipeline.stages.reuse import content_hash, key_differences
+from pipeline.stages.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -69,7 +69,7 @@ def docbeam_run(tmp_path, model: str, *sets: str) -> subprocess.CompletedProcess
                                   "model": {"path": model}, "tokenize": {"long_documents": "truncate"},
                                   "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048}}))
     args = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(config), *args],
+    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", str(config), *args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, env=checkout_env())
 
 

@@ -1,4 +1,4 @@
-"""pipeline/read.py: every path the input patterns match is read once or becomes one Rejected, and never hangs."""
+"""pipeline/stages/read.py: every path the input patterns match is read once or becomes one Rejected, and never hangs."""
 from __future__ import annotations
 
 import bz2
@@ -22,8 +22,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.config import InputConfig
-from pipeline.read import ReadDocuments, match_local, unopenable
+from pipeline.driver.config import InputConfig
+from pipeline.stages.read import ReadDocuments, match_local, unopenable
 
 
 def jsonl(*ids: str) -> bytes:
@@ -319,13 +319,13 @@ class _FlakyGcs(requests.Session):
 
 
 def test_gs_reads_are_retried_by_beams_gcs_reader_resuming_where_they_broke():
-    """Why pipeline/read.py has no retry of its own: the reader FileSystems.open gives for gs:// retries a 503
+    """Why pipeline/stages/read.py has no retry of its own: the reader FileSystems.open gives for gs:// retries a 503
     and resumes a body cut mid-stream, so every record arrives once."""
     from apache_beam.io.gcp.gcsio import GcsIO
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from pipeline.read import file_records
+    from pipeline.stages.read import file_records
 
     ids = [f"g{i}" for i in range(20_000)]
     data = gzip.compress(jsonl(*ids))

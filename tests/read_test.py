@@ -1,4 +1,4 @@
-"""pipeline/read.py: every JSONL line and every text file becomes exactly one Document or one Rejected."""
+"""pipeline/stages/read.py: every JSONL line and every text file becomes exactly one Document or one Rejected."""
 from __future__ import annotations
 
 import gzip
@@ -10,8 +10,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.config import InputConfig
-from pipeline.read import ReadDocuments, file_format, parse_jsonl_line, parse_text_file, read_capped_lines
+from pipeline.driver.config import InputConfig
+from pipeline.stages.read import ReadDocuments, file_format, parse_jsonl_line, parse_text_file, read_capped_lines
 from pipeline.records import Document, Rejected
 
 BLOCK_SIZES = [1, 2, 3, 5, 1 << 20]  # tiny blocks put every line boundary on a block boundary somewhere

@@ -16,7 +16,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from pipeline import report, report_charts, report_data
+from pipeline.tools import report, report_charts, report_data
 from report_fixtures import RECOMPILE_AT, write_empty_run, write_run
 
 CHARTS = {"batch latency by bucket and backend", "throughput over the run", "padding efficiency per bucket",
@@ -349,7 +349,7 @@ def test_the_data_module_does_not_import_the_rendering_modules():
     source = pathlib.Path(report_data.__file__).read_text()
     assert "report_html" not in re.sub(r'""".*?"""', "", source, flags=re.S)
     assert "matplotlib" not in re.sub(r'""".*?"""', "", source, flags=re.S)
-    assert "from pipeline.report import" not in pathlib.Path(report_charts.__file__).read_text()
+    assert "from pipeline.tools.report import" not in pathlib.Path(report_charts.__file__).read_text()
 
 
 # ---------------------------------------------------------------- a real run
@@ -359,7 +359,7 @@ def real_run(tmp_path_factory, tiny_checkpoint_dir):
     """A small job through the real pipeline: the tiny model, bad records, and flash refused on CPU so every
     batch falls back to native."""
     from conftest import SAMPLE, job_config
-    from pipeline.run import run_job
+    from pipeline.driver.run import run_job
 
     root = tmp_path_factory.mktemp("real-run")
     lines = gzip.open(SAMPLE, "rt").read().splitlines()[:30]
@@ -402,7 +402,7 @@ def test_report_of_a_real_run_shows_what_the_run_did(real_run):
 def test_the_compile_chart_counts_compilations_made_ahead_of_the_first_batch():
     """The command says "2 compilations" when both shapes compiled in the background before any batch; the
     chart must not say 0."""
-    from pipeline.report_charts import compile_title
+    from pipeline.tools.report_charts import compile_title
 
     assert compile_title({"compiles": 2, "compiles_ahead": 2}, in_batches=0, recompiled=0).startswith(
         "XLA compilations: 2 compilations (2 ahead of time, 0 in a batch)")

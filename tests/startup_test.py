@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SAMPLE, checkout_env, job_config
-from pipeline.observe import STAGES
+from pipeline.telemetry.observe import STAGES
 
 BUCKETS = [16, 32, 64, 128]
 
@@ -29,7 +29,7 @@ def small_corpus(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, small_corpus, tiny_checkpoint_dir):
-    from pipeline.run import run_job
+    from pipeline.driver.run import run_job
 
     output = str(tmp_path_factory.mktemp("startup-run"))
     process_started = time.time()
@@ -100,8 +100,8 @@ def test_the_summary_file_holds_the_breakdown_and_the_manifest_still_matches_the
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.bucket import pad_batch, rows_for
-    from pipeline.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.stages.bucket import pad_batch, rows_for
+    from pipeline.stages.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
     from pipeline.records import TokenWindow
 
     spec = EncoderSpec(model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=(16, 32),
@@ -123,7 +123,7 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
 def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpoint_dir):
     import attention
     from attention.plan import AttentionSpec, choose_backends
-    from pipeline import plan
+    from pipeline.driver import plan
 
     calls = []
     monkeypatch.setattr(plan, "probe", lambda spec, choice: calls.append(choice.case.seq_len))
@@ -139,7 +139,7 @@ def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpo
 
 
 def test_docbeam_run_imports_neither_torch_nor_transformers():
-    code = ("import sys; import pipeline.cli, pipeline.run; "
+    code = ("import sys; import pipeline.driver.cli, pipeline.driver.run; "
             "from apache_beam.ml.inference import base; "
             "print(sorted(m for m in ('torch', 'transformers', 'tokamax') if m in sys.modules), "
             "base.resource is not None)")  # RunInference still reports the process's memory
@@ -149,7 +149,7 @@ def test_docbeam_run_imports_neither_torch_nor_transformers():
 
 
 def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):
-    from pipeline.cli import format_summary
+    from pipeline.driver.cli import format_summary
 
     output, summary, _ = tiny_run
     text = format_summary(summary, output)
@@ -161,7 +161,7 @@ def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):
 def test_the_process_start_is_before_now_and_close_to_the_os_clock():
     import psutil
 
-    from pipeline.observe import process_started
+    from pipeline.telemetry.observe import process_started
 
     started = process_started()
     assert started <= time.time()
@@ -171,8 +171,8 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.bucket import pad_batch, rows_for
-    from pipeline.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.stages.bucket import pad_batch, rows_for
+    from pipeline.stages.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
     from pipeline.records import TokenWindow
 
     buckets = (16, 32, 64, 128)

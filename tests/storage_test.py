@@ -1,4 +1,4 @@
-"""pipeline/storage.py on local paths and on gs:// via the emulator, alone and inside real Beam pipelines."""
+"""pipeline/store/storage.py on local paths and on gs:// via the emulator, alone and inside real Beam pipelines."""
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +14,7 @@ from apache_beam.io.parquetio import ReadFromParquet, WriteToParquet
 from apache_beam.testing.util import assert_that, equal_to
 
 from gcs_emulator import gcs_emulator, matching
-from pipeline import storage
+from pipeline.store import storage
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_parquet_pipeline_round_trip(gcs_dir):
 def test_subprocess_reaches_emulator_through_env(gcs_dir):
     path = storage.join(gcs_dir, "from-parent.txt")
     storage.write_bytes(path, b"hello child")
-    child = ("import sys; from pipeline import storage; storage.pipeline_options(); "
+    child = ("import sys; from pipeline.store import storage; storage.pipeline_options(); "
              "sys.stdout.write(storage.read_bytes(sys.argv[1]).decode())")
     result = subprocess.run([sys.executable, "-c", child, path], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

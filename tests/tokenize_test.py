@@ -1,4 +1,4 @@
-"""pipeline/tokenize.py with the checkpoint's real tokenizer: windows are framed, overlap by `stride`, and count tokens."""
+"""pipeline/stages/tokenize.py with the checkpoint's real tokenizer: windows are framed, overlap by `stride`, and count tokens."""
 from __future__ import annotations
 
 import apache_beam as beam
@@ -7,9 +7,9 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.config import TokenizeConfig
+from pipeline.driver.config import TokenizeConfig
 from pipeline.records import Document
-from pipeline.tokenize import Tokenize, content_tokens, tokenize_documents, windows_for
+from pipeline.stages.tokenize import Tokenize, content_tokens, tokenize_documents, windows_for
 
 SHORT = "A short document fits in one window."
 LONG = " ".join(f"Sentence {i} talks about beams, batches and buckets." for i in range(30))

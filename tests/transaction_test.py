@@ -24,7 +24,7 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def docbeam(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "pipeline.driver.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

@@ -61,7 +61,7 @@ def test_a_fill_that_fails_leaves_nothing_that_looks_complete(tmp_path, monkeypa
 CHECKPOINT = """
 import json, os
 from models import checkpoint, vm_cache
-from pipeline import storage
+from pipeline.store import storage
 storage.pipeline_options([])
 folder = checkpoint.resolve_dir(os.environ["MODEL"], with_weights=True)
 print(json.dumps({"pid": os.getpid(), "folder": folder, "filled_by": vm_cache.filled_by(folder),

@@ -52,9 +52,10 @@ def to_run_args(argv: list[str]) -> list[str]:
 
 
 def refuse_placeholders(launch: Launch) -> None:
-    """Raises ConfigError naming each profile placeholder the launch left in place (see pipeline/validate.py)."""
-    from pipeline import config as config_lib
-    from pipeline import output, validate
+    """Raises ConfigError naming each profile placeholder the launch left in place (see pipeline/tools/validate.py)."""
+    from pipeline.driver import config as config_lib
+    from pipeline.store import output
+    from pipeline.tools import validate
 
     cfg = config_lib.load(launch.config, list(launch.sets))
     cfg = config_lib.expand_placeholders(cfg, output.new_run_id(), output.run_date())
@@ -71,8 +72,8 @@ def profile_path(config: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline import cli
-    from pipeline.config import ConfigError
+    from pipeline.driver import cli
+    from pipeline.driver.config import ConfigError
 
     launch = parse(sys.argv[1:] if argv is None else argv)
     try:

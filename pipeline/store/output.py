@@ -2,7 +2,7 @@
 
 An output folder holds one committed run: the files its ``_manifest.json`` lists, ``summary.json`` and
 ``_SUCCESS``. A run stages its files under ``_staging/<run_id>/`` (marked docbeam's by
-``_staging/<run_id>/_run.json``) and commits them with pipeline/transaction.py. docbeam trusts only what it
+``_staging/<run_id>/_run.json``) and commits them with pipeline/store/transaction.py. docbeam trusts only what it
 provably wrote: a manifest, intent or staging marker of its own format naming its own run; every other file
 is foreign, left alone, and makes a folder without a manifest refused at start.
 """
@@ -17,7 +17,7 @@ import posixpath
 import re
 import secrets
 
-from pipeline import storage
+from pipeline.store import storage
 from pipeline.errors import Refused
 
 STAGING = "_staging"

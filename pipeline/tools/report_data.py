@@ -1,6 +1,6 @@
 """The data side of ``docbeam report``: a run's outputs loaded into plain structures, and the figures the
 page and ``--baseline`` are built from. Nothing here draws or imports matplotlib, so comparing runs (and the
-CLI's ``--help``) stays cheap; pipeline/report_charts.py and pipeline/report_html.py render what this returns.
+CLI's ``--help``) stays cheap; pipeline/tools/report_charts.py and pipeline/tools/report_html.py render what this returns.
 
 A committed run lists its files in ``_manifest.json``; only those are read, since the output folder may also
 hold ``_staging/`` and shards of other runs. Older runs without a manifest are read by glob.
@@ -16,9 +16,9 @@ import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline import memory_trend
-from pipeline.observe import fallback_key
-from pipeline.output import MANIFEST, MANIFEST_FORMAT
+from pipeline.telemetry import memory_trend
+from pipeline.telemetry.observe import fallback_key
+from pipeline.store.output import MANIFEST, MANIFEST_FORMAT
 
 _NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",
             "memory_in_use_bytes", "memory_peak_bytes")

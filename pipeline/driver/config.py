@@ -14,8 +14,8 @@ import pydantic
 import yaml
 
 from attention import registry as attention_registry
-from pipeline import config_files
-from pipeline.config_files import PATH_KEYS, ConfigError, resolve_path  # noqa: F401  (config.ConfigError for callers)
+from pipeline.driver import config_files
+from pipeline.driver.config_files import PATH_KEYS, ConfigError, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 
 class _Section(pydantic.BaseModel):
@@ -77,7 +77,7 @@ class OutputConfig(_Section):
     def _one_plain_folder(cls, path):
         # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
         # outside the folder to its clean-up (pipeline/output.inside compares plain prefixes).
-        from pipeline.output import normalize_folder
+        from pipeline.store.output import normalize_folder
 
         return normalize_folder(one_folder(path).strip())
 
@@ -216,7 +216,7 @@ class RunnerConfig(_Section):
     compilation_cache: str | None = None
     # Set in each worker process before the encoder loads, e.g. XLA_PYTHON_CLIENT_PREALLOCATE: "false".
     worker_env: dict[str, str] = {}
-    # Memory growth after warm-up (pipeline/memory_trend.py) above which the run fails (exit 1, nothing
+    # Memory growth after warm-up (pipeline/telemetry/memory_trend.py) above which the run fails (exit 1, nothing
     # committed); unset: the growth is only reported (summary.json's memory, the report).
     max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
 

@@ -22,8 +22,8 @@ from apache_beam.io.filesystem import CompressionTypes, FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipeline.config import InputConfig
-from pipeline.observe import METRICS_NAMESPACE, StageClock
+from pipeline.driver.config import InputConfig
+from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
 from pipeline.records import Document, Rejected, writable
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # README lists these, each also with any compression suffix below

@@ -1,7 +1,7 @@
 """Build and run the job: read → tokenize → bucket → encode → pool → write → commit.
 
-The driver plans (pipeline/plan.py: every check that must fail at start), takes the output's lock, cleans
-up after dead runs, and runs the pipeline, whose last step commits the output (pipeline/commit.py). A
+The driver plans (pipeline/driver/plan.py: every check that must fail at start), takes the output's lock, cleans
+up after dead runs, and runs the pipeline, whose last step commits the output (pipeline/stages/commit.py). A
 run that fails commits nothing: the previous output stays as it was.
 """
 from __future__ import annotations
@@ -14,23 +14,23 @@ import time
 
 import apache_beam as beam
 
-from pipeline import output as output_lib
-from pipeline import storage
-from pipeline import transaction
-from pipeline.breakdown import stage_shares, startup_breakdown
-from pipeline.bucket import BucketBatches
-from pipeline.commit import MEMORY_LIMIT, CommitRun, RunFailed
-from pipeline.validate import beam_options_of, launch_values, refuse_placeholders
-from pipeline.config import expand_placeholders
-from pipeline.encode import Encode, EncoderSpec, runtime_for, stop_compiling
+from pipeline.store import output as output_lib
+from pipeline.store import storage
+from pipeline.store import transaction
+from pipeline.telemetry.breakdown import stage_shares, startup_breakdown
+from pipeline.stages.bucket import BucketBatches
+from pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
+from pipeline.tools.validate import beam_options_of, launch_values, refuse_placeholders
+from pipeline.driver.config import expand_placeholders
+from pipeline.stages.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.errors import JobFailed, Refused, refused_at_start
-from pipeline.lock import LOCK_NAME, Fence, OutputLock
-from pipeline.observe import METRICS_NAMESPACE
-from pipeline.plan import JobPlan, check_output, make_plan, versions
-from pipeline.read import ReadDocuments
-from pipeline.reuse import SplitByReuse, content_hash
-from pipeline.tokenize import Tokenize
-from pipeline.write import PoolDocuments, WriteOutputs
+from pipeline.store.lock import LOCK_NAME, Fence, OutputLock
+from pipeline.telemetry.observe import METRICS_NAMESPACE
+from pipeline.driver.plan import JobPlan, check_output, make_plan, versions
+from pipeline.stages.read import ReadDocuments
+from pipeline.stages.reuse import SplitByReuse, content_hash
+from pipeline.stages.tokenize import Tokenize
+from pipeline.stages.write import PoolDocuments, WriteOutputs
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     rather than released here. ``process_started`` (epoch seconds; the command line passes the process's
     start) is where summary.json's start-up breakdown begins; by default, this call.
     """
-    from pipeline.compile_cache import keep_every_compilation
+    from pipeline.driver.compile_cache import keep_every_compilation
 
     marks = {"run_job": time.time()}
     marks["process"] = process_started or marks["run_job"]

@@ -1,5 +1,5 @@
-"""The HTML page of ``docbeam report``, from pipeline/report_data.py's structures and
-pipeline/report_charts.py's PNGs. The page inlines its charts and has no scripts or external assets.
+"""The HTML page of ``docbeam report``, from pipeline/tools/report_data.py's structures and
+pipeline/tools/report_charts.py's PNGs. The page inlines its charts and has no scripts or external assets.
 """
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import html
 
 import numpy as np
 
-from pipeline import memory_trend, report_charts
-from pipeline.report_data import (Regression, Run, bucket_stats, fallbacks, fmt, latency_changes, memory_trends,
-                                  recompilations, rejected_by_kind)
+from pipeline.telemetry import memory_trend
+from pipeline.tools import report_charts
+from pipeline.tools.report_data import (Regression, Run, bucket_stats, fallbacks, fmt, latency_changes, memory_trends,
+                                        recompilations, rejected_by_kind)
 
 # .w (a cell with a long unbroken value: a gs:// path, a digest) and code wrap anywhere rather than widen
 # the page; other cells keep whole words.

@@ -19,7 +19,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipeline import faults
+from pipeline.store import faults
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 NO_AUTH_FLAG = "--no_auth"

@@ -23,8 +23,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from pipeline.config import TokenizeConfig
-from pipeline.observe import METRICS_NAMESPACE, StageClock
+from pipeline.driver.config import TokenizeConfig
+from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
 from pipeline.records import Document, Rejected, TokenWindow, writable
 
 REJECTED_TAG = "rejected"

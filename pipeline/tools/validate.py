@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import yaml
 
-from pipeline.config import ConfigError, JobConfig
+from pipeline.driver.config import ConfigError, JobConfig
 
 # The shipped Dataflow profiles are runnable in form only: these names stand for the user's own. A job
 # launched with them would pull an image nobody built and write to a bucket nobody owns (or someone else's).
@@ -77,7 +77,7 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
     is not shown as refused merely because this config's own backend packs."""
     import attention
     from attention.plan import AttentionPlanError, ask_all, by_bucket
-    from pipeline.plan import attention_cases, resolve_packing
+    from pipeline.driver.plan import attention_cases, resolve_packing
 
     backend = attention.get(name)
     chosen = resolve_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
@@ -102,9 +102,9 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
     import attention
     from attention.plan import gate
-    from pipeline.config import expand_placeholders
-    from pipeline.output import new_run_id, run_date
-    from pipeline.plan import make_plan
+    from pipeline.driver.config import expand_placeholders
+    from pipeline.store.output import new_run_id, run_date
+    from pipeline.driver.plan import make_plan
 
     cfg = expand_placeholders(cfg, new_run_id(), run_date())
     if for_launch:

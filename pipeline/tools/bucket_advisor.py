@@ -11,8 +11,8 @@ import collections
 import dataclasses
 import itertools
 
-from pipeline.bucket import padding_efficiency, propose_buckets
-from pipeline.config import ConfigError, JobConfig
+from pipeline.stages.bucket import padding_efficiency, propose_buckets
+from pipeline.driver.config import ConfigError, JobConfig
 from pipeline.records import Document, Rejected
 
 
@@ -32,7 +32,7 @@ class Sample:
 def read_sample(cfg: JobConfig, limit: int) -> Sample:
     """Reads files in order until ``limit`` documents were read (rejected ones count: a corpus of rejects
     must not be read to its end). Duplicate ids are rejected as the job rejects them."""
-    from pipeline.read import match_paths, path_records, same_file_key
+    from pipeline.stages.read import match_paths, path_records, same_file_key
 
     sample, seen_ids = Sample(), set()
     for pattern in cfg.input.patterns:
@@ -61,9 +61,9 @@ def read_sample(cfg: JobConfig, limit: int) -> Sample:
 def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int,
                     prompt: str | None = None) -> tuple[list[int], list[Rejected]]:
     """Window lengths of ``docs``, and the documents the tokenizer rejects (no tokens). The one call into
-    pipeline.tokenize, so a change to its interface is adapted here."""
+    pipeline.stages.tokenize, so a change to its interface is adapted here."""
     from models.checkpoint import load_tokenizer, resolve_dir
-    from pipeline.tokenize import tokenize_documents
+    from pipeline.stages.tokenize import tokenize_documents
 
     if not docs:
         return [], []
@@ -129,7 +129,7 @@ def score(row: dict) -> float:
 
 def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to propose from."""
-    from pipeline.plan import make_plan
+    from pipeline.driver.plan import make_plan
 
     sample = read_sample(cfg, limit)
     if not sample.documents:  # said before loading the model: nothing it could change

@@ -25,7 +25,7 @@ import numpy as np
 from apache_beam import coders
 from apache_beam.transforms import userstate
 
-from pipeline.config import BatchingConfig
+from pipeline.driver.config import BatchingConfig
 from pipeline.records import Batch, TokenWindow
 
 
@@ -91,7 +91,7 @@ def group_into_batches(items: list, config: BatchingConfig, length: Callable = l
 
 
 def packs(config: BatchingConfig) -> bool:
-    """A job's plan resolves ``auto`` by its attention backends (pipeline.plan.resolve_packing); here, with
+    """A job's plan resolves ``auto`` by its attention backends (pipeline.driver.plan.resolve_packing); here, with
     no backend to ask, ``auto`` does not pack."""
     return config.packing is True
 

@@ -18,11 +18,11 @@ import datetime
 import json
 import logging
 
-from pipeline import storage
-from pipeline.lock import Fence, LockLost, OutputLock
-from pipeline.output import (INTENT, INTENT_FORMAT, MANIFEST, MANIFEST_FORMAT, MARKER, STAGING, SUCCESS, SUMMARY,
-                             carries_run, delete_inside, inspect, parse_manifest, plain_relative, read_intent,
-                             read_manifest, relative, staging_dir)
+from pipeline.store import storage
+from pipeline.store.lock import Fence, LockLost, OutputLock
+from pipeline.store.output import (INTENT, INTENT_FORMAT, MANIFEST, MANIFEST_FORMAT, MARKER, STAGING, SUCCESS, SUMMARY,
+                                   carries_run, delete_inside, inspect, parse_manifest, plain_relative, read_intent,
+                                   read_manifest, relative, staging_dir)
 
 POINTERS = (MANIFEST, SUMMARY, SUCCESS)
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Crash and pause points in the storage layer: every write, rename and delete of ``pipeline/storage.py``
+"""Crash and pause points in the storage layer: every write, rename and delete of ``pipeline/store/storage.py``
 calls ``before_change`` first, so a test can kill a run (or stop it) just before its N-th change.
 
 Needed since a commit and a lock are long sequences of changes to shared storage, and only walking every

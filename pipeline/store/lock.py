@@ -22,7 +22,7 @@ from typing import Callable
 
 import psutil
 
-from pipeline import storage
+from pipeline.store import storage
 from pipeline.errors import Refused
 
 LOCK_NAME = "_lock.json"

@@ -38,8 +38,8 @@ if "apache_beam.ml.inference.base" not in sys.modules:
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
 from attention.plan import AttentionSpec, bind_choice, choose_backends, gate
-from pipeline.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress, StageClock,
-                              describe_device, fallback_key, memory, worker_name)
+from pipeline.telemetry.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress, StageClock,
+                                        describe_device, fallback_key, memory, worker_name)
 from pipeline.records import Batch, WindowEmbedding
 
 TIMING_TAG = "timing"
@@ -61,7 +61,7 @@ class EncoderSpec:
     profile_dir: str | None = None
     progress_seconds: float = 10.0  # 0: no progress lines
     one_model_per_vm: bool = False  # RunInference shares one runtime between the VM's SDK processes
-    compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/compile_cache.py)
+    compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/driver/compile_cache.py)
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
     packing: bool = False  # batching.packing: batches carry segment ids and slot lengths
@@ -74,8 +74,8 @@ class EncoderRuntime:
         import jax
 
         from models import checkpoint, encoder
-        from pipeline.compile_cache import CompileCache
-        from pipeline.plan import attention_cases, probe_all
+        from pipeline.driver.compile_cache import CompileCache
+        from pipeline.driver.plan import attention_cases, probe_all
 
         self.spec = spec
         t0 = time.perf_counter()
@@ -130,7 +130,7 @@ class EncoderRuntime:
         """Start compiling every (bucket, rows) shape in background threads (XLA compiles without the GIL),
         so batches find their executable ready; a batch whose shape has not started yet compiles it itself
         rather than wait behind the others."""
-        from pipeline.bucket import rows_for
+        from pipeline.stages.bucket import rows_for
 
         # One core fewer than the machine has: the worker's own stages (reading, tokenizing, and on the
         # DirectRunner all of Beam) keep one, or they would wait behind the compilations they overlap.
@@ -147,7 +147,7 @@ class EncoderRuntime:
         """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
         import jax
 
-        from pipeline.bucket import max_windows_per_row
+        from pipeline.stages.bucket import max_windows_per_row
 
         hits = self.watch.in_this_thread()[2]
         t0 = time.perf_counter()
@@ -318,7 +318,7 @@ class EncoderRuntime:
             return
         import jax
 
-        from pipeline import storage
+        from pipeline.store import storage
 
         jax.profiler.stop_trace()
         self._profiling = False
@@ -376,7 +376,7 @@ class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
 
     def run_inference(self, batch: Sequence[Batch], model: EncoderRuntime,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
-        from pipeline.observe import worker_name
+        from pipeline.telemetry.observe import worker_name
 
         results = []
         for b in batch:

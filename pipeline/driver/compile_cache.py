@@ -21,7 +21,7 @@ import os
 import time
 
 from models import vm_cache
-from pipeline import storage
+from pipeline.store import storage
 
 ENTRY_SUFFIX = "-cache"  # JAX's LRUCache names an entry <key>-cache (and keeps -atime files beside it)
 UNREACHABLE_SUFFIX = ".unreachable"  # beside the VM's copy: why the first process could not fill it

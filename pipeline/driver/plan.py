@@ -16,13 +16,13 @@ from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_
                                tokenizer_digest, weights_digest)
 from models.encoder import EncoderConfig
 from models.st_settings import document_prompt
-from pipeline import output as output_lib
-from pipeline import storage
-from pipeline.bucket import bucket_for
-from pipeline.config import ConfigError, JobConfig
+from pipeline.store import output as output_lib
+from pipeline.store import storage
+from pipeline.stages.bucket import bucket_for
+from pipeline.driver.config import ConfigError, JobConfig
 from pipeline.errors import refused_at_start
-from pipeline.reuse import ReuseDecision, decide
-from pipeline.tokenize import prompt_token_ids, stride_problem
+from pipeline.stages.reuse import ReuseDecision, decide
+from pipeline.stages.tokenize import prompt_token_ids, stride_problem
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -43,7 +43,7 @@ class JobPlan:
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch
     encoder: EncoderConfig
     attention: AttentionSpec  # backends with their typed options, as the workers receive them
-    reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/reuse.py)
+    reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
 
 
@@ -124,8 +124,8 @@ def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, specia
 
 def check_inputs(cfg: JobConfig) -> None:
     """Every input pattern matches a path, and none lies inside the output (a run would replace its own
-    input). Matched as the job matches them (pipeline/read.py), so this refuses what the job would."""
-    from pipeline.read import match_paths
+    input). Matched as the job matches them (pipeline/stages/read.py), so this refuses what the job would."""
+    from pipeline.stages.read import match_paths
 
     out = cfg.output.path
     for pattern in cfg.input.patterns:

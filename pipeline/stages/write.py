@@ -14,8 +14,8 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipeline import memory_trend
-from pipeline.observe import METRICS_NAMESPACE, StageClock, fallback_key
+from pipeline.telemetry import memory_trend
+from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock, fallback_key
 from pipeline.records import Rejected, WindowEmbedding
 
 EMBEDDINGS_SCHEMA = pa.schema([
@@ -142,7 +142,7 @@ def memory_sample(t: dict) -> tuple[str, tuple[str, float, float]]:
 
 
 def memory_trend_stats(worker: str, samples) -> dict:
-    """One worker's trend (pipeline/memory_trend.py) under ``memory_trends``: one entry per worker, so the
+    """One worker's trend (pipeline/telemetry/memory_trend.py) under ``memory_trends``: one entry per worker, so the
     sum of the run's statistics keeps each as it is."""
     return {"memory_trends": {worker: dataclasses.asdict(memory_trend.trend_from_samples(worker, samples))}}
 

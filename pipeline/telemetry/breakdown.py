@@ -3,13 +3,13 @@ first batch (plan, lock and checks, Beam graph, then the encoder's checkpoint, p
 the steady state after the first batch, and each stage's share of the pipeline's wall time.
 
 The driver adds both after a run it waited for: they combine its own clock (``marks``), the Beam metrics
-the workers reported (pipeline/observe.py, pipeline/encode.py) and the timing records.
+the workers reported (pipeline/telemetry/observe.py, pipeline/stages/encode.py) and the timing records.
 """
 from __future__ import annotations
 
 import datetime
 
-from pipeline.observe import STAGES
+from pipeline.telemetry.observe import STAGES
 
 # The driver's marks (epoch seconds), in the order the driver passes them.
 MARKS = ("process", "run_job", "plan", "checks", "graph", "pipeline", "finished")

@@ -6,8 +6,8 @@ Everything is read and written through Beam's ``FileSystems``, so OUTPUT may be 
 gs:// prefix. Charts are inline PNGs and the page has no scripts or external assets, so it can be attached
 to a CI run, mailed, or opened straight from a bucket.
 
-This module is the command; pipeline/report_data.py loads and analyses a run, pipeline/report_charts.py
-draws it and pipeline/report_html.py lays out the page.
+This module is the command; pipeline/tools/report_data.py loads and analyses a run, pipeline/tools/report_charts.py
+draws it and pipeline/tools/report_html.py lays out the page.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import sys
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.output import STAGING
-from pipeline.report_data import Regression, Run, check_threshold, compare, latency_changes, load_run
+from pipeline.store.output import STAGING
+from pipeline.tools.report_data import Regression, Run, check_threshold, compare, latency_changes, load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +48,7 @@ def write_report(run: Run, baseline: Run | None = None, *, dest: str | None = No
                  threshold: float = 0.10) -> ReportResult:
     """Writes the report of loaded runs; ``dest`` defaults to ``default_dest(run.path)``."""
     # Imported here so that `docbeam --help` and the other commands do not import matplotlib.
-    from pipeline.report_html import render_html
+    from pipeline.tools.report_html import render_html
 
     regressions = compare(run, baseline, threshold) if baseline is not None else []
     page = render_html(run, baseline, regressions, threshold)
@@ -80,7 +80,7 @@ def main(args: argparse.Namespace) -> int:
     cannot be read), so a scheduler can tell a regression from a missing run."""
     from apache_beam.io.filesystem import BeamIOError
 
-    from pipeline import storage
+    from pipeline.store import storage
 
     storage.pipeline_options([])  # gs:// against an emulator without the credential-lookup stall
     try:

@@ -15,12 +15,12 @@ import time
 
 import apache_beam as beam
 
-from pipeline import config as config_lib
-from pipeline import output as output_lib
-from pipeline import storage
-from pipeline import validate
-from pipeline.config import ConfigError, JobConfig
-from pipeline.lock import Fence
+from pipeline.driver import config as config_lib
+from pipeline.store import output as output_lib
+from pipeline.store import storage
+from pipeline.tools import validate
+from pipeline.driver.config import ConfigError, JobConfig
+from pipeline.store.lock import Fence
 
 DATAFLOW = "DataflowRunner"
 # Options a reader checks before a submission, by Beam's names, in this order.
@@ -64,8 +64,8 @@ class DryRun:
 def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
     from apache_beam.runners.dataflow.internal import apiclient
 
-    from pipeline.plan import make_plan
-    from pipeline.run import build
+    from pipeline.driver.plan import make_plan
+    from pipeline.driver.run import build
 
     if cfg.runner.name != DATAFLOW:
         raise ConfigError(f"--dry-run builds a Dataflow job, but runner.name is {cfg.runner.name!r}; use a "

@@ -1,5 +1,5 @@
 """CommitRun: the pipeline's last step. It waits for every sink, builds ``summary.json``, checks the run and
-commits the staged output (pipeline/output.py), so a launcher that does not wait for the job (a Dataflow
+commits the staged output (pipeline/store/output.py), so a launcher that does not wait for the job (a Dataflow
 template) still gets a committed output with its summary, or a failed job and yesterday's output.
 """
 from __future__ import annotations
@@ -12,12 +12,12 @@ import time
 
 import apache_beam as beam
 
-from pipeline import memory_trend
-from pipeline import output as output_lib
-from pipeline import storage
-from pipeline import transaction
-from pipeline.lock import Fence
-from pipeline.observe import StageClock
+from pipeline.telemetry import memory_trend
+from pipeline.store import output as output_lib
+from pipeline.store import storage
+from pipeline.store import transaction
+from pipeline.store.lock import Fence
+from pipeline.telemetry.observe import StageClock
 
 log = logging.getLogger(__name__)
 

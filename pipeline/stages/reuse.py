@@ -18,10 +18,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from pipeline import output as output_lib
-from pipeline import storage
-from pipeline.config import ConfigError
-from pipeline.observe import METRICS_NAMESPACE
+from pipeline.store import output as output_lib
+from pipeline.store import storage
+from pipeline.driver.config import ConfigError
+from pipeline.telemetry.observe import METRICS_NAMESPACE
 from pipeline.records import Document
 
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",

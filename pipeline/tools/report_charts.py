@@ -1,4 +1,4 @@
-"""The charts of ``docbeam report``, drawn off-screen with matplotlib from pipeline/report_data.py's structures.
+"""The charts of ``docbeam report``, drawn off-screen with matplotlib from pipeline/tools/report_data.py's structures.
 
 A chart with nothing to show (no batches, no memory figures, no rejects) is ``None`` rather than an empty
 frame, so the page can say so in words; matplotlib itself fails on some empty inputs (a boxplot of nothing).
@@ -16,8 +16,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from pipeline.report_data import (Run, buckets, fmt, groups, padding_by_bucket, ratio, recompilations,
-                                  rejected_by_kind, steady)
+from pipeline.tools.report_data import (Run, buckets, fmt, groups, padding_by_bucket, ratio, recompilations,
+                                        rejected_by_kind, steady)
 
 _STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.titleweight": "bold", "axes.grid": True,
           "grid.alpha": 0.3, "legend.fontsize": 9, "legend.framealpha": 0.85}

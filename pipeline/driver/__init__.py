@@ -1,0 +1,1 @@
+"""The driver: config parsing, the job plan, the run command and its launchers."""

@@ -1,0 +1,1 @@
+"""The Beam stages, in the job's order: read, reuse, tokenize, bucket (batch), encode, write, commit."""

@@ -1,0 +1,1 @@
+"""What a run reports about itself: per-batch process facts, metric names, time and memory analysis."""

@@ -1,0 +1,1 @@
+"""Commands beside the job: the HTML report, bucket advice, config validation."""
