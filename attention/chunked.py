@@ -38,6 +38,9 @@ class ChunkedOptions(pydantic.BaseModel):
     # after another in a loop: XLA:CPU's batched matmul is slow with many small (head_dim 32) batch
     # entries. Unset: tuned by length (TUNED_CHUNKS).
     heads_per_step: pydantic.NonNegativeInt | None = None
+    # A causal global layer stops each query chunk at its diagonal. false: scan and mask every key block, the
+    # baseline benchmarks/long_context_decoder.py measures the skipping against.
+    skip_causal_blocks: bool = True
 
 
 def pad_to_multiple(x_BxLx___, multiple: int):
@@ -126,7 +129,7 @@ def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
     query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window)
     query_chunk = min(query_chunk, case.seq_len)
-    keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal)
+    keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal and options.skip_causal_blocks)
     heads = f", {group_step(heads_per_step, case.num_heads, case.kv_heads)} head(s) per step" if heads_per_step else ""
     scanned = (f", {keys.steps * keys.key_chunk} keys per query chunk (local window {window})" if window
                else ", key blocks past the diagonal skipped" if keys.causal else "")
@@ -162,7 +165,7 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window)
     query_chunk, step = min(query_chunk, t), group_step(heads_per_step, n, kv_heads)
     per_kv = n // kv_heads
-    keys = key_plan(s, query_chunk, key_chunk, window, causal)
+    keys = key_plan(s, query_chunk, key_chunk, window, causal and options.skip_causal_blocks)
     q_BxNxTxH = pad_to_multiple(q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype), query_chunk).swapaxes(1, 2)
     k_BxKxSxH, v_BxKxSxH = (pad_to_length(x, keys.padded_len).swapaxes(1, 2) for x in (k_BxSxKxH, v_BxSxKxH))
     # Head groups run one after another in a loop (not unrolled, so compilation stays short): XLA:CPU's

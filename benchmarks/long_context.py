@@ -76,17 +76,19 @@ def native_scores_gb(length: int) -> float:
     return 2 * HEADS * length * length * 4 / GB
 
 
-def spawn(case: dict, cap_gb: float, timeout: float) -> dict:
+def spawn(case: dict, cap_gb: float, timeout: float, script: str = __file__, native_gb=native_scores_gb) -> dict:
+    """One case in a child process of ``script`` under an address-space cap; native is skipped, with the reason,
+    where its scores (``native_gb(length)``) would not fit."""
     def limit():
         cap = int(cap_gb * GB)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
-    label = {key: case[key] for key in ("backend", "length", "kind")}
-    if case["backend"] == "native" and native_scores_gb(case["length"]) > 0.8 * cap_gb:
-        return {**label, "status": f"skipped: native's scores need ~{native_scores_gb(case['length']):.1f} GB, over "
+    label = {key: case[key] for key in ("backend", "length", "kind") if key in case}
+    if case["backend"] == "native" and native_gb(case["length"]) > 0.8 * cap_gb:
+        return {**label, "status": f"skipped: native's scores need ~{native_gb(case['length']):.1f} GB, over "
                                    f"80% of the {cap_gb:g} GB cap on this {common.machine(False)['memory_gib']} GiB "
                                    "machine shared with other jobs"}
-    cmd = [sys.executable, __file__, "--child", json.dumps(case)]
+    cmd = [sys.executable, script, "--child", json.dumps(case)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
     except subprocess.TimeoutExpired:

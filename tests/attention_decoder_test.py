@@ -44,7 +44,9 @@ EXTRA_OPTIONS = {
     # rounded up to the two query heads that share a k/v head
     # heads_per_step 0 puts both k/v heads in one step, so the query heads' grouping over them is exercised
     "chunked": [{"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 8, "key_chunk": 16, "heads_per_step": 1},
-                {"query_chunk": 8, "key_chunk": 8, "heads_per_step": 0}],
+                {"query_chunk": 8, "key_chunk": 8, "heads_per_step": 0},
+                # the baseline benchmarks/long_context_decoder.py times the skipping against: masks alone
+                {"query_chunk": 8, "key_chunk": 8, "skip_causal_blocks": False}],
     # flash on CPU runs chunked; tokamax takes is_causal and grouped k/v itself; the TPU kernel (interpret
     # mode) takes causal but not grouped heads, so it meets the scenarios with as many k/v heads as q heads
     "flash": [{"kernel": "tokamax_chunked"}, {"kernel": "pallas_tpu", "interpret": True}],
@@ -110,3 +112,11 @@ def test_a_backend_without_causal_or_grouped_support_is_refused():
         plain.bind()(q, k, v, kv_lengths_B=LENGTHS, scale=1.0)
     with pytest.raises(ValueError, match="takes no causal"):
         plain.bind()(q, q, q, kv_lengths_B=LENGTHS, scale=1.0, causal=True)
+
+
+def test_chunked_says_whether_it_skips_the_blocks_past_the_diagonal():
+    chunked = attention.get("chunked")
+    case = AttentionCase("cpu", "float32", 4096, N, H, causal=True, num_kv_heads=K)
+    skipping = chunked.supports(case, chunked.parse_options(None)).kernel
+    scanning = chunked.supports(case, chunked.parse_options({"skip_causal_blocks": False})).kernel
+    assert "past the diagonal skipped" in skipping and "past the diagonal" not in scanning
