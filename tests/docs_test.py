@@ -91,3 +91,13 @@ def test_the_readme_keeps_the_two_commands():
 def test_the_readme_reads_as_a_users_page_not_a_notebook():
     found = sorted({m.group(0).lower() for m in NOTEBOOK_WORDS.finditer(read(README))})
     assert not found, f"README.md mentions {found}: say what the product does, not how it was made"
+
+
+def test_the_attention_page_shows_flashs_tables_as_the_code_builds_them():
+    """The kernel choice and feature tables are rendered by attention/flash.py, so a kernel that learns or loses
+    a feature changes the page too; paste the new table from `feature_table()` / `auto_kernel_table()`."""
+    from attention import flash
+
+    page = read(os.path.join(REPO, "docs", "attention.md"))
+    assert flash.auto_kernel_table() in page
+    assert flash.feature_table() in page
