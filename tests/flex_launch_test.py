@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METADATA = os.path.join(REPO, "docker", "flex-template", "metadata.json")
 DAG = os.path.join(REPO, "docker", "airflow", "docbeam_dag.py")
 SCHEDULER_BODY = os.path.join(REPO, "docker", "flex-template", "scheduler_body.json")
-README = os.path.join(REPO, "README.md")
+RUNBOOK = os.path.join(REPO, "docs", "runbook.md")  # step 5 holds the flex-template run users copy
 PARAM_TYPES = {"TEXT", "GCS_READ_FILE", "GCS_WRITE_FOLDER"}
 # The launch request's environment, as Dataflow's launcher hands it to the main file (Beam's option names).
 ENVIRONMENT_OPTIONS = {"tempLocation": "temp_location", "stagingLocation": "staging_location",
@@ -182,10 +182,10 @@ def test_the_airflow_dag_filled_in_replaces_every_placeholder_of_its_profile():
                                                                     kwargs["location"])))
 
 
-def readme_flex_template_run() -> dict:
-    """The README's `gcloud dataflow flex-template run` command as a launch request, its shell variables set
-    as the README's step list defines them."""
-    text = open(README).read()
+def runbook_flex_template_run() -> dict:
+    """The runbook's `gcloud dataflow flex-template run` command as a launch request, its shell variables set
+    as the runbook's step list defines them."""
+    text = open(RUNBOOK).read()
     (command,) = re.findall(r"^ *gcloud dataflow flex-template run (?:.*\\\n)*.*$", text, re.M)
     shell = {"$PROJECT": "acme-prod", "$REGION": "us-central1", "$BUCKET": "gs://acme-embeddings",
              "$SA": "docbeam-worker@acme-prod.iam.gserviceaccount.com",
@@ -201,8 +201,8 @@ def readme_flex_template_run() -> dict:
             "environment": environment}
 
 
-def test_the_readmes_flex_template_run_replaces_every_placeholder_of_its_profile():
-    launch = readme_flex_template_run()
+def test_the_runbooks_flex_template_run_replaces_every_placeholder_of_its_profile():
+    launch = runbook_flex_template_run()
     assert "sdk_container_image" in launch["parameters"] and "compilation_cache" in launch["parameters"]
     flex_launch.refuse_placeholders(flex_launch.parse(launcher_argv(launch, launch["project"], launch["region"])))
 

@@ -15,3 +15,27 @@ def test_a_section_names_the_command_date_machine_and_file(tmp_path, monkeypatch
     text = readme.section("x.json", "X")
     assert text.startswith("#### X\n\n`python benchmarks/x.py` — 2026-11-30, Some CPU (avx2, avx512f), 2 cores")
     assert "**Speed**\n\n| a |" in text and "[`benchmarks/results/x.json`](benchmarks/results/x.json)" in text
+
+
+def test_the_readmes_one_table_puts_the_command_beside_each_figure():
+    rows = [r for r in readme.render_readme().splitlines() if r.startswith("| ") and "**" in r]
+    assert len(rows) == len(readme.TARGETS)
+    for row in rows:
+        assert "`python benchmarks/" in row, row
+
+
+def test_the_same_command_on_two_machines_is_set_side_by_side(tmp_path, monkeypatch):
+    def write(folder, ratio, cpu):
+        (tmp_path / readme.RESULTS / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / readme.RESULTS / folder / "encoder-float32.json").write_text(
+            f'{{"command": "python benchmarks/encoder.py", "tables": "| t |", "docbeam_over_st": {ratio},'
+            f' "docbeam": {{"tokens_per_s": 1}}, "sentence_transformers": {{"tokens_per_s": 1}},'
+            f' "lowest_cosine": 1.0, "docs": 4, "pipeline": {{"wall_after_first_batch_tokens_per_s": 1}},'
+            f' "machine": {{"cpu_model": "{cpu}"}}}}')
+    monkeypatch.setattr(readme, "REPO", str(tmp_path))
+    write("", 1.34, "Xeon")
+    assert readme.machines_table() == ""  # one machine: nothing to set beside it
+    write("amd-epyc", 1.61, "EPYC")
+    (row,) = [r for r in readme.machines_table().splitlines() if r.startswith("| encoder ÷ sentence-transformers, sample")]
+    assert "**1.34** Xeon" in row and "**1.61** EPYC" in row
+    assert "(../benchmarks/results/amd-epyc/encoder-float32.json)" in row
