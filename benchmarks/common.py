@@ -20,7 +20,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO, "benchmarks")
-DEFAULT_RESULTS = os.path.join(BENCH_DIR, "results")  # committed: the README names the file behind each table
+DEFAULT_RESULTS = os.path.join(BENCH_DIR, "results")  # committed: README and docs/performance.md name the file behind each table
 QUICK_RESULTS = os.path.join(DEFAULT_RESULTS, "quick")  # git-ignored: --quick figures mean little
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 LOCAL_CONFIG = os.path.join(REPO, "configs", "local.yaml")

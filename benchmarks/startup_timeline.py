@@ -1,5 +1,5 @@
 """What each thread of a `docbeam run` is doing, 100 ms at a time, from the process's start to past the first
-batch: the timeline behind the README's account of start-up.
+batch: the timeline behind docs/performance.md's account of start-up.
 
     python benchmarks/startup_timeline.py [--until 5] [--step 0.1] [--config configs/local.yaml] [--set k=v ...]
 

@@ -1,7 +1,7 @@
 """Cloud Composer / Airflow: the daily docbeam TPU job, launched from the Flex Template.
 
 Copy this file into the environment's dags/ folder after replacing the placeholders (project, region,
-bucket, image); README "Running on Dataflow (TPU, GPU, CPU)" builds the template and the image it launches.
+bucket, image); docs/runbook.md builds the template and the image it launches.
 Every value the profile holds as a placeholder is passed here explicitly (project, temp and staging
 locations, worker image, input, output, compilation cache): the launcher refuses a launch that leaves one.
 Each run embeds the day's corpus into its own folder, so a rerun of one day replaces only that day.
