@@ -68,7 +68,8 @@ def profile_path(config: str) -> str:
     /opt/docbeam/configs), since the launcher's working folder is not ours to choose."""
     if os.path.isabs(config) or os.path.exists(config):
         return config
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), config)
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pipeline/driver/..
+    return os.path.join(package_root, config)
 
 
 def main(argv: list[str] | None = None) -> int:
