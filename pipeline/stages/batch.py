@@ -86,9 +86,9 @@ class BucketBatches(beam.PTransform):
             _DriveThePacker.HELD, main="full")
         if packing:
             return batched.full | "SpreadBatches" >> beam.Reshuffle()
-        leftovers = (batched[_DriveThePacker.HELD]
+        filled = (batched[_DriveThePacker.HELD]
                      | "HeldByShard" >> beam.GroupByKey()
                      | "FillAcrossBuckets" >> beam.FlatMap(lambda shard_windows: Packer(
                          cfg, False, held=list(shard_windows[1])).flush()))
-        return ((batched.full, leftovers) | "AllBatches" >> beam.Flatten()
+        return ((batched.full, filled) | "AllBatches" >> beam.Flatten()
                 | "SpreadBatches" >> beam.Reshuffle())

@@ -4,6 +4,10 @@ length histogram, with the padding efficiency each would give (and what the conf
 When the sample yields no window (no file matches, the files are empty, or the job would reject every
 document) there is nothing to propose from: ``proposal_report`` raises ``ConfigError`` saying what was read
 and what to change.
+
+The padding figures (``padding_efficiency``, ``padded_tokens``, ``batches_per_bucket``) count the batches the
+job's own Packer makes of windows of these lengths, so advice and benchmarks/bucketing.py cannot drift from
+what the pipeline pads; they live here since only advice needs them.
 """
 from __future__ import annotations
 
