@@ -3,11 +3,11 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 
     python benchmarks/bucketing.py [--quick] [--buckets 32,64,128,256] [--tokens-per-batch 8192]
 
-- docbeam: ``pipeline.stages.bucket.padding_efficiency`` with the configured buckets and tokens_per_batch
+- docbeam: ``pipeline.tools.bucket_advisor.padding_efficiency`` with the configured buckets and tokens_per_batch
   (a partial batch is padded with empty rows to its bucket's fixed shape).
 - docbeam packed: the same with ``batching.packing: true`` (several windows per row, segment ids), as
   ``BucketBatches`` makes them from the windows in this order.
-- planned: the buckets ``pipeline.stages.bucket.propose_buckets`` proposes for these lengths (same budget, at most
+- planned: the buckets ``pipeline.tools.bucket_advisor.propose_buckets`` proposes for these lengths (same budget, at most
   as many buckets as configured), scored the same way.
 - pad-to-max: every batch ``tokens_per_batch ÷ max_len`` rows of ``max_len`` tokens: one shape.
 - sorted fixed-size: lengths sorted, batches of that same row count, each padded to its longest window;
@@ -72,7 +72,7 @@ def synthetic_lengths(n: int, median: float, sigma: float, lo: int, hi: int, see
 
 
 def bucketed(lengths, buckets, tokens_per_batch, packing: bool = False) -> dict:
-    from pipeline.stages.bucket import batches_per_bucket, padded_tokens
+    from pipeline.tools.bucket_advisor import batches_per_bucket, padded_tokens
 
     batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch, packing)
     padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch, packing)
@@ -96,7 +96,8 @@ def sorted_fixed(lengths, rows) -> dict:
 
 
 def compare(lengths, max_len, args) -> dict:
-    from pipeline.stages.bucket import propose_buckets, rows_for
+    from pipeline.stages.packer import rows_for
+    from pipeline.tools.bucket_advisor import propose_buckets
 
     rows = rows_for(max_len, args.tokens_per_batch)
     out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch),

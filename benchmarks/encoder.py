@@ -5,7 +5,7 @@ pipeline vs the encoder alone.
                                  [--backend native]
 
 docbeam is timed as the pipeline runs it: windows from pipeline.stages.tokenize.windows_for, batches from
-pipeline.stages.bucket, EncoderRuntime.encode per batch, every shape compiled once before timing. Both sides
+pipeline.stages.packer, EncoderRuntime.encode per batch, every shape compiled once before timing. Both sides
 count real tokens (attention-mask tokens after truncation to the window length); with the default
 ``--long-documents truncate`` they encode exactly the same token sequences. Both load and warm up, then
 their timed passes take turns (docbeam, sentence-transformers, docbeam, …), best of each kept: this shared
@@ -76,7 +76,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     from models.checkpoint import load_tokenizer
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.stages.bucket import batch_windows
+    from pipeline.stages.packer import batch_windows
     from pipeline.driver.config import BatchingConfig, TokenizeConfig
     from pipeline.stages.encode import EncoderRuntime, EncoderSpec
     from pipeline.stages.tokenize import windows_for
@@ -87,8 +87,8 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     windows = windows_for(docs, tokenizer, window_len=settings.max_seq_len,
                           config=TokenizeConfig(long_documents=args.long_documents, stride=args.stride))
     tokenize_s = time.perf_counter() - t0
-    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch,
-                                                    packing=args.packing))
+    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch),
+                            packing=args.packing)
 
     t0 = time.perf_counter()
     runtime = EncoderRuntime(EncoderSpec(

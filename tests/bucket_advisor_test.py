@@ -117,3 +117,29 @@ def test_a_packed_job_gets_packed_proposals_with_fewer_buckets(tmp_path):
     assert "# batching.packing is on for this job: the same budgets with packed rows" in lines
     proposed = next(line for line in lines[::-1] if line.startswith("  buckets: ["))
     assert len(proposed.split(",")) <= 2  # short windows fill long rows: one or two shapes pad as little
+
+
+# --- the arithmetic behind the advice: the packer's own batches, counted -----------------------------------
+
+def test_padding_efficiency_is_real_over_padded_tokens():
+    # Bucket 16 holds 2 rows per batch (32 tokens): 10 and 12 fill one batch; 16 and 20 are held to the end
+    # and fill one batch of 32 (1 row) each, as the packer fills them across buckets: 64 + 32 padded tokens.
+    lengths = [10, 16, 12, 20]
+    assert bucket_advisor.padding_efficiency(lengths, (16, 32), tokens_per_batch=32) == pytest.approx(58 / (64 + 32))
+    assert bucket_advisor.padding_efficiency([16, 16], (16,), tokens_per_batch=32) == 1.0
+    assert bucket_advisor.padding_efficiency([], (16,), tokens_per_batch=32) == 1.0
+
+
+def test_batches_per_bucket_counts_what_is_held_at_the_end_filled_across_buckets():
+    # rows per batch at 128 tokens: 8 at 16, 4 at 32, 2 at 64. Eight 3s fill a batch at 16, four 20s one at 32;
+    # the ninth 3 is held to the end and joins the 64 in one batch at 64.
+    assert bucket_advisor.batches_per_bucket([3] * 9 + [20] * 4 + [64], (16, 32, 64), tokens_per_batch=128) == {
+        16: 1, 32: 1, 64: 1}
+
+
+def test_packed_rows_pad_less_than_one_window_per_row():
+    # Sixteen 8s: a row of 16 holds two, so eight rows fill one batch at 16 (as two rows of 64 would: the
+    # shorter rows win the tie); unpacked, one window per row, they fill two batches at 16.
+    assert bucket_advisor.batches_per_bucket([8] * 16, (16, 64), 128, packing=True) == {16: 1}
+    assert bucket_advisor.batches_per_bucket([8] * 16, (16, 64), 128, packing=False) == {16: 2}
+    assert bucket_advisor.padding_efficiency([8] * 16, (16, 64), 128, packing=True) == 1.0

@@ -1,5 +1,7 @@
-"""pipeline/stages/bucket.py: windows padded to the smallest bucket, in batches of one fixed shape per bucket; what is
-left per bucket at the end repacked across buckets."""
+"""The packer without packing (pipeline/stages/packer.py, driven in Beam by pipeline/stages/batch.py): a window is
+padded to the smallest bucket that fits; ``Packer.add`` returns a bucket's batch the moment it has a batch's worth
+of windows, and nothing before; ``Packer.flush`` fills what is held across buckets, longest first. Every window
+lands in exactly one batch, of its bucket's one fixed shape."""
 from __future__ import annotations
 
 import collections
@@ -11,18 +13,26 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.stages.bucket import (BucketBatches, batch_windows, batches_per_bucket, bucket_for, pad_batch,
-                                    padding_efficiency, repack, rows_for, shard_for)
 from pipeline.driver.config import BatchingConfig
 from pipeline.records import TokenWindow
+from pipeline.stages.batch import BucketBatches
+from pipeline.stages.packer import (Packer, batch_windows, bucket_for, fill_across_buckets, padded_batch, rows_for,
+                                    shard_for)
 
 BUCKETS = (16, 32, 64)
+CONFIG = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)  # rows per batch: 8 at 16, 4 at 32, 2 at 64
 
 
 def window(doc_id: str, index: int, length: int, num_windows: int = 1) -> TokenWindow:
     token_ids = np.arange(101, 101 + length, dtype=np.int32)
     return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
 
+
+def ids(batches) -> list[list[str]]:
+    return [[doc_id for doc_id, *_ in b.windows] for b in batches]
+
+
+# --- arithmetic --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("length, bucket", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)])
 def test_a_window_goes_to_the_smallest_bucket_that_fits(length, bucket):
@@ -53,9 +63,11 @@ def test_shard_depends_on_the_window_index():
     assert len({shard_for("doc", i, 8) for i in range(32)}) > 1
 
 
-def test_pad_batch_has_the_full_shape_with_zero_padding_rows_and_columns():
-    batch = pad_batch([window("b", 0, 5), window("a", 1, 3, num_windows=2)], bucket_len=8, rows=4)
-    assert batch.ids_BxT.shape == (4, 8) and batch.ids_BxT.dtype == np.int32
+# --- one batch ---------------------------------------------------------------------------------------------
+
+def test_a_padded_batch_has_the_full_shape_with_zero_padding_rows_and_columns():
+    batch = padded_batch([window("b", 0, 5), window("a", 1, 3, num_windows=2)], bucket_len=8, rows=4)
+    assert batch.ids_BxT.shape == (4, 8) and batch.ids_BxT.dtype == np.int32 and not batch.packed
     assert batch.lengths_B.tolist() == [3, 5, 0, 0]
     assert batch.ids_BxT.tolist() == [[101, 102, 103, 0, 0, 0, 0, 0],
                                       [101, 102, 103, 104, 105, 0, 0, 0],
@@ -66,25 +78,102 @@ def test_pad_batch_has_the_full_shape_with_zero_padding_rows_and_columns():
     assert batch.batch_id.startswith("b8-")
 
 
-def test_pad_batch_id_depends_on_contents_not_order():
+def test_a_padded_batch_id_depends_on_contents_not_order():
     windows = [window("b", 0, 5), window("a", 0, 3), window("a", 1, 4)]
-    assert pad_batch(windows, 8, 4).batch_id == pad_batch(windows[::-1], 8, 4).batch_id
-    assert pad_batch(windows, 8, 4).batch_id != pad_batch(windows[:2], 8, 4).batch_id
+    assert padded_batch(windows, 8, 4).batch_id == padded_batch(windows[::-1], 8, 4).batch_id
+    assert padded_batch(windows, 8, 4).batch_id != padded_batch(windows[:2], 8, 4).batch_id
 
 
-def test_pad_batch_refuses_more_windows_than_rows():
+def test_a_padded_batch_refuses_more_windows_than_rows():
     with pytest.raises(ValueError, match="3 windows do not fit a batch of 2 rows"):
-        pad_batch([window("a", i, 4) for i in range(3)], bucket_len=8, rows=2)
+        padded_batch([window("a", i, 4) for i in range(3)], bucket_len=8, rows=2)
 
 
-def test_padding_efficiency_is_real_over_padded_tokens():
-    # Bucket 16 holds 2 rows per batch (32 tokens): 3 windows → 2 batches → 64 padded tokens.
-    # Bucket 32 holds 1 row per batch: 1 window → 32 padded tokens.
-    lengths = [10, 16, 12, 20]
-    assert padding_efficiency(lengths, (16, 32), tokens_per_batch=32) == pytest.approx(58 / (64 + 32))
-    assert padding_efficiency([16, 16], (16,), tokens_per_batch=32) == 1.0
-    assert padding_efficiency([], (16,), tokens_per_batch=32) == 1.0
+# --- the state machine ---------------------------------------------------------------------------------------
 
+def test_add_returns_nothing_until_a_bucket_has_a_batch_of_windows_then_exactly_that_batch():
+    packer = Packer(CONFIG, packing=False)
+    assert packer.add(window("long", 0, 60)) == []
+    for i in range(7):
+        assert packer.add(window(f"s{i}", 0, 10)) == []  # 7 of bucket 16's 8 rows
+    assert packer.add(window("mid", 0, 20)) == []
+    [batch] = packer.add(window("s7", 0, 10))
+    assert (batch.bucket_len, batch.rows, batch.real_rows) == (16, 8, 8)
+    assert ids([batch]) == [[f"s{i}" for i in range(8)]]
+    assert sorted(w.doc_id for w in packer.held) == ["long", "mid"]  # other buckets wait
+    assert packer.add(window("s8", 0, 10)) == []  # bucket 16 starts over
+
+
+def test_flush_fills_what_is_held_across_buckets_longest_first_then_holds_nothing():
+    packer = Packer(CONFIG, packing=False)
+    for w in (window("a", 0, 5), window("b", 0, 60), window("c", 0, 20), window("d", 0, 3), window("e", 0, 30)):
+        assert packer.add(w) == []
+    # Longest first: 60 takes a batch of 64 (2 rows) with the next longest, 30; the rest fill a batch of 32.
+    batches = packer.flush()
+    assert [(b.bucket_len, b.rows) for b in batches] == [(64, 2), (32, 4)]
+    assert ids(batches) == [["b", "e"], ["a", "c", "d"]]
+    assert packer.held == [] and packer.flush() == []
+
+
+def test_a_packer_resumed_from_its_state_makes_the_batches_of_one_that_never_stopped():
+    """What the Beam DoFn does: per window a fresh Packer from (held, gathered) in Beam state."""
+    rng = random.Random(3)
+    windows = [window(f"d{i:03d}", 0, rng.randint(2, 64)) for i in range(200)]
+    whole, resumed, held, gathered = Packer(CONFIG, False), [], [], {}
+    expected = [b for w in windows for b in whole.add(w)] + whole.flush()
+    for w in windows:
+        packer = Packer(CONFIG, False, held=iter(held), gathered=gathered)
+        resumed += packer.add(w)
+        held, gathered = list(packer.held), dict(packer.gathered)
+    resumed += Packer(CONFIG, False, held=held, gathered=gathered).flush()
+    assert [b.batch_id for b in resumed] == [b.batch_id for b in expected]
+
+
+@pytest.mark.parametrize("packing", ["auto", None, 1])
+def test_the_packer_refuses_anything_but_a_resolved_bool_and_names_the_key(packing):
+    with pytest.raises(ValueError, match="batching.packing: auto.*resolve_packing"):
+        Packer(CONFIG, packing)
+    with pytest.raises(ValueError, match="batching.packing"):
+        BucketBatches(CONFIG, packing)
+
+
+def test_no_window_is_lost_or_sent_twice_and_every_batch_has_its_buckets_shape():
+    rng = random.Random(0)
+    for _ in range(50):
+        config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=rng.choice([64, 128, 512]))
+        windows = [window(f"d{i:03d}", rng.randint(0, 2), rng.randint(1, 64)) for i in range(rng.randint(0, 120))]
+        packer = Packer(config, False)
+        full = [b for w in windows for b in packer.add(w)]
+        batches = full + packer.flush()
+        assert sorted(w[:2] for b in batches for w in b.windows) == sorted((w.doc_id, w.index) for w in windows)
+        assert all(b.ids_BxT.shape == (rows_for(b.bucket_len, config.tokens_per_batch), b.bucket_len) for b in batches)
+        assert all(b.real_rows == b.rows for b in full)  # before the end, only full batches leave
+
+
+# --- filling across buckets ----------------------------------------------------------------------------------
+
+def test_held_windows_fill_the_empty_rows_of_a_longer_buckets_batch():
+    # One window of 60 and one of 5 are held: one batch of 64 holds both (128 padded tokens) where a batch per
+    # bucket would pad 256.
+    assert fill_across_buckets([5, 60], CONFIG, length=int, order=lambda n: -n) == [(64, 2, [60, 5])]
+
+
+def test_filling_across_buckets_never_pads_more_than_a_partial_batch_per_bucket():
+    rng = random.Random(0)
+    for _ in range(500):
+        buckets = tuple(sorted(rng.sample(range(8, 520, 8), rng.randint(1, 8))))
+        config = BatchingConfig(buckets=buckets, tokens_per_batch=rng.choice([96, 128, 500, 2048, 8192]))
+        lows = (0,) + buckets[:-1]
+        held = [rng.randint(lo + 1, b) for lo, b in zip(lows, buckets)
+                for _ in range(rng.randint(0, rows_for(b, config.tokens_per_batch) - 1))]
+        groups = fill_across_buckets(held, config, length=int, order=lambda n: -n)
+        assert sorted(it for _, _, group in groups for it in group) == sorted(held)
+        assert all(len(group) <= rows and max(group) <= b for b, rows, group in groups)
+        one_per_bucket = sum(b * rows_for(b, config.tokens_per_batch) for b in {bucket_for(n, buckets) for n in held})
+        assert sum(b * rows for b, rows, _ in groups) <= one_per_bucket, (buckets, config.tokens_per_batch, held)
+
+
+# --- in Beam -------------------------------------------------------------------------------------------------
 
 def per_key_counts(windows: list[TokenWindow], config: BatchingConfig) -> collections.Counter:
     return collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
@@ -98,7 +187,8 @@ def full_batches(windows: list[TokenWindow], config: BatchingConfig) -> list[int
 
 
 def one_partial_batch_per_key_tokens(windows: list[TokenWindow], config: BatchingConfig) -> int:
-    """Padded tokens if each key's leftovers made their own partial batch (what repacking must not exceed)."""
+    """Padded tokens if what each key holds at the end made its own partial batch (what filling across buckets
+    must not exceed)."""
     return sum(-(-n // rows_for(b, config.tokens_per_batch)) * rows_for(b, config.tokens_per_batch) * b
                for (b, _), n in per_key_counts(windows, config).items())
 
@@ -131,7 +221,7 @@ def test_bucket_batches_put_every_window_once_in_full_then_padded_batches(shards
     by_id = {(w.doc_id, w.index): w for w in windows}
 
     with TestPipeline() as p:
-        batches = p | beam.Create(windows) | BucketBatches(config)
+        batches = p | beam.Create(windows) | BucketBatches(config, packing=False)
         assert_that(batches | "Placed" >> beam.FlatMap(
                         lambda b: [(d, i, b.bucket_len >= bucket_for(by_id[d, i].length, BUCKETS)) for d, i, *_ in b.windows]),
                     equal_to([(w.doc_id, w.index, True) for w in windows]), label="EveryWindowOnceInABucketItFits")
@@ -154,42 +244,13 @@ def test_batch_windows_makes_the_batches_bucket_batches_makes(shards):
     config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, shards=shards)
     windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(LENGTHS)]
     by_id = {(w.doc_id, w.index): w for w in windows}
-    batches = batch_windows(windows, config)
+    batches = batch_windows(windows, config, packing=False)
     assert sorted(w for b in batches for w in b.windows) == sorted(
         (w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated) for w in windows)
     assert [p for b in batches for p in problems(b, by_id, config)] == []
     with TestPipeline() as p:
-        made = p | beam.Create(windows) | BucketBatches(config) | beam.Map(lambda b: (b.batch_id, b.windows))
+        made = p | beam.Create(windows) | BucketBatches(config, packing=False) | beam.Map(lambda b: (b.batch_id, b.windows))
         assert_that(made, equal_to([(b.batch_id, b.windows) for b in batches]))
-
-
-def test_leftovers_fill_the_empty_rows_of_a_longer_buckets_batch():
-    # Rows per batch at 128 tokens: 8 at 16, 4 at 32, 2 at 64. One window of 60 and one of 5 are left:
-    # one batch of 64 holds both (128 padded tokens) where a batch per bucket would pad 256.
-    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)
-    groups = repack([5, 60], config, length=int)
-    assert groups == [(64, 2, [60, 5])]
-
-
-def test_repacked_leftovers_never_pad_more_than_a_partial_batch_per_bucket():
-    rng = random.Random(0)
-    for _ in range(500):
-        buckets = tuple(sorted(rng.sample(range(8, 520, 8), rng.randint(1, 8))))
-        config = BatchingConfig(buckets=buckets, tokens_per_batch=rng.choice([96, 128, 500, 2048, 8192]))
-        lows = (0,) + buckets[:-1]
-        leftovers = [rng.randint(lo + 1, b) for lo, b in zip(lows, buckets)
-                     for _ in range(rng.randint(0, rows_for(b, config.tokens_per_batch) - 1))]
-        groups = repack(leftovers, config, length=int)
-        assert sorted(it for _, _, group in groups for it in group) == sorted(leftovers)
-        assert all(len(group) <= rows and max(group) <= b for b, rows, group in groups)
-        one_per_bucket = sum(b * rows_for(b, config.tokens_per_batch) for b in {bucket_for(n, buckets) for n in leftovers})
-        assert sum(b * rows for b, rows, _ in groups) <= one_per_bucket, (buckets, config.tokens_per_batch, leftovers)
-
-
-def test_batches_per_bucket_counts_repacked_leftovers():
-    # rows per batch: 8 at 16, 4 at 32, 2 at 64. Eight 3s fill a batch at 16, four 20s one at 32; the ninth 3
-    # is left over and joins the 64 in one batch at 64.
-    assert batches_per_bucket([3] * 9 + [20] * 4 + [64], BUCKETS, tokens_per_batch=128) == {16: 1, 32: 1, 64: 1}
 
 
 def test_windows_that_fill_no_batch_reach_a_later_group_by_key():
@@ -202,7 +263,7 @@ def test_windows_that_fill_no_batch_reach_a_later_group_by_key():
     with TestPipeline() as p:
         doc_ids = (p
                    | beam.Create(windows)
-                   | BucketBatches(config)
+                   | BucketBatches(config, packing=False)
                    | beam.FlatMap(lambda b: [(doc_id, index) for doc_id, index, *_ in b.windows])
                    | "GroupWindows" >> beam.GroupByKey()  # as PoolDocuments does
                    | beam.Keys())

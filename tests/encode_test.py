@@ -7,7 +7,7 @@ import pytest
 
 import attention
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
-from pipeline.stages.bucket import pad_batch, rows_for
+from pipeline.stages.packer import padded_batch, rows_for
 from pipeline.stages.encode import EncoderRuntime, EncoderSpec
 from pipeline.driver.plan import attention_cases
 from pipeline.records import TokenWindow
@@ -37,7 +37,7 @@ def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(t
 def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="native")
     runtime = EncoderRuntime(s)
-    batch = pad_batch([TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
+    batch = padded_batch([TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
     vectors, timing = runtime.encode(batch)
     assert vectors.shape == (1, 32) and np.isfinite(vectors).all()
     assert timing["attention_requested"] == "flash" and timing["attention_backend"] == "native"
@@ -75,7 +75,7 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
         n = int(rng.integers(1, rows + 1))  # full and partial batches share one shape
         windows = [TokenWindow(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
                                                            dtype=np.int32), 1, False) for j in range(n)]
-        records.append(runtime.encode(pad_batch(windows, bucket, rows))[1])
+        records.append(runtime.encode(padded_batch(windows, bucket, rows))[1])
     assert [r["compiled"] for r in records[:2]] == [True, True]
     assert not any(r["compiled"] for r in records[2:])
     in_use = np.array([r["memory_in_use_bytes"] for r in records[10:]])

@@ -100,7 +100,7 @@ def test_the_summary_file_holds_the_breakdown_and_the_manifest_still_matches_the
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.stages.bucket import pad_batch, rows_for
+    from pipeline.stages.packer import padded_batch, rows_for
     from pipeline.stages.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
     from pipeline.records import TokenWindow
 
@@ -114,7 +114,7 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
     records = []
     for bucket in (16, 32, 16):
         window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
-        records.append(runtime.encode(pad_batch([window], bucket, rows_for(bucket, 256)))[1])
+        records.append(runtime.encode(padded_batch([window], bucket, rows_for(bucket, 256)))[1])
     assert not any(r["compiled"] for r in records) and all(r["compile_ms"] == 0 for r in records)
     assert all(STARTUP_TAG not in r for r in records)  # reported once
     assert runtime.take_startup_report(wait=True) is None
@@ -171,7 +171,7 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
     import attention
     from attention.plan import AttentionSpec
-    from pipeline.stages.bucket import pad_batch, rows_for
+    from pipeline.stages.packer import padded_batch, rows_for
     from pipeline.stages.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
     from pipeline.records import TokenWindow
 
@@ -180,8 +180,8 @@ def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_neve
         model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=buckets,
         attention=AttentionSpec("native", attention.get("native").parse_options(None)), tokens_per_batch=512))
     window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
-    _, first = runtime.encode(pad_batch([window], 16, rows_for(16, 512)))  # bucket 16 is compiled last
-    _, again = runtime.encode(pad_batch([window], 16, rows_for(16, 512)))
+    _, first = runtime.encode(padded_batch([window], 16, rows_for(16, 512)))  # bucket 16 is compiled last
+    _, again = runtime.encode(padded_batch([window], 16, rows_for(16, 512)))
     reported = (first.get(STARTUP_TAG) or {}).get("compiles", []) + runtime.take_startup_report(wait=True)["compiles"]
     ahead = sorted(c["bucket_len"] for c in reported)
     if first["compiled"]:  # its turn had not come: compiled here, not in the background

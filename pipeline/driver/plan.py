@@ -18,7 +18,7 @@ from models.encoder import EncoderConfig
 from models.st_settings import document_prompt
 from pipeline.store import output as output_lib
 from pipeline.store import storage
-from pipeline.stages.bucket import bucket_for
+from pipeline.stages.packer import bucket_for
 from pipeline.driver.config import ConfigError, JobConfig
 from pipeline.errors import refused_at_start
 from pipeline.stages.reuse import ReuseDecision, decide

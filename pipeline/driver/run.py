@@ -18,7 +18,7 @@ from pipeline.store import output as output_lib
 from pipeline.store import storage
 from pipeline.store import transaction
 from pipeline.telemetry.breakdown import stage_shares, startup_breakdown
-from pipeline.stages.bucket import BucketBatches
+from pipeline.stages.batch import BucketBatches
 from pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from pipeline.tools.validate import beam_options_of, launch_values, refuse_placeholders
 from pipeline.driver.config import expand_placeholders
@@ -111,7 +111,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     tokenized = to_encode | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize, plan.prompt)
     # The buckets the encoder compiles: packing may fill the longest of them, never one past a full window.
     used = cfg.batching.model_copy(update={"buckets": tuple(sorted(c.case.seq_len for c in plan.choices))})
-    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used)
+    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used, packing=cfg.batching.packing)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
     pooled = ({"windows": encoded["windows"], "hashes": hashes}

@@ -130,7 +130,7 @@ class EncoderRuntime:
         """Start compiling every (bucket, rows) shape in background threads (XLA compiles without the GIL),
         so batches find their executable ready; a batch whose shape has not started yet compiles it itself
         rather than wait behind the others."""
-        from pipeline.stages.bucket import rows_for
+        from pipeline.stages.packer import rows_for
 
         # One core fewer than the machine has: the worker's own stages (reading, tokenizing, and on the
         # DirectRunner all of Beam) keep one, or they would wait behind the compilations they overlap.
@@ -147,7 +147,7 @@ class EncoderRuntime:
         """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
         import jax
 
-        from pipeline.stages.bucket import max_windows_per_row
+        from pipeline.stages.packer import max_windows_per_row
 
         hits = self.watch.in_this_thread()[2]
         t0 = time.perf_counter()

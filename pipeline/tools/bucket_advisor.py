@@ -4,16 +4,83 @@ length histogram, with the padding efficiency each would give (and what the conf
 When the sample yields no window (no file matches, the files are empty, or the job would reject every
 document) there is nothing to propose from: ``proposal_report`` raises ``ConfigError`` saying what was read
 and what to change.
+
+The padding figures (``padding_efficiency``, ``padded_tokens``, ``batches_per_bucket``) count the batches the
+job's own Packer makes of windows of these lengths, so advice and benchmarks/bucketing.py cannot drift from
+what the pipeline pads; they live here since only advice needs them.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import itertools
 
-from pipeline.stages.bucket import padding_efficiency, propose_buckets
-from pipeline.driver.config import ConfigError, JobConfig
-from pipeline.records import Document, Rejected
+import numpy as np
+
+from pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
+from pipeline.records import Document, Rejected, TokenWindow
+from pipeline.stages.packer import batch_windows, rows_for
+
+
+def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
+                       packing: bool = False) -> dict[int, int]:
+    """Bucket → how many batches windows of these lengths make there: the packer's own batches (one shard,
+    what is held at the end filled across buckets), on windows of these lengths."""
+    config = BatchingConfig(buckets=tuple(buckets), tokens_per_batch=tokens_per_batch, packing=packing)
+    # Ids in input order: among equal lengths the packer then keeps that order. A read-only zero view, no copy.
+    windows = [TokenWindow(f"{i:09d}", 0, 1, np.broadcast_to(np.int32(0), (n,)), n, False)
+               for i, n in enumerate(lengths)]
+    return dict(sorted(collections.Counter(b.bucket_len for b in batch_windows(windows, config, packing)).items()))
+
+
+def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int, packing: bool = False) -> int:
+    batches = batches_per_bucket(lengths, buckets, tokens_per_batch, packing)
+    return sum(n * rows_for(b, tokens_per_batch) * b for b, n in batches.items())
+
+
+def padding_efficiency(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
+                       packing: bool = False) -> float:
+    """Real ÷ padded tokens if these window lengths went through the packer (one shard)."""
+    padded = padded_tokens(lengths, buckets, tokens_per_batch, packing)
+    return sum(lengths) / padded if padded else 1.0
+
+
+def propose_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
+                    step: int = 16) -> tuple[int, ...]:
+    """Bucket boundaries (multiples of ``step``, the last ``max_len``) that minimise padded tokens for
+    this length histogram, each bucket's partial last batch counted as if padded alone (an upper bound:
+    the packer fills what is held at the end across buckets). Dynamic programming over boundaries."""
+    if not lengths:
+        return (max_len,)
+    candidates = sorted({min(max_len, step * -(-n // step)) for n in lengths} | {max_len})
+    sorted_lengths = sorted(lengths)
+
+    def cost(lo: int, hi: int) -> int:  # windows with lo < length <= hi, padded to hi
+        n = bisect.bisect_right(sorted_lengths, hi) - bisect.bisect_right(sorted_lengths, lo)
+        rows = rows_for(hi, tokens_per_batch)
+        return -(-n // rows) * rows * hi
+
+    # best[k][j]: least padded tokens covering lengths <= candidates[j] with k buckets, the last at j.
+    inf = float("inf")
+    best = [[inf] * len(candidates) for _ in range(max_buckets + 1)]
+    parent = [[-1] * len(candidates) for _ in range(max_buckets + 1)]
+    for j, c in enumerate(candidates):
+        best[1][j] = cost(0, c)
+    for k in range(2, max_buckets + 1):
+        for j in range(len(candidates)):
+            for i in range(j):
+                value = best[k - 1][i] + cost(candidates[i], candidates[j])
+                if value < best[k][j]:
+                    best[k][j], parent[k][j] = value, i
+    last = len(candidates) - 1
+    k = min(range(1, max_buckets + 1), key=lambda k: (best[k][last], k))
+    chosen = []
+    j = last
+    while k >= 1 and j >= 0:
+        chosen.append(candidates[j])
+        j, k = parent[k][j], k - 1
+    return tuple(sorted(chosen))
 
 
 @dataclasses.dataclass
