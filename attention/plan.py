@@ -218,6 +218,14 @@ def choose_backends(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Cho
             for bucket in by_bucket(cases)]
 
 
+def replan(spec: AttentionSpec, planned: tuple[Choice, ...], platform: str) -> tuple[Choice, ...]:
+    """The planned buckets' choices made again for ``platform`` (a worker whose platform is not the one the
+    job was planned for): the same cases on that platform, chosen, and gated when ``spec.verify``."""
+    cases = [dataclasses.replace(case, platform=platform) for choice in planned for case in choice.cases]
+    choices = choose_backends(spec, cases)
+    return tuple(gate(spec, choices) if spec.verify else choices)
+
+
 def probe(spec: AttentionSpec, choice: Choice) -> None:
     """Run the chosen backend once on a probe batch of the bucket's shape: the output must have q's shape
     and dtype and be finite everywhere (padded rows too), so a broken backend fails before the real work.

@@ -62,7 +62,7 @@ def parse_args(argv=None):
     import attention
 
     args.packing = local.batching.packing if args.packing is None else args.packing == "on"
-    if args.packing == "auto":  # as the job's plan resolves it (pipeline.driver.plan.resolve_packing)
+    if args.packing == "auto":  # as the job's plan resolves it (pipeline.driver.plan.resolved_packing)
         args.packing = attention.get(args.backend).segments
     args.docs = args.docs or (16 if args.quick else None)
     args.repeats = args.repeats or (1 if args.quick else 3)
@@ -78,7 +78,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     from attention.plan import AttentionSpec
     from pipeline.stages.packer import batch_windows
     from pipeline.driver.config import BatchingConfig, TokenizeConfig
-    from pipeline.stages.encode import EncoderRuntime, EncoderSpec
+    from pipeline.stages.encode import load_encoder, standalone_spec
     from pipeline.stages.tokenize import windows_for
 
     cache = common.CacheEvents()
@@ -91,7 +91,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
                             packing=args.packing)
 
     t0 = time.perf_counter()
-    runtime = EncoderRuntime(EncoderSpec(
+    runtime = load_encoder(standalone_spec(
         model_path=args.model, dtype=args.dtype, pooling=settings.pooling, buckets=args.buckets,
         attention=AttentionSpec(backend=args.backend,
                                 options=attention.get(args.backend).parse_options(args.attention_options)),

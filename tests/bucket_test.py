@@ -131,7 +131,7 @@ def test_a_packer_resumed_from_its_state_makes_the_batches_of_one_that_never_sto
 
 @pytest.mark.parametrize("packing", ["auto", None, 1])
 def test_the_packer_refuses_anything_but_a_resolved_bool_and_names_the_key(packing):
-    with pytest.raises(ValueError, match="batching.packing: auto.*resolve_packing"):
+    with pytest.raises(ValueError, match="batching.packing: auto.*resolved_packing"):
         Packer(CONFIG, packing)
     with pytest.raises(ValueError, match="batching.packing"):
         BucketBatches(CONFIG, packing)

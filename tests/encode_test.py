@@ -8,7 +8,7 @@ import pytest
 import attention
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
 from pipeline.stages.packer import padded_batch, rows_for
-from pipeline.stages.encode import EncoderRuntime, EncoderSpec
+from pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
 from pipeline.driver.plan import attention_cases
 from pipeline.records import TokenWindow
 from models.checkpoint import open_checkpoint
@@ -16,12 +16,17 @@ from models.checkpoint import open_checkpoint
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
 
 
-def spec(model_dir, backend="native", options=None, fallback=None, **gate_settings) -> EncoderSpec:
+def attn(backend="native", options=None, fallback=None, **gate_settings) -> AttentionSpec:
     """Options typed once, as the driver hands them over (``AttentionConfig.options_for``)."""
     typed = attention.get(backend).parse_options(options)
     fallback_options = attention.get(fallback).parse_options(None) if fallback else None
-    return EncoderSpec(model_path=model_dir, dtype="float32", pooling="mean", buckets=(16, 32),
-                       attention=AttentionSpec(backend, typed, fallback, fallback_options, **gate_settings))
+    return AttentionSpec(backend, typed, fallback, fallback_options, **gate_settings)
+
+
+def spec(model_dir, backend="native", options=None, fallback=None, **gate_settings) -> EncoderSpec:
+    """Planned here, for buckets 16 and 32, as a standalone encoder is."""
+    return standalone_spec(model_dir, "float32", "mean", attn(backend, options, fallback, **gate_settings),
+                           buckets=(16, 32))
 
 
 def cases(model_dir, buckets=(16, 32)):
@@ -29,14 +34,14 @@ def cases(model_dir, buckets=(16, 32)):
 
 
 def test_unsupported_backend_without_fallback_fails_at_start_naming_the_bucket(tiny_checkpoint_dir):
-    s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY)
+    s = attn(backend="flash", options=TPU_ONLY)
     with pytest.raises(AttentionPlanError, match=r"cannot run bucket 16 \(cpu.*attention.fallback"):
-        choose_backends(s.attention, cases(tiny_checkpoint_dir))
+        choose_backends(s, cases(tiny_checkpoint_dir))
 
 
 def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint_dir):
     s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="native")
-    runtime = EncoderRuntime(s)
+    runtime = load_encoder(s)
     batch = padded_batch([TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)], 16, 4)
     vectors, timing = runtime.encode(batch)
     assert vectors.shape == (1, 32) and np.isfinite(vectors).all()
@@ -45,28 +50,28 @@ def test_fallback_runs_the_bucket_and_the_timing_record_says_why(tiny_checkpoint
 
 
 def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir):
-    s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True)
-    choices = choose_backends(s.attention, cases(tiny_checkpoint_dir))
+    s = attn(backend="fixtures_broken_backend:attend", verify=True)
+    choices = choose_backends(s, cases(tiny_checkpoint_dir))
     with pytest.raises(AttentionPlanError, match="parity gate: .* differs from native"):
-        gate(s.attention, choices)
+        gate(s, choices)
 
 
 def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
-    s = spec(tiny_checkpoint_dir, backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
+    s = attn(backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
              fallback="native")
-    gated = gate(s.attention, choose_backends(s.attention, cases(tiny_checkpoint_dir)))
+    gated = gate(s, choose_backends(s, cases(tiny_checkpoint_dir)))
     assert [c.backend for c in gated] == ["native", "native"]
     assert all(c.fallback_reason.startswith("parity gate") for c in gated)
 
 
 def test_parity_gate_passes_a_correct_backend(tiny_checkpoint_dir):
-    s = spec(tiny_checkpoint_dir, backend="chunked", verify=True)
-    assert [c.backend for c in gate(s.attention, choose_backends(s.attention, cases(tiny_checkpoint_dir)))] == [
+    s = attn(backend="chunked", verify=True)
+    assert [c.backend for c in gate(s, choose_backends(s, cases(tiny_checkpoint_dir)))] == [
         "chunked", "chunked"]
 
 
 def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(tiny_checkpoint_dir):
-    runtime = EncoderRuntime(spec(tiny_checkpoint_dir))
+    runtime = load_encoder(spec(tiny_checkpoint_dir))
     rng = np.random.default_rng(0)
     records = []
     for i in range(80):
@@ -83,9 +88,9 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
 
 
 def test_parity_gate_never_falls_back_to_the_backend_that_failed(tiny_checkpoint_dir):
-    s = spec(tiny_checkpoint_dir, backend="flash", options=TPU_ONLY, fallback="fixtures_broken_backend:attend",
+    s = attn(backend="flash", options=TPU_ONLY, fallback="fixtures_broken_backend:attend",
              verify=True, on_mismatch="fallback")
-    choices = choose_backends(s.attention, cases(tiny_checkpoint_dir))
+    choices = choose_backends(s, cases(tiny_checkpoint_dir))
     assert {c.backend for c in choices} == {"fixtures_broken_backend:attend"}  # flash refused on CPU
     with pytest.raises(AttentionPlanError, match="parity gate"):
-        gate(s.attention, choices)
+        gate(s, choices)

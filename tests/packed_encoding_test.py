@@ -126,25 +126,24 @@ def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(ba
     from pipeline.driver.config import JobConfig
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from pipeline.driver.plan import resolve_packing
+    from pipeline.driver.plan import resolved_packing
 
     cfg = JobConfig.model_validate({"input": {"path": "x"}, "output": {"path": "y"}, "model": {"path": "m"},
                                     "attention": {"backend": backend, "fallback": fallback}})
     assert cfg.batching.packing == "auto"
-    assert resolve_packing(cfg).batching.packing is packs
+    assert resolved_packing(cfg) is packs
     explicit = cfg.model_copy(update={"batching": BatchingConfig(packing=False)})
-    assert resolve_packing(explicit).batching.packing is False
+    assert resolved_packing(explicit) is False
 
 
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_checkpoint_dir):
     """Token 7's embedding is NaN: window "bad" holds it. Packed in one row with "good", attention would carry
     the NaN into "good" (weight 0 × NaN); the runtime encodes the row's windows again, each alone."""
-    from pipeline.stages.encode import EncoderRuntime, EncoderSpec
+    from pipeline.stages.encode import load_encoder, standalone_spec
 
     native = attention.get("native")
-    runtime = EncoderRuntime(EncoderSpec(model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean",
-                                         buckets=(16, 32), attention=AttentionSpec("native", native.parse_options(None)),
-                                         packing=True))
+    runtime = load_encoder(standalone_spec(tiny_checkpoint_dir, "float32", "mean",
+                                           AttentionSpec("native", native.parse_options(None)), (16, 32), packing=True))
     good = TokenWindow("good", 0, 1, np.arange(20, 30, dtype=np.int32), 8, False)
     bad = TokenWindow("bad", 0, 1, np.array([20, 7, 21, 22], np.int32), 2, False)
     other = TokenWindow("other", 0, 1, np.arange(40, 52, dtype=np.int32), 10, False)

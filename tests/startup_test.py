@@ -101,13 +101,13 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
     import attention
     from attention.plan import AttentionSpec
     from pipeline.stages.packer import padded_batch, rows_for
-    from pipeline.stages.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
     from pipeline.records import TokenWindow
 
-    spec = EncoderSpec(model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=(16, 32),
-                       attention=AttentionSpec("native", attention.get("native").parse_options(None)),
-                       tokens_per_batch=256)
-    runtime = EncoderRuntime(spec)
+    spec = standalone_spec(tiny_checkpoint_dir, "float32", "mean",
+                           AttentionSpec("native", attention.get("native").parse_options(None)), buckets=(16, 32),
+                           tokens_per_batch=256)
+    runtime = load_encoder(spec)
     report = runtime.take_startup_report(wait=True)  # once every shape has compiled in the background
     assert report["checkpoint_s"] > 0 and report["probes_s"] >= 0
     assert sorted((c["bucket_len"], c["rows"]) for c in report["compiles"]) == [(16, 16), (32, 8)]
@@ -172,13 +172,13 @@ def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_neve
     import attention
     from attention.plan import AttentionSpec
     from pipeline.stages.packer import padded_batch, rows_for
-    from pipeline.stages.encode import STARTUP_TAG, EncoderRuntime, EncoderSpec
+    from pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
     from pipeline.records import TokenWindow
 
     buckets = (16, 32, 64, 128)
-    runtime = EncoderRuntime(EncoderSpec(
-        model_path=tiny_checkpoint_dir, dtype="float32", pooling="mean", buckets=buckets,
-        attention=AttentionSpec("native", attention.get("native").parse_options(None)), tokens_per_batch=512))
+    runtime = load_encoder(standalone_spec(
+        tiny_checkpoint_dir, "float32", "mean", AttentionSpec("native", attention.get("native").parse_options(None)),
+        buckets=buckets, tokens_per_batch=512))
     window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
     _, first = runtime.encode(padded_batch([window], 16, rows_for(16, 512)))  # bucket 16 is compiled last
     _, again = runtime.encode(padded_batch([window], 16, rows_for(16, 512)))

@@ -11,7 +11,7 @@ import importlib.metadata
 import os
 import threading
 
-from attention.plan import AttentionSpec, Choice, choose_backends, probe
+from attention.plan import AttentionSpec, Choice, choose_backends, gate, probe
 from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
                                tokenizer_digest, weights_digest)
 from models.encoder import EncoderConfig
@@ -19,7 +19,7 @@ from models.st_settings import document_prompt
 from pipeline.store import output as output_lib
 from pipeline.store import storage
 from pipeline.stages.packer import bucket_for
-from pipeline.driver.config import ConfigError, JobConfig
+from pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
 from pipeline.errors import refused_at_start
 from pipeline.stages.reuse import ReuseDecision, decide
 from pipeline.stages.tokenize import prompt_token_ids, stride_problem
@@ -30,9 +30,13 @@ VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", 
 
 @dataclasses.dataclass(frozen=True)
 class JobPlan:
-    """What the driver resolved from the config and the checkpoint, after checking the input and output."""
+    """What the driver resolved from the config and the checkpoint, after checking the input and output; built
+    once and handed to the workers as it is. ``config`` is the job's config as given: every value resolved
+    here (the pinned model, packing, the buckets used, the backend per bucket) is a field of the plan, never
+    written back into the config."""
 
     config: JobConfig
+    model_path: str  # model.path, a Hub id's branch pinned to the commit the driver resolved it to
     window_len: int
     pooling: str
     normalize: bool
@@ -40,11 +44,23 @@ class JobPlan:
     truncate_dim: int | None  # documents' vectors keep their first truncate_dim dimensions (None: all)
     width: int  # of every vector written: after the Dense modules and the truncation
     platform: str
-    choices: tuple[Choice, ...]  # one per bucket that can receive a batch
+    packing: bool  # batching.packing resolved (auto: whether every backend this job may run takes segment ids)
+    choices: tuple[Choice, ...]  # one per bucket that can receive a batch: the backend that runs it, and why
+    checked: bool  # the choices were probed (and gated, with attention.verify) on ``platform``, here
     encoder: EncoderConfig
     attention: AttentionSpec  # backends with their typed options, as the workers receive them
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
+
+    @property
+    def buckets(self) -> tuple[int, ...]:
+        """The buckets that can receive a batch (packing may fill the longest, never one past a full window)."""
+        return tuple(sorted(c.case.seq_len for c in self.choices))
+
+    def batching(self) -> BatchingConfig:
+        """The batching BucketBatches runs: the config's, on the plan's buckets with the plan's packing (a new
+        object handed to the stage; ``config`` stays as given)."""
+        return self.config.batching.model_copy(update={"buckets": self.buckets, "packing": self.packing})
 
 
 def attention_spec(cfg: JobConfig) -> AttentionSpec:
@@ -76,14 +92,14 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
             for b in buckets for features in config.attention_features]
 
 
-_PROBED: set[str] = set()
+_PROBED: set[tuple[AttentionSpec, Choice]] = set()
 _PROBED_LOCK = threading.Lock()
 
 
 def probe_once(spec: AttentionSpec, choice: Choice) -> None:
     """``probe`` each backend on each case once per process: on the DirectRunner the driver and the worker
-    are one process, and every probe is a compilation."""
-    key = repr((spec, choice))
+    are one process, and every probe is a compilation. Keyed by the frozen spec and choice themselves."""
+    key = (spec, choice)
     with _PROBED_LOCK:
         if key in _PROBED:
             return
@@ -155,16 +171,15 @@ def check_output(cfg: JobConfig) -> output_lib.OutputState:
     return state
 
 
-def resolve_packing(cfg: JobConfig) -> JobConfig:
+def resolved_packing(cfg: JobConfig) -> bool:
     """``batching.packing: auto`` → true when every backend this job may run takes segment ids, else
     false (switching attention.backend to one that does not must keep working); true and false stay."""
     from attention import registry
 
     if cfg.batching.packing != "auto":
-        return cfg
+        return cfg.batching.packing
     names = [cfg.attention.backend] + ([cfg.attention.fallback] if cfg.attention.fallback else [])
-    packing = all(registry.get(name).segments for name in names)
-    return cfg.model_copy(update={"batching": cfg.batching.model_copy(update={"packing": packing})})
+    return all(registry.get(name).segments for name in names)
 
 
 def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True,
@@ -176,16 +191,15 @@ def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool =
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
     # The workers load the commit the driver resolved a Hub id's branch to.
     pinned = pinned_path(cfg.model.path, checkpoint.folder)
-    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": pinned})})
     # Hashing the weights releases the GIL: it runs on another core beside the checks and probes below.
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="docbeam-digest") as pool:
-        weights = pool.submit(weights_digest, cfg.model.path)
-        return _checked_plan(cfg, checkpoint, weights, probe_backends, for_output, for_input)
+        weights = pool.submit(weights_digest, pinned)
+        return _checked_plan(cfg, pinned, checkpoint, weights, probe_backends, for_output, for_input)
 
 
-def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future, probe_backends: bool,
+def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.futures.Future, probe_backends: bool,
                   for_output: bool, for_input: bool) -> JobPlan:
-    """``make_plan`` once the checkpoint is open and its weights are being hashed (``weights``)."""
+    """``make_plan`` once the checkpoint is open (``pinned``: its path) and its weights are being hashed."""
     settings = checkpoint.settings
     window_len = cfg.model.max_seq_len or settings.max_seq_len
     prompt = document_prompt(settings, cfg.model.prompt, checkpoint.folder)
@@ -199,21 +213,23 @@ def _checked_plan(cfg: JobConfig, checkpoint, weights: concurrent.futures.Future
         check_output(cfg)
     platform = target_platform(cfg)
     spec = attention_spec(cfg)
-    cfg = resolve_packing(cfg)  # the plan's config says what runs
-    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform, cfg.batching.packing))
-    if probe_backends and platform == _local_platform():
-        probe_all(spec, choices)  # a backend that crashes or returns garbage fails here, not on the workers
+    packing = resolved_packing(cfg)
+    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform, packing))
+    checked = probe_backends and platform == _local_platform()
+    if checked:  # a backend that crashes or returns garbage fails here, not on the workers
+        choices = gate(spec, choices) if spec.verify else choices
+        probe_all(spec, choices)
     pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
     normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
     truncate_dim, width = output_width(cfg, checkpoint)
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
            "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
-           "model_revision": hub_revision(cfg.model.path), "truncate_dim": truncate_dim,
+           "model_revision": hub_revision(pinned), "truncate_dim": truncate_dim,
            "dense_digest": dense_digest(checkpoint.folder, settings)}
     reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
-    return JobPlan(cfg, window_len, pooling, normalize, prompt, truncate_dim, width, platform, tuple(choices),
-                   checkpoint.config, spec, key, reuse)
+    return JobPlan(cfg, pinned, window_len, pooling, normalize, prompt, truncate_dim, width, platform, packing,
+                   tuple(choices), checked, checkpoint.config, spec, key, reuse)
 
 
 def output_width(cfg: JobConfig, checkpoint) -> tuple[int | None, int]:

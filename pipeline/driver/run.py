@@ -38,12 +38,11 @@ log = logging.getLogger(__name__)
 def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
     cfg = plan.config
     return EncoderSpec(
-        model_path=cfg.model.path, dtype=cfg.model.dtype, pooling=plan.pooling,
-        buckets=tuple(c.case.seq_len for c in plan.choices), attention=plan.attention, platform=plan.platform,
-        profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
+        model_path=plan.model_path, dtype=cfg.model.dtype, pooling=plan.pooling, attention=plan.attention,
+        choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
         progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
         compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())),
-        tokens_per_batch=cfg.batching.tokens_per_batch, packing=cfg.batching.packing)
+        tokens_per_batch=cfg.batching.tokens_per_batch, packing=plan.packing)
 
 
 def in_process_worker(cfg, options) -> bool:
@@ -85,10 +84,10 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "attention_requested": cfg.attention.backend,
         "attention_plan": {str(c.case.seq_len): {"backend": c.backend, "kernel": c.kernel,
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
-        "model": cfg.model.path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
+        "model": plan.model_path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
         "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim,
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "packing": cfg.batching.packing, "config_digest": cfg.digest(), "versions": versions(),
+        "packing": plan.packing, "config_digest": cfg.digest(), "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
@@ -108,10 +107,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
     hashes = to_encode | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
                                                    plan.prompt)
-    tokenized = to_encode | "Tokenize" >> Tokenize(cfg.model.path, plan.window_len, cfg.tokenize, plan.prompt)
-    # The buckets the encoder compiles: packing may fill the longest of them, never one past a full window.
-    used = cfg.batching.model_copy(update={"buckets": tuple(sorted(c.case.seq_len for c in plan.choices))})
-    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(used, packing=cfg.batching.packing)
+    tokenized = to_encode | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, cfg.tokenize, plan.prompt)
+    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching(), packing=plan.packing)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
     pooled = ({"windows": encoded["windows"], "hashes": hashes}

@@ -1,62 +1,49 @@
 """Encode: padded Batches → window embeddings and one timing record per batch, through RunInference.
 
-Each worker process loads the encoder once (RunInference shares it via ``shared.Shared``), decides per
-bucket which attention backend runs (capability checks, fallback, optional parity gate), and compiles
-every (bucket, rows) shape once: as it loads it starts compiling all of them in background threads when the
-spec says how many rows a bucket's batches have (``tokens_per_batch``); otherwise each at its first batch.
+Each worker process loads the encoder once (RunInference shares it via ``shared.Shared``; models/runtime.py
+holds it) and runs the job plan's attention backend per bucket (``EncoderSpec.choices``). Only a worker whose
+platform is not the planned one chooses again, for its own platform, and each of its timing records says so
+(``replanned``). Shapes compile ahead in background threads when the spec says how many rows a bucket's
+batches have (``tokens_per_batch``); otherwise each at its first batch.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import datetime
 import logging
-import os
-import shutil
-import sys
-import tempfile
 import threading
 import time
 from typing import Any, Iterable, Sequence
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.metrics import Metrics
 
-# Beam's RunInference module imports its ModelManager when it can, and that imports torch (1.4 s and
-# ~300 MB on the 2-core test machine) wherever torch is installed. docbeam never uses the ModelManager, and
-# RunInference treats it as optional (an ImportError leaves it None), so this process does without it.
-if "apache_beam.ml.inference.base" not in sys.modules:
-    sys.modules.setdefault("apache_beam.ml.inference.model_manager", None)
-    import resource
+from pipeline import compat
 
-    import apache_beam.ml.inference.base as _run_inference
-
-    # The same try block imports `resource` first and sets it to None on the ImportError: give it back, so
-    # RunInference still reports the process's memory.
-    _run_inference.resource = _run_inference.resource or resource
+compat.run_inference_without_model_manager()
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
-from attention.plan import AttentionSpec, bind_choice, choose_backends, gate
-from pipeline.telemetry.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress, StageClock,
-                                        describe_device, fallback_key, memory, worker_name)
-from pipeline.records import Batch, WindowEmbedding
+from attention.plan import AttentionSpec, Choice, replan  # noqa: E402
+from models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
+from pipeline.records import Batch, WindowEmbedding  # noqa: E402
+from pipeline.telemetry.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress,  # noqa: E402
+                                        StageClock, describe_device, fallback_key, memory, worker_name)
 
 TIMING_TAG = "timing"
-STARTUP_TAG = "startup"  # what loading an encoder cost, as it becomes known (summary.json's breakdown)
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
 class EncoderSpec:
-    """All a worker needs to build the encoder: small and picklable."""
+    """All a worker needs to build the encoder: small, picklable, hashable (the process keeps one runtime per
+    spec). ``choices`` are the job plan's, one per bucket; the worker runs them as they are."""
 
     model_path: str
     dtype: str
     pooling: str
-    buckets: tuple[int, ...]
     attention: AttentionSpec
-    platform: str = "auto"  # the platform the job was planned for; "auto": whatever the worker has
+    choices: tuple[Choice, ...]  # the plan's backend per bucket (pipeline.driver.plan.JobPlan.choices)
+    platform: str  # the platform the choices were made for
+    checked: bool = False  # the driver probed (and with attention.verify gated) them on that platform
     profile_batches: int = 0
     profile_dir: str | None = None
     progress_seconds: float = 10.0  # 0: no progress lines
@@ -64,292 +51,98 @@ class EncoderSpec:
     compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/driver/compile_cache.py)
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
-    packing: bool = False  # batching.packing: batches carry segment ids and slot lengths
+    packing: bool = False  # the plan's packing: batches carry segment ids and slot lengths
+
+    def __post_init__(self):
+        if not self.choices:
+            raise ValueError("EncoderSpec.choices is empty: pass the job plan's choices (JobPlan.choices), one per "
+                             "bucket; a worker does not choose backends itself")
 
 
-class EncoderRuntime:
-    """The loaded encoder of one worker process: parameters on device, one jitted forward per backend."""
+def standalone_spec(model_path: str, dtype: str, pooling: str, attention: AttentionSpec, buckets: Sequence[int],
+                    packing: bool = False, **settings) -> EncoderSpec:
+    """The spec of an encoder used without a job (benchmarks, tests): planned here, for this machine's platform,
+    as the driver plans a job (``settings``: the other EncoderSpec fields)."""
+    import jax
 
-    def __init__(self, spec: EncoderSpec):
-        import jax
+    from attention.plan import choose_backends
+    from models.checkpoint import open_checkpoint
+    from pipeline.driver.plan import attention_cases
 
-        from models import checkpoint, encoder
-        from pipeline.driver.compile_cache import CompileCache
-        from pipeline.driver.plan import attention_cases, probe_all
-
-        self.spec = spec
-        t0 = time.perf_counter()
-        # Before the first compilation (the attention probes below compile too).
-        self.compile_cache = CompileCache(spec.compilation_cache) if spec.compilation_cache else None
-        self.device = jax.devices()[0]
-        platform = self.device.platform
-        if spec.platform not in ("auto", platform):
-            log.warning("job was planned for %s but this worker has %s; re-planning attention here",
-                        spec.platform, platform)
-        ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
-        self.config = ck.config
-        params = checkpoint.load_params(ck.folder, ck.config)
-        # sentence-transformers' Dense modules run inside the jitted forward, right after pooling.
-        activations = tuple(d.activation for d in ck.settings.dense)
-        if activations:
-            params = {"encoder": params, "dense": checkpoint.load_dense(ck.folder, ck.settings)}
-        self.params = jax.block_until_ready(jax.device_put(params, self.device))
-        t1 = time.perf_counter()
-        choices = choose_backends(spec.attention, attention_cases(ck.config, spec.buckets, platform, spec.packing))
-        if spec.attention.verify:
-            choices = gate(spec.attention, choices)
-        # Always, on the platform that will run it: a broken backend fails the job here. Once per process:
-        # on the DirectRunner the driver has probed them already.
-        probe_all(spec.attention, choices)
-        self.choices = {c.case.seq_len: c for c in choices}
-        t2 = time.perf_counter()
-        self.watch = CompileWatch.get()
-        self._forward = {}
-        for name in sorted({c.backend for c in choices}):
-            embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling, activations)
-
-            def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
-                return embed(params, ids_BxT, lengths_B, *packed)
-
-            forward.__name__ = forward.__qualname__ = ENCODER_FN_NAME  # CompileWatch counts by this name
-            self._forward[name] = jax.jit(forward)
-        self._batches_done = 0
-        self._shapes_seen: set = set()
-        self._profiling = False
-        # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
-        # and the profiler per batch, and costs nothing with one device.
-        self._lock = threading.Lock()
-        self._reports_lock = threading.Lock()  # the background compilations add to the reports
-        self._startup_report = {"checkpoint_s": t1 - t0, "probes_s": t2 - t1}
-        self._finished_compiles: list[dict] = []  # compiled ahead, not yet reported
-        self._compiling: dict = {}  # (backend, (rows, bucket)) → Future of its executable
-        if spec.tokens_per_batch:
-            self._compile_ahead(choices)
-
-    def _compile_ahead(self, choices) -> None:
-        """Start compiling every (bucket, rows) shape in background threads (XLA compiles without the GIL),
-        so batches find their executable ready; a batch whose shape has not started yet compiles it itself
-        rather than wait behind the others."""
-        from pipeline.stages.packer import rows_for
-
-        # One core fewer than the machine has: the worker's own stages (reading, tokenizing, and on the
-        # DirectRunner all of Beam) keep one, or they would wait behind the compilations they overlap.
-        workers = max(1, min(len(choices), (os.cpu_count() or 2) - 1))
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-compile")
-        # Longest bucket first: it has the fewest rows and takes every full window of a long document, so
-        # its first batch tends to fill first (on the sample the first batch is bucket 256's).
-        for choice in sorted(choices, key=lambda c: -c.case.seq_len):
-            key = (choice.backend, (rows_for(choice.case.seq_len, self.spec.tokens_per_batch), choice.case.seq_len))
-            self._compiling[key] = self._pool.submit(self._compile_in_background, *key)
-            self._shapes_seen.add(key)
-
-    def _compile(self, backend: str, shape: tuple[int, int]):
-        """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
-        import jax
-
-        from pipeline.stages.packer import max_windows_per_row
-
-        hits = self.watch.in_this_thread()[2]
-        t0 = time.perf_counter()
-        packed = ()
-        if self.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
-            packed = (jax.ShapeDtypeStruct(shape, np.int32),
-                      jax.ShapeDtypeStruct((shape[0], max_windows_per_row(shape[1])), np.int32))
-        executable = self._forward[backend].lower(self.params, jax.ShapeDtypeStruct(shape, np.int32),
-                                                  jax.ShapeDtypeStruct(shape[:1], np.int32), *packed).compile()
-        record = {"backend": backend, "rows": shape[0], "bucket_len": shape[1],
-                  "seconds": time.perf_counter() - t0, "cache_hits": self.watch.in_this_thread()[2] - hits}
-        if self.compile_cache is not None and not record["cache_hits"]:
-            self.compile_cache.push()
-        return executable, record
-
-    def _compile_in_background(self, backend: str, shape: tuple[int, int]):
-        executable, record = self._compile(backend, shape)
-        with self._reports_lock:
-            self._finished_compiles.append(record)
-        return executable
-
-    def _executable(self, backend: str, shape: tuple[int, int]):
-        """(what to call for this shape, seconds spent waiting for its compilation in the background)."""
-        future = self._compiling.get((backend, shape))
-        if future is None:  # a shape not planned for: jit compiles it at this call
-            return self._forward[backend], 0.0
-        if future.cancel():  # not started: compile it here, as this batch's compilation
-            executable, _ = self._compile(backend, shape)
-            future = self._compiling[(backend, shape)] = concurrent.futures.Future()
-            future.set_result(executable)
-            return executable, 0.0
-        if future.done():
-            return future.result(), 0.0
-        t0 = time.perf_counter()
-        executable = future.result()
-        return executable, time.perf_counter() - t0
-
-    def stop_compiling(self) -> None:
-        """Drop the compilations not started yet (a job that ended before its batches needed them); a batch
-        that comes later compiles its shape itself."""
-        if self._compiling:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
-    def take_startup_report(self, wait: bool = False) -> dict | None:
-        """What loading this encoder cost (checkpoint and probes, once) and the compilations finished in the
-        background since the last report; ``wait``: after every one has finished. None when there is
-        nothing new. Batches carry these to the job's metrics and summary."""
-        if wait:
-            for future in list(self._compiling.values()):
-                if not future.cancelled():
-                    future.result()
-        with self._reports_lock:
-            report, self._startup_report = self._startup_report or {}, None
-            compiles, self._finished_compiles = self._finished_compiles, []
-        if not report and not compiles:
-            return None
-        return {**report, "compiles": compiles}
-
-    def encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
-        with self._lock:
-            vectors, timing = self._encode(batch)
-            report = self.take_startup_report()
-            if report is not None:
-                timing[STARTUP_TAG] = report  # taken off by _SplitResults before the timing record is written
-            return vectors, timing
-
-    def _encode(self, batch: Batch) -> tuple[np.ndarray, dict]:
-        import jax
-
-        self._maybe_start_profile()
-        choice = self.choices[batch.bucket_len]
-        started_at = datetime.datetime.now(datetime.timezone.utc)
-        t0 = time.perf_counter()
-        if batch.packed != self.spec.packing:
-            raise ValueError(f"batch {batch.batch_id} is {'' if batch.packed else 'not '}packed, but this encoder was "
-                             f"built for batching.packing: {self.spec.packing}")
-        inputs = (batch.ids_BxT, batch.lengths_B) + ((batch.segment_ids_BxT, batch.slot_lengths_BxK)
-                                                     if batch.packed else ())
-        inputs = [jax.device_put(x, self.device) for x in inputs]
-        compiles_before, compile_s_before, hits_before = self.watch.in_this_thread()
-        forward, waited_s = self._executable(choice.backend, batch.ids_BxT.shape)
-        t1 = time.perf_counter()
-        pooled = forward(self.params, *inputs)
-        pooled.block_until_ready()
-        t2 = time.perf_counter()
-        pooled = np.asarray(pooled)
-        vectors = pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
-        alone = self._reencode_row_mates(forward, batch, vectors) if batch.packed else []
-        t3 = time.perf_counter()
-        compiles_after, compile_s_after, hits_after = self.watch.in_this_thread()
-        compiled = compiles_after > compiles_before
-        cache_hits = hits_after - hits_before
-        if compiled and self.compile_cache is not None and not cache_hits:
-            self.compile_cache.push()
-        shape = (choice.backend, batch.ids_BxT.shape)
-        if compiled and shape in self._shapes_seen and shape not in self._compiling:
-            log.warning("recompiled the encoder for shape %s (backend %s) after warm-up", batch.ids_BxT.shape,
-                        choice.backend)
-        self._shapes_seen.add(shape)
-        self._batches_done += 1
-        self._maybe_stop_profile()
-        timing = {
-            "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
-            "real_rows": batch.real_rows, "real_tokens": batch.real_tokens, "packed": batch.packed,
-            "reencoded_alone": len(alone),
-            "padded_tokens": int(batch.ids_BxT.size), "attention_backend": choice.backend,
-            "attention_requested": choice.requested, "attention_kernel": choice.kernel,
-            "fallback_reason": choice.fallback_reason, "compiled": compiled,
-            # Compiling this batch's shape, or waiting for its compilation in the background.
-            "compile_ms": round((compile_s_after - compile_s_before + waited_s) * 1e3, 3),
-            "compile_cache_hits": cache_hits,
-            "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
-            "device": describe_device(self.device), "worker": worker_name(),
-            "started_at": started_at.isoformat(), **memory(self.device),
-        }
-        return vectors, timing
-
-    def _reencode_row_mates(self, forward, batch: Batch, vectors: np.ndarray) -> list[int]:
-        """A non-finite value in one packed window can reach the others of its row (a zero attention weight
-        times NaN is NaN): encode each window of such a row again, alone in a row of the same compiled
-        shape, so only the window that is non-finite by itself is refused downstream. Updates ``vectors``
-        in place; returns the windows encoded again."""
-        import jax
-
-        bad = ~np.isfinite(vectors).all(axis=1)
-        if not bad.any():
-            return []
-        slots = batch.slot_lengths_BxK.shape[1]
-        where = batch.window_slots()
-        row_of = where // slots
-        bad_rows, windows_in_row = set(row_of[bad].tolist()), np.bincount(row_of, minlength=batch.rows)
-        redo = [i for i in range(len(vectors)) if row_of[i] in bad_rows and windows_in_row[row_of[i]] > 1]
-        for start in range(0, len(redo), batch.rows):
-            chunk = redo[start:start + batch.rows]
-            ids_BxT, segment_ids_BxT = np.zeros_like(batch.ids_BxT), np.zeros_like(batch.segment_ids_BxT)
-            slot_lengths_BxK = np.zeros_like(batch.slot_lengths_BxK)
-            for r, i in enumerate(chunk):
-                row, k = divmod(int(where[i]), slots)
-                tokens = batch.ids_BxT[row][batch.segment_ids_BxT[row] == k + 1]
-                ids_BxT[r, :len(tokens)], segment_ids_BxT[r, :len(tokens)], slot_lengths_BxK[r, 0] = tokens, 1, len(tokens)
-            inputs = (ids_BxT, slot_lengths_BxK.sum(axis=1, dtype=np.int32), segment_ids_BxT, slot_lengths_BxK)
-            pooled = np.asarray(forward(self.params, *[jax.device_put(x, self.device) for x in inputs]))
-            vectors[chunk] = pooled[: len(chunk), 0]
-        log.warning("batch %s: a non-finite vector in a packed row; encoded its %d row-mates again, each alone",
-                    batch.batch_id, len(redo))
-        return redo
-
-    def _maybe_start_profile(self):
-        if self.spec.profile_batches and self._batches_done == 0 and not self._profiling:
-            import jax
-
-            self._trace_dir = tempfile.mkdtemp(prefix="docbeam-profile-")
-            jax.profiler.start_trace(self._trace_dir, create_perfetto_trace=True)
-            self._profiling = True
-
-    def _maybe_stop_profile(self):
-        if self._profiling and self._batches_done >= self.spec.profile_batches:
-            self._finish_profile()
-
-    def finish_profile(self):
-        """Also called at the end of each bundle: a worker that gets fewer batches than profile.batches still
-        leaves its trace, and before the commit (an exit hook would write after it)."""
-        with self._lock:
-            self._finish_profile()
-
-    def _finish_profile(self):
-        if not self._profiling:
-            return
-        import jax
-
-        from pipeline.store import storage
-
-        jax.profiler.stop_trace()
-        self._profiling = False
-        storage.copy_tree(self._trace_dir, f"{self.spec.profile_dir}/{worker_name().replace(':', '-')}")
-        shutil.rmtree(self._trace_dir, ignore_errors=True)
+    platform = jax.default_backend()
+    cases = attention_cases(open_checkpoint(model_path, dtype).config, buckets, platform, packing)
+    return EncoderSpec(model_path, dtype, pooling, attention, tuple(choose_backends(attention, cases)), platform,
+                       packing=packing, **settings)
 
 
-_RUNTIMES: dict[str, EncoderRuntime] = {}
+def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...], str | None]:
+    """(what this worker runs per bucket, why it is not the plan's or None). The plan's choices as they are
+    on the planned platform (gated here when the driver could not run them and attention.verify is set); on
+    another platform the planned buckets chosen again for this one."""
+    from attention.plan import gate
+
+    if platform != spec.platform:
+        log.warning("job was planned for %s but this worker has %s; re-planning attention here", spec.platform,
+                    platform)
+        return replan(spec.attention, spec.choices, platform), f"planned {spec.platform}, worker {platform}"
+    if spec.attention.verify and not spec.checked:
+        return tuple(gate(spec.attention, list(spec.choices))), None
+    return spec.choices, None
+
+
+def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
+    """The worker's encoder: its compile cache set up, the plan's choices (or this platform's), each probed
+    once per process (a broken backend fails the job here), then the runtime loaded."""
+    import jax
+
+    from pipeline.driver.compile_cache import CompileCache
+    from pipeline.driver.plan import probe_all
+    from pipeline.stages.packer import max_windows_per_row, rows_for
+    from pipeline.store import storage
+
+    t0 = time.perf_counter()
+    # Before the first compilation (the attention probes compile too).
+    cache = CompileCache(spec.compilation_cache) if spec.compilation_cache else None
+    choices, replanned = worker_choices(spec, jax.devices()[0].platform)
+    probe_all(spec.attention, choices)  # on the DirectRunner the driver has probed them already: no cost
+    buckets = sorted(c.case.seq_len for c in choices)
+    runtime_spec = RuntimeSpec(
+        spec.model_path, spec.dtype, spec.pooling, spec.attention, choices, spec.packing,
+        compile_ahead=tuple((rows_for(b, spec.tokens_per_batch), b) for b in buckets) if spec.tokens_per_batch else (),
+        slots=tuple((b, max_windows_per_row(b)) for b in buckets), replanned=replanned)
+    publish = (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}")
+               ) if spec.profile_dir else None
+    hooks = RuntimeHooks(CompileWatch.get(), ENCODER_FN_NAME, cache.push if cache is not None else (lambda: None),
+                         batch_facts=lambda device: {"device": describe_device(device), "worker": worker_name(),
+                                                     **memory(device)},
+                         publish_trace=publish, profile_batches=spec.profile_batches)
+    return EncoderRuntime(runtime_spec, hooks, startup={"probes_s": time.perf_counter() - t0})
+
+
+_RUNTIMES: dict[EncoderSpec, EncoderRuntime] = {}
 _RUNTIMES_LOCK = threading.Lock()
 
 
 def runtime_for(spec: EncoderSpec) -> EncoderRuntime:
-    """One runtime per spec per process, kept for the process's life.
+    """One runtime per spec per process, kept for the process's life, keyed by the frozen spec itself.
 
     RunInference's ``shared.Shared`` holds the model only while a DoFn instance references it; the
     DirectRunner tears instances down between stages (GroupIntoBatches flushes its partial batches in a
     later bundle), and a reload would recompile every shape.
     """
-    key = repr(spec)
     with _RUNTIMES_LOCK:
-        if key not in _RUNTIMES:
-            _RUNTIMES[key] = EncoderRuntime(spec)
-        return _RUNTIMES[key]
+        if spec not in _RUNTIMES:
+            _RUNTIMES[spec] = load_encoder(spec)
+        return _RUNTIMES[spec]
 
 
 def stop_compiling(spec: EncoderSpec) -> None:
-    """``EncoderRuntime.stop_compiling`` for this process's runtime of ``spec``, if it has one."""
+    """Drop the compilations not started yet of this process's runtime of ``spec``, if it has one (a job that
+    ended before its batches needed them)."""
     with _RUNTIMES_LOCK:
-        runtime = _RUNTIMES.get(repr(spec))
+        runtime = _RUNTIMES.get(spec)
     if runtime is not None:
-        runtime.stop_compiling()
+        runtime.pool.stop()
 
 
 class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
@@ -449,7 +242,7 @@ class _SplitResults(beam.DoFn):
             runtime.finish_profile()
         # The compilations that finished after this process's last batch of the bundle (shapes still to come,
         # or that no batch used) count too; waiting for them here also lets no compilation outlive the job.
-        runtime = _RUNTIMES.get(repr(self._spec))
+        runtime = _RUNTIMES.get(self._spec)
         report = runtime.take_startup_report(wait=True) if runtime is not None else None
         if report is not None:
             from apache_beam.transforms.window import GlobalWindow

@@ -17,7 +17,7 @@ under-filled rows for later windows; the end of input packs what is held (``fina
 
 ``Packer`` is that state machine; ``batch_windows`` drives one per shard over a list (the benchmarks), and
 pipeline/stages/batch.py drives it from Beam state (the pipeline). Neither resolves ``batching.packing:
-auto``: the job's plan does (pipeline.driver.plan.resolve_packing), and hands the packer a bool.
+auto``: the job's plan does (pipeline.driver.plan.resolved_packing), and hands the packer a bool.
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def packed_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows
 def check_packing(packing: object) -> bool:
     if not isinstance(packing, bool):
         raise ValueError(f"the packer takes packing true or false, not {packing!r}: the job's plan resolves "
-                         "batching.packing: auto (pipeline.driver.plan.resolve_packing) before batching")
+                         "batching.packing: auto (pipeline.driver.plan.resolved_packing) before batching")
     return packing
 
 

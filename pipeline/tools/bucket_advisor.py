@@ -206,7 +206,7 @@ def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     sample.rejected += no_tokens
     if not lengths:
         raise ConfigError(nothing_to_propose(cfg, sample))
-    packing = plan.config.batching.packing is True  # as the plan resolved auto for this job's backends
+    packing = plan.packing  # as the plan resolved auto for this job's backends
     budget = cfg.batching.tokens_per_batch
     used = [b for b in cfg.batching.buckets if b <= plan.config.batching.buckets[-1]]
     current = {"tokens_per_batch": budget, "buckets": used,

@@ -77,11 +77,10 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
     is not shown as refused merely because this config's own backend packs."""
     import attention
     from attention.plan import AttentionPlanError, ask_all, by_bucket
-    from pipeline.driver.plan import attention_cases, resolve_packing
+    from pipeline.driver.plan import attention_cases, resolved_packing
 
     backend = attention.get(name)
-    chosen = resolve_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
-    packed = chosen.batching.packing
+    packed = resolved_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
     cases = attention_cases(plan.encoder, [c.case.seq_len for c in plan.choices], plan.platform, packed)
     try:  # one answer per bucket, over every kind of layer the model has
         answers = [(group[0].seq_len, ask_all(backend, group, cfg.attention.options_for(name)))
@@ -93,7 +92,7 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
         return f"  {name:10s} refused for " + "; ".join(f"bucket {b}: {s.reason}" for b, s in refused)
     kernels = sorted({s.kernel for _, s in answers if s.kernel})
     how = "packed" if packed else "unpacked"
-    if cfg.batching.packing == "auto" and packed != plan.config.batching.packing:
+    if cfg.batching.packing == "auto" and packed != plan.packing:
         how += f" (batching.packing: auto would resolve to {str(packed).lower()} with it)"
     return (f"  {name:10s} runs every bucket, {how}" + (f" ({', '.join(kernels)})" if kernels else "")
             + f" — {backend.description}")
@@ -116,7 +115,7 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
             f"{plan.width} dimensions" + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else ""),
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
             f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
-            f"{str(plan.config.batching.packing).lower()}"
+            f"{str(plan.packing).lower()}"
             + (" (auto)" if cfg.batching.packing == "auto" else "")]
     out.append("# what each backend would do if attention.backend named it (packing as `auto` would resolve then):")
     for name in attention.names():

@@ -1,0 +1,191 @@
+"""The loaded encoder of one worker process: parameters on its device, one compiled forward per (shape,
+backend), compiled ahead when the shapes are known, and one timing record per batch.
+
+It runs the attention backend per bucket it is given (``RuntimeSpec.choices``: the job's plan, or the
+worker's re-plan when its platform is not the planned one); it never chooses. What it reports goes through
+``RuntimeHooks``, supplied by its owner, so models/ knows nothing of the pipeline's metrics or storage.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from attention.plan import AttentionSpec, Choice, bind_choice
+from models.compile_pool import CompilePool
+from models.nan_repair import reencode_row_mates
+from models.profiler import FirstBatchesProfiler
+
+STARTUP_TAG = "startup"  # a timing record's start-up report, taken off before the record is written
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeSpec:
+    """What to load and what to run, per bucket: frozen and hashable (a process keeps one runtime per spec)."""
+
+    model_path: str
+    dtype: str
+    pooling: str
+    attention: AttentionSpec  # the backends' typed options
+    choices: tuple[Choice, ...]  # one per bucket: the backend that runs it
+    packing: bool = False  # batches carry segment ids and slot lengths
+    compile_ahead: tuple[tuple[int, int], ...] = ()  # (rows, bucket_len) shapes compiled before their batches
+    slots: tuple[tuple[int, int], ...] = ()  # packing: (bucket_len, windows per row) of every bucket
+    replanned: str | None = None  # why these choices are not the job plan's ("planned cpu, worker gpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeHooks:
+    """How the runtime reports, supplied by its owner."""
+
+    watch: Any  # .in_this_thread() -> (compilations, seconds, persistent-cache hits) of the forward
+    fn_name: str  # the jitted forward's name, as ``watch`` counts it
+    on_fresh_compile: Callable[[], None] = lambda: None  # a compilation the persistent cache did not serve
+    batch_facts: Callable[[Any], dict] = lambda device: {}  # device, worker, memory: added to each record
+    publish_trace: Callable[[str], None] | None = None  # a finished profiler trace folder
+    profile_batches: int = 0
+
+
+def load(spec: RuntimeSpec, fn_name: str):
+    """(device, EncoderConfig, parameters on the device, {backend: jitted forward named ``fn_name``})."""
+    import jax
+
+    from models import checkpoint, encoder
+
+    device = jax.devices()[0]
+    ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
+    params = checkpoint.load_params(ck.folder, ck.config)
+    # sentence-transformers' Dense modules run inside the jitted forward, right after pooling.
+    activations = tuple(d.activation for d in ck.settings.dense)
+    if activations:
+        params = {"encoder": params, "dense": checkpoint.load_dense(ck.folder, ck.settings)}
+    forwards = {}
+    for name in sorted({c.backend for c in spec.choices}):
+        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling, activations)
+
+        def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
+            return embed(params, ids_BxT, lengths_B, *packed)
+
+        forward.__name__ = forward.__qualname__ = fn_name  # the owner's compile watch counts by this name
+        forwards[name] = jax.jit(forward)
+    return device, ck.config, jax.block_until_ready(jax.device_put(params, device)), forwards
+
+
+class EncoderRuntime:
+    """Parameters on device, one jitted forward per backend of ``spec.choices``, the compile pool."""
+
+    def __init__(self, spec: RuntimeSpec, hooks: RuntimeHooks, startup: dict | None = None):
+        self.spec, self.hooks = spec, hooks
+        t0 = time.perf_counter()
+        self.device, self.config, self.params, self._forward = load(spec, hooks.fn_name)
+        self.choices = {c.case.seq_len: c for c in spec.choices}
+        self._shapes_seen: set = set()
+        self.profiler = FirstBatchesProfiler(hooks.profile_batches, hooks.publish_trace)
+        # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
+        # and the profiler per batch, and costs nothing with one device.
+        self._lock = threading.Lock()
+        self._report_lock = threading.Lock()  # the bundle's end takes the report outside a batch
+        self._startup = {**(startup or {}), "checkpoint_s": time.perf_counter() - t0}
+        # Longest bucket first: it has the fewest rows and takes every full window of a long document, so its
+        # first batch tends to fill first (on the sample the first batch is bucket 256's).
+        keys = [(self.choices[b].backend, (rows, b)) for rows, b in sorted(spec.compile_ahead, key=lambda s: -s[1])]
+        self._shapes_seen.update(keys)
+        self.pool = CompilePool(self._compile, keys)
+
+    def _compile(self, backend: str, shape: tuple[int, int]):
+        """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
+        import jax
+
+        hits = self.hooks.watch.in_this_thread()[2]
+        t0 = time.perf_counter()
+        packed = ()
+        if self.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
+            packed = (jax.ShapeDtypeStruct(shape, np.int32),
+                      jax.ShapeDtypeStruct((shape[0], dict(self.spec.slots)[shape[1]]), np.int32))
+        executable = self._forward[backend].lower(self.params, jax.ShapeDtypeStruct(shape, np.int32),
+                                                  jax.ShapeDtypeStruct(shape[:1], np.int32), *packed).compile()
+        record = {"backend": backend, "rows": shape[0], "bucket_len": shape[1],
+                  "seconds": time.perf_counter() - t0, "cache_hits": self.hooks.watch.in_this_thread()[2] - hits}
+        if not record["cache_hits"]:
+            self.hooks.on_fresh_compile()
+        return executable, record
+
+    def take_startup_report(self, wait: bool = False) -> dict | None:
+        """What loading cost (once) and the compilations finished in the background since the last report;
+        ``wait``: after every one has finished. None when there is nothing new."""
+        if wait:
+            self.pool.wait()
+        with self._report_lock:
+            report, self._startup = self._startup or {}, None
+            compiles = self.pool.take_finished()
+        if not report and not compiles:
+            return None
+        return {**report, "compiles": compiles}
+
+    def finish_profile(self) -> None:
+        with self._lock:
+            self.profiler.finish()
+
+    def encode(self, batch) -> tuple[np.ndarray, dict]:
+        """The batch's window vectors and its timing record (with the start-up report, when there is news)."""
+        with self._lock:
+            self.profiler.before_batch()
+            vectors, timing = self._encode(batch)
+            self.profiler.after_batch()
+            report = self.take_startup_report()
+            if report is not None:
+                timing[STARTUP_TAG] = report
+            return vectors, timing
+
+    def _encode(self, batch) -> tuple[np.ndarray, dict]:
+        import jax
+
+        choice = self.choices[batch.bucket_len]
+        started_at = datetime.datetime.now(datetime.timezone.utc)
+        t0 = time.perf_counter()
+        if batch.packed != self.spec.packing:
+            raise ValueError(f"batch {batch.batch_id} is {'' if batch.packed else 'not '}packed, but this encoder was "
+                             f"built for batching.packing: {self.spec.packing}")
+        inputs = (batch.ids_BxT, batch.lengths_B) + ((batch.segment_ids_BxT, batch.slot_lengths_BxK)
+                                                     if batch.packed else ())
+        watch = self.hooks.watch
+        compiles_before, compile_s_before, hits_before = watch.in_this_thread()
+        key = (choice.backend, batch.ids_BxT.shape)
+        forward, waited_s = self.pool.executable(key)
+        forward = forward or self._forward[choice.backend]  # a shape not planned for: jit compiles it now
+        t1 = time.perf_counter()
+        pooled = forward(self.params, *[jax.device_put(x, self.device) for x in inputs])
+        pooled.block_until_ready()
+        t2 = time.perf_counter()
+        pooled = np.asarray(pooled)
+        vectors = pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
+        alone = reencode_row_mates(
+            lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]), batch, vectors,
+        ) if batch.packed else []
+        t3 = time.perf_counter()
+        compiles_after, compile_s_after, hits_after = watch.in_this_thread()
+        compiled = compiles_after > compiles_before
+        if compiled and not hits_after - hits_before:
+            self.hooks.on_fresh_compile()
+        if compiled and key in self._shapes_seen and not self.pool.planned(key):
+            log.warning("recompiled the encoder for shape %s (backend %s) after warm-up", key[1], key[0])
+        self._shapes_seen.add(key)
+        return vectors, {
+            "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
+            "real_rows": batch.real_rows, "real_tokens": batch.real_tokens, "packed": batch.packed,
+            "reencoded_alone": len(alone), "padded_tokens": int(batch.ids_BxT.size),
+            "attention_backend": choice.backend, "attention_requested": choice.requested,
+            "attention_kernel": choice.kernel, "fallback_reason": choice.fallback_reason,
+            "replanned": self.spec.replanned, "compiled": compiled,
+            # Compiling this batch's shape, or waiting for its compilation in the background.
+            "compile_ms": round((compile_s_after - compile_s_before + waited_s) * 1e3, 3),
+            "compile_cache_hits": hits_after - hits_before,
+            "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
+            "started_at": started_at.isoformat(), **self.hooks.batch_facts(self.device),
+        }

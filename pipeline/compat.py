@@ -1,0 +1,66 @@
+"""Workarounds for the Apache Beam versions docbeam was checked against, each saying why it is needed.
+
+Import this before ``apache_beam.ml.inference.base``. A Beam release outside ``CHECKED_BEAM`` may have fixed
+or moved what a workaround patches: the process says so in its log (``check_beam_version``), and the
+workaround still only touches ``sys.modules`` entries Beam treats as optional.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+# The Beam releases whose RunInference imports its ModelManager as an optional dependency (a try block that
+# leaves it None on an ImportError); pyproject.toml pins 2.77.0.
+CHECKED_BEAM = ((2, 77), (2, 77))
+MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
+RUN_INFERENCE = "apache_beam.ml.inference.base"
+
+
+def beam_minor(version: str) -> tuple[int, int]:
+    """``"2.77.0"`` → ``(2, 77)``; a version that does not start with two numbers raises naming it."""
+    try:
+        major, minor = version.split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        raise ValueError(f"apache-beam version {version!r}: expected MAJOR.MINOR[.PATCH]") from None
+
+
+def beam_version_problem(version: str, checked: tuple = CHECKED_BEAM) -> str | None:
+    """Why ``version`` is not one the workarounds were checked for, or None when it is."""
+    low, high = checked
+    if low <= beam_minor(version) <= high:
+        return None
+    return (f"apache-beam {version} is outside the versions pipeline/compat.py was checked for "
+            f"({'.'.join(map(str, low))}–{'.'.join(map(str, high))}): check that RunInference still imports "
+            f"{MODEL_MANAGER} optionally, then widen CHECKED_BEAM (or pin apache-beam as pyproject.toml does)")
+
+
+def check_beam_version() -> None:
+    """Log, once per process, a Beam version the workarounds were not checked for."""
+    import apache_beam
+
+    problem = beam_version_problem(apache_beam.__version__)
+    if problem:
+        log.warning("%s", problem)
+
+
+def run_inference_without_model_manager() -> None:
+    """Import RunInference without its ModelManager.
+
+    Needed since Beam 2.7x's RunInference module imports its ModelManager when it can, and that imports torch
+    (1.4 s and ~300 MB on the 2-core test machine) wherever torch is installed. docbeam never uses it, and
+    RunInference treats it as optional (an ImportError leaves it None). The same try block imports ``resource``
+    first and sets it to None on that ImportError: it is given back, so RunInference still reports the
+    process's memory. Does nothing when RunInference is already imported (its choice is made).
+    """
+    if RUN_INFERENCE in sys.modules:
+        return
+    check_beam_version()
+    sys.modules.setdefault(MODEL_MANAGER, None)
+    import resource
+
+    import apache_beam.ml.inference.base as run_inference
+
+    run_inference.resource = run_inference.resource or resource
