@@ -15,13 +15,11 @@ import argparse
 import json
 import os
 import resource
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+from benchmarks import common, processes  # noqa: E402
 
 common.bootstrap()
 # Grow device memory on demand, so a device's peak is the case's own; allow nearly all of it.
@@ -165,48 +163,8 @@ def native_estimate_bytes(batch: int, heads: int, length: int) -> int:
     return 2 * batch * heads * length * length * 4
 
 
-def rss_tree(pid: int) -> int:
-    import psutil
-
-    try:
-        proc = psutil.Process(pid)
-        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
-    except psutil.Error:
-        return 0
-
-
 def run_in_subprocess(case: dict, timeout: float, cap_bytes: float) -> dict:
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--case", json.dumps(case)],
-                                stdout=out, stderr=err, cwd=common.REPO)
-        started, killed, peak_watch = time.monotonic(), None, 0
-        while proc.poll() is None:
-            rss = rss_tree(proc.pid)
-            peak_watch = max(peak_watch, rss)
-            if rss > cap_bytes:
-                killed = f"killed: RSS {rss / GB:.1f} GB over the {cap_bytes / GB:.0f} GB cap"
-            elif time.monotonic() - started > timeout:
-                killed = f"timeout after {timeout:.0f} s"
-            if killed:
-                proc.kill()
-                proc.wait()
-                break
-            time.sleep(0.05)
-        wall = time.monotonic() - started
-        out.seek(0)
-        err.seek(0)
-        lines = [line for line in out.read().splitlines() if line.startswith(RESULT_PREFIX)]
-        if lines:
-            result = json.loads(lines[-1][len(RESULT_PREFIX):])
-        elif killed:
-            result = {"status": killed}
-        else:
-            tail = err.read()[-400:].strip().replace("\n", " ")
-            status = "killed (OOM killer?)" if proc.returncode == -9 else f"died: exit {proc.returncode}"
-            result = {"status": status, "error": tail}
-    result["subprocess_wall_s"] = round(wall, 2)
-    result["watchdog_peak_rss_bytes"] = peak_watch
-    return result
+    return processes.watched_subprocess(__file__, case, timeout, cap_bytes, RESULT_PREFIX)
 
 
 def memory_of(r: dict) -> float | None:

@@ -20,6 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 from benchmarks import encoder as encoder_bench  # noqa: E402
+from benchmarks.sides import alternate  # noqa: E402
 
 DEFAULT_SETTINGS = "128,256@2048;128,256@1024;128,256@512;256@1024;64,128,256@1024"
 
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
 
     sides = [encoder_bench.docbeam_side(side_args(args, b, t), docs, checkpoint.folder, checkpoint.settings)
              for b, t in args.settings]
-    results = encoder_bench.alternate(*sides)
+    results = alternate(*sides)
     base = results[0]["tokens_per_s"]
     rows, out = [], []
     for (buckets, tokens_per_batch), r in zip(args.settings, results):

@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
+from benchmarks.sides import alternate, best_after_first_batch, cosine_agreement, skipped  # noqa: E402
 
 common.bootstrap()
 
@@ -200,49 +201,6 @@ def pipeline_side(args, docs, tmp) -> dict:
             "compute_tokens_per_s": real / compute_s,
             "compute_excl_compile_tokens_per_s": real / (compute_s - compile_s) if compute_s > compile_s else None,
             "wall_after_first_batch_tokens_per_s": real / after_first_s}
-
-
-def best_after_first_batch(runs: list[dict]) -> dict:
-    """The run with the shortest wall time after its first batch, for the rates after the first batch; the
-    whole-job figures stay the first run's, the only one that loaded and compiled the encoder as a
-    `docbeam run` does (later runs in this process find it loaded)."""
-    best = min(runs, key=lambda run: run["wall_after_first_batch_s"])
-    first = runs[0]
-    return {**best, "wall_seconds": first["wall_seconds"], "summary_tokens_per_s": first["summary_tokens_per_s"],
-            "compiles": first["compiles"],
-            "wall_after_first_batch_every_run_s": [round(run["wall_after_first_batch_s"], 3) for run in runs]}
-
-
-def alternate(*sides) -> list:
-    """Drive generator sides round-robin: each loads and warms up, then their timed passes take turns, so a
-    machine that speeds up or slows down during the run (these shared VMs swing ±20%) moves both alike.
-    Returns what each side returns."""
-    results = [None] * len(sides)
-    running = dict(enumerate(sides))
-    while running:
-        for i, side in list(running.items()):
-            try:
-                next(side)
-            except StopIteration as done:
-                results[i] = done.value
-                del running[i]
-    return results
-
-
-def skipped(reason: str):
-    yield
-    return {"skipped": reason}
-
-
-def cosine_agreement(docbeam_vectors: dict, st_embeddings, docs) -> float:
-    """Lowest cosine between docbeam's and sentence-transformers' embedding of a document."""
-    import numpy as np
-
-    ours = np.stack([docbeam_vectors[d.id] for d in docs]).astype(np.float32)
-    theirs = np.asarray(st_embeddings, np.float32)
-    ours /= np.linalg.norm(ours, axis=1, keepdims=True)
-    theirs /= np.linalg.norm(theirs, axis=1, keepdims=True)
-    return float((ours * theirs).sum(axis=1).min())
 
 
 def main(argv=None) -> int:

@@ -22,13 +22,12 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
+from benchmarks.processes import load_average, tail, timed_process  # noqa: E402
 
 common.bootstrap()
 COSINE_FLOOR = 0.9999
@@ -120,24 +119,6 @@ def truncated_tokens(docs, folder: str, window_len: int) -> int:
         encoded = tokenizer([d.text for d in docs[i:i + 256]], truncation=True, max_length=window_len)
         total += sum(len(ids) for ids in encoded["input_ids"])
     return total
-
-
-def timed_process(command: list[str], env: dict, log_path: str) -> tuple[float, int]:
-    """Wall seconds from launch to exit; the process' output goes to ``log_path``."""
-    with open(log_path, "w") as log:
-        started = time.perf_counter()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=common.REPO).returncode
-        return time.perf_counter() - started, code
-
-
-def load_average() -> float:
-    """The 1-minute load average: another busy process on the machine slows whichever side it overlaps."""
-    return round(os.getloadavg()[0], 2)
-
-
-def tail(path: str, lines: int = 15) -> str:
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
 
 
 def run_docbeam(args, corpus: str, work: str, attempt: int) -> dict:
