@@ -2,8 +2,8 @@
 its tensor names), and here the one table that picks a family from config.json's ``model_type``.
 
 A family module exposes ``Config`` (an EncoderConfig), ``Model`` (a blocks.FamilyModel: a Flax module taking
-the config and an AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry), ``read_config(HubConfig, dtype)``
-and ``read_params(Tensors, config)``.
+the config and an AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry),
+``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``.
 """
 from __future__ import annotations
 
