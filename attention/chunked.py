@@ -2,7 +2,8 @@
 
 Online softmax (Rabe & Staats, https://arxiv.org/abs/2112.05682; the FlashAttention recurrence) over key
 chunks, one query chunk at a time: the largest temporary is ``[B, N, query_chunk, key_chunk]`` instead of
-``[B, N, T, S]``. Scores and sums are kept in float32 whatever the input dtype.
+``[B, N, T, S]``. Scores and sums are kept in float32 whatever the input dtype. The chunk sizes, and where
+each platform's come from, are attention/chunk_sizes.py's.
 """
 from __future__ import annotations
 
@@ -11,74 +12,17 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import pydantic
 
-from attention.interface import AttentionCase, Support
+from attention.chunk_sizes import ChunkedOptions, layer_chunk_sizes
+from attention.interface import AttentionCase, Support, current_platform
 from attention.native import MASKED, in_window
 from attention.registry import register
-
-# (longest sequence, query_chunk, key_chunk, heads_per_step) for options that leave them unset: the first
-# row whose length covers the sequence, else the last. The fastest of `python benchmarks/chunk_sweep.py`
-# (benchmarks/results/chunk_sweep.json; 2-core Xeon with AVX-512, under load 6-7 from other jobs, float32,
-# 12 heads x 32): 10 ms at 512, 140 ms at 2048, 2.3 s at 8192, at 1.4% of native's memory at 8192.
-# Runner-up pairs were within 10-30%, so the choice is noisy; heads_per_step 0 (one batched matmul) was
-# 3.4x slower at 8192. (Its ratios to native are inflated: native measured 12.2 s at 8192 there, 6.0 s in
-# the quieter attention-flash-cpu.json.)
-TUNED_CHUNKS: tuple[tuple[int, int, int, int], ...] = ((512, 512, 256, 1), (2048, 512, 256, 2), (8192, 1024, 1024, 1))
-
-
-class ChunkedOptions(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
-
-    # Query rows and key columns per step of the online softmax; unset: tuned by length (TUNED_CHUNKS).
-    # Lower them to lower peak memory.
-    query_chunk: pydantic.PositiveInt | None = None
-    key_chunk: pydantic.PositiveInt | None = None
-    # 0: all heads in one batched matmul. A positive value runs that many heads per matmul, one group
-    # after another in a loop: XLA:CPU's batched matmul is slow with many small (head_dim 32) batch
-    # entries. Unset: tuned by length (TUNED_CHUNKS).
-    heads_per_step: pydantic.NonNegativeInt | None = None
-    # A causal global layer stops each query chunk at its diagonal. false: scan and mask every key block, the
-    # baseline benchmarks/long_context_decoder.py measures the skipping against.
-    skip_causal_blocks: bool = True
 
 
 def pad_to_multiple(x_BxLx___, multiple: int):
     """Right-pads axis 1 to a multiple of ``multiple``; the padded positions are masked by length."""
     extra = -x_BxLx___.shape[1] % multiple
     return jnp.pad(x_BxLx___, [(0, 0), (0, extra)] + [(0, 0)] * (x_BxLx___.ndim - 2))
-
-
-def chunk_sizes(options: ChunkedOptions, seq_len: int) -> tuple[int, int, int]:
-    """(query_chunk, key_chunk, heads_per_step) for a sequence: the options' where set, else TUNED_CHUNKS'
-    row for its length."""
-    _, query_chunk, key_chunk, heads_per_step = next((row for row in TUNED_CHUNKS if seq_len <= row[0]),
-                                                     TUNED_CHUNKS[-1])
-    return (options.query_chunk or query_chunk, options.key_chunk or key_chunk,
-            heads_per_step if options.heads_per_step is None else options.heads_per_step)
-
-
-# Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
-# can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
-# all heads per matmul. By hand on a 2-core AMD EPYC under load 4-5 (ModernBERT's ±64 window, 8,192 tokens,
-# 12 heads x 64, float32): query chunks of 32, 64 and 128 rows and 0, 1 or 4 heads per step all took
-# 160-250 ms, within the noise of each other; 256 rows took 590-860 ms.
-LOCAL_QUERY_CHUNK = 64
-LOCAL_HEADS_PER_STEP = 0
-LOCAL_MAX_KEY_CHUNK = 2048
-
-
-def layer_chunk_sizes(options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None
-                      ) -> tuple[int, int, int]:
-    """``chunk_sizes`` for a global layer; for a local one the LOCAL_* sizes and one key chunk spanning a
-    query chunk's window (capped at LOCAL_MAX_KEY_CHUNK), unless the options set them."""
-    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len)
-    if local_window is None:
-        return query_chunk, key_chunk, heads_per_step
-    query_chunk = options.query_chunk or LOCAL_QUERY_CHUNK
-    span = query_chunk + sum(local_window)
-    key_chunk = options.key_chunk or (span if span <= LOCAL_MAX_KEY_CHUNK else key_chunk)
-    return query_chunk, key_chunk, LOCAL_HEADS_PER_STEP if options.heads_per_step is None else options.heads_per_step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +71,7 @@ def causal_window(local_window: tuple[int, int] | None, causal: bool, seq_len: i
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     # plain XLA: every platform, dtype and shape, with windows, bias, segment ids, causal and grouped k/v
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window, case.platform)
     query_chunk = min(query_chunk, case.seq_len)
     keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal and options.skip_causal_blocks)
     heads = f", {group_step(heads_per_step, case.num_heads, case.kv_heads)} head(s) per step" if heads_per_step else ""
@@ -162,7 +106,8 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     b, t, n, h = q_BxTxNxH.shape
     s, kv_heads = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
     window = local_window and causal_window(local_window, causal, s)
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window,
+                                                               current_platform())
     query_chunk, step = min(query_chunk, t), group_step(heads_per_step, n, kv_heads)
     per_kv = n // kv_heads
     keys = key_plan(s, query_chunk, key_chunk, window, causal and options.skip_causal_blocks)
@@ -229,23 +174,18 @@ class BlockMasks:
         return bias_BxNxQxK
 
 
-def _scores(q_BxNxQxH, k_BxKxKcxH):
-    """q·kᵀ with each k/v head read by its N/K query heads (grouped-query attention), never repeated."""
-    b, n, q_len, h = q_BxNxQxH.shape
-    kv_heads = k_BxKxKcxH.shape[1]
+def _per_kv_head(equation: str, x_BxNxQxE, y_BxKxCxF):
+    """``equation`` over each head's last two axes (``"qh,kh->qk"``: scores; ``"qk,kh->qh"``: weighted values),
+    with each of K k/v heads read by its N/K query heads (grouped-query attention), never repeated."""
+    b, n, q_len = x_BxNxQxE.shape[:3]
+    kv_heads = y_BxKxCxF.shape[1]
+    x_side, rest = equation.split(",")
+    y_side, out = rest.split("->")
     if kv_heads == n:
-        return jnp.einsum("bnqh,bnkh->bnqk", q_BxNxQxH, k_BxKxKcxH, preferred_element_type=jnp.float32)
-    return jnp.einsum("bjgqh,bjkh->bjgqk", q_BxNxQxH.reshape(b, kv_heads, n // kv_heads, q_len, h), k_BxKxKcxH,
-                      preferred_element_type=jnp.float32).reshape(b, n, q_len, -1)
-
-
-def _weighted_values(p_BxNxQxKc, v_BxKxKcxH):
-    b, n, q_len, kc = p_BxNxQxKc.shape
-    kv_heads = v_BxKxKcxH.shape[1]
-    if kv_heads == n:
-        return jnp.einsum("bnqk,bnkh->bnqh", p_BxNxQxKc, v_BxKxKcxH, preferred_element_type=jnp.float32)
-    return jnp.einsum("bjgqk,bjkh->bjgqh", p_BxNxQxKc.reshape(b, kv_heads, n // kv_heads, q_len, kc), v_BxKxKcxH,
-                      preferred_element_type=jnp.float32).reshape(b, n, q_len, -1)
+        return jnp.einsum(f"bn{x_side},bn{y_side}->bn{out}", x_BxNxQxE, y_BxKxCxF, preferred_element_type=jnp.float32)
+    return jnp.einsum(f"bjg{x_side},bj{y_side}->bjg{out}", x_BxNxQxE.reshape(b, kv_heads, n // kv_heads,
+                                                                         *x_BxNxQxE.shape[2:]),
+                      y_BxKxCxF, preferred_element_type=jnp.float32).reshape(b, n, q_len, -1)
 
 
 def _online_softmax(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, masks: BlockMasks, head_start, query_chunk: int, keys: KeyPlan):
@@ -263,14 +203,15 @@ def _online_softmax(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, masks: BlockMasks, head_sta
         def absorb_key_chunk(carry, chunk):
             acc_BxNxQxH, max_BxNxQ, denom_BxNxQ = carry
             k_BxKxKcxH, v_BxKxKcxH, key_pos_Kc = chunk
-            logits_BxNxQxKc = _scores(q_BxNxQxH, k_BxKxKcxH) + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
+            logits_BxNxQxKc = (_per_kv_head("qh,kh->qk", q_BxNxQxH, k_BxKxKcxH)
+                               + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n))
             # The bias is finite, so the running max is finite after the first chunk: no NaN guard needed.
             new_max_BxNxQ = jnp.maximum(max_BxNxQ, logits_BxNxQxKc.max(axis=-1))
             p_BxNxQxKc = jnp.exp(logits_BxNxQxKc - new_max_BxNxQ[..., None])
             rescale_BxNxQ = jnp.exp(max_BxNxQ - new_max_BxNxQ)
             denom_BxNxQ = denom_BxNxQ * rescale_BxNxQ + p_BxNxQxKc.sum(axis=-1)
-            acc_BxNxQxH = acc_BxNxQxH * rescale_BxNxQ[..., None] + _weighted_values(
-                p_BxNxQxKc.astype(v_BxKxKcxH.dtype), v_BxKxKcxH)
+            acc_BxNxQxH = acc_BxNxQxH * rescale_BxNxQ[..., None] + _per_kv_head(
+                "qk,kh->qh", p_BxNxQxKc.astype(v_BxKxKcxH.dtype), v_BxKxKcxH)
             return (acc_BxNxQxH, new_max_BxNxQ, denom_BxNxQ), None
 
         init = (jnp.zeros((b, n, query_chunk, h), jnp.float32), jnp.full((b, n, query_chunk), -jnp.inf, jnp.float32),

@@ -5,7 +5,7 @@ case in its own process (as attention.py runs them).
     python benchmarks/chunk_sweep.py [--quick] [--lengths 512,2048,8192] [--dtype float32]
 
 The fastest pair per length whose memory stays within ``--max-memory-share`` of native's is what
-``attention.chunked.TUNED_CHUNKS`` should hold; the script prints that table. Batch 1, 12 heads × head_dim 32
+``attention.chunk_sizes.TUNED_CHUNKS`` should hold; the script prints that table. Batch 1, 12 heads × head_dim 32
 (MiniLM) unless told otherwise.
 """
 from __future__ import annotations

@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 
 from models.families import family_of
-from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf, rotary, segment_positions,
-                                    segment_starts)
+from models.families.blocks import rotary, segment_positions, segment_starts
+from models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
 
-# Re-exported: the base config and the pieces families share live with the blocks (models/families/common.py).
+# Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
+# (models/families/blocks.py).
 __all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "apply_dense", "embed_fn", "gelu_erf",
            "pool", "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
 

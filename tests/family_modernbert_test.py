@@ -6,25 +6,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (MIN_COSINE, VOCAB, assert_matches_transformers, lowest_cosine, our_vectors,
-                             reference_vectors, replace, run_docbeam, save_checkpoint, token_inputs)
+from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
+                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
+                             assert_refused, both_forms, replace, tiny_model)
 from models import checkpoint
-
-LENGTHS = [40, 57, 23, 64, 12, 33]
 
 
 @pytest.fixture(scope="module")
 def model():
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.ModernBertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, intermediate_size=48,
-        local_attention=8, global_attn_every_n_layers=2, global_rope_theta=160_000.0, local_rope_theta=10_000.0,
-        initializer_range=0.3, pad_token_id=0, bos_token_id=101, cls_token_id=101, eos_token_id=102,
-        sep_token_id=102, attn_implementation="eager")
-    return transformers.ModernBertModel(config).eval()
+    return tiny_model("ModernBertModel", num_hidden_layers=4, intermediate_size=48, local_attention=8,
+                      global_attn_every_n_layers=2, global_rope_theta=160_000.0, local_rope_theta=10_000.0,
+                      pad_token_id=0, bos_token_id=101, cls_token_id=101, eos_token_id=102, sep_token_id=102,
+                      attn_implementation="eager")
 
 
 def hub_config(config: dict) -> dict:
@@ -41,12 +34,7 @@ def hub_tensors(tensors: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=["transformers5", "hub"])
-def folder(request, model, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp(f"modernbert-{request.param}"))
-    if request.param == "hub":
-        return save_checkpoint(model, path, config_rewrite=hub_config, tensor_rename=hub_tensors)
-    return save_checkpoint(model, path)
+folder = both_forms("modernbert", hub_config, hub_tensors)
 
 
 def test_both_config_forms_read_as_the_same_model(folder):
@@ -65,9 +53,7 @@ def test_vectors_match_transformers_across_local_windows(model, folder, packed):
 def test_native_jax_nn_form_matches_too(model, folder, packed):
     """native's other formulation (jax.nn.dot_product_attention, its default off CPU) takes the same
     local window and bias."""
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed, options={"implementation": "jax_nn"})
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    assert_close_to_transformers(model, folder, packed=packed, options={"implementation": "jax_nn"})
 
 
 @pytest.mark.parametrize("broken", [
@@ -79,33 +65,19 @@ def test_native_jax_nn_form_matches_too(model, folder, packed):
     pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
 ])
 def test_each_feature_moves_the_output(model, folder, broken):
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, change=broken)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
+    assert_moves_output(model, folder, change=broken)
 
 
 def test_hub_options_docbeam_does_not_run_are_refused(tmp_path, model):
-    folder = save_checkpoint(model, str(tmp_path), config_rewrite=lambda c: {**hub_config(c), "norm_bias": True})
-    with pytest.raises(checkpoint.CheckpointError, match="norm_bias: True"):
-        checkpoint.open_checkpoint(folder)
-
+    assert_refused(model, str(tmp_path), lambda c: {**hub_config(c), "norm_bias": True}, "norm_bias: True")
 
 
 def test_bfloat16_stays_close_to_float32(folder):
-    ids, lengths = token_inputs(LENGTHS)
-    f32 = our_vectors(folder, ids, lengths, packed=True)
-    assert lowest_cosine(our_vectors(folder, ids, lengths, packed=True, dtype="bfloat16"), f32) >= 0.99
+    assert_bfloat16_close_to_float32(folder)
+
 
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
-    from models.checkpoint import load_tokenizer
-
     texts = {"short": "A short note.", "long": " ".join(["ModernBERT attends locally in most layers."] * 8)}
-    got = run_docbeam(folder, tmp_path, texts, batching={"buckets": [16, 32, 64, 128], "tokens_per_batch": 512,
-                                                         "packing": True})
-    tokenizer = load_tokenizer(folder)
-    for doc_id, text in texts.items():
-        ids = np.asarray([tokenizer(text)["input_ids"]], np.int32)
-        assert doc_id == "short" or ids.shape[1] > 4 * 8  # the long document spans several local windows
-        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
-        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+    tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)
+    assert tokens["long"].shape[1] > 4 * 8  # the long document spans several local windows

@@ -6,24 +6,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from family_fixtures import (MIN_COSINE, VOCAB, assert_matches_transformers, lowest_cosine, our_vectors,
-                             reference_vectors, replace, run_docbeam, save_checkpoint, token_inputs)
+from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
+                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output, both_forms,
+                             replace, tiny_model)
 from models import checkpoint
 from models.families import mpnet
-
-LENGTHS = [40, 57, 23, 64, 12, 33]
 
 
 @pytest.fixture(scope="module")
 def model():
     import torch
-    import transformers
 
-    torch.manual_seed(0)
-    config = transformers.MPNetConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=130, initializer_range=0.3, layer_norm_eps=1e-5)
-    model = transformers.MPNetModel(config, add_pooling_layer=False).eval()
+    model = tiny_model("MPNetModel", model_kwargs={"add_pooling_layer": False}, num_hidden_layers=2,
+                       intermediate_size=64, max_position_embeddings=130, layer_norm_eps=1e-5)
     with torch.no_grad():  # the bias table gets the embedding initialiser; make it move scores visibly
         model.encoder.relative_attention_bias.weight.normal_(0.0, 2.0)
     return model
@@ -38,12 +33,7 @@ def hub_tensors(tensors: dict) -> dict:
     return {f"mpnet.{name}": value for name, value in tensors.items()}
 
 
-@pytest.fixture(scope="module", params=["transformers5", "hub"])
-def folder(request, model, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp(f"mpnet-{request.param}"))
-    if request.param == "hub":
-        return save_checkpoint(model, path, config_rewrite=hub_config, tensor_rename=hub_tensors)
-    return save_checkpoint(model, path)
+folder = both_forms("mpnet", hub_config, hub_tensors)
 
 
 def test_buckets_are_transformers_buckets_at_every_offset():
@@ -66,16 +56,12 @@ def test_vectors_match_transformers(model, folder, packed):
 def test_native_jax_nn_form_matches_too(model, folder, packed):
     """native's other formulation (jax.nn.dot_product_attention, its default off CPU) takes the same
     local window and bias."""
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed, options={"implementation": "jax_nn"})
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    assert_close_to_transformers(model, folder, packed=packed, options={"implementation": "jax_nn"})
 
 
 def test_positions_counted_from_zero_move_the_output(model, folder):
-    ids, lengths = token_inputs(LENGTHS)
     from_zero = lambda c: replace(pad_token_id=-1, max_position=c.max_position + c.position_offset)(c)  # noqa: E731
-    assert lowest_cosine(our_vectors(folder, ids, lengths, change=from_zero),
-                         reference_vectors(model, ids, lengths)) < 0.999
+    assert_moves_output(model, folder, change=from_zero)
 
 
 @pytest.mark.parametrize("broken", [
@@ -84,24 +70,15 @@ def test_positions_counted_from_zero_move_the_output(model, folder):
     pytest.param(lambda bucket: (lambda offset: jnp.zeros_like(offset)), id="no-bias"),
 ])
 def test_the_relative_bias_moves_the_output(model, folder, monkeypatch, broken):
-    ids, lengths = token_inputs(LENGTHS)
     monkeypatch.setattr(mpnet, "relative_bucket", broken(mpnet.relative_bucket))
-    assert lowest_cosine(our_vectors(folder, ids, lengths), reference_vectors(model, ids, lengths)) < 0.999
-
+    assert_moves_output(model, folder)
 
 
 def test_bfloat16_stays_close_to_float32(folder):
-    ids, lengths = token_inputs(LENGTHS)
-    f32 = our_vectors(folder, ids, lengths, packed=True)
-    assert lowest_cosine(our_vectors(folder, ids, lengths, packed=True, dtype="bfloat16"), f32) >= 0.99
+    assert_bfloat16_close_to_float32(folder)
+
 
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "Sentence embeddings, relatively.", "b": " ".join(["Buckets grow logarithmically."] * 12)}
-    got = run_docbeam(folder, tmp_path, texts, batching={"buckets": [16, 32, 64, 128], "tokens_per_batch": 512,
-                                                         "packing": True})
-    tokenizer = checkpoint.load_tokenizer(folder)
-    for doc_id, text in texts.items():
-        ids = np.asarray([tokenizer(text)["input_ids"]], np.int32)
-        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
-        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+    assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)

@@ -6,23 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (MIN_COSINE, VOCAB, assert_matches_transformers, lowest_cosine, our_vectors,
-                             reference_vectors, replace, run_docbeam, save_checkpoint, token_inputs)
+from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_docbeam_run_matches, assert_matches_transformers,
+                             assert_moves_output, assert_refused, both_forms, replace, tiny_model)
 from models import checkpoint
-
-LENGTHS = [40, 57, 23, 64, 12, 33]
 
 
 @pytest.fixture(scope="module")
 def model():
-    import torch
-    import transformers
-
-    torch.manual_seed(0)
-    config = transformers.NomicBertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=48,
-        initializer_range=0.3, attn_implementation="eager")
-    return transformers.NomicBertModel(config).eval()
+    return tiny_model("NomicBertModel", num_hidden_layers=2, intermediate_size=48, attn_implementation="eager")
 
 
 HUB_KEYS = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "num_attention_heads": "n_head",
@@ -63,12 +54,7 @@ def hub_tensors(tensors: dict) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=["transformers5", "hub"])
-def folder(request, model, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp(f"nomic-{request.param}"))
-    if request.param == "hub":
-        return save_checkpoint(model, path, config_rewrite=hub_config, tensor_rename=hub_tensors)
-    return save_checkpoint(model, path)
+folder = both_forms("nomic", hub_config, hub_tensors)
 
 
 def test_both_forms_read_as_the_same_model(folder):
@@ -87,25 +73,15 @@ def test_vectors_match_transformers(model, folder, packed):
     pytest.param(replace(activation="gelu"), id="geglu-not-swiglu"),
 ])
 def test_each_feature_moves_the_output(model, folder, broken):
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, change=broken)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
+    assert_moves_output(model, folder, change=broken)
 
 
 def test_hub_options_docbeam_does_not_run_are_refused(tmp_path, model):
     half = lambda c: {**hub_config(c), "rotary_emb_fraction": 0.5}  # noqa: E731
-    folder = save_checkpoint(model, str(tmp_path), config_rewrite=half)
-    with pytest.raises(checkpoint.CheckpointError, match="rotary_emb_fraction: 0.5.*partial rotary"):
-        checkpoint.open_checkpoint(folder)
+    assert_refused(model, str(tmp_path), half, "rotary_emb_fraction: 0.5.*partial rotary")
 
 
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "search_document: a short one.", "b": " ".join(["Rotary positions with a small base."] * 12)}
-    got = run_docbeam(folder, tmp_path, texts, batching={"buckets": [16, 32, 64, 128], "tokens_per_batch": 512,
-                                                         "packing": True})
-    tokenizer = checkpoint.load_tokenizer(folder)
-    for doc_id, text in texts.items():
-        ids = np.asarray([tokenizer(text)["input_ids"]], np.int32)
-        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
-        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+    assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)

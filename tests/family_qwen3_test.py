@@ -8,18 +8,18 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
 import attention
-from family_fixtures import MIN_COSINE, lowest_cosine, pack, replace, run_docbeam
-from models import checkpoint, encoder
+from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
+                             lowest_cosine, our_vectors, reference_vectors, replace)
+from models import checkpoint
 from pipeline.driver.config import TokenizeConfig
 from pipeline.records import Document
 from pipeline.stages.tokenize import tokenize_documents
 
-LENGTHS = [40, 57, 23, 64, 12, 33]
+LAST = "lasttoken"  # how Qwen3-Embedding pools: the last valid token, the one that has seen the whole window
 WORDS = 254  # w1 … w254 are ids 1 … 254
 UNK, EOS = 0, 255
 VOCAB = 256
@@ -111,37 +111,10 @@ def token_inputs(lengths: list[int], seed: int = 0) -> tuple[np.ndarray, np.ndar
     return ids, np.asarray(lengths, np.int32)
 
 
-def reference_vectors(model, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """transformers' last hidden state at the last non-pad token of each right-padded row."""
-    import torch
-
-    mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
-    with torch.no_grad():
-        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                       attention_mask=torch.tensor(mask.astype(np.int64))).last_hidden_state.numpy()
-    return hidden[np.arange(len(lengths)), lengths - 1]
-
-
-def our_vectors(folder: str, ids, lengths, *, packed: bool = False, attend=None, pooling: str = "lasttoken",
-                change=None, implementation: str = "auto", backend_name: str = "native",
-                options: dict | None = None) -> np.ndarray:
-    """Our vectors from the checkpoint on native attention (or ``backend_name``); ``attend`` wraps it (a test
-    breaking what a layer asks of attention), ``change`` edits the config read, the weights staying the
-    checkpoint's."""
-    ck = checkpoint.open_checkpoint(folder)
-    params = checkpoint.load_params(ck.folder, ck.config)
-    backend = attention.get(backend_name)
-    options = options if options is not None else ({"implementation": implementation} if backend_name == "native"
-                                                   else {})
-    native = backend.bind(backend.parse_options(options))
-    config = change(ck.config) if change else ck.config
-    embed = jax.jit(encoder.embed_fn(config, attend(native) if attend else native, pooling))
-    if not packed:
-        return np.asarray(embed(params, ids, lengths), np.float32)
-    row_len = int(max(lengths.max(), lengths.sum() // 2 + 1))
-    p_ids, p_lengths, segments, slot_lengths, where = pack(ids, lengths, row_len)
-    out = np.asarray(embed(params, p_ids, p_lengths, segments, slot_lengths), np.float32)
-    return out.reshape(-1, out.shape[-1])[where]
+def last_token_vectors(folder: str, ids, lengths, **how) -> np.ndarray:
+    """Ours (family_fixtures.our_vectors: ``how`` picks backend, options, packing, a change), pooled as
+    Qwen3-Embedding pools."""
+    return our_vectors(folder, ids, lengths, pooling=LAST, **how)
 
 
 def test_both_forms_read_as_the_same_decoder(folder):
@@ -167,8 +140,8 @@ def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
 @pytest.mark.parametrize("packed", [False, True])
 def test_last_token_vectors_match_transformers(model, folder, packed, implementation):
     ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed, implementation=implementation)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    ours = last_token_vectors(folder, ids, lengths, packed=packed, options={"implementation": implementation})
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths, LAST)) >= MIN_COSINE
 
 
 @pytest.mark.parametrize("options", [{}, {"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 16, "key_chunk": 8,
@@ -179,16 +152,16 @@ def test_last_token_vectors_match_transformers_on_chunked(model, folder, packed,
     """chunked skips the key blocks past each query chunk's diagonal and reads each k/v head for its query heads:
     with chunks smaller than the rows, both are exercised, packed windows included."""
     ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed, backend_name="chunked", options=options)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    ours = last_token_vectors(folder, ids, lengths, packed=packed, backend="chunked", options=options)
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths, LAST)) >= MIN_COSINE
 
 
 @pytest.mark.parametrize("options", [{}, {"kernel": "tokamax_chunked"}], ids=["auto", "tokamax"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_last_token_vectors_match_transformers_on_flash(model, folder, packed, options):
     ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed, backend_name="flash", options=options)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    ours = last_token_vectors(folder, ids, lengths, packed=packed, backend="flash", options=options)
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths, LAST)) >= MIN_COSINE
 
 
 def without_causality(native):
@@ -216,22 +189,20 @@ def repeated_kv_heads(native):
     pytest.param(dict(change=replace(rope_theta=10_000.0)), id="theta-10000"),
 ])
 def test_each_feature_moves_the_output(model, folder, packed, broken):
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=packed, **broken)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) < 0.999
+    assert_moves_output(model, folder, family_pooling=LAST, inputs=token_inputs(LENGTHS), packed=packed, **broken)
 
 
 def test_bfloat16_stays_close_to_transformers(model, folder):
     ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, packed=True, change=replace(dtype="bfloat16"))
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= 0.99
+    ours = last_token_vectors(folder, ids, lengths, packed=True, change=replace(dtype="bfloat16"))
+    assert lowest_cosine(ours, reference_vectors(model, ids, lengths, LAST)) >= 0.99
 
 
 def test_repeating_kv_heads_per_query_head_changes_nothing(model, folder):
     """The grouping itself, checked the other way: native on K heads equals native on K heads repeated."""
     ids, lengths = token_inputs(LENGTHS)
-    assert lowest_cosine(our_vectors(folder, ids, lengths, attend=repeated_kv_heads),
-                         reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    assert lowest_cosine(last_token_vectors(folder, ids, lengths, attend=repeated_kv_heads),
+                         reference_vectors(model, ids, lengths, LAST)) >= MIN_COSINE
 
 
 def test_qwen2_biased_qkv_without_qk_norm_matches_transformers(tmp_path):
@@ -240,10 +211,10 @@ def test_qwen2_biased_qkv_without_qk_norm_matches_transformers(tmp_path):
     config = checkpoint.open_checkpoint(folder).config
     assert (config.qk_norm, config.qkv_bias, config.out_bias, config.head_dim) == (False, True, False, 16)
     ids, lengths = token_inputs(LENGTHS)
-    want = reference_vectors(qwen2, ids, lengths)
+    want = reference_vectors(qwen2, ids, lengths, LAST)
     for packed in (False, True):
-        assert lowest_cosine(our_vectors(folder, ids, lengths, packed=packed), want) >= MIN_COSINE
-    assert lowest_cosine(our_vectors(folder, ids, lengths, change=replace(qkv_bias=False)), want) < 0.999
+        assert lowest_cosine(last_token_vectors(folder, ids, lengths, packed=packed), want) >= MIN_COSINE
+    assert_moves_output(qwen2, folder, family_pooling=LAST, inputs=(ids, lengths), change=replace(qkv_bias=False))
 
 
 def test_sliding_window_layers_are_refused(tmp_path, model):
@@ -287,11 +258,6 @@ def test_transformers_reads_the_test_tokenizer_as_docbeam_does(tmp_path):
 def test_docbeam_run_gives_transformers_last_token_vectors(model, folder, tmp_path, packing):
     texts = {"a": "w5 w9 w200", "b": " ".join(f"w{i % WORDS + 1}" for i in range(0, 700, 7)),
              "c": "w17 " * 30}
-    got = run_docbeam(folder, tmp_path, texts, attention={"backend": "native"},
-                      batching={"buckets": [16, 32, 64, 128], "tokens_per_batch": 512, "packing": packing})
-    tokenizer = checkpoint.load_tokenizer(folder)
-    for doc_id, text in texts.items():
-        ids = np.asarray([tokenizer(text)["input_ids"]], np.int32)
-        assert ids[0, -1] == EOS
-        want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
-        assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+    tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, LAST, attention={"backend": "native"},
+                                        batching={**PACKED_BATCHING, "packing": packing})
+    assert all(ids[0, -1] == EOS for ids in tokens.values())

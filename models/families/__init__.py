@@ -1,16 +1,16 @@
-"""Model families: one file each (its config keys, its Flax module built from models/families/common.py's
-blocks, its tensor names), and here the one table that picks a family from config.json's ``model_type``.
+"""Model families: one file each (its config keys, its Flax module built from models/families/blocks.py,
+its tensor names), and here the one table that picks a family from config.json's ``model_type``.
 
-A family module exposes ``Config`` (an EncoderConfig), ``Model`` (a Flax module taking the config and an
-AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry), ``read_config(HubConfig, dtype)``
-and ``read_params(Tensors, config)``.
+A family module exposes ``Config`` (an EncoderConfig), ``Model`` (a blocks.FamilyModel: a Flax module taking
+the config and an AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry),
+``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``.
 """
 from __future__ import annotations
 
 from types import ModuleType
 
 from models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
-from models.families.common import CheckpointError
+from models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "bert": bert,

@@ -1,50 +1,18 @@
 """BERT, and RoFormer (BERT with interleaved rotary positions instead of a position table): the post-norm
-layer every other post-norm family varies. Config: EncoderConfig itself (models/families/common.py)."""
+encoder every other post-norm family varies (models/families/blocks.py's PostNormEncoder). Config:
+EncoderConfig itself (models/families/config.py)."""
 from __future__ import annotations
 
-from typing import Any, Callable
-
-import flax.linen as nn
-
-from models.families.common import (DTYPES, Embeddings, EncoderConfig, HubConfig, Mlp, Rope, SelfAttention, Tensors,
-                                    layer_norm, rows_of)
+from models.families.blocks import PostNormEncoder
+from models.families.config import EncoderConfig, HubConfig
+from models.families.tensors import Tensors
 
 Config = EncoderConfig
 PREFIXES = ("bert.", "roformer.", "model.")
 
 
-class Model(nn.Module):
-    config: EncoderConfig
-    attention: Callable[..., Any]
-
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
-        absolute = cfg.position == "absolute"
-        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
-                             position_table=cfg.max_position + cfg.position_offset if absolute else 0,
-                             position_offset=cfg.position_offset, type_vocab_size=cfg.type_vocab_size,
-                             name="embed")(ids_BxT, rows)
-        rope = None if absolute else Rope(cfg.rope_theta, cfg.rope_style)
-        for i in range(cfg.num_layers):
-            x_BxTxD = PostNormLayer(cfg, self.attention, rope, name=f"layer_{i}")(x_BxTxD, rows)
-        return x_BxTxD
-
-
-class PostNormLayer(nn.Module):
-    config: EncoderConfig
-    attention: Callable[..., Any]
-    rope: Rope | None = None
-
-    @nn.compact
-    def __call__(self, x_BxTxD, rows, bias=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, dtype, rope=self.rope, name="attn")(x_BxTxD, rows,
-                                                                                                     bias)
-        x_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD + attn_BxTxD)
-        h_BxTxD = Mlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp")(x_BxTxD)
-        return layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD + h_BxTxD)
+class Model(PostNormEncoder):
+    """Absolute positions from a table (BERT), or interleaved rotary ones (RoFormer): EncoderConfig.position."""
 
 
 def read_config(hub: HubConfig, dtype: str) -> EncoderConfig:

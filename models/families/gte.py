@@ -5,49 +5,23 @@ it in two). gte-base/large-en-v1.5, gte-multilingual-base, arctic-embed-m-v2.0."
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
 
-import flax.linen as nn
-
-from models.families.common import (DTYPES, Embeddings, EncoderConfig, GatedMlp, HubConfig, Rope, SelfAttention,
-                                    Tensors, layer_norm, rows_of)
+from models.families.blocks import PostNormEncoder
+from models.families.config import EncoderConfig, HubConfig
+from models.families.tensors import Tensors
 
 PREFIXES = ("new.", "gte.", "model.")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config(EncoderConfig):
-    rope_scale: float = 1.0  # Rope.scale: what the checkpoint's RoPE scaling does to every frequency
+    """BERT's fields suffice (rope_scale carries the checkpoint's RoPE scaling); the class names the family."""
 
 
-class Model(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
+class Model(PostNormEncoder):
+    """BERT's post-norm encoder with rotary positions (position: rope), a GLU MLP, and biases everywhere."""
 
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
-        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
-                             type_vocab_size=cfg.type_vocab_size, name="embed")(ids_BxT, rows)
-        rope = Rope(cfg.rope_theta, scale=cfg.rope_scale)
-        for i in range(cfg.num_layers):
-            x_BxTxD = Layer(cfg, self.attention, rope, name=f"layer_{i}")(x_BxTxD, rows)
-        return x_BxTxD
-
-
-class Layer(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
-    rope: Rope
-
-    @nn.compact
-    def __call__(self, x_BxTxD, rows):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, dtype, rope=self.rope, name="attn")(x_BxTxD, rows)
-        x_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD + attn_BxTxD)
-        h_BxTxD = GatedMlp(cfg.intermediate_size, cfg.activation, dtype, out_bias=True, name="mlp")(x_BxTxD)
-        return layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD + h_BxTxD)
+    gated: bool = True
 
 
 def read_config(hub: HubConfig, dtype: str) -> Config:
@@ -79,12 +53,17 @@ def read_params(t: Tensors, config: Config) -> dict:
             attn = {"qkv": t.dense(f"{p}.attention.qkv_proj"), "out": t.dense(f"{p}.attention.o_proj")}
             norms = {"attn_norm": t.norm(f"{p}.attn_ln"), "mlp_norm": t.norm(f"{p}.mlp_ln")}
             wi = t.swapped_halves(f"{p}.mlp.up_gate_proj")
+            params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": {"wi": wi, "wo": t.dense(f"{p}.mlp.down_proj")}}
         else:
-            p = f"layers.{i}"
-            attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv")),
-                    "out": t.dense(f"{p}.self_attn.o_proj")}
-            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"),
-                     "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
-            wi = t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False)
-        params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": {"wi": wi, "wo": t.dense(f"{p}.mlp.down_proj")}}
+            params[f"layer_{i}"] = transformers_layer(t, f"layers.{i}", biases=True)
     return params
+
+
+def transformers_layer(t: Tensors, p: str, biases: bool) -> dict:
+    """One layer's parameters under the names transformers 5 gives GTE's layers, which its NomicBERT port
+    shares: separate q/k/v projections, post-attention and post-MLP norms, gate_proj the activated half."""
+    return {"attn": {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=biases),
+                     "out": t.dense(f"{p}.self_attn.o_proj", bias=biases)},
+            "attn_norm": t.norm(f"{p}.post_attention_layernorm"), "mlp_norm": t.norm(f"{p}.post_mlp_layernorm"),
+            "mlp": {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
+                    "wo": t.dense(f"{p}.mlp.down_proj", bias=biases)}}

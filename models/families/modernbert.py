@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from models.families.common import (DTYPES, Embeddings, EncoderConfig, GatedMlp, HubConfig, Rope, SelfAttention,
-                                    Tensors, layer_norm, rows_of)
+from models.families.blocks import Embeddings, FamilyModel, GatedMlp, SelfAttention, layer_norm
+from models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
+from models.families.tensors import Tensors
 
 PREFIXES = ("model.",)
 
@@ -30,14 +31,11 @@ class Config(EncoderConfig):
         return tuple(dict.fromkeys(kinds))
 
 
-class Model(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
+class Model(FamilyModel):
+    """Pre-norm layers, global or local as ``global_layers`` says, and a final norm."""
 
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
+    def encode(self, ids_BxT, rows, dtype):
+        cfg = self.config
         x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype, norm_bias=False,
                              name="embed")(ids_BxT, rows)
         for i, is_global in enumerate(cfg.global_layers):

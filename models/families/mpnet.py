@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable
-
 import flax.linen as nn
 import jax.numpy as jnp
 
 from models.families import bert, roberta
-from models.families.common import DTYPES, Embeddings, HubConfig, Tensors, rows_of
+from models.families.blocks import Embeddings, FamilyModel, PostNormLayer
+from models.families.config import HubConfig
+from models.families.tensors import Tensors
 
 PREFIXES = ("mpnet.",)
 NUM_BUCKETS, MAX_DISTANCE = 32, 128  # transformers' compute_position_bias uses these, whatever the config says
@@ -53,21 +53,18 @@ def relative_bias(table_KxN):
     return bias
 
 
-class Model(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
+class Model(FamilyModel):
+    """BERT's post-norm layers, every one adding the one relative-position bias table to its scores."""
 
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
+    def encode(self, ids_BxT, rows, dtype):
+        cfg = self.config
         x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
                              position_table=cfg.max_position + cfg.position_offset,
                              position_offset=cfg.position_offset, name="embed")(ids_BxT, rows)
         table_KxN = self.param("relative_bias", nn.initializers.normal(0.02), (NUM_BUCKETS, cfg.num_heads))
         bias = relative_bias(table_KxN)
         for i in range(cfg.num_layers):
-            x_BxTxD = bert.PostNormLayer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, rows, bias)
+            x_BxTxD = PostNormLayer(cfg, self.attention, name=f"layer_{i}")(x_BxTxD, rows, bias)
         return x_BxTxD
 
 

@@ -5,13 +5,11 @@ nomic-embed-text v1 / v1.5."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
 
-import flax.linen as nn
-
-from models.families.common import (DTYPES, Embeddings, EncoderConfig, GatedMlp, HubConfig, Rope, SelfAttention,
-                                    Tensors, layer_norm, rows_of)
-
+from models.families import gte
+from models.families.blocks import PostNormEncoder
+from models.families.config import EncoderConfig, HubConfig
+from models.families.tensors import Tensors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,35 +27,11 @@ HUB_REFUSED = (  # the Hub's keys whose other values change the model: (key, wha
     ("causal", False, "causal attention"), ("parallel_block", False, "parallel attention and MLP"))
 
 
-class Model(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
+class Model(PostNormEncoder):
+    """BERT's post-norm encoder with rotary positions (position: rope), a GLU MLP, and no projection biases."""
 
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
-        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
-                             type_vocab_size=cfg.type_vocab_size, name="embed")(ids_BxT, rows)
-        rope = Rope(cfg.rope_theta)
-        for i in range(cfg.num_layers):
-            x_BxTxD = Layer(cfg, self.attention, rope, name=f"layer_{i}")(x_BxTxD, rows)
-        return x_BxTxD
-
-
-class Layer(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
-    rope: Rope
-
-    @nn.compact
-    def __call__(self, x_BxTxD, rows):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, dtype, use_bias=False, rope=self.rope,
-                                   name="attn")(x_BxTxD, rows)
-        x_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD + attn_BxTxD)
-        h_BxTxD = GatedMlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp")(x_BxTxD)
-        return layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD + h_BxTxD)
+    gated: bool = True
+    biases: bool = False
 
 
 def read_config(hub: HubConfig, dtype: str) -> Config:
@@ -89,13 +63,7 @@ def read_params(t: Tensors, config: Config) -> dict:
             norms = {"attn_norm": t.norm(f"{p}.norm1"), "mlp_norm": t.norm(f"{p}.norm2")}
             mlp = {"wi": t.dense(f"{p}.mlp.fc12", f"{p}.mlp.fc11", bias=False),
                    "wo": t.dense(f"{p}.mlp.fc2", bias=False)}
+            params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": mlp}
         else:
-            p = f"layers.{i}"
-            attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=False),
-                    "out": t.dense(f"{p}.self_attn.o_proj", bias=False)}
-            norms = {"attn_norm": t.norm(f"{p}.post_attention_layernorm"),
-                     "mlp_norm": t.norm(f"{p}.post_mlp_layernorm")}
-            mlp = {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
-                   "wo": t.dense(f"{p}.mlp.down_proj", bias=False)}
-        params[f"layer_{i}"] = {"attn": attn, **norms, "mlp": mlp}
+            params[f"layer_{i}"] = gte.transformers_layer(t, f"layers.{i}", biases=False)
     return params

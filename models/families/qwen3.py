@@ -10,8 +10,9 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from models.families.common import (ACTIVATIONS, DTYPES, EncoderConfig, GatedMlp, GroupedSelfAttention, HubConfig,
-                                    Rope, Tensors, rms_norm, rows_of)
+from models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
+from models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
+from models.families.tensors import Tensors
 
 PREFIXES = ("model.",)  # Qwen3ForCausalLM's tensors; Qwen3Model (Qwen3-Embedding) saves them bare
 
@@ -38,23 +39,20 @@ class Config(EncoderConfig):
 
         return (AttentionFeatures(causal=True),)
 
-    def __post_init__(self):  # head_dim is the config's own, so hidden_size need not divide by num_heads
+    def check_heads(self) -> None:
+        """head_dim is the config's own, so hidden_size need not divide by num_heads; the k/v heads must
+        divide the query heads, each k/v head serving a whole group."""
         if self.num_heads % self.kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.kv_heads}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
 
 
-class Model(nn.Module):
-    config: Config
-    attention: Callable[..., Any]
+class Model(FamilyModel):
+    """Token embeddings (no positions: they are rotary), pre-norm decoder layers, a final RMSNorm."""
 
-    @nn.compact
-    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        rows = rows_of(ids_BxT, lengths_B, segment_ids_BxT)
+    def encode(self, ids_BxT, rows, dtype):
+        cfg = self.config
         x_BxTxD = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=dtype, name="embed")(ids_BxT)
-        rope = Rope(cfg.rope_theta)
+        rope = cfg.rope
         for i in range(cfg.num_layers):
             x_BxTxD = Layer(cfg, self.attention, rope, name=f"layer_{i}")(x_BxTxD, rows)
         return rms_norm(cfg.layer_norm_eps, dtype, "final_norm")(x_BxTxD)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from models.families import bert
-from models.families.common import EncoderConfig, HubConfig
+from models.families.config import EncoderConfig, HubConfig
 
 PREFIXES = ("roberta.", "xlm_roberta.", "camembert.", "model.")
 Model = bert.Model

@@ -1,88 +1,21 @@
-"""What model families share: the config they all extend (EncoderConfig, BERT's fields), the Flax blocks they
-are built from (embeddings, self-attention around whatever AttentionFn the model is handed, plain and gated
-MLPs, norms, rotary positions), reading a Hub ``config.json`` in either of its forms, and mapping safetensors
-tensors onto those blocks' parameters. models/encoder.py re-exports the config and the arithmetic.
+"""The Flax blocks every family is built from: the rows of a batch as a layer sees them, rotary positions,
+norms, embeddings, self-attention around whatever AttentionFn the model is handed (bidirectional, or a
+decoder's grouped-query causal form), plain and gated MLPs, BERT's post-norm layer with the options the
+post-norm families vary, and ``FamilyModel``, the shell each family's model fills in.
 
-A family file states only how it differs: which blocks, in which order, with which options, read from which
-config keys and tensor names. No block knows a kernel, and none knows a family.
+A family file states only how it differs: which blocks, in which order, with which options. No block knows
+a kernel, and none knows a family.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from pipeline.errors import Refused
-
-
-class CheckpointError(Refused, ValueError):
-    """A checkpoint docbeam cannot run as its authors meant: refused at start (exit 2), naming the file and key."""
-
-
-# --- the config every family extends, and the arithmetic they share -------------------------------------------
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype's choices
-
-
-def gelu_erf(x):
-    """BERT's "gelu", the exact erf form. erf(±4) is ±1 in float32, so clipping its argument there changes
-    nothing, and lets XLA:CPU skip its large-argument path: 2.3-2.6x faster than jax.nn.gelu(approximate=False)
-    on a [2048, 1536] block when timed by hand (no results file), within 1e-6 of it (tests/encoder_test.py)."""
-    return 0.5 * x * (1.0 + jax.lax.erf(jnp.clip(x * 0.7071067811865476, -4.0, 4.0)))
-
-
-ACTIVATIONS = {
-    "gelu": gelu_erf,
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class EncoderConfig:
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    intermediate_size: int
-    max_position: int
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    activation: str = "gelu"
-    position: Literal["absolute", "rope"] = "absolute"
-    rope_theta: float = 10000.0
-    rope_style: Literal["half", "interleaved"] = "half"  # RoFormer rotates interleaved pairs; Llama-style halves
-    dtype: str = "float32"  # compute dtype; parameters stay float32
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def position_offset(self) -> int:
-        """The first position id a window uses: BERT counts from 0 (RoBERTa overrides it)."""
-        return 0
-
-    @property
-    def attention_features(self) -> tuple:
-        """The distinct AttentionFeatures this model's layers call attention with (what the plan asks each
-        backend's capability check about, per bucket): BERT's layers are all global, with no bias."""
-        from attention.interface import AttentionFeatures
-
-        return (AttentionFeatures(),)
-
-    def __post_init__(self):
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+from models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, Rope
 
 
 def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,
@@ -128,8 +61,6 @@ def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
     return index_T[None, :] - start_BxT
 
 
-# --- the rows of a batch, as every layer sees them ------------------------------------------------------------
-
 class Rows(NamedTuple):
     """What a layer needs about the batch besides its hidden states: valid lengths [B], segment ids [B, T]
     (packed rows; None otherwise) and each token's position inside its own window [B, T]."""
@@ -146,18 +77,6 @@ def rows_of(ids_BxT: jax.Array, lengths_B: jax.Array, segment_ids_BxT: jax.Array
     else:
         positions_BxT = segment_positions(segment_ids_BxT)
     return Rows(lengths_B, segment_ids_BxT, positions_BxT)
-
-
-# --- blocks ---------------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Rope:
-    """Rotary positions: frequency ``scale · theta^(-2i/H)`` for pair i. ``scale`` is 1 unless the checkpoint
-    stretches its context: 1/factor for linear scaling, factor^(-2/H) (with theta·factor) for fixed NTK."""
-
-    theta: float
-    style: str = "half"  # "half" (Llama, ModernBERT, GTE, Nomic) or "interleaved" (RoFormer)
-    scale: float = 1.0
 
 
 def layer_norm(eps: float, dtype, name: str, use_bias: bool = True) -> nn.LayerNorm:
@@ -249,117 +168,6 @@ class GatedMlp(nn.Module):
         return nn.Dense(x_BxTxD.shape[-1], use_bias=self.out_bias, dtype=self.dtype, name="wo")(h_BxTxF)
 
 
-# --- config.json in both forms --------------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-class HubConfig:
-    """A checkpoint's config.json, read by families that accept both the keys files on the Hub carry and
-    those transformers 5 writes: ``get`` takes the alternatives, and every refusal names file, key and value."""
-
-    def __init__(self, raw: dict, where: str):
-        self.raw, self.where = raw, where
-
-    def get(self, *keys: str, default: Any = _MISSING) -> Any:
-        for key in keys:
-            if self.raw.get(key) is not None:
-                return self.raw[key]
-        if default is _MISSING:
-            raise self.error(f"has none of {', '.join(keys)}, which this family needs")
-        return default
-
-    def error(self, message: str) -> CheckpointError:
-        return CheckpointError(f"model.path: {self.where} {message}")
-
-    def refuse_unless(self, key: str, allowed: tuple, why: str) -> None:
-        """A key whose other values change the model in a way this family does not reproduce."""
-        value = self.raw.get(key, allowed[0])
-        if value not in allowed:
-            raise self.error(f"sets {key}: {value!r}, which docbeam does not run ({why}); supported: "
-                             f"{', '.join(repr(a) for a in allowed)}")
-
-    def activation(self, *keys: str, default: str) -> str:
-        value = self.get(*keys, default=default)
-        if value not in ACTIVATIONS:
-            raise self.error(f"sets {keys[0]}: {value!r}; supported: {sorted(ACTIVATIONS)}")
-        return value
-
-    def rope(self, head_dim: int, default_theta: float, layer_type: str | None = None,
-             legacy_theta: tuple[str, ...] = ("rope_theta",)) -> Rope:
-        """Half-style rotary positions from transformers 5's ``rope_parameters`` (flat, or nested per layer
-        type) or the Hub's ``rope_theta`` / ``rope_scaling``: default, linear, or fixed NTK (GTE's ``ntk``)."""
-        params = self.raw.get("rope_parameters") or {}
-        if layer_type is not None:
-            params = params.get(layer_type) or {}
-        scaling = dict(self.raw.get("rope_scaling") or {}) if not params else {}
-        theta = float(params.get("rope_theta") or self.get(*legacy_theta, default=default_theta))
-        kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type") \
-            or "default"
-        factor = float(params.get("factor") or scaling.get("factor") or 1.0)
-        key = "rope_parameters" if params else "rope_scaling"
-        if kind == "default":
-            return Rope(theta)
-        if kind == "linear":
-            return Rope(theta, scale=1.0 / factor)
-        if kind == "ntk" and scaling.get("mixed_b") is None:
-            # The Hub's NTKScalingRotaryEmbedding (GTE): base·factor, every frequency divided by factor^(2/H).
-            return Rope(theta * factor, scale=factor ** (-2.0 / head_dim))
-        raise self.error(f"sets {key} {params or scaling}, a RoPE scaling docbeam does not reproduce; supported: "
-                         "none, linear, ntk (fixed, without mixed_b)")
-
-
-# --- safetensors → Flax parameters ----------------------------------------------------------------------------
-
-class Tensors:
-    """A checkpoint's tensors by Hugging Face name (torch [out, in] layout), with the model prefix a task head
-    adds (``roberta.``, ``model.``, …) stripped, and helpers that shape them for the blocks above."""
-
-    def __init__(self, raw: dict[str, np.ndarray], prefixes: tuple[str, ...], where: str):
-        self.where = where
-        self.tensors = {}
-        for name, value in raw.items():
-            for prefix in prefixes:
-                if name.startswith(prefix):
-                    name = name[len(prefix):]
-                    break
-            self.tensors[name] = value
-
-    def has(self, name: str) -> bool:
-        return name in self.tensors
-
-    def __call__(self, name: str) -> np.ndarray:
-        """Old checkpoints name LayerNorm parameters gamma/beta."""
-        for candidate in (name, name.replace(".weight", ".gamma"), name.replace(".bias", ".beta")):
-            if candidate in self.tensors:
-                return np.asarray(self.tensors[candidate], np.float32)
-        raise CheckpointError(f"model.path: {self.where} has no tensor {name!r}, which this model type needs "
-                              f"(first names: {sorted(self.tensors)[:5]})")
-
-    def dense(self, *prefixes: str, bias: bool = True) -> dict:
-        """One Flax Dense from one or more torch Linears side by side (fused projections)."""
-        out = {"kernel": np.concatenate([self(f"{p}.weight").T for p in prefixes], axis=1)}
-        if bias:
-            out["bias"] = np.concatenate([self(f"{p}.bias") for p in prefixes])
-        return out
-
-    def swapped_halves(self, prefix: str) -> dict:
-        """A fused, unbiased torch Linear whose output halves are [linear | activated]: GatedMlp's order is
-        the other way round."""
-        return {"kernel": np.concatenate(np.split(self(f"{prefix}.weight").T, 2, axis=-1)[::-1], axis=-1)}
-
-    def norm(self, prefix: str, bias: bool = True) -> dict:
-        out = {"scale": self(f"{prefix}.weight")}
-        if bias:
-            out["bias"] = self(f"{prefix}.bias")
-        return out
-
-    def embedding(self, name: str) -> dict:
-        return {"embedding": self(name)}
-
-
-# --- decoder blocks: RMSNorm, grouped-query causal self-attention ---------------------------------------------
-
 def rms_norm(eps: float, dtype, name: str) -> nn.RMSNorm:
     """Llama-style RMSNorm (Qwen2/3): x / sqrt(mean(x²) + eps) · scale, no centring, no bias; the statistics
     in float32 as transformers computes them."""
@@ -397,3 +205,65 @@ class GroupedSelfAttention(nn.Module):
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
                                       scale=1.0 / math.sqrt(H), causal=True, **features)
         return nn.Dense(D, use_bias=self.out_bias, dtype=self.dtype, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
+
+
+# --- what a family's model is made of -------------------------------------------------------------------------
+
+class FamilyModel(nn.Module):
+    """Every family's model, seen from outside: token ids [B, T], valid lengths [B] and (packed rows) segment ids
+    [B, T] → hidden states [B, T, D]. The rows of the batch are worked out here, once; a family writes only
+    ``encode``, its blocks in order."""
+
+    config: Any  # the family's Config (an EncoderConfig)
+    attention: Callable[..., Any]
+
+    @nn.compact
+    def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
+        return self.encode(ids_BxT, rows_of(ids_BxT, lengths_B, segment_ids_BxT), DTYPES[self.config.dtype])
+
+    def encode(self, ids_BxT, rows: Rows, dtype) -> jax.Array:
+        """Runs inside ``__call__``'s compact scope, so the blocks it builds are this module's children."""
+        raise NotImplementedError(f"{type(self).__name__} defines no encode")
+
+
+class PostNormLayer(nn.Module):
+    """BERT's layer: attention, residual, norm; MLP, residual, norm. The post-norm families differ only in
+    the options: rotary positions (RoFormer, GTE, Nomic), a GLU MLP (GTE, Nomic), no projection biases
+    (Nomic), an additive attention bias passed per call (MPNet)."""
+
+    config: EncoderConfig
+    attention: Callable[..., Any]
+    rope: Rope | None = None
+    gated: bool = False  # GatedMlp instead of Mlp
+    biases: bool = True  # on the attention projections and on a gated MLP's down projection
+
+    @nn.compact
+    def __call__(self, x_BxTxD, rows: Rows, bias: Callable | None = None):
+        cfg, dtype = self.config, DTYPES[self.config.dtype]
+        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, dtype, use_bias=self.biases, rope=self.rope,
+                                   name="attn")(x_BxTxD, rows, bias)
+        x_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD + attn_BxTxD)
+        mlp = (GatedMlp(cfg.intermediate_size, cfg.activation, dtype, out_bias=self.biases, name="mlp")
+               if self.gated else Mlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp"))
+        return layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD + mlp(x_BxTxD))
+
+
+class PostNormEncoder(FamilyModel):
+    """BERT's encoder, which RoFormer, RoBERTa, GTE and NomicBERT run too: embeddings (a position table for
+    absolute positions, none for rotary ones), then ``num_layers`` PostNormLayers with this model's options."""
+
+    gated: bool = False
+    biases: bool = True
+
+    def encode(self, ids_BxT, rows: Rows, dtype) -> jax.Array:
+        cfg = self.config
+        absolute = cfg.position == "absolute"
+        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
+                             position_table=cfg.max_position + cfg.position_offset if absolute else 0,
+                             position_offset=cfg.position_offset, type_vocab_size=cfg.type_vocab_size,
+                             name="embed")(ids_BxT, rows)
+        rope = None if absolute else cfg.rope
+        for i in range(cfg.num_layers):
+            x_BxTxD = PostNormLayer(cfg, self.attention, rope, self.gated, self.biases, name=f"layer_{i}")(x_BxTxD,
+                                                                                                         rows)
+        return x_BxTxD

@@ -1,0 +1,72 @@
+"""How large ``chunked``'s steps are (attention/chunked.py): its options, and, where they are left unset, the
+sizes for the platform the layer runs on. A size measured on one platform applies only there: XLA compiles
+the same loop differently for CPU, GPU and TPU, so a CPU sweep says nothing about the others. Each table
+names where its values come from.
+"""
+from __future__ import annotations
+
+import pydantic
+
+Row = tuple[int, int, int, int]  # (longest sequence, query_chunk, key_chunk, heads_per_step)
+
+# CPU, measured: the fastest row per length of `python benchmarks/chunk_sweep.py` (its times, peak memory,
+# runner-up pairs and the machine's load are in benchmarks/results/chunk_sweep.json, whose "chosen" entry is
+# this table). The first row whose length covers the sequence applies, else the last. heads_per_step > 0
+# works around XLA:CPU's batched matmul, slow with many small (head_dim 32) batch entries.
+TUNED_CHUNKS: tuple[Row, ...] = ((512, 512, 256, 1), (2048, 512, 256, 2), (8192, 1024, 1024, 1))
+
+# GPU and TPU, not measured in this repository: the chunks tokamax 0.0.12 fixes for its own XLA chunked
+# kernel (``_XLA_CHUNK_SIZE = (512, 1024)`` in tokamax/_src/ops/attention/api.py), and all heads in one
+# batched matmul (heads_per_step 0), as tokamax runs them; any length. Replace with a sweep on the platform.
+ACCELERATOR_CHUNKS: tuple[Row, ...] = ((1 << 31, 512, 1024, 0),)
+
+PLATFORM_CHUNKS: dict[str, tuple[Row, ...]] = {"cpu": TUNED_CHUNKS, "gpu": ACCELERATOR_CHUNKS,
+                                               "tpu": ACCELERATOR_CHUNKS}
+
+# Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
+# can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
+# all heads per matmul, on every platform: scanning only the reachable keys is what makes a local layer
+# cost T * window instead of T². The sizes were chosen by hand on CPU (ModernBERT's ±64 window, 8,192 tokens,
+# no results file): 32 to 128 rows and 0, 1 or 4 heads per step were within the noise of each other,
+# 256 rows clearly slower.
+LOCAL_QUERY_CHUNK = 64
+LOCAL_HEADS_PER_STEP = 0
+LOCAL_MAX_KEY_CHUNK = 2048
+
+
+class ChunkedOptions(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+    # Query rows and key columns per step of the online softmax; unset: the platform's table
+    # (PLATFORM_CHUNKS). Lower them to lower peak memory.
+    query_chunk: pydantic.PositiveInt | None = None
+    key_chunk: pydantic.PositiveInt | None = None
+    # 0: all heads in one batched matmul. A positive value runs that many heads per matmul, one group
+    # after another in a loop: XLA:CPU's batched matmul is slow with many small (head_dim 32) batch
+    # entries. Unset: the platform's table (PLATFORM_CHUNKS).
+    heads_per_step: pydantic.NonNegativeInt | None = None
+    # A causal global layer stops each query chunk at its diagonal. false: scan and mask every key block, the
+    # baseline benchmarks/long_context_decoder.py measures the skipping against.
+    skip_causal_blocks: bool = True
+
+
+def chunk_sizes(options: ChunkedOptions, seq_len: int, platform: str) -> tuple[int, int, int]:
+    """(query_chunk, key_chunk, heads_per_step) for a sequence on ``platform``: the options' where set, else
+    the platform's row for its length (a platform without a table gets the accelerators' default)."""
+    table = PLATFORM_CHUNKS.get(platform, ACCELERATOR_CHUNKS)
+    _, query_chunk, key_chunk, heads_per_step = next((row for row in table if seq_len <= row[0]), table[-1])
+    return (options.query_chunk or query_chunk, options.key_chunk or key_chunk,
+            heads_per_step if options.heads_per_step is None else options.heads_per_step)
+
+
+def layer_chunk_sizes(options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None,
+                      platform: str) -> tuple[int, int, int]:
+    """``chunk_sizes`` for a global layer; for a local one the LOCAL_* sizes and one key chunk spanning a
+    query chunk's window (capped at LOCAL_MAX_KEY_CHUNK), unless the options set them."""
+    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len, platform)
+    if local_window is None:
+        return query_chunk, key_chunk, heads_per_step
+    query_chunk = options.query_chunk or LOCAL_QUERY_CHUNK
+    span = query_chunk + sum(local_window)
+    key_chunk = options.key_chunk or (span if span <= LOCAL_MAX_KEY_CHUNK else key_chunk)
+    return query_chunk, key_chunk, LOCAL_HEADS_PER_STEP if options.heads_per_step is None else options.heads_per_step

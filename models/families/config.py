@@ -1,0 +1,156 @@
+"""What every family's config is made of: EncoderConfig (BERT's fields, which each family extends), the
+activations and dtypes a config may name, Rope (rotary positions as a checkpoint sets them), and HubConfig,
+which reads a Hub ``config.json`` in either of its forms and refuses, naming file, key and value, what a
+family does not reproduce. models/families/blocks.py builds the layers; models/families/tensors.py maps
+the weights; models/encoder.py re-exports the config and the arithmetic.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from pipeline.errors import Refused
+
+
+class CheckpointError(Refused, ValueError):
+    """A checkpoint docbeam cannot run as its authors meant: refused at start (exit 2), naming the file and key."""
+
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype's choices
+
+
+def gelu_erf(x):
+    """BERT's "gelu", the exact erf form. erf(±4) is ±1 in float32, so clipping its argument there changes
+    nothing, and lets XLA:CPU skip its large-argument path: 2.3-2.6x faster than jax.nn.gelu(approximate=False)
+    on a [2048, 1536] block when timed by hand (no results file), within 1e-6 of it (tests/encoder_test.py)."""
+    return 0.5 * x * (1.0 + jax.lax.erf(jnp.clip(x * 0.7071067811865476, -4.0, 4.0)))
+
+
+ACTIVATIONS = {
+    "gelu": gelu_erf,
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rope:
+    """Rotary positions: frequency ``scale · theta^(-2i/H)`` for pair i. ``scale`` is 1 unless the checkpoint
+    stretches its context: 1/factor for linear scaling, factor^(-2/H) (with theta·factor) for fixed NTK."""
+
+    theta: float
+    style: str = "half"  # "half" (Llama, ModernBERT, GTE, Nomic) or "interleaved" (RoFormer)
+    scale: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position: int
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    activation: str = "gelu"
+    position: Literal["absolute", "rope"] = "absolute"
+    rope_theta: float = 10000.0
+    rope_style: Literal["half", "interleaved"] = "half"  # RoFormer rotates interleaved pairs; Llama-style halves
+    rope_scale: float = 1.0  # Rope.scale: what the checkpoint's RoPE scaling does to every frequency (GTE's NTK)
+    dtype: str = "float32"  # compute dtype; parameters stay float32
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def rope(self) -> Rope:
+        """The rotary positions a rope-position model's layers use (one rule for every family that has one)."""
+        return Rope(self.rope_theta, self.rope_style, self.rope_scale)
+
+    @property
+    def position_offset(self) -> int:
+        """The first position id a window uses: BERT counts from 0 (RoBERTa overrides it)."""
+        return 0
+
+    @property
+    def attention_features(self) -> tuple:
+        """The distinct AttentionFeatures this model's layers call attention with (what the plan asks each
+        backend's capability check about, per bucket): BERT's layers are all global, with no bias."""
+        from attention.interface import AttentionFeatures
+
+        return (AttentionFeatures(),)
+
+    def __post_init__(self):
+        self.check_heads()
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+
+    def check_heads(self) -> None:
+        """BERT's heads split hidden_size evenly (a decoder with its own head_dim overrides this)."""
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+
+
+_MISSING = object()
+
+
+class HubConfig:
+    """A checkpoint's config.json, read by families that accept both the keys files on the Hub carry and
+    those transformers 5 writes: ``get`` takes the alternatives, and every refusal names file, key and value."""
+
+    def __init__(self, raw: dict, where: str):
+        self.raw, self.where = raw, where
+
+    def get(self, *keys: str, default: Any = _MISSING) -> Any:
+        for key in keys:
+            if self.raw.get(key) is not None:
+                return self.raw[key]
+        if default is _MISSING:
+            raise self.error(f"has none of {', '.join(keys)}, which this family needs")
+        return default
+
+    def error(self, message: str) -> CheckpointError:
+        return CheckpointError(f"model.path: {self.where} {message}")
+
+    def refuse_unless(self, key: str, allowed: tuple, why: str) -> None:
+        """A key whose other values change the model in a way this family does not reproduce."""
+        value = self.raw.get(key, allowed[0])
+        if value not in allowed:
+            raise self.error(f"sets {key}: {value!r}, which docbeam does not run ({why}); supported: "
+                             f"{', '.join(repr(a) for a in allowed)}")
+
+    def activation(self, *keys: str, default: str) -> str:
+        value = self.get(*keys, default=default)
+        if value not in ACTIVATIONS:
+            raise self.error(f"sets {keys[0]}: {value!r}; supported: {sorted(ACTIVATIONS)}")
+        return value
+
+    def rope(self, head_dim: int, default_theta: float, layer_type: str | None = None,
+             legacy_theta: tuple[str, ...] = ("rope_theta",)) -> Rope:
+        """Half-style rotary positions from transformers 5's ``rope_parameters`` (flat, or nested per layer
+        type) or the Hub's ``rope_theta`` / ``rope_scaling``: default, linear, or fixed NTK (GTE's ``ntk``)."""
+        params = self.raw.get("rope_parameters") or {}
+        if layer_type is not None:
+            params = params.get(layer_type) or {}
+        scaling = dict(self.raw.get("rope_scaling") or {}) if not params else {}
+        theta = float(params.get("rope_theta") or self.get(*legacy_theta, default=default_theta))
+        kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type") \
+            or "default"
+        factor = float(params.get("factor") or scaling.get("factor") or 1.0)
+        key = "rope_parameters" if params else "rope_scaling"
+        if kind == "default":
+            return Rope(theta)
+        if kind == "linear":
+            return Rope(theta, scale=1.0 / factor)
+        if kind == "ntk" and scaling.get("mixed_b") is None:
+            # The Hub's NTKScalingRotaryEmbedding (GTE): base·factor, every frequency divided by factor^(2/H).
+            return Rope(theta * factor, scale=factor ** (-2.0 / head_dim))
+        raise self.error(f"sets {key} {params or scaling}, a RoPE scaling docbeam does not reproduce; supported: "
+                         "none, linear, ntk (fixed, without mixed_b)")

@@ -1,0 +1,100 @@
+"""Which keys of sentence-transformers' files docbeam honours, finds harmless, or refuses (models/st_settings.py
+reads the honoured ones into ModelSettings).
+
+Every key sentence-transformers 6.2.0 reads or writes in these files is classified below as honoured (docbeam
+reproduces it), harmless (it does not change the vectors of documents) or refused; a refused value, and any key
+not listed, is a CheckpointError naming the file and key, so a setting is never silently ignored:
+
+- ``config_sentence_transformers.json``: honoured ``prompts``, ``default_prompt_name``, ``model_type``
+  (``SentenceTransformer`` only); harmless ``__version__``, ``similarity_fn_name`` (how vectors are compared,
+  not made), ``requirements`` (sentence-transformers' own environment check); honoured ``truncate_dim`` (the
+  default of ``model.truncate_dim``: Matryoshka vectors cut to their first N dimensions).
+- ``modules.json``: entries ``idx``, ``name``, ``path``, ``type`` (sentence-transformers' Transformer, Pooling,
+  any number of Dense, Normalize, in that order); ``kwargs`` (encode arguments routed to a module) refused unless
+  empty.
+- a Dense module's ``config.json``: honoured ``in_features``, ``out_features``, ``bias``,
+  ``activation_function`` (``torch.nn.modules.linear.Identity`` or ``torch.nn.modules.activation.Tanh``);
+  refused unless at their defaults ``module_input_name`` / ``module_output_name`` (sentence_embedding),
+  ``use_residual`` (false). Its weights are read from its folder's model.safetensors (never a pickle).
+- the Pooling module's ``config.json``: honoured ``pooling_mode`` (or the ``pooling_mode_*`` flags before v5),
+  ``include_prompt`` (false is refused when a prompt applies: docbeam pools the prompt's tokens like any other);
+  ``embedding_dimension`` / ``word_embedding_dimension`` checked against the model's hidden size.
+- ``sentence_bert_config.json`` (the Transformer module): honoured ``max_seq_length``; harmless ``unpad_inputs``
+  (a speed setting); refused unless at their defaults ``do_lower_case`` (false), ``transformer_task``
+  (feature-extraction), ``modality_config`` (text through forward's last_hidden_state), ``module_output_name``
+  (token_embeddings), ``processing_kwargs`` (empty), ``query_length``, ``document_length``,
+  ``query_expansion`` (null); ``model_args``, ``tokenizer_args``, ``config_args`` (before v5; and v5's
+  ``model_kwargs``, ``processor_kwargs``, ``config_kwargs``) harmless when they hold at most
+  ``trust_remote_code`` (docbeam runs its own code for each family, never the repository's), else refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from models.families.config import CheckpointError
+
+ST_CONFIG = "config_sentence_transformers.json"
+MODULES = "modules.json"
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers before v5, and the mode each means
+    "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken"}
+_ANY = object()  # a harmless key: any value
+# file → key → the only value docbeam reproduces (_ANY: any value is harmless); keys docbeam reads itself
+# (prompts, pooling_mode, max_seq_length, ...) are checked where they are read and listed in HONOURED.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    ST_CONFIG: {"__version__": _ANY, "similarity_fn_name": _ANY, "requirements": _ANY},
+    MODULES: {"kwargs": []},
+    "Pooling": {},
+    "Dense": {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding",
+              "use_residual": False},
+    TRANSFORMER_CONFIG: {
+        "unpad_inputs": _ANY, "do_lower_case": False, "transformer_task": "feature-extraction",
+        "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
+        "module_output_name": "token_embeddings", "processing_kwargs": {}, "query_length": None,
+        "document_length": None, "query_expansion": None},
+}
+# from_pretrained arguments a Transformer module may carry, and the ones that do not change the vectors.
+LOADING_KWARGS = ("model_args", "tokenizer_args", "config_args", "model_kwargs", "processor_kwargs", "config_kwargs")
+HARMLESS_LOADING_KWARGS = {"trust_remote_code"}
+HONOURED = {
+    ST_CONFIG: ("prompts", "default_prompt_name", "model_type", "truncate_dim"),
+    MODULES: ("idx", "name", "path", "type"),
+    "Pooling": ("pooling_mode", *POOLING_FLAGS, "include_prompt", "embedding_dimension", "word_embedding_dimension"),
+    TRANSFORMER_CONFIG: ("max_seq_length",),
+    "Dense": ("in_features", "out_features", "bias", "activation_function"),
+}
+WHY_REFUSED = {
+    "kwargs": "docbeam passes no arguments to modules",
+    "do_lower_case": "docbeam does not lowercase text", "processing_kwargs": "docbeam tokenizes with the "
+    "tokenizer's own settings", "transformer_task": "docbeam runs the encoder's hidden states",
+    **{key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
+       for key in LOADING_KWARGS},
+}
+
+
+def read_json(folder: str, name: str) -> Any:
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_keys(folder: str, name: str, kind: str, values: dict) -> None:
+    """Every key of ``values`` (file ``name``) is honoured, harmless, or at the one value docbeam reproduces."""
+    defaults, honoured = DEFAULTS[kind], HONOURED[kind]
+    for key, value in values.items():
+        if key in honoured or defaults.get(key, None) is _ANY:
+            continue
+        if key in LOADING_KWARGS and isinstance(value, dict) and set(value) <= HARMLESS_LOADING_KWARGS:
+            continue
+        if key in defaults and value == defaults[key]:
+            continue
+        why = WHY_REFUSED.get(key, "docbeam does not reproduce it, so its embeddings would not be this model's")
+        allowed = f" (docbeam reproduces only {json.dumps(defaults[key])})" if key in defaults else ""
+        raise CheckpointError(f"model.path: {folder}/{name} sets {key}: {json.dumps(value)}, which docbeam does not "
+                              f"honour{allowed}: {why}; use a checkpoint without that setting")
