@@ -52,15 +52,13 @@ def to_run_args(argv: list[str]) -> list[str]:
 
 
 def refuse_placeholders(launch: Launch) -> None:
-    """Raises ConfigError naming each profile placeholder the launch left in place (see pipeline/tools/validate.py)."""
+    """Raises ConfigError naming each profile placeholder the launch left in place (pipeline/driver/placeholders.py)."""
     from pipeline.driver import config as config_lib
+    from pipeline.driver import placeholders
     from pipeline.store import output
-    from pipeline.tools import validate
 
-    cfg = config_lib.load(launch.config, list(launch.sets))
-    cfg = config_lib.expand_placeholders(cfg, output.new_run_id(), output.run_date())
-    validate.refuse_placeholders(cfg.runner.name,
-                                 validate.launch_values(cfg, validate.beam_options_of(cfg, launch.beam_args)))
+    cfg = placeholders.expand(config_lib.load(launch.config, list(launch.sets)), output.new_run_id(), output.run_date())
+    placeholders.refuse(cfg, placeholders.beam_options_of(cfg, launch.beam_args))
 
 
 def profile_path(config: str) -> str:
@@ -73,13 +71,13 @@ def profile_path(config: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.driver import cli
-    from pipeline.driver.config import ConfigError
+    from pipeline.errors import Refused
 
     launch = parse(sys.argv[1:] if argv is None else argv)
     try:
         refuse_placeholders(launch)
-    except ConfigError as e:
-        print(f"docbeam: config error: {e}", file=sys.stderr)
+    except Refused as e:
+        print(f"docbeam: cannot start: {e} ({type(e).__name__}; nothing was touched)", file=sys.stderr)
         return 2
     return cli.main(launch.run_args())
 
