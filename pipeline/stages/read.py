@@ -18,11 +18,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from pipeline.driver.config import InputConfig
-from pipeline.records import Document, Rejected, writable
+from pipeline.records import REJECTED_TAG, Document, Rejected, writable
 from pipeline.stages.parse import file_records
+from pipeline.store import storage
 from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
-
-REJECTED_TAG = "rejected"
 
 
 def match_local(pattern: str) -> list[str]:
@@ -42,7 +41,7 @@ def match_local(pattern: str) -> list[str]:
 
 def match_paths(pattern: str) -> list[str]:
     """Every path ``pattern`` matches, each to become records (none is opened here)."""
-    if FileSystems.get_scheme(pattern) is None:
+    if not storage.is_remote(pattern):
         paths = match_local(pattern)
     else:  # object stores: every object is a regular file; "folder/" placeholders are not inputs
         paths = [m.path for m in FileSystems.match([pattern])[0].metadata_list if not m.path.endswith("/")]
@@ -53,7 +52,7 @@ def match_paths(pattern: str) -> list[str]:
 
 def same_file_key(path: str) -> str:
     """One key per file however a pattern spelled it (``in/a.jsonl``, ``./in/a.jsonl``), so it is read once."""
-    return os.path.abspath(path) if FileSystems.get_scheme(path) is None else path
+    return path if storage.is_remote(path) else os.path.abspath(path)
 
 
 def named_path(path: str) -> tuple[str, str]:
@@ -76,7 +75,7 @@ _SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a soc
 def unopenable(path: str) -> tuple[str, str] | None:
     """(kind, reason) for a local path that must not be opened (a FIFO would block the reader forever, a device
     never ends); None for a regular file or any gs:// object."""
-    if FileSystems.get_scheme(path) is not None:
+    if storage.is_remote(path):
         return None
     try:
         mode = os.stat(path).st_mode
