@@ -67,7 +67,7 @@ class OutputConfig(_Section):
     @classmethod
     def _one_plain_folder(cls, path):
         # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
-        # outside the folder to its clean-up (pipeline/output.inside compares plain prefixes).
+        # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
         from pipeline.store.output import normalize_folder
 
         return normalize_folder(one_folder(path).strip())

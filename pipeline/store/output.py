@@ -36,7 +36,7 @@ PROFILES = "profiles"
 MANIFEST_FORMAT = "docbeam.manifest/1"
 INTENT_FORMAT = "docbeam.intent/1"
 STAGING_FORMAT = "docbeam.staging/1"
-TEMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{32}$")  # pipeline/storage.temp_name: a write a kill interrupted
+TEMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{32}$")  # pipeline/store/storage.temp_name: a write a kill interrupted
 log = logging.getLogger(__name__)
 
 

@@ -6,8 +6,8 @@ Everything is read and written through Beam's ``FileSystems``, so OUTPUT may be 
 gs:// prefix. Charts are inline PNGs and the page has no scripts or external assets, so it can be attached
 to a CI run, mailed, or opened straight from a bucket.
 
-This module is the command; pipeline/tools/report_data.py loads and analyses a run, pipeline/tools/report_charts.py
-draws it and pipeline/tools/report_html.py lays out the page.
+This module is the command; pipeline/tools/report_load.py loads a run, pipeline/tools/report_data.py analyses it,
+pipeline/tools/report_charts.py draws it and pipeline/tools/report_html.py lays out the page.
 """
 from __future__ import annotations
 
