@@ -66,7 +66,8 @@ def profile_path(config: str) -> str:
     /opt/docbeam/configs), since the launcher's working folder is not ours to choose."""
     if os.path.isabs(config) or os.path.exists(config):
         return config
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), config)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above pipeline/driver/
+    return os.path.join(repo, config)
 
 
 def main(argv: list[str] | None = None) -> int:
