@@ -7,6 +7,7 @@ name; only code can disagree with the rule).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 import numpy as np
@@ -21,6 +22,7 @@ MAX_MODULE_LINES = 300
 MAX_CLASS_LINES = 120
 
 
+@functools.lru_cache(maxsize=1)
 def pipeline_modules() -> dict[str, ast.Module]:
     found = {}
     for folder, _, names in sorted(os.walk(os.path.join(REPO, "pipeline"))):
