@@ -18,6 +18,7 @@ import re
 import secrets
 
 from pipeline.store import storage, versioned
+from pipeline.store.paths import GCS_PREFIX
 from pipeline.errors import Refused
 
 STAGING = "_staging"
@@ -84,7 +85,7 @@ def normalize_folder(path: str) -> str:
     if storage.is_gcs(path):
         bucket, name = storage.split_gcs(path)
         name = posixpath.normpath("/" + name).lstrip("/") if name else ""
-        return f"gs://{bucket}/{name}".rstrip("/") if name else f"gs://{bucket}"
+        return f"{GCS_PREFIX}{bucket}/{name}".rstrip("/") if name else f"{GCS_PREFIX}{bucket}"
     normal = posixpath.normpath(path)
     return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
