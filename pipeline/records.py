@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
@@ -12,6 +14,9 @@ class Document:
     text: str
     source: str
     line: int | None  # 1-based line in a JSONL file; None for a whole-file text document
+
+
+REJECTED_TAG = "rejected"  # the tagged output every stage sends its Rejected records to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,29 @@ class TokenWindow:
         return len(self.token_ids)
 
 
+class WindowRef(NamedTuple):
+    """What a batch keeps of each window it holds, by name: the token ids are in the batch's arrays, and
+    these fields travel on to the window's vector. A tuple, so it pickles small and compares plainly."""
+
+    doc_id: str
+    index: int
+    num_windows: int
+    doc_tokens: int
+    truncated: bool
+
+    @classmethod
+    def of(cls, window: TokenWindow) -> "WindowRef":
+        return cls(window.doc_id, window.index, window.num_windows, window.doc_tokens, window.truncated)
+
+
+def batch_id(bucket_len: int, windows: Iterable[WindowRef | TokenWindow], packed: bool) -> str:
+    """``b<bucket>-<digest>`` (``p`` when packed) of the windows in (doc_id, index) order: the same windows
+    always get the same id, whatever order they arrived in, so a retried bundle's batch keeps its id."""
+    names = sorted((w.doc_id, w.index) for w in windows)
+    digest = hashlib.sha1("|".join(f"{doc_id}#{index}" for doc_id, index in names).encode()).hexdigest()[:12]
+    return f"{'p' if packed else 'b'}{bucket_len}-{digest}"
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Batch:
     """A padded block of windows of one bucket length: the unit the encoder compiles and times.
@@ -62,9 +90,13 @@ class Batch:
     bucket_len: int
     ids_BxT: np.ndarray  # int32 [rows, bucket_len]; padding rows and columns are 0
     lengths_B: np.ndarray  # int32 [rows]: tokens used per row; 0 marks a padding row
-    windows: tuple  # (doc_id, index, num_windows, doc_tokens, truncated) per window
+    windows: tuple[WindowRef, ...]  # one per window, in the order the encoder's outputs are read
     segment_ids_BxT: np.ndarray | None = None  # int32 [rows, bucket_len]; packed batches only
     slot_lengths_BxK: np.ndarray | None = None  # int32 [rows, max windows per row]; packed batches only
+
+    def __post_init__(self):
+        # Whatever built the batch, its windows are read by name from here on (a plain tuple is accepted).
+        object.__setattr__(self, "windows", tuple(WindowRef(*w) for w in self.windows))
 
     @property
     def packed(self) -> bool:

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from pipeline.driver import config
+from pipeline.driver import config, placeholders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("dataflow_cpu", "dataflow_tpu", "dataflow_tpu_v6e", "dataflow_gpu")
@@ -139,7 +139,7 @@ def test_accelerator_profiles_use_bfloat16_flash_with_native_fallback_and_the_pa
 def test_placeholders_in_paths_are_filled_once_per_run():
     cfg = config.parse({"input": {"path": "gs://b/corpus/{run_date}/*.jsonl"},
                         "output": {"path": "gs://b/runs/{run_date}/{run_id}"}}, base_dir="/base")
-    filled = config.expand_placeholders(cfg, "20261130T114500Z-3f9a1c", "2026-11-30")
+    filled = placeholders.expand(cfg, "20261130T114500Z-3f9a1c", "2026-11-30")
     assert filled.input.path == "gs://b/corpus/2026-11-30/*.jsonl"
     assert filled.output.path == "gs://b/runs/2026-11-30/20261130T114500Z-3f9a1c"
 
@@ -148,7 +148,7 @@ def test_a_daily_job_reuses_yesterdays_output_through_previous_run_date():
     cfg = config.parse({"input": {"path": "gs://b/corpus/{run_date}/*.jsonl",
                                   "reuse_from": "gs://b/runs/{previous_run_date}"},
                         "output": {"path": "gs://b/runs/{run_date}"}}, base_dir="/base")
-    filled = config.expand_placeholders(cfg, "20260301T020000Z-3f9a1c", "2026-03-01")
+    filled = placeholders.expand(cfg, "20260301T020000Z-3f9a1c", "2026-03-01")
     assert filled.input.reuse_from == "gs://b/runs/2026-02-28" and filled.output.path == "gs://b/runs/2026-03-01"
 
 

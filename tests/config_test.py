@@ -12,7 +12,7 @@ from attention.chunked import ChunkedOptions
 from attention.flash import FlashOptions
 from attention.interface import AttentionCase, Backend
 from attention.plan import bind_choice, choose_backends
-from pipeline.driver import config
+from pipeline.driver import config, config_files
 from pipeline.driver.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,7 +150,7 @@ def test_workers_choose_and_bind_backends_without_parsing_options_again(monkeypa
 
 
 def test_overrides_replace_values_parsed_as_yaml():
-    raw = config.apply_overrides(MINIMAL, ["attention.backend=chunked", "batching.buckets=[64,128]",
+    raw = config_files.apply_overrides(MINIMAL, ["attention.backend=chunked", "batching.buckets=[64,128]",
                                            "batching.shards=3", "attention.verify=true"])
     cfg = config.parse(raw, base_dir="/base")
     assert cfg.attention.backend == "chunked"
@@ -160,12 +160,12 @@ def test_overrides_replace_values_parsed_as_yaml():
 
 
 def test_overrides_do_not_change_the_raw_tree_they_are_given():
-    config.apply_overrides(MINIMAL, ["input.path=other.jsonl"])
+    config_files.apply_overrides(MINIMAL, ["input.path=other.jsonl"])
     assert MINIMAL["input"]["path"] == "docs.jsonl"
 
 
 def test_an_override_of_an_unknown_key_fails_like_the_yaml_would():
-    raw = config.apply_overrides(MINIMAL, ["batching.bukets=[64]"])
+    raw = config_files.apply_overrides(MINIMAL, ["batching.bukets=[64]"])
     with pytest.raises(config.ConfigError, match=r"batching\.bukets: unknown key"):
         config.parse(raw, base_dir="/base")
 
@@ -177,7 +177,7 @@ def test_an_override_of_an_unknown_key_fails_like_the_yaml_would():
 ])
 def test_a_malformed_override_is_a_config_error(override, expected):
     with pytest.raises(config.ConfigError, match=expected) as e:
-        config.apply_overrides(MINIMAL, [override])
+        config_files.apply_overrides(MINIMAL, [override])
     assert repr(override) in str(e.value)
 
 
@@ -265,9 +265,9 @@ def test_a_false_boolean_beam_option_reaches_beam_as_false():
 
 def test_set_keeps_globs_and_dates_as_the_strings_typed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    raw = config.apply_overrides({}, ["input.path=*.jsonl", "output.path=runs/2026-11-29", "runner.options={}"])
+    raw = config_files.apply_overrides({}, ["input.path=*.jsonl", "output.path=runs/2026-11-29", "runner.options={}"])
     assert raw["input"]["path"] == f"{tmp_path}/*.jsonl" and raw["output"]["path"] == f"{tmp_path}/runs/2026-11-29"
-    assert config.apply_overrides({}, ["output.path=2026-11-29"])["output"]["path"] == f"{tmp_path}/2026-11-29"
+    assert config_files.apply_overrides({}, ["output.path=2026-11-29"])["output"]["path"] == f"{tmp_path}/2026-11-29"
 
 
 def test_set_paths_are_relative_to_the_current_folder_and_the_files_paths_to_the_file(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ import pytest
 from gcs_emulator import gcs_emulator
 from pipeline.driver import cli, config
 from pipeline.store import output
-from pipeline.tools import validate
+from pipeline.driver import placeholders
 from pipeline.driver.config import ConfigError
 from pipeline.driver.dry_run import dry_run
 
@@ -100,7 +100,7 @@ def test_every_value_the_profiles_mark_as_placeholder_is_one_the_check_knows():
     marked = [m.group(1) for name in EXPECTED for m in re.finditer(r":\s*(\S+)\s*#\s*placeholder",
                                                                    open(profile(name)).read())]
     assert len(marked) >= 8, marked
-    assert all(any(p in value for p in validate.PLACEHOLDERS) for value in marked), marked
+    assert all(any(p in value for p in placeholders.PROFILE_PLACEHOLDERS) for value in marked), marked
 
 
 def test_the_command_prints_the_submitted_options_and_resolved_paths_and_exits_0(emulator, capsys):

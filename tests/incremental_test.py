@@ -14,7 +14,7 @@ import pytest
 from conftest import SAMPLE, job_config, write_tiny_checkpoint
 from pipeline.driver.config import ConfigError
 from pipeline.records import Document
-from pipeline.stages.reuse import content_hash, key_differences, reusable_row
+from pipeline.stages.reuse import KEY_FIELDS, check_key, content_hash, key_differences, reusable_row
 from pipeline.driver.run import run_job
 
 
@@ -167,6 +167,17 @@ def test_key_differences_name_each_field_with_both_values():
     assert key_differences({**key, "stride": 16}, key) == ["stride: 16 then, 32 now"]
 
 
+def test_the_plans_reuse_key_holds_exactly_the_fields_reuse_compares(tiny_checkpoint_dir, tmp_path):
+    """KEY_FIELDS is the one list of what must match: a field the plan adds there only would never be compared."""
+    from pipeline.driver.plan import make_plan
+
+    plan = make_plan(job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir), probe_backends=False)
+    assert tuple(plan.reuse_key) == KEY_FIELDS
+    assert check_key(plan.reuse_key) is plan.reuse_key
+    with pytest.raises(ValueError, match=r"fields \['attention'\] are not in .*KEY_FIELDS and \['stride'\] are missing"):
+        check_key({**{k: v for k, v in plan.reuse_key.items() if k != "stride"}, "attention": "flash"})
+
+
 @pytest.mark.slow
 def test_a_daily_job_can_reuse_the_folder_it_replaces(corpora, tiny_checkpoint_dir, tmp_path):
     a_path, b_path, changed, new, b_ids = corpora
@@ -182,8 +193,7 @@ def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_
     from pipeline.stages.reuse import decide
 
     (tmp_path / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # cut mid-write
-    key = {name: "x" for name in ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents",
-                                  "pooling", "normalize", "dtype")}
+    key = {name: "x" for name in KEY_FIELDS}
     decision = decide(str(tmp_path), key, "encode_all")
     assert decision.source is None and "its manifest cannot be read" in decision.reason
     with pytest.raises(ConfigError, match="cannot be reused: its manifest cannot be read"):
@@ -208,8 +218,7 @@ def committed_run(out: str, key: dict, rows: bytes) -> str:
 def test_a_previous_file_damaged_at_its_size_is_not_reused_and_fail_mode_refuses_it(tmp_path, where):
     from pipeline.stages.reuse import decide
 
-    key = {name: "x" for name in ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents",
-                                  "pooling", "normalize", "dtype")}
+    key = {name: "x" for name in KEY_FIELDS}
     rows = b"PAR1" + bytes(range(256)) * 4 + b"footer" + b"PAR1"
     path = committed_run(str(tmp_path / "previous"), key, rows)
     assert decide(str(tmp_path / "previous"), key, "encode_all").source is not None  # sound: reused

@@ -11,11 +11,11 @@ import uuid
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline.store import lock, storage
+from pipeline.store import lock, output, storage
 
 
 def lock_path(out) -> str:
-    return storage.join(str(out), lock.LOCK_NAME)
+    return storage.join(str(out), output.LOCK)
 
 
 def test_a_second_run_is_refused_naming_the_live_owner(tmp_path):

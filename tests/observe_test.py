@@ -51,7 +51,8 @@ def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
 
 
 def test_summary_and_report_name_a_fallback_the_same_way():
-    from pipeline.tools.report_data import Run, batch_columns, fallbacks
+    from pipeline.tools.report_data import fallbacks
+    from pipeline.tools.report_load import Run, batch_columns
     from pipeline.stages.write import timing_stats
 
     record = {"batch_id": "b16-x", "bucket_len": 16, "rows": 4, "real_rows": 1, "real_tokens": 10,

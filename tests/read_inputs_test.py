@@ -325,7 +325,7 @@ def test_gs_reads_are_retried_by_beams_gcs_reader_resuming_where_they_broke():
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from pipeline.stages.read import file_records
+    from pipeline.stages.parse import file_records
 
     ids = [f"g{i}" for i in range(20_000)]
     data = gzip.compress(jsonl(*ids))

@@ -16,7 +16,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from pipeline.tools import report, report_charts, report_data
+from pipeline.tools import report, report_charts, report_data, report_load
 from report_fixtures import RECOMPILE_AT, write_empty_run, write_run
 
 CHARTS = {"batch latency by bucket and backend", "throughput over the run", "padding efficiency per bucket",
@@ -99,7 +99,7 @@ def test_report_has_the_tables(slow_report):
 
 
 def test_pure_functions_on_the_loaded_run(runs):
-    run = report_data.load_run(runs["baseline"])
+    run = report_load.load_run(runs["baseline"])
     batches = run.batches
     assert len(batches["compute_ms"]) == 300 and np.all(np.diff(batches["t_s"]) >= 0) and batches["t_s"][0] == 0
     again = report_data.recompilations(batches)
@@ -122,19 +122,19 @@ def test_compare_flags_a_30_percent_slowdown_and_more_rejects(runs, slow_report)
 
 
 def test_compare_does_not_flag_a_2_percent_drift(runs):
-    drift, baseline = report_data.load_run(runs["drift"]), report_data.load_run(runs["baseline"])
+    drift, baseline = report_load.load_run(runs["drift"]), report_load.load_run(runs["baseline"])
     assert report_data.compare(drift, baseline) == []
     assert report_data.compare(drift, baseline, threshold=0.0)
 
 
 def test_compare_flags_more_fallbacks(runs):
-    regressions = report_data.compare(report_data.load_run(runs["fallbacks"]), report_data.load_run(runs["baseline"]))
+    regressions = report_data.compare(report_load.load_run(runs["fallbacks"]), report_load.load_run(runs["baseline"]))
     assert [r.what for r in regressions] == ["fallbacks"]
     assert "flash->chunked" in regressions[0].detail
 
 
 def test_compare_rejects_a_percentage_threshold(runs):
-    run = report_data.load_run(runs["baseline"])
+    run = report_load.load_run(runs["baseline"])
     with pytest.raises(ValueError, match="got 10"):
         report_data.compare(run, run, threshold=10)
 
@@ -153,7 +153,7 @@ def test_missing_errors_dir_and_sparse_summary(tmp_path):
 
 
 def test_a_directory_that_is_not_a_run_is_named_in_the_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path))):
+    with pytest.raises(report_load.RunUnreadable, match=re.escape(str(tmp_path))):
         report.report(str(tmp_path))
 
 
@@ -284,7 +284,7 @@ def test_padding_chart_labels_fit(count):
     for as many buckets as a config has, a bar of 5% and one of 1,234 batches."""
     lengths = [48, 64, 80, 96, 128, 160, 192, 224, 256, 320, 384, 512][:count]
     efficiency = {k: 0.05 if k == 64 else 0.5 + 0.04 * i for i, k in enumerate(lengths)}
-    run = report_data.Run("r", {}, report_data.batch_columns(_records(efficiency)), [])
+    run = report_load.Run("r", {}, report_load.batch_columns(_records(efficiency)), [])
     fig = report_charts.padding_chart(run)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()
@@ -302,7 +302,7 @@ def test_padding_chart_labels_fit(count):
 
 def test_latency_chart_tick_labels_do_not_collide_with_many_buckets():
     efficiency = {k: 0.8 for k in (48, 64, 80, 96, 128, 160, 192, 224, 256)}
-    run = report_data.Run("r", {}, report_data.batch_columns(_records(efficiency, ("native", "chunked"))), [])
+    run = report_load.Run("r", {}, report_load.batch_columns(_records(efficiency, ("native", "chunked"))), [])
     fig = report_charts.latency_chart(run)
     fig.canvas.draw()
     ticks = [t.get_window_extent() for t in fig.axes[0].get_xticklabels() if t.get_text()]
@@ -327,12 +327,12 @@ def committed_among_others(tmp_path):
 
 
 def test_a_manifest_limits_the_run_to_its_own_files_and_without_one_every_shard_is_read(committed_among_others):
-    run = report_data.load_run(str(committed_among_others))
+    run = report_load.load_run(str(committed_among_others))
     assert run.batch_count == 300 and len(run.errors) == 6
-    assert report_data.run_files(str(committed_among_others), "timing") == [
+    assert report_load.run_files(str(committed_among_others), "timing") == [
         str(committed_among_others / "timing" / f"part-r2-0000{i}-of-00002.jsonl") for i in (0, 1)]
     (committed_among_others / "_manifest.json").unlink()  # a run from before manifests: read by glob
-    run = report_data.load_run(str(committed_among_others))
+    run = report_load.load_run(str(committed_among_others))
     assert run.batch_count == 600 and len(run.errors) == 15
 
 
@@ -342,13 +342,14 @@ def test_a_manifest_naming_a_missing_file_or_an_unknown_format_cannot_be_read(co
     assert "part-r2-00000-of-00001.jsonl is listed in" in capsys.readouterr().err
     (committed_among_others / "_manifest.json").write_text(json.dumps({"format": "docbeam.manifest/9"}))
     with pytest.raises(ValueError, match="docbeam.manifest/9"):
-        report_data.load_run(str(committed_among_others))
+        report_load.load_run(str(committed_among_others))
 
 
-def test_the_data_module_does_not_import_the_rendering_modules():
-    source = pathlib.Path(report_data.__file__).read_text()
-    assert "report_html" not in re.sub(r'""".*?"""', "", source, flags=re.S)
-    assert "matplotlib" not in re.sub(r'""".*?"""', "", source, flags=re.S)
+def test_the_data_modules_do_not_import_the_rendering_modules():
+    for module in (report_data, report_load):
+        source = re.sub(r'""".*?"""', "", pathlib.Path(module.__file__).read_text(), flags=re.S)
+        assert "report_html" not in source and "report_charts" not in source, module.__name__
+        assert "matplotlib" not in source, module.__name__
     assert "from pipeline.tools.report import" not in pathlib.Path(report_charts.__file__).read_text()
 
 
@@ -388,7 +389,7 @@ def test_report_of_a_real_run_shows_what_the_run_did(real_run):
     cards = dict(re.findall(r"<div class=card>([^<]+)<b>([^<]*)</b></div>", text))
     assert (cards["documents embedded"], cards["rejected"]) == (str(summary["docs_embedded"]), "2")
     assert cards["batches"] == str(summary["batches"]) and cards["fallback batches"] == str(summary["batches"])
-    run = report_data.load_run(output)
+    run = report_load.load_run(output)
     assert run.batch_count == summary["batches"] and report_data.rejected_by_kind(run) == {
         "empty_text": 1, "malformed_json": 1}
     stats = report_data.bucket_stats(run.batches)

@@ -36,7 +36,7 @@ class CompileCache:
 
     def __init__(self, location: str):
         self.location = location.rstrip("/")
-        self.remote = storage.is_gcs(self.location)
+        self.remote = storage.is_remote(self.location)
         self.local: str | None = None  # None: not reachable, this process compiles without a cache
         self._pushed: set[str] = set()
         try:

@@ -11,11 +11,10 @@ import os
 from typing import Any, Literal
 
 import pydantic
-import yaml
 
 from attention import registry as attention_registry
-from pipeline.driver import config_files
-from pipeline.driver.config_files import PATH_KEYS, ConfigError, resolve_path  # noqa: F401  (config.ConfigError for callers)
+from pipeline.driver import config_files, placeholders
+from pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 
 class _Section(pydantic.BaseModel):
@@ -45,23 +44,15 @@ class InputConfig(_Section):
 
 
 GLOB_CHARACTERS = "*?[]{}"
-# Expanded once per run on the driver (expand_placeholders), so daily runs land side by side.
-PLACEHOLDERS = ("{run_date}", "{previous_run_date}", "{run_id}")
-
-
-def _without_placeholders(path: str) -> str:
-    for placeholder in PLACEHOLDERS:
-        path = path.replace(placeholder, "")
-    return path
 
 
 def one_folder(path: str) -> str:
     """An output-like path names exactly one place: no globs, no lists, not the home or a bucket's root."""
-    bad = sorted({c for c in _without_placeholders(path) if c in GLOB_CHARACTERS + ","})
+    bad = sorted({c for c in placeholders.without_path_placeholders(path) if c in GLOB_CHARACTERS + ","})
     if bad:
         raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
                          "a run replaces what is there, so it names exactly one place (placeholders: "
-                         f"{', '.join(PLACEHOLDERS)})")
+                         f"{', '.join(placeholders.PATH_PLACEHOLDERS)})")
     if path.strip().rstrip("/") in ("", "~", "gs:"):
         raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
     return path
@@ -76,7 +67,7 @@ class OutputConfig(_Section):
     @classmethod
     def _one_plain_folder(cls, path):
         # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
-        # outside the folder to its clean-up (pipeline/output.inside compares plain prefixes).
+        # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
         from pipeline.store.output import normalize_folder
 
         return normalize_folder(one_folder(path).strip())
@@ -165,7 +156,7 @@ class AttentionConfig(_Section):
             try:
                 parsed[name] = attention_registry.get(name).parse_options(section)
             except pydantic.ValidationError as e:
-                raise ValueError(_readable(e, prefix=f"attention.{name}")) from None
+                raise ValueError(readable(e, prefix=f"attention.{name}")) from None
         rest = {k: v for k, v in raw.items() if k not in sections}
         return {**rest, "backend_options": parsed}
 
@@ -272,65 +263,13 @@ class JobConfig(_Section):
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _readable(error: pydantic.ValidationError, prefix: str = "") -> str:
-    lines = []
-    for e in error.errors():
-        key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        message = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            message = "unknown key"
-        if e["type"] == "value_error" and message.startswith(f"{key}."):
-            lines.append(message)  # a check on the whole section that names the key itself
-            continue
-        lines.append(f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing"
-                     else f"{key}: required, but missing")
-    return "; ".join(lines)
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    """``--set a.b=value`` on the raw YAML tree; the value is parsed as YAML (so 2, true, [1,2] work), and
-    a relative path is made absolute against the current folder."""
-    raw = json.loads(json.dumps(raw))
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. --set attention.backend=flash")
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
-            node = child
-        # A path is a string whatever YAML would make of it (`~` is not null, `2026-11-30` not a date), and a
-        # relative one is relative to the folder the command runs in, as a shell user expects (the file's own
-        # paths stay relative to the file).
-        if tuple(key.split(".")) in PATH_KEYS:
-            node[leaf] = config_files.resolve_paths({parents[0]: {leaf: value}}, os.getcwd())[parents[0]][leaf]
-        else:
-            node[leaf] = _parse_value(item, value)
-    return raw
-
-
-def _parse_value(item: str, value: str):
-    """YAML scalars and lists (2, true, [64, 128], null); anything YAML would turn into another type
-    (a date, say) or cannot parse (a glob like *.jsonl) stays the string that was typed."""
-    try:
-        parsed = yaml.safe_load(value)
-    except yaml.YAMLError:
-        return value
-    if parsed is None and value.strip() not in ("null", "~", ""):
-        return value
-    return parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value
-
-
 def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: expected a mapping of sections (input, output, model, ...), got {raw!r}")
     try:
         config = JobConfig.model_validate(raw)
     except pydantic.ValidationError as e:
-        raise ConfigError(f"{source}: {_readable(e)}") from None
+        raise ConfigError(f"{source}: {readable(e)}") from None
     reuse_from = config.input.reuse_from and resolve_path(config.input.reuse_from, base_dir).rstrip("/")
     cache = config.runner.compilation_cache
     resolved = {
@@ -346,23 +285,5 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
 
 def load(path: str, overrides: list[str] = ()) -> JobConfig:
     """``path`` merged over the files it ``extends``, then ``--set`` overrides, validated once."""
-    raw = apply_overrides(config_files.load_layers(path, JobConfig), list(overrides))
+    raw = config_files.apply_overrides(config_files.load_layers(path, JobConfig), list(overrides))
     return parse(raw, base_dir=os.path.dirname(os.path.abspath(path)), source=path)
-
-
-def expand_placeholders(cfg: JobConfig, run_id: str, run_date: str) -> JobConfig:
-    """``{run_date}`` (UTC, YYYY-MM-DD), ``{previous_run_date}`` (the day before: where yesterday's run of a
-    daily schedule wrote, for ``input.reuse_from``) and ``{run_id}`` in input, output and reuse paths, filled
-    once per run."""
-    import datetime
-
-    previous = (datetime.date.fromisoformat(run_date) - datetime.timedelta(days=1)).isoformat()
-
-    def fill(path: str | None) -> str | None:
-        if path is None:
-            return None
-        return path.replace("{run_date}", run_date).replace("{previous_run_date}", previous).replace("{run_id}", run_id)
-
-    inputs = cfg.input.model_copy(update={"path": fill(cfg.input.path), "reuse_from": fill(cfg.input.reuse_from)})
-    return cfg.model_copy(update={"input": inputs,
-                                  "output": cfg.output.model_copy(update={"path": fill(cfg.output.path)})})

@@ -9,11 +9,14 @@ section replaced by a scalar or the reverse.
 """
 from __future__ import annotations
 
+import json
 import os
 
+import pydantic
 import yaml
 
 from pipeline.errors import Refused
+from pipeline.store.paths import is_remote
 
 EXTENDS = "extends"
 PATH_KEYS = (("input", "path"), ("input", "reuse_from"), ("output", "path"), ("model", "path"),
@@ -29,7 +32,7 @@ class ConfigError(Refused, ValueError):
 
 def resolve_path(path: str, base_dir: str) -> str:
     """Relative paths are relative to the config file's folder, so a config works from any cwd."""
-    if "://" in path or path.startswith("pkg:") or os.path.isabs(path):
+    if is_remote(path) or path.startswith("pkg:") or os.path.isabs(path):
         return path
     return os.path.normpath(os.path.join(base_dir, os.path.expanduser(path)))
 
@@ -130,3 +133,57 @@ def resolve_paths(raw: dict, base_dir: str) -> dict:
             parts = [p.strip() for p in value.split(",")] if (section, key) == ("input", "path") else [value]
             out[section] = {**values, key: ",".join(resolve_path(p, base_dir) if p else p for p in parts)}
     return out
+
+
+def readable(error: pydantic.ValidationError, prefix: str = "") -> str:
+    """pydantic's errors as one line each naming the key, what is wrong and the value given, since its own
+    text names the model's internals."""
+    lines = []
+    for e in error.errors():
+        key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
+        message = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            message = "unknown key"
+        if e["type"] == "value_error" and message.startswith(f"{key}."):
+            lines.append(message)  # a check on the whole section that names the key itself
+            continue
+        lines.append(f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing"
+                     else f"{key}: required, but missing")
+    return "; ".join(lines)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """``--set a.b=value`` on the raw YAML tree; the value is parsed as YAML (so 2, true, [1,2] work), and
+    a relative path is made absolute against the current folder."""
+    raw = json.loads(json.dumps(raw))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {item!r}: expected key.path=value, e.g. --set attention.backend=flash")
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is {child!r}, not a section")
+            node = child
+        # A path is a string whatever YAML would make of it (`~` is not null, `2026-11-30` not a date), and a
+        # relative one is relative to the folder the command runs in, as a shell user expects (the file's own
+        # paths stay relative to the file).
+        if tuple(key.split(".")) in PATH_KEYS:
+            node[leaf] = resolve_paths({parents[0]: {leaf: value}}, os.getcwd())[parents[0]][leaf]
+        else:
+            node[leaf] = _parse_value(item, value)
+    return raw
+
+
+def _parse_value(item: str, value: str):
+    """YAML scalars and lists (2, true, [64, 128], null); anything YAML would turn into another type
+    (a date, say) or cannot parse (a glob like *.jsonl) stays the string that was typed."""
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        return value
+    if parsed is None and value.strip() not in ("null", "~", ""):
+        return value
+    return parsed if isinstance(parsed, (str, int, float, bool, list, dict, type(None))) else value

@@ -15,14 +15,12 @@ import time
 
 import apache_beam as beam
 
-from pipeline.driver import config as config_lib
+from pipeline.driver import placeholders
 from pipeline.store import output as output_lib
 from pipeline.store import storage
-from pipeline.tools import validate
 from pipeline.driver.config import ConfigError, JobConfig
 from pipeline.store.lock import Fence
 
-DATAFLOW = "DataflowRunner"
 # Options a reader checks before a submission, by Beam's names, in this order.
 SHOWN_OPTIONS = ("project", "region", "job_name", "temp_location", "staging_location", "sdk_container_image",
                  "machine_type", "dataflow_service_options", "experiments", "num_workers", "max_num_workers",
@@ -67,17 +65,16 @@ def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
     from pipeline.driver.plan import make_plan
     from pipeline.driver.run import build
 
-    if cfg.runner.name != DATAFLOW:
+    if cfg.runner.name != placeholders.DATAFLOW:
         raise ConfigError(f"--dry-run builds a Dataflow job, but runner.name is {cfg.runner.name!r}; use a "
                           "Dataflow profile (e.g. --config configs/dataflow_tpu.yaml) or --set "
                           "runner.name=DataflowRunner")
     run_id = output_lib.new_run_id()
-    cfg = config_lib.expand_placeholders(cfg, run_id, output_lib.run_date())
+    cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg, for_output=False, for_input=False)
     options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args) + ["--dry_run=True"])
     # Before building: the values as the user gave them (the runner appends the job's name to the locations).
-    validate.refuse_placeholders(cfg.runner.name, validate.launch_values(
-        cfg, options.get_all_options(retain_unknown_options=True)))
+    placeholders.refuse(cfg, options.get_all_options(retain_unknown_options=True))
     try:
         p = beam.Pipeline(options=options)  # Beam validates the options here (project id, locations, ...)
         # A fence that is never proven: a dry run takes no lock, and its commit step is only pickled, never run.

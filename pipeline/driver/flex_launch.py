@@ -52,15 +52,13 @@ def to_run_args(argv: list[str]) -> list[str]:
 
 
 def refuse_placeholders(launch: Launch) -> None:
-    """Raises ConfigError naming each profile placeholder the launch left in place (see pipeline/tools/validate.py)."""
+    """Raises ConfigError naming each profile placeholder the launch left in place (pipeline/driver/placeholders.py)."""
     from pipeline.driver import config as config_lib
+    from pipeline.driver import placeholders
     from pipeline.store import output
-    from pipeline.tools import validate
 
-    cfg = config_lib.load(launch.config, list(launch.sets))
-    cfg = config_lib.expand_placeholders(cfg, output.new_run_id(), output.run_date())
-    validate.refuse_placeholders(cfg.runner.name,
-                                 validate.launch_values(cfg, validate.beam_options_of(cfg, launch.beam_args)))
+    cfg = placeholders.expand(config_lib.load(launch.config, list(launch.sets)), output.new_run_id(), output.run_date())
+    placeholders.refuse(cfg, placeholders.beam_options_of(cfg, launch.beam_args))
 
 
 def profile_path(config: str) -> str:
@@ -68,19 +66,19 @@ def profile_path(config: str) -> str:
     /opt/docbeam/configs), since the launcher's working folder is not ours to choose."""
     if os.path.isabs(config) or os.path.exists(config):
         return config
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # pipeline/driver/..
-    return os.path.join(package_root, config)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # above pipeline/driver/
+    return os.path.join(repo, config)
 
 
 def main(argv: list[str] | None = None) -> int:
     from pipeline.driver import cli
-    from pipeline.driver.config import ConfigError
+    from pipeline.errors import Refused
 
     launch = parse(sys.argv[1:] if argv is None else argv)
     try:
         refuse_placeholders(launch)
-    except ConfigError as e:
-        print(f"docbeam: config error: {e}", file=sys.stderr)
+    except Refused as e:
+        print(f"docbeam: cannot start: {e} ({type(e).__name__}; nothing was touched)", file=sys.stderr)
         return 2
     return cli.main(launch.run_args())
 

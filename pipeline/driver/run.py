@@ -20,11 +20,10 @@ from pipeline.store import transaction
 from pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from pipeline.stages.batch import BucketBatches
 from pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
-from pipeline.tools.validate import beam_options_of, launch_values, refuse_placeholders
-from pipeline.driver.config import expand_placeholders
+from pipeline.driver import placeholders
 from pipeline.stages.encode import Encode, EncoderSpec, runtime_for, stop_compiling
 from pipeline.errors import JobFailed, Refused, refused_at_start
-from pipeline.store.lock import LOCK_NAME, Fence, OutputLock
+from pipeline.store.lock import Fence, OutputLock
 from pipeline.telemetry.observe import METRICS_NAMESPACE
 from pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from pipeline.stages.read import ReadDocuments
@@ -39,7 +38,8 @@ def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
     cfg = plan.config
     return EncoderSpec(
         model_path=plan.model_path, dtype=cfg.model.dtype, pooling=plan.pooling, attention=plan.attention,
-        choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=cfg.profile.batches, profile_dir=f"{staging}/profiles/{run_id}",
+        choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=cfg.profile.batches,
+        profile_dir=output_lib.profiles_dir(staging, run_id),
         progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
         compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())),
         tokens_per_batch=cfg.batching.tokens_per_batch, packing=plan.packing)
@@ -157,13 +157,13 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     marks["process"] = process_started or marks["run_job"]
     keep_every_compilation()
     run_id = output_lib.new_run_id()
-    cfg = expand_placeholders(cfg, run_id, output_lib.run_date())
+    cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
-    refuse_placeholders(cfg.runner.name, launch_values(cfg, beam_options_of(cfg, extra_beam_args)))
+    placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
     plan = make_plan(cfg)
     marks["plan"] = time.time()
     out = cfg.output.path
-    with refused_at_start(f"output.path {out}: taking its lock {LOCK_NAME}"):
+    with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
         lock = OutputLock.acquire(out, run_id, force=force)
     handed_over = False
     loading = None
@@ -245,7 +245,7 @@ def timing_records(output: str, manifest: dict) -> list[dict]:
     """The committed run's timing records, from the files its manifest lists."""
     records = []
     for f in manifest["files"]:
-        if f["path"].startswith("timing/"):
+        if output_lib.in_folder(f["path"], output_lib.TIMING):
             text = storage.read_bytes(storage.join(output, f["path"])).decode("utf-8")
             records += [json.loads(line) for line in text.splitlines() if line.strip()]
     return records

@@ -113,7 +113,7 @@ def every_shard(written: list[str]) -> list[str]:
 def profile_files(output: str, run_id: str) -> list[str]:
     """The profiler's traces (written by the encoder, not by a sink): the files under this run's own
     ``profiles/<run_id>/`` staging folder."""
-    return sorted(storage.list_files(f"{output_lib.staging_dir(output, run_id)}/profiles/{run_id}"))
+    return sorted(storage.list_files(output_lib.profiles_dir(output_lib.staging_dir(output, run_id), run_id)))
 
 
 class _Commit(beam.DoFn):

@@ -1,11 +1,9 @@
 """Incremental runs: carry a previous run's vectors over for documents whose text did not change.
 
 A previous output is a source only when its manifest is complete, every embeddings file has the size and
-checksum the manifest lists (sha256 locally, the object's CRC32C on gs://), and its reuse key (weights,
-tokenizer, window, stride, long-document mode, pooling, normalisation, dtype, prompt, and a Hub id's commit)
-equals this run's; the attention
-backend is not part of the key, since every backend is held to native's result. Then each document is
-joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
+checksum the manifest lists (sha256 locally, the object's CRC32C on gs://), and its reuse key (KEY_FIELDS:
+the one list of what must match) equals this run's; the attention backend is not part of the key, since
+every backend is held to native's result. Then each document is joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
 hash carries the previous vector over byte for byte, anything else is encoded.
 """
 from __future__ import annotations
@@ -59,6 +57,16 @@ class ReuseDecision:
                 "run_id": self.source.run_id if self.source else None, "reason": self.reason}
 
 
+def check_key(key: dict) -> dict:
+    """``key`` when it holds exactly KEY_FIELDS; raises naming the odd fields otherwise, since a field the
+    plan adds but KEY_FIELDS lacks would never be compared, and a change to it would reuse stale vectors."""
+    extra, missing = sorted(set(key) - set(KEY_FIELDS)), sorted(set(KEY_FIELDS) - set(key))
+    if extra or missing:
+        raise ValueError(f"reuse key fields {extra} are not in pipeline/stages/reuse.py KEY_FIELDS and {missing} "
+                         "are missing from the key: add each field to KEY_FIELDS and to the plan's key together")
+    return key
+
+
 def key_differences(previous: dict, current: dict) -> list[str]:
     """A field a key does not hold is None: what a run before that field existed used (no prompt, no Hub id)."""
     return [f"{name}: {previous.get(name)!r} then, {current.get(name)!r} now" for name in KEY_FIELDS
@@ -68,12 +76,13 @@ def key_differences(previous: dict, current: dict) -> list[str]:
 def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision:
     """Whether ``reuse_from`` can be reused, checked on the driver before the job starts. With
     ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2)."""
+    check_key(key)
     if not reuse_from:
         return ReuseDecision(None, "")
     manifest, reason = _read_reusable(reuse_from, key)
     if reason is None:
         files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
-                      if f["path"].startswith("embeddings/"))
+                      if output_lib.in_folder(f["path"], output_lib.EMBEDDINGS))
         log.info("reusing vectors of run %s from %s", manifest["run_id"], reuse_from)
         return ReuseDecision(ReuseSource(reuse_from, manifest["run_id"], files), "")
     if on_mismatch == "fail":
@@ -102,7 +111,7 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"
     sizes = storage.list_files(reuse_from)
     for f in manifest["files"]:
-        if not f["path"].startswith("embeddings/"):
+        if not output_lib.in_folder(f["path"], output_lib.EMBEDDINGS):
             continue
         path = storage.join(reuse_from, f["path"])
         if sizes.get(path) != f["size"]:

@@ -25,9 +25,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.driver.config import TokenizeConfig
 from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
-from pipeline.records import Document, Rejected, TokenWindow, writable
-
-REJECTED_TAG = "rejected"
+from pipeline.records import REJECTED_TAG, Document, Rejected, TokenWindow, writable
 
 
 def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:

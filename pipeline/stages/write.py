@@ -15,8 +15,9 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from pipeline.telemetry import memory_trend
-from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock, fallback_key
-from pipeline.records import Rejected, WindowEmbedding
+from pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
+from pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
+from pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
 
 EMBEDDINGS_SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -26,9 +27,6 @@ EMBEDDINGS_SCHEMA = pa.schema([
     ("truncated", pa.bool_()),
     ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
 ])
-
-
-REJECTED_TAG = "rejected"
 
 
 def pool_windows(windows: list[WindowEmbedding], normalize: bool,
@@ -179,18 +177,18 @@ class WriteOutputs(beam.PTransform):
             return {"docs_embedded": 1, "doc_tokens": row["num_tokens"]}
 
         def rejected_json(r):
-            rejected_counter.setdefault(r.kind, Metrics.counter(METRICS_NAMESPACE, f"docs_rejected[{r.kind}]")).inc()
+            name = metric_name(DOCS_REJECTED, r.kind)
+            rejected_counter.setdefault(r.kind, Metrics.counter(METRICS_NAMESPACE, name)).inc()
             return json.dumps(r.to_json(), ensure_ascii=False)
 
-        part = f"part-{self._run_id}"
         written = (
             embeddings | "WriteEmbeddings" >> WriteToParquet(
-                f"{self._out}/embeddings/{part}", EMBEDDINGS_SCHEMA, file_name_suffix=".parquet",
+                part_prefix(self._out, EMBEDDINGS, self._run_id), EMBEDDINGS_SCHEMA, file_name_suffix=".parquet",
                 num_shards=self._shards),
             timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
-                f"{self._out}/timing/{part}", file_name_suffix=".jsonl", num_shards=self._shards),
+                part_prefix(self._out, TIMING, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards),
             rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(
-                f"{self._out}/errors/{part}", file_name_suffix=".jsonl", num_shards=self._shards))
+                part_prefix(self._out, ERRORS, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards))
         stats = (
             (docs_read | "ReadStats" >> beam.Map(lambda n: {"docs_read": n}),
              embeddings | "EmbeddedStats" >> beam.Map(embedded_stats),

@@ -3,7 +3,7 @@
 A second run into an output that a live run is writing is refused at start, naming that run. A lock is
 stale, and taken over with a warning, when its owner is provably gone (same host, process not alive) or
 its heartbeat is older than ``STALE_AFTER_S``; ``--force`` takes over any lock. Every change of the lock is
-a conditional write (pipeline/storage.write_if) from the version just read, so of any number of runs
+a conditional write (pipeline/store/versioned.write_if) from the version just read, so of any number of runs
 racing for it exactly one wins. The lock names its holder by run id and token (the token grows by one at
 each takeover): the ``Fence`` the commit carries proves, before each step, that the lock still names it.
 """
@@ -22,10 +22,10 @@ from typing import Callable
 
 import psutil
 
-from pipeline.store import storage
+from pipeline.store import storage, versioned
+from pipeline.store.output import LOCK
 from pipeline.errors import Refused
 
-LOCK_NAME = "_lock.json"
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0  # ten missed heartbeats and more: the owner is gone (README "Runs and commits")
 RUNNING, COMMITTED = "running", "committed"
@@ -101,7 +101,7 @@ def parse_owner(data: bytes | None, path: str) -> Owner | None:
 
 
 def read_owner(path: str) -> Owner | None:
-    return parse_owner(storage.read_versioned(path)[0], path)
+    return parse_owner(versioned.read_versioned(path)[0], path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +117,7 @@ class Fence:
 
     @property
     def path(self) -> str:
-        return storage.join(self.output, LOCK_NAME)
+        return storage.join(self.output, LOCK)
 
     def check(self) -> Owner:
         """Raise LockLost unless the lock names this run and token."""
@@ -143,7 +143,7 @@ class Fence:
             if (new := self._write(change(current), version)) is not None:
                 return new
         for _ in range(8):  # our own heartbeat may have written in between: read again
-            data, version = storage.read_versioned(self.path)
+            data, version = versioned.read_versioned(self.path)
             current = parse_owner(data, self.path)
             self._raise_unless_mine(current)
             if (new := self._write(change(current), version)) is not None:
@@ -152,17 +152,17 @@ class Fence:
 
     def _write(self, owner: Owner, version: object) -> Owner | None:
         new = dataclasses.replace(owner, heartbeat=time.time())
-        written, new_version = storage.write_versioned(self.path, new.to_bytes(), version)
+        written, new_version = versioned.write_versioned(self.path, new.to_bytes(), version)
         self._last[:] = [(new, new_version)] if written and new_version is not None else []
         return new if written else None
 
     def release(self) -> bool:
         """Delete the lock if it still names this run; True when it did."""
-        data, version = storage.read_versioned(self.path)
+        data, version = versioned.read_versioned(self.path)
         current = parse_owner(data, self.path)
         if current is None or (current.run_id, current.token) != (self.run_id, self.token):
             return False
-        return storage.delete_if(self.path, version)
+        return versioned.delete_if(self.path, version)
 
     @contextlib.contextmanager
     def failing_as_lost(self):
@@ -211,10 +211,10 @@ class OutputLock:
     def acquire(cls, output: str, run_id: str, *, force: bool = False, owner: Owner | None = None,
                 heartbeat: bool = True) -> "OutputLock":
         """``owner``: who takes the lock (default: this process; a test names a dead process's run)."""
-        path = storage.join(output, LOCK_NAME)
+        path = storage.join(output, LOCK)
         me = owner or Owner.me(run_id)
         for _ in range(3):  # a lock released or taken between our read and our write: look again
-            data, version = storage.read_versioned(path)
+            data, version = versioned.read_versioned(path)
             current = parse_owner(data, path)
             mine = dataclasses.replace(me, token=1)
             dead = False
@@ -228,7 +228,7 @@ class OutputLock:
                     current.host == me.host and not _alive(current.pid, current.process_started)))
                 pending = current.run_id if current.state == COMMITTED else current.pending
                 mine = dataclasses.replace(me, token=current.token + 1, pending=pending)
-            if storage.write_if(path, mine.to_bytes(), version):
+            if versioned.write_if(path, mine.to_bytes(), version):
                 if current is not None:
                     log.warning("taking over the output lock of %s: %s", current.who(), stale or "--force")
                 lock = cls(output, mine, current, dead)

@@ -17,7 +17,8 @@ import posixpath
 import re
 import secrets
 
-from pipeline.store import storage
+from pipeline.store import storage, versioned
+from pipeline.store.paths import GCS_PREFIX
 from pipeline.errors import Refused
 
 STAGING = "_staging"
@@ -27,10 +28,16 @@ SUMMARY = "summary.json"
 INTENT = "_commit.json"
 MARKER = "_run.json"
 LOCK = "_lock.json"
+# The folders of a committed run, each of part files named part-<run_id>-…; a run's JAX profiles are staged
+# under _staging/<run_id>/profiles/<run_id>/ and committed as profiles/<run_id>/.
+EMBEDDINGS = "embeddings"
+ERRORS = "errors"
+TIMING = "timing"
+PROFILES = "profiles"
 MANIFEST_FORMAT = "docbeam.manifest/1"
 INTENT_FORMAT = "docbeam.intent/1"
 STAGING_FORMAT = "docbeam.staging/1"
-TEMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{32}$")  # pipeline/storage.temp_name: a write a kill interrupted
+TEMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{32}$")  # pipeline/store/storage.temp_name: a write a kill interrupted
 log = logging.getLogger(__name__)
 
 
@@ -53,6 +60,21 @@ def staging_dir(output: str, run_id: str) -> str:
     return f"{output.rstrip('/')}/{STAGING}/{run_id}"
 
 
+def profiles_dir(staging: str, run_id: str) -> str:
+    """Where a run's workers write their JAX profiles, under its staging folder."""
+    return f"{staging.rstrip('/')}/{PROFILES}/{run_id}"
+
+
+def part_prefix(output: str, folder: str, run_id: str) -> str:
+    """The prefix of every part file a run writes into ``folder``: its name carries the run (carries_run)."""
+    return f"{output.rstrip('/')}/{folder}/part-{run_id}"
+
+
+def in_folder(rel: str, folder: str) -> bool:
+    """Whether a manifest's relative path ``rel`` is a file of the output's ``folder`` (e.g. EMBEDDINGS)."""
+    return rel.startswith(f"{folder}/")
+
+
 def relative(output: str, path: str) -> str:
     return path[len(output.rstrip("/")) + 1:]
 
@@ -61,9 +83,9 @@ def normalize_folder(path: str) -> str:
     """One spelling per folder: ``//``, ``/./``, ``/../`` and a trailing ``/`` resolved (gs:// too), so that
     every later comparison of paths under it is a plain prefix test."""
     if storage.is_gcs(path):
-        bucket, _, name = path[len("gs://"):].partition("/")
+        bucket, name = storage.split_gcs(path)
         name = posixpath.normpath("/" + name).lstrip("/") if name else ""
-        return f"gs://{bucket}/{name}".rstrip("/") if name else f"gs://{bucket}"
+        return f"{GCS_PREFIX}{bucket}/{name}".rstrip("/") if name else f"{GCS_PREFIX}{bucket}"
     normal = posixpath.normpath(path)
     return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
@@ -71,7 +93,7 @@ def normalize_folder(path: str) -> str:
 def inside(output: str, path: str) -> bool:
     """Whether ``path`` lies strictly under the folder ``output`` (no ``..`` tricks)."""
     base = normalize_folder(output) + "/"
-    path = path if storage.is_gcs(path) else os.path.normpath(path)
+    path = path if storage.is_remote(path) else os.path.normpath(path)
     return path.startswith(base) and ".." not in path[len(base):].split("/")
 
 
@@ -84,7 +106,7 @@ def carries_run(rel: str, run_id: str) -> bool:
 def plain_relative(rel: object) -> bool:
     """A file path as a manifest or intent may list it: relative, one spelling, not a folder."""
     return (isinstance(rel, str) and rel != "" and not rel.startswith("/") and not rel.endswith("/")
-            and posixpath.normpath(rel) == rel and not rel.startswith("..") and "://" not in rel)
+            and posixpath.normpath(rel) == rel and not rel.startswith("..") and not storage.is_remote(rel))
 
 
 def parse_manifest(data: bytes | None, path: str) -> dict | None:
@@ -104,7 +126,7 @@ def parse_manifest(data: bytes | None, path: str) -> dict | None:
 
 def read_manifest(output: str) -> dict | None:
     path = storage.join(output, MANIFEST)
-    return parse_manifest(storage.read_versioned(path)[0], path)
+    return parse_manifest(versioned.read_versioned(path)[0], path)
 
 
 def manifest_paths(output: str, manifest: dict | None) -> set[str]:
@@ -112,7 +134,7 @@ def manifest_paths(output: str, manifest: dict | None) -> set[str]:
 
 
 def _read_json(path: str) -> dict | None:
-    data = storage.read_versioned(path)[0]
+    data = versioned.read_versioned(path)[0]
     try:
         record = json.loads(data) if data is not None else None
     except ValueError:

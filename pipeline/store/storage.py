@@ -6,8 +6,6 @@ otherwise costs ~20 s on any machine without Google credentials (a laptop, CI, a
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import functools
 import hashlib
 import os
@@ -20,6 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pipeline.store import faults
+from pipeline.store.paths import is_gcs, is_remote, split_gcs  # noqa: F401  (storage.is_gcs for callers)
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 NO_AUTH_FLAG = "--no_auth"
@@ -67,7 +66,7 @@ def skip_beam_credential_lookup() -> None:
     credentials = auth._Credentials
     if not all(hasattr(credentials, name) for name in ("_credentials_lock", "_credentials_init", "_credentials")):
         raise RuntimeError("apache_beam.internal.gcp.auth._Credentials changed (written for Beam 2.77); "
-                           "update pipeline/storage.skip_beam_credential_lookup for this Beam version")
+                           "update pipeline/store/storage.skip_beam_credential_lookup for this Beam version")
     with credentials._credentials_lock:
         credentials._credentials = None
         credentials._credentials_init = True
@@ -94,15 +93,15 @@ def write_bytes(path: str, data: bytes) -> None:
     written next to the target (``<name>.tmp-<32 hex>``, a name the output's clean-up recognises when a
     kill leaves one behind) and renamed over it (atomic on POSIX within one filesystem).
     """
-    if is_gcs(path):
-        _write(path, data)
+    if is_remote(path):
+        write_in_place(path, data)
         return
     temp_path = temp_name(path)
-    _write(temp_path, data)
+    write_in_place(temp_path, data)
     try:
         _rename_local(temp_path, path)
     except Exception:
-        _unlink_quietly(temp_path)
+        unlink_quietly(temp_path)
         raise
 
 
@@ -110,9 +109,9 @@ def temp_name(path: str) -> str:
     return f"{path}.tmp-{uuid.uuid4().hex}"
 
 
-def _write(path: str, data: bytes) -> None:
+def write_in_place(path: str, data: bytes) -> None:
     faults.before_change("write", path)
-    if not is_gcs(path):
+    if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(data)
@@ -123,15 +122,11 @@ def _rename_local(source: str, destination: str) -> None:
     os.rename(source, destination)
 
 
-def _unlink_quietly(path: str) -> None:
+def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def is_gcs(path: str) -> bool:
-    return path.startswith("gs://")
 
 
 def list_files(prefix: str) -> dict[str, int]:
@@ -142,7 +137,7 @@ def list_files(prefix: str) -> dict[str, int]:
 
 def rename(source: str, destination: str) -> None:
     """Move one file (on gs:// a copy and a delete, two changes: readers may briefly see both)."""
-    if is_gcs(destination):
+    if is_remote(destination):
         faults.before_change("copy", destination)
         FileSystems.copy([source], [destination])
         delete_files([source])
@@ -159,21 +154,21 @@ def delete_files(paths: Sequence[str], within: str | None = None) -> None:
         if is_gcs(path):
             faults.before_change("delete", path)
             try:
-                _blob(path).delete()
-            except _gcs_errors().NotFound:
+                gcs_blob(path).delete()
+            except gcs_errors().NotFound:
                 pass
         elif os.path.isfile(path) or os.path.islink(path):
             faults.before_change("delete", path)
-            _unlink_quietly(path)
+            unlink_quietly(path)
     if within is not None:
-        for folder in sorted({os.path.dirname(p) for p in paths if not is_gcs(p)}, key=len, reverse=True):
+        for folder in sorted({os.path.dirname(p) for p in paths if not is_remote(p)}, key=len, reverse=True):
             _remove_empty_folders(folder, stop=within)
 
 
 def prune_empty_folders(root: str) -> None:
     """Remove the empty folders under a local ``root``, and ``root`` itself if it ends up empty (gs:// has
     no folders: nothing to do)."""
-    if is_gcs(root) or not os.path.isdir(root):
+    if is_remote(root) or not os.path.isdir(root):
         return
     for folder, _, _ in sorted(os.walk(root), key=lambda entry: len(entry[0]), reverse=True):
         _rmdir_if_empty(folder)
@@ -207,101 +202,14 @@ def checksum(path: str) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-# Versioned reads and conditional writes: the output lock, the manifest, summary.json and _SUCCESS change
-# only through these, so a run whose view is out of date changes nothing. A version is the object's
-# generation on gs:// and the file's bytes locally; None is "absent".
-def read_versioned(path: str) -> tuple[bytes | None, object]:
-    if not is_gcs(path):
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return None, None
-        return data, data
-    errors = _gcs_errors()
-    for _ in range(5):  # changed between the metadata and the download: read again
-        blob = _blob(path).bucket.get_blob(_blob(path).name)
-        if blob is None:
-            return None, None
-        generation = blob.generation  # before the download, which resets it from response headers
-        try:
-            return blob.download_as_bytes(if_generation_match=generation), generation
-        except (errors.PreconditionFailed, errors.NotFound):
-            continue
-    raise RuntimeError(f"{path} kept changing while it was read")
-
-
-def write_if(path: str, data: bytes, version: object) -> bool:
-    """Write ``data`` only if ``path`` is still at ``version`` (None: only if it does not exist); False
-    when it is not. gs:// checks with a generation precondition; local disk compares the bytes under an
-    exclusive ``flock`` of the folder, then renames a finished temporary file over the target."""
-    return write_versioned(path, data, version)[0]
-
-
-def write_versioned(path: str, data: bytes, version: object) -> tuple[bool, object]:
-    """``write_if``, also returning the version the write created (to write from it next, unread)."""
-    if is_gcs(path):
-        faults.before_change("write", path)
-        blob = _blob(path)
-        try:
-            blob.upload_from_string(data, if_generation_match=version or 0)
-        except _gcs_errors().PreconditionFailed:
-            return False, None
-        return True, blob.generation
-    temp_path = temp_name(path)
-    _write(temp_path, data)
-    faults.before_change("rename", path)
-    with _folder_guard(os.path.dirname(path)):
-        try:
-            if read_versioned(path)[1] == version:
-                os.rename(temp_path, path)
-                return True, data
-        except FileNotFoundError:  # our temporary file was cleaned up as a leftover: the write did not happen
-            return False, None
-    _unlink_quietly(temp_path)
-    return False, None
-
-
-def delete_if(path: str, version: object) -> bool:
-    """Delete ``path`` only if it is still at ``version``; False when it is not (or is gone)."""
-    if version is None:
-        return False
-    faults.before_change("delete", path)
-    if is_gcs(path):
-        errors = _gcs_errors()
-        try:
-            _blob(path).delete(if_generation_match=version)
-        except (errors.PreconditionFailed, errors.NotFound):
-            return False
-        return True
-    with _folder_guard(os.path.dirname(path)):
-        if read_versioned(path)[1] != version:
-            return False
-        os.unlink(path)
-        return True
-
-
-@contextlib.contextmanager
-def _folder_guard(folder: str):
-    """An exclusive flock of a local folder: the compare and the rename of a conditional write happen as one
-    step for every process and thread on this host (the kernel releases it when a process dies)."""
-    os.makedirs(folder, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def _gcs_errors():
+def gcs_errors():
     from google.api_core import exceptions
 
     return exceptions
 
 
-def _blob(path: str):
-    bucket, _, name = path[len("gs://"):].partition("/")
+def gcs_blob(path: str):
+    bucket, name = split_gcs(path)
     return gcs_client().bucket(bucket).blob(name)
 
 
@@ -328,7 +236,7 @@ def copy_tree(local_dir: str, dest: str) -> None:
         for name in files:
             rel = os.path.relpath(os.path.join(root, name), local_dir)
             target = join(dest, *rel.split(os.sep))
-            if "://" not in target:
+            if not is_remote(target):
                 os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(os.path.join(root, name), "rb") as src:
                 write_bytes(target, src.read())

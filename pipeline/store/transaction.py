@@ -18,7 +18,7 @@ import datetime
 import json
 import logging
 
-from pipeline.store import storage
+from pipeline.store import storage, versioned
 from pipeline.store.lock import Fence, LockLost, OutputLock
 from pipeline.store.output import (INTENT, INTENT_FORMAT, MANIFEST, MANIFEST_FORMAT, MARKER, STAGING, SUCCESS, SUMMARY,
                                    carries_run, delete_inside, inspect, parse_manifest, plain_relative, read_intent,
@@ -33,7 +33,7 @@ def commit(output: str, fence: Fence, written: list[str], summary: dict, manifes
     output = output.rstrip("/")
     run_id = fence.run_id
     fence.prove()
-    versions = {name: storage.read_versioned(storage.join(output, name)) for name in POINTERS}
+    versions = {name: versioned.read_versioned(storage.join(output, name)) for name in POINTERS}
     intent = read_intent(output, run_id)  # a retried commit goes on with the intent it wrote
     if intent is None:
         previous = parse_manifest(versions[MANIFEST][0], storage.join(output, MANIFEST))
@@ -49,7 +49,7 @@ def commit(output: str, fence: Fence, written: list[str], summary: dict, manifes
     fence.commit_point()
     for name in POINTERS:
         fence.prove()
-        if not storage.write_if(storage.join(output, name), _pointer(intent, name), versions[name][1]):
+        if not versioned.write_if(storage.join(output, name), _pointer(intent, name), versions[name][1]):
             raise LockLost(f"run {run_id}: {name} changed under its commit (another run took the output over "
                            "and finished this commit or its own); leaving the output to it")
     _clean_after(output, intent, keep_marker=False)
@@ -147,11 +147,11 @@ def _finish(output: str, intent: dict, fence: Fence, keep_marker: bool) -> None:
             storage.rename(f"{folder}/{rel}", storage.join(output, rel))
     for name in POINTERS:
         path, wanted = storage.join(output, name), _pointer(intent, name)
-        data, version = storage.read_versioned(path)
+        data, version = versioned.read_versioned(path)
         if data == wanted:
             continue
         fence.prove()
-        if not storage.write_if(path, wanted, version) and storage.read_versioned(path)[0] != wanted:
+        if not versioned.write_if(path, wanted, version) and versioned.read_versioned(path)[0] != wanted:
             raise LockLost(f"{path} changed while run {fence.run_id} finished the commit of run {run_id}")
     _clean_after(output, intent, keep_marker)
 
@@ -161,7 +161,7 @@ def rewrite_summary(output: str, fence: Fence, summary: dict) -> bool:
     while the lock and summary.json are still this run's; False when another run has taken over."""
     path = storage.join(output, SUMMARY)
     fence.prove()
-    data, version = storage.read_versioned(path)
+    data, version = versioned.read_versioned(path)
     if data is None or json.loads(data).get("run_id") != fence.run_id:
         return False
-    return storage.write_if(path, json.dumps(summary, indent=2, sort_keys=True).encode(), version)
+    return versioned.write_if(path, json.dumps(summary, indent=2, sort_keys=True).encode(), version)

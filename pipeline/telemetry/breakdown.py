@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 
-from pipeline.telemetry.observe import STAGES
+from pipeline.telemetry.observe import COMPILE_MS, STAGE_US, STAGES, STARTUP_MS, labelled, shape_label
 
 # The driver's marks (epoch seconds), in the order the driver passes them.
 MARKS = ("process", "run_job", "plan", "checks", "graph", "pipeline", "finished")
@@ -30,14 +30,13 @@ def startup_breakdown(marks: dict[str, float], timing: list[dict], metrics: dict
     steps = {"imports": marks["run_job"] - t0, "plan": marks["plan"] - marks["run_job"],
              "lock_and_checks": marks["checks"] - marks["plan"], "graph": marks["graph"] - marks["checks"]}
     distributions = metrics.get("distributions", {})
-    encoder = {part: distributions[f"startup_ms[{part}]"]["max"] / 1e3
-               for part in ("checkpoint", "probes") if f"startup_ms[{part}]" in distributions}
-    compiles = {name[len("compile_ms["):-1]: d["max"] / 1e3 for name, d in sorted(distributions.items())
-                if name.startswith("compile_ms[")}
+    startup = labelled(distributions, STARTUP_MS)
+    encoder = {part: startup[part]["max"] / 1e3 for part in ("checkpoint", "probes") if part in startup}
+    compiles = {shape: d["max"] / 1e3 for shape, d in sorted(labelled(distributions, COMPILE_MS).items())}
     batches = sorted(timing, key=lambda t: _epoch(t["started_at"]))
     # Shapes that compiled at their first batch rather than ahead.
-    compiles |= {f"{t['rows']}x{t['bucket_len']},{t['attention_backend']} (at its batch)": t["compile_ms"] / 1e3
-                 for t in batches if t["compiled"]}
+    compiles |= {shape_label(t["rows"], t["bucket_len"], t["attention_backend"]) + " (at its batch)":
+                 t["compile_ms"] / 1e3 for t in batches if t["compiled"]}
     since_start = {"plan_done": marks["plan"] - t0, "pipeline_started": marks["pipeline"] - t0}
     steady = None
     if batches:
@@ -63,7 +62,8 @@ def stage_shares(metrics: dict, wall_seconds: float) -> dict:
     rest (Beam's bucketing, grouping, sinks and hand-overs). With several workers the stages run side by
     side, so the shares may add up to more than 1."""
     counters = metrics.get("counters", {})
-    seconds = {stage: counters.get(f"stage_us[{stage}]", 0) / 1e6 for stage in STAGES}
+    spent_us = labelled(counters, STAGE_US)
+    seconds = {stage: spent_us.get(stage, 0) / 1e6 for stage in STAGES}
     wall = max(wall_seconds, 1e-9)
     shares = {stage: round(s / wall, 4) for stage, s in seconds.items()}
     shares["other"] = round(max(0.0, 1 - sum(seconds.values()) / wall), 4)

@@ -19,10 +19,47 @@ METRICS_NAMESPACE = "docbeam"  # every Beam counter and distribution of the job;
 # The stages whose own code is timed (Beam counters stage_us[<stage>]); the rest of the wall time is Beam's:
 # bucketing, grouping, the Parquet and JSONL sinks, moving elements between steps.
 STAGES = ("read", "tokenize", "encode", "pool", "commit")
+# Metric families: one Beam metric per label, named ``family[label]`` (metric_name); read back with
+# labelled(), never by slicing the name where it is read.
+STAGE_US = "stage_us"  # [stage]: microseconds inside a stage's own code (StageClock)
+DOCS_REJECTED = "docs_rejected"  # [kind]: documents rejected for that reason
+FALLBACKS = "fallbacks"  # [fallback_key]: batches that ran on another backend than requested
+STARTUP_MS = "startup_ms"  # [checkpoint|probes]: an encoder's start-up steps
+COMPILE_MS = "compile_ms"  # [shape_label]: compiling one batch shape ahead of its batch
+COMPUTE_MS = "compute_ms"  # [bucket_len,backend]: steady batches' compute time
+
+
+def metric_name(family: str, label: object) -> str:
+    """The Beam metric name of ``family``'s member ``label``: ``stage_us[read]``."""
+    return f"{family}[{label}]"
+
+
+def parse_metric_name(name: str) -> tuple[str, str | None]:
+    """``metric_name`` read back: (family, label), or (name, None) for a metric without a label. A label
+    may hold brackets of its own (a fallback's reason); a family never does."""
+    family, bracket, rest = name.partition("[")
+    if not bracket or not rest.endswith("]"):
+        return name, None
+    return family, rest[:-1]
+
+
+def labelled(metrics: dict, family: str) -> dict:
+    """{label: value} of the metrics (name → value) in ``family``, in the order given."""
+    found = {}
+    for name, value in metrics.items():
+        member_of, label = parse_metric_name(name)
+        if member_of == family and label is not None:
+            found[label] = value
+    return found
+
+
+def shape_label(rows: int, bucket_len: int, backend: str) -> str:
+    """A compiled batch shape as summary.json and the ``compile_ms`` metric name it: ``8x128,native``."""
+    return f"{rows}x{bucket_len},{backend}"
 
 
 def fallback_key(requested: str, ran: str, reason: str) -> str:
-    """How a fallback is named in summary.json, the report and the Beam counter ``fallbacks[...]``."""
+    """How a fallback is named in summary.json, the report and the Beam counter ``fallbacks[<key>]``."""
     return f"{requested}->{ran}: {reason}"
 
 
@@ -99,7 +136,7 @@ class StageClock:
         from apache_beam.metrics import Metrics
 
         self.stage = stage
-        self._counter = Metrics.counter(METRICS_NAMESPACE, f"stage_us[{stage}]")
+        self._counter = Metrics.counter(METRICS_NAMESPACE, metric_name(STAGE_US, stage))
 
     def add(self, seconds: float) -> None:
         self._counter.inc(int(seconds * 1e6))

@@ -6,8 +6,8 @@ Everything is read and written through Beam's ``FileSystems``, so OUTPUT may be 
 gs:// prefix. Charts are inline PNGs and the page has no scripts or external assets, so it can be attached
 to a CI run, mailed, or opened straight from a bucket.
 
-This module is the command; pipeline/tools/report_data.py loads and analyses a run, pipeline/tools/report_charts.py
-draws it and pipeline/tools/report_html.py lays out the page.
+This module is the command; pipeline/tools/report_load.py loads a run, pipeline/tools/report_data.py analyses it,
+pipeline/tools/report_charts.py draws it and pipeline/tools/report_html.py lays out the page.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.store.output import STAGING
-from pipeline.tools.report_data import Regression, Run, check_threshold, compare, latency_changes, load_run
+from pipeline.errors import Refused
+from pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
+from pipeline.tools.report_load import Run, load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,22 +80,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Runs ``docbeam report``; returns the exit status (1 when regressions were found, 2 when a run
     cannot be read), so a scheduler can tell a regression from a missing run."""
-    from apache_beam.io.filesystem import BeamIOError
-
     from pipeline.store import storage
 
     storage.pipeline_options([])  # gs:// against an emulator without the credential-lookup stall
+    # Only refusals are caught (a bad --threshold, a run that cannot be read): a run that reads but fails to
+    # render is a bug to see with its traceback.
     try:
         check_threshold(args.threshold)
-    except ValueError as e:
-        print(f"docbeam report: --{e}", file=sys.stderr)
-        return 2
-    # Only reading is caught: a run that reads but fails to render is a bug to see with its traceback.
-    try:
         run = load_run(args.output)
         baseline = load_run(args.baseline) if args.baseline else None
-    except (FileNotFoundError, ValueError, BeamIOError) as e:
-        print(f"docbeam report: cannot read the run: {e}", file=sys.stderr)
+    except Refused as e:
+        print(f"docbeam report: {e}", file=sys.stderr)
         return 2
     result = write_report(run, baseline, dest=args.out, threshold=args.threshold)
     print(f"wrote {result.path}")

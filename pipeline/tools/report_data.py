@@ -1,44 +1,18 @@
-"""The data side of ``docbeam report``: a run's outputs loaded into plain structures, and the figures the
-page and ``--baseline`` are built from. Nothing here draws or imports matplotlib, so comparing runs (and the
-CLI's ``--help``) stays cheap; pipeline/tools/report_charts.py and pipeline/tools/report_html.py render what this returns.
-
-A committed run lists its files in ``_manifest.json``; only those are read, since the output folder may also
-hold ``_staging/`` and shards of other runs. Older runs without a manifest are read by glob.
+"""The figures ``docbeam report`` and ``--baseline`` are built from, computed from a loaded run
+(pipeline/tools/report_load.py). Nothing here draws or imports matplotlib, so comparing runs (and the CLI's
+``--help``) stays cheap; pipeline/tools/report_charts.py and pipeline/tools/report_html.py render what this
+returns.
 """
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import json
-from typing import Any
 
 import numpy as np
-from apache_beam.io.filesystem import BeamIOError
-from apache_beam.io.filesystems import FileSystems
 
 from pipeline.telemetry import memory_trend
 from pipeline.telemetry.observe import fallback_key
-from pipeline.store.output import MANIFEST, MANIFEST_FORMAT
-
-_NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",
-            "memory_in_use_bytes", "memory_peak_bytes")
-_TEXT = ("batch_id", "attention_backend", "attention_requested", "fallback_reason", "device", "worker",
-         "memory_source")
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """A run's outputs as plain structures. ``batches`` holds aligned numpy columns (one entry per timing
-    record, sorted by start time; numbers are float with NaN where a record lacks the key) plus ``t_s``,
-    seconds since the first batch started."""
-    path: str
-    summary: dict[str, Any]
-    batches: dict[str, np.ndarray]
-    errors: list[dict[str, Any]]
-
-    @property
-    def batch_count(self) -> int:
-        return len(self.batches["compiled"])
+from pipeline.errors import Refused
+from pipeline.tools.report_load import Run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,96 +39,6 @@ class Regression:
     def __str__(self) -> str:
         return f"{self.what} ({self.where}): {self.detail}"
 
-
-# ---------------------------------------------------------------- loading
-
-def load_run(output: str) -> Run:
-    summary = _read_json(FileSystems.join(output, "summary.json"))
-    timing = _read_jsonl(run_files(output, "timing"))
-    if summary is None and not timing:
-        staged = _match(FileSystems.join(output, "_staging", "*", "summary.json"))
-        hint = (f"; it holds uncommitted runs, e.g. {staged[-1].rsplit('/', 1)[0]} (pass that folder to see one)"
-                if staged else "; pass the output path of a docbeam run")
-        raise FileNotFoundError(f"{output} has neither summary.json nor timing/*.jsonl shards{hint}")
-    errors = _read_jsonl(run_files(output, "errors"))
-    return Run(path=output, summary=summary or {}, batches=batch_columns(timing), errors=errors)
-
-
-def run_files(output: str, part: str) -> list[str]:
-    """Paths of the run's ``part`` shards (``timing`` or ``errors``): those the manifest lists when the
-    output has one, else whatever ``part/*.jsonl*`` matches."""
-    manifest_path = FileSystems.join(output, MANIFEST)
-    manifest = _read_json(manifest_path)
-    if manifest is None:
-        return _match(FileSystems.join(output, part, "*.jsonl*"))
-    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("files"), list):
-        raise ValueError(f"{manifest_path}: expected format {MANIFEST_FORMAT!r} with a 'files' list; got format "
-                         f"{manifest.get('format')!r}")
-    paths = sorted(FileSystems.join(output, *f["path"].split("/")) for f in manifest["files"]
-                   if str(f.get("path", "")).startswith(f"{part}/"))
-    for path in paths:
-        if not FileSystems.exists(path):
-            raise FileNotFoundError(f"{path} is listed in {manifest_path} but missing")
-    return paths
-
-
-def _match(pattern: str) -> list[str]:
-    try:
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-    except BeamIOError:  # some filesystems raise rather than match nothing, e.g. for a missing directory
-        return []
-
-
-def _read_json(path: str) -> dict | None:
-    if not FileSystems.exists(path):
-        return None
-    with FileSystems.open(path) as f:
-        try:
-            return json.loads(f.read().decode("utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON ({e})") from None
-
-
-def _read_jsonl(paths: list[str]) -> list[dict]:
-    records = []
-    for path in paths:
-        with FileSystems.open(path) as f:
-            for number, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
-                if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path} line {number} is not JSON ({e})") from None
-    return records
-
-
-def batch_columns(records: list[dict]) -> dict[str, np.ndarray]:
-    start_s = np.array([_epoch_seconds(r.get("started_at")) for r in records], dtype=float)
-    columns = {name: np.array([_number(r.get(name)) for r in records], dtype=float) for name in _NUMERIC}
-    columns |= {name: np.array([_text(r.get(name)) for r in records], dtype=object) for name in _TEXT}
-    columns["compiled"] = np.array([r.get("compiled") is True for r in records], dtype=bool)
-    columns["t_s"] = start_s - np.nanmin(start_s) if np.isfinite(start_s).any() else start_s
-    order = np.argsort(start_s, kind="stable")
-    return {name: column[order] for name, column in columns.items()}
-
-
-def _epoch_seconds(value) -> float:
-    try:
-        moment = datetime.datetime.fromisoformat(value)
-    except (TypeError, ValueError):
-        return np.nan
-    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).timestamp()
-
-
-def _number(value) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else np.nan
-
-
-def _text(value) -> str:
-    return "" if value is None else str(value)
-
-
-# ---------------------------------------------------------------- analysis
 
 def groups(batches: dict[str, np.ndarray]) -> list[tuple[tuple[float, str], np.ndarray]]:
     """((bucket_len, backend), row mask) for every pair present, by bucket then backend."""
@@ -299,10 +183,14 @@ def memory_regression(run: Run, baseline: Run, threshold: float) -> Regression |
                       f"{before_growth:,.0f} MB in the baseline (leak suspected: {memory_trend.RULE})")
 
 
+class BadThreshold(Refused, ValueError):
+    """A ``--threshold`` that cannot be meant: refused (exit 2) before anything is read."""
+
+
 def check_threshold(threshold: float) -> None:
     """Raises on a threshold given as a percentage, which would silence every latency regression."""
     if not 0 <= threshold < 10:
-        raise ValueError(f"threshold is a fraction of the baseline median, e.g. 0.1 for 10%; got {threshold}")
+        raise BadThreshold(f"--threshold is a fraction of the baseline median, e.g. 0.1 for 10%; got {threshold}")
 
 
 def fmt(value) -> str:

@@ -3,72 +3,10 @@ bucket and why — the same checks the job does at start. ``--for-launch`` first
 placeholders (project, buckets, image), as ``run --dry-run`` and the Flex Template launcher do."""
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import yaml
 
-from pipeline.driver.config import ConfigError, JobConfig
-
-# The shipped Dataflow profiles are runnable in form only: these names stand for the user's own. A job
-# launched with them would pull an image nobody built and write to a bucket nobody owns (or someone else's).
-PLACEHOLDERS = {"my-docbeam-project": "project", "my-docbeam-bucket": "bucket"}
-# Key -> how to replace it: on the command line, and in a Flex Template launch (README "Running on Dataflow").
-LAUNCH_KEYS = {
-    "runner.options.project": ("YOUR_PROJECT", "the launch's project"),
-    "runner.options.temp_location": ("gs://YOUR_BUCKET/dataflow/temp", "environment.tempLocation"),
-    "runner.options.staging_location": ("gs://YOUR_BUCKET/dataflow/staging", "environment.stagingLocation"),
-    "runner.options.sdk_container_image": ("REGION-docker.pkg.dev/YOUR_PROJECT/docbeam/worker-tpu:0.1.0",
-                                           "environment.sdkContainerImage"),
-    "runner.options.service_account_email": ("docbeam-worker@YOUR_PROJECT.iam.gserviceaccount.com",
-                                             "environment.serviceAccountEmail"),
-    "input.path": ("gs://YOUR_BUCKET/corpus/{run_date}/*.jsonl.gz", "template parameter input"),
-    "input.reuse_from": ("gs://YOUR_BUCKET/runs/{previous_run_date}", "template parameter overrides"),
-    "output.path": ("gs://YOUR_BUCKET/runs/{run_date}", "template parameter output"),
-    "runner.compilation_cache": ("gs://YOUR_BUCKET/jax-cache/tpu-v5e", "template parameter compilation_cache"),
-}
-DATAFLOW = "DataflowRunner"
-
-
-def launch_values(cfg: JobConfig, beam_options: Mapping[str, object]) -> dict[str, object]:
-    """What a launch would use for each of LAUNCH_KEYS: docbeam's own keys from ``cfg``, Beam's from
-    ``beam_options`` (Beam's names), which hold the profile's options overridden by the launch's."""
-    values = {"input.path": cfg.input.path, "input.reuse_from": cfg.input.reuse_from,
-              "output.path": cfg.output.path, "runner.compilation_cache": cfg.runner.compilation_cache}
-    for key in LAUNCH_KEYS:
-        if key.startswith("runner.options."):
-            values[key] = beam_options.get(key.removeprefix("runner.options."))
-    return values
-
-
-def beam_options_of(cfg: JobConfig, extra_beam_args: Sequence[str] = ()) -> dict[str, object]:
-    """Beam's view of the profile's options followed by ``extra_beam_args`` (later flags win, as in a run)."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    return PipelineOptions([*cfg.runner.beam_args(), *extra_beam_args]).get_all_options(retain_unknown_options=True)
-
-
-def placeholder_problems(runner: str, values: Mapping[str, object]) -> list[str]:
-    """One line per value a launch must not carry: a profile placeholder, or (on Dataflow) no worker image."""
-    problems = []
-    for key, value in values.items():
-        found = [(marker, what) for marker, what in PLACEHOLDERS.items() if value and marker in str(value)]
-        if found:
-            marker, what = found[0]
-            example, in_launch = LAUNCH_KEYS[key]
-            problems.append(f"{key} is {value!r}: {marker!r} is the profiles' placeholder {what}; set yours "
-                            f"(--set {key}={example}, or in a Flex Template launch: {in_launch})")
-    if runner == DATAFLOW and not values.get("runner.options.sdk_container_image"):
-        example, in_launch = LAUNCH_KEYS["runner.options.sdk_container_image"]
-        problems.append("runner.options.sdk_container_image is not set: Dataflow workers would run Beam's default "
-                        f"image, which lacks docbeam (--set runner.options.sdk_container_image={example}, or in a "
-                        f"Flex Template launch: {in_launch})")
-    return problems
-
-
-def refuse_placeholders(runner: str, values: Mapping[str, object]) -> None:
-    problems = placeholder_problems(runner, values)
-    if problems:
-        raise ConfigError("this job would launch on placeholders:\n  " + "\n  ".join(problems))
+from pipeline.driver import placeholders
+from pipeline.driver.config import JobConfig
 
 
 def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
@@ -101,13 +39,12 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
     import attention
     from attention.plan import gate
-    from pipeline.driver.config import expand_placeholders
     from pipeline.store.output import new_run_id, run_date
     from pipeline.driver.plan import make_plan
 
-    cfg = expand_placeholders(cfg, new_run_id(), run_date())
+    cfg = placeholders.expand(cfg, new_run_id(), run_date())
     if for_launch:
-        refuse_placeholders(cfg.runner.name, launch_values(cfg, beam_options_of(cfg)))
+        placeholders.refuse(cfg, placeholders.beam_options_of(cfg))
     out = ["# resolved config (digest %s)" % cfg.digest(),
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
@@ -134,5 +71,5 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
             line += f"  (fallback: {c.fallback_reason})"
         out.append(line)
     if for_launch:
-        out.append("# launch: no placeholder in " + ", ".join(LAUNCH_KEYS))
+        out.append("# launch: no placeholder in " + ", ".join(placeholders.LAUNCH_KEYS))
     return "\n".join(out)

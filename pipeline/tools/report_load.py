@@ -1,0 +1,140 @@
+"""A run's outputs loaded into plain structures for ``docbeam report``: summary.json, the timing records as
+aligned numpy columns, the error records.
+
+A committed run lists its files in ``_manifest.json``; only those are read, since the output folder may also
+hold ``_staging/`` and shards of other runs. Older runs without a manifest are read by glob. Apart from
+pipeline/tools/report_data.py (the figures) so that a change to the folder layout touches only this file.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from typing import Any
+
+import numpy as np
+from apache_beam.io.filesystem import BeamIOError
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.errors import Refused
+from pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
+
+_NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",
+            "memory_in_use_bytes", "memory_peak_bytes")
+_TEXT = ("batch_id", "attention_backend", "attention_requested", "fallback_reason", "device", "worker",
+         "memory_source")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """A run's outputs as plain structures. ``batches`` holds aligned numpy columns (one entry per timing
+    record, sorted by start time; numbers are float with NaN where a record lacks the key) plus ``t_s``,
+    seconds since the first batch started."""
+    path: str
+    summary: dict[str, Any]
+    batches: dict[str, np.ndarray]
+    errors: list[dict[str, Any]]
+
+    @property
+    def batch_count(self) -> int:
+        return len(self.batches["compiled"])
+
+
+class RunUnreadable(Refused, ValueError):
+    """A run ``docbeam report`` cannot read (missing, not a docbeam output, a damaged file): exit 2, as for
+    any Refused, and nothing is written. A ValueError too, as the readers' own errors were."""
+
+
+def load_run(output: str) -> Run:
+    """The run in the folder ``output``; the readers' errors become a RunUnreadable naming the file, here at
+    the one place that reads, so the CLI decides its exit status by that base class alone."""
+    try:
+        return _load_run(output)
+    except (OSError, ValueError) as e:  # FileNotFoundError, Beam's BeamIOError (an IOError), bad JSON
+        raise RunUnreadable(f"cannot read the run: {e}") from e
+
+
+def _load_run(output: str) -> Run:
+    summary = _read_json(FileSystems.join(output, SUMMARY))
+    timing = _read_jsonl(run_files(output, TIMING))
+    if summary is None and not timing:
+        staged = _match(FileSystems.join(output, STAGING, "*", SUMMARY))
+        hint = (f"; it holds uncommitted runs, e.g. {staged[-1].rsplit('/', 1)[0]} (pass that folder to see one)"
+                if staged else "; pass the output path of a docbeam run")
+        raise FileNotFoundError(f"{output} has neither summary.json nor timing/*.jsonl shards{hint}")
+    errors = _read_jsonl(run_files(output, ERRORS))
+    return Run(path=output, summary=summary or {}, batches=batch_columns(timing), errors=errors)
+
+
+def run_files(output: str, part: str) -> list[str]:
+    """Paths of the run's ``part`` shards (``timing`` or ``errors``): those the manifest lists when the
+    output has one, else whatever ``part/*.jsonl*`` matches."""
+    manifest_path = FileSystems.join(output, MANIFEST)
+    manifest = _read_json(manifest_path)
+    if manifest is None:
+        return _match(FileSystems.join(output, part, "*.jsonl*"))
+    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("files"), list):
+        raise ValueError(f"{manifest_path}: expected format {MANIFEST_FORMAT!r} with a 'files' list; got format "
+                         f"{manifest.get('format')!r}")
+    paths = sorted(FileSystems.join(output, *f["path"].split("/")) for f in manifest["files"]
+                   if in_folder(str(f.get("path", "")), part))
+    for path in paths:
+        if not FileSystems.exists(path):
+            raise FileNotFoundError(f"{path} is listed in {manifest_path} but missing")
+    return paths
+
+
+def _match(pattern: str) -> list[str]:
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except BeamIOError:  # some filesystems raise rather than match nothing, e.g. for a missing directory
+        return []
+
+
+def _read_json(path: str) -> dict | None:
+    if not FileSystems.exists(path):
+        return None
+    with FileSystems.open(path) as f:
+        try:
+            return json.loads(f.read().decode("utf-8"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e})") from None
+
+
+def _read_jsonl(paths: list[str]) -> list[dict]:
+    records = []
+    for path in paths:
+        with FileSystems.open(path) as f:
+            for number, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path} line {number} is not JSON ({e})") from None
+    return records
+
+
+def batch_columns(records: list[dict]) -> dict[str, np.ndarray]:
+    start_s = np.array([_epoch_seconds(r.get("started_at")) for r in records], dtype=float)
+    columns = {name: np.array([_number(r.get(name)) for r in records], dtype=float) for name in _NUMERIC}
+    columns |= {name: np.array([_text(r.get(name)) for r in records], dtype=object) for name in _TEXT}
+    columns["compiled"] = np.array([r.get("compiled") is True for r in records], dtype=bool)
+    columns["t_s"] = start_s - np.nanmin(start_s) if np.isfinite(start_s).any() else start_s
+    order = np.argsort(start_s, kind="stable")
+    return {name: column[order] for name, column in columns.items()}
+
+
+def _epoch_seconds(value) -> float:
+    try:
+        moment = datetime.datetime.fromisoformat(value)
+    except (TypeError, ValueError):
+        return np.nan
+    return (moment if moment.tzinfo else moment.replace(tzinfo=datetime.timezone.utc)).timestamp()
+
+
+def _number(value) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else np.nan
+
+
+def _text(value) -> str:
+    return "" if value is None else str(value)
