@@ -107,3 +107,15 @@ def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str,
 
     return embed
 
+
+
+def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool = False) -> list:
+    """One case per bucket and per kind of layer the model has (``config.attention_features``: ModernBERT's
+    global and local layers are two), bucket by bucket; ``choose_backends`` picks one backend per bucket that
+    takes every kind."""
+    from attention import AttentionCase
+
+    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
+                          head_dim=config.head_dim, packed=packed,
+                          num_kv_heads=getattr(config, "num_kv_heads", None)).with_features(features)
+            for b in buckets for features in config.attention_features]

@@ -12,7 +12,7 @@ from attention import registry
 from attention.interface import AttentionCase, AttentionFeatures, Backend
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
 from models.encoder import EncoderConfig
-from pipeline.driver.plan import attention_cases
+from models.encoder import attention_cases
 
 GLOBAL, LOCAL, BIASED = AttentionFeatures(), AttentionFeatures(local_window=(4, 4)), AttentionFeatures(bias=True)
 

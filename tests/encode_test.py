@@ -9,7 +9,7 @@ import attention
 from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
 from pipeline.stages.packer import padded_batch, rows_for
 from pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
-from pipeline.driver.plan import attention_cases
+from models.encoder import attention_cases
 from pipeline.records import TokenWindow
 from models.checkpoint import open_checkpoint
 

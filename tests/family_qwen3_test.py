@@ -127,7 +127,7 @@ def test_both_forms_read_as_the_same_decoder(folder):
 
 
 def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
-    from pipeline.driver.plan import attention_cases
+    from models.encoder import attention_cases
 
     config = checkpoint.open_checkpoint(folder).config
     (case,) = attention_cases(config, [64], "cpu", packed=True)

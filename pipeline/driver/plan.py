@@ -9,15 +9,16 @@ import concurrent.futures
 import dataclasses
 import importlib.metadata
 import os
-import threading
 
-from attention.plan import AttentionSpec, Choice, choose_backends, gate, probe
+from attention.plan import AttentionSpec, Choice, choose_backends, gate
+from attention.probe_once import probe_all
 from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
                                tokenizer_digest, weights_digest)
-from models.encoder import EncoderConfig
+from models.encoder import EncoderConfig, attention_cases
 from models.st_settings import document_prompt
 from pipeline.store import output as output_lib
 from pipeline.store import storage
+from pipeline.store.paths import is_remote
 from pipeline.stages.packer import bucket_for
 from pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
 from pipeline.errors import refused_at_start
@@ -80,43 +81,6 @@ def _local_platform() -> str:
     return jax.default_backend()
 
 
-def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool = False) -> list:
-    """One case per bucket and per kind of layer the model has (``config.attention_features``: ModernBERT's
-    global and local layers are two), bucket by bucket; ``choose_backends`` picks one backend per bucket that
-    takes every kind."""
-    from attention import AttentionCase
-
-    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim, packed=packed,
-                          num_kv_heads=getattr(config, "num_kv_heads", None)).with_features(features)
-            for b in buckets for features in config.attention_features]
-
-
-_PROBED: set[tuple[AttentionSpec, Choice]] = set()
-_PROBED_LOCK = threading.Lock()
-
-
-def probe_once(spec: AttentionSpec, choice: Choice) -> None:
-    """``probe`` each backend on each case once per process: on the DirectRunner the driver and the worker
-    are one process, and every probe is a compilation. Keyed by the frozen spec and choice themselves."""
-    key = (spec, choice)
-    with _PROBED_LOCK:
-        if key in _PROBED:
-            return
-    probe(spec, choice)
-    with _PROBED_LOCK:
-        _PROBED.add(key)
-
-
-def probe_all(spec: AttentionSpec, choices) -> None:
-    """``probe_once`` for every choice, in parallel threads (XLA compiles without the GIL); a failure raises
-    as the sequential loop would, the first failing choice's."""
-    choices = list(choices)
-    workers = max(1, min(len(choices), os.cpu_count() or 1))
-    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="docbeam-probe") as pool:
-        list(pool.map(lambda choice: probe_once(spec, choice), choices))
-
-
 def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, special_tokens: int) -> list[int]:
     """The buckets that can receive a batch, after the checks on window, positions and stride."""
     if encoder.position == "absolute" and window_len > encoder.max_position:
@@ -152,7 +116,7 @@ def check_inputs(cfg: JobConfig) -> None:
             paths = match_paths(pattern)
         except FileNotFoundError:
             hint = (f"it is a folder: use {pattern.rstrip('/')}/*.jsonl (or another glob)"
-                    if not storage.is_gcs(pattern) and os.path.isdir(pattern) else "check the path and the glob")
+                    if not is_remote(pattern) and os.path.isdir(pattern) else "check the path and the glob")
             raise ConfigError(f"input.path {pattern!r} matches no file; {hint}") from None
         inside = [p for p in paths if output_lib.inside(out, p)]
         if inside:
@@ -162,8 +126,9 @@ def check_inputs(cfg: JobConfig) -> None:
 
 def check_output(cfg: JobConfig) -> output_lib.OutputState:
     try:
-        with refused_at_start(f"output.path {cfg.output.path} cannot be checked (a damaged _manifest.json, "
-                              "_lock.json or _staging/ entry, or a folder that cannot be read)"):
+        with refused_at_start(f"output.path {cfg.output.path} cannot be checked (a damaged "
+                              f"{output_lib.MANIFEST}, {output_lib.LOCK} or {output_lib.STAGING}/ entry, or a folder "
+                              "that cannot be read)"):
             state = output_lib.inspect(cfg.output.path)
             output_lib.check_writable(cfg.output.path, state, cfg.output.mode)
     except output_lib.OutputRefused as e:

@@ -151,7 +151,7 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     rather than released here. ``process_started`` (epoch seconds; the command line passes the process's
     start) is where summary.json's start-up breakdown begins; by default, this call.
     """
-    from pipeline.driver.compile_cache import keep_every_compilation
+    from pipeline.stages.compile_cache import keep_every_compilation
 
     marks = {"run_job": time.time()}
     marks["process"] = process_started or marks["run_job"]

@@ -25,8 +25,10 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInf
 from attention.plan import AttentionSpec, Choice, replan  # noqa: E402
 from models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
 from pipeline.records import Batch, WindowEmbedding  # noqa: E402
-from pipeline.telemetry.observe import (ENCODER_FN_NAME, METRICS_NAMESPACE, CompileWatch, Progress,  # noqa: E402
-                                        StageClock, describe_device, fallback_key, memory, worker_name)
+from pipeline.telemetry.observe import (COMPILE_MS, COMPUTE_MS, ENCODER_FN_NAME, FALLBACKS,  # noqa: E402
+                                        METRICS_NAMESPACE, STARTUP_MS, CompileWatch, Progress, StageClock,
+                                        describe_device, fallback_key, memory, metric_name, shape_label,
+                                        worker_name)
 
 TIMING_TAG = "timing"
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class EncoderSpec:
     profile_dir: str | None = None
     progress_seconds: float = 10.0  # 0: no progress lines
     one_model_per_vm: bool = False  # RunInference shares one runtime between the VM's SDK processes
-    compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/driver/compile_cache.py)
+    compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/stages/compile_cache.py)
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
     packing: bool = False  # the plan's packing: batches carry segment ids and slot lengths
@@ -67,7 +69,7 @@ def standalone_spec(model_path: str, dtype: str, pooling: str, attention: Attent
 
     from attention.plan import choose_backends
     from models.checkpoint import open_checkpoint
-    from pipeline.driver.plan import attention_cases
+    from models.encoder import attention_cases
 
     platform = jax.default_backend()
     cases = attention_cases(open_checkpoint(model_path, dtype).config, buckets, platform, packing)
@@ -95,8 +97,8 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     once per process (a broken backend fails the job here), then the runtime loaded."""
     import jax
 
-    from pipeline.driver.compile_cache import CompileCache
-    from pipeline.driver.plan import probe_all
+    from pipeline.stages.compile_cache import CompileCache
+    from attention.probe_once import probe_all
     from pipeline.stages.packer import max_windows_per_row, rows_for
     from pipeline.store import storage
 
@@ -205,23 +207,22 @@ class _SplitResults(beam.DoFn):
         self._clock.add(timing["total_ms"] / 1e3)
         if self._progress is None:
             self._progress = Progress(self._progress_seconds, total_windows)
-        finished_docs = sum(1 for _, index, num_windows, _, _ in batch.windows if index == num_windows - 1)
+        finished_docs = sum(1 for w in batch.windows if w.index == w.num_windows - 1)
         self._progress.update(finished_docs, batch.real_rows, batch.real_tokens)
         self._real.inc(timing["real_tokens"])
         self._padded.inc(timing["padded_tokens"])
         self._batches.inc()
         self._compiles.inc(int(timing["compiled"]))
         if not timing["compiled"]:  # a compiling call's time is mostly compilation, not device work
-            name = f"compute_ms[{timing['bucket_len']},{timing['attention_backend']}]"
+            name = metric_name(COMPUTE_MS, f"{timing['bucket_len']},{timing['attention_backend']}")
             Metrics.distribution(METRICS_NAMESPACE, name).update(int(round(timing["compute_ms"])))
         if timing["fallback_reason"]:
             key = fallback_key(timing["attention_requested"], timing["attention_backend"],
                                timing["fallback_reason"][:80])
-            Metrics.counter(METRICS_NAMESPACE, f"fallbacks[{key}]").inc()
+            Metrics.counter(METRICS_NAMESPACE, metric_name(FALLBACKS, key)).inc()
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
-        for (doc_id, index, num_windows, doc_tokens, truncated), length, vector in zip(
-                batch.windows, batch.window_lengths(), vectors):
-            yield WindowEmbedding(doc_id, index, num_windows, int(length), doc_tokens, truncated, vector,
+        for w, length, vector in zip(batch.windows, batch.window_lengths(), vectors):
+            yield WindowEmbedding(w.doc_id, w.index, w.num_windows, int(length), w.doc_tokens, w.truncated, vector,
                                   batch.bucket_len, timing["attention_backend"])
 
     def _report_startup(self, startup: dict) -> dict:
@@ -229,11 +230,12 @@ class _SplitResults(beam.DoFn):
         the summary from an encoder's start-up report."""
         for part in ("checkpoint", "probes"):
             if f"{part}_s" in startup:
-                Metrics.distribution(METRICS_NAMESPACE, f"startup_ms[{part}]").update(
+                Metrics.distribution(METRICS_NAMESPACE, metric_name(STARTUP_MS, part)).update(
                     int(round(startup[f"{part}_s"] * 1e3)))
         for c in startup["compiles"]:
-            Metrics.distribution(METRICS_NAMESPACE, f"compile_ms[{c['rows']}x{c['bucket_len']},{c['backend']}]"
-                                 ).update(int(round(c["seconds"] * 1e3)))
+            label = shape_label(c["rows"], c["bucket_len"], c["backend"])
+            Metrics.distribution(METRICS_NAMESPACE, metric_name(COMPILE_MS, label)).update(
+                int(round(c["seconds"] * 1e3)))
         self._compiles.inc(len(startup["compiles"]))
         return {**startup, "worker": worker_name()}
 

@@ -22,14 +22,13 @@ auto``: the job's plan does (pipeline.driver.plan.resolved_packing), and hands t
 from __future__ import annotations
 
 import collections
-import hashlib
 import zlib
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
 from pipeline.driver.config import BatchingConfig
-from pipeline.records import Batch, TokenWindow
+from pipeline.records import Batch, TokenWindow, WindowRef, batch_id
 
 # (bucket_len, rows, contents): what one batch will hold; contents are windows, or rows of windows when packing.
 Group = tuple[int, int, list]
@@ -164,16 +163,6 @@ def final_packing(windows: list[TokenWindow], config: BatchingConfig) -> list[Gr
     return min(ways, key=lambda way: way[:2])[2]
 
 
-def _window_fields(w: TokenWindow) -> tuple:
-    return w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated
-
-
-def _digest(windows: list[TokenWindow]) -> str:
-    """A batch's id comes from what it holds, not from arrival order: a rerun names the same batch alike."""
-    ids = sorted((w.doc_id, w.index) for w in windows)
-    return hashlib.sha1("|".join(f"{d}#{i}" for d, i in ids).encode()).hexdigest()[:12]
-
-
 def padded_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batch:
     """One window per row; a partial batch is padded with empty rows (length 0) so it reuses the compiled
     full shape."""
@@ -185,8 +174,8 @@ def padded_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batc
     for row, w in enumerate(windows):
         ids_BxT[row, :w.length] = w.token_ids
         lengths_B[row] = w.length
-    return Batch(batch_id=f"b{bucket_len}-{_digest(windows)}", bucket_len=bucket_len, ids_BxT=ids_BxT,
-                 lengths_B=lengths_B, windows=tuple(map(_window_fields, windows)))
+    return Batch(batch_id=batch_id(bucket_len, windows, packed=False), bucket_len=bucket_len, ids_BxT=ids_BxT,
+                 lengths_B=lengths_B, windows=tuple(map(WindowRef.of, windows)))
 
 
 def packed_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows: int) -> Batch:
@@ -212,8 +201,8 @@ def packed_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows
             slot_lengths_BxK[r, k] = w.length
             start += w.length
     windows = [w for row in ordered for w in row]
-    return Batch(batch_id=f"p{bucket_len}-{_digest(windows)}", bucket_len=bucket_len, ids_BxT=ids_BxT,
-                 lengths_B=slot_lengths_BxK.sum(axis=1, dtype=np.int32), windows=tuple(map(_window_fields, windows)),
+    return Batch(batch_id=batch_id(bucket_len, windows, packed=True), bucket_len=bucket_len, ids_BxT=ids_BxT,
+                 lengths_B=slot_lengths_BxK.sum(axis=1, dtype=np.int32), windows=tuple(map(WindowRef.of, windows)),
                  segment_ids_BxT=segment_ids_BxT, slot_lengths_BxK=slot_lengths_BxK)
 
 

@@ -15,7 +15,8 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
     is not shown as refused merely because this config's own backend packs."""
     import attention
     from attention.plan import AttentionPlanError, ask_all, by_bucket
-    from pipeline.driver.plan import attention_cases, resolved_packing
+    from models.encoder import attention_cases
+    from pipeline.driver.plan import resolved_packing
 
     backend = attention.get(name)
     packed = resolved_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
