@@ -23,6 +23,14 @@ ACCELERATOR_CHUNKS: tuple[Row, ...] = ((1 << 31, 512, 1024, 0),)
 PLATFORM_CHUNKS: dict[str, tuple[Row, ...]] = {"cpu": TUNED_CHUNKS, "gpu": ACCELERATOR_CHUNKS,
                                                "tpu": ACCELERATOR_CHUNKS}
 
+# Causal global layers (decoders), where no option sets them: square chunks of this many rows and keys, so
+# the key blocks past the diagonal that each query chunk skips are fine-grained (a query chunk of c rows scans
+# keys up to its last row: with T tokens the layer computes about (T + c) / 2T of the blocks, so 1024-row
+# chunks at 4,096 tokens skip at most 37.5%). CPU: chosen over the table's 1024 by
+# `python benchmarks/long_context_decoder.py` ("chunked" beside "chunked-1024" in
+# benchmarks/results/long_context_decoder.json). GPU and TPU, not measured: their table applies.
+CAUSAL_CHUNK: dict[str, int] = {"cpu": 256}
+
 # Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
 # can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
 # all heads per matmul, on every platform: scanning only the reachable keys is what makes a local layer
@@ -60,10 +68,14 @@ def chunk_sizes(options: ChunkedOptions, seq_len: int, platform: str) -> tuple[i
 
 
 def layer_chunk_sizes(options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None,
-                      platform: str) -> tuple[int, int, int]:
-    """``chunk_sizes`` for a global layer; for a local one the LOCAL_* sizes and one key chunk spanning a
-    query chunk's window (capped at LOCAL_MAX_KEY_CHUNK), unless the options set them."""
+                      platform: str, causal: bool = False) -> tuple[int, int, int]:
+    """``chunk_sizes`` for a global layer (a causal one on a platform with a CAUSAL_CHUNK: square chunks of
+    it); for a local one the LOCAL_* sizes and one key chunk spanning a query chunk's window (capped at
+    LOCAL_MAX_KEY_CHUNK); always the options' sizes where they set them."""
     query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len, platform)
+    if local_window is None and causal and platform in CAUSAL_CHUNK:
+        chunk = CAUSAL_CHUNK[platform]
+        return options.query_chunk or chunk, options.key_chunk or chunk, heads_per_step
     if local_window is None:
         return query_chunk, key_chunk, heads_per_step
     query_chunk = options.query_chunk or LOCAL_QUERY_CHUNK

@@ -71,7 +71,8 @@ def causal_window(local_window: tuple[int, int] | None, causal: bool, seq_len: i
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     # plain XLA: every platform, dtype and shape, with windows, bias, segment ids, causal and grouped k/v
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window, case.platform)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window, case.platform,
+                                                               case.causal)
     query_chunk = min(query_chunk, case.seq_len)
     keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal and options.skip_causal_blocks)
     heads = f", {group_step(heads_per_step, case.num_heads, case.kv_heads)} head(s) per step" if heads_per_step else ""
@@ -107,7 +108,7 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     s, kv_heads = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
     window = local_window and causal_window(local_window, causal, s)
     query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window,
-                                                               current_platform())
+                                                               current_platform(), causal)
     query_chunk, step = min(query_chunk, t), group_step(heads_per_step, n, kv_heads)
     per_kv = n // kv_heads
     keys = key_plan(s, query_chunk, key_chunk, window, causal and options.skip_causal_blocks)
