@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import threading
 import uuid
+from typing import Callable
 
 import pytest
 
+from conftest import TEST_ALL_ENV
 from gcs_emulator import gcs_emulator
 from pipeline.store import output, storage, transaction
 from pipeline.store.faults import FaultPlan, SimulatedKill, injected
@@ -33,13 +36,39 @@ def emulator():
         yield server
 
 
+@dataclasses.dataclass
+class Outputs:
+    """Fresh output folders, one per crash point, in one place (local disk or the emulator's bucket)."""
+
+    fresh: Callable[[], str]
+    sampled: bool  # walk a sample of the points (on the emulator, but under `make test-all`): see walked_points
+    _old_run: dict[str, bytes] | None = None
+
+    def __call__(self) -> str:
+        return self.fresh()
+
+    def with_old_run(self) -> str:
+        """A fresh folder holding the committed run "old": run once, then copied byte for byte (only its
+        manifest's ``committed_at`` would differ between two real runs), since on the emulator a run's few
+        dozen requests per crash point were most of the walk's time."""
+        out = self.fresh()
+        if self._old_run is None:
+            a_run(out, "old")
+            self._old_run = every_file(out)
+            assert holds_exactly(out, "old")
+            return out
+        for rel, data in self._old_run.items():
+            storage.write_bytes(storage.join(out, rel), data)
+        return out
+
+
 @pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
-def new_output(request, tmp_path):
-    """Makes a fresh output folder per call: one per crash point (on the emulator ~10 s each: slow)."""
+def new_output(request, tmp_path) -> Outputs:
+    """Makes a fresh output folder per call: one per crash point."""
     if request.param == "local":
-        return lambda: str(tmp_path / uuid.uuid4().hex[:8])
+        return Outputs(lambda: str(tmp_path / uuid.uuid4().hex[:8]), sampled=False)
     server = request.getfixturevalue("emulator")
-    return lambda: server.url(f"crash-{uuid.uuid4().hex[:8]}")
+    return Outputs(lambda: server.url(f"crash-{uuid.uuid4().hex[:8]}"), sampled=not os.environ.get(TEST_ALL_ENV))
 
 
 @pytest.fixture(scope="module")
@@ -124,22 +153,53 @@ def assert_a_reader_sees_a_whole_run(out: str, old: str, new: str) -> None:
     assert named in (old, new) and all(view.get(rel) == data for rel, data in run_files(named).items())
 
 
-def changes_of_a_clean_run(new_output) -> list[tuple[str, str]]:
-    out = new_output()
-    a_run(out, "old")
+def changes_of_a_clean_run(new_output: Outputs) -> list[tuple[str, str]]:
+    out = new_output.with_old_run()
     with injected(FaultPlan()) as plan:
         a_run(out, "new")
     return [(op, output.relative(out, path)) for op, path in plan.changes]
+
+
+def step_kind(op: str, rel: str) -> tuple[str, str]:
+    """What a change does: its op (write, rename, copy, delete) and what it touches (the lock, the staging
+    folder, a pointer file, a data file; a temporary file of one apart)."""
+    name, temporary = rel.split(".tmp-")[0], ".tmp-" in rel
+    touches = ("lock" if name == output.LOCK else "staging" if name.startswith(output.STAGING) else
+               "pointer" if name in POINTERS else "data")
+    return op, touches + (" (temporary)" if temporary else "")
+
+
+def walked_points(changes: list[tuple[str, str]], sampled: bool, must: set[int] = frozenset()) -> list[int]:
+    """Every point; or, sampled, the first change of each kind (``step_kind``), so that every kind of step is
+    still walked, the last change (the lock's release), and the points ``must`` names (the boundaries a test
+    asserts about)."""
+    if not sampled:
+        return list(range(len(changes)))
+    first = {}
+    for n, change in enumerate(changes):
+        first.setdefault(step_kind(*change), n)
+    return sorted({*first.values(), len(changes) - 1, *(n for n in must if 0 <= n < len(changes))})
+
+
+def test_walked_points_sampled_cover_every_kind_of_step_and_the_named_boundaries():
+    changes = [("write", "_lock.json"), ("write", "_staging/r/a.tmp-1"), ("copy", "_staging/r/a"),
+               ("delete", "_staging/r/a.tmp-1"), ("write", "_lock.json"), ("copy", "embeddings/a"),
+               ("copy", "embeddings/b"), ("copy", "embeddings/c"), ("copy", "_manifest.json"),
+               ("delete", "embeddings/old"), ("delete", "_lock.json")]
+    sample = walked_points(changes, sampled=True, must={6, 99})
+    assert {step_kind(*changes[n]) for n in sample} == {step_kind(*c) for c in changes}
+    assert sample == [0, 1, 2, 3, 5, 6, 8, 9, 10]
+    assert walked_points(changes, sampled=False) == list(range(len(changes)))
 
 
 def test_a_run_killed_before_any_of_its_changes_leaves_the_old_or_the_new_run_and_the_next_run_recovers(
         new_output, dead_pid):
     changes = changes_of_a_clean_run(new_output)
     assert len(changes) >= 30, changes  # the crash points number in the dozens
-    recovered = []
-    for n in range(len(changes)):
-        out = new_output()
-        a_run(out, "old")
+    recovered = {}
+
+    def killed_at(n):
+        out = new_output.with_old_run()
         killed = dataclasses.replace(Owner.me("new"), pid=dead_pid)  # the run's process is gone, as after kill -9
         with injected(FaultPlan(crash_at=n)), pytest.raises(SimulatedKill):
             a_run(out, "new", owner=killed)
@@ -150,12 +210,22 @@ def test_a_run_killed_before_any_of_its_changes_leaves_the_old_or_the_new_run_an
         held.release()
         survivor = "old" if holds_exactly(out, "old") else "new"
         assert holds_exactly(out, survivor), (n, changes[n], every_file(out).keys())
-        recovered.append(survivor)
+        recovered[n] = survivor
         a_run(out, "next")
         assert holds_exactly(out, "next"), (n, changes[n], every_file(out).keys())
         clear(out)
-    commit_point = recovered.index("new")  # before it the old run survives, from it on the new one
-    assert recovered == ["old"] * commit_point + ["new"] * (len(changes) - commit_point)
+
+    for n in walked_points(changes, new_output.sampled):
+        killed_at(n)
+    # Sampled, the commit point lies between the last point the old run survived and the first the new one
+    # did: every point in between is walked, so the commit point is found exactly either way.
+    last_old = max((n for n, r in recovered.items() if r == "old"), default=-1)
+    for n in range(last_old + 1, min((n for n, r in recovered.items() if r == "new"), default=len(changes))):
+        killed_at(n)
+    points = sorted(recovered)
+    commit_point = min(n for n in points if recovered[n] == "new")  # before it the old run survives, from it the new
+    assert [recovered[n] for n in points] == ["old" if n < commit_point else "new" for n in points]
+    assert commit_point - 1 in recovered
     assert changes[commit_point - 1] in (("rename", output.LOCK), ("write", output.LOCK))
 
 
@@ -163,9 +233,8 @@ def test_a_run_paused_before_any_of_its_changes_while_a_forced_run_takes_over_ch
     changes = changes_of_a_clean_run(new_output)
     success_written = max(i for i, (op, rel) in enumerate(changes) if rel == "_SUCCESS" and op != "delete")
     locked = min(i for i, (op, rel) in enumerate(changes) if rel == output.LOCK and op != "delete")
-    for n in range(len(changes)):
-        out = new_output()
-        a_run(out, "old")
+    for n in walked_points(changes, new_output.sampled, must={locked, locked + 1, success_written, success_written + 1}):
+        out = new_output.with_old_run()
         plan = FaultPlan(pause_at=n)
         outcome = {}
 
