@@ -84,9 +84,10 @@ def random_bert_tensors(layers: int, hidden: int, seed: int) -> dict[str, np.nda
         at = f"encoder.layer.{i}"
         for name in ("query", "key", "value"):
             tensors |= dense(f"{at}.attention.self.{name}", hidden, hidden)
-        tensors |= dense(f"{at}.attention.output.dense", hidden, hidden) | layer_norm(f"{at}.attention.output.LayerNorm")
-        tensors |= dense(f"{at}.intermediate.dense", hidden * 4, hidden) | dense(f"{at}.output.dense", hidden, hidden * 4)
-        tensors |= layer_norm(f"{at}.output.LayerNorm")
+        tensors |= dense(f"{at}.attention.output.dense", hidden, hidden)
+        tensors |= layer_norm(f"{at}.attention.output.LayerNorm")
+        tensors |= dense(f"{at}.intermediate.dense", hidden * 4, hidden)
+        tensors |= dense(f"{at}.output.dense", hidden, hidden * 4) | layer_norm(f"{at}.output.LayerNorm")
     return tensors
 
 

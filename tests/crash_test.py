@@ -233,7 +233,8 @@ def test_a_run_paused_before_any_of_its_changes_while_a_forced_run_takes_over_ch
     changes = changes_of_a_clean_run(new_output)
     success_written = max(i for i, (op, rel) in enumerate(changes) if rel == "_SUCCESS" and op != "delete")
     locked = min(i for i, (op, rel) in enumerate(changes) if rel == output.LOCK and op != "delete")
-    for n in walked_points(changes, new_output.sampled, must={locked, locked + 1, success_written, success_written + 1}):
+    boundaries = {locked, locked + 1, success_written, success_written + 1}
+    for n in walked_points(changes, new_output.sampled, must=boundaries):
         out = new_output.with_old_run()
         plan = FaultPlan(pause_at=n)
         outcome = {}
