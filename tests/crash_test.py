@@ -5,25 +5,28 @@ the sinks' files, commit, release), driven directly so that each of its few doze
 before which it dies (pipeline/store/faults.py) or stops while a ``--force`` run takes the output over. After
 each: a reader of the manifest sees a whole run, the next run recovers exactly the old run or exactly the
 new one (bytes, manifest, ``_SUCCESS``, ``summary.json`` agree), commits its own, and leaves no stray file.
-On local disk and on the GCS emulator (with generation preconditions: tests/gcs_emulator_server.py).
+On local disk and on the GCS emulator (with generation preconditions: tests/gcs_emulator_server.py): every
+point locally; on the emulator a sample that walks every kind of step (``walked_points``), every point under
+`make test-all`.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import threading
 import uuid
-
 import pytest
 
+from conftest import TEST_ALL_ENV
+from crash_fixtures import (POINTERS, Outputs, a_run, assert_a_reader_sees_a_whole_run, changes_of_a_clean_run,
+                            clear, every_file, holds_exactly, holds_exactly_but_staging_of, step_kind, walked_points)
 from gcs_emulator import gcs_emulator
 from pipeline.store import output, storage, transaction
 from pipeline.store.faults import FaultPlan, SimulatedKill, injected
 from pipeline.store.lock import LockHeld, LockLost, Owner, OutputLock
-
-POINTERS = ("_manifest.json", "summary.json", "_SUCCESS")
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +37,12 @@ def emulator():
 
 
 @pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
-def new_output(request, tmp_path):
-    """Makes a fresh output folder per call: one per crash point (on the emulator ~10 s each: slow)."""
+def new_output(request, tmp_path) -> Outputs:
+    """Makes a fresh output folder per call: one per crash point."""
     if request.param == "local":
-        return lambda: str(tmp_path / uuid.uuid4().hex[:8])
+        return Outputs(lambda: str(tmp_path / uuid.uuid4().hex[:8]), sampled=False)
     server = request.getfixturevalue("emulator")
-    return lambda: server.url(f"crash-{uuid.uuid4().hex[:8]}")
+    return Outputs(lambda: server.url(f"crash-{uuid.uuid4().hex[:8]}"), sampled=not os.environ.get(TEST_ALL_ENV))
 
 
 @pytest.fixture(scope="module")
@@ -49,97 +52,25 @@ def dead_pid() -> int:
     return child.pid
 
 
-def run_files(run_id: str) -> dict[str, bytes]:
-    return {f"embeddings/part-{run_id}-00000-of-00002.parquet": f"rows of {run_id}, shard 0".encode(),
-            f"embeddings/part-{run_id}-00001-of-00002.parquet": f"rows of {run_id}, shard 1".encode(),
-            f"errors/part-{run_id}-00000-of-00001.jsonl": b""}
-
-
-def summary(run_id: str) -> dict:
-    return {"run_id": run_id, "docs_embedded": 2}
-
-
-def start(out: str, run_id: str, **acquire) -> OutputLock:
-    """A run's start: take the lock, recover what earlier runs left, mark the staging folder."""
-    held = OutputLock.acquire(out, run_id, heartbeat=False, **acquire)
-    with held.fence.failing_as_lost():  # as run_job does
-        transaction.recover(out, held)
-        held.fence.prove()
-        output.mark_staging(out, run_id, held.fence.token)
-    return held
-
-
-def finish(out: str, held: OutputLock) -> dict:
-    """The sinks' files, then the commit and the release."""
-    run_id = held.fence.run_id
-    written = [f"{output.staging_dir(out, run_id)}/{rel}" for rel in run_files(run_id)]
-    try:
-        with held.fence.failing_as_lost():
-            for path, data in zip(written, run_files(run_id).values()):
-                storage.write_bytes(path, data)
-            return transaction.commit(out, held.fence, written, summary(run_id), {})
-    finally:
-        held.release()
-
-
-def a_run(out: str, run_id: str, **acquire) -> dict:
-    return finish(out, start(out, run_id, **acquire))
-
-
-def every_file(out: str) -> dict[str, bytes]:
-    return {output.relative(out, p): storage.read_bytes(p) for p in storage.list_files(out)}
-
-
-def readers_view(out: str) -> dict[str, bytes]:
-    """What a reader sees: everything outside the staging folder, less the lock."""
-    return {rel: data for rel, data in every_file(out).items()
-            if not rel.startswith(f"{output.STAGING}/") and rel != output.LOCK}
-
-
-def holds_exactly(out: str, run_id: str, ignore: str | None = None) -> bool:
-    """The folder holds run ``run_id`` and nothing else: its bytes, its manifest (with sizes and checksums),
-    its summary.json and its _SUCCESS, no staging folder, no lock, no temporary file."""
-    files = {rel: data for rel, data in every_file(out).items() if not (ignore and rel.startswith(ignore))}
-    if set(files) != set(run_files(run_id)) | set(POINTERS):
-        return False
-    manifest = json.loads(files["_manifest.json"])
-    listed = {f["path"]: (f["size"], f["checksum"]) for f in manifest["files"]}
-    return (all(files[rel] == data for rel, data in run_files(run_id).items())
-            and manifest["run_id"] == run_id
-            and listed == {rel: (len(data), storage.checksum(storage.join(out, rel)))
-                           for rel, data in run_files(run_id).items()}
-            and json.loads(files["summary.json"]) == summary(run_id) and files["_SUCCESS"] == f"{run_id}\n".encode())
-
-
-def assert_a_reader_sees_a_whole_run(out: str, old: str, new: str) -> None:
-    """Right after a kill, before any recovery: the manifest names the old or the new run and every file it
-    lists is there with that run's bytes; summary.json is the new run's only once the manifest is; _SUCCESS
-    never names a run whose files are gone."""
-    view = readers_view(out)
-    committed = json.loads(view["_manifest.json"])["run_id"]
-    assert committed in (old, new)
-    assert all(view.get(rel) == data for rel, data in run_files(committed).items())
-    assert json.loads(view["summary.json"])["run_id"] in ({old, new} if committed == new else {old})
-    named = view["_SUCCESS"].decode().strip()
-    assert named in (old, new) and all(view.get(rel) == data for rel, data in run_files(named).items())
-
-
-def changes_of_a_clean_run(new_output) -> list[tuple[str, str]]:
-    out = new_output()
-    a_run(out, "old")
-    with injected(FaultPlan()) as plan:
-        a_run(out, "new")
-    return [(op, output.relative(out, path)) for op, path in plan.changes]
+def test_walked_points_sampled_cover_every_kind_of_step_and_the_named_boundaries():
+    changes = [("write", "_lock.json"), ("write", "_staging/r/a.tmp-1"), ("copy", "_staging/r/a"),
+               ("delete", "_staging/r/a.tmp-1"), ("write", "_lock.json"), ("copy", "embeddings/a"),
+               ("copy", "embeddings/b"), ("copy", "embeddings/c"), ("copy", "_manifest.json"),
+               ("delete", "embeddings/old"), ("delete", "_lock.json")]
+    sample = walked_points(changes, sampled=True, must={6, 99})
+    assert {step_kind(*changes[n]) for n in sample} == {step_kind(*c) for c in changes}
+    assert sample == [0, 1, 2, 3, 5, 6, 8, 9, 10]
+    assert walked_points(changes, sampled=False) == list(range(len(changes)))
 
 
 def test_a_run_killed_before_any_of_its_changes_leaves_the_old_or_the_new_run_and_the_next_run_recovers(
         new_output, dead_pid):
     changes = changes_of_a_clean_run(new_output)
     assert len(changes) >= 30, changes  # the crash points number in the dozens
-    recovered = []
-    for n in range(len(changes)):
-        out = new_output()
-        a_run(out, "old")
+    recovered = {}
+
+    def killed_at(n):
+        out = new_output.with_old_run()
         killed = dataclasses.replace(Owner.me("new"), pid=dead_pid)  # the run's process is gone, as after kill -9
         with injected(FaultPlan(crash_at=n)), pytest.raises(SimulatedKill):
             a_run(out, "new", owner=killed)
@@ -150,12 +81,22 @@ def test_a_run_killed_before_any_of_its_changes_leaves_the_old_or_the_new_run_an
         held.release()
         survivor = "old" if holds_exactly(out, "old") else "new"
         assert holds_exactly(out, survivor), (n, changes[n], every_file(out).keys())
-        recovered.append(survivor)
+        recovered[n] = survivor
         a_run(out, "next")
         assert holds_exactly(out, "next"), (n, changes[n], every_file(out).keys())
         clear(out)
-    commit_point = recovered.index("new")  # before it the old run survives, from it on the new one
-    assert recovered == ["old"] * commit_point + ["new"] * (len(changes) - commit_point)
+
+    for n in walked_points(changes, new_output.sampled):
+        killed_at(n)
+    # Sampled, the commit point lies between the last point the old run survived and the first the new one
+    # did: every point in between is walked, so the commit point is found exactly either way.
+    last_old = max((n for n, r in recovered.items() if r == "old"), default=-1)
+    for n in range(last_old + 1, min((n for n, r in recovered.items() if r == "new"), default=len(changes))):
+        killed_at(n)
+    points = sorted(recovered)
+    commit_point = min(n for n in points if recovered[n] == "new")  # before it the old run survives, from it the new
+    assert [recovered[n] for n in points] == ["old" if n < commit_point else "new" for n in points]
+    assert commit_point - 1 in recovered
     assert changes[commit_point - 1] in (("rename", output.LOCK), ("write", output.LOCK))
 
 
@@ -163,9 +104,9 @@ def test_a_run_paused_before_any_of_its_changes_while_a_forced_run_takes_over_ch
     changes = changes_of_a_clean_run(new_output)
     success_written = max(i for i, (op, rel) in enumerate(changes) if rel == "_SUCCESS" and op != "delete")
     locked = min(i for i, (op, rel) in enumerate(changes) if rel == output.LOCK and op != "delete")
-    for n in range(len(changes)):
-        out = new_output()
-        a_run(out, "old")
+    boundaries = {locked, locked + 1, success_written, success_written + 1}
+    for n in walked_points(changes, new_output.sampled, must=boundaries):
+        out = new_output.with_old_run()
         plan = FaultPlan(pause_at=n)
         outcome = {}
 
@@ -192,19 +133,6 @@ def test_a_run_paused_before_any_of_its_changes_while_a_forced_run_takes_over_ch
         a_run(out, "next")
         assert holds_exactly(out, "next"), (n, changes[n], every_file(out).keys())
         clear(out)
-
-
-def clear(out: str) -> None:
-    """Keep the emulator's bucket small: it lists by scanning every object."""
-    storage.delete_files(list(storage.list_files(out)))
-
-
-def holds_exactly_but_staging_of(out: str, run_id: str, overtaken: str) -> bool:
-    """``holds_exactly``, but for the overtaken run's staging folder: while that run may live it can still
-    write there, so the folder keeps its marker (docbeam's, for the next run to remove)."""
-    prefix = f"{output.STAGING}/{overtaken}/"
-    rest = {rel for rel in every_file(out) if rel.startswith(prefix)}
-    return (not rest or f"{prefix}{output.MARKER}" in rest) and holds_exactly(out, run_id, ignore=prefix)
 
 
 @pytest.mark.parametrize("stale", ["garbled", "dead owner"])

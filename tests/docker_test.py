@@ -109,6 +109,7 @@ def test_hadolint_passes_the_dockerfile():
 
 
 @pytest.mark.slow
+@pytest.mark.full  # the registry's metadata for jax's CUDA and TPU extras: `make test-all`
 @pytest.mark.parametrize("flavour", ["gpu", "tpu"])
 def test_the_accelerator_extras_resolve_to_wheels_for_this_python(flavour, tmp_path):
     """Resolved from the index's metadata only (PEP 658): the CUDA and TPU wheels are not downloaded."""
@@ -124,6 +125,7 @@ def test_the_accelerator_extras_resolve_to_wheels_for_this_python(flavour, tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.full  # ~4 minutes of installs, a third of `make test`'s budget on 2 cores: `make test-all`
 def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflow_profile(tmp_path):
     venv = tmp_path / "venv"
     python = str(venv / "bin" / "python")

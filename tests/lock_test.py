@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ import uuid
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline.store import lock, output, storage
+from pipeline.store import lock, output, storage, transaction
 
 
 def lock_path(out) -> str:
@@ -21,8 +22,9 @@ def lock_path(out) -> str:
 def test_a_second_run_is_refused_naming_the_live_owner(tmp_path):
     first = lock.OutputLock.acquire(str(tmp_path), "run-A")
     try:
-        with pytest.raises(lock.LockHeld, match=r"being written by run run-A \(host .*, pid \d+"):
+        with pytest.raises(lock.LockHeld, match=rf"being written by run run-A \(host .*, pid {os.getpid()}\b"):
             lock.OutputLock.acquire(str(tmp_path), "run-B")
+        assert lock.read_owner(lock_path(tmp_path)).run_id == "run-A"  # the refused run changed nothing
     finally:
         first.release()
     assert not storage.exists(lock_path(tmp_path))
@@ -55,11 +57,18 @@ def test_a_lock_from_another_host_is_stale_only_after_its_heartbeat_ages():
 
 
 def test_force_takes_over_a_live_lock_and_the_loser_cannot_commit(tmp_path):
-    first = lock.OutputLock.acquire(str(tmp_path), "run-A")
-    second = lock.OutputLock.acquire(str(tmp_path), "run-B", force=True)
+    out = str(tmp_path)
+    first = lock.OutputLock.acquire(out, "run-A")
+    staged = f"{output.staging_dir(out, 'run-A')}/embeddings/part-run-A-00000-of-00001.parquet"
+    storage.write_bytes(staged, b"run-A's rows")
+    second = lock.OutputLock.acquire(out, "run-B", force=True)
     try:
         with pytest.raises(lock.LockLost, match="held by run run-B.*not by this run run-A"):
             first.check()
+        with pytest.raises(lock.LockLost, match="held by run run-B.*not by this run run-A"):
+            transaction.commit(out, first.fence, [staged], {"run_id": "run-A"}, {})
+        assert not any(storage.exists(storage.join(out, name)) for name in transaction.POINTERS)
+        assert storage.read_bytes(staged) == b"run-A's rows"  # not moved into the output
         second.check()
     finally:
         first.release()  # must not remove run-B's lock
@@ -81,7 +90,10 @@ def test_the_heartbeat_renews_the_lock_while_the_run_lives(tmp_path, monkeypatch
 def test_a_garbled_lock_is_treated_as_stale_not_as_a_crash(tmp_path):
     storage.write_bytes(lock_path(tmp_path), b"{half a json")
     held = lock.OutputLock.acquire(str(tmp_path), "run-A")
+    assert lock.read_owner(lock_path(tmp_path)).run_id == "run-A"
+    held.check()
     held.release()
+    assert not storage.exists(lock_path(tmp_path))
 
 
 @pytest.mark.gcs

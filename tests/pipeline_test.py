@@ -187,21 +187,31 @@ def embeddings_matrix(output: str, ids: list[str]) -> np.ndarray:
     return np.array([rows[i]["embedding"] for i in ids], np.float32)
 
 
+@pytest.fixture(scope="module")
+def native_run(tiny_corpus, tiny_checkpoint_dir, tmp_path_factory) -> tuple[str, dict]:
+    """The tiny model's run of good.jsonl as configured by default (native attention, one worker): the
+    reference the backend and worker tests compare with, run once for them all (a pipeline costs seconds)."""
+    folder, _ = tiny_corpus
+    output = str(tmp_path_factory.mktemp("native"))
+    return output, run_job(job_config(f"{folder}/good.jsonl", output, tiny_checkpoint_dir))
+
+
 @pytest.mark.parametrize("backend", ["chunked", "flash"])
-def test_switching_attention_backend_in_yaml_keeps_embeddings(backend, tiny_corpus, tiny_checkpoint_dir, tmp_path):
+def test_switching_attention_backend_in_yaml_keeps_embeddings(backend, native_run, tiny_corpus, tiny_checkpoint_dir,
+                                                              tmp_path):
     folder, ids = tiny_corpus
-    native = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "native"), tiny_checkpoint_dir))
+    native_output, native = native_run
     other = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / backend), tiny_checkpoint_dir,
                                attention={"backend": backend}))
     assert other["attention_backends"] == {backend: other["batches"]}
     assert native["attention_backends"] == {"native": native["batches"]}
-    diff = np.abs(embeddings_matrix(str(tmp_path / "native"), ids) - embeddings_matrix(str(tmp_path / backend), ids))
+    diff = np.abs(embeddings_matrix(native_output, ids) - embeddings_matrix(str(tmp_path / backend), ids))
     assert diff.max() <= 1e-5
 
 
-def test_two_worker_processes_give_the_same_embeddings(tiny_corpus, tiny_checkpoint_dir, tmp_path):
+def test_two_worker_processes_give_the_same_embeddings(native_run, tiny_corpus, tiny_checkpoint_dir, tmp_path):
     folder, ids = tiny_corpus
-    run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "one"), tiny_checkpoint_dir))
+    one_worker, _ = native_run
     two = job_config(f"{folder}/good.jsonl", str(tmp_path / "two"), tiny_checkpoint_dir, batching={"shards": 2},
                      runner={"options": {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}})
     summary = run_job(two)
@@ -209,7 +219,7 @@ def test_two_worker_processes_give_the_same_embeddings(tiny_corpus, tiny_checkpo
     assert summary["docs_embedded"] == len(ids)
     assert str(os.getpid()) not in worker_pids, "the encoder ran in the test process, not in worker processes"
     assert len(worker_pids) == 2, f"batches were encoded by worker process(es) {sorted(worker_pids)}, not two"
-    np.testing.assert_allclose(embeddings_matrix(str(tmp_path / "one"), ids),
+    np.testing.assert_allclose(embeddings_matrix(one_worker, ids),
                                embeddings_matrix(str(tmp_path / "two"), ids), atol=1e-5)
 
 

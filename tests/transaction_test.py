@@ -137,7 +137,7 @@ def staged_files(out: str) -> list[str]:
     return [p for p in glob.glob(f"{out}/_staging/**", recursive=True) if os.path.isfile(p)]
 
 
-def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(committed, tmp_path,
+def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(committed, tmp_path, corpus,
                                                                             tiny_checkpoint_dir):
     out, before = committed
     proc = docbeam(*run_args(big_corpus(tmp_path), out, tiny_checkpoint_dir))
@@ -148,13 +148,14 @@ def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(comm
     assert {k: v for k, v in snapshot(out).items() if k != "_lock.json"} == before
     assert glob.glob(f"{out}/_staging/*")
 
-    rerun = run(str(tmp_path / "big.jsonl"), out, tiny_checkpoint_dir)
+    rerun = run(corpus, out, tiny_checkpoint_dir)  # the 30 documents: the clean-up, not the size, is on trial
     assert rerun.returncode == 0, rerun.stderr
     assert "is no longer running" in rerun.stdout and "cleaned up the staging folder of dead run" in rerun.stdout
     assert not os.path.exists(f"{out}/_staging") and not os.path.exists(f"{out}/_lock.json")
     manifest = json.load(open(f"{out}/_manifest.json"))
     assert sorted(os.path.relpath(p, out) for p in glob.glob(f"{out}/*/*")) == sorted(f["path"] for f in manifest["files"])
-    assert manifest["counts"]["docs_embedded"] == 1600
+    assert manifest["counts"]["docs_embedded"] == 30
+    assert manifest["run_id"] not in (json.loads(before["_manifest.json"])["run_id"], None)
 
 
 def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tmp_path, tiny_checkpoint_dir,
@@ -193,9 +194,12 @@ def test_an_input_inside_the_output_is_refused_before_anything_is_touched(tmp_pa
     (tmp_path / "errors").mkdir()
     inner = tmp_path / "errors" / "corpus.jsonl"
     inner.write_bytes(open(corpus, "rb").read())
+    before = {p: open(p, "rb").read() for p in glob.glob(f"{tmp_path}/**", recursive=True) if os.path.isfile(p)}
     result = run(str(inner), str(tmp_path), tiny_checkpoint_dir)
     assert result.returncode == 2 and "lies inside output.path" in result.stderr
     assert inner.read_bytes() == open(corpus, "rb").read()
+    after = {p: open(p, "rb").read() for p in glob.glob(f"{tmp_path}/**", recursive=True) if os.path.isfile(p)}
+    assert after == before  # no lock, no staging folder, nothing written or removed
 
 
 def test_a_kernel_that_returns_nan_for_some_rows_never_gets_them_written(tmp_path, corpus, tiny_checkpoint_dir):
