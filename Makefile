@@ -1,6 +1,6 @@
 # make run   — set up .venv and embed the sample corpus with configs/local.yaml into out/local/
 # make test  — set up .venv with the test dependencies and run the test suite (a few minutes on 2 cores)
-# make test-all — the same, plus the `full` tests (a fresh venv of the image's requirements, the accelerator
+# make test-extra — what make test leaves out; make test-all — the same as make test, plus the `full` tests (a fresh venv of the image's requirements, the accelerator
 #                 extras' resolution) and every crash and pause point on the GCS emulator, not a sample
 PYTHON ?= python3.11
 VENV := .venv
@@ -9,7 +9,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-all setup setup-test validate report bench clean
+.PHONY: run test test-all test-extra setup setup-test validate report bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ test: setup-test
 
 test-all: setup-test
 	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q -n 2
+
+# What `make test` leaves out: the `full` tests and every crash point of the emulator walk.
+test-extra: setup-test
+	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q -n 2 -m full
+	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q -n 2 -m gcs tests/crash_test.py
 
 bench: setup-test
 	$(PY) benchmarks/run_all.py
