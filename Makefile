@@ -1,7 +1,8 @@
 # make run   — set up .venv and embed the sample corpus with configs/local.yaml into out/local/
 # make test  — set up .venv with the test dependencies and run the test suite (a few minutes on 2 cores)
-# make test-extra — what make test leaves out; make test-all — the same as make test, plus the `full` tests (a fresh venv of the image's requirements, the accelerator
-#                 extras' resolution) and every crash and pause point on the GCS emulator, not a sample
+# make test-extra — what make test leaves out: the `full` tests (a fresh venv of the image's requirements, the
+#                   accelerator extras' resolution) and every crash and pause point on the GCS emulator
+# make test-all  — make test and make test-extra in one run
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
