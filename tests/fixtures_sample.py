@@ -1,6 +1,6 @@
 """The sample corpus cut to its first documents, for whole-job tests whose point does not depend on 400 of them:
 each document is tokenized, batched and encoded, so a job's time grows with the count while what those tests
-check (a leak's slope, which process encoded, where compiled code came from) does not."""
+check (a leak's slope, where compiled code came from) does not."""
 from __future__ import annotations
 
 import gzip
