@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from conftest import SAMPLE, job_config
+from conftest import job_config
 from models import vm_cache
 from pipeline.stages.compile_cache import CompileCache
 from pipeline.driver.run import run_job
@@ -29,8 +29,17 @@ def timing(output: str) -> list[dict]:
     return [json.loads(line) for path in sorted(glob.glob(f"{output}/timing/*.jsonl")) for line in open(path)]
 
 
-def job(tiny_checkpoint_dir, output: str, cache: str):
-    return job_config(SAMPLE, output, tiny_checkpoint_dir, batching={"buckets": [64, 128], "tokens_per_batch": 512},
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    """The sample's first 60 documents, short and long: the cache's work (what these tests check) is per compiled
+    shape, not per document, and the whole sample only added encoding time."""
+    from fixtures_sample import sample_head
+
+    return sample_head(tmp_path_factory.mktemp("corpus"), 60)
+
+
+def job(corpus: str, tiny_checkpoint_dir, output: str, cache: str):
+    return job_config(corpus, output, tiny_checkpoint_dir, batching={"buckets": [64, 128], "tokens_per_batch": 512},
                       runner={"compilation_cache": cache, "options": FRESH_PROCESS})
 
 
@@ -41,11 +50,11 @@ def compiled_and_hits(records: list[dict], summary: dict) -> tuple[int, int]:
 
 
 @pytest.mark.slow
-def test_a_local_cache_serves_the_second_jobs_compilations(tiny_checkpoint_dir, tmp_path):
+def test_a_local_cache_serves_the_second_jobs_compilations(corpus, tiny_checkpoint_dir, tmp_path):
     cache = str(tmp_path / "jax-cache")
-    first_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
+    first_summary = run_job(job(corpus, tiny_checkpoint_dir, str(tmp_path / "first"), cache))
     entries = [n for n in os.listdir(cache) if n.endswith("-cache")]
-    second_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "second"), cache))
+    second_summary = run_job(job(corpus, tiny_checkpoint_dir, str(tmp_path / "second"), cache))
 
     first, second = timing(str(tmp_path / "first")), timing(str(tmp_path / "second"))
     assert entries, "the first job left no executables in the cache"
@@ -57,17 +66,17 @@ def test_a_local_cache_serves_the_second_jobs_compilations(tiny_checkpoint_dir, 
 
 @pytest.mark.slow
 @pytest.mark.gcs
-def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(tiny_checkpoint_dir, tmp_path,
-                                                                                monkeypatch):
+def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(corpus, tiny_checkpoint_dir,
+                                                                                tmp_path, monkeypatch):
     from gcs_emulator import gcs_emulator
 
     with gcs_emulator() as gcs:
         cache = gcs.url("jax-cache", "cpu")
         monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm-1"))
-        first_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "first"), cache))
+        first_summary = run_job(job(corpus, tiny_checkpoint_dir, str(tmp_path / "first"), cache))
         uploaded = [b.name for b in gcs.client.list_blobs(gcs.bucket, prefix="jax-cache/cpu/")]
         monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm-2"))  # a fresh VM: nothing local
-        second_summary = run_job(job(tiny_checkpoint_dir, str(tmp_path / "second"), cache))
+        second_summary = run_job(job(corpus, tiny_checkpoint_dir, str(tmp_path / "second"), cache))
 
     first, second = timing(str(tmp_path / "first")), timing(str(tmp_path / "second"))
     assert uploaded and all(name.endswith("-cache") for name in uploaded)
@@ -130,8 +139,9 @@ def test_the_vms_other_processes_take_the_first_ones_word_instead_of_retrying(tm
 
 
 @pytest.mark.slow
-def test_a_job_whose_cache_cannot_be_reached_embeds_every_document_and_commits(tiny_checkpoint_dir, tmp_path):
-    cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir,
+def test_a_job_whose_cache_cannot_be_reached_embeds_every_document_and_commits(corpus, tiny_checkpoint_dir,
+                                                                                tmp_path):
+    cfg = job_config(corpus, str(tmp_path / "out"), tiny_checkpoint_dir,
                      batching={"buckets": [64, 128], "tokens_per_batch": 512},
                      runner={"compilation_cache": uncreatable(tmp_path)})
     summary = run_job(cfg)

@@ -88,14 +88,23 @@ def test_steady_growth_ignores_missing_figures():
 # --- real runs ---------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_checkpoint_dir):
-    from conftest import SAMPLE, job_config
+def corpus(tmp_path_factory) -> str:
+    """The sample's first 100 documents: ~300 windows, ~150 batches of 256 tokens, far above the rule's 16 steady
+    batches; the whole sample's 1,200 windows tripled the cost of each of the three runs here for no more signal."""
+    from fixtures_sample import sample_head
+
+    return sample_head(tmp_path_factory.mktemp("memory-corpus"), 100)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_checkpoint_dir, corpus):
+    from conftest import job_config
     from pipeline.driver.run import run_job
 
     summaries = {}
     for backend in ("native", "tests.fixtures_leaky_backend:attend"):
         output = str(tmp_path_factory.mktemp("memory"))
-        cfg = job_config(SAMPLE, output, tiny_checkpoint_dir, attention={"backend": backend},
+        cfg = job_config(corpus, output, tiny_checkpoint_dir, attention={"backend": backend},
                          batching={"buckets": [32, 64, 128], "tokens_per_batch": 256, "packing": False})
         summaries[backend] = (output, run_job(cfg))
     return summaries
@@ -120,14 +129,14 @@ def test_native_over_the_same_documents_is_not_flagged(runs):
 
 
 @pytest.mark.slow
-def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, tiny_checkpoint_dir):
-    from conftest import SAMPLE, job_config
+def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, tiny_checkpoint_dir, corpus):
+    from conftest import job_config
     from pipeline.stages.commit import RunFailed
     from pipeline.driver.run import run_job
 
     output, _ = runs["native"]
     before = {name: open(os.path.join(output, name), "rb").read() for name in ("_manifest.json", "summary.json")}
-    cfg = job_config(SAMPLE, output, tiny_checkpoint_dir, attention={"backend": "tests.fixtures_leaky_backend:attend"},
+    cfg = job_config(corpus, output, tiny_checkpoint_dir, attention={"backend": "tests.fixtures_leaky_backend:attend"},
                      batching={"buckets": [32, 64, 128], "tokens_per_batch": 256, "packing": False},
                      runner={"max_memory_growth_mb_per_1k_batches": 500}, output={"path": output, "mode": "replace"})
     with pytest.raises(RunFailed, match="max_memory_growth_mb_per_1k_batches=500"):

@@ -1,6 +1,7 @@
 """The whole job, end to end: real model on the sample corpus, tiny model for the variations."""
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import json
@@ -82,11 +83,17 @@ def test_single_window_documents_equal_sentence_transformers(sample_run, real_ch
     assert cosine.min() >= 0.9999, f"worst document {ids[int(cosine.argmin())]}: cosine {cosine.min()}"
 
 
-def content_ids(checkpoint_dir: str, text: str) -> tuple[list[int], int, int]:
-    """The document's own token ids, and the tokenizer's [CLS] and [SEP] ids."""
+@functools.lru_cache(maxsize=None)
+def tokenizer_of(checkpoint_dir: str):
+    """The checkpoint's tokenizer, read once per session rather than once per document."""
     from models.checkpoint import load_tokenizer
 
-    tokenizer = load_tokenizer(checkpoint_dir)
+    return load_tokenizer(checkpoint_dir)
+
+
+def content_ids(checkpoint_dir: str, text: str) -> tuple[list[int], int, int]:
+    """The document's own token ids, and the tokenizer's [CLS] and [SEP] ids."""
+    tokenizer = tokenizer_of(checkpoint_dir)
     return tokenizer(text, add_special_tokens=False)["input_ids"], tokenizer.cls_token_id, tokenizer.sep_token_id
 
 
@@ -101,18 +108,25 @@ def windows_by_hand(ids: list[int], cls: int, sep: int, window_len: int, stride:
         start += content - stride
 
 
-def encode_alone(checkpoint_dir: str, windows: list[list[int]]) -> np.ndarray:
-    """Mean-pooled vector of each window, one unpadded window per call, straight through the encoder."""
+@functools.lru_cache(maxsize=None)
+def jitted_encoder(checkpoint_dir: str):
+    """(params, jitted mean-pooling encoder) of a checkpoint, built once per test session: a new jax.jit per call
+    compiled every window length again, seconds per document."""
     import jax
-    import jax.numpy as jnp
 
     import attention
     from models.checkpoint import load_params, open_checkpoint
     from models.encoder import embed_fn
 
     config = open_checkpoint(checkpoint_dir).config
-    params = load_params(checkpoint_dir, config)
-    embed = jax.jit(embed_fn(config, attention.get("native").bind(), "mean"))
+    return load_params(checkpoint_dir, config), jax.jit(embed_fn(config, attention.get("native").bind(), "mean"))
+
+
+def encode_alone(checkpoint_dir: str, windows: list[list[int]]) -> np.ndarray:
+    """Mean-pooled vector of each window, one unpadded window per call, straight through the encoder."""
+    import jax.numpy as jnp
+
+    params, embed = jitted_encoder(checkpoint_dir)
     return np.stack([np.asarray(embed(params, jnp.asarray([w], jnp.int32), jnp.asarray([len(w)], jnp.int32))[0])
                      for w in windows])
 
