@@ -76,10 +76,10 @@ def docbeam_run(tmp_path, model: str, env: dict, out: str = "out") -> subprocess
                           capture_output=True, text=True, timeout=600, env=env)
 
 
-def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys) -> tuple[int, str]:
+def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys, out: str = "out") -> tuple[int, str]:
     """``docbeam run`` through cli.main in this process, online against ``url``: its exit code and stderr.
 
-    Where no job starts, a subprocess's import of Beam and JAX was most of its time. docbeam reads HF_ENDPOINT
+    A subprocess's import of Beam and JAX was most of a refused run's time, and seconds of a whole one. docbeam reads HF_ENDPOINT
     and HF_HUB_CACHE at each call (models/checkpoint_source.py); huggingface_hub reads HF_HUB_OFFLINE once, at
     import, into ``constants`` (this process imported it offline), so online is set there as the variable
     would have set it. Offline cases stay subprocesses: they must show that the variable itself is honoured.
@@ -88,7 +88,7 @@ def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys)
 
     from pipeline.driver import cli
 
-    config = job_config(tmp_path, model)
+    config = job_config(tmp_path, model, out)
     for name, value in hub_env(tmp_path, url).items():
         if name.startswith(("HF_", "DOCBEAM_")):
             monkeypatch.setenv(name, value)
@@ -128,12 +128,14 @@ def test_a_branch_is_pinned_to_the_commit_its_snapshot_came_from():
 
 
 @pytest.mark.slow
-def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos, prompted_checkpoint, tmp_path):
+def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos, prompted_checkpoint, tmp_path,
+                                                                         monkeypatch, capsys):
     from sentence_transformers import SentenceTransformer
 
     with hub_server(repos) as hub:
-        online = docbeam_run(tmp_path, "hf://docbeam/tiny@main", hub_env(tmp_path, hub.url), "online")
-        assert online.returncode == 0, online.stderr[-3000:]
+        code, stderr = docbeam_run_online_here(tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys,
+                                               "online")
+        assert code == 0, stderr[-3000:]
         requests = list(hub.requests)
     # Offline: the server is gone, and HF_HUB_OFFLINE keeps huggingface_hub from trying.
     offline = docbeam_run(tmp_path, "hf://docbeam/tiny@main", hub_env(tmp_path, None), "offline")
