@@ -60,15 +60,44 @@ def hub_env(tmp_path, url: str | None) -> dict:
     return {**env, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": url}
 
 
-def docbeam_run(tmp_path, model: str, env: dict, out: str = "out") -> subprocess.CompletedProcess:
+def job_config(tmp_path, model: str, out: str = "out") -> str:
     docs, config = tmp_path / "docs.jsonl", tmp_path / "job.yaml"
     with gzip.open(SAMPLE, "rt") as f:
         docs.write_text("".join(line for _, line in zip(range(DOCS), f)))
     config.write_text(json.dumps({"input": {"path": str(docs)}, "output": {"path": str(tmp_path / out)},
                                   "model": {"path": model}, "tokenize": {"long_documents": "truncate"},
                                   "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048}}))
-    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", str(config)], cwd=tmp_path,
+    return str(config)
+
+
+def docbeam_run(tmp_path, model: str, env: dict, out: str = "out") -> subprocess.CompletedProcess:
+    config = job_config(tmp_path, model, out)
+    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", config], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, env=env)
+
+
+def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys, out: str = "out") -> tuple[int, str]:
+    """``docbeam run`` through cli.main in this process, online against ``url``: its exit code and stderr.
+
+    A subprocess's import of Beam and JAX was most of a refused run's time, and seconds of a whole one.
+    docbeam reads HF_ENDPOINT and HF_HUB_CACHE at each call (models/checkpoint_source.py); huggingface_hub
+    reads HF_HUB_OFFLINE once, at import, into ``constants`` (this process imported it offline), so online
+    is set there as the variable would have set it. Offline cases stay subprocesses: they must show that
+    the variable itself is honoured.
+    """
+    from huggingface_hub import constants
+
+    from pipeline.driver import cli
+
+    config = job_config(tmp_path, model, out)
+    for name, value in hub_env(tmp_path, url).items():
+        if name.startswith(("HF_", "DOCBEAM_")):
+            monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    code = cli.main(["run", "--config", config])
+    return code, capsys.readouterr().err
 
 
 def embeddings(output: str) -> dict[str, np.ndarray]:
@@ -100,12 +129,14 @@ def test_a_branch_is_pinned_to_the_commit_its_snapshot_came_from():
 
 
 @pytest.mark.slow
-def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos, prompted_checkpoint, tmp_path):
+def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos, prompted_checkpoint, tmp_path,
+                                                                         monkeypatch, capsys):
     from sentence_transformers import SentenceTransformer
 
     with hub_server(repos) as hub:
-        online = docbeam_run(tmp_path, "hf://docbeam/tiny@main", hub_env(tmp_path, hub.url), "online")
-        assert online.returncode == 0, online.stderr[-3000:]
+        code, stderr = docbeam_run_online_here(tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys,
+                                               "online")
+        assert code == 0, stderr[-3000:]
         requests = list(hub.requests)
     # Offline: the server is gone, and HF_HUB_OFFLINE keeps huggingface_hub from trying.
     offline = docbeam_run(tmp_path, "hf://docbeam/tiny@main", hub_env(tmp_path, None), "offline")
@@ -141,12 +172,17 @@ def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos,
     ("hf://docbeam/tiny@main", False, "HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it"),
     ("hf://docbeam/missing", True, "the Hub refused it"),
 ])
-def test_a_pickle_only_repository_or_one_not_cached_offline_exits_2_naming_why(repos, tmp_path, model, online, named):
+def test_a_pickle_only_repository_or_one_not_cached_offline_exits_2_naming_why(repos, tmp_path, model, online, named,
+                                                                            monkeypatch, capsys):
     with hub_server(repos) as hub:
-        result = docbeam_run(tmp_path, model, hub_env(tmp_path, hub.url if online else None))
+        if online:
+            code, stderr = docbeam_run_online_here(tmp_path, model, hub.url, monkeypatch, capsys)
+        else:
+            result = docbeam_run(tmp_path, model, hub_env(tmp_path, None))
+            code, stderr = result.returncode, result.stderr
         assert hub.downloads("pytorch_model.bin") == 0
-    assert result.returncode == 2, result.stderr[-3000:]
-    assert "docbeam: cannot start:" in result.stderr and named in result.stderr
+    assert code == 2, stderr[-3000:]
+    assert "docbeam: cannot start:" in stderr and named in stderr
     assert not (tmp_path / "out").exists()
 
 
