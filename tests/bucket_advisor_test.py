@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, checkout_env
+from cli_runner import run_docbeam
+from conftest import REPO
 from pipeline.tools import bucket_advisor
 from pipeline.driver import config
 
@@ -18,9 +18,7 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 def plan(tmp_path, *overrides) -> subprocess.CompletedProcess:
     sets = [a for o in (f"output.path={tmp_path / 'out'}",) + overrides for a in ("--set", o)]
-    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "propose-buckets", "--config", LOCAL, *sets],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                          env=checkout_env())
+    return run_docbeam("propose-buckets", "--config", LOCAL, *sets, cwd=tmp_path)
 
 
 def jsonl(path, *records) -> str:

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import checkout_env
+from cli_runner import run_docbeam
 from models.checkpoint import CheckpointError, open_checkpoint
 
 BERT = {"model_type": "bert", "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1,
@@ -96,8 +94,7 @@ def test_the_job_refuses_such_a_checkpoint_at_start_with_exit_2(tmp_path):
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')
     config = tmp_path / "job.yaml"
     config.write_text(json.dumps({"input": {"path": "in.jsonl"}, "output": {"path": "out"}, "model": {"path": model}}))
-    result = subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", str(config)], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300, env=checkout_env())
+    result = run_docbeam("run", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "docbeam: cannot start: model.path:" in result.stderr and "LayerNorm" in result.stderr
     assert not (tmp_path / "out").exists()

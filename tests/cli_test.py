@@ -8,33 +8,54 @@ import sys
 
 import pytest
 
+from cli_runner import run_docbeam
 from conftest import REPO, checkout_env
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def docbeam(*args, cwd=REPO) -> subprocess.CompletedProcess:
+    """The real command in a fresh process: only for the end-to-end exit codes (0, 1, 2) a scheduler reads; every
+    other test calls ``run_docbeam`` in this process."""
     return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=checkout_env())
 
 
 def test_validate_prints_resolved_config_and_the_backend_for_every_bucket(tmp_path):
-    result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=chunked", cwd=tmp_path)
+    result = run_docbeam("validate", "--config", LOCAL, "--set", "attention.backend=chunked", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"path: {os.path.join(REPO, 'data', 'sample')}" in result.stdout  # resolved against the config's folder
     assert "bucket    256 → chunked" in result.stdout
     assert "| cpu | `chunked`" in result.stdout  # flash on CPU: docbeam's chunked first (measured)
 
 
+def test_run_docbeam_answers_as_the_command_and_leaves_this_process_as_it_was(tmp_path):
+    """The in-process runner the other tests use: output and exit code captured, argparse's exit turned into a
+    code, and the root logger's handlers, the folder, the environment and sys.argv restored after each call."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, folder, argv, env = list(root.handlers), os.getcwd(), list(sys.argv), dict(os.environ)
+    for _ in range(2):  # a second call must not print through the first call's handlers
+        result = run_docbeam("validate", "--config", LOCAL, "--set", "batching.bucket_size=3", cwd=tmp_path,
+                             env={**os.environ, "DOCBEAM_RUNNER_PROBE": "1"})
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.count("batching.bucket_size: unknown key (got 3)") == 1
+        assert (root.handlers, os.getcwd(), sys.argv, dict(os.environ)) == (handlers, folder, argv, env)
+    usage = run_docbeam("validate", cwd=tmp_path)
+    assert usage.returncode == 2 and "the following arguments are required: --config" in usage.stderr
+
+
 def test_validate_rejects_an_unknown_key_naming_it(tmp_path):
+    # A subprocess on purpose: the one end-to-end check that a refusal reaches the shell as exit status 2.
     result = docbeam("validate", "--config", LOCAL, "--set", "batching.bucket_size=3")
     assert result.returncode == 2
     assert "batching.bucket_size: unknown key (got 3)" in result.stderr
 
 
 def test_validate_fails_at_start_when_no_backend_can_run_a_bucket():
-    result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=flash",
-                     "--set", "attention.flash={kernel: cudnn}")
+    result = run_docbeam("validate", "--config", LOCAL, "--set", "attention.backend=flash",
+                         "--set", "attention.flash={kernel: cudnn}")
     assert result.returncode == 2
     assert "cannot run bucket 128 (cpu, float32" in result.stderr and "attention.fallback" in result.stderr
 
@@ -47,6 +68,8 @@ def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fai
     out = tmp_path / "out"
     common = ["run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
               "--set", f"model.path={tiny_checkpoint_dir}"]
+    # `refused` and `result` run in a subprocess on purpose: the end-to-end checks that a failed run reaches the
+    # shell as exit status 1 and a committed one as 0; the --verbose run between them only reads stderr.
     refused = docbeam(*common)  # 1 of 2 rejected: over the default input.max_rejected_fraction of 0.1
     assert refused.returncode == 1
     why, details = refused.stderr.strip().splitlines()  # the reason first and alone; no Beam traceback
@@ -54,7 +77,7 @@ def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fai
     assert why.startswith("docbeam: job failed, nothing committed")
     log_file = details.removeprefix("details and tracebacks: ").removesuffix(", or run again with --verbose")
     assert "Traceback (most recent call last)" in open(log_file).read()  # the details are kept, in the named file
-    verbose = docbeam(*common, "--verbose")
+    verbose = run_docbeam(*common, "--verbose")
     assert verbose.returncode == 1 and "Traceback (most recent call last)" in verbose.stderr
     assert not (out / "summary.json").exists()
     result = docbeam(*common, "--set", "input.max_rejected_fraction=0.5", "--", "--direct_num_workers=1")
@@ -65,13 +88,13 @@ def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fai
 
 
 def test_a_stride_as_long_as_the_window_fails_at_start_naming_the_key():
-    result = docbeam("validate", "--config", LOCAL, "--set", "tokenize.stride=254")
+    result = run_docbeam("validate", "--config", LOCAL, "--set", "tokenize.stride=254")
     assert result.returncode == 2
     assert "tokenize.stride=254 must be smaller than a window's content (254 tokens" in result.stderr
 
 
 def test_validate_names_a_backend_whose_capability_check_crashes_and_exits_2():
-    result = docbeam("validate", "--config", LOCAL, "--set", "attention.backend=tests.fixtures_bad_backends:attend_check_raises")
+    result = run_docbeam("validate", "--config", LOCAL, "--set", "attention.backend=tests.fixtures_bad_backends:attend_check_raises")
     assert result.returncode == 2, result.stderr
     assert ("attention backend 'tests.fixtures_bad_backends:attend_check_raises': its capability check raised "
             "KeyError: 'sm_90'") in result.stderr
@@ -79,7 +102,7 @@ def test_validate_names_a_backend_whose_capability_check_crashes_and_exits_2():
 
 def test_validate_refuses_an_output_that_holds_someone_elses_files(tmp_path):
     (tmp_path / "thesis.pdf").write_bytes(b"years of work")
-    result = docbeam("validate", "--config", LOCAL, "--set", f"output.path={tmp_path}")
+    result = run_docbeam("validate", "--config", LOCAL, "--set", f"output.path={tmp_path}")
     assert result.returncode == 2
     assert "holds 1 file(s) that no docbeam run wrote (e.g. thesis.pdf)" in result.stderr
     assert (tmp_path / "thesis.pdf").read_bytes() == b"years of work"
@@ -145,8 +168,8 @@ def test_whatever_refuses_a_run_at_start_exits_2_naming_it_and_touches_nothing(c
     output_path = prepare(out) or str(out)
     before = folder_state(tmp_path)
 
-    result = docbeam("run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={output_path}",
-                     "--set", f"model.path={tiny_checkpoint_dir}")
+    result = run_docbeam("run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set",
+                         f"output.path={output_path}", "--set", f"model.path={tiny_checkpoint_dir}")
     assert result.returncode == 2, result.stderr
     [last] = result.stderr.strip().splitlines()[-1:]
     assert last.startswith("docbeam: cannot start: ") and message in last

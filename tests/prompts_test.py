@@ -8,13 +8,13 @@ import gzip
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SAMPLE, checkout_env, write_tiny_checkpoint
+from cli_runner import run_docbeam
+from conftest import SAMPLE, write_tiny_checkpoint
 from models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
 from models.st_settings import document_prompt
 from pipeline.driver.config import ModelConfig, TokenizeConfig
@@ -69,8 +69,7 @@ def docbeam_run(tmp_path, model: str, *sets: str) -> subprocess.CompletedProcess
                                   "model": {"path": model}, "tokenize": {"long_documents": "truncate"},
                                   "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048}}))
     args = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", str(config), *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=600, env=checkout_env())
+    return run_docbeam("run", "--config", str(config), *args, cwd=tmp_path)
 
 
 # --- which prompt ---------------------------------------------------------------------------------------------

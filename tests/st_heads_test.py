@@ -275,6 +275,7 @@ def test_the_dense_modules_are_fetched_from_the_hub(headed_checkpoint, tmp_path)
     script = ("import json, sys; from models.checkpoint import open_checkpoint; ck = open_checkpoint(sys.argv[1]); "
               "print(json.dumps([ck.folder, [d.out_features for d in ck.settings.dense]]))")
     with hub_server({"docbeam/headed": repo_from_folder(headed_checkpoint, commit)}) as hub:
+        # A subprocess on purpose: huggingface_hub reads HF_HUB_OFFLINE and HF_ENDPOINT when it is imported.
         result = subprocess.run([sys.executable, "-c", script, "hf://docbeam/headed@main"], capture_output=True,
                                 text=True, timeout=300, env=hub_env(tmp_path, hub.url))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -1,6 +1,7 @@
 """The run/commit/exit-code contract, tried the way a flaky cloud or a hostile user would: failed reruns,
 a killed run, two runs at once, odd output paths, a kernel that returns NaN. Every run goes through the
-``docbeam`` command, so the exit codes are the ones a scheduler sees."""
+``docbeam`` command's ``main`` (in this process: cli_test checks the real command's exit status end to end); a run
+that is killed, or must be alive while another starts, is a real subprocess."""
 from __future__ import annotations
 
 import glob
@@ -17,6 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from cli_runner import run_docbeam
 from conftest import REPO, SAMPLE
 
 pytestmark = pytest.mark.slow
@@ -24,6 +26,7 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 
 def docbeam(*args: str) -> subprocess.Popen:
+    """A run in its own process: for the runs a test kills, or keeps alive while another run starts."""
     return subprocess.Popen([sys.executable, "-m", "pipeline.driver.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -43,7 +46,7 @@ def finish(proc: subprocess.Popen) -> subprocess.CompletedProcess:
 
 
 def run(corpus: str, out: str, model: str, *sets: str) -> subprocess.CompletedProcess:
-    return finish(docbeam(*run_args(corpus, out, model, *sets)))
+    return run_docbeam(*run_args(corpus, out, model, *sets))
 
 
 def snapshot(out: str) -> dict[str, bytes]:
@@ -231,5 +234,5 @@ def test_an_empty_input_commits_an_empty_output_that_the_report_can_read(tmp_pat
     manifest = json.load(open(f"{out}/_manifest.json"))
     assert manifest["counts"]["docs_read"] == 0 == manifest["counts"]["docs_embedded"]
     assert pq.read_table(glob.glob(f"{out}/embeddings/*.parquet")).num_rows == 0
-    report = finish(docbeam("report", out))
+    report = run_docbeam("report", out)
     assert report.returncode == 0, report.stderr
