@@ -136,20 +136,6 @@ def test_add_returns_nothing_until_a_round_then_only_full_batches_and_what_waits
     assert sorted(w[0] for b in sent + rest for w in b.windows) == [f"d{i:04d}" for i in range(400)]
 
 
-def test_a_packer_resumed_from_its_state_makes_the_batches_of_one_that_never_stopped():
-    """What the Beam DoFn does: per window a fresh Packer from (held, gathered) in Beam state."""
-    config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)
-    windows = [window(f"d{i:04d}", 0, 5 + i * 7 % 60) for i in range(150)]
-    whole, resumed, held, gathered = Packer(config, True), [], [], {}
-    expected = [b for w in windows for b in whole.add(w)] + whole.flush()
-    for w in windows:
-        packer = Packer(config, True, held=iter(held), gathered=gathered)
-        resumed += packer.add(w)
-        held, gathered = list(packer.held), dict(packer.gathered)
-    resumed += Packer(config, True, held=held, gathered=gathered).flush()
-    assert [b.batch_id for b in resumed] == [b.batch_id for b in expected]
-
-
 def test_a_round_sends_full_rows_first_and_holds_back_under_filled_ones_for_later_windows():
     config = BatchingConfig(buckets=(64,), tokens_per_batch=128)  # 2 rows per batch
     # Two rows fill exactly (60 + 4); six hold one 50 each, room a later 14 could fill.
