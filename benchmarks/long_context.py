@@ -32,6 +32,25 @@ DEFAULT_LENGTHS, QUICK_LENGTHS = (2048, 8192, 16384), (512, 1024)
 GB = 2**30
 
 
+def case_parser(doc: str, default_lengths, quick_lengths, timeout: float):
+    """The options of a benchmark that runs one capped child process per (backend, length) case."""
+    p = common.parser(doc)
+    p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, default_lengths))}; "
+                                     f"--quick {','.join(map(str, quick_lengths))})")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept")
+    p.add_argument("--time-per-case", type=float, default=20.0, help="stop timing a case after this many seconds")
+    p.add_argument("--mem-cap-gb", type=float, default=16.0, help="address-space cap per case (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds per case subprocess (default %(default)s)")
+    return p
+
+
+def lengths_of(args, default_lengths, quick_lengths) -> tuple[int, ...]:
+    """--lengths in increasing order, so the largest, slowest points come last."""
+    if args.lengths:
+        return tuple(sorted(int(x) for x in args.lengths.split(",")))
+    return tuple(quick_lengths if args.quick else default_lengths)
+
+
 def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: float) -> dict:
     """In the child: compile and call one layer's attention; best time of the timed calls, peak RSS growth."""
     import jax
@@ -161,17 +180,10 @@ def main(argv=None) -> int:
         case = json.loads(sys.argv[2])
         print(json.dumps(run_case(**case)))
         return 0
-    p = common.parser(__doc__)
-    p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, DEFAULT_LENGTHS))}; "
-                                     f"--quick {','.join(map(str, QUICK_LENGTHS))})")
+    p = case_parser(__doc__, DEFAULT_LENGTHS, QUICK_LENGTHS, timeout=300.0)
     p.add_argument("--backends", default="native,chunked,flash")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls after the first (compiling) one, best kept")
-    p.add_argument("--time-per-case", type=float, default=20.0, help="stop timing a case after this many seconds")
-    p.add_argument("--mem-cap-gb", type=float, default=16.0, help="address-space cap per case (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per case subprocess")
     args = p.parse_args(argv)
-    lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else (
-        QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    lengths = lengths_of(args, DEFAULT_LENGTHS, QUICK_LENGTHS)
     backends = tuple(args.backends.split(","))
     info = common.machine(with_jax=False)
     common.print_machine("long context: ModernBERT-base attention, global and local layers", info)

@@ -117,17 +117,10 @@ def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 2 and sys.argv[1] == "--child":
         print(json.dumps(run_case(**json.loads(sys.argv[2]))))
         return 0
-    p = common.parser(__doc__)
-    p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, DEFAULT_LENGTHS))}; "
-                                     f"--quick {','.join(map(str, QUICK_LENGTHS))})")
+    p = long_context.case_parser(__doc__, DEFAULT_LENGTHS, QUICK_LENGTHS, timeout=1500.0)
     p.add_argument("--backends", default=",".join(VARIANTS), help="of " + ", ".join(VARIANTS))
-    p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept")
-    p.add_argument("--time-per-case", type=float, default=20.0, help="stop timing a case after this many seconds")
-    p.add_argument("--mem-cap-gb", type=float, default=16.0, help="address-space cap per case (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=1500.0, help="seconds per case subprocess")
     args = p.parse_args(argv)
-    lengths = sorted(int(x) for x in args.lengths.split(",")) if args.lengths else (
-        QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    lengths = long_context.lengths_of(args, DEFAULT_LENGTHS, QUICK_LENGTHS)
     backends = args.backends.split(",")
     unknown = sorted(set(backends) - set(VARIANTS))
     if unknown:
@@ -158,7 +151,7 @@ def main(argv=None) -> int:
     target = target_verdict(rows)
     print(f"\n{target['line']}\nbenchmark wall time {time.perf_counter() - started:.0f} s")
     common.write_results(args, "long_context_decoder", {
-        "machine": info, "lengths": lengths, "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+        "machine": info, "lengths": list(lengths), "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
                                                         "layers": LAYERS, "causal": True},
         "results": results, "ratios": rows, "target": target})
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in results) else 1
