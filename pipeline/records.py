@@ -96,7 +96,8 @@ class Batch:
 
     def __post_init__(self):
         # Whatever built the batch, its windows are read by name from here on (a plain tuple is accepted).
-        object.__setattr__(self, "windows", tuple(WindowRef(*w) for w in self.windows))
+        if not all(type(w) is WindowRef for w in self.windows):
+            object.__setattr__(self, "windows", tuple(WindowRef(*w) for w in self.windows))
 
     @property
     def packed(self) -> bool:

@@ -1,1 +1,2 @@
-"""The Beam stages, in the job's order: read, reuse, tokenize, bucket (batch), encode, write, commit."""
+"""The Beam stages, in the job's order: read, reuse, tokenize, batch (the packer), encode, write, commit; and the
+workers' compile cache."""
