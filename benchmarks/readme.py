@@ -109,6 +109,10 @@ def _causal_skipping(r):
         speedups.items(), key=lambda item: int(item[0])))
 
 
+# Results that compare docbeam with an earlier docbeam (its start-up work): history, shown in
+# docs/performance.md, not in the README's table of what a user gets.
+HISTORY_ONLY = frozenset({"startup.json"})
+
 # (what, results file, figure(record) -> (value, detail), target test, target text)
 TARGETS = (
     ("encoder ÷ sentence-transformers, sample", "encoder-float32.json", _encoder, lambda v: v >= 1.3, "≥ 1.3×"),
@@ -169,9 +173,12 @@ def targets_table(prefix: str = "") -> str:
 
 
 def readme_table() -> str:
-    """README's one table: each figure beside the command that measured it, where and when."""
+    """README's one table: each figure beside the command that measured it, where and when. Figures that compare
+    docbeam with an earlier docbeam (its start-up history) are docs/performance.md's only."""
     rows = ["| measure | figure | target | command (machine, date, results file) |", "|---|---|---|---|"]
     for what, name, figure, ok, target in TARGETS:
+        if name in HISTORY_ONLY:
+            continue
         record = _load(name)
         if record is None or not record.get("tables"):
             rows.append(f"| {what} | not measured | {target} | — |")
