@@ -13,10 +13,10 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from attention.chunk_sizes import ChunkedOptions, layer_chunk_sizes
-from attention.interface import AttentionCase, Support, current_platform
-from attention.native import MASKED, in_window
-from attention.registry import register
+from docbeam.attention.chunk_sizes import ChunkedOptions, layer_chunk_sizes
+from docbeam.attention.interface import AttentionCase, Support, current_platform
+from docbeam.attention.native import MASKED, in_window
+from docbeam.attention.registry import register
 
 
 def pad_to_multiple(x_BxLx___, multiple: int):

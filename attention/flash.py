@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from attention import chunked, flash_gpu, flash_tokamax, flash_tpu
-from attention.flash_kernel import FlashOptions, Kernel, KernelName
-from attention.interface import AttentionCase, Support, current_platform
-from attention.registry import register
+from docbeam.attention import chunked, flash_gpu, flash_tokamax, flash_tpu
+from docbeam.attention.flash_kernel import FlashOptions, Kernel, KernelName
+from docbeam.attention.interface import AttentionCase, Support, current_platform
+from docbeam.attention.registry import register
 
 __all__ = ["KERNELS", "PLATFORM_KERNELS", "FlashOptions", "Kernel", "KernelName", "auto_kernel_table", "feature_table",
            "flash", "pick_kernel", "supports"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention.chunked import pad_to_multiple
-from attention.flash_kernel import (NO_BIAS, NO_CAUSAL, NO_GROUPED, NO_WINDOW, Kernel, is_power_of_two, not_importable,
+from docbeam.attention.chunked import pad_to_multiple
+from docbeam.attention.flash_kernel import (NO_BIAS, NO_CAUSAL, NO_GROUPED, NO_WINDOW, Kernel, is_power_of_two, not_importable,
                                     off_platform)
 
 

@@ -11,7 +11,7 @@ from typing import Callable, Literal
 import jax
 import pydantic
 
-from attention.interface import AttentionCase
+from docbeam.attention.interface import AttentionCase
 
 KernelName = Literal["auto", "pallas_tpu", "splash_tpu", "pallas_gpu", "cudnn", "tokamax_triton",
                      "tokamax_mosaic", "tokamax_chunked", "chunked"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from attention.flash_kernel import Kernel, not_importable
+from docbeam.attention.flash_kernel import Kernel, not_importable
 
 
 def _tokamax_triton_refusal(case, options) -> str:

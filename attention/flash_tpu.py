@@ -9,8 +9,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from attention.chunked import pad_to_multiple
-from attention.flash_kernel import NO_BIAS, NO_CAUSAL, NO_GROUPED, NO_WINDOW, Kernel, not_importable, off_platform
+from docbeam.attention.chunked import pad_to_multiple
+from docbeam.attention.flash_kernel import NO_BIAS, NO_CAUSAL, NO_GROUPED, NO_WINDOW, Kernel, not_importable, off_platform
 
 
 def _dtype_refusal(name: str, case) -> str:

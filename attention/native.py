@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import pydantic
 
-from attention.interface import AttentionCase, Support, current_platform
-from attention.registry import register
+from docbeam.attention.interface import AttentionCase, Support, current_platform
+from docbeam.attention.registry import register
 
 KERNELS = {"einsum": "xla einsum softmax (mask as bias)", "jax_nn": "jax.nn.dot_product_attention (xla)"}
 # Added to the scores of padded keys: finite, so a row with no valid key averages all keys instead of

@@ -12,9 +12,9 @@ import logging
 import numpy as np
 import pydantic
 
-from attention import registry
-from attention.interface import AttentionCase, Backend, Support
-from pipeline.errors import Refused
+from docbeam.attention import registry
+from docbeam.attention.interface import AttentionCase, Backend, Support
+from docbeam.pipeline.errors import Refused
 
 
 log = logging.getLogger(__name__)

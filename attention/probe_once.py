@@ -6,7 +6,7 @@ import concurrent.futures
 import os
 import threading
 
-from attention.plan import AttentionSpec, Choice, probe
+from docbeam.attention.plan import AttentionSpec, Choice, probe
 
 _PROBED: set[tuple[AttentionSpec, Choice]] = set()
 _PROBED_LOCK = threading.Lock()

@@ -11,8 +11,8 @@ import logging
 import importlib.metadata
 from typing import Callable
 
-from attention.interface import Backend, NoOptions, Support, supports_everything
-from pipeline.errors import Refused
+from docbeam.attention.interface import Backend, NoOptions, Support, supports_everything
+from docbeam.pipeline.errors import Refused
 
 ENTRY_POINT_GROUP = "docbeam.attention"
 _REGISTRY: dict[str, Backend] = {}

@@ -62,15 +62,14 @@ def parse_args(argv=None):
 # --- one case, in the child process --------------------------------------------------------------------
 
 def bind(variant: dict):
-    import attention
-
+    from docbeam import attention
     backend = attention.get(variant["backend"])
     return backend.bind(backend.parse_options(variant["options"]))
 
 
 def supported(variant: dict, platform: str, dtype: str, length: int, heads: int, head_dim: int):
-    import attention
-    from attention import AttentionCase
+    from docbeam import attention
+    from docbeam.attention import AttentionCase
 
     backend = attention.get(variant["backend"])
     return backend.supports(AttentionCase(platform, dtype, length, heads, head_dim),
@@ -139,10 +138,10 @@ def variants(platform: str, dtypes, head_dim: int) -> list[dict]:
     """Registered backends, ``native/jax_nn`` (native's other formulation, where it is not the default),
     plus ``flash/<kernel>`` for each flash kernel that runs here for some dtype and is not already what
     ``kernel: auto`` picks for every dtype."""
-    import attention
-    from attention import AttentionCase
-    from attention.flash import KERNELS, FlashOptions, pick_kernel
-    from attention.native import NativeOptions, formulation
+    from docbeam import attention
+    from docbeam.attention import AttentionCase
+    from docbeam.attention.flash import KERNELS, FlashOptions, pick_kernel
+    from docbeam.attention.native import NativeOptions, formulation
 
     out = [{"label": name, "backend": name, "options": {}} for name in attention.names()]
     if formulation(NativeOptions(), platform) != "jax_nn":

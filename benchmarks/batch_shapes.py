@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from pipeline.driver.config import load
+    from docbeam.pipeline.driver.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.settings = [parse_setting(s) for s in args.settings.split(";") if s]
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
     common.print_machine("batch shapes: docbeam's encoder per bucket set × tokens_per_batch", info)
-    from models.checkpoint import open_checkpoint
+    from docbeam.models.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(args.model)
     if args.corpus == "heldout" and not args.docs:

@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from pipeline.driver.config import load
+    from docbeam.pipeline.driver.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else local.batching.buckets
@@ -52,8 +52,8 @@ def parse_args(argv=None):
 
 
 def sample_lengths(args) -> tuple[list[int], int]:
-    from models.checkpoint import load_tokenizer, open_checkpoint
-    from pipeline.stages.tokenize import windows_for
+    from docbeam.models.checkpoint import load_tokenizer, open_checkpoint
+    from docbeam.pipeline.stages.tokenize import windows_for
 
     checkpoint = open_checkpoint(args.model)
     window_len = checkpoint.settings.max_seq_len
@@ -72,7 +72,7 @@ def synthetic_lengths(n: int, median: float, sigma: float, lo: int, hi: int, see
 
 
 def bucketed(lengths, buckets, tokens_per_batch, packing: bool = False) -> dict:
-    from pipeline.tools.bucket_advisor import batches_per_bucket, padded_tokens
+    from docbeam.pipeline.tools.bucket_advisor import batches_per_bucket, padded_tokens
 
     batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch, packing)
     padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch, packing)
@@ -96,8 +96,8 @@ def sorted_fixed(lengths, rows) -> dict:
 
 
 def compare(lengths, max_len, args) -> dict:
-    from pipeline.stages.packer import rows_for
-    from pipeline.tools.bucket_advisor import propose_buckets
+    from docbeam.pipeline.stages.packer import rows_for
+    from docbeam.pipeline.tools.bucket_advisor import propose_buckets
 
     rows = rows_for(max_len, args.tokens_per_batch)
     out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch),

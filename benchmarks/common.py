@@ -86,7 +86,7 @@ def results_dir(args) -> str:
 
 
 def versions() -> dict:
-    from pipeline.driver.plan import versions as installed_versions
+    from docbeam.pipeline.driver.plan import versions as installed_versions
 
     return installed_versions(VERSIONED)
 
@@ -187,7 +187,7 @@ def read_documents(path: str, limit: int | None):
     """The sample corpus as pipeline Documents, the first ``limit`` lines."""
     import gzip
 
-    from pipeline.records import Document
+    from docbeam.pipeline.records import Document
 
     docs = []
     with gzip.open(path, "rt", encoding="utf-8") as f:

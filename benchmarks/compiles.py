@@ -36,15 +36,15 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
     common.print_machine("compiles: one encoder compilation per (bucket, rows) shape", info)
-    from pipeline.driver.config import load
-    from pipeline.telemetry.observe import CompileWatch
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.config import load
+    from docbeam.pipeline.telemetry.observe import CompileWatch
+    from docbeam.pipeline.driver.run import run_job
 
     watch = CompileWatch.get()  # the process's own: the DirectRunner's in-process workers report to it too
     with tempfile.TemporaryDirectory(prefix="docbeam-compiles-") as tmp:
         model = common.DEFAULT_MODEL
         if not args.real:
-            from models.checkpoint import resolve_dir
+            from docbeam.models.checkpoint import resolve_dir
             from tests.conftest import write_tiny_checkpoint
 
             model = write_tiny_checkpoint(os.path.join(tmp, "tiny"), resolve_dir(common.DEFAULT_MODEL))

@@ -55,13 +55,12 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from pipeline.driver.config import load
+    from docbeam.pipeline.driver.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else local.batching.buckets
     args.tokens_per_batch = args.tokens_per_batch or (1024 if args.quick else local.batching.tokens_per_batch)
-    import attention
-
+    from docbeam import attention
     args.packing = local.batching.packing if args.packing is None else args.packing == "on"
     if args.packing == "auto":  # as the job's plan resolves it (pipeline.driver.plan.resolved_packing)
         args.packing = attention.get(args.backend).segments
@@ -74,13 +73,13 @@ def parse_args(argv=None):
 def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
-    from models.checkpoint import load_tokenizer
-    import attention
-    from attention.plan import AttentionSpec
-    from pipeline.stages.packer import batch_windows
-    from pipeline.driver.config import BatchingConfig, TokenizeConfig
-    from pipeline.stages.encode import load_encoder, standalone_spec
-    from pipeline.stages.tokenize import windows_for
+    from docbeam.models.checkpoint import load_tokenizer
+    from docbeam import attention
+    from docbeam.attention.plan import AttentionSpec
+    from docbeam.pipeline.stages.packer import batch_windows
+    from docbeam.pipeline.driver.config import BatchingConfig, TokenizeConfig
+    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.tokenize import windows_for
 
     cache = common.CacheEvents()
     tokenizer = load_tokenizer(folder)
@@ -176,8 +175,8 @@ def sentence_transformers_side(args, texts, folder, window_len) -> dict:
 
 
 def pipeline_side(args, docs, tmp) -> dict:
-    from pipeline.driver.config import load
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.config import load
+    from docbeam.pipeline.driver.run import run_job
 
     out = os.path.join(tmp, "out")
     overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={args.model}",
@@ -207,7 +206,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
     common.print_machine("encoder: docbeam vs sentence-transformers, and pipeline vs encoder alone", info)
-    from models.checkpoint import open_checkpoint
+    from docbeam.models.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(args.model, args.dtype)
     folder, window_len = checkpoint.folder, checkpoint.settings.max_seq_len

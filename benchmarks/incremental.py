@@ -24,7 +24,7 @@ common.bootstrap()
 
 def churned(docs, percent: int):
     """The same documents with ``percent`` of the texts changed (spread evenly over the corpus)."""
-    from pipeline.records import Document
+    from docbeam.pipeline.records import Document
 
     step = 100 / percent if percent else None
     changed = {int(i * step) for i in range(round(len(docs) * percent / 100))} if step else set()
@@ -33,8 +33,8 @@ def churned(docs, percent: int):
 
 
 def timed_run(corpus: str, output: str, model: str, reuse_from: str | None = None) -> dict:
-    from pipeline.driver import config
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver import config
+    from docbeam.pipeline.driver.run import run_job
 
     overrides = [f"input.path={corpus}", f"output.path={output}", f"model.path={model}", "runner.progress_seconds=0"]
     if reuse_from:
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--churn", default="0,10,50", help="percent of texts changed, comma-separated")
     parser.add_argument("--model", default=common.DEFAULT_MODEL)
     args = parser.parse_args()
-    from pipeline.records import Document
+    from docbeam.pipeline.records import Document
 
     sample = common.read_documents(common.SAMPLE, 40 if args.quick else args.docs)
     docs = [Document(f"{d.id}#{copy}" if copy else d.id, d.text, d.source, d.line)

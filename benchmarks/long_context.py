@@ -57,8 +57,7 @@ def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: 
     import jax.numpy as jnp
     import numpy as np
 
-    import attention
-
+    from docbeam import attention
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32)) for _ in range(3))
     lengths = jnp.asarray([length], jnp.int32)

@@ -43,8 +43,7 @@ def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> d
     import jax.numpy as jnp
     import numpy as np
 
-    import attention
-
+    from docbeam import attention
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32))
     k, v = (jnp.asarray(rng.standard_normal((1, length, KV_HEADS, HEAD_DIM), np.float32)) for _ in range(2))

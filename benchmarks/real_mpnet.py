@@ -52,8 +52,8 @@ def checkpoint_folder(parts_dir: str) -> str:
 def docbeam_vectors(folder: str, docs, tmp: str) -> tuple[dict, dict]:
     import pyarrow.parquet as pq
 
-    from pipeline.driver.config import load
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.config import load
+    from docbeam.pipeline.driver.run import run_job
 
     out = os.path.join(tmp, "out")
     overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={folder}",

@@ -54,7 +54,7 @@ def parse_args(argv=None):
 def run_docbeam(repo: str, args, input_path: str | None, cache: str, out: str, log_path: str) -> dict:
     """One whole `docbeam run` process; what it took, from outside and from its own records."""
     overrides = [f"output.path={out}", *([f"input.path={input_path}"] if input_path else []), *args.set]
-    command = [sys.executable, "-m", "pipeline.driver.cli", "run", "--config", os.path.join(repo, args.config)]
+    command = [sys.executable, "-m", "docbeam", "run", "--config", os.path.join(repo, args.config)]
     command += [a for o in overrides for a in ("--set", o)]
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": repo}

@@ -89,13 +89,13 @@ def timeline(samples, until: float, step: float) -> list[list]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from pipeline.telemetry.observe import process_started
+    from docbeam.pipeline.telemetry.observe import process_started
 
     t0 = process_started()
     with Sampler(t0) as sampler:
-        from pipeline.driver import config as config_lib
-        from pipeline.driver.cli import _setup_logging
-        from pipeline.driver.run import run_job
+        from docbeam.pipeline.driver import config as config_lib
+        from docbeam.pipeline.driver.cli import _setup_logging
+        from docbeam.pipeline.driver.run import run_job
 
         _setup_logging()
         with tempfile.TemporaryDirectory(prefix="docbeam-timeline-") as tmp:

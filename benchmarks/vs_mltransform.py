@@ -128,7 +128,7 @@ def run_docbeam(args, corpus: str, work: str, attempt: int) -> dict:
         env["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-cold-", dir=work)
     overrides = [f"input.path={corpus}", f"output.path={out}", f"model.path={args.model}",
                  "tokenize.long_documents=truncate", "runner.progress_seconds=0"]
-    command = [sys.executable, "-m", "pipeline.driver.cli", "run", "--config", common.LOCAL_CONFIG]
+    command = [sys.executable, "-m", "docbeam", "run", "--config", common.LOCAL_CONFIG]
     command += [a for o in overrides for a in ("--set", o)]
     log = os.path.join(work, f"docbeam-{attempt}.log")
     load_before = load_average()
@@ -221,7 +221,7 @@ def main(argv=None) -> int:
     # Without JAX here: on a GPU or TPU this process must not hold the device docbeam's process needs.
     info = common.machine(with_jax=False)
     common.print_machine("whole process: docbeam run vs Beam MLTransform + SentenceTransformerEmbeddings", info)
-    from models.checkpoint import open_checkpoint
+    from docbeam.models.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(args.model, "float32")
     folder, window_len = checkpoint.folder, checkpoint.settings.max_seq_len

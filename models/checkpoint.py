@@ -11,13 +11,13 @@ import dataclasses
 import hashlib
 import os
 
-from models.checkpoint_source import (HubId, hub_revision, parse_hub_id, pinned_path, refuse_pickle_in, resolve_dir,
+from docbeam.models.checkpoint_source import (HubId, hub_revision, parse_hub_id, pinned_path, refuse_pickle_in, resolve_dir,
                                       weights_digest)
-from models.families import family_for, family_of
-from models.families.config import CheckpointError, EncoderConfig, HubConfig
-from models.families.tensors import Tensors
-from models.st_settings import ModelSettings, model_settings, read_json
-from models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
+from docbeam.models.families import family_for, family_of
+from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
+from docbeam.models.families.tensors import Tensors
+from docbeam.models.st_settings import ModelSettings, model_settings, read_json
+from docbeam.models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
 
 __all__ = ["Checkpoint", "CheckpointError", "FastTokenizer", "HubId", "ModelSettings", "TOKENIZER_FILES",
            "dense_digest", "encoder_config", "hub_revision", "load_dense", "load_params", "load_tokenizer",

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 
-from models.families.config import CheckpointError
+from docbeam.models.families.config import CheckpointError
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
@@ -102,7 +102,7 @@ def _fetch_hub(hub: HubId, names: tuple[str, ...]) -> str:
     """The Hub's snapshot folder of ``hub`` holding ``names`` (those the repository has). A pinned id (the
     workers': the plan pins the commit) is fetched once per VM (models/vm_cache.py): one process asks the Hub,
     the others wait and find the files in huggingface_hub's cache."""
-    from models import vm_cache
+    from docbeam.models import vm_cache
 
     if (str(hub), names) in _FETCHED:
         return _FETCHED[(str(hub), names)]
@@ -176,7 +176,7 @@ def _fetch_remote(prefix: str, names: tuple[str, ...]) -> str:
     get a fresh folder rather than a stale model."""
     from apache_beam.io.filesystems import FileSystems
 
-    from models import vm_cache
+    from docbeam.models import vm_cache
 
     prefix = prefix.rstrip("/")
     if (prefix, names) in _FETCHED:

@@ -13,9 +13,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models.families import family_of
-from models.families.blocks import rotary, segment_positions, segment_starts
-from models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
+from docbeam.models.families import family_of
+from docbeam.models.families.blocks import rotary, segment_positions, segment_starts
+from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
 
 # Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
@@ -113,7 +113,7 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     """One case per bucket and per kind of layer the model has (``config.attention_features``: ModernBERT's
     global and local layers are two), bucket by bucket; ``choose_backends`` picks one backend per bucket that
     takes every kind."""
-    from attention import AttentionCase
+    from docbeam.attention import AttentionCase
 
     return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
                           head_dim=config.head_dim, packed=packed,

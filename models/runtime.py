@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from attention.plan import AttentionSpec, Choice, bind_choice
-from models.compile_pool import CompilePool
-from models.nan_repair import reencode_row_mates
-from models.profiler import FirstBatchesProfiler
+from docbeam.attention.plan import AttentionSpec, Choice, bind_choice
+from docbeam.models.compile_pool import CompilePool
+from docbeam.models.nan_repair import reencode_row_mates
+from docbeam.models.profiler import FirstBatchesProfiler
 
 STARTUP_TAG = "startup"  # a timing record's start-up report, taken off before the record is written
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def load(spec: RuntimeSpec, fn_name: str):
     """(device, EncoderConfig, parameters on the device, {backend: jitted forward named ``fn_name``})."""
     import jax
 
-    from models import checkpoint, encoder
+    from docbeam.models import checkpoint, encoder
 
     device = jax.devices()[0]
     ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from models.families.config import CheckpointError
-from models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
+from docbeam.models.families.config import CheckpointError
+from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
 
 # The sentence-transformers modules docbeam reproduces, in the order it runs them; any other (LayerNorm, ...)
 # changes the embedding.

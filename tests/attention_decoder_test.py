@@ -4,8 +4,8 @@ packed windows, a local window and padding; a backend that does not declare them
 import numpy as np
 import pytest
 
-import attention
-from attention.interface import AttentionCase
+from docbeam import attention
+from docbeam.attention.interface import AttentionCase
 
 B, T, N, K, H = 2, 24, 4, 2, 8  # 4 query heads over 2 key/value heads
 LENGTHS = np.array([24, 15], np.int32)
@@ -123,7 +123,7 @@ def test_chunked_says_whether_it_skips_the_blocks_past_the_diagonal():
 
 
 def test_a_causal_layer_on_cpu_runs_square_causal_chunks_unless_the_options_set_them():
-    from attention.chunk_sizes import ACCELERATOR_CHUNKS, CAUSAL_CHUNK, TUNED_CHUNKS, ChunkedOptions, layer_chunk_sizes
+    from docbeam.attention.chunk_sizes import ACCELERATOR_CHUNKS, CAUSAL_CHUNK, TUNED_CHUNKS, ChunkedOptions, layer_chunk_sizes
 
     chunk, heads = CAUSAL_CHUNK["cpu"], TUNED_CHUNKS[-1][3]
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "cpu", causal=True) == (chunk, chunk, heads)

@@ -7,8 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-import attention
-from attention.interface import AttentionCase
+from docbeam import attention
+from docbeam.attention.interface import AttentionCase
 
 B, T, N, H = 3, 40, 3, 8  # 3 heads: chunked's 2 heads per step leaves a remainder group
 LENGTHS = np.array([40, 23, 0], np.int32)  # full, padded, fully padded rows
@@ -137,7 +137,7 @@ def test_every_feature_changes_the_reference():
     ("pallas_gpu", AttentionCase("gpu", "float32", 512, 12, 64, local_window=(64, 64)), "no local-window mask"),
 ])
 def test_flash_refuses_a_feature_its_kernel_cannot_take_naming_why(kernel, case, reason):
-    from attention.flash import pick_kernel
+    from docbeam.attention.flash import pick_kernel
 
     backend = attention.get("flash")
     options = backend.parse_options({"kernel": kernel, "interpret": True})
@@ -146,7 +146,7 @@ def test_flash_refuses_a_feature_its_kernel_cannot_take_naming_why(kernel, case,
 
 
 def test_flash_auto_on_tpu_and_gpu_moves_to_the_kernel_that_takes_the_feature():
-    from attention.flash import KERNELS, pick_kernel
+    from docbeam.attention.flash import KERNELS, pick_kernel
 
     backend = attention.get("flash")
     options = backend.parse_options({"interpret": True})

@@ -13,8 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import attention
-
+from docbeam import attention
 USER_BACKEND = "tests.fixtures_user_backend:attend"
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
@@ -71,7 +70,7 @@ def tuned_params():
     arithmetic on any platform, so CPU checks them all), on a sequence just longer than its larger chunk (so
     both axes split into chunks, the last one partial) and with 3 heads (so 2 heads per step leaves a
     remainder)."""
-    from attention.chunk_sizes import PLATFORM_CHUNKS
+    from docbeam.attention.chunk_sizes import PLATFORM_CHUNKS
 
     rows = {}  # chunks → the first table row naming them (the accelerators share one)
     for platform, table in PLATFORM_CHUNKS.items():

@@ -7,12 +7,12 @@ import dataclasses
 import jax.numpy as jnp
 import pytest
 
-import attention
-from attention import registry
-from attention.interface import AttentionCase, AttentionFeatures, Backend
-from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
-from models.encoder import EncoderConfig
-from models.encoder import attention_cases
+from docbeam import attention
+from docbeam.attention import registry
+from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
+from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
+from docbeam.models.encoder import EncoderConfig
+from docbeam.models.encoder import attention_cases
 
 GLOBAL, LOCAL, BIASED = AttentionFeatures(), AttentionFeatures(local_window=(4, 4)), AttentionFeatures(bias=True)
 

@@ -9,8 +9,8 @@ import numpy as np
 import pydantic
 import pytest
 
-import attention
-from attention import AttentionCase, flash, registry
+from docbeam import attention
+from docbeam.attention import AttentionCase, flash, registry
 
 USER_BACKEND = "tests.fixtures_user_backend:attend"
 
@@ -31,7 +31,7 @@ def test_builtin_backends_are_registered():
 def test_registering_a_taken_name_raises():
     with pytest.raises(ValueError, match="'native' is registered twice"):
         attention.register("native")(lambda q, k, v, *, kv_lengths_B, scale, options: q)
-    assert attention.get("native").attend.__module__ == "attention.native"
+    assert attention.get("native").attend.__module__ == "docbeam.attention.native"
 
 
 def test_unknown_backend_lists_valid_names():
@@ -95,7 +95,7 @@ def test_flash_auto_on_cpu_picks_docbeam_chunked_before_tokamax(dtype, seq_len):
 
 
 def test_chunked_sizes_on_cpu_come_from_the_tuned_table_unless_set():
-    from attention.chunk_sizes import TUNED_CHUNKS, ChunkedOptions, chunk_sizes
+    from docbeam.attention.chunk_sizes import TUNED_CHUNKS, ChunkedOptions, chunk_sizes
 
     for length, query_chunk, key_chunk, heads_per_step in TUNED_CHUNKS:
         assert chunk_sizes(ChunkedOptions(), length, "cpu") == (query_chunk, key_chunk, heads_per_step)
@@ -105,7 +105,7 @@ def test_chunked_sizes_on_cpu_come_from_the_tuned_table_unless_set():
 
 
 def test_the_cpu_table_is_the_committed_sweeps_choice():
-    from attention.chunk_sizes import TUNED_CHUNKS
+    from docbeam.attention.chunk_sizes import TUNED_CHUNKS
 
     sweep = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chunk_sweep.json"
     chosen = json.loads(sweep.read_text())["chosen"]
@@ -115,7 +115,7 @@ def test_the_cpu_table_is_the_committed_sweeps_choice():
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_chunked_sizes_on_accelerators_are_tokamaxs_chunks_not_the_cpu_sweep(platform):
-    from attention.chunk_sizes import ChunkedOptions, chunk_sizes
+    from docbeam.attention.chunk_sizes import ChunkedOptions, chunk_sizes
 
     for length in (1, 512, 2048, 8192, 100_000):  # one row, whatever the length: nothing measured per length
         assert chunk_sizes(ChunkedOptions(), length, platform) == (512, 1024, 0)
@@ -178,8 +178,8 @@ def test_flash_refusal_at_run_time_says_why():
 
 
 def test_entry_point_backends_register_by_name_and_a_broken_one_disables_only_itself(tmp_path, monkeypatch):
-    from attention import registry
-    from attention.interface import AttentionCase
+    from docbeam.attention import registry
+    from docbeam.attention.interface import AttentionCase
 
     dist = tmp_path / "my_kernels-0.1.dist-info"
     dist.mkdir()
@@ -208,7 +208,7 @@ def test_current_platform_is_the_device_in_force_not_only_the_default_backend():
 
 @pytest.mark.parametrize("platform, form", [("cpu", "einsum"), ("gpu", "jax_nn"), ("tpu", "jax_nn")])
 def test_native_auto_runs_the_form_its_check_names_for_the_platform_the_trace_runs_on(monkeypatch, platform, form):
-    import attention.native as native_module
+    import docbeam.attention.native as native_module
 
     called = []
     monkeypatch.setattr(native_module, "current_platform", lambda: platform)

@@ -10,8 +10,8 @@ import pytest
 
 from cli_runner import run_docbeam
 from conftest import REPO
-from pipeline.tools import bucket_advisor
-from pipeline.driver import config
+from docbeam.pipeline.tools import bucket_advisor
+from docbeam.pipeline.driver import config
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 

@@ -13,10 +13,10 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.driver.config import BatchingConfig
-from pipeline.records import TokenWindow
-from pipeline.stages.batch import BucketBatches
-from pipeline.stages.packer import (Packer, batch_windows, bucket_for, fill_across_buckets, padded_batch, rows_for,
+from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.pipeline.records import TokenWindow
+from docbeam.pipeline.stages.batch import BucketBatches
+from docbeam.pipeline.stages.packer import (Packer, batch_windows, bucket_for, fill_across_buckets, padded_batch, rows_for,
                                     shard_for)
 
 BUCKETS = (16, 32, 64)

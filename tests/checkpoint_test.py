@@ -8,7 +8,7 @@ import os
 import pytest
 
 from cli_runner import run_docbeam
-from models.checkpoint import CheckpointError, open_checkpoint
+from docbeam.models.checkpoint import CheckpointError, open_checkpoint
 
 BERT = {"model_type": "bert", "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1,
         "num_attention_heads": 2, "intermediate_size": 64, "max_position_embeddings": 128}

@@ -1,4 +1,4 @@
-"""``docbeam`` in this process: what ``python -m pipeline.driver.cli`` would print and return, without paying a
+"""``docbeam`` in this process: what ``python -m docbeam`` would print and return, without paying a
 fresh interpreter's 3-4 s of importing Beam and JAX per call (and with JAX's compile caches warm across calls).
 
 A test keeps a real subprocess only where a separate process is the thing on trial: it is killed or signalled,
@@ -54,7 +54,7 @@ def _logging_restored():
     handler holds this call's captured stream, which must not receive the next call's records."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
-    own = {name: logging.getLogger(name).level for name in ("docbeam", "pipeline", "models", "attention")}
+    own = {name: logging.getLogger(name).level for name in ("docbeam",)}
     try:
         yield
     finally:
@@ -68,9 +68,9 @@ def _logging_restored():
 
 def run_docbeam(*args: str, cwd: str | os.PathLike = REPO, env: dict[str, str] | None = None
                 ) -> subprocess.CompletedProcess:
-    """``docbeam *args`` run by ``pipeline.driver.cli.main`` here: its stdout, stderr and exit code as a
+    """``docbeam *args`` run by ``docbeam.pipeline.driver.cli.main`` here: its stdout, stderr and exit code as a
     subprocess would give them (an uncaught exception: its traceback on stderr and code 1, as Python's)."""
-    from pipeline.driver import cli
+    from docbeam.pipeline.driver import cli
 
     stdout, stderr = io.StringIO(), io.StringIO()
     argv = list(sys.argv)

@@ -17,7 +17,7 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 def docbeam(*args, cwd=REPO) -> subprocess.CompletedProcess:
     """The real command in a fresh process: only for the end-to-end exit codes (0, 1, 2) a scheduler reads; every
     other test calls ``run_docbeam`` in this process."""
-    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "docbeam", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=600, env=checkout_env())
 
 
@@ -111,10 +111,10 @@ def test_validate_refuses_an_output_that_holds_someone_elses_files(tmp_path):
 def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatch):
     """With native packing (auto), a backend that takes no segment ids would simply run unpacked if chosen:
     validate must say so, not call it refused; with packing forced on it is refused, naming why."""
-    from attention import registry
-    from attention.interface import Backend
-    from pipeline.driver import config
-    from pipeline.tools import validate
+    from docbeam.attention import registry
+    from docbeam.attention.interface import Backend
+    from docbeam.pipeline.driver import config
+    from docbeam.pipeline.tools import validate
 
     monkeypatch.setitem(registry._REGISTRY, "plain", Backend(name="plain", attend=lambda *a, **k: None,
                                                              description="takes no segment ids"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.stages.commit import run_problems, summarize
-from pipeline.records import Rejected, WindowEmbedding
-from pipeline.stages.write import pool_windows
+from docbeam.pipeline.stages.commit import run_problems, summarize
+from docbeam.pipeline.records import Rejected, WindowEmbedding
+from docbeam.pipeline.stages.write import pool_windows
 
 
 def summary(read: int, embedded: int, rejected: int, **by_kind) -> dict:  # all encoded
@@ -62,7 +62,7 @@ def test_a_non_finite_window_makes_the_document_a_non_finite_error_naming_bucket
 
 
 def test_every_shard_of_a_sink_is_committed_even_when_a_retried_finalize_reports_only_some(tmp_path):
-    from pipeline.stages.commit import every_shard
+    from docbeam.pipeline.stages.commit import every_shard
 
     shards = [str(tmp_path / f"part-r1-{i:05d}-of-00003.parquet") for i in range(3)]
     for path in shards:

@@ -7,7 +7,7 @@ import logging
 import apache_beam
 import pytest
 
-from pipeline import compat
+from docbeam.pipeline import compat
 
 
 def test_the_installed_beam_is_one_the_workaround_was_checked_for():
@@ -27,6 +27,6 @@ def test_a_version_that_is_not_a_version_raises_naming_it():
 
 def test_an_unchecked_beam_is_logged(monkeypatch, caplog):
     monkeypatch.setattr(apache_beam, "__version__", "2.99.1")
-    with caplog.at_level(logging.WARNING, logger="pipeline.compat"):
+    with caplog.at_level(logging.WARNING, logger="docbeam.pipeline.compat"):
         compat.check_beam_version()
     assert "apache-beam 2.99.1 is outside" in caplog.text

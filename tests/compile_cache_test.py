@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import pytest
 
 from conftest import job_config
-from models import vm_cache
-from pipeline.stages.compile_cache import CompileCache
-from pipeline.driver.run import run_job
+from docbeam.models import vm_cache
+from docbeam.pipeline.stages.compile_cache import CompileCache
+from docbeam.pipeline.driver.run import run_job
 
 FRESH_PROCESS = {"direct_num_workers": 1, "direct_running_mode": "multi_processing"}
 
@@ -95,7 +95,7 @@ def uncreatable(tmp_path) -> str:
 
 def test_a_local_cache_that_cannot_be_created_is_a_warning_and_jax_compiles_without_it(tmp_path, caplog):
     before = jax.config.jax_compilation_cache_dir
-    with caplog.at_level(logging.WARNING, logger="pipeline.stages.compile_cache"):
+    with caplog.at_level(logging.WARNING, logger="docbeam.pipeline.stages.compile_cache"):
         cache = CompileCache(uncreatable(tmp_path))
     assert f"compilation cache {uncreatable(tmp_path)} cannot be reached (NotADirectoryError" in caplog.text
     assert "compiling without it" in caplog.text
@@ -110,7 +110,7 @@ def test_a_gcs_cache_in_a_bucket_that_does_not_exist_is_a_warning(tmp_path, monk
 
     monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm"))
     before = jax.config.jax_compilation_cache_dir
-    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="pipeline.stages.compile_cache"):
+    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="docbeam.pipeline.stages.compile_cache"):
         cache = CompileCache("gs://no-such-bucket/jax-cache/cpu")
         assert cache.push() == 0
         assert list(gcs.client.list_blobs(gcs.bucket)) == []
@@ -125,7 +125,7 @@ def test_the_vms_other_processes_take_the_first_ones_word_instead_of_retrying(tm
     from gcs_emulator import gcs_emulator
 
     monkeypatch.setenv(vm_cache.ROOT_ENV, str(tmp_path / "vm"))
-    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="pipeline.stages.compile_cache"):
+    with gcs_emulator() as gcs, caplog.at_level(logging.WARNING, logger="docbeam.pipeline.stages.compile_cache"):
         CompileCache("gs://no-such-bucket/jax-cache/cpu")
         gcs.client.create_bucket("no-such-bucket")  # reachable now: the second process must not ask
         second = CompileCache("gs://no-such-bucket/jax-cache/cpu")

@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from pipeline.driver import config, placeholders
+from docbeam.pipeline.driver import config, placeholders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("dataflow_cpu", "dataflow_tpu", "dataflow_tpu_v6e", "dataflow_gpu")

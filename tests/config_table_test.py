@@ -7,7 +7,7 @@ import pydantic
 import yaml
 
 from conftest import REPO
-from pipeline.driver import config
+from docbeam.pipeline.driver import config
 
 
 README = os.path.join(REPO, "README.md")

@@ -7,12 +7,12 @@ import pytest
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
 
-from attention.chunked import ChunkedOptions
-from attention.flash import FlashOptions
-from attention.interface import AttentionCase, Backend
-from attention.plan import bind_choice, choose_backends
-from pipeline.driver import config, config_files
-from pipeline.driver.plan import attention_spec
+from docbeam.attention.chunked import ChunkedOptions
+from docbeam.attention.flash import FlashOptions
+from docbeam.attention.interface import AttentionCase, Backend
+from docbeam.attention.plan import bind_choice, choose_backends
+from docbeam.pipeline.driver import config, config_files
+from docbeam.pipeline.driver.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_YAML = os.path.join(REPO, "configs", "local.yaml")

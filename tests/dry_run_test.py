@@ -13,11 +13,11 @@ import re
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline.driver import cli, config
-from pipeline.store import output
-from pipeline.driver import placeholders
-from pipeline.driver.config import ConfigError
-from pipeline.driver.dry_run import dry_run
+from docbeam.pipeline.driver import cli, config
+from docbeam.pipeline.store import output
+from docbeam.pipeline.driver import placeholders
+from docbeam.pipeline.driver.config import ConfigError
+from docbeam.pipeline.driver.dry_run import dry_run
 
 pytestmark = pytest.mark.gcs
 

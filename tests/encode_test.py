@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import attention
-from attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
-from pipeline.stages.packer import padded_batch, rows_for
-from pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
-from models.encoder import attention_cases
-from pipeline.records import TokenWindow
-from models.checkpoint import open_checkpoint
+from docbeam import attention
+from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
+from docbeam.pipeline.stages.packer import padded_batch, rows_for
+from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
+from docbeam.models.encoder import attention_cases
+from docbeam.pipeline.records import TokenWindow
+from docbeam.models.checkpoint import open_checkpoint
 
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
 

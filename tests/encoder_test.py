@@ -6,9 +6,9 @@ import jax
 import numpy as np
 import pytest
 
-import attention
+from docbeam import attention
 from conftest import write_tiny_checkpoint
-from models import checkpoint, encoder
+from docbeam.models import checkpoint, encoder
 
 
 def reference_hidden(folder: str, ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:

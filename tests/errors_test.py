@@ -7,24 +7,24 @@ import json
 import pytest
 
 from conftest import job_config
-from pipeline.errors import JobFailed, Refused, UnusablePath, refused_at_start
+from docbeam.pipeline.errors import JobFailed, Refused, UnusablePath, refused_at_start
 
 
 def start_time_exceptions() -> list[type]:
-    from attention.plan import AttentionPlanError
-    from attention.registry import UnknownBackendError
-    from models.checkpoint import CheckpointError
-    from pipeline.driver.config import ConfigError
-    from pipeline.store.lock import LockHeld
-    from pipeline.store.output import OutputRefused
+    from docbeam.attention.plan import AttentionPlanError
+    from docbeam.attention.registry import UnknownBackendError
+    from docbeam.models.checkpoint import CheckpointError
+    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.pipeline.store.lock import LockHeld
+    from docbeam.pipeline.store.output import OutputRefused
 
     return [AttentionPlanError, UnknownBackendError, CheckpointError, ConfigError, LockHeld, OutputRefused,
             UnusablePath]
 
 
 def test_every_start_time_refusal_is_a_refused_and_no_job_failure_is():
-    from pipeline.stages.commit import RunFailed
-    from pipeline.store.lock import LockLost
+    from docbeam.pipeline.stages.commit import RunFailed
+    from docbeam.pipeline.store.lock import LockLost
 
     assert [cls for cls in start_time_exceptions() if not issubclass(cls, Refused)] == []
     assert [cls for cls in (RunFailed, LockLost, JobFailed) if issubclass(cls, Refused)] == []
@@ -44,7 +44,7 @@ def test_a_garbled_file_in_a_start_step_becomes_a_refusal():
 
 
 def test_a_refusal_passes_unchanged_and_a_bug_is_not_called_a_refusal():
-    from pipeline.driver.config import ConfigError
+    from docbeam.pipeline.driver.config import ConfigError
 
     with pytest.raises(ConfigError, match="^as it was$"):
         with refused_at_start("output.path x"):
@@ -55,7 +55,7 @@ def test_a_refusal_passes_unchanged_and_a_bug_is_not_called_a_refusal():
 
 
 def _hash_that_raises(text: str, prompt: str | None = None) -> str:
-    from models.checkpoint import CheckpointError
+    from docbeam.models.checkpoint import CheckpointError
 
     raise CheckpointError("model.path: tokenizer.json vanished on the worker")
 
@@ -65,7 +65,7 @@ def test_a_run_that_fails_after_it_started_leaves_its_summary_in_staging_and_is_
         tmp_path, tiny_checkpoint_dir, monkeypatch):
     """A start-time error class raised by a worker (here a CheckpointError in a step of the job) is a failed
     job: exit 1, with summary.json in the run's staging folder saying why."""
-    from pipeline.driver import run
+    from docbeam.pipeline.driver import run
 
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"id": "a", "text": "hello world"}\n')

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-import attention
-from models import checkpoint, encoder
+from docbeam import attention
+from docbeam.models import checkpoint, encoder
 
 MIN_COSINE = 0.99999  # the issue's bar, float32
 MOVED = 0.999  # a feature broken on purpose leaves some window's cosine to transformers below this
@@ -157,7 +157,7 @@ def backends_for(features, packed: bool) -> list[str]:
     """The built-in backends that run these layers on CPU: registered with what the layers ask of attention
     (and segment ids when packed), and passing their own capability check. native always; chunked and flash
     where the family asks nothing they have not declared."""
-    from attention.interface import AttentionCase
+    from docbeam.attention.interface import AttentionCase
 
     out = []
     for name in ("native", "chunked", "flash"):
@@ -232,7 +232,7 @@ def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> 
     import pyarrow.parquet as pq
 
     from conftest import job_config
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.run import run_job
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in texts.items()))

@@ -11,7 +11,7 @@ import pytest
 
 from family_fixtures import (LENGTHS, assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
                              assert_refused, both_forms, replace, tiny_model)
-from models import checkpoint
+from docbeam.models import checkpoint
 
 THETA, NTK_FACTOR, HEAD_DIM = 10_000.0, 4.0, 16
 
@@ -61,8 +61,8 @@ def test_hub_ntk_frequencies_are_the_remote_codes():
     """NTKScalingRotaryEmbedding (Alibaba-NLP/new-impl), fixed form: base·factor, then inv_freq / factor^(2/dim)."""
     import jax.numpy as jnp
 
-    from models.encoder import rotary
-    from models.families.config import HubConfig
+    from docbeam.models.encoder import rotary
+    from docbeam.models.families.config import HubConfig
 
     rope = HubConfig({"rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}}, "config.json").rope(
         HEAD_DIM, 10_000.0)

@@ -9,7 +9,7 @@ import pytest
 from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
                              assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
                              assert_refused, both_forms, replace, tiny_model)
-from models import checkpoint
+from docbeam.models import checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import pytest
 from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
                              assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output, both_forms,
                              replace, tiny_model)
-from models import checkpoint
-from models.families import mpnet
+from docbeam.models import checkpoint
+from docbeam.models.families import mpnet
 
 
 @pytest.fixture(scope="module")

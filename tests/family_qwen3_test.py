@@ -11,13 +11,13 @@ import os
 import numpy as np
 import pytest
 
-import attention
+from docbeam import attention
 from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
                              lowest_cosine, our_vectors, reference_vectors, replace)
-from models import checkpoint
-from pipeline.driver.config import TokenizeConfig
-from pipeline.records import Document
-from pipeline.stages.tokenize import tokenize_documents
+from docbeam.models import checkpoint
+from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.tokenize import tokenize_documents
 
 LAST = "lasttoken"  # how Qwen3-Embedding pools: the last valid token, the one that has seen the whole window
 WORDS = 254  # w1 … w254 are ids 1 … 254
@@ -127,7 +127,7 @@ def test_both_forms_read_as_the_same_decoder(folder):
 
 
 def test_the_plan_asks_backends_about_grouped_causal_attention(folder):
-    from models.encoder import attention_cases
+    from docbeam.models.encoder import attention_cases
 
     config = checkpoint.open_checkpoint(folder).config
     (case,) = attention_cases(config, [64], "cpu", packed=True)

@@ -3,7 +3,7 @@ kernel wrapper that caches per call would). ``attention.backend: tests.fixtures_
 import jax
 import numpy as np
 
-from attention.native import einsum_attention
+from docbeam.attention.native import einsum_attention
 
 LEAK_BYTES_PER_CALL = 3 << 20
 _KEPT: list[np.ndarray] = []

@@ -6,7 +6,7 @@ capability check.
 import jax
 import jax.numpy as jnp
 
-from attention import AttentionCase, Support
+from docbeam.attention import AttentionCase, Support
 
 
 def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):

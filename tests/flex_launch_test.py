@@ -14,10 +14,10 @@ import shlex
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline.driver import flex_launch
-from pipeline.store import output
-from pipeline.driver.config import ConfigError
-from pipeline.driver.run import run_job
+from docbeam.pipeline.driver import flex_launch
+from docbeam.pipeline.store import output
+from docbeam.pipeline.driver.config import ConfigError
+from docbeam.pipeline.driver.run import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METADATA = os.path.join(REPO, "docker", "flex-template", "metadata.json")

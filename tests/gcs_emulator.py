@@ -20,7 +20,7 @@ from typing import Iterator
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
-from pipeline.store.storage import EMULATOR_ENV
+from docbeam.pipeline.store.storage import EMULATOR_ENV
 LOOPBACK = "127.0.0.1"
 EMULATOR_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gcs_emulator_server.py")
 PROJECT = "docbeam-test"

@@ -10,8 +10,8 @@ import pytest
 
 from conftest import job_config
 from gcs_emulator import gcs_emulator, matching
-from pipeline.store import storage
-from pipeline.driver.run import run_job
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.driver.run import run_job
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -52,7 +52,7 @@ def test_job_reads_corpus_and_model_from_gcs_and_writes_outputs_there(tiny_check
 
 
 def test_planning_from_gcs_fetches_no_weights_and_refuses_pickles_at_start(tiny_checkpoint_dir):
-    from models.checkpoint import CheckpointError, open_checkpoint
+    from docbeam.models.checkpoint import CheckpointError, open_checkpoint
 
     storage.pipeline_options([])
     with gcs_emulator() as gcs:
@@ -78,8 +78,8 @@ def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
 
 def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_commit_replaces_it(
         tiny_checkpoint_dir, tmp_path):
-    from pipeline.stages.commit import RunFailed
-    from pipeline.driver.config import ConfigError
+    from docbeam.pipeline.stages.commit import RunFailed
+    from docbeam.pipeline.driver.config import ConfigError
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Text {i} about object storage. " * (i % 5 + 1)})

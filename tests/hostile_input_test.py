@@ -1,6 +1,6 @@
 """A daily run over a corpus with one record of every hostile kind: each costs itself, never its file or the day.
 
-Through docbeam's command line (``cli.main``, what ``python -m pipeline.driver.cli run`` calls) on the tiny
+Through docbeam's command line (``cli.main``, what ``python -m docbeam run`` calls) on the tiny
 checkpoint, as a scheduler runs it; in this process, since a subprocess's import of Beam and JAX was a
 quarter of the test's time and the exit code, the files and summary.json are the same either way.
 """
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_test import LOCAL
-from pipeline.driver import cli
+from docbeam.pipeline.driver import cli
 
 
 def line(doc_id: str, text: str) -> bytes:

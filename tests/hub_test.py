@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO, SAMPLE, checkout_env
 from hub_server import Repo, hub_server, repo_from_folder
-from models.checkpoint import CheckpointError, HubId, parse_hub_id, pinned_path
+from docbeam.models.checkpoint import CheckpointError, HubId, parse_hub_id, pinned_path
 
 COMMIT = hashlib.sha1(b"docbeam/tiny").hexdigest()
 NOT_NEEDED = {"README.md": b"# tiny", "onnx/model.onnx": b"onnx" * 1000, "pytorch_model.bin": b"pickle" * 1000}
@@ -26,7 +26,7 @@ DOCS = 40
 # Resolve a Hub id with its weights in a fresh process, as a worker does; print what it found.
 RESOLVE = """
 import json, os, sys
-from models import checkpoint, vm_cache
+from docbeam.models import checkpoint, vm_cache
 folder = checkpoint.resolve_dir(sys.argv[1], with_weights=True)
 marker = [m for m in os.listdir(os.path.join(vm_cache.root(), "hub")) if not m.endswith(".lock")]
 print(json.dumps({"folder": folder, "files": sorted(os.listdir(folder)),
@@ -72,7 +72,7 @@ def job_config(tmp_path, model: str, out: str = "out") -> str:
 
 def docbeam_run(tmp_path, model: str, env: dict, out: str = "out") -> subprocess.CompletedProcess:
     config = job_config(tmp_path, model, out)
-    return subprocess.run([sys.executable, "-m", "pipeline.driver.cli", "run", "--config", config], cwd=tmp_path,
+    return subprocess.run([sys.executable, "-m", "docbeam", "run", "--config", config], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600, env=env)
 
 
@@ -87,7 +87,7 @@ def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys,
     """
     from huggingface_hub import constants
 
-    from pipeline.driver import cli
+    from docbeam.pipeline.driver import cli
 
     config = job_config(tmp_path, model, out)
     for name, value in hub_env(tmp_path, url).items():

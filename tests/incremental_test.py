@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config, write_tiny_checkpoint
-from pipeline.driver.config import ConfigError
-from pipeline.records import Document
-from pipeline.stages.reuse import KEY_FIELDS, check_key, content_hash, key_differences, reusable_row
-from pipeline.driver.run import run_job
+from docbeam.pipeline.driver.config import ConfigError
+from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.reuse import KEY_FIELDS, check_key, content_hash, key_differences, reusable_row
+from docbeam.pipeline.driver.run import run_job
 
 
 def write_corpus(path, docs: list[dict]) -> str:
@@ -174,7 +174,7 @@ def test_key_differences_name_each_field_with_both_values():
 
 def test_the_plans_reuse_key_holds_exactly_the_fields_reuse_compares(tiny_checkpoint_dir, tmp_path):
     """KEY_FIELDS is the one list of what must match: a field the plan adds there only would never be compared."""
-    from pipeline.driver.plan import make_plan
+    from docbeam.pipeline.driver.plan import make_plan
 
     plan = make_plan(job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir), probe_backends=False)
     assert tuple(plan.reuse_key) == KEY_FIELDS
@@ -195,7 +195,7 @@ def test_a_daily_job_can_reuse_the_folder_it_replaces(corpora, tiny_checkpoint_d
 
 
 def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_path):
-    from pipeline.stages.reuse import decide
+    from docbeam.pipeline.stages.reuse import decide
 
     (tmp_path / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # cut mid-write
     key = {name: "x" for name in KEY_FIELDS}
@@ -207,8 +207,8 @@ def test_a_garbled_previous_manifest_is_not_reused_and_fail_mode_refuses_it(tmp_
 
 def committed_run(out: str, key: dict, rows: bytes) -> str:
     """A committed docbeam run whose embeddings file holds ``rows`` (decide() reads sizes and checksums only)."""
-    from pipeline.store import output, storage, transaction
-    from pipeline.store.lock import OutputLock
+    from docbeam.pipeline.store import output, storage, transaction
+    from docbeam.pipeline.store.lock import OutputLock
 
     held = OutputLock.acquire(out, "r1", heartbeat=False)
     output.mark_staging(out, "r1", held.fence.token)
@@ -221,7 +221,7 @@ def committed_run(out: str, key: dict, rows: bytes) -> str:
 
 @pytest.mark.parametrize("where", ["a float", "the footer"])
 def test_a_previous_file_damaged_at_its_size_is_not_reused_and_fail_mode_refuses_it(tmp_path, where):
-    from pipeline.stages.reuse import decide
+    from docbeam.pipeline.stages.reuse import decide
 
     key = {name: "x" for name in KEY_FIELDS}
     rows = b"PAR1" + bytes(range(256)) * 4 + b"footer" + b"PAR1"

@@ -11,11 +11,11 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
 from conftest import SAMPLE, job_config
-from pipeline.driver.plan import make_plan
-from pipeline.driver.run import encoder_spec, run_job
-from pipeline.records import TokenWindow
-from pipeline.stages.packer import padded_batch, rows_for
-from pipeline.stages.encode import Encode, load_encoder
+from docbeam.pipeline.driver.plan import make_plan
+from docbeam.pipeline.driver.run import encoder_spec, run_job
+from docbeam.pipeline.records import TokenWindow
+from docbeam.pipeline.stages.packer import padded_batch, rows_for
+from docbeam.pipeline.stages.encode import Encode, load_encoder
 
 NATIVE_OR_CHUNKED = {"backend": "native", "fallback": "chunked"}  # both bindable; the YAML alone runs native
 UNPACKED = {"packing": False}  # the batches below are padded, one window per row

@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from gcs_emulator import gcs_emulator
-from pipeline.store import lock, output, storage, transaction
+from docbeam.pipeline.store import lock, output, storage, transaction
 
 
 def lock_path(out) -> str:

@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.telemetry import memory_trend
-from pipeline.telemetry.memory_trend import MB, steady_growth, trend
+from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.telemetry.memory_trend import MB, steady_growth, trend
 
 BASE = 600 * MB
 
@@ -99,7 +99,7 @@ def corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_checkpoint_dir, corpus):
     from conftest import job_config
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.run import run_job
 
     summaries = {}
     for backend in ("native", "tests.fixtures_leaky_backend:attend"):
@@ -131,8 +131,8 @@ def test_native_over_the_same_documents_is_not_flagged(runs):
 @pytest.mark.slow
 def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, tiny_checkpoint_dir, corpus):
     from conftest import job_config
-    from pipeline.stages.commit import RunFailed
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.stages.commit import RunFailed
+    from docbeam.pipeline.driver.run import run_job
 
     output, _ = runs["native"]
     before = {name: open(os.path.join(output, name), "rb").read() for name in ("_manifest.json", "summary.json")}
@@ -148,7 +148,7 @@ def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, ti
 def test_the_report_shows_the_trend_and_the_baseline_comparison_exits_1_for_a_new_leak(runs, tmp_path):
     import argparse
 
-    from pipeline.tools import report
+    from docbeam.pipeline.tools import report
 
     leaky, native = runs["tests.fixtures_leaky_backend:attend"][0], runs["native"][0]
     page = tmp_path / "leaky.html"

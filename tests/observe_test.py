@@ -10,8 +10,8 @@ import os
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline.telemetry.observe import Progress
-from pipeline.driver.run import run_job
+from docbeam.pipeline.telemetry.observe import Progress
+from docbeam.pipeline.driver.run import run_job
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,9 @@ def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
 
 
 def test_summary_and_report_name_a_fallback_the_same_way():
-    from pipeline.tools.report_data import fallbacks
-    from pipeline.tools.report_load import Run, batch_columns
-    from pipeline.stages.write import timing_stats
+    from docbeam.pipeline.tools.report_data import fallbacks
+    from docbeam.pipeline.tools.report_load import Run, batch_columns
+    from docbeam.pipeline.stages.write import timing_stats
 
     record = {"batch_id": "b16-x", "bucket_len": 16, "rows": 4, "real_rows": 1, "real_tokens": 10,
               "padded_tokens": 64, "attention_backend": "native", "attention_requested": "flash",
@@ -67,7 +67,7 @@ def test_summary_and_report_name_a_fallback_the_same_way():
 
 def test_progress_lines_are_rate_limited_and_give_an_eta(monkeypatch):
     clock = iter([0.0, 1.0, 2.0, 12.0, 13.0])
-    monkeypatch.setattr("pipeline.stages.encode.time.monotonic", lambda: next(clock))
+    monkeypatch.setattr("docbeam.pipeline.stages.encode.time.monotonic", lambda: next(clock))
     progress = Progress(every_s=10, total_windows=40)
     lines = [progress.update(2, 4, 100) for _ in range(4)]
     assert lines[:2] == [None, None] and lines[3] is None

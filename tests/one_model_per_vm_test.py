@@ -13,8 +13,8 @@ import os
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline.stages.encode import EncoderHandler
-from pipeline.driver.run import encoder_spec, run_job
+from docbeam.pipeline.stages.encode import EncoderHandler
+from docbeam.pipeline.driver.run import encoder_spec, run_job
 
 pytestmark = pytest.mark.slow
 TWO_PROCESSES = {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}
@@ -52,7 +52,7 @@ def test_without_sharing_each_worker_process_builds_its_own_runtime(tiny_checkpo
 
 def test_the_handler_asks_runinference_for_one_shared_copy_and_sets_the_worker_env(tiny_checkpoint_dir, tmp_path,
                                                                                    monkeypatch):
-    from pipeline.driver.plan import make_plan
+    from docbeam.pipeline.driver.plan import make_plan
 
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
     cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir,

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import attention
-from attention.interface import AttentionCase
-from attention.plan import AttentionPlanError, AttentionSpec, choose_backends
-from attention.registry import from_callable
-from pipeline.driver.config import BatchingConfig
-from pipeline.records import TokenWindow
-from pipeline.stages.packer import packed_batch
+from docbeam import attention
+from docbeam.attention.interface import AttentionCase
+from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends
+from docbeam.attention.registry import from_callable
+from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.pipeline.records import TokenWindow
+from docbeam.pipeline.stages.packer import packed_batch
 
 
 def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int = 0) -> TokenWindow:
@@ -32,7 +32,7 @@ def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int
     ("mean", "rope", "chunked"), ("lasttoken", "rope", "chunked"),
     ("cls", "absolute", "flash")])  # every built-in backend takes segment ids
 def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position, backend):
-    from models.encoder import Encoder, EncoderConfig, embed_fn
+    from docbeam.models.encoder import Encoder, EncoderConfig, embed_fn
 
     config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
                            max_position=64, position=position)
@@ -106,7 +106,7 @@ def test_a_user_backend_that_declares_segment_ids_is_handed_them():
 
 
 def test_packed_probes_run_native_with_two_windows_in_a_row():
-    from attention.plan import probe, probe_inputs
+    from docbeam.attention.plan import probe, probe_inputs
 
     _, _, _, kwargs = probe_inputs(_case(True))
     assert kwargs["segment_ids_BxT"][0].max() == 2 and kwargs["segment_ids_BxT"][1].max() == 1
@@ -123,10 +123,10 @@ USER_BACKEND = "tests.fixtures_user_backend:attend"  # a plain AttentionFn: take
                                                       ("flash", "native", True), (USER_BACKEND, None, False),
                                                       ("chunked", USER_BACKEND, False)])
 def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs, monkeypatch):
-    from pipeline.driver.config import JobConfig
+    from docbeam.pipeline.driver.config import JobConfig
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from pipeline.driver.plan import resolved_packing
+    from docbeam.pipeline.driver.plan import resolved_packing
 
     cfg = JobConfig.model_validate({"input": {"path": "x"}, "output": {"path": "y"}, "model": {"path": "m"},
                                     "attention": {"backend": backend, "fallback": fallback}})
@@ -139,7 +139,7 @@ def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(ba
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_checkpoint_dir):
     """Token 7's embedding is NaN: window "bad" holds it. Packed in one row with "good", attention would carry
     the NaN into "good" (weight 0 × NaN); the runtime encodes the row's windows again, each alone."""
-    from pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
 
     native = attention.get("native")
     runtime = load_encoder(standalone_spec(tiny_checkpoint_dir, "float32", "mean",

@@ -13,12 +13,12 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.driver.config import BatchingConfig
-from pipeline.records import TokenWindow
-from pipeline.stages.batch import BucketBatches
-from pipeline.stages.packer import (HELD_BATCHES, Packer, batch_windows, final_packing, max_windows_per_row,
+from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.pipeline.records import TokenWindow
+from docbeam.pipeline.stages.batch import BucketBatches
+from docbeam.pipeline.stages.packer import (HELD_BATCHES, Packer, batch_windows, final_packing, max_windows_per_row,
                                     pack_rows, packed_batch, packing_round, round_tokens)
-from pipeline.tools.bucket_advisor import padding_efficiency
+from docbeam.pipeline.tools.bucket_advisor import padding_efficiency
 
 BUCKETS = (16, 32, 64)
 

@@ -75,7 +75,7 @@ def test_only_store_paths_decides_whether_a_path_is_remote():
 def test_is_remote_agrees_with_the_filesystems_that_open_the_path():
     from apache_beam.io.filesystems import FileSystems
 
-    from pipeline.store.paths import is_gcs, is_remote, split_gcs
+    from docbeam.pipeline.store.paths import is_gcs, is_remote, split_gcs
 
     for path in ("gs://b/a.jsonl", " gs://b/x", "s3://b/k", "hdfs://h/p", "/abs/in.jsonl", "rel/in.jsonl",
                  "C:\\data\\x", "pkg:gt/model", "a/b://c", "~/corpus/*.jsonl"):
@@ -86,7 +86,7 @@ def test_is_remote_agrees_with_the_filesystems_that_open_the_path():
 
 
 def test_the_output_folder_layout_is_named_only_in_store_output():
-    from pipeline.store import output
+    from docbeam.pipeline.store import output
 
     names = (output.STAGING, output.MANIFEST, output.SUCCESS, output.SUMMARY, output.INTENT, output.MARKER,
              output.LOCK)
@@ -100,7 +100,7 @@ def test_the_output_folder_layout_is_named_only_in_store_output():
 
 
 def test_every_placeholder_is_spelled_only_in_driver_placeholders():
-    from pipeline.driver import placeholders
+    from docbeam.pipeline.driver import placeholders
 
     needles = (*placeholders.PATH_PLACEHOLDERS, *placeholders.PROFILE_PLACEHOLDERS, "YOUR_BUCKET", "YOUR_PROJECT")
     assert spelled_outside("pipeline/driver/placeholders.py", needles) == []
@@ -127,7 +127,7 @@ def test_exit_status_2_is_decided_by_refused_alone():
 
 
 def test_metric_names_are_formatted_and_read_back_only_through_observe():
-    from pipeline.telemetry.observe import (COMPILE_MS, DOCS_REJECTED, FALLBACKS, STAGE_US, fallback_key, labelled,
+    from docbeam.pipeline.telemetry.observe import (COMPILE_MS, DOCS_REJECTED, FALLBACKS, STAGE_US, fallback_key, labelled,
                                             metric_name, parse_metric_name, shape_label)
 
     labels = {STAGE_US: "read", DOCS_REJECTED: "malformed_json", COMPILE_MS: shape_label(8, 128, "native"),
@@ -144,7 +144,7 @@ def test_metric_names_are_formatted_and_read_back_only_through_observe():
 
 
 def test_a_batch_names_the_fields_of_its_windows():
-    from pipeline.records import Batch, TokenWindow, WindowRef, batch_id
+    from docbeam.pipeline.records import Batch, TokenWindow, WindowRef, batch_id
 
     window = TokenWindow("doc-1", 0, 2, np.array([101, 7, 102], np.int32), 5, False)
     batch = Batch(batch_id=batch_id(16, [window], packed=False), bucket_len=16, ids_BxT=np.zeros((1, 16), np.int32),
@@ -157,8 +157,8 @@ def test_a_batch_names_the_fields_of_its_windows():
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_the_bucketing_stage_makes_the_batch_ids_and_window_refs_records_defines(packed):
-    from pipeline.records import TokenWindow, WindowRef, batch_id
-    from pipeline.stages import packer
+    from docbeam.pipeline.records import TokenWindow, WindowRef, batch_id
+    from docbeam.pipeline.stages import packer
 
     windows = [TokenWindow(f"d{i}", 0, 1, np.arange(1, 4 + i, dtype=np.int32), 2 + i, False) for i in range(3)]
     made = packer.packed_batch([windows[:2], windows[2:]], 16, 2) if packed else packer.padded_batch(windows, 16, 4)

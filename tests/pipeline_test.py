@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config
-from pipeline.driver.run import run_job
+from docbeam.pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +86,7 @@ def test_single_window_documents_equal_sentence_transformers(sample_run, real_ch
 @functools.lru_cache(maxsize=None)
 def tokenizer_of(checkpoint_dir: str):
     """The checkpoint's tokenizer, read once per session rather than once per document."""
-    from models.checkpoint import load_tokenizer
+    from docbeam.models.checkpoint import load_tokenizer
 
     return load_tokenizer(checkpoint_dir)
 
@@ -114,9 +114,9 @@ def jitted_encoder(checkpoint_dir: str):
     compiled every window length again, seconds per document."""
     import jax
 
-    import attention
-    from models.checkpoint import load_params, open_checkpoint
-    from models.encoder import embed_fn
+    from docbeam import attention
+    from docbeam.models.checkpoint import load_params, open_checkpoint
+    from docbeam.models.encoder import embed_fn
 
     config = open_checkpoint(checkpoint_dir).config
     return load_params(checkpoint_dir, config), jax.jit(embed_fn(config, attention.get("native").bind(), "mean"))
@@ -257,8 +257,8 @@ def test_packed_rows_give_the_embeddings_of_unpacked_ones_with_less_padding(tiny
 
 def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(tiny_corpus, tiny_checkpoint_dir,
                                                                                  tmp_path, monkeypatch):
-    from pipeline.driver.config import ConfigError
-    from attention.plan import AttentionPlanError
+    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.attention.plan import AttentionPlanError
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.… importable
     folder, _ = tiny_corpus

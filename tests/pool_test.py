@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.records import WindowEmbedding
-from pipeline.stages.write import pool_windows
+from docbeam.pipeline.records import WindowEmbedding
+from docbeam.pipeline.stages.write import pool_windows
 
 
 def embedding(index: int, num_windows: int, vector, *, length: int = 4, doc_tokens: int = 10,

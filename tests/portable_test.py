@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO, job_config
-from pipeline.driver.run import run_job
+from docbeam.pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.slow
 LOOPBACK = "localhost"

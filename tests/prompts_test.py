@@ -15,12 +15,12 @@ import pytest
 
 from cli_runner import run_docbeam
 from conftest import SAMPLE, write_tiny_checkpoint
-from models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
-from models.st_settings import document_prompt
-from pipeline.driver.config import ModelConfig, TokenizeConfig
-from pipeline.records import Document
-from pipeline.stages.reuse import content_hash, key_differences
-from pipeline.stages.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents
+from docbeam.models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
+from docbeam.models.st_settings import document_prompt
+from docbeam.pipeline.driver.config import ModelConfig, TokenizeConfig
+from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.reuse import content_hash, key_differences
+from docbeam.pipeline.stages.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
 MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},

@@ -18,8 +18,8 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.driver.config import InputConfig
-from pipeline.stages.read import ReadDocuments, match_local, unopenable
+from docbeam.pipeline.driver.config import InputConfig
+from docbeam.pipeline.stages.read import ReadDocuments, match_local, unopenable
 
 
 def jsonl(*ids: str) -> bytes:
@@ -243,7 +243,7 @@ def test_gs_reads_are_retried_by_beams_gcs_reader_resuming_where_they_broke():
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    from pipeline.stages.parse import file_records
+    from docbeam.pipeline.stages.parse import file_records
 
     ids = [f"g{i}" for i in range(20_000)]
     data = gzip.compress(jsonl(*ids))

@@ -10,10 +10,10 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.driver.config import InputConfig
-from pipeline.stages.parse import file_format, parse_jsonl_line, parse_text_file, read_capped_lines
-from pipeline.stages.read import ReadDocuments
-from pipeline.records import Document, Rejected
+from docbeam.pipeline.driver.config import InputConfig
+from docbeam.pipeline.stages.parse import file_format, parse_jsonl_line, parse_text_file, read_capped_lines
+from docbeam.pipeline.stages.read import ReadDocuments
+from docbeam.pipeline.records import Document, Rejected
 
 BLOCK_SIZES = [1, 2, 3, 5, 1 << 20]  # tiny blocks put every line boundary on a block boundary somewhere
 

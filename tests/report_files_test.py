@@ -12,7 +12,7 @@ import re
 import matplotlib.image
 import pytest
 
-from pipeline.tools import report, report_charts, report_data, report_load
+from docbeam.pipeline.tools import report, report_charts, report_data, report_load
 from report_fixtures import write_run
 from report_test import CHARTS, _cli, _Page
 
@@ -67,7 +67,7 @@ def real_run(tmp_path_factory, tiny_checkpoint_dir):
     """A small job through the real pipeline: the tiny model, bad records, and flash refused on CPU so every
     batch falls back to native."""
     from conftest import SAMPLE, job_config
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.run import run_job
 
     root = tmp_path_factory.mktemp("real-run")
     lines = gzip.open(SAMPLE, "rt").read().splitlines()[:30]

@@ -15,7 +15,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from pipeline.tools import report, report_data, report_load
+from docbeam.pipeline.tools import report, report_data, report_load
 from report_fixtures import RECOMPILE_AT, write_empty_run, write_run
 
 CHARTS = {"batch latency by bucket and backend", "throughput over the run", "padding efficiency per bucket",

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import write_tiny_checkpoint
-from models.checkpoint import CheckpointError, dense_digest, load_dense, open_checkpoint
+from docbeam.models.checkpoint import CheckpointError, dense_digest, load_dense, open_checkpoint
 from prompts_test import DOCS, cosines, docbeam_run, sample_texts
 
 HIDDEN, MIDDLE, OUT = 32, 24, 16
@@ -134,8 +134,8 @@ def jitted_vectors(folder: str, texts: list[str], activations=None) -> np.ndarra
     """docbeam's embed_fn on unpadded single windows (truncated to the model's window), normalised."""
     import jax
 
-    from attention import registry
-    from models import checkpoint, encoder
+    from docbeam.attention import registry
+    from docbeam.models import checkpoint, encoder
 
     ck = checkpoint.open_checkpoint(folder, with_weights=True)
     params = {"encoder": checkpoint.load_params(ck.folder, ck.config),
@@ -178,7 +178,7 @@ def test_docbeam_run_gives_sentence_transformers_vectors_through_the_dense_modul
 
 
 def test_truncate_dim_and_the_dense_modules_are_reuse_key_fields():
-    from pipeline.stages.reuse import key_differences
+    from docbeam.pipeline.stages.reuse import key_differences
 
     key = {"truncate_dim": None, "dense_digest": "sha256:aa"}
     assert key_differences(key, {**key, "truncate_dim": 8}) == ["truncate_dim: None then, 8 now"]
@@ -198,8 +198,8 @@ def test_model_truncate_dim_gives_sentence_transformers_matryoshka_vectors(heade
 
 
 def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint):
-    from pipeline.driver.config import ModelConfig
-    from pipeline.driver.plan import output_width
+    from docbeam.pipeline.driver.config import ModelConfig
+    from docbeam.pipeline.driver.plan import output_width
 
     model = str(tmp_path / "model")
     shutil.copytree(headed_checkpoint, model)
@@ -250,7 +250,7 @@ def dense_files(folder: str) -> list[str]:
 def test_the_dense_modules_are_fetched_from_gcs_with_the_metadata(headed_checkpoint):
     from gcs_emulator import gcs_emulator
     from gcs_pipeline_test import upload_folder
-    from pipeline.store import storage
+    from docbeam.pipeline.store import storage
 
     storage.pipeline_options([])
     with gcs_emulator() as gcs:

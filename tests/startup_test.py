@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SAMPLE, checkout_env, job_config
-from pipeline.telemetry.observe import STAGES
+from docbeam.pipeline.telemetry.observe import STAGES
 
 BUCKETS = [16, 32, 64, 128]
 
@@ -29,7 +29,7 @@ def small_corpus(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, small_corpus, tiny_checkpoint_dir):
-    from pipeline.driver.run import run_job
+    from docbeam.pipeline.driver.run import run_job
 
     output = str(tmp_path_factory.mktemp("startup-run"))
     process_started = time.time()
@@ -98,11 +98,11 @@ def test_the_summary_file_holds_the_breakdown_and_the_manifest_still_matches_the
 
 
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
-    import attention
-    from attention.plan import AttentionSpec
-    from pipeline.stages.packer import padded_batch, rows_for
-    from pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
-    from pipeline.records import TokenWindow
+    from docbeam import attention
+    from docbeam.attention.plan import AttentionSpec
+    from docbeam.pipeline.stages.packer import padded_batch, rows_for
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.records import TokenWindow
 
     spec = standalone_spec(tiny_checkpoint_dir, "float32", "mean",
                            AttentionSpec("native", attention.get("native").parse_options(None)), buckets=(16, 32),
@@ -121,11 +121,11 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
 
 
 def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpoint_dir):
-    import attention
-    from attention import probe_once
-    from attention.plan import AttentionSpec, choose_backends
-    from models.checkpoint import open_checkpoint
-    from models.encoder import attention_cases
+    from docbeam import attention
+    from docbeam.attention import probe_once
+    from docbeam.attention.plan import AttentionSpec, choose_backends
+    from docbeam.models.checkpoint import open_checkpoint
+    from docbeam.models.encoder import attention_cases
 
     calls = []
     monkeypatch.setattr(probe_once, "probe", lambda spec, choice: calls.append(choice.case.seq_len))
@@ -139,7 +139,7 @@ def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpo
 
 
 def test_docbeam_run_imports_neither_torch_nor_transformers():
-    code = ("import sys; import pipeline.driver.cli, pipeline.driver.run; "
+    code = ("import sys; import docbeam.pipeline.driver.cli, docbeam.pipeline.driver.run; "
             "from apache_beam.ml.inference import base; "
             "print(sorted(m for m in ('torch', 'transformers', 'tokamax') if m in sys.modules), "
             "base.resource is not None)")  # RunInference still reports the process's memory
@@ -149,7 +149,7 @@ def test_docbeam_run_imports_neither_torch_nor_transformers():
 
 
 def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):
-    from pipeline.driver.cli import format_summary
+    from docbeam.pipeline.driver.cli import format_summary
 
     output, summary, _ = tiny_run
     text = format_summary(summary, output)
@@ -161,7 +161,7 @@ def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):
 def test_the_process_start_is_before_now_and_close_to_the_os_clock():
     import psutil
 
-    from pipeline.telemetry.observe import process_started
+    from docbeam.pipeline.telemetry.observe import process_started
 
     started = process_started()
     assert started <= time.time()
@@ -169,11 +169,11 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 
 
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
-    import attention
-    from attention.plan import AttentionSpec
-    from pipeline.stages.packer import padded_batch, rows_for
-    from pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
-    from pipeline.records import TokenWindow
+    from docbeam import attention
+    from docbeam.attention.plan import AttentionSpec
+    from docbeam.pipeline.stages.packer import padded_batch, rows_for
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.records import TokenWindow
 
     buckets = (16, 32, 64, 128)
     runtime = load_encoder(standalone_spec(

@@ -14,7 +14,7 @@ from apache_beam.io.parquetio import ReadFromParquet, WriteToParquet
 from apache_beam.testing.util import assert_that, equal_to
 
 from gcs_emulator import gcs_emulator, matching
-from pipeline.store import storage
+from docbeam.pipeline.store import storage
 
 
 @pytest.fixture(scope="module")

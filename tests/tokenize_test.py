@@ -7,9 +7,9 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline.driver.config import TokenizeConfig
-from pipeline.records import Document
-from pipeline.stages.tokenize import Tokenize, content_tokens, tokenize_documents, windows_for
+from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.tokenize import Tokenize, content_tokens, tokenize_documents, windows_for
 
 SHORT = "A short document fits in one window."
 LONG = " ".join(f"Sentence {i} talks about beams, batches and buckets." for i in range(30))
@@ -17,7 +17,7 @@ LONG = " ".join(f"Sentence {i} talks about beams, batches and buckets." for i in
 
 @pytest.fixture(scope="module")
 def tokenizer(real_checkpoint_dir):
-    from models.checkpoint import load_tokenizer
+    from docbeam.models.checkpoint import load_tokenizer
 
     return load_tokenizer(real_checkpoint_dir)
 

@@ -27,7 +27,7 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 def docbeam(*args: str) -> subprocess.Popen:
     """A run in its own process: for the runs a test kills, or keeps alive while another run starts."""
-    return subprocess.Popen([sys.executable, "-m", "pipeline.driver.cli", *args], cwd=REPO, stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "docbeam", *args], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

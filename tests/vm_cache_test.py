@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from models import vm_cache
+from docbeam.models import vm_cache
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Two processes ask for the same folder at once; the fill sleeps so that the second must wait for it.
 RACE = """
 import json, os, sys, time
-from models import vm_cache
+from docbeam.models import vm_cache
 def fill(folder):
     time.sleep(1.0)
     open(os.path.join(folder, "weights"), "w").write("w")
@@ -60,8 +60,8 @@ def test_a_fill_that_fails_leaves_nothing_that_looks_complete(tmp_path, monkeypa
 # The checkpoint from the emulator, in two processes at once: one copies, the other reuses its copy.
 CHECKPOINT = """
 import json, os
-from models import checkpoint, vm_cache
-from pipeline.store import storage
+from docbeam.models import checkpoint, vm_cache
+from docbeam.pipeline.store import storage
 storage.pipeline_options([])
 folder = checkpoint.resolve_dir(os.environ["MODEL"], with_weights=True)
 print(json.dumps({"pid": os.getpid(), "folder": folder, "filled_by": vm_cache.filled_by(folder),

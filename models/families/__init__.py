@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
-from models.families.config import CheckpointError
+from docbeam.models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "bert": bert,

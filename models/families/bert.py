@@ -3,9 +3,9 @@ encoder every other post-norm family varies (models/families/blocks.py's PostNor
 EncoderConfig itself (models/families/config.py)."""
 from __future__ import annotations
 
-from models.families.blocks import PostNormEncoder
-from models.families.config import EncoderConfig, HubConfig
-from models.families.tensors import Tensors
+from docbeam.models.families.blocks import PostNormEncoder
+from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.tensors import Tensors
 
 Config = EncoderConfig
 PREFIXES = ("bert.", "roformer.", "model.")

@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, Rope
+from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, Rope
 
 
 def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,

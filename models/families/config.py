@@ -12,7 +12,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from pipeline.errors import Refused
+from docbeam.pipeline.errors import Refused
 
 
 class CheckpointError(Refused, ValueError):
@@ -83,7 +83,7 @@ class EncoderConfig:
     def attention_features(self) -> tuple:
         """The distinct AttentionFeatures this model's layers call attention with (what the plan asks each
         backend's capability check about, per bucket): BERT's layers are all global, with no bias."""
-        from attention.interface import AttentionFeatures
+        from docbeam.attention.interface import AttentionFeatures
 
         return (AttentionFeatures(),)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.families.blocks import PostNormEncoder
-from models.families.config import EncoderConfig, HubConfig
-from models.families.tensors import Tensors
+from docbeam.models.families.blocks import PostNormEncoder
+from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("new.", "gte.", "model.")
 

@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from models.families.blocks import Embeddings, FamilyModel, GatedMlp, SelfAttention, layer_norm
-from models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
-from models.families.tensors import Tensors
+from docbeam.models.families.blocks import Embeddings, FamilyModel, GatedMlp, SelfAttention, layer_norm
+from docbeam.models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
+from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("model.",)
 
@@ -24,7 +24,7 @@ class Config(EncoderConfig):
 
     @property
     def attention_features(self) -> tuple:
-        from attention.interface import AttentionFeatures
+        from docbeam.attention.interface import AttentionFeatures
 
         kinds = [AttentionFeatures() if is_global else AttentionFeatures(local_window=self.local_window)
                  for is_global in self.global_layers]

@@ -8,10 +8,10 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models.families import bert, roberta
-from models.families.blocks import Embeddings, FamilyModel, PostNormLayer
-from models.families.config import HubConfig
-from models.families.tensors import Tensors
+from docbeam.models.families import bert, roberta
+from docbeam.models.families.blocks import Embeddings, FamilyModel, PostNormLayer
+from docbeam.models.families.config import HubConfig
+from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("mpnet.",)
 NUM_BUCKETS, MAX_DISTANCE = 32, 128  # transformers' compute_position_bias uses these, whatever the config says
@@ -24,7 +24,7 @@ class Config(roberta.Config):
 
     @property
     def attention_features(self) -> tuple:
-        from attention.interface import AttentionFeatures
+        from docbeam.attention.interface import AttentionFeatures
 
         return (AttentionFeatures(bias=True),)
 

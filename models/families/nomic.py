@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.families import gte
-from models.families.blocks import PostNormEncoder
-from models.families.config import EncoderConfig, HubConfig
-from models.families.tensors import Tensors
+from docbeam.models.families import gte
+from docbeam.models.families.blocks import PostNormEncoder
+from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.tensors import Tensors
 
 
 @dataclasses.dataclass(frozen=True)

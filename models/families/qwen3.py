@@ -10,9 +10,9 @@ from typing import Any, Callable
 
 import flax.linen as nn
 
-from models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
-from models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
-from models.families.tensors import Tensors
+from docbeam.models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
+from docbeam.models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
+from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("model.",)  # Qwen3ForCausalLM's tensors; Qwen3Model (Qwen3-Embedding) saves them bare
 
@@ -35,7 +35,7 @@ class Config(EncoderConfig):
 
     @property
     def attention_features(self) -> tuple:
-        from attention.interface import AttentionFeatures
+        from docbeam.attention.interface import AttentionFeatures
 
         return (AttentionFeatures(causal=True),)
 

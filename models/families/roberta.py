@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from models.families import bert
-from models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families import bert
+from docbeam.models.families.config import EncoderConfig, HubConfig
 
 PREFIXES = ("roberta.", "xlm_roberta.", "camembert.", "model.")
 Model = bert.Model

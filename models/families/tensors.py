@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.families.config import CheckpointError
+from docbeam.models.families.config import CheckpointError
 
 
 class Tensors:

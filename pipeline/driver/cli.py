@@ -14,8 +14,8 @@ import sys
 import tempfile
 import time
 
-from pipeline.driver import config as config_lib
-from pipeline.errors import Refused
+from docbeam.pipeline.driver import config as config_lib
+from docbeam.pipeline.errors import Refused
 
 log = logging.getLogger("docbeam")
 
@@ -56,13 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    from pipeline.tools import report
+    from docbeam.pipeline.tools import report
 
     report.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
     return parser
 
 
-OWN_LOGGERS = ("docbeam", "pipeline", "models", "attention")
+OWN_LOGGERS = ("docbeam",)  # every module logs under its installed name, docbeam.…
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -121,29 +121,29 @@ def main(argv: list[str] | None = None) -> int:
     log_path = _setup_logging(args.command, getattr(args, "verbose", False))
     details = f"details and tracebacks: {log_path}, or run again with --verbose"
     if args.command == "report":
-        from pipeline.tools import report
+        from docbeam.pipeline.tools import report
 
         return report.main(args)
     try:
         cfg = config_lib.load(args.config, args.overrides)
         if args.command == "propose-buckets":
-            from pipeline.tools.bucket_advisor import proposal_report
+            from docbeam.pipeline.tools.bucket_advisor import proposal_report
 
             print(proposal_report(cfg, args.documents))
             return 0
         if args.command == "validate":
-            from pipeline.tools.validate import validation_report
+            from docbeam.pipeline.tools.validate import validation_report
 
             print(validation_report(cfg, verify=args.verify, for_launch=args.for_launch))
             return 0
         beam_args = [a for a in args.beam_args if a != "--"]
         if args.dry_run:
-            from pipeline.driver.dry_run import dry_run
+            from docbeam.pipeline.driver.dry_run import dry_run
 
             print(dry_run(cfg, beam_args).describe())
             return 0
-        from pipeline.telemetry.observe import process_started
-        from pipeline.driver.run import run_job
+        from docbeam.pipeline.telemetry.observe import process_started
+        from docbeam.pipeline.driver.run import run_job
 
         summary = run_job(cfg, beam_args, force=args.force, wait=not args.no_wait,
                           process_started=process_started())
@@ -184,7 +184,7 @@ def format_summary(s: dict, output: str) -> str:
 
 def format_startup(s: dict) -> str:
     """One line of summary.json's start-up breakdown and stage shares."""
-    from pipeline.telemetry.observe import STAGES
+    from docbeam.pipeline.telemetry.observe import STAGES
 
     startup, since = s["startup"], s["startup"]["since_process_start_s"]
     parts = [f"{name} {startup['steps_s'][name]:.1f} s" for name in ("imports", "plan", "lock_and_checks", "graph")]

@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 import pydantic
 
-from attention import registry as attention_registry
-from pipeline.driver import config_files, placeholders
-from pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
+from docbeam.attention import registry as attention_registry
+from docbeam.pipeline.driver import config_files, placeholders
+from docbeam.pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 
 class _Section(pydantic.BaseModel):
@@ -68,7 +68,7 @@ class OutputConfig(_Section):
     def _one_plain_folder(cls, path):
         # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
         # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
-        from pipeline.store.output import normalize_folder
+        from docbeam.pipeline.store.output import normalize_folder
 
         return normalize_folder(one_folder(path).strip())
 

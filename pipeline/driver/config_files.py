@@ -15,8 +15,8 @@ import os
 import pydantic
 import yaml
 
-from pipeline.errors import Refused
-from pipeline.store.paths import is_remote
+from docbeam.pipeline.errors import Refused
+from docbeam.pipeline.store.paths import is_remote
 
 EXTENDS = "extends"
 PATH_KEYS = (("input", "path"), ("input", "reuse_from"), ("output", "path"), ("model", "path"),

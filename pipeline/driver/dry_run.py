@@ -15,11 +15,11 @@ import time
 
 import apache_beam as beam
 
-from pipeline.driver import placeholders
-from pipeline.store import output as output_lib
-from pipeline.store import storage
-from pipeline.driver.config import ConfigError, JobConfig
-from pipeline.store.lock import Fence
+from docbeam.pipeline.driver import placeholders
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.driver.config import ConfigError, JobConfig
+from docbeam.pipeline.store.lock import Fence
 
 # Options a reader checks before a submission, by Beam's names, in this order.
 SHOWN_OPTIONS = ("project", "region", "job_name", "temp_location", "staging_location", "sdk_container_image",
@@ -62,8 +62,8 @@ class DryRun:
 def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
     from apache_beam.runners.dataflow.internal import apiclient
 
-    from pipeline.driver.plan import make_plan
-    from pipeline.driver.run import build
+    from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.driver.run import build
 
     if cfg.runner.name != placeholders.DATAFLOW:
         raise ConfigError(f"--dry-run builds a Dataflow job, but runner.name is {cfg.runner.name!r}; use a "

@@ -53,9 +53,9 @@ def to_run_args(argv: list[str]) -> list[str]:
 
 def refuse_placeholders(launch: Launch) -> None:
     """Raises ConfigError naming each profile placeholder the launch left in place (pipeline/driver/placeholders.py)."""
-    from pipeline.driver import config as config_lib
-    from pipeline.driver import placeholders
-    from pipeline.store import output
+    from docbeam.pipeline.driver import config as config_lib
+    from docbeam.pipeline.driver import placeholders
+    from docbeam.pipeline.store import output
 
     cfg = placeholders.expand(config_lib.load(launch.config, list(launch.sets)), output.new_run_id(), output.run_date())
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, launch.beam_args))
@@ -71,8 +71,8 @@ def profile_path(config: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.driver import cli
-    from pipeline.errors import Refused
+    from docbeam.pipeline.driver import cli
+    from docbeam.pipeline.errors import Refused
 
     launch = parse(sys.argv[1:] if argv is None else argv)
     try:

@@ -10,20 +10,20 @@ import dataclasses
 import importlib.metadata
 import os
 
-from attention.plan import AttentionSpec, Choice, choose_backends, gate
-from attention.probe_once import probe_all
-from models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
+from docbeam.attention.plan import AttentionSpec, Choice, choose_backends, gate
+from docbeam.attention.probe_once import probe_all
+from docbeam.models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
                                tokenizer_digest, weights_digest)
-from models.encoder import EncoderConfig, attention_cases
-from models.st_settings import document_prompt
-from pipeline.store import output as output_lib
-from pipeline.store import storage
-from pipeline.store.paths import is_remote
-from pipeline.stages.packer import bucket_for
-from pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
-from pipeline.errors import refused_at_start
-from pipeline.stages.reuse import ReuseDecision, decide
-from pipeline.stages.tokenize import prompt_token_ids, stride_problem
+from docbeam.models.encoder import EncoderConfig, attention_cases
+from docbeam.models.st_settings import document_prompt
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.store.paths import is_remote
+from docbeam.pipeline.stages.packer import bucket_for
+from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
+from docbeam.pipeline.errors import refused_at_start
+from docbeam.pipeline.stages.reuse import ReuseDecision, decide
+from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -105,7 +105,7 @@ def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, specia
 def check_inputs(cfg: JobConfig) -> None:
     """Every input pattern matches a path, and none lies inside the output (a run would replace its own
     input). Matched as the job matches them (pipeline/stages/read.py), so this refuses what the job would."""
-    from pipeline.stages.read import match_paths
+    from docbeam.pipeline.stages.read import match_paths
 
     out = cfg.output.path
     for pattern in cfg.input.patterns:
@@ -139,7 +139,7 @@ def check_output(cfg: JobConfig) -> output_lib.OutputState:
 def resolved_packing(cfg: JobConfig) -> bool:
     """``batching.packing: auto`` → true when every backend this job may run takes segment ids, else
     false (switching attention.backend to one that does not must keep working); true and false stay."""
-    from attention import registry
+    from docbeam.attention import registry
 
     if cfg.batching.packing != "auto":
         return cfg.batching.packing

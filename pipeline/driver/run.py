@@ -14,22 +14,22 @@ import time
 
 import apache_beam as beam
 
-from pipeline.store import output as output_lib
-from pipeline.store import storage
-from pipeline.store import transaction
-from pipeline.telemetry.breakdown import stage_shares, startup_breakdown
-from pipeline.stages.batch import BucketBatches
-from pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
-from pipeline.driver import placeholders
-from pipeline.stages.encode import Encode, EncoderSpec, runtime_for, stop_compiling
-from pipeline.errors import JobFailed, Refused, refused_at_start
-from pipeline.store.lock import Fence, OutputLock
-from pipeline.telemetry.observe import METRICS_NAMESPACE
-from pipeline.driver.plan import JobPlan, check_output, make_plan, versions
-from pipeline.stages.read import ReadDocuments
-from pipeline.stages.reuse import SplitByReuse, content_hash
-from pipeline.stages.tokenize import Tokenize
-from pipeline.stages.write import PoolDocuments, WriteOutputs
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.store import transaction
+from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
+from docbeam.pipeline.stages.batch import BucketBatches
+from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
+from docbeam.pipeline.driver import placeholders
+from docbeam.pipeline.stages.encode import Encode, EncoderSpec, runtime_for, stop_compiling
+from docbeam.pipeline.errors import JobFailed, Refused, refused_at_start
+from docbeam.pipeline.store.lock import Fence, OutputLock
+from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
+from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
+from docbeam.pipeline.stages.read import ReadDocuments
+from docbeam.pipeline.stages.reuse import SplitByReuse, content_hash
+from docbeam.pipeline.stages.tokenize import Tokenize
+from docbeam.pipeline.stages.write import PoolDocuments, WriteOutputs
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,7 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     rather than released here. ``process_started`` (epoch seconds; the command line passes the process's
     start) is where summary.json's start-up breakdown begins; by default, this call.
     """
-    from pipeline.stages.compile_cache import keep_every_compilation
+    from docbeam.pipeline.stages.compile_cache import keep_every_compilation
 
     marks = {"run_job": time.time()}
     marks["process"] = process_started or marks["run_job"]

@@ -13,9 +13,9 @@ import apache_beam as beam
 from apache_beam import coders
 from apache_beam.transforms import userstate
 
-from pipeline.driver.config import BatchingConfig
-from pipeline.records import TokenWindow
-from pipeline.stages.packer import Packer, bucket_for, check_packing, window_shard
+from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.pipeline.records import TokenWindow
+from docbeam.pipeline.stages.packer import Packer, bucket_for, check_packing, window_shard
 
 
 class _DriveThePacker(beam.DoFn):

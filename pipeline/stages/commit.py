@@ -12,12 +12,12 @@ import time
 
 import apache_beam as beam
 
-from pipeline.telemetry import memory_trend
-from pipeline.store import output as output_lib
-from pipeline.store import storage
-from pipeline.store import transaction
-from pipeline.store.lock import Fence
-from pipeline.telemetry.observe import StageClock
+from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.store import transaction
+from docbeam.pipeline.store.lock import Fence
+from docbeam.pipeline.telemetry.observe import StageClock
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import logging
 import os
 import time
 
-from models import vm_cache
-from pipeline.store import storage
+from docbeam.models import vm_cache
+from docbeam.pipeline.store import storage
 
 ENTRY_SUFFIX = "-cache"  # JAX's LRUCache names an entry <key>-cache (and keeps -atime files beside it)
 UNREACHABLE_SUFFIX = ".unreachable"  # beside the VM's copy: why the first process could not fill it

@@ -17,15 +17,15 @@ from typing import Any, Iterable, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipeline import compat
+from docbeam.pipeline import compat
 
 compat.run_inference_without_model_manager()
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
-from attention.plan import AttentionSpec, Choice, replan  # noqa: E402
-from models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
-from pipeline.records import Batch, WindowEmbedding  # noqa: E402
-from pipeline.telemetry.observe import (COMPILE_MS, COMPUTE_MS, ENCODER_FN_NAME, FALLBACKS,  # noqa: E402
+from docbeam.attention.plan import AttentionSpec, Choice, replan  # noqa: E402
+from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
+from docbeam.pipeline.records import Batch, WindowEmbedding  # noqa: E402
+from docbeam.pipeline.telemetry.observe import (COMPILE_MS, COMPUTE_MS, ENCODER_FN_NAME, FALLBACKS,  # noqa: E402
                                         METRICS_NAMESPACE, STARTUP_MS, CompileWatch, Progress, StageClock,
                                         describe_device, fallback_key, memory, metric_name, shape_label,
                                         worker_name)
@@ -67,9 +67,9 @@ def standalone_spec(model_path: str, dtype: str, pooling: str, attention: Attent
     as the driver plans a job (``settings``: the other EncoderSpec fields)."""
     import jax
 
-    from attention.plan import choose_backends
-    from models.checkpoint import open_checkpoint
-    from models.encoder import attention_cases
+    from docbeam.attention.plan import choose_backends
+    from docbeam.models.checkpoint import open_checkpoint
+    from docbeam.models.encoder import attention_cases
 
     platform = jax.default_backend()
     cases = attention_cases(open_checkpoint(model_path, dtype).config, buckets, platform, packing)
@@ -81,7 +81,7 @@ def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...]
     """(what this worker runs per bucket, why it is not the plan's or None). The plan's choices as they are
     on the planned platform (gated here when the driver could not run them and attention.verify is set); on
     another platform the planned buckets chosen again for this one."""
-    from attention.plan import gate
+    from docbeam.attention.plan import gate
 
     if platform != spec.platform:
         log.warning("job was planned for %s but this worker has %s; re-planning attention here", spec.platform,
@@ -97,10 +97,10 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     once per process (a broken backend fails the job here), then the runtime loaded."""
     import jax
 
-    from pipeline.stages.compile_cache import CompileCache
-    from attention.probe_once import probe_all
-    from pipeline.stages.packer import max_windows_per_row, rows_for
-    from pipeline.store import storage
+    from docbeam.pipeline.stages.compile_cache import CompileCache
+    from docbeam.attention.probe_once import probe_all
+    from docbeam.pipeline.stages.packer import max_windows_per_row, rows_for
+    from docbeam.pipeline.store import storage
 
     t0 = time.perf_counter()
     # Before the first compilation (the attention probes compile too).
@@ -171,7 +171,7 @@ class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
 
     def run_inference(self, batch: Sequence[Batch], model: EncoderRuntime,
                       inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
-        from pipeline.telemetry.observe import worker_name
+        from docbeam.pipeline.telemetry.observe import worker_name
 
         results = []
         for b in batch:

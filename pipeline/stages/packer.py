@@ -27,8 +27,8 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from pipeline.driver.config import BatchingConfig
-from pipeline.records import Batch, TokenWindow, WindowRef, batch_id
+from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.pipeline.records import Batch, TokenWindow, WindowRef, batch_id
 
 # (bucket_len, rows, contents): what one batch will hold; contents are windows, or rows of windows when packing.
 Group = tuple[int, int, list]

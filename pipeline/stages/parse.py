@@ -12,9 +12,9 @@ from typing import BinaryIO, Callable, Iterator
 
 from apache_beam.io.filesystem import CompressionTypes
 
-from pipeline.driver.config import InputConfig
-from pipeline.records import Document, Rejected, writable
-from pipeline.stages.decompress import open_decompressed
+from docbeam.pipeline.driver.config import InputConfig
+from docbeam.pipeline.records import Document, Rejected, writable
+from docbeam.pipeline.stages.decompress import open_decompressed
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # README lists these, each also with any compression suffix Beam knows
 

@@ -17,11 +17,11 @@ from apache_beam.io.filesystem import CompressionTypes, FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from pipeline.driver.config import InputConfig
-from pipeline.records import REJECTED_TAG, Document, Rejected, writable
-from pipeline.stages.parse import file_records
-from pipeline.store import storage
-from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
+from docbeam.pipeline.driver.config import InputConfig
+from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, writable
+from docbeam.pipeline.stages.parse import file_records
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
 
 
 def match_local(pattern: str) -> list[str]:

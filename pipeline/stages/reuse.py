@@ -16,11 +16,11 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from pipeline.store import output as output_lib
-from pipeline.store import storage
-from pipeline.driver.config import ConfigError
-from pipeline.telemetry.observe import METRICS_NAMESPACE
-from pipeline.records import Document
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.driver.config import ConfigError
+from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
+from docbeam.pipeline.records import Document
 
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
 # "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full

@@ -23,9 +23,9 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from pipeline.driver.config import TokenizeConfig
-from pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
-from pipeline.records import REJECTED_TAG, Document, Rejected, TokenWindow, writable
+from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
+from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, TokenWindow, writable
 
 
 def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
@@ -156,7 +156,7 @@ class _TokenizeBatch(beam.DoFn):
         self._tokenizer = None
 
     def setup(self):
-        from models.checkpoint import load_tokenizer, resolve_dir
+        from docbeam.models.checkpoint import load_tokenizer, resolve_dir
 
         self._tokenizer = load_tokenizer(resolve_dir(self._model_path))
 

@@ -14,10 +14,10 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from pipeline.telemetry import memory_trend
-from pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
-from pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
-from pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
+from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
+from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
+from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
 
 EMBEDDINGS_SCHEMA = pa.schema([
     ("id", pa.string()),

@@ -22,9 +22,9 @@ from typing import Callable
 
 import psutil
 
-from pipeline.store import storage, versioned
-from pipeline.store.output import LOCK
-from pipeline.errors import Refused
+from docbeam.pipeline.store import storage, versioned
+from docbeam.pipeline.store.output import LOCK
+from docbeam.pipeline.errors import Refused
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0  # ten missed heartbeats and more: the owner is gone (README "Runs and commits")

@@ -17,9 +17,9 @@ import posixpath
 import re
 import secrets
 
-from pipeline.store import storage, versioned
-from pipeline.store.paths import GCS_PREFIX
-from pipeline.errors import Refused
+from docbeam.pipeline.store import storage, versioned
+from docbeam.pipeline.store.paths import GCS_PREFIX
+from docbeam.pipeline.errors import Refused
 
 STAGING = "_staging"
 MANIFEST = "_manifest.json"

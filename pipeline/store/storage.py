@@ -17,8 +17,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipeline.store import faults
-from pipeline.store.paths import is_gcs, is_remote, split_gcs  # noqa: F401  (storage.is_gcs for callers)
+from docbeam.pipeline.store import faults
+from docbeam.pipeline.store.paths import is_gcs, is_remote, split_gcs  # noqa: F401  (storage.is_gcs for callers)
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 NO_AUTH_FLAG = "--no_auth"

@@ -18,9 +18,9 @@ import datetime
 import json
 import logging
 
-from pipeline.store import storage, versioned
-from pipeline.store.lock import Fence, LockLost, OutputLock
-from pipeline.store.output import (INTENT, INTENT_FORMAT, MANIFEST, MANIFEST_FORMAT, MARKER, STAGING, SUCCESS, SUMMARY,
+from docbeam.pipeline.store import storage, versioned
+from docbeam.pipeline.store.lock import Fence, LockLost, OutputLock
+from docbeam.pipeline.store.output import (INTENT, INTENT_FORMAT, MANIFEST, MANIFEST_FORMAT, MARKER, STAGING, SUCCESS, SUMMARY,
                                    carries_run, delete_inside, inspect, parse_manifest, plain_relative, read_intent,
                                    read_manifest, relative, staging_dir)
 

@@ -11,7 +11,7 @@ import contextlib
 import fcntl
 import os
 
-from pipeline.store import faults, storage
+from docbeam.pipeline.store import faults, storage
 
 
 def read_versioned(path: str) -> tuple[bytes | None, object]:

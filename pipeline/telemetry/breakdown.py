@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 
-from pipeline.telemetry.observe import COMPILE_MS, STAGE_US, STAGES, STARTUP_MS, labelled, shape_label
+from docbeam.pipeline.telemetry.observe import COMPILE_MS, STAGE_US, STAGES, STARTUP_MS, labelled, shape_label
 
 # The driver's marks (epoch seconds), in the order the driver passes them.
 MARKS = ("process", "run_job", "plan", "checks", "graph", "pipeline", "finished")

@@ -18,9 +18,9 @@ import itertools
 
 import numpy as np
 
-from pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
-from pipeline.records import Document, Rejected, TokenWindow
-from pipeline.stages.packer import batch_windows, rows_for
+from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
+from docbeam.pipeline.records import Document, Rejected, TokenWindow
+from docbeam.pipeline.stages.packer import batch_windows, rows_for
 
 
 def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
@@ -99,7 +99,7 @@ class Sample:
 def read_sample(cfg: JobConfig, limit: int) -> Sample:
     """Reads files in order until ``limit`` documents were read (rejected ones count: a corpus of rejects
     must not be read to its end). Duplicate ids are rejected as the job rejects them."""
-    from pipeline.stages.read import match_paths, path_records, same_file_key
+    from docbeam.pipeline.stages.read import match_paths, path_records, same_file_key
 
     sample, seen_ids = Sample(), set()
     for pattern in cfg.input.patterns:
@@ -129,8 +129,8 @@ def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int,
                     prompt: str | None = None) -> tuple[list[int], list[Rejected]]:
     """Window lengths of ``docs``, and the documents the tokenizer rejects (no tokens). The one call into
     pipeline.stages.tokenize, so a change to its interface is adapted here."""
-    from models.checkpoint import load_tokenizer, resolve_dir
-    from pipeline.stages.tokenize import tokenize_documents
+    from docbeam.models.checkpoint import load_tokenizer, resolve_dir
+    from docbeam.pipeline.stages.tokenize import tokenize_documents
 
     if not docs:
         return [], []
@@ -196,7 +196,7 @@ def score(row: dict) -> float:
 
 def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     """The proposal as Markdown plus a config snippet; raises ConfigError when there is nothing to propose from."""
-    from pipeline.driver.plan import make_plan
+    from docbeam.pipeline.driver.plan import make_plan
 
     sample = read_sample(cfg, limit)
     if not sample.documents:  # said before loading the model: nothing it could change

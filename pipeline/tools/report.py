@@ -17,10 +17,10 @@ import sys
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.store.output import STAGING
-from pipeline.errors import Refused
-from pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
-from pipeline.tools.report_load import Run, load_run
+from docbeam.pipeline.store.output import STAGING
+from docbeam.pipeline.errors import Refused
+from docbeam.pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
+from docbeam.pipeline.tools.report_load import Run, load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ def write_report(run: Run, baseline: Run | None = None, *, dest: str | None = No
                  threshold: float = 0.10) -> ReportResult:
     """Writes the report of loaded runs; ``dest`` defaults to ``default_dest(run.path)``."""
     # Imported here so that `docbeam --help` and the other commands do not import matplotlib.
-    from pipeline.tools.report_html import render_html
+    from docbeam.pipeline.tools.report_html import render_html
 
     regressions = compare(run, baseline, threshold) if baseline is not None else []
     page = render_html(run, baseline, regressions, threshold)
@@ -80,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Runs ``docbeam report``; returns the exit status (1 when regressions were found, 2 when a run
     cannot be read), so a scheduler can tell a regression from a missing run."""
-    from pipeline.store import storage
+    from docbeam.pipeline.store import storage
 
     storage.pipeline_options([])  # gs:// against an emulator without the credential-lookup stall
     # Only refusals are caught (a bad --threshold, a run that cannot be read): a run that reads but fails to

@@ -16,8 +16,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from pipeline.tools.report_load import Run
-from pipeline.tools.report_data import (buckets, fmt, groups, padding_by_bucket, ratio, recompilations,
+from docbeam.pipeline.tools.report_load import Run
+from docbeam.pipeline.tools.report_data import (buckets, fmt, groups, padding_by_bucket, ratio, recompilations,
                                         rejected_by_kind, steady)
 
 _STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.titleweight": "bold", "axes.grid": True,

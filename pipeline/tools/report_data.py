@@ -9,10 +9,10 @@ import dataclasses
 
 import numpy as np
 
-from pipeline.telemetry import memory_trend
-from pipeline.telemetry.observe import fallback_key
-from pipeline.errors import Refused
-from pipeline.tools.report_load import Run
+from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.telemetry.observe import fallback_key
+from docbeam.pipeline.errors import Refused
+from docbeam.pipeline.tools.report_load import Run
 
 
 @dataclasses.dataclass(frozen=True)

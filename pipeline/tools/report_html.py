@@ -8,10 +8,10 @@ import html
 
 import numpy as np
 
-from pipeline.telemetry import memory_trend
-from pipeline.tools import report_charts
-from pipeline.tools.report_load import Run
-from pipeline.tools.report_data import (Regression, bucket_stats, fallbacks, fmt, latency_changes, memory_trends,
+from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.tools import report_charts
+from docbeam.pipeline.tools.report_load import Run
+from docbeam.pipeline.tools.report_data import (Regression, bucket_stats, fallbacks, fmt, latency_changes, memory_trends,
                                         recompilations, rejected_by_kind)
 
 # .w (a cell with a long unbroken value: a gs:// path, a digest) and code wrap anywhere rather than widen

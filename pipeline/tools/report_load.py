@@ -16,8 +16,8 @@ import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.errors import Refused
-from pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
+from docbeam.pipeline.errors import Refused
+from docbeam.pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
 
 _NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",
             "memory_in_use_bytes", "memory_peak_bytes")

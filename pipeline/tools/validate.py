@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import yaml
 
-from pipeline.driver import placeholders
-from pipeline.driver.config import JobConfig
+from docbeam.pipeline.driver import placeholders
+from docbeam.pipeline.driver.config import JobConfig
 
 
 def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
     """One line: whether ``name`` would run every bucket of this job were it chosen, and how (its kernels,
     packed or not), or why not. Packing is resolved for that choice, so a backend that takes no segment ids
     is not shown as refused merely because this config's own backend packs."""
-    import attention
-    from attention.plan import AttentionPlanError, ask_all, by_bucket
-    from models.encoder import attention_cases
-    from pipeline.driver.plan import resolved_packing
+    from docbeam import attention
+    from docbeam.attention.plan import AttentionPlanError, ask_all, by_bucket
+    from docbeam.models.encoder import attention_cases
+    from docbeam.pipeline.driver.plan import resolved_packing
 
     backend = attention.get(name)
     packed = resolved_packing(cfg.model_copy(update={"attention": cfg.attention.model_copy(update={"backend": name})}))
@@ -38,10 +38,10 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
 
 
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
-    import attention
-    from attention.plan import gate
-    from pipeline.store.output import new_run_id, run_date
-    from pipeline.driver.plan import make_plan
+    from docbeam import attention
+    from docbeam.attention.plan import gate
+    from docbeam.pipeline.store.output import new_run_id, run_date
+    from docbeam.pipeline.driver.plan import make_plan
 
     cfg = placeholders.expand(cfg, new_run_id(), run_date())
     if for_launch:
@@ -58,7 +58,7 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
     out.append("# what each backend would do if attention.backend named it (packing as `auto` would resolve then):")
     for name in attention.names():
         out.append(backend_if_chosen(cfg, plan, name))
-    from attention import flash
+    from docbeam.attention import flash
 
     out += ["# flash: which kernel `kernel: auto` picks per platform", flash.auto_kernel_table()]
     choices = list(plan.choices)
