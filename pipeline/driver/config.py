@@ -13,64 +13,10 @@ from typing import Any, Literal
 import pydantic
 
 from docbeam.attention import registry as attention_registry
-from docbeam.pipeline.driver import config_files, placeholders
+from docbeam.pipeline.driver import config_files
 from docbeam.pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
-
-
-class _Section(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
-
-
-class InputConfig(_Section):
-    path: str  # a file, a glob, a list separated by commas; local or gs://
-    format: Literal["auto", "jsonl", "text"] = "auto"  # auto: *.jsonl[.gz|.bz2], *.ndjson[.gz] → jsonl; else text
-    id_field: str = "id"
-    text_field: str = "text"
-    max_line_bytes: pydantic.PositiveInt = 1_000_000  # a JSONL line or a text file larger than this is rejected
-    # A run that rejects a larger share of the documents it read fails (exit 1, nothing committed).
-    max_rejected_fraction: float = pydantic.Field(0.1, ge=0.0, le=1.0)
-    reuse_from: str | None = None  # an earlier docbeam output whose vectors unchanged documents carry over
-    reuse_mismatch: Literal["encode_all", "fail"] = "encode_all"  # when reuse_from cannot be reused
-
-    @pydantic.field_validator("reuse_from")
-    @classmethod
-    def _reuse_one_folder(cls, path):
-        return None if path is None else one_folder(path)
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        """The comma-separated files and globs of ``path``, in order, without repeats."""
-        return tuple(dict.fromkeys(p.strip() for p in self.path.split(",") if p.strip()))
-
-
-GLOB_CHARACTERS = "*?[]{}"
-
-
-def one_folder(path: str) -> str:
-    """An output-like path names exactly one place: no globs, no lists, not the home or a bucket's root."""
-    bad = sorted({c for c in placeholders.without_path_placeholders(path) if c in GLOB_CHARACTERS + ","})
-    if bad:
-        raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
-                         "a run replaces what is there, so it names exactly one place (placeholders: "
-                         f"{', '.join(placeholders.PATH_PLACEHOLDERS)})")
-    if path.strip().rstrip("/") in ("", "~", "gs:"):
-        raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
-    return path
-
-
-class OutputConfig(_Section):
-    path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
-    num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
-    mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
-
-    @pydantic.field_validator("path")
-    @classmethod
-    def _one_plain_folder(cls, path):
-        # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
-        # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
-        from docbeam.pipeline.store.output import normalize_folder
-
-        return normalize_folder(one_folder(path).strip())
+# The input and output sections live in config_io.py; importing them from here is what the stages do.
+from docbeam.pipeline.driver.config_io import InputConfig, OutputConfig, Section as _Section, one_folder  # noqa: F401
 
 
 class PromptText(_Section):

@@ -1,0 +1,113 @@
+"""The job's ``input`` and ``output`` sections: where documents come from, which of their fields travel on, and
+what a run writes (granularity, vector dtype, the sinks beside Parquet). Validated once, like every section."""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import pydantic
+
+from docbeam.pipeline.driver import placeholders
+
+
+class Section(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
+
+
+class InputConfig(Section):
+    path: str  # a file, a glob, a list separated by commas; local or gs://
+    format: Literal["auto", "jsonl", "text"] = "auto"  # auto: *.jsonl[.gz|.bz2], *.ndjson[.gz] → jsonl; else text
+    id_field: str = "id"
+    text_field: str = "text"
+    # Fields of each JSONL record carried to every output row as they are (their JSON types); "*": all of them.
+    keep_fields: tuple[str, ...] | Literal["*"] = ()
+    max_line_bytes: pydantic.PositiveInt = 1_000_000  # a JSONL line or a text file larger than this is rejected
+    # A run that rejects a larger share of the documents it read fails (exit 1, nothing committed).
+    max_rejected_fraction: float = pydantic.Field(0.1, ge=0.0, le=1.0)
+    reuse_from: str | None = None  # an earlier docbeam output whose vectors unchanged documents carry over
+    reuse_mismatch: Literal["encode_all", "fail"] = "encode_all"  # when reuse_from cannot be reused
+
+    @pydantic.field_validator("reuse_from")
+    @classmethod
+    def _reuse_one_folder(cls, path):
+        return None if path is None else one_folder(path)
+
+    @pydantic.field_validator("keep_fields")
+    @classmethod
+    def _distinct_names(cls, fields):
+        if fields == "*":
+            return fields
+        empty = [f for f in fields if not f.strip()]
+        if empty or len(set(fields)) != len(fields):
+            raise ValueError(f"list each field once, by its name in the JSONL records (got {list(fields)}), "
+                             "or \"*\" for all of them")
+        return fields
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        """The comma-separated files and globs of ``path``, in order, without repeats."""
+        return tuple(dict.fromkeys(p.strip() for p in self.path.split(",") if p.strip()))
+
+
+GLOB_CHARACTERS = "*?[]{}"
+
+
+def one_folder(path: str) -> str:
+    """An output-like path names exactly one place: no globs, no lists, not the home or a bucket's root."""
+    bad = sorted({c for c in placeholders.without_path_placeholders(path) if c in GLOB_CHARACTERS + ","})
+    if bad:
+        raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
+                         "a run replaces what is there, so it names exactly one place (placeholders: "
+                         f"{', '.join(placeholders.PATH_PLACEHOLDERS)})")
+    if path.strip().rstrip("/") in ("", "~", "gs:"):
+        raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
+    return path
+
+
+class VertexAIConfig(Section):
+    """Vector Search's batch layout beside Parquet; ``true`` in YAML is this with no restricts."""
+
+    restricts: tuple[str, ...] = ()  # kept fields whose values become `restricts` (namespace = field name)
+
+
+TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class PgvectorConfig(Section):
+    """Postgres with pgvector: the run's rows upserted in one transaction keyed by run id."""
+
+    dsn: str  # a libpq connection string or URI, e.g. postgresql://user@host:5432/db (a password: use PGPASSWORD)
+    table: str  # [schema.]name, created when missing
+
+    @pydantic.field_validator("table")
+    @classmethod
+    def _plain_identifier(cls, table):
+        if not TABLE_NAME.match(table):
+            raise ValueError(f"{table!r} is not a plain [schema.]name of letters, digits and underscores "
+                             "(it is written into SQL unquoted), e.g. docbeam_embeddings or search.docs")
+        return table
+
+
+class OutputConfig(Section):
+    path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
+    num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
+    mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
+    granularity: Literal["document", "chunk", "both"] = "document"  # chunk: one row per window, with offsets
+    chunk_text: bool = True  # chunk rows carry the chunk's text (false: offsets only)
+    vector_dtype: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"
+    vertex_ai: VertexAIConfig | None = None
+    pgvector: PgvectorConfig | None = None
+
+    @pydantic.field_validator("path")
+    @classmethod
+    def _one_plain_folder(cls, path):
+        # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
+        # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
+        from docbeam.pipeline.store.output import normalize_folder
+
+        return normalize_folder(one_folder(path).strip())
+
+    @pydantic.field_validator("vertex_ai", mode="before")
+    @classmethod
+    def _true_means_defaults(cls, value):
+        return {} if value is True else None if value is False else value
