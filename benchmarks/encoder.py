@@ -87,8 +87,8 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     windows = windows_for(docs, tokenizer, window_len=settings.max_seq_len,
                           config=TokenizeConfig(long_documents=args.long_documents, stride=args.stride))
     tokenize_s = time.perf_counter() - t0
-    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch),
-                            packing=args.packing)
+    batches = batch_windows(windows, BatchingConfig(buckets=args.buckets, tokens_per_batch=args.tokens_per_batch,
+                                                   packing=args.packing))
 
     t0 = time.perf_counter()
     runtime = load_encoder(standalone_spec(

@@ -13,6 +13,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from conftest import with_packing
 from docbeam.pipeline.driver.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.batch import BucketBatches
@@ -92,7 +93,7 @@ def test_a_padded_batch_refuses_more_windows_than_rows():
 # --- the state machine ---------------------------------------------------------------------------------------
 
 def test_add_returns_nothing_until_a_bucket_has_a_batch_of_windows_then_exactly_that_batch():
-    packer = Packer(CONFIG, packing=False)
+    packer = Packer(with_packing(CONFIG, False))
     assert packer.add(window("long", 0, 60)) == []
     for i in range(7):
         assert packer.add(window(f"s{i}", 0, 10)) == []  # 7 of bucket 16's 8 rows
@@ -105,7 +106,7 @@ def test_add_returns_nothing_until_a_bucket_has_a_batch_of_windows_then_exactly_
 
 
 def test_flush_fills_what_is_held_across_buckets_longest_first_then_holds_nothing():
-    packer = Packer(CONFIG, packing=False)
+    packer = Packer(with_packing(CONFIG, False))
     for w in (window("a", 0, 5), window("b", 0, 60), window("c", 0, 20), window("d", 0, 3), window("e", 0, 30)):
         assert packer.add(w) == []
     # Longest first: 60 takes a batch of 64 (2 rows) with the next longest, 30; the rest fill a batch of 32.
@@ -120,22 +121,22 @@ def test_a_packer_resumed_from_its_state_makes_the_batches_of_one_that_never_sto
     """What the Beam DoFn does: per window a fresh Packer from (held, gathered) in Beam state."""
     rng = random.Random(3)
     windows = [window(f"d{i:03d}", 0, rng.randint(2, 64)) for i in range(200)]
-    whole, resumed, held, gathered = Packer(CONFIG, packing), [], [], {}
+    whole, resumed, held, gathered = Packer(with_packing(CONFIG, packing)), [], [], {}
     expected = [b for w in windows for b in whole.add(w)] + whole.flush()
     for w in windows:
-        packer = Packer(CONFIG, packing, held=iter(held), gathered=gathered)
+        packer = Packer(with_packing(CONFIG, packing), held=iter(held), gathered=gathered)
         resumed += packer.add(w)
         held, gathered = list(packer.held), dict(packer.gathered)
-    resumed += Packer(CONFIG, packing, held=held, gathered=gathered).flush()
+    resumed += Packer(with_packing(CONFIG, packing), held=held, gathered=gathered).flush()
     assert len(expected) > 10 and [b.batch_id for b in resumed] == [b.batch_id for b in expected]
 
 
 @pytest.mark.parametrize("packing", ["auto", None, 1])
 def test_the_packer_refuses_anything_but_a_resolved_bool_and_names_the_key(packing):
-    with pytest.raises(ValueError, match="batching.packing: auto.*resolved_packing"):
-        Packer(CONFIG, packing)
+    with pytest.raises(ValueError, match="batching.packing true or false.*resolved_packing"):
+        Packer(with_packing(CONFIG, packing))
     with pytest.raises(ValueError, match="batching.packing"):
-        BucketBatches(CONFIG, packing)
+        BucketBatches(with_packing(CONFIG, packing))
 
 
 def test_no_window_is_lost_or_sent_twice_and_every_batch_has_its_buckets_shape():
@@ -143,7 +144,7 @@ def test_no_window_is_lost_or_sent_twice_and_every_batch_has_its_buckets_shape()
     for _ in range(50):
         config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=rng.choice([64, 128, 512]))
         windows = [window(f"d{i:03d}", rng.randint(0, 2), rng.randint(1, 64)) for i in range(rng.randint(0, 120))]
-        packer = Packer(config, False)
+        packer = Packer(with_packing(config, False))
         full = [b for w in windows for b in packer.add(w)]
         batches = full + packer.flush()
         assert sorted(w[:2] for b in batches for w in b.windows) == sorted((w.doc_id, w.index) for w in windows)
@@ -222,7 +223,7 @@ def test_bucket_batches_put_every_window_once_in_full_then_padded_batches(shards
     by_id = {(w.doc_id, w.index): w for w in windows}
 
     with TestPipeline() as p:
-        batches = p | beam.Create(windows) | BucketBatches(config, packing=False)
+        batches = p | beam.Create(windows) | BucketBatches(with_packing(config, False))
         assert_that(batches | "Placed" >> beam.FlatMap(
                         lambda b: [(d, i, b.bucket_len >= bucket_for(by_id[d, i].length, BUCKETS)) for d, i, *_ in b.windows]),
                     equal_to([(w.doc_id, w.index, True) for w in windows]), label="EveryWindowOnceInABucketItFits")
@@ -245,12 +246,12 @@ def test_batch_windows_makes_the_batches_bucket_batches_makes(shards):
     config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, shards=shards)
     windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(LENGTHS)]
     by_id = {(w.doc_id, w.index): w for w in windows}
-    batches = batch_windows(windows, config, packing=False)
+    batches = batch_windows(windows, with_packing(config, False))
     assert sorted(w for b in batches for w in b.windows) == sorted(
         (w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated) for w in windows)
     assert [p for b in batches for p in problems(b, by_id, config)] == []
     with TestPipeline() as p:
-        made = p | beam.Create(windows) | BucketBatches(config, packing=False) | beam.Map(lambda b: (b.batch_id, b.windows))
+        made = p | beam.Create(windows) | BucketBatches(with_packing(config, False)) | beam.Map(lambda b: (b.batch_id, b.windows))
         assert_that(made, equal_to([(b.batch_id, b.windows) for b in batches]))
 
 
@@ -264,7 +265,7 @@ def test_windows_that_fill_no_batch_reach_a_later_group_by_key():
     with TestPipeline() as p:
         doc_ids = (p
                    | beam.Create(windows)
-                   | BucketBatches(config, packing=False)
+                   | BucketBatches(with_packing(config, False))
                    | beam.FlatMap(lambda b: [(doc_id, index) for doc_id, index, *_ in b.windows])
                    | "GroupWindows" >> beam.GroupByKey()  # as PoolDocuments does
                    | beam.Keys())

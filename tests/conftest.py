@@ -146,3 +146,9 @@ def job_config(input_path: str, output_path: str, model_path: str, **sections):
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     return config.parse(raw, base_dir=REPO)
+
+
+def with_packing(batching, packing):
+    """A BatchingConfig with ``packing`` as the job's plan resolves it (what the packer takes), unvalidated: the
+    packer's own refusal of anything but a bool is under test too."""
+    return batching.model_copy(update={"packing": packing})

@@ -13,6 +13,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from conftest import with_packing
 from docbeam.pipeline.driver.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.batch import BucketBatches
@@ -88,7 +89,7 @@ def test_packing_never_pads_more_than_bucketing_and_keeps_every_window_whole(see
     windows = [window(f"d{i:03d}", 0, n) for i, n in enumerate(lengths)]
     for shards in (1, 2):
         config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, shards=shards)
-        packed, plain = batch_windows(windows, config, packing=True), batch_windows(windows, config, packing=False)
+        packed, plain = batch_windows(windows, with_packing(config, True)), batch_windows(windows, with_packing(config, False))
         held = {}
         for b in packed:
             assert b.ids_BxT.shape == (128 // b.bucket_len, b.bucket_len)
@@ -107,9 +108,9 @@ def test_bucket_batches_packs_as_batch_windows_does():
     windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(
         [3, 16, 17, 40, 64, 5, 30, 9, 12, 33, 2, 15, 16, 31, 50, 8, 7, 6, 60, 20, 11, 4])]
     assert sum(w.length for w in windows) < round_tokens(config)
-    batches = batch_windows(windows, config, packing=True)
+    batches = batch_windows(windows, with_packing(config, True))
     with TestPipeline() as p:
-        made = (p | beam.Create(windows[::-1]) | BucketBatches(config, packing=True)
+        made = (p | beam.Create(windows[::-1]) | BucketBatches(with_packing(config, True))
                 | beam.Map(lambda b: (b.batch_id, b.windows, b.segment_ids_BxT.tolist())))
         assert_that(made, equal_to([(b.batch_id, b.windows, b.segment_ids_BxT.tolist()) for b in batches]))
 
@@ -118,7 +119,7 @@ def test_add_returns_nothing_until_a_round_then_only_full_batches_and_what_waits
     """Each time a shard has gathered round_tokens new tokens, before the end of input: the first batches
     leave early, and what waits stays bounded whatever the input's size."""
     config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)
-    packer, new, rounds, sent = Packer(config, packing=True), 0, 0, []
+    packer, new, rounds, sent = Packer(with_packing(config, True)), 0, 0, []
     for i in range(400):
         w = window(f"d{i:04d}", 0, 5 + i % 60)
         new += w.length
@@ -161,5 +162,5 @@ def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
     windows = [window(f"d{i:04d}", 0, 5 + i % 60) for i in range(400)]
     assert sum(w.length for w in windows) > 10 * round_tokens(config)  # many rounds, then the end of input
     with TestPipeline() as p:
-        made = p | beam.Create(windows) | BucketBatches(config, packing=True) | beam.FlatMap(lambda b: [w[:2] for w in b.windows])
+        made = p | beam.Create(windows) | BucketBatches(with_packing(config, True)) | beam.FlatMap(lambda b: [w[:2] for w in b.windows])
         assert_that(made, equal_to([(w.doc_id, w.index) for w in windows]))

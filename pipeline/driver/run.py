@@ -108,7 +108,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     hashes = to_encode | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
                                                    plan.prompt)
     tokenized = to_encode | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, cfg.tokenize, plan.prompt)
-    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching(), packing=plan.packing)
+    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching())
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
     pooled = ({"windows": encoded["windows"], "hashes": hashes}

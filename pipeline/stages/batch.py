@@ -34,15 +34,15 @@ class _DriveThePacker(beam.DoFn):
     GATHERED_STATE = userstate.ReadModifyWriteStateSpec("gathered", coders.PickleCoder())
     END = userstate.TimerSpec("end", userstate.TimeDomain.WATERMARK)
 
-    def __init__(self, config: BatchingConfig, packing: bool):
+    def __init__(self, config: BatchingConfig):
         self._config = config
-        self._packing = packing
+        self._packing = check_packing(config)
 
     def process(self, element, window=beam.DoFn.WindowParam, held=beam.DoFn.StateParam(HELD_STATE),
                 gathered=beam.DoFn.StateParam(GATHERED_STATE), end=beam.DoFn.TimerParam(END)):
         _, token_window = element
         end.set(window.max_timestamp())
-        packer = Packer(self._config, self._packing, held=held.read(), gathered=gathered.read())
+        packer = Packer(self._config, held=held.read(), gathered=gathered.read())
         batches = packer.add(token_window)
         if batches:  # windows leave ``held`` only in batches: otherwise it just grew by this window
             held.clear()
@@ -59,19 +59,20 @@ class _DriveThePacker(beam.DoFn):
         held.clear()
         gathered.clear()
         if self._packing:
-            yield from Packer(self._config, True, held=windows).flush()
+            yield from Packer(self._config, held=windows).flush()
         else:
             for w in windows:
                 yield beam.pvalue.TaggedOutput(self.HELD, (window_shard(w, self._config), w))
 
 
 class BucketBatches(beam.PTransform):
-    """``packing`` comes resolved from the job's plan: true or false, never ``auto``."""
+    """``config.packing`` comes resolved from the job's plan (``JobPlan.batching()``): true or false, never
+    ``auto``."""
 
-    def __init__(self, config: BatchingConfig, packing: bool):
+    def __init__(self, config: BatchingConfig):
         super().__init__()
         self._config = config
-        self._packing = check_packing(packing)
+        self._packing = check_packing(config)
 
     def expand(self, windows):
         cfg, packing = self._config, self._packing
@@ -82,13 +83,13 @@ class BucketBatches(beam.PTransform):
             keyed = (windows | "KeyByBucketAndShard" >> beam.Map(
                 lambda w: ((bucket_for(w.length, cfg.buckets), window_shard(w, cfg)), w))
                      .with_output_types(tuple[tuple[int, int], TokenWindow]))
-        batched = keyed | "Batch" >> beam.ParDo(_DriveThePacker(cfg, packing)).with_outputs(
+        batched = keyed | "Batch" >> beam.ParDo(_DriveThePacker(cfg)).with_outputs(
             _DriveThePacker.HELD, main="full")
         if packing:
             return batched.full | "SpreadBatches" >> beam.Reshuffle()
         filled = (batched[_DriveThePacker.HELD]
                      | "HeldByShard" >> beam.GroupByKey()
                      | "FillAcrossBuckets" >> beam.FlatMap(lambda shard_windows: Packer(
-                         cfg, False, held=list(shard_windows[1])).flush()))
+                         cfg, held=list(shard_windows[1])).flush()))
         return ((batched.full, filled) | "AllBatches" >> beam.Flatten()
                 | "SpreadBatches" >> beam.Reshuffle())

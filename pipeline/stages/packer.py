@@ -206,11 +206,12 @@ def packed_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows
                  segment_ids_BxT=segment_ids_BxT, slot_lengths_BxK=slot_lengths_BxK)
 
 
-def check_packing(packing: object) -> bool:
-    if not isinstance(packing, bool):
-        raise ValueError(f"the packer takes packing true or false, not {packing!r}: the job's plan resolves "
-                         "batching.packing: auto (pipeline.driver.plan.resolved_packing) before batching")
-    return packing
+def check_packing(config: BatchingConfig) -> bool:
+    """The config's ``packing``, which the packer takes only resolved: the plan's ``batching()`` is such a config."""
+    if not isinstance(config.packing, bool):
+        raise ValueError(f"the packer takes batching.packing true or false, not {config.packing!r}: the job's plan "
+                         "resolves auto (pipeline.driver.plan.resolved_packing; JobPlan.batching() is that config)")
+    return config.packing
 
 
 class Packer:
@@ -222,10 +223,10 @@ class Packer:
     state and resume a Packer per element. ``held`` may be a lazy iterable: it is read only when a batch or
     a round needs it, since reading Beam state per element would cost O(held) each time."""
 
-    def __init__(self, config: BatchingConfig, packing: bool, held: Iterable[TokenWindow] = (),
+    def __init__(self, config: BatchingConfig, held: Iterable[TokenWindow] = (),
                  gathered: Mapping[int, int] | None = None):
         self.config = config
-        self.packing = check_packing(packing)
+        self.packing = check_packing(config)
         self._earlier: Iterable[TokenWindow] | None = held
         self._held: list[TokenWindow] = []
         self.gathered: collections.Counter = collections.Counter(gathered or {})
@@ -265,14 +266,14 @@ class Packer:
             held, self.config, length=lambda w: w.length, order=window_order)]
 
 
-def batch_windows(windows: Iterable[TokenWindow], config: BatchingConfig, packing: bool) -> list[Batch]:
+def batch_windows(windows: Iterable[TokenWindow], config: BatchingConfig) -> list[Batch]:
     """The batches BucketBatches makes of these windows, without Beam (the benchmarks time the encoder on
     these): one Packer per shard, fed in arrival order, flushed at the end."""
     packers: dict[int, Packer] = {}
     batches = []
     for w in windows:
         shard = window_shard(w, config)
-        batches += packers.setdefault(shard, Packer(config, packing)).add(w)
+        batches += packers.setdefault(shard, Packer(config)).add(w)
     for shard in sorted(packers):
         batches += packers[shard].flush()
     return batches

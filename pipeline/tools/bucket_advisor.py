@@ -31,7 +31,7 @@ def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_
     # Ids in input order: among equal lengths the packer then keeps that order. A read-only zero view, no copy.
     windows = [TokenWindow(f"{i:09d}", 0, 1, np.broadcast_to(np.int32(0), (n,)), n, False)
                for i, n in enumerate(lengths)]
-    return dict(sorted(collections.Counter(b.bucket_len for b in batch_windows(windows, config, packing)).items()))
+    return dict(sorted(collections.Counter(b.bucket_len for b in batch_windows(windows, config)).items()))
 
 
 def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int, packing: bool = False) -> int:
