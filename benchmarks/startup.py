@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     print(common.table(["measure", *[f"{side} {kind}" for side, kind in columns]], breakdown_rows(results, columns)))
     ratios = {}
     if args.baseline_repo:
-        print("\n## this ÷ baseline, command → first batch (target: warm ≤ 1/3, cold ≤ 1/2)\n")
+        print("\n## this ÷ baseline, command → first batch (targets: warm and cold ≤ 1/2, i.e. no growth)\n")
         rows = []
         for kind in KINDS:
             base, this = results["baseline"][kind], results["this"][kind]
