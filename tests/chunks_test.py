@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.pipeline.driver.config import ConfigError, TokenizeConfig
+from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.tokenize import prompt_token_ids, tokenize_documents
 from docbeam.pipeline.driver.run import run_job
 from pipeline_test import encode_alone, tokenizer_of, windows_by_hand
 
@@ -80,6 +82,17 @@ def check_spans(chunks: list[dict], sources: dict[str, str], checkpoint_dir: str
             assert source[row["char_start"]:row["char_end"]] == row["chunk_text"], (doc_id, row["chunk_index"])
         spans = [(r["char_start"], r["char_end"]) for r in rows]
         assert spans == expected_spans(tokenizer, source, window_len, 32), doc_id
+
+
+@pytest.mark.parametrize("prompt", [None, "passage: "])
+def test_a_prompt_before_every_window_is_not_part_of_its_span(prompt, real_checkpoint_dir):
+    tokenizer = tokenizer_of(real_checkpoint_dir)
+    windows, _ = tokenize_documents([Document("d", LONG, "docs.jsonl", 1)], tokenizer, window_len=32,
+                                    config=TokenizeConfig(stride=8), prompt=prompt)
+    prompt_tokens = len(prompt_token_ids(tokenizer, prompt))
+    assert (prompt_tokens > 0) == bool(prompt) and len(windows) > 10
+    spans = [(w.char_start, w.char_end) for w in windows]
+    assert spans == expected_spans(tokenizer, LONG, 32 - prompt_tokens, 8)
 
 
 @pytest.fixture(scope="module")
