@@ -16,14 +16,15 @@ import pytest
 from conftest import SAMPLE, job_config
 from docbeam.pipeline.driver.config import ConfigError, TokenizeConfig
 from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.reuse import decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, tokenize_documents
 from docbeam.pipeline.driver.run import run_job
 from pipeline_test import encode_alone, tokenizer_of, windows_by_hand
 
 pytestmark = pytest.mark.slow
 
-LONG = ("Grüße aus Köln! 😀🚀 Das ist ein Satz.\r\n東京は日本の首都です。 café naïve e\u0301le\u0300ve "
-        "Zoë's résumé — 한국어 텍스트도 있어요.\r\n") * 12
+LONG = ("Grüße aus Köln! 😀🚀 Das ist ein Satz.\r\n東京は日本の首都です。 café naïve "
+        "e\u0301le\u0300ve Zoë's résumé — 한국어 텍스트도 있어요.\r\n") * 12
 
 
 def own_corpus(folder) -> dict[str, str]:
@@ -163,6 +164,12 @@ def test_an_incremental_run_that_writes_chunks_is_refused_with_the_reason(own_ru
                      input={"reuse_from": runs["document"][0], "reuse_mismatch": "fail"})
     with pytest.raises(ConfigError, match="output.granularity=both writes chunk rows"):
         run_job(cfg)
+    key = json.load(open(f"{runs['document'][0]}/_manifest.json"))["reuse_key"]
+    assert decide(runs["document"][0], key, "encode_all").source is not None  # the same settings reuse it
+    assert "writes chunk rows" in decide(runs["document"][0], key, "encode_all", "chunk").reason
+    chunk_only = runs["chunk"][0]
+    key = json.load(open(f"{chunk_only}/_manifest.json"))["reuse_key"]
+    assert "chunk rows only" in decide(chunk_only, key, "encode_all").reason
 
 
 def sample_sources() -> dict[str, str]:

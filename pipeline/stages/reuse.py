@@ -112,6 +112,8 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
         return "it holds no committed docbeam run (no _manifest.json: a failed, partial or missing run)"
     if "reuse_key" not in manifest:
         return f"run {manifest['run_id']} recorded no reuse key (written before incremental runs existed)"
+    if manifest.get("granularity") == "chunk":
+        return f"run {manifest['run_id']} wrote chunk rows only (output.granularity=chunk): no document vectors"
     differences = key_differences(manifest["reuse_key"], key)
     if differences:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"
