@@ -47,9 +47,12 @@ class FastTokenizer:
 
     def __call__(self, text: str | list[str], *, add_special_tokens: bool = True, max_length: int | None = None,
                  truncation: bool = False, stride: int = 0, return_overflowing_tokens: bool = False,
-                 return_attention_mask: bool = False, return_token_type_ids: bool = False) -> dict:
+                 return_attention_mask: bool = False, return_token_type_ids: bool = False,
+                 return_offsets_mapping: bool = False) -> dict:
         """``input_ids`` (one list per text, or one list for one string); with ``return_overflowing_tokens``
-        every window of a truncated text is a row and ``overflow_to_sample_mapping`` names its text."""
+        every window of a truncated text is a row and ``overflow_to_sample_mapping`` names its text; with
+        ``return_offsets_mapping``, ``offset_mapping``: each token's (start, end) in its text, in characters
+        (Python str indices), (0, 0) for a special token."""
         del return_attention_mask, return_token_type_ids  # docbeam never asks for them
         texts = [text] if isinstance(text, str) else list(text)
         with self._lock:
@@ -59,14 +62,17 @@ class FastTokenizer:
             else:
                 self._tokenizer.no_truncation()
             encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
-        rows, mapping = [], []
+        rows, offsets, mapping = [], [], []
         for index, encoding in enumerate(encodings):
             pieces = [encoding, *encoding.overflowing] if return_overflowing_tokens else [encoding]
             rows += [piece.ids for piece in pieces]
+            offsets += [piece.offsets for piece in pieces]
             mapping += [index] * len(pieces)
         if isinstance(text, str) and not return_overflowing_tokens:
-            return {"input_ids": rows[0]}
+            return {"input_ids": rows[0], **({"offset_mapping": offsets[0]} if return_offsets_mapping else {})}
         out = {"input_ids": rows}
+        if return_offsets_mapping:
+            out["offset_mapping"] = offsets
         if return_overflowing_tokens:
             out["overflow_to_sample_mapping"] = mapping
         return out

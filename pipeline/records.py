@@ -14,6 +14,7 @@ class Document:
     text: str
     source: str
     line: int | None  # 1-based line in a JSONL file; None for a whole-file text document
+    text_offset: int = 0  # characters of the source before ``text`` (a text file's BOM): chunk offsets count them
 
 
 REJECTED_TAG = "rejected"  # the tagged output every stage sends its Rejected records to
@@ -49,6 +50,8 @@ class TokenWindow:
     token_ids: np.ndarray  # int32 [length]
     doc_tokens: int  # tokens in the whole document, special tokens excluded
     truncated: bool
+    char_start: int = 0  # the window's characters in the source text: [char_start, char_end), code points
+    char_end: int = 0
 
     @property
     def length(self) -> int:
@@ -64,10 +67,13 @@ class WindowRef(NamedTuple):
     num_windows: int
     doc_tokens: int
     truncated: bool
+    char_start: int = 0
+    char_end: int = 0
 
     @classmethod
     def of(cls, window: TokenWindow) -> "WindowRef":
-        return cls(window.doc_id, window.index, window.num_windows, window.doc_tokens, window.truncated)
+        return cls(window.doc_id, window.index, window.num_windows, window.doc_tokens, window.truncated,
+                   window.char_start, window.char_end)
 
 
 def batch_id(bucket_len: int, windows: Iterable[WindowRef | TokenWindow], packed: bool) -> str:
@@ -140,3 +146,5 @@ class WindowEmbedding:
     vector: np.ndarray  # float32 [D], pooled but not normalised
     bucket_len: int  # where it was computed: named in a non_finite error record
     backend: str
+    char_start: int = 0  # the window's characters in the source text (TokenWindow)
+    char_end: int = 0

@@ -192,7 +192,8 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
            "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
            "model_revision": hub_revision(pinned), "truncate_dim": truncate_dim,
            "dense_digest": dense_digest(checkpoint.folder, settings)}
-    reuse = decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch) if for_output else ReuseDecision(None, "")
+    reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity) if for_output
+             else ReuseDecision(None, ""))
     return JobPlan(cfg, pinned, window_len, pooling, normalize, prompt, truncate_dim, width, platform, packing,
                    tuple(choices), checked, checkpoint.config, spec, key, reuse)
 

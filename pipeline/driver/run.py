@@ -19,6 +19,7 @@ from docbeam.pipeline.store import storage
 from docbeam.pipeline.store import transaction
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from docbeam.pipeline.stages.batch import BucketBatches
+from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from docbeam.pipeline.driver import placeholders
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec, runtime_for, stop_compiling
@@ -29,7 +30,7 @@ from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versi
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse, content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
-from docbeam.pipeline.stages.write import PoolDocuments, WriteOutputs
+from docbeam.pipeline.stages.write import EMBEDDINGS_SCHEMA, PoolDocuments, WriteOutputs
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,8 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "model": plan.model_path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
         "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim,
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "packing": plan.packing, "config_digest": cfg.digest(), "versions": versions(),
+        "packing": plan.packing, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
+        "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
@@ -116,7 +118,14 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
-               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
+               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
+                                                write_embeddings=cfg.output.granularity != "chunk"))
+    if cfg.output.granularity != "document":
+        chunks = ({"windows": encoded["windows"], "documents": to_encode, "embedded": pooled["embeddings"]}
+                  | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
+                                                 truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
+                                                 embedding_type=EMBEDDINGS_SCHEMA.field("embedding").type))
+        written = {**written, "written": (*written["written"], chunks)}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
 

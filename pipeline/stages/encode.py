@@ -223,7 +223,7 @@ class _SplitResults(beam.DoFn):
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for w, length, vector in zip(batch.windows, batch.window_lengths(), vectors):
             yield WindowEmbedding(w.doc_id, w.index, w.num_windows, int(length), w.doc_tokens, w.truncated, vector,
-                                  batch.bucket_len, timing["attention_backend"])
+                                  batch.bucket_len, timing["attention_backend"], w.char_start, w.char_end)
 
     def _report_startup(self, startup: dict) -> dict:
         """Beam metrics (startup_ms[...] and compile_ms[<rows>x<bucket>,<backend>]) and one record for

@@ -120,7 +120,9 @@ def parse_text_file(data: bytes | None, *, source: str, cap: int) -> Document | 
         return Rejected(source, None, source, "invalid_utf8", f"not valid UTF-8: {e}")
     if not text.strip():
         return Rejected(source, None, source, "empty_text", "file is empty")
-    return Document(id=source, text=text, source=source, line=None)
+    # Chunk offsets count the BOM: they index the file as a plain UTF-8 reader (Python's open()) returns it.
+    return Document(id=source, text=text, source=source, line=None,
+                    text_offset=int(data.startswith(codecs.BOM_UTF8)))
 
 
 def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfig) -> Iterator[Document | Rejected]:

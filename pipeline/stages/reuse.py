@@ -73,13 +73,19 @@ def key_differences(previous: dict, current: dict) -> list[str]:
             if previous.get(name) != current.get(name)]
 
 
-def decide(reuse_from: str | None, key: dict, on_mismatch: str) -> ReuseDecision:
+def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str = "document") -> ReuseDecision:
     """Whether ``reuse_from`` can be reused, checked on the driver before the job starts. With
-    ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2)."""
+    ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2). Only document rows
+    are carried over, so a run that writes chunk rows (``granularity``) reuses nothing: a reused document
+    would have no chunks."""
     check_key(key)
     if not reuse_from:
         return ReuseDecision(None, "")
-    manifest, reason = _read_reusable(reuse_from, key)
+    if granularity != "document":
+        manifest, reason = None, (f"output.granularity={granularity} writes chunk rows, and an incremental run "
+                                  "carries over only document vectors (set output.granularity: document to reuse)")
+    else:
+        manifest, reason = _read_reusable(reuse_from, key)
     if reason is None:
         files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
                       if output_lib.in_folder(f["path"], output_lib.EMBEDDINGS))
@@ -106,6 +112,8 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
         return "it holds no committed docbeam run (no _manifest.json: a failed, partial or missing run)"
     if "reuse_key" not in manifest:
         return f"run {manifest['run_id']} recorded no reuse key (written before incremental runs existed)"
+    if manifest.get("granularity") == "chunk":
+        return f"run {manifest['run_id']} wrote chunk rows only (output.granularity=chunk): no document vectors"
     differences = key_differences(manifest["reuse_key"], key)
     if differences:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"

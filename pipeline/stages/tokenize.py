@@ -13,6 +13,10 @@ leading special tokens. A prompt whose last token merges with the text's first (
 token boundary) cannot be repeated token-exactly: then only the first window carries it.
 
 A document the tokenizer raises on is rejected (``tokenizer_error``), never its batch.
+
+Each window carries the characters it covers (``char_start``/``char_end``: its first own token's start to its
+last one's end, from the tokenizer's offsets, in code points of the source text: a prompt's characters are
+not counted, a text file's BOM is), so a chunk row can point back into its document (pipeline/stages/chunks.py).
 """
 from __future__ import annotations
 
@@ -69,11 +73,18 @@ def prompt_token_ids(tokenizer, prompt: str | None) -> tuple[int, ...]:
     return tuple(probes[0][:common])
 
 
+def window_span(offsets: list[tuple[int, int]], shift: int) -> tuple[int, int]:
+    """The characters a window's own tokens (``offsets``, special tokens left out) cover, in a text that had
+    ``shift`` characters (a prompt) put before it: a token of the prompt's own clamps to 0."""
+    return max(min(s for s, _ in offsets) - shift, 0), max(max(e for _, e in offsets) - shift, 0)
+
+
 def prompted_windows(ids: list[int], prompt_ids: tuple[int, ...], framing: Framing, *, window_len: int,
-                     stride: int) -> tuple[list[list[int]], int]:
+                     stride: int) -> tuple[list[list[int]], int, list[tuple[int, int]]]:
     """Windows of one document tokenized with its prompt in front (``ids``, no special tokens), each framed and
-    starting with the prompt's tokens, consecutive ones sharing ``stride`` of the document's tokens; and the
-    number of the document's own tokens. Cut as the tokenizer's own overflow cuts (tests hold the two equal)."""
+    starting with the prompt's tokens, consecutive ones sharing ``stride`` of the document's tokens; the
+    number of the document's own tokens; and where each window's own tokens are in ``ids`` ([first, end)).
+    Cut as the tokenizer's own overflow cuts (tests hold the two equal)."""
     separable = tuple(ids[:len(prompt_ids)]) == prompt_ids
     repeated = list(prompt_ids) if separable else []
     content = ids[len(repeated):]
@@ -82,7 +93,8 @@ def prompted_windows(ids: list[int], prompt_ids: tuple[int, ...], framing: Frami
     while starts[-1] + room < len(content):
         starts.append(starts[-1] + room - stride)
     windows = [[*framing.leading, *repeated, *content[s:s + room], *framing.trailing] for s in starts]
-    return windows, max(0, len(ids) - len(prompt_ids))
+    positions = [(len(repeated) + s, len(repeated) + min(s + room, len(content))) for s in starts]
+    return windows, max(0, len(ids) - len(prompt_ids)), positions
 
 
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,
@@ -96,7 +108,7 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
     if problem:
         raise ValueError(problem)
     try:
-        by_doc, doc_tokens_of = _encode(documents, tokenizer, window_len, config, prompt, prompt_ids)
+        by_doc, doc_tokens_of, spans_of = _encode(documents, tokenizer, window_len, config, prompt, prompt_ids)
     except Exception as e:  # noqa: BLE001  which document it was is found below, one at a time
         if len(documents) > 1:
             alone = [tokenize_documents([d], tokenizer, window_len=window_len, config=config, prompt=prompt)
@@ -117,29 +129,38 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
         truncated = config.long_documents == "truncate" and len(pieces) > 1
         if truncated:
             pieces = pieces[:1]
-        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated) for i, p in enumerate(pieces)]
+        spans = spans_of[doc_index]
+        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated, doc.text_offset + spans[i][0],
+                            doc.text_offset + spans[i][1]) for i, p in enumerate(pieces)]
     return out, rejected
 
 
 def _encode(documents: list[Document], tokenizer, window_len: int, config: TokenizeConfig, prompt: str | None,
-            prompt_ids: tuple[int, ...]) -> tuple[dict[int, list], dict[int, int]]:
-    """Each document's windows (by its index), and its own token count where the prompt decides it."""
+            prompt_ids: tuple[int, ...]) -> tuple[dict[int, list], dict[int, int], dict[int, list]]:
+    """Each document's windows (by its index), its own token count where the prompt decides it, and each of its
+    windows' character span in its text."""
     by_doc: dict[int, list] = {}
     doc_tokens_of: dict[int, int] = {}
+    spans_of: dict[int, list] = {}
+    frame = framing(tokenizer)
     if prompt:
-        frame = framing(tokenizer)
-        encoded = tokenizer([prompt + d.text for d in documents], add_special_tokens=False)
-        for doc_index, ids in enumerate(encoded["input_ids"]):
-            windows, doc_tokens_of[doc_index] = prompted_windows(list(ids), prompt_ids, frame, window_len=window_len,
-                                                                 stride=config.stride)
+        encoded = tokenizer([prompt + d.text for d in documents], add_special_tokens=False,
+                            return_offsets_mapping=True)
+        for doc_index, (ids, offsets) in enumerate(zip(encoded["input_ids"], encoded["offset_mapping"])):
+            windows, doc_tokens_of[doc_index], positions = prompted_windows(
+                list(ids), prompt_ids, frame, window_len=window_len, stride=config.stride)
             by_doc[doc_index] = [np.asarray(w, np.int32) for w in windows]
+            spans_of[doc_index] = [window_span(offsets[a:b], len(prompt)) if b > a else (0, 0) for a, b in positions]
     else:
         encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
                             stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
-                            return_token_type_ids=False)
-        for ids, doc_index in zip(encoded["input_ids"], encoded["overflow_to_sample_mapping"]):
+                            return_token_type_ids=False, return_offsets_mapping=True)
+        for ids, offsets, doc_index in zip(encoded["input_ids"], encoded["offset_mapping"],
+                                           encoded["overflow_to_sample_mapping"]):
             by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
-    return by_doc, doc_tokens_of
+            own = offsets[len(frame.leading):len(offsets) - len(frame.trailing)]
+            spans_of.setdefault(doc_index, []).append(window_span(own, 0) if own else (0, 0))
+    return by_doc, doc_tokens_of, spans_of
 
 
 def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,

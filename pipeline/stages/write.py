@@ -152,16 +152,18 @@ def startup_stats(startup: dict) -> dict:
 
 
 class WriteOutputs(beam.PTransform):
-    """Writes embeddings/ (the ``encoded`` rows and the ``reused`` ones), timing/ and errors/ into the run's
+    """Writes embeddings/ (the ``encoded`` rows and the ``reused`` ones; unless ``write_embeddings`` is off:
+    ``output.granularity: chunk``, whose rows are still counted), timing/ and errors/ into the run's
     staging folder, every file name carrying the run id (``startup``, optional: Encode's start-up records,
     for the compilation count). Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
     names: waiting on them is waiting for every file to be final)."""
 
-    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0):
+    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, write_embeddings: bool = True):
         super().__init__()
         self._out = staging_path.rstrip("/")
         self._run_id = run_id
         self._shards = num_shards
+        self._write_embeddings = write_embeddings
 
     def expand(self, outputs):
         from apache_beam.io.parquetio import WriteToParquet
@@ -182,9 +184,9 @@ class WriteOutputs(beam.PTransform):
             return json.dumps(r.to_json(), ensure_ascii=False)
 
         written = (
-            embeddings | "WriteEmbeddings" >> WriteToParquet(
+            *([embeddings | "WriteEmbeddings" >> WriteToParquet(
                 part_prefix(self._out, EMBEDDINGS, self._run_id), EMBEDDINGS_SCHEMA, file_name_suffix=".parquet",
-                num_shards=self._shards),
+                num_shards=self._shards)] if self._write_embeddings else []),
             timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
                 part_prefix(self._out, TIMING, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards),
             rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(

@@ -1,0 +1,87 @@
+"""WriteChunks (``output.granularity: chunk | both``): one row per window the encoder saw, in ``chunks/``.
+
+A chunk is a window: the characters its own tokens cover (``char_start``/``char_end``, set by Tokenize from
+the tokenizer's offsets, in code points of the source text), and the vector the document's pooling received
+for it, cut to ``truncate_dim`` and L2-normalised when the model normalises, as a document's vector is: a
+chunk is the vector its text alone would get as a one-window document, and a one-window document's chunk
+vector is its document vector, bit for bit. Only documents whose pooled vector was kept get chunk rows: a
+document rejected at pooling (non-finite) has none, as it has no embeddings row.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from docbeam.pipeline.records import Document, WindowEmbedding
+from docbeam.pipeline.store.output import CHUNKS, part_prefix
+
+
+def chunk_schema(embedding_type: pa.DataType, with_text: bool) -> pa.Schema:
+    """The chunks/ columns; ``embedding_type`` is the embeddings/ file's own (write.py), so the two never differ."""
+    return pa.schema([
+        ("document_id", pa.string()),
+        ("chunk_index", pa.int32()),
+        ("char_start", pa.int64()),  # [char_start, char_end) of the source text, in code points (Python str)
+        ("char_end", pa.int64()),
+        *([("chunk_text", pa.string())] if with_text else []),
+        ("embedding", embedding_type),
+        ("num_tokens", pa.int32()),  # tokens the model saw (special and prompt tokens included): its pooling weight
+    ])
+
+
+def chunk_vector(vector: np.ndarray, normalize: bool, truncate_dim: int | None) -> np.ndarray:
+    """A window's vector as a document of that one window would get it (write.pool_windows' arithmetic)."""
+    out = np.asarray(vector, np.float64)[:truncate_dim]
+    if normalize:
+        out = out / max(np.linalg.norm(out), 1e-12)
+    return out.astype(np.float32)
+
+
+def chunk_rows(windows: list[WindowEmbedding], document: Document | None, *, normalize: bool,
+               truncate_dim: int | None) -> list[dict]:
+    """One document's chunk rows in window order; ``document`` (None: no ``chunk_text`` column) gives their
+    text: its source is ``text_offset`` characters longer than its text (a BOM) and the offsets count them."""
+    rows = []
+    for w in sorted(windows, key=lambda w: w.index):
+        row = {"document_id": w.doc_id, "chunk_index": w.index, "char_start": w.char_start, "char_end": w.char_end}
+        if document is not None:
+            row["chunk_text"] = document.text[w.char_start - document.text_offset:w.char_end - document.text_offset]
+        row["embedding"] = chunk_vector(w.vector, normalize, truncate_dim).tolist()
+        row["num_tokens"] = w.length
+        rows.append(row)
+    return rows
+
+
+class WriteChunks(beam.PTransform):
+    """Input ``{"windows": WindowEmbeddings, "documents": the Documents encoded, "embedded": their pooled rows}``;
+    writes chunks/ into the run's staging folder and outputs the file names (for CommitRun's ``written``)."""
+
+    def __init__(self, staging_path: str, run_id: str, num_shards: int, *, normalize: bool,
+                 truncate_dim: int | None, with_text: bool, embedding_type: pa.DataType):
+        super().__init__()
+        self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
+        self._normalize, self._truncate_dim, self._with_text = normalize, truncate_dim, with_text
+        self._schema = chunk_schema(embedding_type, with_text)
+
+    def expand(self, inputs):
+        from apache_beam.io.parquetio import WriteToParquet
+
+        normalize, truncate_dim = self._normalize, self._truncate_dim
+
+        def rows(item):
+            _, grouped = item
+            if not list(grouped["embedded"]):  # rejected at pooling, or never encoded
+                return []
+            document = next(iter(grouped["document"]), None) if "document" in grouped else None
+            return chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim)
+
+        joined = {"windows": inputs["windows"] | "KeyWindows" >> beam.Map(lambda w: (w.doc_id, w)),
+                  "embedded": inputs["embedded"] | "KeyEmbedded" >> beam.Map(lambda row: (row["id"], True))}
+        if self._with_text:  # the texts travel to the join only when the rows carry them
+            joined["document"] = inputs["documents"] | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
+        return (joined
+                | "GroupChunks" >> beam.CoGroupByKey()
+                | "ChunkRows" >> beam.FlatMap(rows)
+                | "WriteParquet" >> WriteToParquet(part_prefix(self._out, CHUNKS, self._run_id), self._schema,
+                                                   file_name_suffix=".parquet", num_shards=self._shards))
