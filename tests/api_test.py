@@ -44,37 +44,42 @@ def job_file(tmp_path_factory, corpus, tiny_checkpoint_dir) -> str:
 
 
 @pytest.fixture(scope="module")
-def run_vectors(job_file) -> dict[str, np.ndarray]:
-    """The vectors `docbeam run --config job.yaml` commits."""
+def run_rows(job_file) -> dict[str, dict]:
+    """The rows `docbeam run --config job.yaml` commits to embeddings/, by id."""
     result = run_docbeam("run", "--config", job_file)
     assert result.returncode == 0, result.stderr
     rows = read_embeddings(os.path.join(os.path.dirname(job_file), "out"))
     assert any(row["num_windows"] > 1 for row in rows.values()), "no document spans several windows"
-    return {i: np.asarray(row["embedding"], np.float32) for i, row in rows.items()}
+    return rows
 
 
-def same_vectors(expected: dict[str, np.ndarray]):
-    """A Beam matcher: (id, vector) pairs equal to ``expected`` to 1e-6."""
+def same_rows(expected: dict[str, dict]):
+    """A Beam matcher: rows equal to ``expected`` field by field, their vectors to 1e-6."""
     def check(actual):
-        got = dict(actual)
+        got = {row["id"]: row for row in actual}
         assert len(got) == len(actual) and sorted(got) == sorted(expected), sorted(got)
-        worst = max(np.abs(np.asarray(got[i], np.float32) - expected[i]).max() for i in expected)
+        assert {i: {**row, "embedding": None} for i, row in got.items()} == {
+            i: {**row, "embedding": None} for i, row in expected.items()}
+        worst = max(np.abs(np.asarray(got[i]["embedding"], np.float32) - np.asarray(expected[i]["embedding"])).max()
+                    for i in expected)
         assert worst <= 1e-6, f"vectors differ from docbeam run's by up to {worst}"
     return check
 
 
-def test_own_pipeline_gets_the_vectors_docbeam_run_writes(job_file, corpus, run_vectors):
+def test_own_pipeline_gets_the_rows_docbeam_run_writes(job_file, corpus, run_rows):
     records = [{"doc": doc_id, "body": text} for doc_id, text in corpus.items()]  # the user's own field names
     with beam.Pipeline() as p:
         docs = (p | beam.Create(records)
                 | "MyOwnMap" >> beam.Map(lambda r: {"id": r["doc"], "text": r["body"], "lang": "en"}))
         out = docs | docbeam.EmbedDocuments(job_file)
-        pairs = out["embeddings"] | "MyOwnAfter" >> beam.Map(lambda row: (row["id"], row["embedding"]))
-        assert_that(pairs, same_vectors(run_vectors))
+        rows = out["embeddings"] | "MyOwnAfter" >> beam.Map(lambda row: {**row, "embedding": list(row["embedding"])})
+        assert_that(rows, same_rows(run_rows))
         assert_that(out["errors"], is_empty(), label="NoErrors")
+        backends = out["timing"] | beam.Map(lambda t: t["attention_backend"]) | beam.Distinct()
+        assert_that(backends, equal_to(["native"]), label="TimingNamesTheKernel")
 
 
-def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, run_vectors):
+def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, run_rows):
     ids = sorted(corpus)
     given = ([docbeam.Document(ids[0], corpus[ids[0]], source="mine", line=None)]
              + [{"key": i, "body": corpus[i]} for i in ids[1:4]]
@@ -82,8 +87,7 @@ def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, ru
                 {"key": ids[1], "body": corpus[ids[1]]}])  # an upstream retry: the same document twice
     with beam.Pipeline() as p:
         out = p | beam.Create(given) | docbeam.EmbedDocuments(job_file, id_field="key", text_field="body")
-        assert_that(out["embeddings"] | beam.Map(lambda row: (row["id"], row["embedding"])),
-                    same_vectors({i: run_vectors[i] for i in ids[:4]}))
+        assert_that(out["embeddings"], same_rows({i: run_rows[i] for i in ids[:4]}))
         assert_that(out["errors"] | beam.Map(lambda e: (e.id, e.kind)), equal_to([
             ("no-text", "missing_text"), (None, "missing_id"), ("blank", "empty_text"), (None, "not_a_document"),
             (ids[1], "duplicate_id")]), label="ErrorRows")
@@ -125,3 +129,18 @@ def test_import_docbeam_imports_neither_beam_nor_jax():
                           cwd=REPO, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_run_takes_a_file_a_dict_or_a_jobconfig_alike(job_file, tiny_checkpoint_dir):
+    from docbeam.pipeline.driver.job import job_config
+
+    folder = os.path.dirname(job_file)
+    as_dict = {"input": {"path": f"{folder}/docs.jsonl"}, "output": {"path": f"{folder}/out"},
+               "model": {"path": tiny_checkpoint_dir}, "batching": {"buckets": [16, 32, 64, 128],
+                                                                   "tokens_per_batch": 512}}
+    overrides = ["attention.backend=native", "batching.tokens_per_batch=256"]
+    from_file = job_config(job_file, overrides)
+    assert from_file.batching.tokens_per_batch == 256
+    assert job_config(as_dict, overrides) == from_file == job_config(job_config(job_file), overrides)
+    with pytest.raises(TypeError, match="a JobConfig, the path of a YAML job file, or a dict"):
+        docbeam.run(42)
