@@ -15,3 +15,30 @@ _FOLDERS = ("pipeline", "models", "attention")
 if all(_os.path.isfile(_os.path.join(_SOURCE_ROOT, f, "__init__.py")) for f in _FOLDERS) and \
         _SOURCE_ROOT not in __path__:
     __path__.append(_SOURCE_ROOT)
+
+# The public API, imported on first use: `import docbeam` stays cheap (no Beam, no JAX) for a tool that only
+# needs a name from it, and a Beam worker unpickling a step pays only for what that step uses.
+_PUBLIC = {
+    "EmbedDocuments": "docbeam.pipeline.driver.embed",  # the embedding step, for a Beam pipeline of your own
+    "run": "docbeam.pipeline.driver.job",  # what `docbeam run` does; returns the run's summary
+    "EmbedConfig": "docbeam.pipeline.driver.config",
+    "JobConfig": "docbeam.pipeline.driver.config",
+    "ConfigError": "docbeam.pipeline.driver.config",
+    "Document": "docbeam.pipeline.records",
+    "Rejected": "docbeam.pipeline.records",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'docbeam' has no attribute {name!r}; its API: {', '.join(__all__)}")
+    import importlib
+
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
             print(dry_run(cfg, beam_args).describe())
             return 0
         from docbeam.pipeline.telemetry.observe import process_started
-        from docbeam.pipeline.driver.run import run_job
+        from docbeam.pipeline.driver.job import run
 
-        summary = run_job(cfg, beam_args, force=args.force, wait=not args.no_wait,
-                          process_started=process_started())
+        summary = run(cfg, beam_args=beam_args, force=args.force, wait=not args.no_wait,
+                      process_started=process_started())
         if args.no_wait:
             print(f"docbeam: submitted run {summary['run_id']}; the job commits its output to {summary['output']}")
             return 0

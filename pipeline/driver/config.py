@@ -195,6 +195,18 @@ def _negation_flag(key: str) -> str | None:
     return flag if parsed.get(key) is False else None
 
 
+class EmbedConfig(_Section):
+    """What ``docbeam.EmbedDocuments`` needs inside a pipeline of the user's own: how to embed, not where
+    documents come from or go (that pipeline reads and writes them), nor profiles (there is no output folder to
+    put them in). JobConfig's sections of the same names, so a job's YAML configures the transform as it is."""
+
+    model: ModelConfig = ModelConfig()
+    tokenize: TokenizeConfig = TokenizeConfig()
+    batching: BatchingConfig = BatchingConfig()
+    attention: AttentionConfig = AttentionConfig()
+    runner: RunnerConfig = RunnerConfig()  # its name and options are the user pipeline's business, not read
+
+
 class JobConfig(_Section):
     input: InputConfig
     output: OutputConfig
@@ -217,16 +229,31 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {readable(e)}") from None
     reuse_from = config.input.reuse_from and resolve_path(config.input.reuse_from, base_dir).rstrip("/")
-    cache = config.runner.compilation_cache
     resolved = {
         "input": config.input.model_copy(update={
             "path": ",".join(resolve_path(p, base_dir) for p in config.input.patterns), "reuse_from": reuse_from}),
         "output": config.output.model_copy(update={"path": resolve_path(config.output.path, base_dir).rstrip("/")}),
-        "model": config.model.model_copy(update={"path": resolve_path(config.model.path, base_dir)}),
-        "runner": config.runner.model_copy(
-            update={"compilation_cache": resolve_path(cache, base_dir).rstrip("/") if cache else None}),
+        **_resolved_model_and_runner(config, base_dir),
     }
     return config.model_copy(update=resolved)
+
+
+def parse_embed(raw: Any, *, base_dir: str, source: str = "config") -> EmbedConfig:
+    """``parse`` for the sections of an EmbedConfig (no input, output or profile)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections (model, batching, ...), got {raw!r}")
+    try:
+        config = EmbedConfig.model_validate(raw)
+    except pydantic.ValidationError as e:
+        raise ConfigError(f"{source}: {readable(e)}") from None
+    return config.model_copy(update=_resolved_model_and_runner(config, base_dir))
+
+
+def _resolved_model_and_runner(config: EmbedConfig | JobConfig, base_dir: str) -> dict:
+    cache = config.runner.compilation_cache
+    return {"model": config.model.model_copy(update={"path": resolve_path(config.model.path, base_dir)}),
+            "runner": config.runner.model_copy(
+                update={"compilation_cache": resolve_path(cache, base_dir).rstrip("/") if cache else None})}
 
 
 def load(path: str, overrides: list[str] = ()) -> JobConfig:

@@ -20,7 +20,7 @@ from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store.paths import is_remote
 from docbeam.pipeline.stages.packer import bucket_for
-from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
+from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.errors import refused_at_start
 from docbeam.pipeline.stages.reuse import ReuseDecision, decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
@@ -36,7 +36,7 @@ class JobPlan:
     here (the pinned model, packing, the buckets used, the backend per bucket) is a field of the plan, never
     written back into the config."""
 
-    config: JobConfig
+    config: JobConfig | EmbedConfig  # EmbedConfig: docbeam.EmbedDocuments's, which has no input or output
     model_path: str  # model.path, a Hub id's branch pinned to the commit the driver resolved it to
     window_len: int
     pooling: str
@@ -147,11 +147,12 @@ def resolved_packing(cfg: JobConfig) -> bool:
     return all(registry.get(name).segments for name in names)
 
 
-def make_plan(cfg: JobConfig, *, probe_backends: bool = True, for_output: bool = True,
+def make_plan(cfg: JobConfig | EmbedConfig, *, probe_backends: bool = True, for_output: bool = True,
               for_input: bool = True) -> JobPlan:
     """Everything that can fail before the job starts fails here, with the key to change. Tools that write
     no output (propose-buckets) leave out the output's checks (``for_output=False``); a dry run, which reads
-    and writes nothing, leaves out both (its placeholders name buckets that need not exist)."""
+    and writes nothing, leaves out both (its placeholders name buckets that need not exist), as does
+    docbeam.EmbedDocuments (an EmbedConfig has neither: the user's pipeline reads and writes)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
     checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
     # The workers load the commit the driver resolved a Hub id's branch to.

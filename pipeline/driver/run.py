@@ -18,32 +18,25 @@ from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store import transaction
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
-from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from docbeam.pipeline.driver import placeholders
-from docbeam.pipeline.stages.encode import Encode, EncoderSpec, runtime_for, stop_compiling
+from docbeam.pipeline.driver import embed
+from docbeam.pipeline.driver.embed import EncodeDocuments
+from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
 from docbeam.pipeline.errors import JobFailed, Refused, refused_at_start
 from docbeam.pipeline.store.lock import Fence, OutputLock
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.stages.read import ReadDocuments
-from docbeam.pipeline.stages.reuse import SplitByReuse, content_hash
-from docbeam.pipeline.stages.tokenize import Tokenize
-from docbeam.pipeline.stages.write import EMBEDDINGS_SCHEMA, PoolDocuments, WriteOutputs
+from docbeam.pipeline.stages.reuse import SplitByReuse
+from docbeam.pipeline.stages.write import EMBEDDINGS_SCHEMA, WriteOutputs
 
 log = logging.getLogger(__name__)
 
 
 def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
-    cfg = plan.config
-    return EncoderSpec(
-        model_path=plan.model_path, dtype=cfg.model.dtype, pooling=plan.pooling, attention=plan.attention,
-        choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=cfg.profile.batches,
-        profile_dir=output_lib.profiles_dir(staging, run_id),
-        progress_seconds=cfg.runner.progress_seconds, one_model_per_vm=cfg.runner.one_model_per_vm,
-        compilation_cache=cfg.runner.compilation_cache, worker_env=tuple(sorted(cfg.runner.worker_env.items())),
-        tokens_per_batch=cfg.batching.tokens_per_batch, packing=plan.packing)
+    return embed.encoder_spec(plan, plan.config.profile.batches, output_lib.profiles_dir(staging, run_id))
 
 
 def in_process_worker(cfg, options) -> bool:
@@ -107,21 +100,14 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         to_encode, reused = split["to_encode"], split["reused"]
     else:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
-    hashes = to_encode | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
-                                                   plan.prompt)
-    tokenized = to_encode | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, cfg.tokenize, plan.prompt)
-    batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching())
-    total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
-    encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
-    pooled = ({"windows": encoded["windows"], "hashes": hashes}
-              | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
-    rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
-    written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
-                "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
+    embedded = to_encode | "Embed" >> EncodeDocuments(plan, encoder_spec(plan, staging, run_id))
+    rejected = (read["rejected"], embedded["rejected"]) | "AllRejected" >> beam.Flatten()
+    written = ({"encoded": embedded["embeddings"], "reused": reused, "timing": embedded["timing"],
+                "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
                                                 write_embeddings=cfg.output.granularity != "chunk"))
     if cfg.output.granularity != "document":
-        chunks = ({"windows": encoded["windows"], "documents": to_encode, "embedded": pooled["embeddings"]}
+        chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": embedded["embeddings"]}
                   | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
                                                  truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
                                                  embedding_type=EMBEDDINGS_SCHEMA.field("embedding").type))

@@ -1,0 +1,178 @@
+"""Documents → embeddings, as Beam transforms: ``EncodeDocuments``, the middle of every docbeam job (hash,
+tokenize, bucket, encode, pool), and ``EmbedDocuments``, the same steps for a pipeline of the user's own.
+
+``docbeam run`` (pipeline/driver/run.py ``build``) puts ``EncodeDocuments`` between its reader and its writer;
+``EmbedDocuments`` puts it between the user's steps, so both compute a vector with the same graph. The plan
+(pipeline/driver/plan.py) is made once, where the transform is constructed: a config that cannot run fails
+there, on the driver, as ``docbeam run`` fails at start.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import apache_beam as beam
+
+from docbeam.pipeline.driver import config as config_lib
+from docbeam.pipeline.driver import config_files
+from docbeam.pipeline.driver.config import EmbedConfig, JobConfig
+from docbeam.pipeline.driver.plan import JobPlan, make_plan
+from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
+from docbeam.pipeline.stages.batch import BucketBatches
+from docbeam.pipeline.stages.encode import Encode, EncoderSpec
+from docbeam.pipeline.stages.parse import not_utf8
+from docbeam.pipeline.stages.reuse import content_hash
+from docbeam.pipeline.stages.tokenize import Tokenize
+from docbeam.pipeline.stages.write import PoolDocuments
+
+CONFIG_FORMS = ("a JobConfig or EmbedConfig, the path of a YAML job file, or a dict of its sections "
+                "(model, tokenize, batching, attention, runner; input and output are optional)")
+
+
+def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | None = None) -> EncoderSpec:
+    """What each worker builds its encoder from. Profiles are taken only where there is a folder to put them."""
+    cfg = plan.config
+    return EncoderSpec(
+        model_path=plan.model_path, dtype=cfg.model.dtype, pooling=plan.pooling, attention=plan.attention,
+        choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=profile_batches,
+        profile_dir=profile_dir, progress_seconds=cfg.runner.progress_seconds,
+        one_model_per_vm=cfg.runner.one_model_per_vm, compilation_cache=cfg.runner.compilation_cache,
+        worker_env=tuple(sorted(cfg.runner.worker_env.items())), tokens_per_batch=cfg.batching.tokens_per_batch,
+        packing=plan.packing)
+
+
+class EncodeDocuments(beam.PTransform):
+    """Documents (unique ids) → ``embeddings`` (one row per document: id, embedding as a list of float32 values,
+    num_tokens, num_windows, truncated, content_hash), ``rejected`` (no tokens, non-finite vectors),
+    ``windows`` (each window's WindowEmbedding), ``timing`` (one dict per batch) and ``startup``."""
+
+    def __init__(self, plan: JobPlan, spec: EncoderSpec):
+        super().__init__()
+        self._plan, self._spec = plan, spec
+
+    def expand(self, documents):
+        plan = self._plan
+        hashes = documents | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
+                                                        plan.prompt)
+        tokenized = documents | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, plan.config.tokenize,
+                                                       plan.prompt)
+        batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching())
+        total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
+        encoded = batches | "Encode" >> Encode(self._spec, total_windows)
+        pooled = ({"windows": encoded["windows"], "hashes": hashes}
+                  | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
+        rejected = (tokenized["rejected"], pooled["rejected"]) | "Rejected" >> beam.Flatten()
+        return {"embeddings": pooled["embeddings"], "rejected": rejected, "windows": encoded["windows"],
+                "timing": encoded["timing"], "startup": encoded["startup"]}
+
+
+def embed_config(config) -> tuple[EmbedConfig, str, str]:
+    """``config`` in any of CONFIG_FORMS → (its EmbedConfig, the id field, the text field of dict documents).
+
+    A whole job (one with input or output) is validated as ``docbeam run`` validates it, so a job's YAML
+    configures the transform as it is; its input section names the fields (id and text otherwise)."""
+    if isinstance(config, JobConfig):
+        sections = {name: getattr(config, name) for name in EmbedConfig.model_fields}
+        return EmbedConfig(**sections), config.input.id_field, config.input.text_field
+    if isinstance(config, EmbedConfig):
+        return config, "id", "text"
+    if isinstance(config, (str, os.PathLike)):
+        path = os.fspath(config)
+        raw = config_files.load_layers(path, JobConfig)
+        return _from_raw(raw, os.path.dirname(os.path.abspath(path)), path)
+    if isinstance(config, Mapping):
+        return _from_raw(dict(config), os.getcwd(), "config")
+    raise TypeError(f"EmbedDocuments(config): config must be {CONFIG_FORMS}; got a {type(config).__name__}")
+
+
+def _from_raw(raw: dict, base_dir: str, source: str) -> tuple[EmbedConfig, str, str]:
+    if "input" in raw or "output" in raw:
+        return embed_config(config_lib.parse(raw, base_dir=base_dir, source=source))
+    return config_lib.parse_embed(raw, base_dir=base_dir, source=source), "id", "text"
+
+
+def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
+    """One element of the user's PCollection → a Document, or the Rejected saying why it is not one (as the
+    JSONL reader rejects a line: an id that is a string or an integer, a text that is a non-empty string)."""
+    if isinstance(item, Document):
+        return item
+
+    def reject(kind, reason, doc_id=None):
+        return Rejected(source="", line=None, id=doc_id, kind=kind, reason=reason)
+
+    if not isinstance(item, Mapping):
+        return reject("not_a_document", f"expected a dict with {id_field!r} and {text_field!r} or a "
+                                        f"docbeam.Document, got a {type(item).__name__}")
+    doc_id = item.get(id_field)
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
+        return reject("missing_id", f"field {id_field!r} is missing or not a string/integer: {doc_id!r}")
+    doc_id = str(doc_id)
+    if not_utf8(doc_id):
+        return reject("invalid_text", f"field {id_field!r} {ascii(doc_id)} {not_utf8(doc_id)}")
+    text = item.get(text_field)
+    if text is None:
+        return reject("missing_text", f"field {text_field!r} is missing", doc_id)
+    if not isinstance(text, str):
+        return reject("non_string_text", f"field {text_field!r} is a {type(text).__name__}, not a string", doc_id)
+    if not text.strip():
+        return reject("empty_text", f"field {text_field!r} is empty", doc_id)
+    if not_utf8(text):
+        return reject("invalid_text", f"field {text_field!r} {not_utf8(text)}", doc_id)
+    return Document(id=doc_id, text=text, source="", line=None)
+
+
+def _checked(item, id_field: str, text_field: str):
+    record = document_of(item, id_field, text_field)
+    yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
+
+
+def keep_one_of_duplicates(item):
+    """Of documents sharing an id, one is embedded (the same one in whatever order they arrive: the first by
+    source, line and text); each other is a ``duplicate_id`` error, since rows are joined back by id."""
+    doc_id, docs = item
+    ordered = sorted(docs, key=lambda d: (d.source, d.line or 0, d.text))
+    yield ordered[0]
+    for dup in ordered[1:]:
+        yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(
+            dup.source, dup.line, doc_id, "duplicate_id", f"id {doc_id!r} is given more than once; one was embedded"))
+
+
+class EmbedDocuments(beam.PTransform):
+    """docbeam's embedding step inside a Beam pipeline of your own: documents → ``{"embeddings", "errors",
+    "timing"}``.
+
+    ``config``: any of CONFIG_FORMS. Its runner section's name and options are not read (the pipeline is
+    yours); progress, worker_env, one_model_per_vm and compilation_cache are. Documents: dicts with an id and
+    a text field (``id_field``/``text_field``; by default the config's input section's, else ``id`` and
+    ``text``) or ``docbeam.Document``. Each becomes one embeddings row (a dict: id, embedding as a list of
+    float32 values, num_tokens, num_windows, truncated, content_hash) or one errors row (a ``docbeam.Rejected``:
+    id, kind, reason; ``to_json()`` is the line ``docbeam run`` writes to errors/), never a crash: a dict without
+    an id or text, a repeated id (one is embedded, the others are duplicate_id errors), a text with no tokens.
+    ``timing`` has one dict per batch, as timing/*.jsonl. The config is checked and the checkpoint planned here,
+    once, where the transform is made.
+    """
+
+    def __init__(self, config, *, id_field: str | None = None, text_field: str | None = None):
+        super().__init__()
+        cfg, default_id, default_text = embed_config(config)
+        self._fields = (id_field or default_id, text_field or default_text)
+        self.plan = make_plan(cfg, for_input=False, for_output=False)
+        self._spec = encoder_spec(self.plan)
+
+    @property
+    def embedding_dim(self) -> int:
+        """The width of every vector this transform outputs (after any Dense modules and truncate_dim)."""
+        return self.plan.width
+
+    def expand(self, items):
+        checked = items | "CheckDocuments" >> beam.FlatMap(_checked, *self._fields).with_outputs(
+            REJECTED_TAG, main="documents")
+        unique = (checked.documents
+                  | "KeyById" >> beam.Map(lambda d: (d.id, d))
+                  | "GroupById" >> beam.GroupByKey()
+                  | "DropDuplicates" >> beam.FlatMap(keep_one_of_duplicates).with_outputs(REJECTED_TAG,
+                                                                                            main="documents"))
+        embedded = unique.documents | "Encode" >> EncodeDocuments(self.plan, self._spec)
+        errors = ((checked[REJECTED_TAG], unique[REJECTED_TAG], embedded["rejected"])
+                  | "AllErrors" >> beam.Flatten())
+        return {"embeddings": embedded["embeddings"], "errors": errors, "timing": embedded["timing"]}
