@@ -14,6 +14,7 @@ class Document:
     text: str
     source: str
     line: int | None  # 1-based line in a JSONL file; None for a whole-file text document
+    kept: tuple[tuple[str, object], ...] = ()  # input.keep_fields' (name, value) pairs (pipeline/stages/keep.py)
 
 
 REJECTED_TAG = "rejected"  # the tagged output every stage sends its Rejected records to

@@ -90,6 +90,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "packing": plan.packing, "config_digest": cfg.digest(), "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
+        "kept_fields": plan.kept.describe(),
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
 
@@ -98,7 +99,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     cfg = plan.config
     run_id = fence.run_id
     staging = output_lib.staging_dir(cfg.output.path, run_id)
-    read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
+    read = p | "ReadDocuments" >> ReadDocuments(cfg.input, plan.kept)
     if plan.reuse.source is not None:
         split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.width,
                                                                    plan.prompt)
@@ -111,12 +112,13 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching(), packing=plan.packing)
     total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
-    pooled = ({"windows": encoded["windows"], "hashes": hashes}
+    kept = {"kept": to_encode | "KeptFields" >> beam.Map(lambda d: (d.id, d.kept))} if plan.kept.columns else {}
+    pooled = ({"windows": encoded["windows"], "hashes": hashes, **kept}
               | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
-               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
+               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards, plan.kept.fields()))
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
 
