@@ -15,6 +15,7 @@ class Document:
     source: str
     line: int | None  # 1-based line in a JSONL file; None for a whole-file text document
     text_offset: int = 0  # characters of the source before ``text`` (a text file's BOM): chunk offsets count them
+    kept: tuple[tuple[str, object], ...] = ()  # input.keep_fields' (name, value) pairs (pipeline/stages/keep.py)
 
 
 REJECTED_TAG = "rejected"  # the tagged output every stage sends its Rejected records to

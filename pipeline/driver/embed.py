@@ -59,7 +59,8 @@ class EncodeDocuments(beam.PTransform):
         batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching())
         total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
         encoded = batches | "Encode" >> Encode(self._spec, total_windows)
-        pooled = ({"windows": encoded["windows"], "hashes": hashes}
+        kept = {"kept": documents | "KeptFields" >> beam.Map(lambda d: (d.id, d.kept))} if plan.kept.columns else {}
+        pooled = ({"windows": encoded["windows"], "hashes": hashes, **kept}
                   | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
         rejected = (tokenized["rejected"], pooled["rejected"]) | "Rejected" >> beam.Flatten()
         return {"embeddings": pooled["embeddings"], "rejected": rejected, "windows": encoded["windows"],

@@ -19,6 +19,7 @@ from docbeam.models.st_settings import document_prompt
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store.paths import is_remote
+from docbeam.pipeline.stages.keep import KeptFields, plan_columns
 from docbeam.pipeline.stages.packer import bucket_for
 from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.errors import refused_at_start
@@ -52,6 +53,7 @@ class JobPlan:
     attention: AttentionSpec  # backends with their typed options, as the workers receive them
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
+    kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -102,12 +104,14 @@ def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, specia
     return used
 
 
-def check_inputs(cfg: JobConfig) -> None:
+def check_inputs(cfg: JobConfig) -> list[str]:
     """Every input pattern matches a path, and none lies inside the output (a run would replace its own
-    input). Matched as the job matches them (pipeline/stages/read.py), so this refuses what the job would."""
+    input); the paths matched, in order. Matched as the job matches them (pipeline/stages/read.py), so this
+    refuses what the job would."""
     from docbeam.pipeline.stages.read import match_paths
 
     out = cfg.output.path
+    matched = []
     for pattern in cfg.input.patterns:
         if output_lib.inside(out, pattern) or pattern.rstrip("/") == out:
             raise ConfigError(f"input.path {pattern!r} lies inside output.path {out!r}; a run replaces its output, "
@@ -122,6 +126,8 @@ def check_inputs(cfg: JobConfig) -> None:
         if inside:
             raise ConfigError(f"input.path {pattern!r} matches {inside[0]}, inside output.path {out!r}; keep the "
                               "input outside the output")
+        matched += paths
+    return list(dict.fromkeys(matched))
 
 
 def check_output(cfg: JobConfig) -> output_lib.OutputState:
@@ -173,8 +179,10 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     # Every window repeats the prompt's tokens: they count against the window like the special tokens.
     special = tokenizer.num_special_tokens_to_add(pair=False) + len(prompt_token_ids(tokenizer, prompt))
     buckets = check_window(cfg, checkpoint.config, window_len, special)
-    if for_input:
-        check_inputs(cfg)
+    # A dry run reads no input: its kept columns are untyped (pipeline/stages/keep.py plan_columns). An
+    # EmbedConfig keeps no fields: the user's own pipeline carries its records' other fields.
+    kept = (plan_columns(cfg.input, check_inputs(cfg) if for_input else None) if isinstance(cfg, JobConfig)
+            else KeptFields())
     if for_output:
         check_output(cfg)
     platform = target_platform(cfg)
@@ -196,7 +204,7 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity) if for_output
              else ReuseDecision(None, ""))
     return JobPlan(cfg, pinned, window_len, pooling, normalize, prompt, truncate_dim, width, platform, packing,
-                   tuple(choices), checked, checkpoint.config, spec, key, reuse)
+                   tuple(choices), checked, checkpoint.config, spec, key, reuse, kept)
 
 
 def output_width(cfg: JobConfig, checkpoint) -> tuple[int | None, int]:

@@ -85,6 +85,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
+        "kept_fields": plan.kept.describe(),
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
 
@@ -93,7 +94,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     cfg = plan.config
     run_id = fence.run_id
     staging = output_lib.staging_dir(cfg.output.path, run_id)
-    read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
+    read = p | "ReadDocuments" >> ReadDocuments(cfg.input, plan.kept)
     if plan.reuse.source is not None:
         split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.width,
                                                                    plan.prompt)
@@ -104,13 +105,14 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     rejected = (read["rejected"], embedded["rejected"]) | "AllRejected" >> beam.Flatten()
     written = ({"encoded": embedded["embeddings"], "reused": reused, "timing": embedded["timing"],
                 "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
-               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
+               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards, plan.kept.fields(),
                                                 write_embeddings=cfg.output.granularity != "chunk"))
     if cfg.output.granularity != "document":
         chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": embedded["embeddings"]}
                   | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
                                                  truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
-                                                 embedding_type=EMBEDDINGS_SCHEMA.field("embedding").type))
+                                                 embedding_type=EMBEDDINGS_SCHEMA.field("embedding").type,
+                                                 kept_columns=plan.kept.fields()))
         written = {**written, "written": (*written["written"], chunks)}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)

@@ -14,11 +14,13 @@ import numpy as np
 import pyarrow as pa
 
 from docbeam.pipeline.records import Document, WindowEmbedding
+from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import CHUNKS, part_prefix
 
 
-def chunk_schema(embedding_type: pa.DataType, with_text: bool) -> pa.Schema:
-    """The chunks/ columns; ``embedding_type`` is the embeddings/ file's own (write.py), so the two never differ."""
+def chunk_schema(embedding_type: pa.DataType, with_text: bool, kept_columns: tuple[pa.Field, ...] = ()) -> pa.Schema:
+    """The chunks/ columns; ``embedding_type`` is the embeddings/ file's own (write.py), so the two never differ,
+    and the kept fields' columns are theirs too (pipeline/stages/keep.py)."""
     return pa.schema([
         ("document_id", pa.string()),
         ("chunk_index", pa.int32()),
@@ -27,6 +29,7 @@ def chunk_schema(embedding_type: pa.DataType, with_text: bool) -> pa.Schema:
         *([("chunk_text", pa.string())] if with_text else []),
         ("embedding", embedding_type),
         ("num_tokens", pa.int32()),  # tokens the model saw (special and prompt tokens included): its pooling weight
+        *kept_columns,
     ])
 
 
@@ -49,7 +52,7 @@ def chunk_rows(windows: list[WindowEmbedding], document: Document | None, *, nor
             row["chunk_text"] = document.text[w.char_start - document.text_offset:w.char_end - document.text_offset]
         row["embedding"] = chunk_vector(w.vector, normalize, truncate_dim).tolist()
         row["num_tokens"] = w.length
-        rows.append(row)
+        rows.append(with_kept(row, document.kept) if document is not None else row)
     return rows
 
 
@@ -58,27 +61,30 @@ class WriteChunks(beam.PTransform):
     writes chunks/ into the run's staging folder and outputs the file names (for CommitRun's ``written``)."""
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int, *, normalize: bool,
-                 truncate_dim: int | None, with_text: bool, embedding_type: pa.DataType):
+                 truncate_dim: int | None, with_text: bool, embedding_type: pa.DataType,
+                 kept_columns: tuple[pa.Field, ...] = ()):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._normalize, self._truncate_dim, self._with_text = normalize, truncate_dim, with_text
-        self._schema = chunk_schema(embedding_type, with_text)
+        self._schema = chunk_schema(embedding_type, with_text, kept_columns)
+        self._documents = with_text or bool(kept_columns)  # the texts and kept fields travel only when rows use them
 
     def expand(self, inputs):
         from apache_beam.io.parquetio import WriteToParquet
 
-        normalize, truncate_dim = self._normalize, self._truncate_dim
+        normalize, truncate_dim, with_text = self._normalize, self._truncate_dim, self._with_text
 
         def rows(item):
             _, grouped = item
             if not list(grouped["embedded"]):  # rejected at pooling, or never encoded
                 return []
             document = next(iter(grouped["document"]), None) if "document" in grouped else None
-            return chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim)
+            rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim)
+            return rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
 
         joined = {"windows": inputs["windows"] | "KeyWindows" >> beam.Map(lambda w: (w.doc_id, w)),
                   "embedded": inputs["embedded"] | "KeyEmbedded" >> beam.Map(lambda row: (row["id"], True))}
-        if self._with_text:  # the texts travel to the join only when the rows carry them
+        if self._documents:
             joined["document"] = inputs["documents"] | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
         return (joined
                 | "GroupChunks" >> beam.CoGroupByKey()

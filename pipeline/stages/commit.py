@@ -87,7 +87,8 @@ def manifest_fields(summary: dict) -> dict:
     counts = ("docs_read", "docs_embedded", "docs_reused", "docs_encoded", "docs_rejected", "windows", "batches")
     return {"counts": {k: summary[k] for k in counts}, "summary": output_lib.SUMMARY, "reused_from": summary["reuse"],
             **{k: summary[k] for k in ("config_digest", "model", "window_len", "pooling", "normalize", "dtype",
-                                       "versions", "reuse_key")}, "granularity": summary.get("granularity", "document")}
+                                       "versions", "reuse_key", "kept_fields")},
+            "granularity": summary.get("granularity", "document")}
 
 
 _SHARD = re.compile(r"^(?P<prefix>.*-)(?P<index>\d{5})-of-(?P<count>\d{5})(?P<suffix>[^/]*)$")

@@ -14,6 +14,7 @@ from apache_beam.io.filesystem import CompressionTypes
 
 from docbeam.pipeline.driver.config import InputConfig
 from docbeam.pipeline.records import Document, Rejected, writable
+from docbeam.pipeline.stages.keep import EveryField, KeptFields
 from docbeam.pipeline.stages.decompress import open_decompressed
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # README lists these, each also with any compression suffix Beam knows
@@ -61,7 +62,9 @@ def read_capped_lines(stream, cap: int, block: int = 1 << 20) -> Iterator[tuple[
 
 
 def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_field: str,
-                     cap: int) -> Document | Rejected:
+                     cap: int, keep: KeptFields | EveryField | None = None) -> Document | Rejected:
+    """One JSONL line → a Document (with the fields ``keep.take`` keeps, pipeline/stages/keep.py) or a
+    Rejected saying why not."""
     def reject(kind, reason, doc_id=None):
         return Rejected(source=source, line=line, id=doc_id, kind=kind, reason=reason)
 
@@ -97,7 +100,10 @@ def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_
         return reject("empty_text", f"field {text_field!r} is empty", doc_id)
     if not_utf8(text):
         return reject("invalid_text", f"field {text_field!r} {not_utf8(text)}", doc_id)
-    return Document(id=doc_id, text=text, source=source, line=line)
+    kept = keep.take(obj) if keep is not None else ()
+    if isinstance(kept, str):
+        return reject("kept_field_type", kept, doc_id)
+    return Document(id=doc_id, text=text, source=source, line=line, kept=kept)
 
 
 def not_utf8(value: str) -> str | None:
@@ -125,9 +131,11 @@ def parse_text_file(data: bytes | None, *, source: str, cap: int) -> Document | 
                     text_offset=int(data.startswith(codecs.BOM_UTF8)))
 
 
-def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfig) -> Iterator[Document | Rejected]:
+def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfig,
+                 keep: KeptFields | EveryField | None = None) -> Iterator[Document | Rejected]:
     """Every record of one file, in order: a Document or a Rejected per JSONL line, one per text file, and a
-    ``truncated_file`` Rejected where compressed data ends early. ``open_raw`` opens the bytes as stored."""
+    ``truncated_file`` Rejected where compressed data ends early. ``open_raw`` opens the bytes as stored; ``keep``
+    takes each JSONL record's kept fields (a text file has none)."""
     jsonl, lines_read = file_format(path, config.format) == "jsonl", 0
     try:
         with open_decompressed(open_raw, path) as stream:
@@ -135,7 +143,7 @@ def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfi
                 for lines_read, raw in read_capped_lines(stream, config.max_line_bytes):
                     if raw is not None and not raw.removeprefix(codecs.BOM_UTF8).strip():
                         continue  # blank lines separate nothing and are not documents
-                    yield guarded_line(raw, source=path, line=lines_read, config=config)
+                    yield guarded_line(raw, source=path, line=lines_read, config=config, keep=keep)
             else:
                 data = stream.read(config.max_line_bytes + 1)
                 yield parse_text_file(data if len(data) <= config.max_line_bytes else None, source=path,
@@ -146,11 +154,12 @@ def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfi
         yield Rejected(path, None, None, "truncated_file", f"compressed data ends early ({e}): {kept}")
 
 
-def guarded_line(raw: bytes | None, *, source: str, line: int, config: InputConfig) -> Document | Rejected:
+def guarded_line(raw: bytes | None, *, source: str, line: int, config: InputConfig,
+                 keep: KeptFields | EveryField | None = None) -> Document | Rejected:
     """``parse_jsonl_line``, where a failure no check there foresaw still costs one line, never the rest of
     its file."""
     try:
         return parse_jsonl_line(raw, source=source, line=line, id_field=config.id_field,
-                                text_field=config.text_field, cap=config.max_line_bytes)
+                                text_field=config.text_field, cap=config.max_line_bytes, keep=keep)
     except Exception as e:  # noqa: BLE001  one line's rejection, with the reason
         return Rejected(source, line, None, "malformed_json", writable(f"not parsed: {type(e).__name__}: {e}"))

@@ -19,6 +19,7 @@ from apache_beam.metrics import Metrics
 
 from docbeam.pipeline.driver.config import InputConfig
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, writable
+from docbeam.pipeline.stages.keep import EveryField, KeptFields
 from docbeam.pipeline.stages.parse import file_records
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
@@ -93,7 +94,8 @@ def unopenable(path: str) -> tuple[str, str] | None:
     return "not_regular_file", f"{path} is {what}, not a regular file; it was not opened"
 
 
-def path_records(path: str, config: InputConfig) -> Iterator[Document | Rejected]:
+def path_records(path: str, config: InputConfig, keep: KeptFields | EveryField | None = None
+                 ) -> Iterator[Document | Rejected]:
     """The records of one matched path: one Rejected for a path that must not be opened, else ``file_records``.
 
     No retry here: on gs:// ``FileSystems.open`` reads through ``BeamBlobReader`` (apache_beam/io/gcp/gcsio.py:
@@ -107,12 +109,12 @@ def path_records(path: str, config: InputConfig) -> Iterator[Document | Rejected
         yield Rejected(path, None, None, *problem)
         return
     yield from file_records(lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED),
-                            path, config)
+                            path, config, keep)
 
 
 class _ParseFile(beam.DoFn):
-    def __init__(self, config: InputConfig):
-        self._config = config
+    def __init__(self, config: InputConfig, keep: KeptFields | None):
+        self._config, self._keep = config, keep
         self._read = Metrics.counter(METRICS_NAMESPACE, "docs_read")
         self._clock = StageClock("read")
 
@@ -123,7 +125,7 @@ class _ParseFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(path, None, None, "bad_path", bad_name))
             return
         try:
-            for record in self._clock.timed(path_records(path, self._config)):
+            for record in self._clock.timed(path_records(path, self._config, self._keep)):
                 self._read.inc()
                 yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
         except Exception as e:  # an unreadable or corrupt file is one rejection, not a crashed job
@@ -145,11 +147,12 @@ def keep_first_of_duplicates(item) -> Iterator:
 
 
 class ReadDocuments(beam.PTransform):
-    """Outputs ``documents`` (unique ids), ``rejected`` and ``docs_read`` (one count)."""
+    """Outputs ``documents`` (unique ids, with the fields ``keep`` keeps), ``rejected`` and ``docs_read`` (one
+    count)."""
 
-    def __init__(self, config: InputConfig):
+    def __init__(self, config: InputConfig, keep: KeptFields | None = None):
         super().__init__()
-        self._config = config
+        self._config, self._keep = config, keep
 
     def expand(self, pbegin):
         parsed = (
@@ -159,7 +162,7 @@ class ReadDocuments(beam.PTransform):
             | "KeyByFile" >> beam.Map(lambda named: ((same_file_key(named[0]), named[1]), named))
             | "ReadEachFileOnce" >> beam.CombinePerKey(min)  # overlapping patterns; also spreads files over workers
             | "Paths" >> beam.Values()
-            | "Parse" >> beam.ParDo(_ParseFile(self._config)).with_outputs(REJECTED_TAG, main="documents"))
+            | "Parse" >> beam.ParDo(_ParseFile(self._config, self._keep)).with_outputs(REJECTED_TAG, main="documents"))
         unique = (
             parsed.documents
             | "KeyById" >> beam.Map(lambda d: (d.id, d))

@@ -21,6 +21,7 @@ from docbeam.pipeline.store import storage
 from docbeam.pipeline.driver.config import ConfigError
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.keep import with_kept
 
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
 # "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
@@ -169,7 +170,8 @@ def _reuse_or_encode(item, dimension: int, prompt: str | None):
 
 
 def reusable_row(doc: Document, previous: list[dict], dimension: int, prompt: str | None = None) -> dict | None:
-    """The previous row for ``doc`` if its text (and prompt) is unchanged and its vector sound; None to encode it."""
+    """The previous row for ``doc`` if its text (and prompt) is unchanged and its vector sound, with ``doc``'s
+    kept fields (this input's values, never the previous row's); None to encode it."""
     if len(previous) != 1 or previous[0].get("content_hash") != content_hash(doc.text, prompt):
         return None
     row = previous[0]
@@ -177,4 +179,4 @@ def reusable_row(doc: Document, previous: list[dict], dimension: int, prompt: st
     if vector.shape != (dimension,) or not np.all(np.isfinite(vector)):
         log.warning("document %r: its previous vector is not %d finite numbers; encoding it again", doc.id, dimension)
         return None
-    return {name: row[name] for name in ROW_FIELDS}
+    return with_kept({name: row[name] for name in ROW_FIELDS}, doc.kept)

@@ -17,6 +17,7 @@ from apache_beam.metrics import Metrics
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
 from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
+from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
 
 EMBEDDINGS_SCHEMA = pa.schema([
@@ -60,8 +61,9 @@ def pool_windows(windows: list[WindowEmbedding], normalize: bool,
 
 
 class PoolDocuments(beam.PTransform):
-    """Input ``{"windows": WindowEmbeddings, "hashes": (id, content hash)}``; outputs ``embeddings`` (rows)
-    and ``rejected`` (documents whose vector is not finite)."""
+    """Input ``{"windows": WindowEmbeddings, "hashes": (id, content hash)}`` and, with input.keep_fields,
+    ``"kept": (id, Document.kept)``; outputs ``embeddings`` (rows) and ``rejected`` (documents whose vector is
+    not finite)."""
 
     def __init__(self, normalize: bool, truncate_dim: int | None = None):
         super().__init__()
@@ -82,10 +84,11 @@ class PoolDocuments(beam.PTransform):
             elif row is not None:
                 embedded.inc()
                 (row["content_hash"],) = grouped["hash"]
-                yield row
+                yield with_kept(row, next(iter(grouped.get("kept", ())), ()))
 
         keyed = windows["windows"] | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
-        pooled = ({"windows": keyed, "hash": windows["hashes"]}
+        kept = {"kept": windows["kept"]} if "kept" in windows else {}
+        pooled = ({"windows": keyed, "hash": windows["hashes"], **kept}
                   | "GroupWindows" >> beam.CoGroupByKey()
                   | "Pool" >> beam.FlatMap(pool).with_outputs(REJECTED_TAG, main="embeddings"))
         return {"embeddings": pooled.embeddings, "rejected": pooled[REJECTED_TAG]}
@@ -158,8 +161,10 @@ class WriteOutputs(beam.PTransform):
     for the compilation count). Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
     names: waiting on them is waiting for every file to be final)."""
 
-    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, write_embeddings: bool = True):
+    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, kept_columns: tuple[pa.Field, ...] = (),
+                 write_embeddings: bool = True):
         super().__init__()
+        self._schema = pa.schema([*EMBEDDINGS_SCHEMA, *kept_columns])  # kept columns: pipeline/stages/keep.py
         self._out = staging_path.rstrip("/")
         self._run_id = run_id
         self._shards = num_shards
@@ -185,7 +190,7 @@ class WriteOutputs(beam.PTransform):
 
         written = (
             *([embeddings | "WriteEmbeddings" >> WriteToParquet(
-                part_prefix(self._out, EMBEDDINGS, self._run_id), EMBEDDINGS_SCHEMA, file_name_suffix=".parquet",
+                part_prefix(self._out, EMBEDDINGS, self._run_id), self._schema, file_name_suffix=".parquet",
                 num_shards=self._shards)] if self._write_embeddings else []),
             timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
                 part_prefix(self._out, TIMING, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards),
