@@ -28,6 +28,7 @@ from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse, content_hash
+from docbeam.pipeline.stages.sinks import RemovedIds, WriteSinks
 from docbeam.pipeline.stages.tokenize import Tokenize
 from docbeam.pipeline.stages.write import PoolDocuments, WriteOutputs
 
@@ -117,8 +118,23 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
+    written = {**written, "written": written["written"] + sink_files(plan, staging, run_id, read, pooled, reused)}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
+
+
+def sink_files(plan: JobPlan, staging: str, run_id: str, read, pooled, reused) -> tuple:
+    """The files of the sinks beside Parquet (pipeline/stages/sinks.py), for the commit to wait on."""
+    out = plan.config.output
+    if out.vertex_ai is None and out.pgvector is None:
+        return ()
+    inputs = {"embeddings": (pooled["embeddings"], reused) | "SinkEmbeddings" >> beam.Flatten()}
+    if plan.reuse.source is not None:
+        inputs["removed"] = ({"documents": read["documents"], "rejected": read["rejected"]}
+                             | "RemovedIds" >> RemovedIds(plan.reuse.source.files))
+    restricts = out.vertex_ai.restricts if out.vertex_ai is not None else None
+    return (inputs
+            | "WriteSinks" >> WriteSinks(staging, run_id, restricts, out.pgvector is not None, out.num_shards))
 
 
 def metrics_dict(result) -> dict:
