@@ -16,7 +16,7 @@ import apache_beam as beam
 
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
-from docbeam.pipeline.store import transaction
+from docbeam.pipeline.store import pgvector, transaction
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
@@ -177,6 +177,8 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
     plan = make_plan(cfg)
+    if cfg.output.pgvector is not None:
+        pgvector.check_can_load(wait)
     marks["plan"] = time.time()
     out = cfg.output.path
     with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
@@ -219,8 +221,14 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
         summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
         transaction.rewrite_summary(out, lock.fence, summary)
+        if cfg.output.pgvector is not None:  # after the commit: Postgres gets a committed run or nothing
+            summary["pgvector"] = pgvector.load_committed(out, manifest, cfg.output.pgvector.dsn,
+                                                          cfg.output.pgvector.table)
+            transaction.rewrite_summary(out, lock.fence, summary)
         return summary
     except Exception as e:
+        if isinstance(e, pgvector.PostgresBehind):
+            raise  # the run is committed; only Postgres is behind, and the error says how to catch it up
         lost = lock.fence.taken_over(e)  # a failure caused by another run taking the output over
         if lost is not None:
             raise lost from e  # the output is the other run's now: this one writes nothing more there

@@ -1,0 +1,127 @@
+"""output.pgvector: a committed run's rows loaded into Postgres with pgvector, in ONE transaction per run.
+
+docbeam's own commit (pipeline/store/transaction.py) comes first; then the driver loads the rows the committed
+manifest lists: COPY into a temporary staging table, upsert into ``<table>`` (id primary key, the vector,
+kept fields as jsonb, the run id), delete the ids the run removed (``removed/``), and record the run id in
+``<table>_runs``, all in one transaction. So Postgres holds either all of a run or none of it: a load that is
+killed or fails rolls back, and a run id already in ``<table>_runs`` is "already applied: change nothing", so
+re-applying a run (``docbeam sync-pgvector``) is always safe. A load that fails leaves the run committed in
+its output folder and Postgres one run behind; the error says how to re-apply it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import numpy as np
+
+from docbeam.pipeline.errors import JobFailed, Refused
+from docbeam.pipeline.store import faults, storage
+from docbeam.pipeline.store.output import EMBEDDINGS, REMOVED, SUMMARY, in_folder
+
+ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
+STAGE = "docbeam_stage"
+
+
+class PostgresBehind(JobFailed):
+    """The run is committed to its output folder, but its rows are not in Postgres (exit 1)."""
+
+
+class PgvectorRefused(Refused):
+    """output.pgvector cannot be loaded as the run is started (exit 2, nothing touched)."""
+
+
+def check_can_load(wait: bool) -> None:
+    """The driver loads Postgres once the run is committed: it needs psycopg, and a driver that waits."""
+    if not wait:
+        raise PgvectorRefused("output.pgvector is loaded by the driver after the job commits, but --no-wait "
+                              "returns before that; run without --no-wait, or drop output.pgvector and load the "
+                              f"committed output afterwards with: {sync_command('<output>', '<table>')}")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as e:
+        raise PgvectorRefused(f"output.pgvector needs psycopg ({e}); install it with: pip install "
+                              "'docbeam[pgvector]'") from None
+
+
+def vector_text(vector) -> str:
+    """pgvector's text form, each float32 in its shortest decimal spelling (which Postgres reads back exactly)."""
+    return "[" + ",".join(str(x) for x in np.asarray(vector, np.float32)) + "]"
+
+
+def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, str, str]]:
+    """``(id, vector text, kept fields as JSON)`` for every row of the committed embeddings files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for f in manifest["files"]:
+        if in_folder(f["path"], EMBEDDINGS):
+            table = pq.read_table(pa.BufferReader(storage.read_bytes(storage.join(output, f["path"]))))
+            for row in table.to_pylist():
+                fields = {k: v for k, v in row.items() if k not in ROW_COLUMNS}
+                yield row["id"], vector_text(row["embedding"]), json.dumps(fields, ensure_ascii=False, default=str)
+
+
+def removed_ids(output: str, manifest: dict) -> list[str]:
+    """The ids the run removed (an incremental run's ``removed/``; none for a full run)."""
+    return [line for f in manifest["files"] if in_folder(f["path"], REMOVED)
+            for line in storage.read_bytes(storage.join(output, f["path"])).decode("utf-8").splitlines() if line]
+
+
+def dimension(output: str) -> int:
+    summary = json.loads(storage.read_bytes(storage.join(output, SUMMARY)))
+    return int(summary.get("truncate_dim") or summary["embedding_dim"])
+
+
+def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
+    """Apply the committed run ``manifest`` of ``output`` to ``table`` in one transaction; what it did."""
+    import psycopg
+
+    run_id, runs = manifest["run_id"], f"{table}_runs"
+    dim = dimension(output)
+    with psycopg.connect(dsn) as conn, conn.cursor() as cur:  # commits on leaving, rolls back on an error
+        cur.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, embedding vector({dim}) NOT NULL, "
+                    "fields jsonb NOT NULL DEFAULT '{}'::jsonb, run_id text NOT NULL)")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {runs} (run_id text PRIMARY KEY, output text NOT NULL, "
+                    "upserted integer NOT NULL, deleted integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        cur.execute(f"LOCK TABLE {runs} IN SHARE ROW EXCLUSIVE MODE")  # one load at a time per table
+        cur.execute(f"SELECT run_id FROM {runs} WHERE run_id >= %s ORDER BY run_id DESC LIMIT 1", (run_id,))
+        latest = cur.fetchone()
+        if latest is not None and latest[0] == run_id:
+            return {"table": table, "run_id": run_id, "applied": False, "reason": "already applied"}
+        if latest is not None:
+            raise PostgresBehind(f"{table} already holds run {latest[0]}, newer than run {run_id} of {output}; "
+                                 "an older run is never applied over a newer one")
+        cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, embedding vector({dim}), fields jsonb) ON COMMIT DROP")
+        with cur.copy(f"COPY {STAGE} (id, embedding, fields) FROM STDIN") as copy:
+            for row in committed_rows(output, manifest):
+                faults.before_change("write", f"postgres:{table}")
+                copy.write_row(row)
+        cur.execute(f"INSERT INTO {table} (id, embedding, fields, run_id) SELECT id, embedding, fields, %s "
+                    f"FROM {STAGE} ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
+                    "fields = EXCLUDED.fields, run_id = EXCLUDED.run_id", (run_id,))
+        upserted = cur.rowcount
+        faults.before_change("delete", f"postgres:{table}")
+        cur.execute(f"DELETE FROM {table} WHERE id = ANY(%s)", (removed_ids(output, manifest),))
+        deleted = cur.rowcount
+        cur.execute(f"INSERT INTO {runs} (run_id, output, upserted, deleted) VALUES (%s, %s, %s, %s)",
+                    (run_id, output, upserted, deleted))
+    return {"table": table, "run_id": run_id, "applied": True, "upserted": upserted, "deleted": deleted}
+
+
+def sync_command(output: str, table: str) -> str:
+    return f'docbeam sync-pgvector {output} --table {table} --dsn "$DSN"'
+
+
+def load_committed(output: str, manifest: dict, dsn: str, table: str) -> dict:
+    """``load``, whose failure says that the run is committed and how to bring Postgres up to it."""
+    try:
+        return load(output, manifest, dsn, table)
+    except PostgresBehind:
+        raise
+    except Exception as e:  # noqa: BLE001  any failure of the load: Postgres rolled it back
+        raise PostgresBehind(
+            f"run {manifest['run_id']} is committed to {output}, but loading it into Postgres table {table} "
+            f"failed ({type(e).__name__}: {str(e).strip()}) and was rolled back, so the table is one run behind. "
+            f"Re-apply it (safe to repeat) with: {sync_command(output, table)}") from e
