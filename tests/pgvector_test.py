@@ -173,3 +173,13 @@ def test_a_failed_load_leaves_the_run_committed_and_says_how_to_reapply_it(runs,
     query(postgres, "DROP TABLE narrow")
     assert cli.main(["sync-pgvector", out, "--dsn", postgres, "--table", "narrow"]) == 0
     assert query(postgres, "SELECT count(*) FROM narrow") == [(30,)]
+
+
+def test_a_driver_that_does_not_wait_is_refused_before_anything_is_touched(tmp_path, tiny_checkpoint_dir):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"id": "1", "text": "hello"}\n')
+    cfg = job_config(str(corpus), str(tmp_path / "out"), tiny_checkpoint_dir,
+                     output={"pgvector": {"dsn": "postgresql://nowhere/db", "table": "docs"}})
+    with pytest.raises(pgvector.PgvectorRefused, match="--no-wait.*docbeam sync-pgvector"):
+        run_job(cfg, wait=False)
+    assert not (tmp_path / "out").exists()
