@@ -183,3 +183,16 @@ def test_a_driver_that_does_not_wait_is_refused_before_anything_is_touched(tmp_p
     with pytest.raises(pgvector.PgvectorRefused, match="--no-wait.*docbeam sync-pgvector"):
         run_job(cfg, wait=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_path, postgres, real_checkpoint_dir):
+    with gzip.open(SAMPLE, "rt") as f:
+        sample = [json.loads(line) for line in f][:12]
+    question = {"id": "question", "text": "How are versions of the AIX operating system identified?"}
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*sample, question]))
+    run_job(job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), real_checkpoint_dir,
+                       output={"pgvector": {"dsn": postgres, "table": "minilm"}}, model={"max_seq_len": 128}))
+    nearest = query(postgres, "SELECT d.id FROM minilm d, minilm q WHERE q.id = 'question' AND d.id <> q.id "
+                              "ORDER BY d.embedding <=> q.embedding LIMIT 1")
+    assert nearest == [("_aix_support.aix_platform",)]
