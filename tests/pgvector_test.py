@@ -196,3 +196,18 @@ def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_p
     nearest = query(postgres, "SELECT d.id FROM minilm d, minilm q WHERE q.id = 'question' AND d.id <> q.id "
                               "ORDER BY d.embedding <=> q.embedding LIMIT 1")
     assert nearest == [("_aix_support.aix_platform",)]
+
+
+@pytest.mark.slow
+def test_an_incremental_run_is_applied_only_over_the_run_it_carried_over(runs, postgres):
+    root, *_ = runs
+    a, b = str(root / "a"), str(root / "b")
+    pgvector.load(a, output_lib.read_manifest(a), postgres, "chain")  # creates the tables
+    query(postgres, "DELETE FROM chain_runs")
+    query(postgres, "INSERT INTO chain_runs VALUES ('20000101T000000Z-000000', 'elsewhere', 0, 0)")
+    before = snapshot(postgres, "chain")
+    with pytest.raises(pgvector.PostgresBehind, match=r"carries over run .* apply it first .*sync-pgvector .*/a "):
+        pgvector.load(b, output_lib.read_manifest(b), postgres, "chain")
+    assert snapshot(postgres, "chain") == before
+    query(postgres, "DELETE FROM chain_runs")
+    assert pgvector.load(b, output_lib.read_manifest(b), postgres, "chain")["applied"]  # a first load: allowed

@@ -213,8 +213,15 @@ def format_summary(s: dict, output: str) -> str:
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
         *([format_startup(s)] if s.get("startup") else []),
+        *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),
     ]
     return "\n".join(lines)
+
+
+def format_pgvector(done: dict) -> str:
+    if not done["applied"]:
+        return f"  pgvector   run already in {done['table']}: nothing changed"
+    return f"  pgvector   {done['table']}: {done['upserted']} rows upserted, {done['deleted']} deleted"
 
 
 def format_startup(s: dict) -> str:

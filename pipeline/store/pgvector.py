@@ -70,7 +70,7 @@ def removed_ids(output: str, manifest: dict) -> list[str]:
 
 def dimension(output: str) -> int:
     summary = json.loads(storage.read_bytes(storage.join(output, SUMMARY)))
-    return int(summary.get("truncate_dim") or summary["embedding_dim"])
+    return int(summary["embedding_dim"])  # the width written (after model.truncate_dim)
 
 
 def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
@@ -93,6 +93,7 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         if latest is not None:
             raise PostgresBehind(f"{table} already holds run {latest[0]}, newer than run {run_id} of {output}; "
                                  "an older run is never applied over a newer one")
+        check_follows(cur, runs, table, manifest)
         cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, embedding vector({dim}), fields jsonb) ON COMMIT DROP")
         with cur.copy(f"COPY {STAGE} (id, embedding, fields) FROM STDIN") as copy:
             for row in committed_rows(output, manifest):
@@ -108,6 +109,22 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         cur.execute(f"INSERT INTO {runs} (run_id, output, upserted, deleted) VALUES (%s, %s, %s, %s)",
                     (run_id, output, upserted, deleted))
     return {"table": table, "run_id": run_id, "applied": True, "upserted": upserted, "deleted": deleted}
+
+
+def check_follows(cur, runs: str, table: str, manifest: dict) -> None:
+    """An incremental run's removals are relative to its reuse source: applied over a table that missed that
+    run, the source's own removals would never be deleted. So the source must be applied first (unless the
+    table has applied nothing yet: then this run is its first)."""
+    source = (manifest.get("reused_from") or {}).get("run_id")
+    if source is None:
+        return
+    cur.execute(f"SELECT count(*), count(*) FILTER (WHERE run_id = %s) FROM {runs}", (source,))
+    applied, has_source = cur.fetchone()
+    if applied and not has_source:
+        origin = manifest["reused_from"].get("from")
+        raise PostgresBehind(f"run {manifest['run_id']} carries over run {source} of {origin}, which {table} has "
+                             f"not applied, so that run's removals would be missed; apply it first "
+                             f"({sync_command(origin, table)}), then this run")
 
 
 def sync_command(output: str, table: str) -> str:
