@@ -61,6 +61,20 @@ def test_the_vector_text_reads_back_as_the_same_float32s():
     assert np.array_equal(np.asarray(json.loads(pgvector.vector_text(vector)), np.float32), vector)
 
 
+def test_kept_fields_become_the_jsonb_object_and_json_text_columns_their_json_values(tmp_path):
+    import pyarrow as pa
+
+    (tmp_path / "embeddings").mkdir()
+    pq.write_table(pa.table({"id": ["d1"], "embedding": [[0.25, -1.0]], "num_tokens": [3], "content_hash": ["h"],
+                             "lang": ["en"], "meta": ['{"year": 2020}'], "title": ['["a"]']}),
+                   tmp_path / "embeddings" / "part-r-00000-of-00001.parquet")
+    manifest = {"files": [{"path": "embeddings/part-r-00000-of-00001.parquet"}],
+                "kept_fields": {"lang": "string", "meta": "json", "title": "string"}}
+    [(doc_id, vector, fields)] = list(pgvector.committed_rows(str(tmp_path), manifest))
+    assert (doc_id, vector) == ("d1", "[0.25,-1.0]")
+    assert json.loads(fields) == {"lang": "en", "meta": {"year": 2020}, "title": '["a"]'}
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_checkpoint_dir, tmp_path_factory, postgres):
     """Run A (30 documents) loaded into table docs, then an incremental run B from A: 3 documents gone,

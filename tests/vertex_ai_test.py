@@ -33,6 +33,12 @@ def test_a_vertex_record_carries_the_float32_vector_exactly_and_a_restrict_per_f
     assert "restricts" not in vertex_record(row, ())
 
 
+def test_a_kept_field_of_json_text_gives_the_values_it_holds():
+    row = {"id": "d1", "embedding": [0.5], "tags": '["a", 2]', "title": '["not", "json"]'}
+    assert vertex_record(row, ("tags", "title"), json_fields=("tags",))["restricts"] == [
+        {"namespace": "tags", "allow": ["a", "2"]}, {"namespace": "title", "allow": ['["not", "json"]']}]
+
+
 def test_an_id_is_removed_only_when_the_source_had_it_and_this_run_read_nothing_under_it():
     assert removed_ids(("gone", {"previous": [None], "present": []})) == ["gone"]
     assert removed_ids(("kept", {"previous": [None], "present": [None]})) == []

@@ -27,12 +27,18 @@ def restrict_values(value) -> list[str]:
     return [v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in values if v is not None]
 
 
-def vertex_record(row: dict, restricts: tuple[str, ...]) -> dict:
+def vertex_record(row: dict, restricts: tuple[str, ...], json_fields: tuple[str, ...] = ()) -> dict:
     """One JSON line of Vector Search's input: the id, the vector (each float32 in its shortest decimal
-    spelling, which reads back as the same float32) and a restrict per chosen field that has a value."""
+    spelling, which reads back as the same float32) and a restrict per chosen field that has a value.
+    ``json_fields``: kept fields whose column holds JSON text (pipeline/stages/keep.py), read as that JSON."""
+
+    def value(field):
+        raw = row.get(field)
+        return json.loads(raw) if field in json_fields and raw is not None else raw
+
     vector = [float(str(x)) for x in np.asarray(row["embedding"], np.float32)]
     record = {"id": row["id"], "embedding": vector}
-    namespaces = [{"namespace": f, "allow": restrict_values(row.get(f))} for f in restricts]
+    namespaces = [{"namespace": f, "allow": restrict_values(value(f))} for f in restricts]
     namespaces = [n for n in namespaces if n["allow"]]
     if namespaces:
         record["restricts"] = namespaces
@@ -76,18 +82,18 @@ class WriteSinks(beam.PTransform):
     whether the Postgres load needs the removed ids under ``removed/``."""
 
     def __init__(self, staging_path: str, run_id: str, restricts: tuple[str, ...] | None, removed_for_load: bool,
-                 num_shards: int = 0):
+                 num_shards: int = 0, json_fields: tuple[str, ...] = ()):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
-        self._restricts, self._removed_for_load = restricts, removed_for_load
+        self._restricts, self._removed_for_load, self._json_fields = restricts, removed_for_load, json_fields
 
     def expand(self, inputs):
         embeddings, removed = inputs["embeddings"], inputs.get("removed")
         written = []
-        restricts = self._restricts
+        restricts, json_fields = self._restricts, self._json_fields
         if restricts is not None:
             written.append(
-                embeddings | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts)))
+                embeddings | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
                 | "WriteVertexAI" >> self._text(VERTEX_AI, ".json"))
             if removed is not None:
                 written.append(removed | "WriteVertexDelete" >> self._text(VERTEX_DELETE, ".txt"))

@@ -50,15 +50,19 @@ def vector_text(vector) -> str:
 
 
 def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, str, str]]:
-    """``(id, vector text, kept fields as JSON)`` for every row of the committed embeddings files."""
+    """``(id, vector text, kept fields as JSON)`` for every row of the committed embeddings files. A kept column
+    of JSON text (the manifest's ``kept_fields`` type ``json``: values of no one Arrow type) goes in as the
+    JSON value it holds, not as a string."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    json_columns = {name for name, kind in (manifest.get("kept_fields") or {}).items() if kind == "json"}
     for f in manifest["files"]:
         if in_folder(f["path"], EMBEDDINGS):
             table = pq.read_table(pa.BufferReader(storage.read_bytes(storage.join(output, f["path"]))))
             for row in table.to_pylist():
-                fields = {k: v for k, v in row.items() if k not in ROW_COLUMNS}
+                fields = {k: json.loads(v) if k in json_columns and v is not None else v
+                          for k, v in row.items() if k not in ROW_COLUMNS}
                 yield row["id"], vector_text(row["embedding"]), json.dumps(fields, ensure_ascii=False, default=str)
 
 
