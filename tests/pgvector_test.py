@@ -22,6 +22,9 @@ from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import pgvector
 
+# pgserver asks platformdirs for a runtime folder, which warns where XDG_RUNTIME_DIR is unset (CI, containers).
+pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
+
 
 @pytest.fixture(scope="session")
 def postgres() -> str:
