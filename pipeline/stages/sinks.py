@@ -77,9 +77,9 @@ class RemovedIds(beam.PTransform):
 
 
 class WriteSinks(beam.PTransform):
-    """Input ``{"embeddings": rows, "removed": ids (an incremental run only)}``; output: the written files' names (a tuple of
-    PCollections, like WriteOutputs' ``written``). ``restricts``: None when Vertex AI is off; ``removed_for_load``:
-    whether the Postgres load needs the removed ids under ``removed/``."""
+    """Input ``{"embeddings": rows, "removed": ids (an incremental run only)}``; output: the written files'
+    names (a tuple of PCollections, like WriteOutputs' ``written``). ``restricts``: None when Vertex AI is off;
+    ``removed_for_load``: whether the Postgres load needs the removed ids under ``removed/``."""
 
     def __init__(self, staging_path: str, run_id: str, restricts: tuple[str, ...] | None, removed_for_load: bool,
                  num_shards: int = 0, json_fields: tuple[str, ...] = ()):

@@ -65,7 +65,8 @@ def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarra
             yield doc_id, vector, json.dumps(fields, ensure_ascii=False, default=str)
 
 
-COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)  # Postgres' binary COPY: signature, flags, no extension
+# Postgres' binary COPY: its signature, no flags, no header extension; a field count of -1 ends the data.
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 COPY_TRAILER = struct.pack(">h", -1)
 
 
@@ -100,7 +101,8 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, embedding vector({dim}) NOT NULL, "
                     "fields jsonb NOT NULL DEFAULT '{}'::jsonb, run_id text NOT NULL)")
         cur.execute(f"CREATE TABLE IF NOT EXISTS {runs} (run_id text PRIMARY KEY, output text NOT NULL, "
-                    "upserted integer NOT NULL, deleted integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+                    "upserted integer NOT NULL, deleted integer NOT NULL, "
+                    "applied_at timestamptz NOT NULL DEFAULT now())")
         cur.execute(f"LOCK TABLE {runs} IN SHARE ROW EXCLUSIVE MODE")  # one load at a time per table
         cur.execute(f"SELECT run_id FROM {runs} WHERE run_id >= %s ORDER BY run_id DESC LIMIT 1", (run_id,))
         latest = cur.fetchone()
