@@ -56,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    p = sub.add_parser("sync-pgvector", help="load an output's committed run into Postgres, as output.pgvector "
+                                             "does after a run (safe to repeat: an applied run changes nothing)")
+    p.add_argument("output", help="the output folder (output.path) whose committed run to load")
+    p.add_argument("--table", required=True, help="output.pgvector.table, e.g. docbeam_embeddings")
+    p.add_argument("--dsn", default="", help="output.pgvector.dsn (default: libpq's PG* environment variables)")
+    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     from docbeam.pipeline.tools import report
 
     report.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
@@ -124,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         from docbeam.pipeline.tools import report
 
         return report.main(args)
+    if args.command == "sync-pgvector":
+        return sync_pgvector(args.output, args.dsn, args.table, details)
     try:
         cfg = config_lib.load(args.config, args.overrides)
         if args.command == "propose-buckets":
@@ -155,11 +163,38 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # noqa: BLE001  the job failed: why comes first and alone; tracebacks in the log file
         log.error("job failed", exc_info=True, extra={"log_file_only": True})
-        what = ("job failed, nothing committed (the previous output is unchanged)" if args.command == "run"
-                else f"{args.command} failed")
+        from docbeam.pipeline.store.pgvector import PostgresBehind
+
+        what = ("job failed, nothing committed (the previous output is unchanged)"
+                if args.command == "run" and not isinstance(e, PostgresBehind) else f"{args.command} failed")
         print(f"docbeam: {what}: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
         return 1
     print(format_summary(summary, cfg.output.path))
+    return 0
+
+
+def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
+    from docbeam.pipeline.driver.config_io import PgvectorConfig
+    from docbeam.pipeline.store import output as output_lib, pgvector
+
+    try:
+        target = PgvectorConfig(dsn=dsn, table=table)
+        output = output_lib.normalize_folder(output)
+        manifest = output_lib.read_manifest(output)
+        if manifest is None:
+            raise output_lib.OutputRefused(f"{output} holds no committed docbeam run (no {output_lib.MANIFEST})")
+    except (Refused, ValueError) as e:
+        print(f"docbeam: cannot start: {first_line(e)}; nothing was touched", file=sys.stderr)
+        return 2
+    try:
+        done = pgvector.load_committed(output, manifest, target.dsn, target.table)
+    except Exception as e:  # noqa: BLE001  the load rolled back; why comes first, tracebacks in the log file
+        log.error("sync-pgvector failed", exc_info=True, extra={"log_file_only": True})
+        print(f"docbeam: sync-pgvector failed: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
+        return 1
+    print(f"docbeam: run {done['run_id']} of {output} "
+          + (f"loaded into {table}: {done['upserted']} rows upserted, {done['deleted']} deleted" if done["applied"]
+             else f"was already in {table}: nothing changed"))
     return 0
 
 
@@ -178,8 +213,15 @@ def format_summary(s: dict, output: str) -> str:
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
         *([format_startup(s)] if s.get("startup") else []),
+        *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),
     ]
     return "\n".join(lines)
+
+
+def format_pgvector(done: dict) -> str:
+    if not done["applied"]:
+        return f"  pgvector   run already in {done['table']}: nothing changed"
+    return f"  pgvector   {done['table']}: {done['upserted']} rows upserted, {done['deleted']} deleted"
 
 
 def format_startup(s: dict) -> str:

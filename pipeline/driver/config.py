@@ -217,6 +217,20 @@ class JobConfig(_Section):
     profile: ProfileConfig = ProfileConfig()
     runner: RunnerConfig = RunnerConfig()
 
+    @pydantic.model_validator(mode="after")
+    def _sinks_fit_the_rows(self):
+        """A sink is checked against the rows it will be handed: restricts name kept fields, vectors are floats."""
+        if self.output.vertex_ai is not None and self.input.keep_fields != "*":
+            missing = [f for f in self.output.vertex_ai.restricts if f not in self.input.keep_fields]
+            if missing:
+                raise ValueError(f"output.vertex_ai.restricts names {missing}, which input.keep_fields "
+                                 f"{list(self.input.keep_fields)} does not keep; add them to input.keep_fields")
+        sinks = [k for k in ("vertex_ai", "pgvector") if getattr(self.output, k) is not None]
+        if sinks and self.output.vector_dtype not in ("float32", "float16"):
+            raise ValueError(f"output.{sinks[0]} loads float vectors, but output.vector_dtype is "
+                             f"{self.output.vector_dtype}; set output.vector_dtype: float32 (or float16)")
+        return self
+
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 

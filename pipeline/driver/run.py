@@ -16,7 +16,7 @@ import apache_beam as beam
 
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
-from docbeam.pipeline.store import transaction
+from docbeam.pipeline.store import pgvector, transaction
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
@@ -30,6 +30,7 @@ from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse
+from docbeam.pipeline.stages.sinks import RemovedIds, WriteSinks
 from docbeam.pipeline.stages.write import EMBEDDINGS_SCHEMA, WriteOutputs
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,24 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                                  embedding_type=EMBEDDINGS_SCHEMA.field("embedding").type,
                                                  kept_columns=plan.kept.fields()))
         written = {**written, "written": (*written["written"], chunks)}
+    written = {**written, "written": written["written"] + sink_files(plan, staging, run_id, read, embedded, reused)}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
+
+
+def sink_files(plan: JobPlan, staging: str, run_id: str, read, embedded, reused) -> tuple:
+    """The files of the sinks beside Parquet (pipeline/stages/sinks.py), for the commit to wait on."""
+    out = plan.config.output
+    if out.vertex_ai is None and out.pgvector is None:
+        return ()
+    inputs = {"embeddings": (embedded["embeddings"], reused) | "SinkEmbeddings" >> beam.Flatten()}
+    if plan.reuse.source is not None:
+        inputs["removed"] = ({"documents": read["documents"], "rejected": read["rejected"]}
+                             | "RemovedIds" >> RemovedIds(plan.reuse.source.files))
+    restricts = out.vertex_ai.restricts if out.vertex_ai is not None else None
+    return (inputs
+            | "WriteSinks" >> WriteSinks(staging, run_id, restricts, out.pgvector is not None, out.num_shards,
+                                         json_fields=tuple(c.name for c in plan.kept.columns if c.arrow is None)))
 
 
 def metrics_dict(result) -> dict:
@@ -158,6 +175,8 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
     plan = make_plan(cfg)
+    if cfg.output.pgvector is not None:
+        pgvector.check_can_load(wait)
     marks["plan"] = time.time()
     out = cfg.output.path
     with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
@@ -200,8 +219,14 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
         summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
         transaction.rewrite_summary(out, lock.fence, summary)
+        if cfg.output.pgvector is not None:  # after the commit: Postgres gets a committed run or nothing
+            summary["pgvector"] = pgvector.load_committed(out, manifest, cfg.output.pgvector.dsn,
+                                                          cfg.output.pgvector.table)
+            transaction.rewrite_summary(out, lock.fence, summary)
         return summary
     except Exception as e:
+        if isinstance(e, pgvector.PostgresBehind):
+            raise  # the run is committed; only Postgres is behind, and the error says how to catch it up
         lost = lock.fence.taken_over(e)  # a failure caused by another run taking the output over
         if lost is not None:
             raise lost from e  # the output is the other run's now: this one writes nothing more there

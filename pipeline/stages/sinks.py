@@ -1,0 +1,106 @@
+"""The sinks beside Parquet: Vertex AI Vector Search's batch layout and the ids an incremental run removed.
+
+Written through Beam sinks into the run's staging folder, like embeddings/, so they are committed with the run
+(listed in its manifest) or not at all. Vector Search reads a batch root of ``*.json`` files of JSON lines
+(``{"id", "embedding", "restricts"}``) and a ``delete/`` folder beside them, one id a line; docbeam's batch root
+is the output's ``vertex_ai/``.
+
+Removed ids: the ids of the reuse source (``input.reuse_from``) that this run did not read at all. A document
+read but rejected this run is not removed: its previous vector stays where it was loaded until a later run
+embeds it or it leaves the input, since a rejection (a line too long, a non-finite vector) says nothing about
+whether the document still exists.
+"""
+from __future__ import annotations
+
+import json
+
+import apache_beam as beam
+import numpy as np
+
+from docbeam.pipeline.store.output import REMOVED, VERTEX_AI, VERTEX_DELETE, part_prefix
+
+
+def restrict_values(value) -> list[str]:
+    """A kept field's value as Vector Search's ``allow`` strings: a list gives one token per element, a string
+    itself, any other JSON value its JSON spelling (``true``, ``3``); null or an empty list gives none."""
+    values = value if isinstance(value, list) else [] if value is None else [value]
+    return [v if isinstance(v, str) else json.dumps(v, sort_keys=True) for v in values if v is not None]
+
+
+def vertex_record(row: dict, restricts: tuple[str, ...], json_fields: tuple[str, ...] = ()) -> dict:
+    """One JSON line of Vector Search's input: the id, the vector (each float32 in its shortest decimal
+    spelling, which reads back as the same float32) and a restrict per chosen field that has a value.
+    ``json_fields``: kept fields whose column holds JSON text (pipeline/stages/keep.py), read as that JSON."""
+
+    def value(field):
+        raw = row.get(field)
+        return json.loads(raw) if field in json_fields and raw is not None else raw
+
+    vector = [float(str(x)) for x in np.asarray(row["embedding"], np.float32)]
+    record = {"id": row["id"], "embedding": vector}
+    namespaces = [{"namespace": f, "allow": restrict_values(value(f))} for f in restricts]
+    namespaces = [n for n in namespaces if n["allow"]]
+    if namespaces:
+        record["restricts"] = namespaces
+    return record
+
+
+def removed_ids(item) -> list[str]:
+    """From ``(id, {"previous": [...], "present": [...]})``: the id when the source had it and this run read
+    nothing under it."""
+    doc_id, grouped = item
+    return [doc_id] if list(grouped["previous"]) and not list(grouped["present"]) else []
+
+
+class RemovedIds(beam.PTransform):
+    """Input ``{"documents": Documents read, "rejected": Rejected records}``; output: the ids of the source run's
+    embeddings files (``previous_files``) that no document of this run carries, each once."""
+
+    def __init__(self, previous_files: tuple[str, ...]):
+        super().__init__()
+        self._files = previous_files
+
+    def expand(self, inputs):
+        from apache_beam.io.parquetio import ReadAllFromParquet
+
+        previous = (inputs["documents"].pipeline
+                    | "PreviousIdFiles" >> beam.Create(self._files)
+                    | "ReadPreviousIds" >> ReadAllFromParquet(columns=["id"])
+                    | "KeyPreviousIds" >> beam.Map(lambda row: (row["id"], None)))
+        present = ((inputs["documents"] | "ReadIds" >> beam.Map(lambda d: d.id),
+                    inputs["rejected"] | "RejectedIds" >> beam.FlatMap(lambda r: [r.id] if r.id is not None else []))
+                   | "PresentIds" >> beam.Flatten()
+                   | "KeyPresentIds" >> beam.Map(lambda i: (i, None)))
+        return ({"previous": previous, "present": present}
+                | "JoinIds" >> beam.CoGroupByKey()
+                | "Removed" >> beam.FlatMap(removed_ids))
+
+
+class WriteSinks(beam.PTransform):
+    """Input ``{"embeddings": rows, "removed": ids (an incremental run only)}``; output: the written files'
+    names (a tuple of PCollections, like WriteOutputs' ``written``). ``restricts``: None when Vertex AI is off;
+    ``removed_for_load``: whether the Postgres load needs the removed ids under ``removed/``."""
+
+    def __init__(self, staging_path: str, run_id: str, restricts: tuple[str, ...] | None, removed_for_load: bool,
+                 num_shards: int = 0, json_fields: tuple[str, ...] = ()):
+        super().__init__()
+        self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
+        self._restricts, self._removed_for_load, self._json_fields = restricts, removed_for_load, json_fields
+
+    def expand(self, inputs):
+        embeddings, removed = inputs["embeddings"], inputs.get("removed")
+        written = []
+        restricts, json_fields = self._restricts, self._json_fields
+        if restricts is not None:
+            written.append(
+                embeddings | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
+                | "WriteVertexAI" >> self._text(VERTEX_AI, ".json"))
+            if removed is not None:
+                written.append(removed | "WriteVertexDelete" >> self._text(VERTEX_DELETE, ".txt"))
+        if self._removed_for_load and removed is not None:
+            written.append(removed | "WriteRemoved" >> self._text(REMOVED, ".txt"))
+        return tuple(written)
+
+    def _text(self, folder: str, suffix: str) -> beam.io.WriteToText:
+        return beam.io.WriteToText(part_prefix(self._out, folder, self._run_id), file_name_suffix=suffix,
+                                   num_shards=self._shards)

