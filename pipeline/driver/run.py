@@ -29,7 +29,8 @@ from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versi
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse, content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
-from docbeam.pipeline.stages.write import PoolDocuments, WriteOutputs
+from docbeam.pipeline.stages import vectors
+from docbeam.pipeline.stages.write import PoolDocuments, WriteOutputs, embeddings_schema
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
         "model": plan.model_path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
         "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim,
+        "embedding": vectors.describe(plan.width, cfg.output.vector_dtype),
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
         "packing": plan.packing, "config_digest": cfg.digest(), "versions": versions(),
         "reuse_key": plan.reuse_key,
@@ -100,8 +102,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input)
     if plan.reuse.source is not None:
-        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.width,
-                                                                   plan.prompt)
+        split = read["documents"] | "SplitByReuse" >> SplitByReuse(
+            plan.reuse.source, vectors.list_size(plan.width, cfg.output.vector_dtype), plan.prompt)
         to_encode, reused = split["to_encode"], split["reused"]
     else:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
@@ -113,10 +115,15 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     encoded = batches | "Encode" >> Encode(encoder_spec(plan, staging, run_id), total_windows)
     pooled = ({"windows": encoded["windows"], "hashes": hashes}
               | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
+    # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
+    quantized = pooled["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
+        cfg.output.vector_dtype, run_id, plan.reuse.source.calibration if plan.reuse.source else None)
     rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
-    written = ({"encoded": pooled["embeddings"], "reused": reused, "timing": encoded["timing"],
-                "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
-               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards))
+    written = ({"encoded": quantized["rows"], "reused": reused, "timing": encoded["timing"],
+                "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"],
+                **({"calibration": quantized["calibration"]} if "calibration" in quantized else {})}
+               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
+                                                schema=embeddings_schema(plan.width, cfg.output.vector_dtype)))
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
 
