@@ -120,6 +120,8 @@ def test_pyarrow_pandas_and_duckdb_read_the_fixed_size_lists_from_the_manifest(r
     table = pq.read_table(files)
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), DIM)
     assert pq.ParquetFile(files[0]).schema.column(1).path == "embedding.list.element"  # the standard LIST layout
+    matrix = table["embedding"].combine_chunks().flatten().to_numpy().reshape(len(table), block["list_size"])
+    assert matrix.shape == (30, DIM) and matrix.dtype == np.float32
     frame = pd.concat([pd.read_parquet(f) for f in files])
     assert len(frame) == 30 and np.stack(frame["embedding"]).shape == (30, DIM)
     rows = duckdb.sql(f"SELECT id, embedding::FLOAT[{block['dim']}] AS e FROM read_parquet({files!r})").fetchall()
@@ -142,6 +144,10 @@ def test_each_dtype_equals_quantize_embeddings_of_the_float32_run(runs, dtype):
     block = manifest(output)["embedding"]
     assert pq.read_schema(embedding_files(output)[0]).field("embedding").type == vectors.embedding_type(DIM, dtype)
     assert (block["dim"], block["dtype"], block["list_size"]) == (DIM, dtype, expected.shape[1])
+    if dtype == "binary":  # docs/outputs.md's unpacking gives the signs back
+        matrix = np.stack([got[i] for i in ids])
+        bits = np.unpackbits((matrix.astype(np.int16) + 128).astype(np.uint8), axis=-1)[:, :DIM]
+        assert np.array_equal(bits, float32_NxD > 0)
     if dtype in vectors.CALIBRATED:
         calibration = block["calibration"]
         assert np.array_equal(np.asarray(calibration["ranges"], np.float32),
