@@ -180,3 +180,33 @@ def test_reuse_keeps_the_previous_calibration_and_never_mixes_dtypes(runs, corpo
     assert other["docs_reused"] == 0 and "vector_dtype: 'int8' then, 'float16' now" in other["reuse"]["reason"]
     assert pq.read_schema(embedding_files(str(tmp_path / "float16"))[0]).field("embedding").type == \
         pa.list_(pa.float16(), DIM)
+
+
+@pytest.mark.slow
+def test_an_output_of_the_previous_format_is_still_reused(runs, corpora, tiny_checkpoint_dir, tmp_path):
+    """Before fixed-size lists: ``embedding`` a variable list<float>, no ``embedding`` block in the manifest, no
+    ``vector_dtype`` in its reuse key. Its rows carry over, and are written as the fixed-size list."""
+    import shutil
+
+    from docbeam.pipeline.store import storage
+
+    old = tmp_path / "old"
+    shutil.copytree(runs / "float32", old)
+    record = manifest(str(old))
+    for entry in record["files"]:
+        if entry["path"].startswith("embeddings/"):
+            path = f"{old}/{entry['path']}"
+            table = pq.read_table(path)
+            column = table["embedding"].cast(pa.list_(pa.float32()))
+            pq.write_table(table.set_column(1, "embedding", column), path)
+            entry.update(size=(old / entry["path"]).stat().st_size, checksum=storage.checksum(path))
+    del record["embedding"], record["reuse_key"]["vector_dtype"]
+    (old / "_manifest.json").write_text(json.dumps(record))
+    assert pq.read_schema(embedding_files(str(old))[0]).field("embedding").type == pa.list_(pa.float32())
+    summary = run_job(job_config(corpora[1], str(tmp_path / "new"), tiny_checkpoint_dir,
+                                 input={"reuse_from": str(old)}))
+    assert (summary["docs_reused"], summary["docs_encoded"]) == (20, 5), summary["reuse"]
+    got, before = by_id(str(tmp_path / "new")), by_id(str(old))
+    assert all(np.array_equal(got[i], before[i]) for i in set(got) & set(before))
+    assert pq.read_schema(embedding_files(str(tmp_path / "new"))[0]).field("embedding").type == \
+        pa.list_(pa.float32(), DIM)
