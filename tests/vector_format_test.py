@@ -79,6 +79,17 @@ def test_the_calibration_is_the_min_and_max_over_every_bundle():
         assert_that(got, equal_to([expected]))
 
 
+def test_a_vector_beyond_float16s_range_is_rejected_not_written_as_inf():
+    row = {"id": "big", "embedding": [1.0, 70000.0], "num_tokens": 3}
+    with TestPipeline() as p:
+        out = (p | beam.Create([{"id": "ok", "embedding": [0.5, -2.0], "num_tokens": 3}, row])
+               | vectors.QuantizeVectors("float16", "r"))
+        assert_that(out["rows"], equal_to([{"id": "ok", "embedding": [0.5, -2.0], "num_tokens": 3}]), label="rows")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r.id, r.kind)), equal_to([("big", "non_finite")]),
+                    label="rejected")
+    assert "float16's range (largest magnitude 70000)" in vectors.quantize_row(row, "float16").reason
+
+
 def test_a_run_before_vector_dtype_existed_counts_as_float32():
     old = {name: None for name in KEY_FIELDS if name != "vector_dtype"}
     assert key_differences(old, {**old, "vector_dtype": "float32"}) == []

@@ -118,7 +118,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
     quantized = pooled["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
         cfg.output.vector_dtype, run_id, plan.reuse.source.calibration if plan.reuse.source else None)
-    rejected = (read["rejected"], tokenized["rejected"], pooled["rejected"]) | "AllRejected" >> beam.Flatten()
+    rejected = ((read["rejected"], tokenized["rejected"], pooled["rejected"], quantized["rejected"])
+                | "AllRejected" >> beam.Flatten())
     written = ({"encoded": quantized["rows"], "reused": reused, "timing": encoded["timing"],
                 "startup": encoded["startup"], "rejected": rejected, "docs_read": read["docs_read"],
                 **({"calibration": quantized["calibration"]} if "calibration" in quantized else {})}

@@ -13,6 +13,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
+from docbeam.pipeline.records import REJECTED_TAG, Rejected
+
 VECTOR_DTYPES = ("float32", "float16", "int8", "uint8", "binary")
 CALIBRATED = ("int8", "uint8")  # the dtypes whose values depend on per-dimension ranges
 _VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8(),
@@ -48,7 +50,8 @@ def quantize(vectors_NxD: np.ndarray, vector_dtype: str, ranges_2xD: np.ndarray 
     if _known(vector_dtype) == "float32":
         return vectors_NxD
     if vector_dtype == "float16":
-        return vectors_NxD.astype(np.float16)
+        with np.errstate(over="ignore"):  # beyond ±65504 becomes inf, as numpy's cast does: quantize_row rejects it
+            return vectors_NxD.astype(np.float16)
     if vector_dtype == "binary":
         return (np.packbits(vectors_NxD > 0, axis=-1) - 128).astype(np.int8)
     if ranges_2xD is None:
@@ -93,30 +96,44 @@ class RangesFn(beam.CombineFn):
         return {"ranges": [acc[0].tolist(), acc[1].tolist()], "vectors": acc[2], "run_id": self._run_id}
 
 
-def quantize_row(row: dict, vector_dtype: str, calibration: dict | None = None) -> dict:
+def quantize_row(row: dict, vector_dtype: str, calibration: dict | None = None) -> dict | Rejected:
+    """The row in ``vector_dtype``; a ``non_finite`` rejection when a value has no float16 (beyond ±65504), since
+    an embedding written is always finite."""
     (vector,) = quantize(np.asarray([row["embedding"]], np.float32), vector_dtype, ranges_of(calibration))
+    if not np.all(np.isfinite(vector)):
+        return Rejected(source="", line=None, id=row["id"], kind="non_finite",
+                        reason=f"the embedding has values beyond {vector_dtype}'s range (largest magnitude "
+                               f"{np.abs(np.asarray(row['embedding'])).max():.6g}); not written: choose float32")
     return {**row, "embedding": vector.tolist()}
 
 
+def _quantized(row: dict, vector_dtype: str, calibration: dict | None = None):
+    quantized = quantize_row(row, vector_dtype, calibration)
+    yield beam.pvalue.TaggedOutput(REJECTED_TAG, quantized) if isinstance(quantized, Rejected) else quantized
+
+
 class QuantizeVectors(beam.PTransform):
-    """Encoded rows (float32) → ``rows`` in ``vector_dtype`` and, for int8/uint8 only, ``calibration`` (one dict,
-    or None when there were no vectors). ``keep``: an earlier run's calibration to quantize with instead of computing one (an
-    incremental run, whose reused rows were quantized with it: one output, one scale)."""
+    """Encoded rows (float32) → ``rows`` in ``vector_dtype``, ``rejected`` (float16 overflows) and, for int8/uint8
+    only, ``calibration`` (one dict, or None when there were no vectors). ``keep``: an earlier run's calibration
+    to quantize with instead of computing one (an incremental run, whose reused rows were quantized with it: one
+    output, one scale)."""
 
     def __init__(self, vector_dtype: str, run_id: str, keep: dict | None = None):
         super().__init__()
         self._dtype, self._run_id, self._keep = _known(vector_dtype), run_id, keep
 
     def expand(self, rows):
-        if self._dtype == "float32":
-            return {"rows": rows}
-        if self._dtype not in CALIBRATED:
-            return {"rows": rows | "Quantize" >> beam.Map(quantize_row, self._dtype)}
-        if self._keep is not None:
+        if self._dtype == "float32":  # pooling already wrote these values, and only finite ones
+            return {"rows": rows, "rejected": rows.pipeline | "NothingRejected" >> beam.Create([])}
+        calibration, out = None, {}
+        if self._dtype in CALIBRATED and self._keep is not None:
             calibration = rows.pipeline | "KeepCalibration" >> beam.Create([self._keep])
-        else:
+        elif self._dtype in CALIBRATED:
             calibration = (rows | "Vectors" >> beam.Map(lambda row: row["embedding"])
                            | "Calibrate" >> beam.CombineGlobally(RangesFn(self._run_id)))
-        quantized = rows | "Quantize" >> beam.Map(quantize_row, self._dtype,
-                                                  calibration=beam.pvalue.AsSingleton(calibration))
-        return {"rows": quantized, "calibration": calibration}
+        if calibration is not None:
+            out["calibration"] = calibration
+            calibration = beam.pvalue.AsSingleton(calibration)
+        quantized = rows | "Quantize" >> beam.FlatMap(_quantized, self._dtype, calibration).with_outputs(
+            REJECTED_TAG, main="rows")
+        return {"rows": quantized.rows, "rejected": quantized[REJECTED_TAG], **out}
