@@ -105,7 +105,8 @@ def own_runs(tmp_path_factory, tiny_checkpoint_dir):
     runs = {}
     for name, output, model in (("both", {"granularity": "both"}, {"normalize": False}),
                                 ("chunk", {"granularity": "chunk", "chunk_text": False}, {"normalize": True}),
-                                ("document", {}, {"normalize": False})):
+                                ("document", {}, {"normalize": False}),
+                                ("int8", {"granularity": "both", "vector_dtype": "int8"}, {"normalize": False})):
         runs[name] = (str(root / name), run_job(job_config(f"{folder}/*", str(root / name), tiny_checkpoint_dir,
                                                            output=output, model=model)))
     return sources, runs, str(folder)
@@ -145,6 +146,22 @@ def test_normalised_chunk_vectors_are_unit_length_windows_and_offsets_only_rows_
         assert (row["char_start"], row["char_end"]) == (mine["char_start"], mine["char_end"])
         expected = np.asarray(mine["embedding"], np.float64)
         np.testing.assert_allclose(row["embedding"], expected / np.linalg.norm(expected), rtol=0, atol=1e-6)
+
+
+def test_int8_chunk_rows_are_quantized_with_the_documents_calibration(own_runs):
+    """One scale per output: the chunk rows of an int8 run are quantize_embeddings of the float run's chunk vectors
+    with the ranges the manifest records (the documents'), clipped where a chunk lies outside them."""
+    from docbeam.pipeline.stages.vectors import quantize
+
+    _, runs, _ = own_runs
+    (plain, _), (int8, _) = runs["both"], runs["int8"]
+    ranges = np.asarray(json.load(open(f"{int8}/_manifest.json"))["embedding"]["calibration"]["ranges"], np.float32)
+    key = lambda r: (r["document_id"], r["chunk_index"])  # noqa: E731
+    floats, quantized = sorted(read_chunks(plain), key=key), sorted(read_chunks(int8), key=key)
+    assert [key(r) for r in floats] == [key(r) for r in quantized]
+    expected = quantize(np.asarray([r["embedding"] for r in floats], np.float32), "int8", ranges)
+    np.testing.assert_array_equal(np.asarray([r["embedding"] for r in quantized]), expected)
+    assert expected.dtype == np.int8 and len(np.unique(expected)) > 50
 
 
 def test_each_granularity_writes_its_own_folders_all_in_the_manifest(own_runs):

@@ -200,7 +200,7 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
            "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
            "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
            "model_revision": hub_revision(pinned), "truncate_dim": truncate_dim,
-           "dense_digest": dense_digest(checkpoint.folder, settings)}
+           "dense_digest": dense_digest(checkpoint.folder, settings), "vector_dtype": cfg.output.vector_dtype if isinstance(cfg, JobConfig) else "float32"}
     reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity) if for_output
              else ReuseDecision(None, ""))
     return JobPlan(cfg, pinned, window_len, pooling, normalize, prompt, truncate_dim, width, platform, packing,

@@ -29,9 +29,10 @@ from docbeam.pipeline.store.lock import Fence, OutputLock
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.stages.read import ReadDocuments
+from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import SplitByReuse
 from docbeam.pipeline.stages.sinks import RemovedIds, WriteSinks
-from docbeam.pipeline.stages.write import EMBEDDINGS_SCHEMA, WriteOutputs
+from docbeam.pipeline.stages.write import WriteOutputs, embeddings_schema
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
         "model": plan.model_path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
         "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim,
+        "embedding": vectors.describe(plan.width, cfg.output.vector_dtype),
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
         "packing": plan.packing, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
         "versions": versions(),
@@ -97,35 +99,44 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input, plan.kept)
     if plan.reuse.source is not None:
-        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.width,
-                                                                   plan.prompt)
+        split = read["documents"] | "SplitByReuse" >> SplitByReuse(
+            plan.reuse.source, vectors.list_size(plan.width, cfg.output.vector_dtype), plan.prompt)
         to_encode, reused = split["to_encode"], split["reused"]
     else:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
     embedded = to_encode | "Embed" >> EncodeDocuments(plan, encoder_spec(plan, staging, run_id))
-    rejected = (read["rejected"], embedded["rejected"]) | "AllRejected" >> beam.Flatten()
-    written = ({"encoded": embedded["embeddings"], "reused": reused, "timing": embedded["timing"],
-                "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"]}
-               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards, plan.kept.fields(),
+    # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
+    quantized = embedded["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
+        cfg.output.vector_dtype, run_id, plan.reuse.source.calibration if plan.reuse.source else None)
+    rejected = (read["rejected"], embedded["rejected"], quantized["rejected"]) | "AllRejected" >> beam.Flatten()
+    calibration = {"calibration": quantized["calibration"]} if "calibration" in quantized else {}
+    written = ({"encoded": quantized["rows"], "reused": reused, "timing": embedded["timing"],
+                "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"], **calibration}
+               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
+                                                schema=embeddings_schema(plan.width, cfg.output.vector_dtype),
+                                                kept_columns=plan.kept.fields(),
                                                 write_embeddings=cfg.output.granularity != "chunk"))
     if cfg.output.granularity != "document":
-        chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": embedded["embeddings"]}
+        # Chunk rows are quantized with the documents' calibration (one scale per output).
+        chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": quantized["rows"],
+                   **calibration}
                   | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
                                                  truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
-                                                 embedding_type=EMBEDDINGS_SCHEMA.field("embedding").type,
+                                                 width=plan.width, vector_dtype=cfg.output.vector_dtype,
                                                  kept_columns=plan.kept.fields()))
         written = {**written, "written": (*written["written"], chunks)}
-    written = {**written, "written": written["written"] + sink_files(plan, staging, run_id, read, embedded, reused)}
+    written = {**written, "written": written["written"] + sink_files(plan, staging, run_id, read, quantized["rows"],
+                                                                     reused)}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
 
 
-def sink_files(plan: JobPlan, staging: str, run_id: str, read, embedded, reused) -> tuple:
+def sink_files(plan: JobPlan, staging: str, run_id: str, read, encoded, reused) -> tuple:
     """The files of the sinks beside Parquet (pipeline/stages/sinks.py), for the commit to wait on."""
     out = plan.config.output
     if out.vertex_ai is None and out.pgvector is None:
         return ()
-    inputs = {"embeddings": (embedded["embeddings"], reused) | "SinkEmbeddings" >> beam.Flatten()}
+    inputs = {"embeddings": (encoded, reused) | "SinkEmbeddings" >> beam.Flatten()}
     if plan.reuse.source is not None:
         inputs["removed"] = ({"documents": read["documents"], "rejected": read["rejected"]}
                              | "RemovedIds" >> RemovedIds(plan.reuse.source.files))

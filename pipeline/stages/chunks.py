@@ -13,7 +13,8 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 
-from docbeam.pipeline.records import Document, WindowEmbedding
+from docbeam.pipeline.records import Document, Rejected, WindowEmbedding
+from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import CHUNKS, part_prefix
 
@@ -57,30 +58,36 @@ def chunk_rows(windows: list[WindowEmbedding], document: Document | None, *, nor
 
 
 class WriteChunks(beam.PTransform):
-    """Input ``{"windows": WindowEmbeddings, "documents": the Documents encoded, "embedded": their pooled rows}``;
-    writes chunks/ into the run's staging folder and outputs the file names (for CommitRun's ``written``)."""
+    """Input ``{"windows": WindowEmbeddings, "documents": the Documents encoded, "embedded": their pooled rows}``
+    and, for int8/uint8, ``"calibration"``: the documents' ranges, which chunk rows are quantized with too (one
+    scale per output; a chunk value outside them is clipped, as for reused documents); writes chunks/ into the
+    run's staging folder and outputs the file names (for CommitRun's ``written``)."""
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int, *, normalize: bool,
-                 truncate_dim: int | None, with_text: bool, embedding_type: pa.DataType,
+                 truncate_dim: int | None, with_text: bool, width: int, vector_dtype: str = "float32",
                  kept_columns: tuple[pa.Field, ...] = ()):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._normalize, self._truncate_dim, self._with_text = normalize, truncate_dim, with_text
-        self._schema = chunk_schema(embedding_type, with_text, kept_columns)
+        self._schema = chunk_schema(vectors.embedding_type(width, vector_dtype), with_text, kept_columns)
+        self._dtype = vector_dtype
         self._documents = with_text or bool(kept_columns)  # the texts and kept fields travel only when rows use them
 
     def expand(self, inputs):
         from apache_beam.io.parquetio import WriteToParquet
 
-        normalize, truncate_dim, with_text = self._normalize, self._truncate_dim, self._with_text
+        normalize, truncate_dim, with_text, dtype = self._normalize, self._truncate_dim, self._with_text, self._dtype
 
-        def rows(item):
+        def rows(item, calibration=None):
             _, grouped = item
             if not list(grouped["embedded"]):  # rejected at pooling, or never encoded
                 return []
             document = next(iter(grouped["document"]), None) if "document" in grouped else None
             rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim)
-            return rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
+            rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
+            # A chunk with values beyond float16's range is not written (an embedding written is always finite).
+            quantized = [vectors.quantize_row({**r, "id": r["document_id"]}, dtype, calibration) for r in rows]
+            return [{k: v for k, v in q.items() if k != "id"} for q in quantized if not isinstance(q, Rejected)]
 
         joined = {"windows": inputs["windows"] | "KeyWindows" >> beam.Map(lambda w: (w.doc_id, w)),
                   "embedded": inputs["embedded"] | "KeyEmbedded" >> beam.Map(lambda row: (row["id"], True))}
@@ -88,6 +95,8 @@ class WriteChunks(beam.PTransform):
             joined["document"] = inputs["documents"] | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
         return (joined
                 | "GroupChunks" >> beam.CoGroupByKey()
-                | "ChunkRows" >> beam.FlatMap(rows)
+                | "ChunkRows" >> beam.FlatMap(rows, *([beam.pvalue.AsSingleton(inputs["calibration"])]
+                                                      if "calibration" in inputs else []))
                 | "WriteParquet" >> WriteToParquet(part_prefix(self._out, CHUNKS, self._run_id), self._schema,
-                                                   file_name_suffix=".parquet", num_shards=self._shards))
+                                                   file_name_suffix=".parquet", num_shards=self._shards,
+                                                   use_compliant_nested_type=True))

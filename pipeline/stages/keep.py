@@ -118,7 +118,8 @@ def infer_type(values: list) -> pa.DataType | None:
         return pa.float64() if all(isinstance(v, float) or abs(v) <= EXACT_FLOAT_INT for v in present) else None
     if kinds == {"list"}:
         item = infer_type([item for v in present for item in v])
-        return None if item is None else pa.list_(item)
+        # Named as Parquet's compliant LIST names it (write.py writes so): the manifest says what a reader gets.
+        return None if item is None else pa.list_(pa.field("element", item))
     if kinds == {"dict"}:
         keys = [tuple(v) for v in present]
         if not keys[0] or any(set(k) != set(keys[0]) for k in keys):

@@ -25,9 +25,10 @@ from docbeam.pipeline.stages.keep import with_kept
 
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
 # "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
-# vector without Dense modules, which None matches.
+# vector without Dense modules, which None matches. A run before output.vector_dtype wrote float32 (KEY_DEFAULTS).
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest")
+              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest", "vector_dtype")
+KEY_DEFAULTS = {"vector_dtype": "float32"}
 ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class ReuseSource:
     path: str
     run_id: str
     files: tuple[str, ...]  # its embeddings files, as its manifest lists them
+    # int8/uint8: the ranges its rows were quantized with, which this run keeps so that one output has one scale
+    calibration: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +72,13 @@ def check_key(key: dict) -> dict:
 
 
 def key_differences(previous: dict, current: dict) -> list[str]:
-    """A field a key does not hold is None: what a run before that field existed used (no prompt, no Hub id)."""
-    return [f"{name}: {previous.get(name)!r} then, {current.get(name)!r} now" for name in KEY_FIELDS
-            if previous.get(name) != current.get(name)]
+    """A field a key does not hold is what a run before that field existed used: its KEY_DEFAULTS entry, else
+    None (no prompt, no Hub id)."""
+    def value(key: dict, name: str):
+        return key.get(name, KEY_DEFAULTS.get(name))
+
+    return [f"{name}: {value(previous, name)!r} then, {value(current, name)!r} now" for name in KEY_FIELDS
+            if value(previous, name) != value(current, name)]
 
 
 def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str = "document") -> ReuseDecision:
@@ -91,7 +98,8 @@ def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str
         files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
                       if output_lib.in_folder(f["path"], output_lib.EMBEDDINGS))
         log.info("reusing vectors of run %s from %s", manifest["run_id"], reuse_from)
-        return ReuseDecision(ReuseSource(reuse_from, manifest["run_id"], files), "")
+        calibration = (manifest.get("embedding") or {}).get("calibration")
+        return ReuseDecision(ReuseSource(reuse_from, manifest["run_id"], files, calibration), "")
     if on_mismatch == "fail":
         raise ConfigError(f"input.reuse_from={reuse_from!r} cannot be reused: {reason} "
                           "(input.reuse_mismatch is fail; set it to encode_all to encode everything instead)")
@@ -137,6 +145,7 @@ class SplitByReuse(beam.PTransform):
     """Documents → ``to_encode`` (new or changed) and ``reused`` (previous rows, byte for byte)."""
 
     def __init__(self, source: ReuseSource, dimension: int, prompt: str | None = None):
+        """``dimension``: the values per row this run writes (vectors.list_size: dim/8 for binary)."""
         super().__init__()
         self._source, self._dimension, self._prompt = source, dimension, prompt
 

@@ -19,15 +19,18 @@ from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE,
 from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
 from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
+from docbeam.pipeline.stages.vectors import embedding_type
 
-EMBEDDINGS_SCHEMA = pa.schema([
-    ("id", pa.string()),
-    ("embedding", pa.list_(pa.float32())),
-    ("num_tokens", pa.int32()),
-    ("num_windows", pa.int32()),
-    ("truncated", pa.bool_()),
-    ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
-])
+def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
+    """The embeddings files' schema: ``embedding`` is a fixed_size_list of ``dim`` values (pipeline/stages/vectors.py)."""
+    return pa.schema([
+        ("id", pa.string()),
+        ("embedding", embedding_type(dim, vector_dtype)),
+        ("num_tokens", pa.int32()),
+        ("num_windows", pa.int32()),
+        ("truncated", pa.bool_()),
+        ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
+    ])
 
 
 def pool_windows(windows: list[WindowEmbedding], normalize: bool,
@@ -159,12 +162,13 @@ class WriteOutputs(beam.PTransform):
     ``output.granularity: chunk``, whose rows are still counted), timing/ and errors/ into the run's
     staging folder, every file name carrying the run id (``startup``, optional: Encode's start-up records,
     for the compilation count). Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
-    names: waiting on them is waiting for every file to be final)."""
+    names: waiting on them is waiting for every file to be final). ``schema``: embeddings_schema(dim, dtype);
+    ``calibration`` (optional input): the int8/uint8 ranges, which summary.json and the manifest record."""
 
-    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, kept_columns: tuple[pa.Field, ...] = (),
-                 write_embeddings: bool = True):
+    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, *, schema: pa.Schema,
+                 kept_columns: tuple[pa.Field, ...] = (), write_embeddings: bool = True):
         super().__init__()
-        self._schema = pa.schema([*EMBEDDINGS_SCHEMA, *kept_columns])  # kept columns: pipeline/stages/keep.py
+        self._schema = pa.schema([*schema, *kept_columns])  # kept columns: pipeline/stages/keep.py
         self._out = staging_path.rstrip("/")
         self._run_id = run_id
         self._shards = num_shards
@@ -191,7 +195,8 @@ class WriteOutputs(beam.PTransform):
         written = (
             *([embeddings | "WriteEmbeddings" >> WriteToParquet(
                 part_prefix(self._out, EMBEDDINGS, self._run_id), self._schema, file_name_suffix=".parquet",
-                num_shards=self._shards)] if self._write_embeddings else []),
+                num_shards=self._shards, use_compliant_nested_type=True)]  # LIST of "element": what BigQuery expects
+              if self._write_embeddings else []),
             timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
                 part_prefix(self._out, TIMING, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards),
             rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(
@@ -205,7 +210,9 @@ class WriteOutputs(beam.PTransform):
              timing | "TimingStats" >> beam.Map(timing_stats),
              timing | "MemorySamples" >> beam.Map(memory_sample) | "ByWorker" >> beam.GroupByKey()
              | "MemoryTrend" >> beam.MapTuple(memory_trend_stats),
-             *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []))
+             *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []),
+             *([outputs["calibration"] | "CalibrationStats" >> beam.Map(lambda c: {"calibration": c} if c else {})]
+               if "calibration" in outputs else []))
             | "AllStats" >> beam.Flatten()
             | "SumStats" >> beam.CombineGlobally(_SumDicts()))
         return {"stats": stats, "written": written}

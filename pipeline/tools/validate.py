@@ -50,7 +50,8 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
            yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
     out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}, "
-            f"{plan.width} dimensions" + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else ""),
+            f"{plan.width} dimensions" + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else "")
+            + f" written as {cfg.output.vector_dtype}",
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
             f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
             f"{str(plan.packing).lower()}"
