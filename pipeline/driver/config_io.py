@@ -88,6 +88,15 @@ class PgvectorConfig(Section):
         return table
 
 
+PASSWORD_IN_DSN = (re.compile(r"(://[^:/@]*:)[^@]*@"), re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)"))
+
+
+def redacted_dsn(dsn: str) -> str:
+    """``dsn`` with any password in it shown as ``***``: what docbeam prints and logs (the config itself keeps it)."""
+    uri, keyword = PASSWORD_IN_DSN
+    return keyword.sub(r"\1***", uri.sub(r"\1***@", dsn))
+
+
 class OutputConfig(Section):
     path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
     num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides

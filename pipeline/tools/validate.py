@@ -37,6 +37,16 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
             + f" — {backend.description}")
 
 
+def shown(cfg: JobConfig) -> dict:
+    """The config as printed: a password in ``output.pgvector.dsn`` is not (a scheduler keeps the output)."""
+    from docbeam.pipeline.driver.config_io import redacted_dsn
+
+    dumped = cfg.model_dump(mode="json")
+    if dumped["output"].get("pgvector"):
+        dumped["output"]["pgvector"]["dsn"] = redacted_dsn(dumped["output"]["pgvector"]["dsn"])
+    return dumped
+
+
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
     from docbeam import attention
     from docbeam.attention.plan import gate
@@ -47,7 +57,7 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
     if for_launch:
         placeholders.refuse(cfg, placeholders.beam_options_of(cfg))
     out = ["# resolved config (digest %s)" % cfg.digest(),
-           yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False).rstrip()]
+           yaml.safe_dump(shown(cfg), sort_keys=False).rstrip()]
     plan = make_plan(cfg)  # raises, like `run` would, when a bucket has no backend
     out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}, "
             f"{plan.width} dimensions" + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else "")
