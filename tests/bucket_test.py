@@ -15,7 +15,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from conftest import with_packing
 from docbeam.pipeline.driver.config import BatchingConfig
-from docbeam.pipeline.records import TokenWindow
+from docbeam.pipeline.records import TokenWindow, WindowRef
 from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.packer import (Packer, batch_windows, bucket_for, fill_across_buckets, padded_batch, rows_for,
                                     shard_for)
@@ -74,7 +74,7 @@ def test_a_padded_batch_has_the_full_shape_with_zero_padding_rows_and_columns():
                                       [101, 102, 103, 104, 105, 0, 0, 0],
                                       [0] * 8,
                                       [0] * 8]
-    assert batch.windows == (("a", 1, 2, 1, False), ("b", 0, 1, 3, False))
+    assert batch.windows == (("a", 1, 2, 1, False, 0, 0), ("b", 0, 1, 3, False, 0, 0))  # ..., char_start, char_end
     assert (batch.bucket_len, batch.rows, batch.real_rows, batch.real_tokens) == (8, 4, 2, 8)
     assert batch.batch_id.startswith("b8-")
 
@@ -247,8 +247,7 @@ def test_batch_windows_makes_the_batches_bucket_batches_makes(shards):
     windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(LENGTHS)]
     by_id = {(w.doc_id, w.index): w for w in windows}
     batches = batch_windows(windows, with_packing(config, False))
-    assert sorted(w for b in batches for w in b.windows) == sorted(
-        (w.doc_id, w.index, w.num_windows, w.doc_tokens, w.truncated) for w in windows)
+    assert sorted(w for b in batches for w in b.windows) == sorted(WindowRef.of(w) for w in windows)
     assert [p for b in batches for p in problems(b, by_id, config)] == []
     with TestPipeline() as p:
         made = p | beam.Create(windows) | BucketBatches(with_packing(config, False)) | beam.Map(lambda b: (b.batch_id, b.windows))

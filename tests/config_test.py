@@ -287,18 +287,3 @@ def test_set_paths_are_relative_to_the_current_folder_and_the_files_paths_to_the
 # The README's configuration table against the models: every key a user can write is documented with its
 # default, and nothing documented is gone. `attention.<backend>` stands for the per-backend sections.
 
-
-@pytest.mark.parametrize("dsn, shown", [
-    ("postgresql://app:s3cret@db.internal:5432/search", "postgresql://app:***@db.internal:5432/search"),
-    ("postgresql://app@db/search", "postgresql://app@db/search"),
-    ("host=db user=app password=s3cret dbname=search", "host=db user=app password=*** dbname=search"),
-    ("host=db password='s3 cr\\'et' dbname=search", "host=db password=*** dbname=search"),
-])
-def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
-    from docbeam.pipeline.driver.config_io import redacted_dsn
-    from docbeam.pipeline.tools.validate import shown as shown_config
-
-    assert redacted_dsn(dsn) == shown
-    cfg = config.parse({**MINIMAL, "output": {"path": str(tmp_path / "out"), "pgvector": {"dsn": dsn, "table": "t"}}},
-                       base_dir=str(tmp_path))
-    assert shown_config(cfg)["output"]["pgvector"]["dsn"] == shown and cfg.output.pgvector.dsn == dsn

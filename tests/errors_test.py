@@ -65,12 +65,12 @@ def test_a_run_that_fails_after_it_started_leaves_its_summary_in_staging_and_is_
         tmp_path, tiny_checkpoint_dir, monkeypatch):
     """A start-time error class raised by a worker (here a CheckpointError in a step of the job) is a failed
     job: exit 1, with summary.json in the run's staging folder saying why."""
-    from docbeam.pipeline.driver import run
+    from docbeam.pipeline.driver import embed, run
 
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"id": "a", "text": "hello world"}\n')
     out = tmp_path / "out"
-    monkeypatch.setattr(run, "content_hash", _hash_that_raises)  # the fault: any exception inside the job
+    monkeypatch.setattr(embed, "content_hash", _hash_that_raises)  # the fault: any exception inside the job
 
     with pytest.raises(JobFailed, match="CheckpointError: model.path: tokenizer.json vanished on the worker"):
         run.run_job(job_config(str(corpus), str(out), tiny_checkpoint_dir))

@@ -228,3 +228,21 @@ def test_an_incremental_run_is_applied_only_over_the_run_it_carried_over(runs, p
     assert snapshot(postgres, "chain") == before
     query(postgres, "DELETE FROM chain_runs")
     assert pgvector.load(b, output_lib.read_manifest(b), postgres, "chain")["applied"]  # a first load: allowed
+
+
+@pytest.mark.parametrize("dsn, shown", [
+    ("postgresql://app:s3cret@db.internal:5432/search", "postgresql://app:***@db.internal:5432/search"),
+    ("postgresql://app@db/search", "postgresql://app@db/search"),
+    ("host=db user=app password=s3cret dbname=search", "host=db user=app password=*** dbname=search"),
+    ("host=db password='s3 cr\\'et' dbname=search", "host=db password=*** dbname=search"),
+])
+def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
+    from docbeam.pipeline.driver import config
+    from docbeam.pipeline.driver.config_io import redacted_dsn
+    from docbeam.pipeline.tools.validate import shown as shown_config
+
+    assert redacted_dsn(dsn) == shown
+    cfg = config.parse({"input": {"path": "docs.jsonl"},
+                        "output": {"path": str(tmp_path / "out"), "pgvector": {"dsn": dsn, "table": "t"}}},
+                       base_dir=str(tmp_path))
+    assert shown_config(cfg)["output"]["pgvector"]["dsn"] == shown and cfg.output.pgvector.dsn == dsn

@@ -174,16 +174,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
+    import pydantic
+
     from docbeam.pipeline.driver.config_io import PgvectorConfig
     from docbeam.pipeline.store import output as output_lib, pgvector
 
     try:
-        target = PgvectorConfig(dsn=dsn, table=table)
+        try:
+            target = PgvectorConfig(dsn=dsn, table=table)
+        except pydantic.ValidationError as e:
+            raise config_lib.ConfigError(config_lib.readable(e, prefix="sync-pgvector")) from None
         output = output_lib.normalize_folder(output)
         manifest = output_lib.read_manifest(output)
         if manifest is None:
             raise output_lib.OutputRefused(f"{output} holds no committed docbeam run (no {output_lib.MANIFEST})")
-    except (Refused, ValueError) as e:
+    except Refused as e:
         print(f"docbeam: cannot start: {first_line(e)}; nothing was touched", file=sys.stderr)
         return 2
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import importlib.metadata
 import os
 
@@ -20,6 +21,7 @@ from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store.paths import is_remote
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
+from docbeam.pipeline.stages.read import sample_records
 from docbeam.pipeline.stages.packer import bucket_for
 from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.errors import refused_at_start
@@ -181,8 +183,9 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     buckets = check_window(cfg, checkpoint.config, window_len, special)
     # A dry run reads no input: its kept columns are untyped (pipeline/stages/keep.py plan_columns). An
     # EmbedConfig keeps no fields: the user's own pipeline carries its records' other fields.
-    kept = (plan_columns(cfg.input, check_inputs(cfg) if for_input else None) if isinstance(cfg, JobConfig)
-            else KeptFields())
+    paths = check_inputs(cfg) if for_input and isinstance(cfg, JobConfig) else None
+    kept = (plan_columns(cfg.input, None if paths is None else functools.partial(sample_records, cfg.input, paths))
+            if isinstance(cfg, JobConfig) else KeptFields())
     if for_output:
         check_output(cfg)
     platform = target_platform(cfg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Iterable
+from typing import Callable, Iterable
 
 import pyarrow as pa
 
@@ -190,10 +190,11 @@ def _lone_surrogate(value) -> str | None:
     return None
 
 
-def plan_columns(config: InputConfig, paths: Iterable[str] | None) -> KeptFields:
+def plan_columns(config: InputConfig, sample: Callable[[], list[dict]] | None) -> KeptFields:
     """input.keep_fields resolved on the driver: names checked, ``"*"`` expanded and every column typed from
-    the first SAMPLE_RECORDS documents of ``paths`` (in order). ``paths`` None (a dry run, which reads no
-    input): the listed fields as JSON text, none for ``"*"``."""
+    ``sample()``, the first SAMPLE_RECORDS documents' fields (pipeline/stages/read.py sample_records), read
+    only once the names pass. ``sample`` None (a dry run, which reads no input): the listed fields as JSON
+    text, none for ``"*"``."""
     wanted = config.keep_fields
     if not wanted:
         return KeptFields()
@@ -205,9 +206,9 @@ def plan_columns(config: InputConfig, paths: Iterable[str] | None) -> KeptFields
     if problems:
         raise ConfigError(f"input.keep_fields: {'; '.join(problems)}. Remove it from the list (or rename the "
                           "field in the input)")
-    if paths is None:
+    if sample is None:
         return KeptFields(tuple(KeptColumn(name, None) for name in (() if every_field else wanted)), 0, every_field)
-    sample = sample_records(config, paths)
+    sample = sample()
     names = list(dict.fromkeys(k for r in sample for k in r)) if every_field else list(wanted)
     problems = name_problems(names, config.id_field, config.text_field)
     if problems:
@@ -215,22 +216,6 @@ def plan_columns(config: InputConfig, paths: Iterable[str] | None) -> KeptFields
                           "List the fields to keep instead of \"*\"")
     columns = tuple(KeptColumn(n, infer_type([r.get(n) for r in sample])) for n in names)
     return KeptFields(columns, len(sample), every_field)
-
-
-def sample_records(config: InputConfig, paths: Iterable[str]) -> list[dict]:
-    """The fields (id and text aside) of the first SAMPLE_RECORDS documents, read as the job reads them."""
-    from docbeam.pipeline.records import Document
-    from docbeam.pipeline.stages.read import path_records
-
-    every = EveryField(config.id_field, config.text_field)
-    sample = []
-    for path in paths:
-        for record in path_records(path, config, every):
-            if isinstance(record, Document):
-                sample.append(dict(record.kept))
-                if len(sample) == SAMPLE_RECORDS:
-                    return sample
-    return sample
 
 
 def _listed(wanted) -> str:

@@ -10,7 +10,7 @@ import errno
 import os
 import re
 import stat
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes, FileSystem
@@ -19,6 +19,7 @@ from apache_beam.metrics import Metrics
 
 from docbeam.pipeline.driver.config import InputConfig
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, writable
+from docbeam.pipeline.stages import keep
 from docbeam.pipeline.stages.keep import EveryField, KeptFields
 from docbeam.pipeline.stages.parse import file_records
 from docbeam.pipeline.store import storage
@@ -173,3 +174,16 @@ class ReadDocuments(beam.PTransform):
         docs_read = ((parsed.documents, parsed[REJECTED_TAG]) | "AllParsed" >> beam.Flatten()
                      | "CountRead" >> beam.combiners.Count.Globally())
         return {"documents": unique.documents, "rejected": rejected, "docs_read": docs_read}
+
+
+def sample_records(config: InputConfig, paths: Iterable[str]) -> list[dict]:
+    """The fields (id and text aside) of the first keep.SAMPLE_RECORDS documents, read as the job reads them."""
+    every = EveryField(config.id_field, config.text_field)
+    sample = []
+    for path in paths:
+        for record in path_records(path, config, every):
+            if isinstance(record, Document):
+                sample.append(dict(record.kept))
+                if len(sample) == keep.SAMPLE_RECORDS:
+                    return sample
+    return sample
