@@ -2,6 +2,7 @@
 torch), and a JAX compile cache."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -20,13 +21,25 @@ SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 
 def pytest_collection_modifyitems(config, items) -> None:
     """`full` tests (minutes each: a fresh venv, registry resolution) run only under `make test-all`, so that
-    `make test` stays a few minutes; the skip names the command that runs them."""
-    if os.environ.get(TEST_ALL_ENV):
-        return
-    skip = pytest.mark.skip(reason=f"a `full` test: run by `make test-all` ({TEST_ALL_ENV}=1)")
-    for item in items:
-        if "full" in item.keywords:
-            item.add_marker(skip)
+    `make test` stays a few minutes; the skip names the command that runs them. Then the files with the most
+    `slow` tests go first (``slow_files_first``)."""
+    if not os.environ.get(TEST_ALL_ENV):
+        skip = pytest.mark.skip(reason=f"a `full` test: run by `make test-all` ({TEST_ALL_ENV}=1)")
+        for item in items:
+            if "full" in item.keywords:
+                item.add_marker(skip)
+    slow_files_first(items)
+
+
+def slow_files_first(items: list) -> None:
+    """Order the files by how many `slow` tests they hold, most first; each file's tests keep their order.
+
+    Needed since xdist hands out tests in collection order, in ever smaller chunks: a whole pipeline met last
+    keeps one worker busy while the other has nothing left (as a longest-first schedule avoids), and the
+    many quick files at the end even the two workers out."""
+    runs = [item for item in items if "full" not in item.keywords or os.environ.get(TEST_ALL_ENV)]
+    slow = collections.Counter(item.path for item in runs if "slow" in item.keywords)
+    items.sort(key=lambda item: -slow[item.path])  # a stable sort: a file's tests stay together and in order
 
 
 def checkout_env() -> dict:
