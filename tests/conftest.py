@@ -2,9 +2,11 @@
 torch), and a JAX compile cache."""
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
+import weakref
 
 import numpy as np
 import pytest
@@ -20,13 +22,57 @@ SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 
 def pytest_collection_modifyitems(config, items) -> None:
     """`full` tests (minutes each: a fresh venv, registry resolution) run only under `make test-all`, so that
-    `make test` stays a few minutes; the skip names the command that runs them."""
-    if os.environ.get(TEST_ALL_ENV):
+    `make test` stays a few minutes; the skip names the command that runs them. Then the files with the most
+    `slow` tests go first (``slow_files_first``)."""
+    if not os.environ.get(TEST_ALL_ENV):
+        skip = pytest.mark.skip(reason=f"a `full` test: run by `make test-all` ({TEST_ALL_ENV}=1)")
+        for item in items:
+            if "full" in item.keywords:
+                item.add_marker(skip)
+    slow_files_first(items)
+
+
+def slow_files_first(items: list) -> None:
+    """Order the files by how many `slow` tests they hold, most first; each file's tests keep their order.
+
+    Needed since xdist hands out tests in collection order, in ever smaller chunks: a whole pipeline met last
+    keeps one worker busy while the other has nothing left (as a longest-first schedule avoids), and the
+    many quick files at the end even the two workers out."""
+    runs = [item for item in items if "full" not in item.keywords or os.environ.get(TEST_ALL_ENV)]
+    slow = collections.Counter(item.path for item in runs if "slow" in item.keywords)
+    items.sort(key=lambda item: -slow[item.path])  # a stable sort: a file's tests stay together and in order
+
+
+def memoize_beam_dofn_specs() -> None:
+    """Beam's ``userstate.get_dofn_specs``, remembered per DoFn object for this test process.
+
+    Needed since Beam 2.77 asks it about every DoFn of a pipeline some seven times (building the graph,
+    translating it, starting each bundle), and each answer inspects the signature of every method of the DoFn,
+    ~30 of them: a second of CPU per whole pipeline on the 2-core machine, and the suite builds about a
+    hundred. The answer depends only on the DoFn's methods, which do not change once it exists; each caller
+    gets its own copies of the sets. A DoFn that cannot be remembered (unhashable, no weak reference) is
+    asked each time, as Beam does."""
+    from apache_beam.transforms import userstate
+
+    ask = userstate.get_dofn_specs
+    if getattr(ask, "memoized", False):
         return
-    skip = pytest.mark.skip(reason=f"a `full` test: run by `make test-all` ({TEST_ALL_ENV}=1)")
-    for item in items:
-        if "full" in item.keywords:
-            item.add_marker(skip)
+    answers = weakref.WeakKeyDictionary()
+
+    def get_dofn_specs(dofn):
+        try:
+            states, timers = answers[dofn]
+        except KeyError:
+            states, timers = answers[dofn] = ask(dofn)
+        except TypeError:
+            return ask(dofn)
+        return set(states), set(timers)
+
+    get_dofn_specs.memoized = True
+    userstate.get_dofn_specs = get_dofn_specs
+
+
+memoize_beam_dofn_specs()
 
 
 def checkout_env() -> dict:

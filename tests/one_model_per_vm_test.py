@@ -28,23 +28,35 @@ def pids(records: list[dict], field: str) -> set[str]:
     return {r[field].rsplit(":", 1)[1] for r in records}
 
 
-def two_process_job(tiny_checkpoint_dir, output: str, share: bool):
-    return job_config(SAMPLE, output, tiny_checkpoint_dir, batching={"buckets": [32, 64, 128], "shards": 4,
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> str:
+    """The sample's first 60 documents: batches enough for four shards over two processes, which is what these
+    tests are about; the other 340 documents only added encoding time."""
+    from fixtures_sample import sample_head
+
+    return sample_head(tmp_path_factory.mktemp("corpus"), CORPUS_DOCS)
+
+
+CORPUS_DOCS = 60
+
+
+def two_process_job(corpus: str, tiny_checkpoint_dir, output: str, share: bool):
+    return job_config(corpus, output, tiny_checkpoint_dir, batching={"buckets": [32, 64, 128], "shards": 4,
                                                                      "tokens_per_batch": 512},
                       runner={"one_model_per_vm": share, "options": TWO_PROCESSES})
 
 
-def test_with_sharing_two_worker_processes_send_batches_to_one_runtime(tiny_checkpoint_dir, tmp_path):
-    shared = run_job(two_process_job(tiny_checkpoint_dir, str(tmp_path / "shared"), share=True))
+def test_with_sharing_two_worker_processes_send_batches_to_one_runtime(corpus, tiny_checkpoint_dir, tmp_path):
+    shared = run_job(two_process_job(corpus, tiny_checkpoint_dir, str(tmp_path / "shared"), share=True))
     records = timing(str(tmp_path / "shared"))
-    assert shared["docs_embedded"] == 400 and len(records) == shared["batches"]
+    assert shared["docs_embedded"] == CORPUS_DOCS and len(records) == shared["batches"]
     assert len(pids(records, "requested_by")) == 2, "both worker processes sent batches"
     assert len(pids(records, "worker")) == 1, "one runtime encoded every batch"
     assert pids(records, "worker") <= pids(records, "requested_by"), "the owner is one of the workers"
 
 
-def test_without_sharing_each_worker_process_builds_its_own_runtime(tiny_checkpoint_dir, tmp_path):
-    run_job(two_process_job(tiny_checkpoint_dir, str(tmp_path / "own"), share=False))
+def test_without_sharing_each_worker_process_builds_its_own_runtime(corpus, tiny_checkpoint_dir, tmp_path):
+    run_job(two_process_job(corpus, tiny_checkpoint_dir, str(tmp_path / "own"), share=False))
     records = timing(str(tmp_path / "own"))
     assert len(pids(records, "worker")) == 2
     assert all(r["worker"] == r["requested_by"] for r in records)

@@ -129,7 +129,7 @@ def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120.
 
 
 def big_corpus(tmp_path, copies: int = 4) -> str:
-    """Long enough (~30 s with the tiny model) that a second run starts while this one still works."""
+    """Long enough (~30 s with the tiny model) that the run still works when the test kills it."""
     path = tmp_path / "big.jsonl"
     path.write_text("".join(json.dumps({**d, "id": f"{d['id']}#{i}"}) + "\n"
                             for i in range(copies) for d in sample_docs(400)))
@@ -164,15 +164,21 @@ def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(comm
 def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tmp_path, tiny_checkpoint_dir,
                                                                    corpus):
     out, _ = committed
-    first = docbeam(*run_args(big_corpus(tmp_path), out, tiny_checkpoint_dir))
+    first = docbeam(*run_args(corpus, out, tiny_checkpoint_dir))
     wait_for(lambda: os.path.exists(f"{out}/_lock.json"), first, "the first run took the lock")
-    owner = json.load(open(f"{out}/_lock.json"))
-    second = run(corpus, out, tiny_checkpoint_dir)
+    # Stopped, not merely slow: alive and holding the lock while the second run starts, however fast it is
+    # (a stopped process is as alive as a busy one to the lock's check), without a big corpus to outlast it.
+    first.send_signal(signal.SIGSTOP)
+    try:
+        owner = json.load(open(f"{out}/_lock.json"))
+        second = run(corpus, out, tiny_checkpoint_dir)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert second.returncode == 2
     assert f"is being written by run {owner['run_id']}" in second.stderr and f"pid {first.pid}" in second.stderr
     assert finish(first).returncode == 0
     assert json.load(open(f"{out}/_manifest.json"))["run_id"] == owner["run_id"]
-    assert json.load(open(f"{out}/summary.json"))["docs_embedded"] == 1600
+    assert json.load(open(f"{out}/summary.json"))["docs_embedded"] == 30
 
 
 @pytest.mark.parametrize("output_path, message", [

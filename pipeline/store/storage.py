@@ -9,13 +9,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import threading
 import uuid
 from typing import Sequence
 
 from apache_beam.internal.gcp import auth
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.value_provider import RuntimeValueProvider
 
 from docbeam.pipeline.store import faults
 from docbeam.pipeline.store.paths import is_gcs, is_remote, split_gcs  # noqa: F401  (storage.is_gcs for callers)
@@ -77,13 +79,37 @@ def join(base: str, *parts: str) -> str:
 
 
 def exists(path: str) -> bool:
-    return FileSystems.exists(path)
+    return gcsio().exists(path) if is_gcs(path) else FileSystems.exists(path)
 
 
 def read_bytes(path: str) -> bytes:
     """The stored bytes: no decompression by file suffix (FileSystems' default is to guess from it)."""
+    if is_gcs(path):
+        with gcsio().open(path, "rb") as f:
+            return f.read()
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
+
+
+_this_thread = threading.local()
+
+
+def gcsio():
+    """This thread's Beam ``GcsIO``, made once per thread for the options and the endpoint in force.
+
+    Needed since Beam's ``GCSFileSystem`` makes a new ``GcsIO`` (a new storage client) for every call, ~30 ms
+    each, and a lock, a commit or a reuse check makes dozens of calls. Calls through it are what
+    ``FileSystems`` would do on gs:// (the same ``GcsIO`` methods, uncompressed, the same options: the driver's,
+    or a worker's runtime ones). One per thread, as Beam itself once cached them, since a storage client is
+    not promised to be thread-safe."""
+    from apache_beam.io.gcp.gcsio import GcsIO
+
+    options = FileSystems._pipeline_options or RuntimeValueProvider.runtime_options  # what FileSystems passes
+    endpoint = os.environ.get(EMULATOR_ENV)  # another emulator needs another client
+    made = getattr(_this_thread, "gcsio", None)
+    if made is None or made[0] is not options or made[1] != endpoint:
+        made = _this_thread.gcsio = (options, endpoint, GcsIO(pipeline_options=options))
+    return made[2]
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -113,7 +139,9 @@ def write_in_place(path: str, data: bytes) -> None:
     faults.before_change("write", path)
     if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    opened = (gcsio().open(path, "wb", mime_type="application/octet-stream") if is_gcs(path) else
+              FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    with opened as f:
         f.write(data)
 
 
@@ -139,7 +167,13 @@ def rename(source: str, destination: str) -> None:
     """Move one file (on gs:// a copy and a delete, two changes: readers may briefly see both)."""
     if is_remote(destination):
         faults.before_change("copy", destination)
-        FileSystems.copy([source], [destination])
+        if is_gcs(source) and is_gcs(destination):
+            try:
+                gcsio().copy(source, destination)
+            except Exception as e:  # noqa: BLE001  as FileSystems.copy reports it
+                raise BeamIOError("Copy operation failed", {(source, destination): e}) from e
+        else:
+            FileSystems.copy([source], [destination])
         delete_files([source])
         return
     os.makedirs(os.path.dirname(destination), exist_ok=True)
@@ -194,7 +228,10 @@ def _rmdir_if_empty(folder: str) -> bool:
 def checksum(path: str) -> str:
     """``sha256:<hex>`` of a local file; on gs:// the object's CRC32C as GCS keeps it (no download)."""
     if is_gcs(path):
-        return f"crc32c:{FileSystems.checksum(path)}"
+        try:
+            return f"crc32c:{gcsio().checksum(path)}"
+        except Exception as e:  # noqa: BLE001  as FileSystems.checksum reports it
+            raise BeamIOError("Checksum operation failed", {path: e}) from e
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
