@@ -194,14 +194,17 @@ def sample_sources() -> dict[str, str]:
         return {d["id"]: d["text"] for d in map(json.loads, f)}
 
 
-def test_sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir):
+# The sample's checks run from pipeline_test.py, beside the sample run they read (one run per xdist worker, which
+# takes a whole file): test_sample_chunks_point_into_their_documents and the chunk-vector test there call these.
+
+def sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir):
     output, summary = sample_run
     chunks = read_chunks(output)
     assert len(by_document(chunks)) == summary["docs_embedded"] and len(chunks) > summary["docs_embedded"]
     check_spans(chunks, sample_sources(), real_checkpoint_dir, summary["window_len"])
 
 
-def test_sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoint_dir):
+def sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoint_dir):
     """A one-window document's chunk is its document vector bit for bit; a long one's chunks are the encoder's
     vectors of its windows (built by hand, encoded one at a time), normalised as the model normalises."""
     output, summary = sample_run

@@ -35,6 +35,18 @@ def sample_texts() -> dict[str, str]:
         return {d["id"]: d["text"] for d in map(json.loads, f)}
 
 
+def test_sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir):
+    from chunks_test import sample_chunks_point_into_their_documents  # here: the sample run is this file's
+
+    sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir)
+
+
+def test_sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoint_dir):
+    from chunks_test import sample_chunk_vectors_are_the_models_window_vectors
+
+    sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoint_dir)
+
+
 def test_sample_run_writes_embeddings_timing_errors_and_summary(sample_run):
     output, summary = sample_run
     assert glob.glob(f"{output}/embeddings/*.parquet") and glob.glob(f"{output}/timing/*.jsonl")

@@ -20,7 +20,7 @@ from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
-from docbeam.pipeline.stages.parse import not_utf8
+from docbeam.pipeline.stages.parse import document_of_record
 from docbeam.pipeline.stages.reuse import content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
 from docbeam.pipeline.stages.write import PoolDocuments
@@ -104,22 +104,7 @@ def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
     if not isinstance(item, Mapping):
         return reject("not_a_document", f"expected a dict with {id_field!r} and {text_field!r} or a "
                                         f"docbeam.Document, got a {type(item).__name__}")
-    doc_id = item.get(id_field)
-    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
-        return reject("missing_id", f"field {id_field!r} is missing or not a string/integer: {doc_id!r}")
-    doc_id = str(doc_id)
-    if not_utf8(doc_id):
-        return reject("invalid_text", f"field {id_field!r} {ascii(doc_id)} {not_utf8(doc_id)}")
-    text = item.get(text_field)
-    if text is None:
-        return reject("missing_text", f"field {text_field!r} is missing", doc_id)
-    if not isinstance(text, str):
-        return reject("non_string_text", f"field {text_field!r} is a {type(text).__name__}, not a string", doc_id)
-    if not text.strip():
-        return reject("empty_text", f"field {text_field!r} is empty", doc_id)
-    if not_utf8(text):
-        return reject("invalid_text", f"field {text_field!r} {not_utf8(text)}", doc_id)
-    return Document(id=doc_id, text=text, source="", line=None)
+    return document_of_record(item, source="", line=None, id_field=id_field, text_field=text_field)
 
 
 def _checked(item, id_field: str, text_field: str):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO, Callable, Iterator, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
 
@@ -84,6 +84,17 @@ def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_
         return reject("malformed_json", f"not parsed: {e}")
     if not isinstance(obj, dict):
         return reject("malformed_json", f"expected a JSON object, got {type(obj).__name__}")
+    return document_of_record(obj, source=source, line=line, id_field=id_field, text_field=text_field, keep=keep)
+
+
+def document_of_record(obj: Mapping, *, source: str, line: int | None, id_field: str, text_field: str,
+                       keep: KeptFields | EveryField | None = None) -> Document | Rejected:
+    """A decoded record → a Document, or the Rejected saying why not: an id that is a string or an integer, a
+    text that is a non-empty string, both writable as UTF-8. The JSONL reader's checks, which
+    docbeam.EmbedDocuments also runs on the dicts of a user's own pipeline."""
+    def reject(kind, reason, doc_id=None):
+        return Rejected(source=source, line=line, id=doc_id, kind=kind, reason=reason)
+
     doc_id = obj.get(id_field)
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
         return reject("missing_id", f"field {id_field!r} (input.id_field) is missing or not a string/integer: "
@@ -100,7 +111,7 @@ def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_
         return reject("empty_text", f"field {text_field!r} is empty", doc_id)
     if not_utf8(text):
         return reject("invalid_text", f"field {text_field!r} {not_utf8(text)}", doc_id)
-    kept = keep.take(obj) if keep is not None else ()
+    kept = keep.take(dict(obj)) if keep is not None else ()
     if isinstance(kept, str):
         return reject("kept_field_type", kept, doc_id)
     return Document(id=doc_id, text=text, source=source, line=line, kept=kept)
