@@ -235,13 +235,17 @@ class JobConfig(_Section):
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
+def _validated(model: type[pydantic.BaseModel], raw: Any, source: str, sections: str):
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections (input, output, model, ...), got {raw!r}")
+        raise ConfigError(f"{source}: expected a mapping of sections ({sections}, ...), got {raw!r}")
     try:
-        config = JobConfig.model_validate(raw)
+        return model.model_validate(raw)
     except pydantic.ValidationError as e:
         raise ConfigError(f"{source}: {readable(e)}") from None
+
+
+def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
+    config = _validated(JobConfig, raw, source, "input, output, model")
     reuse_from = config.input.reuse_from and resolve_path(config.input.reuse_from, base_dir).rstrip("/")
     resolved = {
         "input": config.input.model_copy(update={
@@ -254,12 +258,7 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
 
 def parse_embed(raw: Any, *, base_dir: str, source: str = "config") -> EmbedConfig:
     """``parse`` for the sections of an EmbedConfig (no input, output or profile)."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections (model, batching, ...), got {raw!r}")
-    try:
-        config = EmbedConfig.model_validate(raw)
-    except pydantic.ValidationError as e:
-        raise ConfigError(f"{source}: {readable(e)}") from None
+    config = _validated(EmbedConfig, raw, source, "model, batching")
     return config.model_copy(update=_resolved_model_and_runner(config, base_dir))
 
 
