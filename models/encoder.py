@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from docbeam.models.families import family_of
 from docbeam.models.families.blocks import rotary, segment_positions, segment_starts
 from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
+from docbeam.models.precision import precision_for
 
 # Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
@@ -115,7 +116,9 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     takes every kind."""
     from docbeam.attention import AttentionCase
 
-    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
+    # Where every precision is first met with the platform it will run on: the plan and `validate` ask here.
+    precision = precision_for(config.dtype, platform)
+    return [AttentionCase(platform=platform, dtype=jnp.dtype(precision.attention).name, seq_len=b, num_heads=config.num_heads,
                           head_dim=config.head_dim, packed=packed,
                           num_kv_heads=getattr(config, "num_kv_heads", None)).with_features(features)
             for b in buckets for features in config.attention_features]
