@@ -68,7 +68,7 @@ class GateResult:
 
     def describe(self) -> str:
         verdict = "passes" if self.passed else "FAILS " + "; ".join(self.failures)
-        return (f"{self.precision} vs float32 over {self.documents} documents: lowest cosine "
+        return (f"{self.precision} vs float32 over {self.documents} vectors: lowest cosine "
                 f"{self.lowest_cosine:.4f}, mean {self.mean_cosine:.5f}, recall@{K} {self.recall_at_10:.4f}: "
                 f"{verdict}")
 
@@ -82,6 +82,6 @@ def require(result: GateResult) -> GateResult:
     """The result if it passes; otherwise refused, naming each gate it fails (never chosen silently)."""
     if not result.passed:
         raise PrecisionRefused(f"model.dtype: {result.precision} fails the quality gate ({'; '.join(result.failures)}"
-                               f" over {result.documents} documents, float32 as the reference); use float32 or "
+                               f" over {result.documents} vectors, float32 as the reference); use float32 or "
                                "another dtype that passes")
     return result

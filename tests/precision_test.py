@@ -143,3 +143,53 @@ def test_model_dtype_int8_is_a_config_choice_and_an_unknown_one_names_the_choice
     assert config.ModelConfig(dtype="int8").dtype == "int8"
     with pytest.raises(ValueError, match="'int4' is not supported; use one of float32, bfloat16, int8"):
         precision.precision_of("int4")
+
+
+def with_outlier_channel(source: str, folder) -> str:
+    """The checkpoint with one hidden channel 300× the others after every norm (the outlier features real
+    BERTs grow): a reduced-precision dot then loses the other channels' digits (bfloat16 keeps 8 bits of
+    each product's mantissa; int8 has one scale per token), and neighbours reorder."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(source, folder)
+    path = f"{folder}/model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if "LayerNorm.weight" in n]:
+        tensors[name] = tensors[name].copy()
+        tensors[name][3] *= 300.0
+    save_file(tensors, path)
+    return str(folder)
+
+
+def test_validate_verify_passes_bfloat16_on_the_input(tmp_path, tiny_checkpoint_dir):
+    from conftest import REPO, job_config
+    from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.tools import validate
+
+    cfg = job_config(f"{REPO}/data/sample/docs.jsonl.gz", str(tmp_path / "out"), tiny_checkpoint_dir,
+                     model={"dtype": "bfloat16"})
+    assert validate.precision_gate(cfg, make_plan(cfg), limit=40).endswith("recall@10 1.0000: passes")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_validate_verify_refuses_a_precision_that_fails_naming_the_gate(tmp_path, tiny_checkpoint_dir, dtype):
+    from conftest import REPO, job_config
+    from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.tools import validate
+
+    folder = with_outlier_channel(tiny_checkpoint_dir, tmp_path / "outliers")
+    cfg = job_config(f"{REPO}/data/sample/docs.jsonl.gz", str(tmp_path / "out"), folder, model={"dtype": dtype})
+    with pytest.raises(precision.PrecisionRefused, match=rf"{dtype} fails the quality gate \(recall@10 0.9[0-7]\d+ < 0.98"):
+        validate.precision_gate(cfg, make_plan(cfg), limit=40)
+
+
+def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_checkpoint_dir):
+    config = checkpoint.open_checkpoint(tiny_checkpoint_dir, "int8").config
+    assert {case.dtype for case in encoder.attention_cases(config, [32], "cpu")} == {"float32"}
+    with pytest.raises(precision.PrecisionRefused, match="model.dtype: int8 is refused on gpu: .*use one of float32, "
+                                                         "bfloat16$"):
+        encoder.attention_cases(config, [32], "gpu")
+    bf16 = checkpoint.open_checkpoint(tiny_checkpoint_dir, "bfloat16").config
+    assert {case.dtype for case in encoder.attention_cases(bf16, [32], "gpu")} == {"bfloat16"}
