@@ -154,6 +154,46 @@ def onnx_side(args, docs, folder, settings, which: str, path: str):
     return (yield from timed_passes(args, batches, encode, facts))
 
 
+def matmul_rates(repeats: int, rows: int = 4096, d_in: int = 384, d_out: int = 1536) -> list[list]:
+    """One MLP-in projection at the encoder's shape, each way a precision can run it: the profile behind the
+    table above (what the dot itself costs, and what converting or quantising around it adds)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from docbeam.models import precision
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((rows, d_in)), jnp.float32)
+    w = rng.standard_normal((d_in, d_out)).astype(np.float32)
+    q, scale = precision.quantize_channels(w)
+    w_bf16, qx = jnp.asarray(w, jnp.bfloat16), precision.quantize_rows(x)[0]
+    contract = (((1,), (0,)), ((), ()))
+    ways = {
+        "float32 dot": (lambda a, b: a @ b, x, jnp.asarray(w)),
+        "bfloat16 everywhere (before: XLA:CPU upcasts a bf16-result dot)": (
+            lambda a, b: (a.astype(jnp.bfloat16) @ b).astype(jnp.float32), x, w_bf16),
+        "bfloat16 inputs, float32 accumulation (model.dtype: bfloat16)": (
+            lambda a, b: jax.lax.dot_general(a.astype(jnp.bfloat16), b, contract,
+                                             preferred_element_type=jnp.float32), x, w_bf16),
+        "int8 dot alone (inputs already int8)": (
+            lambda a, b: jax.lax.dot_general(a, b, contract, preferred_element_type=jnp.int32), qx, jnp.asarray(q)),
+        "int8 with per-token quantisation and rescale (model.dtype: int8)": (
+            lambda a, b: precision.int8_matmul(a, b, jnp.asarray(scale)), x, jnp.asarray(q)),
+    }
+    rows_out = []
+    for name, (fn, a, b) in ways.items():
+        compiled = jax.jit(fn).lower(a, b).compile()
+        jax.block_until_ready(compiled(a, b))
+        best = float("inf")
+        for _ in range(max(repeats, 3) * 5):
+            t0 = time.perf_counter()
+            jax.block_until_ready(compiled(a, b))
+            best = min(best, time.perf_counter() - t0)
+        rows_out.append([name, best * 1e3, 2 * rows * d_in * d_out / best / 1e9])
+    return rows_out
+
+
 def main(argv=None) -> int:
     import numpy as np
 
@@ -203,8 +243,12 @@ def main(argv=None) -> int:
                         "tokens/s", "÷ docbeam float32", "lowest cosine", "mean cosine", "recall@10", "gate"], rows))
     print(f"\ngate (models/precision_gate.py): recall@10 ≥ {precision_gate.GATES['recall@10']}, lowest cosine ≥ "
           f"{precision_gate.GATES['lowest cosine']}, against docbeam float32 on these {len(ids)} documents")
+    matmuls = matmul_rates(args.repeats)
+    print("\n## One projection, 4096×384 by 384×1536, by how it runs\n")
+    print(common.table(["how", "best ms", "GFLOP/s (GOP/s for int8)"], matmuls))
     common.write_results(args, "precision", {
-        "benchmark": "precision", "args": vars(args), "machine": info, "docs": len(docs), "sides": results})
+        "benchmark": "precision", "args": vars(args), "machine": info, "docs": len(docs), "sides": results,
+        "matmuls": matmuls})
     return 0
 
 
