@@ -7,14 +7,15 @@ precision held to the quality gate (models/precision_gate.py) against docbeam's 
 
 docbeam runs as benchmarks/encoder.py times it (windows_for, the packer with configs/local.yaml's batching,
 EncoderRuntime.encode per batch, every shape compiled before timing). ONNX Runtime takes the same windows
-without packing (it has no segment ids) in buckets of every multiple of 16 (it compiles nothing per shape), mean-pooled in numpy, with as many intra-op threads as
-this process may use. Every side loads and warms up, then timed passes take turns (best of each kept), so
-the shared machine's drift moves all alike. Vectors: each document's first window (``--long-documents
-truncate``), so every side embeds the same token sequences.
+without packing (it has no segment ids) in buckets of every multiple of 16 (it compiles nothing per shape),
+mean-pooled in numpy, with as many intra-op threads as this process may use. Every side loads and warms up,
+then timed passes take turns (best of each kept), so the shared machine's drift moves all alike. Vectors:
+each document's first window (``--long-documents truncate``), so every side embeds the same token sequences.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 
@@ -56,8 +57,8 @@ def windows_and_batches(args, docs, folder, settings, packing: bool, buckets: tu
 
     windows = windows_for(docs, load_tokenizer(folder), window_len=settings.max_seq_len,
                           config=TokenizeConfig(long_documents="truncate", stride=args.stride))
-    return batch_windows(windows, BatchingConfig(buckets=buckets or args.buckets, tokens_per_batch=args.tokens_per_batch,
-                                                 packing=packing))
+    batching = BatchingConfig(buckets=buckets or args.buckets, tokens_per_batch=args.tokens_per_batch, packing=packing)
+    return batch_windows(windows, batching)
 
 
 def timed_passes(args, batches, encode_batch, facts: dict):
@@ -101,7 +102,7 @@ def docbeam_side(args, docs, folder, settings, dtype: str):
     return (yield from timed_passes(args, batches, lambda batch: runtime.encode(batch)[0], facts))
 
 
-def onnx_models(folder: str) -> dict[str, str]:
+def onnx_models(model: str, folder: str) -> dict[str, str]:
     """{"float32": path, "int8": path}: the checkpoint exported by torch.onnx (last hidden state from ids and
     mask), and ONNX Runtime's dynamic quantization of it (int8 weights per channel, uint8 activations)."""
     import torch
@@ -109,7 +110,8 @@ def onnx_models(folder: str) -> dict[str, str]:
     from transformers import AutoModel
 
     os.makedirs(ONNX_CACHE, exist_ok=True)
-    paths = {"float32": os.path.join(ONNX_CACHE, "minilm-f32.onnx"), "int8": os.path.join(ONNX_CACHE, "minilm-int8.onnx")}
+    name = re.sub(r"[^A-Za-z0-9]+", "-", model).strip("-")
+    paths = {which: os.path.join(ONNX_CACHE, f"{name}-{which}.onnx") for which in ("float32", "int8")}
     if not os.path.exists(paths["float32"]):
         model = AutoModel.from_pretrained(folder).eval()
 
@@ -215,7 +217,8 @@ def main(argv=None) -> int:
     sides = [docbeam_side(args, docs, folder, settings, dtype) for dtype in args.precisions]
     if not args.skip_onnx:
         t0 = time.perf_counter()
-        sides += [onnx_side(args, docs, folder, settings, which, path) for which, path in onnx_models(folder).items()]
+        models = onnx_models(args.model, folder)
+        sides += [onnx_side(args, docs, folder, settings, which, path) for which, path in models.items()]
         print(f"ONNX export and quantization (or cache): {time.perf_counter() - t0:.1f} s\n", flush=True)
     results = alternate(*sides)
 

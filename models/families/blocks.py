@@ -200,7 +200,8 @@ class GroupedSelfAttention(nn.Module):
         if self.qk_norm_eps is not None:
             q_BxTxNxH = rms_norm(self.qk_norm_eps, jnp.float32, "q_norm")(q_BxTxNxH)
             k_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "k_norm")(k_BxTxKxH)
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention) for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention)
+                                           for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
         q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
                                 for t in (q_BxTxNxH, k_BxTxKxH))
         features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
