@@ -16,6 +16,7 @@ from docbeam.models.checkpoint_source import (HubId, hub_revision, parse_hub_id,
 from docbeam.models.families import family_for, family_of
 from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
+from docbeam.models.precision import precision_of, prepare_params
 from docbeam.models.st_settings import ModelSettings, model_settings, read_json
 from docbeam.models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
 
@@ -34,7 +35,8 @@ def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
 
 
 def load_params(folder: str, config: EncoderConfig) -> dict:
-    """safetensors (Hugging Face names, torch [out, in] layout) → the family's Flax parameter tree."""
+    """safetensors (Hugging Face names, torch [out, in] layout) → the family's Flax parameter tree, its
+    projections' weights in the config's precision (models/precision.py)."""
     from safetensors.numpy import load_file
 
     path = os.path.join(folder, "model.safetensors")
@@ -42,7 +44,9 @@ def load_params(folder: str, config: EncoderConfig) -> dict:
         refuse_pickle_in(folder)
         raise CheckpointError(f"model.path: no model.safetensors in {folder}")
     family = family_of(config)
-    return family.read_params(Tensors(load_file(path), family.PREFIXES, path), config)
+    # bfloat16 or int8 weights are made here, once, from the float32 ones (no export step).
+    return prepare_params(family.read_params(Tensors(load_file(path), family.PREFIXES, path), config),
+                          precision_of(config.dtype))
 
 
 def load_dense(folder: str, settings: ModelSettings) -> tuple[dict, ...]:

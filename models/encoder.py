@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from docbeam.models.families import family_of
 from docbeam.models.families.blocks import rotary, segment_positions, segment_starts
 from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
+from docbeam.models.precision import precision_for
 
 # Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
@@ -25,9 +26,9 @@ __all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES",
 
 def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
     """The Flax module of the config's family (models/families/): token ids [B, T] and valid lengths [B] →
-    hidden states [B, T, D] (compute dtype). With segment ids [B, T] (packed rows: 1, 2, … per window, 0 for
-    padding) each window attends only to itself and counts its positions from its own start. Named like the
-    module it returns: ``Encoder(config, attend).apply(...)`` / ``.init(...)``."""
+    hidden states [B, T, D] (float32 in every precision). With segment ids [B, T] (packed rows: 1, 2, … per
+    window, 0 for padding) each window attends only to itself and counts its positions from its own start. Named
+    like the module it returns: ``Encoder(config, attend).apply(...)`` / ``.init(...)``."""
     return family_of(config).Model(config, attention)
 
 
@@ -115,7 +116,10 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     takes every kind."""
     from docbeam.attention import AttentionCase
 
-    return [AttentionCase(platform=platform, dtype=config.dtype, seq_len=b, num_heads=config.num_heads,
+    # Where every precision is first met with the platform it will run on: the plan and `validate` ask here.
+    precision = precision_for(config.dtype, platform)
+    dtype = jnp.dtype(precision.attention).name  # what q, k and v reach the backend in
+    return [AttentionCase(platform=platform, dtype=dtype, seq_len=b, num_heads=config.num_heads,
                           head_dim=config.head_dim, packed=packed,
                           num_kv_heads=getattr(config, "num_kv_heads", None)).with_features(features)
             for b in buckets for features in config.attention_features]

@@ -187,7 +187,7 @@ def assert_close_to_transformers(model, folder: str, **how) -> None:
 
 
 def assert_bfloat16_close_to_float32(folder: str) -> None:
-    """bfloat16 compute (parameters stay float32) keeps packed vectors within 0.99 cosine of float32's."""
+    """bfloat16 projections (models/precision.py) keep packed vectors within 0.99 cosine of float32's."""
     ids, lengths = token_inputs(LENGTHS)
     f32 = our_vectors(folder, ids, lengths, packed=True)
     assert lowest_cosine(our_vectors(folder, ids, lengths, packed=True, dtype="bfloat16"), f32) >= 0.99

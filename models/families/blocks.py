@@ -15,7 +15,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, Rope
+from docbeam.models.families.config import ACTIVATIONS, EncoderConfig, Rope
+from docbeam.models.precision import Linear, Precision, precision_of
 
 
 def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,
@@ -116,7 +117,7 @@ class SelfAttention(nn.Module):
 
     num_heads: int
     attention: Callable[..., Any]
-    dtype: Any
+    precision: Precision
     use_bias: bool = True
     rope: Rope | None = None
     local_window: tuple[int, int] | None = None
@@ -125,7 +126,7 @@ class SelfAttention(nn.Module):
     def __call__(self, x_BxTxD, rows: Rows, bias: Callable | None = None):
         B, T, D = x_BxTxD.shape
         N, H = self.num_heads, D // self.num_heads
-        qkv_BxTx3D = nn.Dense(3 * D, use_bias=self.use_bias, dtype=self.dtype, name="qkv")(x_BxTxD)
+        qkv_BxTx3D = Linear(3 * D, self.precision, self.use_bias, name="qkv")(x_BxTxD).astype(self.precision.attention)
         q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
         if self.rope is not None:
             q_BxTxNxH, k_BxTxNxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
@@ -134,7 +135,7 @@ class SelfAttention(nn.Module):
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=rows.lengths_B,
                                       scale=1.0 / math.sqrt(H),
                                       **{key: value for key, value in features.items() if value is not None})
-        return nn.Dense(D, use_bias=self.use_bias, dtype=self.dtype, name="out")(attn_BxTxNxH.reshape(B, T, D))
+        return Linear(D, self.precision, self.use_bias, name="out")(attn_BxTxNxH.reshape(B, T, D))
 
 
 class Mlp(nn.Module):
@@ -142,12 +143,12 @@ class Mlp(nn.Module):
 
     intermediate_size: int
     activation: str
-    dtype: Any
+    precision: Precision
 
     @nn.compact
     def __call__(self, x_BxTxD):
-        h_BxTxF = ACTIVATIONS[self.activation](nn.Dense(self.intermediate_size, dtype=self.dtype, name="wi")(x_BxTxD))
-        return nn.Dense(x_BxTxD.shape[-1], dtype=self.dtype, name="wo")(h_BxTxF)
+        h_BxTxF = ACTIVATIONS[self.activation](Linear(self.intermediate_size, self.precision, name="wi")(x_BxTxD))
+        return Linear(x_BxTxD.shape[-1], self.precision, name="wo")(h_BxTxF)
 
 
 class GatedMlp(nn.Module):
@@ -157,15 +158,15 @@ class GatedMlp(nn.Module):
 
     intermediate_size: int
     activation: str
-    dtype: Any
+    precision: Precision
     out_bias: bool = False  # GTE's down projection has one
 
     @nn.compact
     def __call__(self, x_BxTxD):
-        h_BxTx2F = nn.Dense(2 * self.intermediate_size, use_bias=False, dtype=self.dtype, name="wi")(x_BxTxD)
+        h_BxTx2F = Linear(2 * self.intermediate_size, self.precision, use_bias=False, name="wi")(x_BxTxD)
         activated_BxTxF, linear_BxTxF = jnp.split(h_BxTx2F, 2, axis=-1)
         h_BxTxF = ACTIVATIONS[self.activation](activated_BxTxF) * linear_BxTxF
-        return nn.Dense(x_BxTxD.shape[-1], use_bias=self.out_bias, dtype=self.dtype, name="wo")(h_BxTxF)
+        return Linear(x_BxTxD.shape[-1], self.precision, self.out_bias, name="wo")(h_BxTxF)
 
 
 def rms_norm(eps: float, dtype, name: str) -> nn.RMSNorm:
@@ -184,7 +185,7 @@ class GroupedSelfAttention(nn.Module):
     num_kv_heads: int
     head_dim: int
     attention: Callable[..., Any]
-    dtype: Any
+    precision: Precision
     rope: Rope
     qkv_bias: bool = False  # Qwen2 biases q, k and v
     out_bias: bool = False
@@ -194,17 +195,19 @@ class GroupedSelfAttention(nn.Module):
     def __call__(self, x_BxTxD, rows: Rows):
         B, T, D = x_BxTxD.shape
         N, K, H = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv_BxTxM = nn.Dense((N + 2 * K) * H, use_bias=self.qkv_bias, dtype=self.dtype, name="qkv")(x_BxTxD)
+        qkv_BxTxM = Linear((N + 2 * K) * H, self.precision, self.qkv_bias, name="qkv")(x_BxTxD)
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = jnp.split(qkv_BxTxM.reshape(B, T, N + 2 * K, H), [N, N + K], axis=2)
         if self.qk_norm_eps is not None:
-            q_BxTxNxH = rms_norm(self.qk_norm_eps, self.dtype, "q_norm")(q_BxTxNxH)
-            k_BxTxKxH = rms_norm(self.qk_norm_eps, self.dtype, "k_norm")(k_BxTxKxH)
+            q_BxTxNxH = rms_norm(self.qk_norm_eps, jnp.float32, "q_norm")(q_BxTxNxH)
+            k_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "k_norm")(k_BxTxKxH)
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention)
+                                           for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
         q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
                                 for t in (q_BxTxNxH, k_BxTxKxH))
         features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
                                       scale=1.0 / math.sqrt(H), causal=True, **features)
-        return nn.Dense(D, use_bias=self.out_bias, dtype=self.dtype, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
+        return Linear(D, self.precision, self.out_bias, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
 
 
 # --- what a family's model is made of -------------------------------------------------------------------------
@@ -219,7 +222,8 @@ class FamilyModel(nn.Module):
 
     @nn.compact
     def __call__(self, ids_BxT, lengths_B, segment_ids_BxT=None):
-        return self.encode(ids_BxT, rows_of(ids_BxT, lengths_B, segment_ids_BxT), DTYPES[self.config.dtype])
+        # Embeddings, norms and the residual stream are float32 in every precision (models/precision.py).
+        return self.encode(ids_BxT, rows_of(ids_BxT, lengths_B, segment_ids_BxT), jnp.float32)
 
     def encode(self, ids_BxT, rows: Rows, dtype) -> jax.Array:
         """Runs inside ``__call__``'s compact scope, so the blocks it builds are this module's children."""
@@ -239,13 +243,13 @@ class PostNormLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxTxD, rows: Rows, bias: Callable | None = None):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, dtype, use_bias=self.biases, rope=self.rope,
+        cfg, precision = self.config, precision_of(self.config.dtype)
+        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, precision, use_bias=self.biases, rope=self.rope,
                                    name="attn")(x_BxTxD, rows, bias)
-        x_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD + attn_BxTxD)
-        mlp = (GatedMlp(cfg.intermediate_size, cfg.activation, dtype, out_bias=self.biases, name="mlp")
-               if self.gated else Mlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp"))
-        return layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD + mlp(x_BxTxD))
+        x_BxTxD = layer_norm(cfg.layer_norm_eps, jnp.float32, "attn_norm")(x_BxTxD + attn_BxTxD)
+        mlp = (GatedMlp(cfg.intermediate_size, cfg.activation, precision, out_bias=self.biases, name="mlp")
+               if self.gated else Mlp(cfg.intermediate_size, cfg.activation, precision, name="mlp"))
+        return layer_norm(cfg.layer_norm_eps, jnp.float32, "mlp_norm")(x_BxTxD + mlp(x_BxTxD))
 
 
 class PostNormEncoder(FamilyModel):

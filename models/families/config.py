@@ -12,6 +12,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from docbeam.models.precision import PRECISIONS
 from docbeam.pipeline.errors import Refused
 
 
@@ -19,7 +20,7 @@ class CheckpointError(Refused, ValueError):
     """A checkpoint docbeam cannot run as its authors meant: refused at start (exit 2), naming the file and key."""
 
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}  # model.dtype's choices
+DTYPES = tuple(PRECISIONS)  # model.dtype's choices: what each spends reduced precision on is models/precision.py's
 
 
 def gelu_erf(x):
@@ -63,7 +64,7 @@ class EncoderConfig:
     rope_theta: float = 10000.0
     rope_style: Literal["half", "interleaved"] = "half"  # RoFormer rotates interleaved pairs; Llama-style halves
     rope_scale: float = 1.0  # Rope.scale: what the checkpoint's RoPE scaling does to every frequency (GTE's NTK)
-    dtype: str = "float32"  # compute dtype; parameters stay float32
+    dtype: str = "float32"  # model.dtype: a models/precision.py Precision (projections only; the rest is float32)
 
     @property
     def head_dim(self) -> int:
@@ -89,6 +90,8 @@ class EncoderConfig:
 
     def __post_init__(self):
         self.check_heads()
+        if self.dtype not in PRECISIONS:
+            raise ValueError(f"dtype {self.dtype!r} is not supported; supported: {', '.join(PRECISIONS)}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation {self.activation!r} is not supported; supported: {sorted(ACTIVATIONS)}")
 

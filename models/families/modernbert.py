@@ -8,9 +8,11 @@ import dataclasses
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from docbeam.models.families.blocks import Embeddings, FamilyModel, GatedMlp, SelfAttention, layer_norm
-from docbeam.models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
+from docbeam.models.families.config import EncoderConfig, HubConfig, Rope
+from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("model.",)
@@ -51,14 +53,14 @@ class Layer(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxTxD, rows):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        h_BxTxD = x_BxTxD if self.first else layer_norm(cfg.layer_norm_eps, dtype, "attn_norm", False)(x_BxTxD)
+        cfg, precision = self.config, precision_of(self.config.dtype)
+        h_BxTxD = x_BxTxD if self.first else layer_norm(cfg.layer_norm_eps, jnp.float32, "attn_norm", False)(x_BxTxD)
         rope = Rope(cfg.rope_theta if self.is_global else cfg.local_rope_theta)
-        x_BxTxD = x_BxTxD + SelfAttention(cfg.num_heads, self.attention, dtype, use_bias=False, rope=rope,
+        x_BxTxD = x_BxTxD + SelfAttention(cfg.num_heads, self.attention, precision, use_bias=False, rope=rope,
                                           local_window=None if self.is_global else cfg.local_window,
                                           name="attn")(h_BxTxD, rows)
-        h_BxTxD = layer_norm(cfg.layer_norm_eps, dtype, "mlp_norm", False)(x_BxTxD)
-        return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp")(h_BxTxD)
+        h_BxTxD = layer_norm(cfg.layer_norm_eps, jnp.float32, "mlp_norm", False)(x_BxTxD)
+        return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, precision, name="mlp")(h_BxTxD)
 
 
 def read_config(hub: HubConfig, dtype: str) -> Config:

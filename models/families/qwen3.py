@@ -9,9 +9,11 @@ import dataclasses
 from typing import Any, Callable
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from docbeam.models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
-from docbeam.models.families.config import DTYPES, EncoderConfig, HubConfig, Rope
+from docbeam.models.families.config import EncoderConfig, HubConfig, Rope
+from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("model.",)  # Qwen3ForCausalLM's tensors; Qwen3Model (Qwen3-Embedding) saves them bare
@@ -65,13 +67,13 @@ class Layer(nn.Module):
 
     @nn.compact
     def __call__(self, x_BxTxD, rows):
-        cfg, dtype = self.config, DTYPES[self.config.dtype]
-        h_BxTxD = rms_norm(cfg.layer_norm_eps, dtype, "attn_norm")(x_BxTxD)
+        cfg, precision = self.config, precision_of(self.config.dtype)
+        h_BxTxD = rms_norm(cfg.layer_norm_eps, jnp.float32, "attn_norm")(x_BxTxD)
         x_BxTxD = x_BxTxD + GroupedSelfAttention(
-            cfg.num_heads, cfg.kv_heads, cfg.head_dim, self.attention, dtype, self.rope, qkv_bias=cfg.qkv_bias,
+            cfg.num_heads, cfg.kv_heads, cfg.head_dim, self.attention, precision, self.rope, qkv_bias=cfg.qkv_bias,
             out_bias=cfg.out_bias, qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, name="attn")(h_BxTxD, rows)
-        h_BxTxD = rms_norm(cfg.layer_norm_eps, dtype, "mlp_norm")(x_BxTxD)
-        return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, dtype, name="mlp")(h_BxTxD)
+        h_BxTxD = rms_norm(cfg.layer_norm_eps, jnp.float32, "mlp_norm")(x_BxTxD)
+        return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, precision, name="mlp")(h_BxTxD)
 
 
 def read_config(hub: HubConfig, dtype: str) -> Config:

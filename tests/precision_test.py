@@ -1,0 +1,195 @@
+"""Reduced precision (models/precision.py) and its quality gate (models/precision_gate.py), on the tiny
+checkpoint: where bfloat16 is spent (the compiled HLO), int8 weights per channel, and a gate that refuses a
+precision that fails it, naming the gate."""
+from __future__ import annotations
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from docbeam import attention
+from docbeam.models import checkpoint, encoder, precision, precision_gate
+
+PROJECTIONS = ("qkv", "out", "wi", "wo")
+
+
+def compiled_hlo(folder: str, dtype: str) -> str:
+    ck = checkpoint.open_checkpoint(folder, dtype)
+    params = checkpoint.load_params(ck.folder, ck.config)
+    embed = jax.jit(encoder.embed_fn(ck.config, attention.get("native").bind(), "mean"))
+    shape = jax.ShapeDtypeStruct((2, 16), np.int32)
+    return embed.lower(params, shape, jax.ShapeDtypeStruct((2,), np.int32)).compile().as_text()
+
+
+def dots_and_ops(hlo: str):
+    """({(projection or op name, lhs type, rhs type, result type): count}, {(opcode, result type): count})."""
+    types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
+    dots, ops = collections.Counter(), collections.Counter()
+    for line in hlo.splitlines():
+        op = re.search(r"= (\w+)\[[^\]]*\][^ ]* ([\w\-]+)\(", line)
+        if op:
+            ops[(op.group(2), op.group(1))] += 1
+        dot = re.search(r"= (\w+)\[[^\]]*\][^ ]* dot\(%([\w.\-]+), %([\w.\-]+)\).*op_name=\"([^\"]+)\"", line)
+        if dot:
+            dots[(dot.group(4).split("/")[-2], types[dot.group(2)], types[dot.group(3)], dot.group(1))] += 1
+    return dots, ops
+
+
+def test_bfloat16_projections_take_bf16_inputs_and_accumulate_in_float32(tiny_checkpoint_dir):
+    """XLA:CPU upcasts a dot whose result is bfloat16 (both inputs converted to float32): every projection
+    must reach the compiled program as bf16 × bf16 → f32, or bfloat16 only adds converts."""
+    dots, _ = dots_and_ops(compiled_hlo(tiny_checkpoint_dir, "bfloat16"))
+    projections = {(name, lhs, rhs, out) for name, lhs, rhs, out in dots if name in PROJECTIONS}
+    assert projections == {(name, "bf16", "bf16", "f32") for name in PROJECTIONS}
+
+
+def test_bfloat16_keeps_norms_softmax_and_pooling_in_float32(tiny_checkpoint_dir):
+    _, ops = dots_and_ops(compiled_hlo(tiny_checkpoint_dir, "bfloat16"))
+    for opcode in ("exponential", "rsqrt", "reduce", "divide", "erf"):  # softmax, norms, pooling, gelu
+        assert ops[(opcode, "f32")] and not ops[(opcode, "bf16")], opcode
+    assert ops[("add", "f32")] and not ops[("add", "bf16")]  # the residual stream and the biases
+
+
+def test_int8_projections_run_int8_dots_accumulated_in_int32(tiny_checkpoint_dir):
+    dots, _ = dots_and_ops(compiled_hlo(tiny_checkpoint_dir, "int8"))
+    projections = {(name, lhs, rhs, out) for name, lhs, rhs, out in dots if name in PROJECTIONS}
+    assert projections == {(name, "s8", "s8", "s32") for name in PROJECTIONS}
+
+
+@pytest.mark.parametrize("dtype, kernel_dtype", [("bfloat16", jnp.bfloat16), ("int8", np.int8)])
+def test_weights_take_the_precision_once_at_load(tiny_checkpoint_dir, dtype, kernel_dtype):
+    ck = checkpoint.open_checkpoint(tiny_checkpoint_dir, dtype)
+    layer = checkpoint.load_params(ck.folder, ck.config)["layer_0"]
+    for linear in (layer["attn"]["qkv"], layer["attn"]["out"], layer["mlp"]["wi"], layer["mlp"]["wo"]):
+        assert linear["kernel"].dtype == kernel_dtype and linear["bias"].dtype == np.float32
+        assert ("scale" in linear) == (dtype == "int8")
+    assert layer["attn_norm"]["scale"].dtype == np.float32  # norms keep float32 weights
+
+
+def test_int8_weights_per_output_channel_round_trip_within_half_a_step():
+    rng = np.random.default_rng(0)
+    kernel_IxO = rng.standard_normal((64, 8)).astype(np.float32) * np.logspace(-3, 1, 8, dtype=np.float32)
+    q_IxO, scale_O = precision.quantize_channels(kernel_IxO)
+    assert q_IxO.dtype == np.int8 and scale_O.shape == (8,) and np.abs(q_IxO).max() <= 127
+    error_IxO = np.abs(q_IxO * scale_O - kernel_IxO)
+    assert (error_IxO <= scale_O / 2 + 1e-7).all()
+    # One scale for the whole tensor would round the smallest channel (absmax ~1e-3) to zero; per channel
+    # it keeps ~2 significant digits.
+    small = kernel_IxO[:, 0]
+    assert np.abs(q_IxO[:, 0] * scale_O[0] - small).max() < 0.01 * np.abs(small).max()
+
+
+def test_int8_matmul_matches_float_within_the_quantisation_bound():
+    rng = np.random.default_rng(1)
+    x_NxI, kernel_IxO = rng.standard_normal((16, 64)), rng.standard_normal((64, 32))
+    q_IxO, scale_O = precision.quantize_channels(kernel_IxO)
+    ours = np.asarray(precision.int8_matmul(jnp.asarray(x_NxI, jnp.float32), q_IxO, scale_O))
+    exact = x_NxI @ kernel_IxO
+    assert np.abs(ours - exact).max() < 0.03 * np.abs(exact).max()
+
+
+def test_reduced_precisions_stay_close_to_float32_on_the_tiny_model(tiny_checkpoint_dir):
+    from encoder_test import inputs, ours_hidden, valid_rows
+
+    ids, lengths = inputs(3, 24)
+    f32 = valid_rows(ours_hidden(tiny_checkpoint_dir, ids, lengths), lengths)
+    for dtype in ("bfloat16", "int8"):
+        cos = precision_gate.cosines(valid_rows(ours_hidden(tiny_checkpoint_dir, ids, lengths, dtype=dtype), lengths),
+                                     f32)
+        assert cos.min() > 0.99, dtype
+
+
+def test_the_gate_passes_float32_against_itself():
+    vectors = np.random.default_rng(2).standard_normal((40, 16))
+    result = precision_gate.require(precision_gate.measure("bfloat16", vectors, vectors))
+    assert result.recall_at_10 == 1.0 and result.lowest_cosine == pytest.approx(1.0) and result.passed
+
+
+def test_the_gate_refuses_one_bad_document_naming_the_cosine_gate():
+    rng = np.random.default_rng(3)
+    reference = rng.standard_normal((200, 64))
+    vectors = reference.copy()
+    vectors[7] += 0.5 * rng.standard_normal(64)  # one document off (cosine ~0.9): a mean would hide it
+    result = precision_gate.measure("int8", vectors, reference)
+    assert result.mean_cosine > 0.999 and result.failures == [f"lowest cosine {result.lowest_cosine:.4f} < 0.99"]
+    with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the quality gate \(lowest cosine 0.[0-8]"):
+        precision_gate.require(result)
+
+
+def test_the_gate_refuses_noisy_neighbours_naming_the_recall_gate():
+    rng = np.random.default_rng(4)
+    reference = rng.standard_normal((200, 32))
+    vectors = reference + 0.12 * rng.standard_normal(reference.shape)  # every cosine ~0.99, neighbours reshuffled
+    result = precision_gate.measure("int8", vectors, reference)
+    assert result.recall_at_10 < 0.98
+    with pytest.raises(precision.PrecisionRefused, match="recall@10 0.[0-9]+ < 0.98"):
+        precision_gate.require(result)
+
+
+def test_recall_counts_shared_neighbours():
+    reference = np.eye(12) + 0.01 * np.arange(12)[:, None]
+    assert precision_gate.recall_at_k(reference, reference, k=3) == 1.0
+    with pytest.raises(ValueError, match="more than 10 documents"):
+        precision_gate.recall_at_k(reference[:10], reference[:10])
+
+
+def test_model_dtype_int8_is_a_config_choice_and_an_unknown_one_names_the_choices(tiny_checkpoint_dir):
+    from docbeam.pipeline.driver import config
+
+    assert config.ModelConfig(dtype="int8").dtype == "int8"
+    with pytest.raises(ValueError, match="'int4' is not supported; use one of float32, bfloat16, int8"):
+        precision.precision_of("int4")
+
+
+def with_outlier_channel(source: str, folder) -> str:
+    """The checkpoint with one hidden channel 300× the others after every norm (the outlier features real
+    BERTs grow): a reduced-precision dot then loses the other channels' digits (bfloat16 keeps 8 bits of
+    each product's mantissa; int8 has one scale per token), and neighbours reorder."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(source, folder)
+    path = f"{folder}/model.safetensors"
+    tensors = load_file(path)
+    for name in [n for n in tensors if "LayerNorm.weight" in n]:
+        tensors[name] = tensors[name].copy()
+        tensors[name][3] *= 300.0
+    save_file(tensors, path)
+    return str(folder)
+
+
+def test_validate_verify_passes_bfloat16_on_the_input(tmp_path, tiny_checkpoint_dir):
+    from conftest import REPO, job_config
+    from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.tools import validate
+
+    cfg = job_config(f"{REPO}/data/sample/docs.jsonl.gz", str(tmp_path / "out"), tiny_checkpoint_dir,
+                     model={"dtype": "bfloat16"})
+    assert validate.precision_gate(cfg, make_plan(cfg), limit=40).endswith("recall@10 1.0000: passes")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_validate_verify_refuses_a_precision_that_fails_naming_the_gate(tmp_path, tiny_checkpoint_dir, dtype):
+    from conftest import REPO, job_config
+    from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.tools import validate
+
+    folder = with_outlier_channel(tiny_checkpoint_dir, tmp_path / "outliers")
+    cfg = job_config(f"{REPO}/data/sample/docs.jsonl.gz", str(tmp_path / "out"), folder, model={"dtype": dtype})
+    with pytest.raises(precision.PrecisionRefused, match=rf"{dtype} fails the quality gate \(recall@10 0.9[0-7]\d+ < "):
+        validate.precision_gate(cfg, make_plan(cfg), limit=40)
+
+
+def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_checkpoint_dir):
+    config = checkpoint.open_checkpoint(tiny_checkpoint_dir, "int8").config
+    assert {case.dtype for case in encoder.attention_cases(config, [32], "cpu")} == {"float32"}
+    with pytest.raises(precision.PrecisionRefused, match="model.dtype: int8 is refused on gpu: .*use one of float32, "
+                                                         "bfloat16$"):
+        encoder.attention_cases(config, [32], "gpu")
+    bf16 = checkpoint.open_checkpoint(tiny_checkpoint_dir, "bfloat16").config
+    assert {case.dtype for case in encoder.attention_cases(bf16, [32], "gpu")} == {"bfloat16"}
