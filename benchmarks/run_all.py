@@ -1,5 +1,5 @@
 """Runs the CPU benchmarks in sequence (encoder, attention, bucketing, batch_shapes, compiles, long_context,
-vs_mltransform, startup), then prints all their tables together. Exits 1 if any of them failed (compiles exits 1 on FAIL).
+precision, vs_mltransform, startup), then prints all their tables together. Exits 1 if any of them failed (compiles exits 1 on FAIL).
 
     python benchmarks/run_all.py [--quick] [--only encoder,bucketing]     (or: make bench)
 
@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
 common.bootstrap()
-BENCHMARKS = ("encoder", "attention", "bucketing", "batch_shapes", "compiles", "long_context", "vs_mltransform", "startup")
+BENCHMARKS = ("encoder", "attention", "bucketing", "batch_shapes", "compiles", "long_context", "precision",
+              "vs_mltransform", "startup")
 
 
 def run(name: str, args) -> tuple[int, str, float]:
