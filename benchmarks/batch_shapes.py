@@ -75,10 +75,7 @@ def main(argv=None) -> int:
     from docbeam.models.checkpoint import open_checkpoint
 
     checkpoint = open_checkpoint(args.model)
-    if args.corpus == "heldout" and not args.docs:
-        raise SystemExit("--corpus heldout needs --docs N, e.g. --docs 1800")
-    source, docs = (common.SAMPLE, common.read_documents(common.SAMPLE, args.docs)) if args.corpus == "sample" \
-        else common.corpus_documents(args, checkpoint.folder)
+    source, docs = common.corpus_documents(args, checkpoint.folder)
     print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, long documents "
           f"{args.long_documents}, packing {args.packing}, best of {args.repeats}; configs/local.yaml has "
           f"{label(*args.configured)}\n", flush=True)

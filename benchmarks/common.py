@@ -216,13 +216,15 @@ def heldout_corpus(count: int, tokenizer_folder: str) -> str:
 
 
 def corpus_documents(args, tokenizer_folder: str):
-    """(source path, documents) for ``--corpus`` and ``--docs``."""
+    """(source path, documents) for ``--corpus`` and ``--docs`` (None: every document of the corpus)."""
+    if args.corpus == "heldout" and not args.docs:
+        raise SystemExit("--corpus heldout needs --docs N (how many documents to generate), e.g. --docs 1800")
     if args.corpus == "heldout":
         source = heldout_corpus(args.docs, tokenizer_folder)
     else:
         source = SAMPLE if args.corpus == "sample" else args.corpus
     docs = read_documents(source, args.docs)
-    if len(docs) < args.docs:
+    if args.docs and len(docs) < args.docs:
         print(f"note: {source} holds {len(docs)} documents, fewer than --docs {args.docs}")
     return source, docs
 

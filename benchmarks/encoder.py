@@ -210,10 +210,7 @@ def main(argv=None) -> int:
 
     checkpoint = open_checkpoint(args.model, args.dtype)
     folder, window_len = checkpoint.folder, checkpoint.settings.max_seq_len
-    if args.corpus == "heldout" and not args.docs:
-        raise SystemExit("--corpus heldout needs --docs N (how many documents to generate), e.g. --docs 1800")
-    source, docs = (common.SAMPLE, common.read_documents(common.SAMPLE, args.docs)) if args.corpus == "sample" \
-        else common.corpus_documents(args, folder)
+    source, docs = common.corpus_documents(args, folder)
     print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, window {window_len}, buckets {list(args.buckets)}, tokens_per_batch "
           f"{args.tokens_per_batch}, dtype {args.dtype}, backend {args.backend}, long documents "
           f"{args.long_documents}, best of {args.repeats}\n", flush=True)

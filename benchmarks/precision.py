@@ -207,10 +207,7 @@ def main(argv=None) -> int:
     common.print_machine("precision: docbeam float32 / bfloat16 / int8 vs ONNX Runtime float32 / int8", info)
     checkpoint = open_checkpoint(args.model)
     folder, settings = checkpoint.folder, checkpoint.settings
-    if args.corpus == "heldout" and not args.docs:
-        raise SystemExit("--corpus heldout needs --docs N, e.g. --docs 1800")
-    source, docs = (common.SAMPLE, common.read_documents(common.SAMPLE, args.docs)) if args.corpus == "sample" \
-        else common.corpus_documents(args, folder)
+    source, docs = common.corpus_documents(args, folder)
     print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, window {settings.max_seq_len} "
           f"(first window of each), buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, "
           f"best of {args.repeats}\n", flush=True)
