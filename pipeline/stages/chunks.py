@@ -85,6 +85,8 @@ class WriteChunks(beam.PTransform):
             document = next(iter(grouped["document"]), None) if "document" in grouped else None
             rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim)
             rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
+            if dtype == "float32":  # chunk_vector made them float32 already
+                return rows
             # A chunk with values beyond float16's range is not written (an embedding written is always finite).
             quantized = [vectors.quantize_row({**r, "id": r["document_id"]}, dtype, calibration) for r in rows]
             return [{k: v for k, v in q.items() if k != "id"} for q in quantized if not isinstance(q, Rejected)]
