@@ -16,3 +16,36 @@ def precision_figure(side: str, field: str):
                 f"int8 {sides['docbeam int8']['tokens_per_s']:,.0f}, ONNX Runtime float32 "
                 f"{sides['onnxruntime float32']['tokens_per_s']:,.0f} and int8 {ort['tokens_per_s']:,.0f}")
     return figure
+
+
+COLUMNS = ("docbeam float32", "docbeam bfloat16", "docbeam int8", "onnxruntime float32", "onnxruntime int8")
+
+
+def precision_table(record: dict, link: str) -> str:
+    """README's table of the five encoders side by side (benchmarks/precision.py's one run): speed, ratios,
+    and the quality gate against docbeam float32, then the command, machine and results file behind them."""
+    sides = {x["side"]: x for x in record["sides"]}
+    f32, ort8 = sides["docbeam float32"]["tokens_per_s"], sides["onnxruntime int8"]["tokens_per_s"]
+
+    def gate(side, field, digits):
+        g = sides[side].get("gate")
+        return "reference" if g is None else f"{g[field]:.{digits}f}"
+
+    def verdict(side):
+        g = sides[side].get("gate")
+        return "reference" if g is None else "passes" if g["passed"] else "**fails** " + "; ".join(g["failures"])
+
+    rows = [("tokens/s", lambda s: f"{sides[s]['tokens_per_s']:,.0f}"),
+            ("÷ docbeam float32", lambda s: f"{sides[s]['tokens_per_s'] / f32:.2f}"),
+            ("÷ ONNX Runtime int8", lambda s: f"{sides[s]['tokens_per_s'] / ort8:.2f}"),
+            ("lowest cosine to docbeam float32", lambda s: gate(s, "lowest_cosine", 5)),
+            ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
+            ("quality gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict)]
+    names = [c.replace("onnxruntime", "ONNX Runtime") for c in COLUMNS]
+    out = ["| encoder (CPU) | " + " | ".join(names) + " |", "|---" * (1 + len(COLUMNS)) + "|"]
+    out += [f"| {what} | " + " | ".join(cell(s) for s in COLUMNS) + " |" for what, cell in rows]
+    machine = record.get("machine", {})
+    flags = ", ".join(machine.get("cpu_flags") or [])
+    out += ["", f"`{record['command']}` ({machine.get('cpu_model', '?')}, {flags}, {machine.get('cpus_usable', '?')} "
+                f"cores, {str(record.get('date', '?'))[:10]}, {record['docs']:,} held-out documents, {link})"]
+    return "\n".join(out)

@@ -4,6 +4,7 @@ precision that fails it, naming the gate."""
 from __future__ import annotations
 
 import collections
+import json
 import re
 
 import jax
@@ -163,26 +164,98 @@ def with_outlier_channel(source: str, folder) -> str:
     return str(folder)
 
 
-def test_validate_verify_passes_bfloat16_on_the_input(tmp_path, tiny_checkpoint_dir):
-    from conftest import REPO, job_config
-    from docbeam.pipeline.driver.plan import make_plan
-    from docbeam.pipeline.tools import validate
+@pytest.fixture(scope="module")
+def gate_input(tmp_path_factory):
+    """The sample's first 60 documents: more than enough windows for recall@10, a second's encoding."""
+    import gzip
 
-    cfg = job_config(f"{REPO}/data/sample/docs.jsonl.gz", str(tmp_path / "out"), tiny_checkpoint_dir,
-                     model={"dtype": "bfloat16"})
-    assert validate.precision_gate(cfg, make_plan(cfg), limit=40).endswith("recall@10 1.0000: passes")
+    from conftest import SAMPLE
+
+    path = tmp_path_factory.mktemp("gate-input") / "docs.jsonl"
+    with gzip.open(SAMPLE, "rt") as f:
+        path.write_text("".join(line for _, line in zip(range(60), f)))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def outlier_checkpoint(tiny_checkpoint_dir, tmp_path_factory):
+    return with_outlier_channel(tiny_checkpoint_dir, tmp_path_factory.mktemp("gate") / "outliers")
+
+
+def gate_run(gate_input, output, checkpoint_dir, **model):
+    """``docbeam run`` on the gate's input, the tiny model's batching, ``model`` keys set, from a YAML file."""
+    import yaml
+
+    from cli_runner import run_docbeam
+
+    config = output.parent / "job.yaml"
+    config.write_text(yaml.safe_dump({"input": {"path": gate_input}, "output": {"path": str(output)},
+                                      "model": {"path": checkpoint_dir, **model},
+                                      "batching": {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}}))
+    return run_docbeam("run", "--config", str(config))
+
+
+def test_a_run_in_bfloat16_that_passes_its_gate_records_the_figures(gate_input, tiny_checkpoint_dir, tmp_path):
+    result = gate_run(gate_input, tmp_path / "out", tiny_checkpoint_dir, dtype="bfloat16")
+    assert result.returncode == 0, result.stderr
+    gate = json.load(open(tmp_path / "out" / "summary.json"))["precision_gate"]
+    assert (gate["dtype"], gate["mode"], gate["status"], gate["failures"]) == ("bfloat16", "enforce", "passed", [])
+    assert gate["documents"] == 60 and gate["windows"] > 60  # long documents give several windows
+    assert gate["recall_at_10"] >= 0.98 and gate["lowest_cosine"] >= 0.99
+    assert "precision  bfloat16: quality gate (60 documents" in result.stdout
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_validate_verify_refuses_a_precision_that_fails_naming_the_gate(tmp_path, tiny_checkpoint_dir, dtype):
-    from conftest import REPO, job_config
-    from docbeam.pipeline.driver.plan import make_plan
-    from docbeam.pipeline.tools import validate
+def test_a_run_in_a_precision_that_fails_its_gate_is_refused_naming_the_gate(gate_input, outlier_checkpoint,
+                                                                              tmp_path, dtype):
+    result = gate_run(gate_input, tmp_path / "out", outlier_checkpoint, dtype=dtype)
+    assert result.returncode == 2, result.stderr
+    assert re.search(rf"model.dtype: {dtype} fails the quality gate \(recall@10 0.9[0-7]\d+ < 0.98", result.stderr)
+    assert not (tmp_path / "out").exists()  # refused at start: nothing written, no lock taken
 
-    folder = with_outlier_channel(tiny_checkpoint_dir, tmp_path / "outliers")
-    cfg = job_config(f"{REPO}/data/sample/docs.jsonl.gz", str(tmp_path / "out"), folder, model={"dtype": dtype})
-    with pytest.raises(precision.PrecisionRefused, match=rf"{dtype} fails the quality gate \(recall@10 0.9[0-7]\d+ < "):
-        validate.precision_gate(cfg, make_plan(cfg), limit=40)
+
+def test_under_warn_a_failing_precision_runs_and_the_summary_says_which_gate_failed(gate_input, outlier_checkpoint,
+                                                                                    tmp_path):
+    result = gate_run(gate_input, tmp_path / "out", outlier_checkpoint, dtype="int8", precision_gate="warn")
+    assert result.returncode == 0, result.stderr
+    summary = json.load(open(tmp_path / "out" / "summary.json"))
+    gate = summary["precision_gate"]
+    assert (gate["status"], gate["mode"]) == ("failed", "warn")
+    assert len(gate["failures"]) >= 1 and gate["failures"][0].startswith("recall@10 0.9")
+    assert re.search(r"precision  int8: quality gate .*: FAILS recall@10 0.9\d+ < 0.98", result.stdout)
+    assert summary["docs_embedded"] == 60
+
+
+def test_validate_verify_says_what_run_would_and_off_is_recorded_as_not_run(gate_input, outlier_checkpoint,
+                                                                           tiny_checkpoint_dir, tmp_path):
+    from conftest import job_config
+    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver.plan import make_plan
+
+    cfg = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint, model={"dtype": "int8"})
+    with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the quality gate \(recall@10"):
+        quality_gate.gate_record(make_plan(cfg))
+    off = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
+                     model={"dtype": "int8", "precision_gate": "off"})
+    assert quality_gate.gate_record(make_plan(off)) == {"dtype": "int8", "mode": "off", "status": "not run",
+                                                        "reason": "model.precision_gate: off"}
+    f32 = job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir)
+    assert quality_gate.checked(make_plan(f32)).precision_gate is None  # float32 is the reference
+
+
+def test_the_gate_is_not_run_where_the_encoder_runs_elsewhere_and_says_so(gate_input, tiny_checkpoint_dir, tmp_path):
+    import dataclasses
+
+    from conftest import job_config
+    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver.plan import make_plan
+
+    cfg = job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir, model={"dtype": "bfloat16"})
+    plan = dataclasses.replace(make_plan(cfg), platform="tpu", checked=False)
+    record = quality_gate.gate_record(plan)
+    assert record["status"] == "not run"
+    assert record["reason"] == ("the encoder runs on tpu, not on this machine; run `docbeam validate --verify` on a "
+                                "tpu machine")
 
 
 def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_checkpoint_dir):

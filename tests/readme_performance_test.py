@@ -18,11 +18,29 @@ def test_a_section_names_the_command_date_machine_and_file(tmp_path, monkeypatch
 
 
 def test_the_readmes_one_table_puts_the_command_beside_each_figure():
-    rows = [r for r in readme.render_readme().splitlines() if r.startswith("| ") and "**" in r]
-    assert len(rows) == len([t for t in readme.TARGETS if t[1] not in readme.HISTORY_ONLY])
+    rendered = readme.render_readme().split("Reduced precision on CPU")[0]
+    rows = [r for r in rendered.splitlines() if r.startswith("| ") and "**" in r]
+    assert len(rows) == len([t for t in readme.TARGETS if t[1] not in readme.HISTORY_ONLY | {readme.PRECISION}])
     assert not any(name in row for row in rows for name in readme.HISTORY_ONLY)  # history stays in docs/
     for row in rows:
         assert "`python benchmarks/" in row, row
+
+
+def test_the_readme_sets_the_five_precisions_side_by_side_with_the_command_and_the_gate():
+    import json
+
+    record = json.load(open(f"{readme.REPO}/{readme.RESULTS}/{readme.PRECISION}"))
+    table = readme.render_readme().split("Reduced precision on CPU")[1]
+    head = next(r for r in table.splitlines() if r.startswith("| encoder (CPU)"))
+    assert head.split(" | ")[1:] == ["docbeam float32", "docbeam bfloat16", "docbeam int8", "ONNX Runtime float32",
+                                     "ONNX Runtime int8 |"]
+    speeds = next(r for r in table.splitlines() if r.startswith("| tokens/s"))
+    assert speeds.split(" | ")[1:] == [f"{s['tokens_per_s']:,.0f}" for s in record["sides"]][:-1] + [
+        f"{record['sides'][-1]['tokens_per_s']:,.0f} |"]
+    gates = next(r for r in table.splitlines() if r.startswith("| quality gate"))
+    for side in record["sides"][1:]:  # each verdict is the file's: a failing one names its gate
+        assert ("passes" if side["gate"]["passed"] else "; ".join(side["gate"]["failures"])) in gates
+    assert f"`{record['command']}`" in table and "precision.json" in table
 
 
 def test_the_same_command_on_two_machines_is_set_side_by_side(tmp_path, monkeypatch):

@@ -205,6 +205,8 @@ def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
 
 
 def format_summary(s: dict, output: str) -> str:
+    from docbeam.pipeline.driver import quality_gate
+
     lines = [
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
         f"  documents  read {s['docs_read']}, embedded {s['docs_embedded']}, rejected {s['docs_rejected']}"
@@ -218,6 +220,8 @@ def format_summary(s: dict, output: str) -> str:
         f"  speed      {s['docs_per_second']} docs/s, {s['tokens_per_second']} tokens/s",
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
+        *([f"  precision  {s['dtype']}: {quality_gate.describe(s['precision_gate'])}"] if s.get("precision_gate")
+          else []),
         *([format_startup(s)] if s.get("startup") else []),
         *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),
     ]

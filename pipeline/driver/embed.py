@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import apache_beam as beam
 
 from docbeam.pipeline.driver import config as config_lib
-from docbeam.pipeline.driver import config_files
+from docbeam.pipeline.driver import config_files, quality_gate
 from docbeam.pipeline.driver.config import EmbedConfig, JobConfig
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
@@ -142,7 +142,8 @@ class EmbedDocuments(beam.PTransform):
         super().__init__()
         cfg, default_id, default_text = embed_config(config)
         self._fields = (id_field or default_id, text_field or default_text)
-        self.plan = make_plan(cfg, for_input=False, for_output=False)
+        # A dtype other than float32 says it runs without its gate (no input here to measure it on).
+        self.plan = quality_gate.checked(make_plan(cfg, for_input=False, for_output=False))
         self._spec = encoder_spec(self.plan)
 
     @property

@@ -56,6 +56,7 @@ class JobPlan:
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
+    precision_gate: dict | None = None  # model.dtype's quality gate at start (pipeline/driver/quality_gate.py)
 
     @property
     def buckets(self) -> tuple[int, ...]:

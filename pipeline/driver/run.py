@@ -21,7 +21,7 @@ from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from docbeam.pipeline.driver import placeholders
-from docbeam.pipeline.driver import embed
+from docbeam.pipeline.driver import embed, quality_gate
 from docbeam.pipeline.driver.embed import EncodeDocuments
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
 from docbeam.pipeline.errors import JobFailed, Refused, refused_at_start
@@ -89,6 +89,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
         "kept_fields": plan.kept.describe(),
+        "precision_gate": plan.precision_gate,
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
 
@@ -185,7 +186,7 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
-    plan = make_plan(cfg)
+    plan = quality_gate.checked(make_plan(cfg))  # a reduced precision that fails its gate stops here (exit 2)
     if cfg.output.pgvector is not None:
         pgvector.check_can_load(wait)
     marks["plan"] = time.time()

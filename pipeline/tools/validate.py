@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import yaml
 
-from docbeam.pipeline.driver import placeholders
+from docbeam.pipeline.driver import placeholders, quality_gate
 from docbeam.pipeline.driver.config import JobConfig
 
 
@@ -47,57 +47,6 @@ def shown(cfg: JobConfig) -> dict:
     return dumped
 
 
-GATE_DOCUMENTS = 300  # the input's first documents: enough for recall@10 to mean something, seconds on a CPU
-
-
-def first_documents(cfg: JobConfig, limit: int) -> list:
-    from docbeam.pipeline.records import Document
-    from docbeam.pipeline.stages.read import match_paths, path_records
-
-    docs = []
-    for path in match_paths(cfg.input.path):
-        docs += [r for r in path_records(path, cfg.input) if isinstance(r, Document)][:limit - len(docs)]
-        if len(docs) >= limit:
-            break
-    return docs
-
-
-def window_vectors(plan, dtype: str, windows, batches):
-    """Every window's vector [W, D] in window order, encoded as the job's workers would in ``dtype``."""
-    import numpy as np
-
-    from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
-
-    runtime = load_encoder(EncoderSpec(plan.model_path, dtype, plan.pooling, plan.attention, plan.choices,
-                                       plan.platform, packing=plan.packing))
-    by_window = {}
-    for batch in batches:
-        vectors, _ = runtime.encode(batch)
-        by_window.update({(w.doc_id, w.index): v for w, v in zip(batch.windows, vectors)})
-    return np.stack([by_window[(w.doc_id, w.index)] for w in windows])
-
-
-def precision_gate(cfg: JobConfig, plan, limit: int = GATE_DOCUMENTS) -> str:
-    """model.dtype other than float32: the input's first ``limit`` documents encoded in float32 and in that
-    dtype, every window's vector held to the quality gate (models/precision_gate.py). Refused, naming the
-    gate that failed, when it does not pass: a reduced precision is never chosen silently."""
-    from docbeam.models import precision_gate as gate
-    from docbeam.models.checkpoint import load_tokenizer, resolve_dir
-    from docbeam.pipeline.stages.packer import batch_windows
-    from docbeam.pipeline.stages.tokenize import windows_for
-
-    docs = first_documents(cfg, limit)
-    windows = windows_for(docs, load_tokenizer(resolve_dir(plan.model_path)), window_len=plan.window_len,
-                          config=cfg.tokenize, prompt=plan.prompt)
-    if len(windows) <= gate.K:
-        return f"# quality gate: skipped, {len(windows)} windows in the input's first documents (needs > {gate.K})"
-    batches = batch_windows(windows, plan.batching())
-    result = gate.measure(cfg.model.dtype, window_vectors(plan, cfg.model.dtype, windows, batches),
-                          window_vectors(plan, "float32", windows, batches))
-    gate.require(result)
-    return f"# quality gate ({len(docs)} documents, {result.documents} windows): {result.describe()}"
-
-
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
     from docbeam import attention
     from docbeam.attention.plan import gate
@@ -133,8 +82,8 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
         if c.fallback_reason:
             line += f"  (fallback: {c.fallback_reason})"
         out.append(line)
-    if verify and cfg.model.dtype != "float32":
-        out.append(precision_gate(cfg, plan))
+    if verify and cfg.model.dtype != "float32":  # as `run` does at start: refused (exit 2) when it fails under enforce
+        out.append("# " + quality_gate.describe(quality_gate.gate_record(plan)))
     if for_launch:
         out.append("# launch: no placeholder in " + ", ".join(placeholders.LAUNCH_KEYS))
     return "\n".join(out)

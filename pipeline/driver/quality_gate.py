@@ -1,0 +1,119 @@
+"""The precision quality gate at the start of a run: a ``model.dtype`` other than float32 is held to float32's
+vectors on the input's first documents (models/precision_gate.py) before the output is touched, so a reduced
+precision that fails its gate is never chosen silently. ``docbeam run`` and ``validate --verify`` start here.
+
+``model.precision_gate`` says what a failure does: ``enforce`` refuses the run (exit 2) naming the gate,
+``warn`` runs and records the failure, ``off`` does not measure. Every run records what happened in
+summary.json's ``precision_gate``, also where the gate could not run (and why).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from docbeam.models import precision_gate as gate
+from docbeam.pipeline.driver.config import JobConfig
+
+log = logging.getLogger(__name__)
+
+DOCUMENTS = 300  # the input's first documents: enough for recall@10 to mean something, seconds on a CPU
+
+
+def first_documents(cfg: JobConfig, limit: int) -> list:
+    from docbeam.pipeline.records import Document
+    from docbeam.pipeline.stages.read import match_paths, path_records
+
+    docs = []
+    for path in match_paths(cfg.input.path):
+        docs += [r for r in path_records(path, cfg.input) if isinstance(r, Document)][:limit - len(docs)]
+        if len(docs) >= limit:
+            break
+    return docs
+
+
+def window_vectors(plan, dtype: str, windows, batches):
+    """Every window's vector [W, D] in window order, encoded as the job's workers would in ``dtype``."""
+    import numpy as np
+
+    from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
+
+    runtime = load_encoder(EncoderSpec(plan.model_path, dtype, plan.pooling, plan.attention, plan.choices,
+                                       plan.platform, packing=plan.packing))
+    by_window = {}
+    for batch in batches:
+        vectors, _ = runtime.encode(batch)
+        by_window.update({(w.doc_id, w.index): v for w, v in zip(batch.windows, vectors)})
+    return np.stack([by_window[(w.doc_id, w.index)] for w in windows])
+
+
+def measure(plan, limit: int = DOCUMENTS) -> tuple[int, int, gate.GateResult | None]:
+    """(documents read, windows, the gate's result): the input's first ``limit`` documents encoded in float32
+    and in model.dtype, every window's vector compared; no result when there are too few windows for recall@10."""
+    from docbeam.models.checkpoint import load_tokenizer, resolve_dir
+    from docbeam.pipeline.stages.packer import batch_windows
+    from docbeam.pipeline.stages.tokenize import windows_for
+
+    cfg = plan.config
+    docs = first_documents(cfg, limit)
+    windows = windows_for(docs, load_tokenizer(resolve_dir(plan.model_path)), window_len=plan.window_len,
+                          config=cfg.tokenize, prompt=plan.prompt)
+    if len(windows) <= gate.K:
+        return len(docs), len(windows), None
+    batches = batch_windows(windows, plan.batching())
+    return len(docs), len(windows), gate.measure(cfg.model.dtype, window_vectors(plan, cfg.model.dtype, windows, batches),
+                                                 window_vectors(plan, "float32", windows, batches))
+
+
+def _not_run(dtype: str, mode: str, reason: str) -> dict:
+    log.warning("docbeam: model.dtype %s runs without its quality gate: %s", dtype, reason)
+    return {"dtype": dtype, "mode": mode, "status": "not run", "reason": reason}
+
+
+def gate_record(plan, limit: int = DOCUMENTS) -> dict | None:
+    """What summary.json's ``precision_gate`` says (None for float32, the reference itself). Raises
+    ``PrecisionRefused`` naming each failed gate under ``enforce``."""
+    cfg = plan.config
+    dtype, mode = cfg.model.dtype, cfg.model.precision_gate
+    if dtype == "float32":
+        return None
+    if mode == "off":
+        return _not_run(dtype, mode, "model.precision_gate: off")
+    if not isinstance(cfg, JobConfig):
+        return _not_run(dtype, mode, "docbeam.EmbedDocuments has no input to measure it on; run `docbeam validate "
+                                     "--verify` on a sample of your documents")
+    if not plan.checked:
+        return _not_run(dtype, mode, f"the encoder runs on {plan.platform}, not on this machine; run `docbeam "
+                                     f"validate --verify` on a {plan.platform} machine")
+    documents, windows, result = measure(plan, limit)
+    if result is None:
+        return _not_run(dtype, mode, f"{windows} windows in the input's first {documents} documents; recall@{gate.K} "
+                                     f"needs more than {gate.K}")
+    if mode == "enforce":
+        gate.require(result)
+    elif not result.passed:
+        log.warning("docbeam: model.dtype %s FAILS its quality gate (%s) and runs anyway (model.precision_gate: "
+                    "warn)", dtype, "; ".join(result.failures))
+    return {"dtype": dtype, "mode": mode, "status": "passed" if result.passed else "failed",
+            "failures": result.failures, "documents": documents, "windows": windows,
+            "lowest_cosine": result.lowest_cosine, "mean_cosine": result.mean_cosine,
+            "recall_at_10": result.recall_at_10}
+
+
+def checked(plan, limit: int = DOCUMENTS):
+    """The plan with its gate's record (``plan.precision_gate``), said in the run's log."""
+    record = gate_record(plan, limit)
+    if record is not None:
+        log.info("docbeam: %s", describe(record))
+    return dataclasses.replace(plan, precision_gate=record)
+
+
+def describe(record: dict | None) -> str:
+    """One line for ``validate``, the run's log and its printed summary."""
+    if record is None:
+        return "quality gate: float32 is the reference"
+    if record["status"] == "not run":
+        return f"quality gate: not run ({record['reason']})"
+    verdict = "passes" if record["status"] == "passed" else "FAILS " + "; ".join(record["failures"])
+    return (f"quality gate ({record['documents']} documents, {record['windows']} windows): {record['dtype']} vs "
+            f"float32: lowest cosine {record['lowest_cosine']:.4f}, mean {record['mean_cosine']:.5f}, "
+            f"recall@{gate.K} {record['recall_at_10']:.4f}: {verdict}")
