@@ -1,7 +1,8 @@
 # make run   — set up .venv and embed the sample corpus with configs/local.yaml into out/local/
 # make test  — set up .venv with the test dependencies and run the test suite (a few minutes on 2 cores)
 # make test-extra — what make test leaves out: the `full` tests (a fresh venv of the image's requirements, the
-#                   accelerator extras' resolution) and every crash and pause point on the GCS emulator
+#                   accelerator extras' resolution), the `extra` ones (the GCS emulator, Postgres, a job server
+#                   or separate worker processes on trial) and every crash and pause point on the GCS emulator
 # make test-all  — make test and make test-extra in one run
 PYTHON ?= python3.11
 VENV := .venv
@@ -46,9 +47,9 @@ test: setup-test
 test-all: setup-test
 	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q $(XDIST)
 
-# What `make test` leaves out: the `full` tests and every crash point of the emulator walk.
+# What `make test` leaves out: the `full` and `extra` tests, and every crash point of the emulator walk.
 test-extra: setup-test
-	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q $(XDIST) -m full
+	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q $(XDIST) -m "full or extra" --ignore=tests/crash_test.py
 	DOCBEAM_TEST_ALL=1 $(PY) -m pytest -q -n 2 -m gcs tests/crash_test.py
 
 bench: setup-test

@@ -248,9 +248,7 @@ def section(name: str, title: str, prefix: str = "") -> str | None:
 
 def render_readme() -> str:
     record = _load(PRECISION)
-    precision = (["", "Reduced precision on CPU: five encoders of one model in one run, each against docbeam float32's "
-                  "vectors (the quality gate that `docbeam run` applies to `model.dtype`):", "",
-                  precision_table(record, file_link(PRECISION, ""))] if record and record.get("tables") else [])
+    precision = ["", precision_table(record, file_link(PRECISION, ""))] if record and record.get("tables") else []
     return "\n".join([BEGIN, "", readme_table(), *precision, "", END])
 
 

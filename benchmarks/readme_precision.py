@@ -42,7 +42,9 @@ def precision_table(record: dict, link: str) -> str:
             ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
             ("quality gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict)]
     names = [c.replace("onnxruntime", "ONNX Runtime") for c in COLUMNS]
-    out = ["| encoder (CPU) | " + " | ".join(names) + " |", "|---" * (1 + len(COLUMNS)) + "|"]
+    out = ["Reduced precision on CPU: five encoders of one model in one run, each against docbeam float32's vectors "
+           "(the quality gate that `docbeam run` applies to `model.dtype`):", "",
+           "| encoder (CPU) | " + " | ".join(names) + " |", "|---" * (1 + len(COLUMNS)) + "|"]
     out += [f"| {what} | " + " | ".join(cell(s) for s in COLUMNS) + " |" for what, cell in rows]
     machine = record.get("machine", {})
     flags = ", ".join(machine.get("cpu_flags") or [])

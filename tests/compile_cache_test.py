@@ -66,6 +66,7 @@ def test_a_local_cache_serves_the_second_jobs_compilations(corpus, tiny_checkpoi
 
 @pytest.mark.slow
 @pytest.mark.gcs
+@pytest.mark.extra
 def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(corpus, tiny_checkpoint_dir,
                                                                                 tmp_path, monkeypatch):
     from gcs_emulator import gcs_emulator

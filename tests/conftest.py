@@ -11,6 +11,9 @@ import weakref
 import numpy as np
 import pytest
 
+# Every compilation kept, as `docbeam run` keeps them (pipeline/stages/compile_cache.py): JAX's default keeps only
+# those over a second, and the tiny models' compile faster than that, so a warm cache would hold none of them.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "jax"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -20,15 +23,20 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 
 
+LEFT_TO_EXTRA = ("full", "extra")  # markers of the tests `make test` leaves to `make test-extra`
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    """`full` tests (minutes each: a fresh venv, registry resolution) run only under `make test-all`, so that
-    `make test` stays a few minutes; the skip names the command that runs them. Then the files with the most
-    `slow` tests go first (``slow_files_first``)."""
+    """`full` tests (minutes each: a fresh venv, registry resolution) and `extra` ones (an emulator, Postgres or
+    separate processes on trial) run only under `make test-extra` and `make test-all`, so that `make test`
+    stays within five minutes; the skip names the command that runs them. Then the files with the most `slow`
+    tests go first (``slow_files_first``)."""
     if not os.environ.get(TEST_ALL_ENV):
-        skip = pytest.mark.skip(reason=f"a `full` test: run by `make test-all` ({TEST_ALL_ENV}=1)")
         for item in items:
-            if "full" in item.keywords:
-                item.add_marker(skip)
+            marker = next((m for m in LEFT_TO_EXTRA if m in item.keywords), None)
+            if marker:
+                item.add_marker(pytest.mark.skip(reason=f"an `{marker}` test: run by `make test-extra` "
+                                                        f"({TEST_ALL_ENV}=1)"))
     slow_files_first(items)
 
 
@@ -38,7 +46,8 @@ def slow_files_first(items: list) -> None:
     Needed since xdist hands out tests in collection order, in ever smaller chunks: a whole pipeline met last
     keeps one worker busy while the other has nothing left (as a longest-first schedule avoids), and the
     many quick files at the end even the two workers out."""
-    runs = [item for item in items if "full" not in item.keywords or os.environ.get(TEST_ALL_ENV)]
+    runs = [item for item in items
+            if not any(m in item.keywords for m in LEFT_TO_EXTRA) or os.environ.get(TEST_ALL_ENV)]
     slow = collections.Counter(item.path for item in runs if "slow" in item.keywords)
     items.sort(key=lambda item: -slow[item.path])  # a stable sort: a file's tests stay together and in order
 

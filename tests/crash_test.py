@@ -36,7 +36,7 @@ def emulator():
         yield server
 
 
-@pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow])])
+@pytest.fixture(params=["local", pytest.param("gcs", marks=[pytest.mark.gcs, pytest.mark.slow, pytest.mark.extra])])
 def new_output(request, tmp_path) -> Outputs:
     """Makes a fresh output folder per call: one per crash point."""
     if request.param == "local":

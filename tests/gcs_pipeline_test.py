@@ -76,6 +76,7 @@ def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
             for b in gcs.client.list_blobs(gcs.bucket, prefix=f"{prefix}/") if "/_staging/" not in b.name}
 
 
+@pytest.mark.extra
 def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_commit_replaces_it(
         tiny_checkpoint_dir, tmp_path):
     from docbeam.pipeline.stages.commit import RunFailed
@@ -116,6 +117,7 @@ def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_com
     assert notes == b"not docbeam's"
 
 
+@pytest.mark.extra
 def test_on_gcs_an_incremental_run_reuses_the_unchanged_documents_of_a_previous_run(tiny_checkpoint_dir, tmp_path):
     docs = [{"id": f"d{i}", "text": f"Paragraph {i} on object stores and their consistency. " * (i % 4 + 1)}
             for i in range(24)]

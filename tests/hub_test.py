@@ -129,6 +129,7 @@ def test_a_branch_is_pinned_to_the_commit_its_snapshot_came_from():
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos, prompted_checkpoint, tmp_path,
                                                                          monkeypatch, capsys):
     from sentence_transformers import SentenceTransformer

@@ -46,6 +46,7 @@ def two_process_job(corpus: str, tiny_checkpoint_dir, output: str, share: bool):
                       runner={"one_model_per_vm": share, "options": TWO_PROCESSES})
 
 
+@pytest.mark.extra
 def test_with_sharing_two_worker_processes_send_batches_to_one_runtime(corpus, tiny_checkpoint_dir, tmp_path):
     shared = run_job(two_process_job(corpus, tiny_checkpoint_dir, str(tmp_path / "shared"), share=True))
     records = timing(str(tmp_path / "shared"))
@@ -55,6 +56,7 @@ def test_with_sharing_two_worker_processes_send_batches_to_one_runtime(corpus, t
     assert pids(records, "worker") <= pids(records, "requested_by"), "the owner is one of the workers"
 
 
+@pytest.mark.extra
 def test_without_sharing_each_worker_process_builds_its_own_runtime(corpus, tiny_checkpoint_dir, tmp_path):
     run_job(two_process_job(corpus, tiny_checkpoint_dir, str(tmp_path / "own"), share=False))
     records = timing(str(tmp_path / "own"))

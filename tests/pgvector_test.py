@@ -99,6 +99,7 @@ def runs(tiny_checkpoint_dir, tmp_path_factory, postgres):
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_a_run_loads_its_rows_and_a_nearest_neighbour_query_finds_each_document(runs, postgres):
     root, full, after_a, _, gone, _ = runs
     rows = parquet_rows(str(root / "a"))
@@ -112,6 +113,7 @@ def test_a_run_loads_its_rows_and_a_nearest_neighbour_query_finds_each_document(
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_an_incremental_run_upserts_its_rows_and_deletes_exactly_the_documents_gone(runs, postgres):
     root, full, _, incremental, gone, rejected = runs
     b_rows = parquet_rows(str(root / "b"))
@@ -128,6 +130,7 @@ def test_an_incremental_run_upserts_its_rows_and_deletes_exactly_the_documents_g
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_reapplying_a_committed_run_changes_nothing(runs, postgres, capsys):
     root, *_ = runs
     before = snapshot(postgres, "docs")
@@ -154,6 +157,7 @@ print("finished", flush=True)
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 @pytest.mark.parametrize("moment", ["during the COPY", "after the upsert, before the delete"])
 def test_a_load_killed_midway_leaves_the_table_as_it_was_and_a_retry_applies_it(runs, postgres, moment):
     root, *_ = runs
@@ -176,6 +180,7 @@ def test_a_load_killed_midway_leaves_the_table_as_it_was_and_a_retry_applies_it(
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_a_failed_load_leaves_the_run_committed_and_says_how_to_reapply_it(runs, postgres, tiny_checkpoint_dir):
     root, *_ = runs
     query(postgres, "CREATE TABLE narrow (id text PRIMARY KEY, embedding vector(3) NOT NULL, fields jsonb NOT NULL, "
@@ -203,6 +208,7 @@ def test_a_driver_that_does_not_wait_is_refused_before_anything_is_touched(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_path, postgres, real_checkpoint_dir):
     with gzip.open(SAMPLE, "rt") as f:
         sample = [json.loads(line) for line in f][:12]
@@ -216,6 +222,7 @@ def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.extra
 def test_an_incremental_run_is_applied_only_over_the_run_it_carried_over(runs, postgres):
     root, *_ = runs
     a, b = str(root / "a"), str(root / "b")
@@ -246,3 +253,50 @@ def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
                         "output": {"path": str(tmp_path / "out"), "pgvector": {"dsn": dsn, "table": "t"}}},
                        base_dir=str(tmp_path))
     assert shown_config(cfg)["output"]["pgvector"]["dsn"] == shown and cfg.output.pgvector.dsn == dsn
+
+
+@pytest.mark.slow
+@pytest.mark.extra
+def test_a_full_run_into_the_same_output_deletes_the_documents_that_left_its_input_and_only_those(
+        runs, postgres, tiny_checkpoint_dir):
+    root, *_ = runs
+    with gzip.open(SAMPLE, "rt") as f:
+        sample = [json.loads(line) for line in f][:20]
+    gone, rejected = {d["id"] for d in sample[:3]}, sample[3]["id"]
+    today = [{**d, "text": " "} if d["id"] == rejected else d for d in sample if d["id"] not in gone]
+    sink = {"pgvector": {"dsn": postgres, "table": "daily"}}
+    other = pgvector.load(str(root / "a"), output_lib.read_manifest(str(root / "a")), postgres, "daily")
+    for day, docs in (("monday", sample), ("tuesday", today)):
+        (root / f"{day}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+        summary = run_job(job_config(str(root / f"{day}.jsonl"), str(root / "daily"), tiny_checkpoint_dir,
+                                     output=sink))
+    ids = {r[0] for r in query(postgres, "SELECT id FROM daily WHERE run_id <> %s", (other["run_id"],))}
+    # Gone from the input: deleted. Rejected today: kept (a rejection does not say the document left).
+    assert ids == {d["id"] for d in today} and not gone & ids and rejected in ids
+    assert summary["pgvector"]["deleted"] == 3
+    # The rows another output loaded into the same table (the 10 of its 30 documents this one never wrote) are
+    # not this output's to delete.
+    assert query(postgres, "SELECT count(*) FROM daily WHERE run_id = %s", (other["run_id"],)) == [(10,)]
+
+
+@pytest.mark.slow
+@pytest.mark.extra
+def test_a_full_run_that_could_not_read_a_file_deletes_nothing(runs, postgres, tiny_checkpoint_dir):
+    root, *_ = runs
+    with gzip.open(SAMPLE, "rt") as f:
+        sample = [json.loads(line) for line in f][:10]
+    folder = root / "flaky"
+    folder.mkdir()
+    (folder / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in sample[:5]))
+    with gzip.open(folder / "two.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps(d) + "\n" for d in sample[5:]))
+    sink = {"pgvector": {"dsn": postgres, "table": "flaky"}}
+    cfg = job_config(f"{folder}/*", str(root / "flaky-out"), tiny_checkpoint_dir, output=sink,
+                     input={"max_rejected_fraction": 1.0})
+    run_job(cfg)
+    data = (folder / "two.jsonl.gz").read_bytes()
+    (folder / "two.jsonl.gz").write_bytes(data[:len(data) // 2])  # cut short: a truncated_file rejection
+    summary = run_job(cfg)
+    assert summary["rejected_by_kind"].get("truncated_file") == 1
+    assert summary["pgvector"]["deleted"] == 0
+    assert query(postgres, "SELECT count(*) FROM flaky") == [(10,)]

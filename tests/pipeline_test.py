@@ -227,6 +227,7 @@ def test_switching_attention_backend_in_yaml_keeps_embeddings(backend, native_ru
     assert diff.max() <= 1e-5
 
 
+@pytest.mark.extra
 def test_two_worker_processes_give_the_same_embeddings(native_run, tiny_corpus, tiny_checkpoint_dir, tmp_path):
     folder, ids = tiny_corpus
     one_worker, _ = native_run

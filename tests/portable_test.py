@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, job_config
 from docbeam.pipeline.driver.run import run_job
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.extra]
 LOOPBACK = "localhost"
 START_TIMEOUT_S = 60
 

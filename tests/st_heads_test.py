@@ -247,6 +247,7 @@ def dense_files(folder: str) -> list[str]:
 
 @pytest.mark.gcs
 @pytest.mark.slow
+@pytest.mark.extra
 def test_the_dense_modules_are_fetched_from_gcs_with_the_metadata(headed_checkpoint):
     from gcs_emulator import gcs_emulator
     from gcs_pipeline_test import upload_folder

@@ -70,6 +70,7 @@ print(json.dumps({"pid": os.getpid(), "folder": folder, "filled_by": vm_cache.fi
 
 
 @pytest.mark.gcs
+@pytest.mark.extra
 def test_a_gcs_checkpoint_is_copied_once_per_vm_and_again_when_replaced(tiny_checkpoint_dir, tmp_path):
     from gcs_emulator import gcs_emulator
     from gcs_pipeline_test import upload_folder

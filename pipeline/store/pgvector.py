@@ -18,7 +18,7 @@ import numpy as np
 
 from docbeam.pipeline.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
-from docbeam.pipeline.store.output import EMBEDDINGS, REMOVED, SUMMARY, in_folder
+from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, REMOVED, SUMMARY, in_folder
 
 ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
 STAGE = "docbeam_stage"
@@ -125,10 +125,32 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         upserted = cur.rowcount
         faults.before_change("delete", f"postgres:{table}")
         cur.execute(f"DELETE FROM {table} WHERE id = ANY(%s)", (removed_ids(output, manifest),))
-        deleted = cur.rowcount
+        deleted = cur.rowcount + sweep_full_run(cur, table, output, manifest)
         cur.execute(f"INSERT INTO {runs} (run_id, output, upserted, deleted) VALUES (%s, %s, %s, %s)",
                     (run_id, output, upserted, deleted))
     return {"table": table, "run_id": run_id, "applied": True, "upserted": upserted, "deleted": deleted}
+
+
+FILE_LEVEL = ("unreadable_file", "truncated_file")  # errors/ kinds that name no documents
+
+
+def sweep_full_run(cur, table: str, output: str, manifest: dict) -> int:
+    """A full run replaces its output, so its documents are all this output has: rows an earlier run of the
+    same output loaded that this run neither wrote nor rejected left the input, and go (an incremental run
+    lists its removals in ``removed/`` instead). Rows of other outputs loaded into the table are left alone.
+    Skipped when the run rejected a whole file: a file it could not read names no documents, and a flaky read
+    must not empty the index of that file's documents. The rows deleted."""
+    if (manifest.get("reused_from") or {}).get("run_id"):
+        return 0
+    errors = [json.loads(line) for f in manifest["files"] if in_folder(f["path"], ERRORS)
+              for line in storage.read_bytes(storage.join(output, f["path"])).decode("utf-8").splitlines()
+              if line.strip()]
+    if any(e.get("kind") in FILE_LEVEL for e in errors):
+        return 0
+    cur.execute(f"DELETE FROM {table} WHERE run_id <> %s AND run_id IN (SELECT run_id FROM {table}_runs WHERE "
+                "output = %s) AND NOT (id = ANY(%s))",
+                (manifest["run_id"], output, [e["id"] for e in errors if e.get("id") is not None]))
+    return cur.rowcount
 
 
 def check_follows(cur, runs: str, table: str, manifest: dict) -> None:
