@@ -54,6 +54,11 @@ def snapshot(dsn: str, table: str) -> tuple[list, list]:
             query(dsn, f"SELECT run_id, upserted, deleted FROM {table}_runs ORDER BY run_id"))
 
 
+def sample_docs() -> list[dict]:
+    with gzip.open(SAMPLE, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
 def parquet_rows(output: str) -> dict[str, np.ndarray]:
     table = pq.read_table(sorted(glob.glob(f"{output}/embeddings/*.parquet")))
     return {r["id"]: np.asarray(r["embedding"], np.float32) for r in table.to_pylist()}
@@ -82,8 +87,7 @@ def test_kept_fields_become_the_jsonb_object_and_json_text_columns_their_json_va
 def runs(tiny_checkpoint_dir, tmp_path_factory, postgres):
     """Run A (30 documents) loaded into table docs, then an incremental run B from A: 3 documents gone,
     1 now rejected (empty), 2 new."""
-    with gzip.open(SAMPLE, "rt") as f:
-        sample = [json.loads(line) for line in f]
+    sample = sample_docs()
     a = sample[:30]
     gone, rejected = {d["id"] for d in a[:3]}, a[3]["id"]
     b = [{**d, "text": " "} if d["id"] == rejected else d for d in a if d["id"] not in gone] + sample[30:32]
@@ -210,8 +214,7 @@ def test_a_driver_that_does_not_wait_is_refused_before_anything_is_touched(tmp_p
 @pytest.mark.slow
 @pytest.mark.extra
 def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_path, postgres, real_checkpoint_dir):
-    with gzip.open(SAMPLE, "rt") as f:
-        sample = [json.loads(line) for line in f][:12]
+    sample = sample_docs()[:12]
     question = {"id": "question", "text": "How are versions of the AIX operating system identified?"}
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*sample, question]))
     run_job(job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), real_checkpoint_dir,
@@ -260,22 +263,19 @@ def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
 def test_a_full_run_into_the_same_output_deletes_the_documents_that_left_its_input_and_only_those(
         runs, postgres, tiny_checkpoint_dir):
     root, *_ = runs
-    with gzip.open(SAMPLE, "rt") as f:
-        sample = [json.loads(line) for line in f][:20]
+    sample = sample_docs()[:20]
     gone, rejected = {d["id"] for d in sample[:3]}, sample[3]["id"]
     today = [{**d, "text": " "} if d["id"] == rejected else d for d in sample if d["id"] not in gone]
-    sink = {"pgvector": {"dsn": postgres, "table": "daily"}}
     other = pgvector.load(str(root / "a"), output_lib.read_manifest(str(root / "a")), postgres, "daily")
     for day, docs in (("monday", sample), ("tuesday", today)):
         (root / f"{day}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
         summary = run_job(job_config(str(root / f"{day}.jsonl"), str(root / "daily"), tiny_checkpoint_dir,
-                                     output=sink))
+                                     output={"pgvector": {"dsn": postgres, "table": "daily"}}))
     ids = {r[0] for r in query(postgres, "SELECT id FROM daily WHERE run_id <> %s", (other["run_id"],))}
     # Gone from the input: deleted. Rejected today: kept (a rejection does not say the document left).
     assert ids == {d["id"] for d in today} and not gone & ids and rejected in ids
     assert summary["pgvector"]["deleted"] == 3
-    # The rows another output loaded into the same table (the 10 of its 30 documents this one never wrote) are
-    # not this output's to delete.
+    # Another output's rows in the same table (the 10 of its 30 documents this one never wrote) are not its own.
     assert query(postgres, "SELECT count(*) FROM daily WHERE run_id = %s", (other["run_id"],)) == [(10,)]
 
 
@@ -283,20 +283,17 @@ def test_a_full_run_into_the_same_output_deletes_the_documents_that_left_its_inp
 @pytest.mark.extra
 def test_a_full_run_that_could_not_read_a_file_deletes_nothing(runs, postgres, tiny_checkpoint_dir):
     root, *_ = runs
-    with gzip.open(SAMPLE, "rt") as f:
-        sample = [json.loads(line) for line in f][:10]
+    sample = sample_docs()[:10]
     folder = root / "flaky"
     folder.mkdir()
     (folder / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in sample[:5]))
     with gzip.open(folder / "two.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(d) + "\n" for d in sample[5:]))
-    sink = {"pgvector": {"dsn": postgres, "table": "flaky"}}
-    cfg = job_config(f"{folder}/*", str(root / "flaky-out"), tiny_checkpoint_dir, output=sink,
-                     input={"max_rejected_fraction": 1.0})
+    cfg = job_config(f"{folder}/*", str(root / "flaky-out"), tiny_checkpoint_dir, input={"max_rejected_fraction": 1.0},
+                     output={"pgvector": {"dsn": postgres, "table": "flaky"}})
     run_job(cfg)
     data = (folder / "two.jsonl.gz").read_bytes()
     (folder / "two.jsonl.gz").write_bytes(data[:len(data) // 2])  # cut short: a truncated_file rejection
     summary = run_job(cfg)
-    assert summary["rejected_by_kind"].get("truncated_file") == 1
-    assert summary["pgvector"]["deleted"] == 0
+    assert summary["rejected_by_kind"].get("truncated_file") == 1 and summary["pgvector"]["deleted"] == 0
     assert query(postgres, "SELECT count(*) FROM flaky") == [(10,)]

@@ -80,7 +80,9 @@ def test_single_window_documents_equal_sentence_transformers(sample_run, real_ch
     rows = {i: r for i, r in read_embeddings(output).items() if r["num_windows"] == 1}
     assert len(rows) > 250
     texts = sample_texts()
-    ids = sorted(rows)
+    # Every third by length, shortest to longest (~90 documents): the lengths and buckets are all there, at a third
+    # of the reference's time on two cores.
+    ids = sorted(rows, key=lambda i: (rows[i]["num_tokens"], i))[::3]
     reference = SentenceTransformer(real_checkpoint_dir, device="cpu").encode([texts[i] for i in ids], batch_size=32)
     ours = np.array([rows[i]["embedding"] for i in ids], np.float32)
     cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
