@@ -266,3 +266,20 @@ def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_ch
         encoder.attention_cases(config, [32], "gpu")
     bf16 = checkpoint.open_checkpoint(tiny_checkpoint_dir, "bfloat16").config
     assert {case.dtype for case in encoder.attention_cases(bf16, [32], "gpu")} == {"bfloat16"}
+
+
+def test_the_gate_reads_the_first_documents_of_the_input_and_no_further(gate_input, tmp_path, monkeypatch):
+    from conftest import job_config
+    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.records import Document
+    from docbeam.pipeline.stages import read
+
+    def endless(path, config, keep=None):  # an input file of any size: the gate must stop at its limit
+        for n in range(10**9):
+            if n == 50:
+                raise AssertionError("read past the documents the gate measures")
+            yield Document(f"doc-{n}", "a text", path, n)
+
+    monkeypatch.setattr(read, "path_records", endless)
+    docs = quality_gate.first_documents(job_config(gate_input, str(tmp_path / "out"), "unused"), 40)
+    assert [d.id for d in docs] == [f"doc-{n}" for n in range(40)]

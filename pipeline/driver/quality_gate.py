@@ -9,6 +9,7 @@ summary.json's ``precision_gate``, also where the gate could not run (and why).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 
 from docbeam.models import precision_gate as gate
@@ -20,12 +21,15 @@ DOCUMENTS = 300  # the input's first documents: enough for recall@10 to mean som
 
 
 def first_documents(cfg: JobConfig, limit: int) -> list:
+    """The input's first ``limit`` documents, reading no further: a run's input may be one file of gigabytes."""
     from docbeam.pipeline.records import Document
     from docbeam.pipeline.stages.read import match_paths, path_records
 
     docs = []
     for path in match_paths(cfg.input.path):
-        docs += [r for r in path_records(path, cfg.input) if isinstance(r, Document)][:limit - len(docs)]
+        records = path_records(path, cfg.input)
+        docs += itertools.islice((r for r in records if isinstance(r, Document)), limit - len(docs))
+        records.close()  # the file it has open
         if len(docs) >= limit:
             break
     return docs
