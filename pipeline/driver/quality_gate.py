@@ -119,5 +119,5 @@ def describe(record: dict | None) -> str:
         return f"quality gate: not run ({record['reason']})"
     verdict = "passes" if record["status"] == "passed" else "FAILS " + "; ".join(record["failures"])
     return (f"quality gate ({record['documents']} documents, {record['windows']} windows): {record['dtype']} vs "
-            f"float32: lowest cosine {record['lowest_cosine']:.4f}, mean {record['mean_cosine']:.5f}, "
+            f"float32: lowest cosine {record['lowest_cosine']:.5f}, mean {record['mean_cosine']:.5f}, "
             f"recall@{gate.K} {record['recall_at_10']:.4f}: {verdict}")
