@@ -64,8 +64,8 @@ def measure(plan, limit: int = DOCUMENTS) -> tuple[int, int, gate.GateResult | N
     if len(windows) <= gate.K:
         return len(docs), len(windows), None
     batches = batch_windows(windows, plan.batching())
-    return len(docs), len(windows), gate.measure(cfg.model.dtype, window_vectors(plan, cfg.model.dtype, windows, batches),
-                                                 window_vectors(plan, "float32", windows, batches))
+    ours, reference = (window_vectors(plan, dtype, windows, batches) for dtype in (cfg.model.dtype, "float32"))
+    return len(docs), len(windows), gate.measure(cfg.model.dtype, ours, reference)
 
 
 def _not_run(dtype: str, mode: str, reason: str) -> dict:
