@@ -68,8 +68,8 @@ def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fai
     out = tmp_path / "out"
     common = ["run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
               "--set", f"model.path={tiny_checkpoint_dir}"]
-    # `refused` and `result` run in a subprocess on purpose: the end-to-end checks that a failed run reaches the
-    # shell as exit status 1 and a committed one as 0; the --verbose run between them only reads stderr.
+    # `refused` runs in a subprocess on purpose: the end-to-end check that a failed run reaches the shell as exit
+    # status 1 (a committed one reaching it as 0: transaction_test's live-run test, whose first run is a process).
     refused = docbeam(*common)  # 1 of 2 rejected: over the default input.max_rejected_fraction of 0.1
     assert refused.returncode == 1
     why, details = refused.stderr.strip().splitlines()  # the reason first and alone; no Beam traceback
@@ -80,7 +80,7 @@ def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fai
     verbose = run_docbeam(*common, "--verbose")
     assert verbose.returncode == 1 and "Traceback (most recent call last)" in verbose.stderr
     assert not (out / "summary.json").exists()
-    result = docbeam(*common, "--set", "input.max_rejected_fraction=0.5", "--", "--direct_num_workers=1")
+    result = run_docbeam(*common, "--set", "input.max_rejected_fraction=0.5", "--", "--direct_num_workers=1")
     assert result.returncode == 0, result.stderr
     assert "documents  read 2, embedded 1, rejected 1" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
