@@ -69,7 +69,7 @@ class GateResult:
     def describe(self) -> str:
         verdict = "passes" if self.passed else "FAILS " + "; ".join(self.failures)
         return (f"{self.precision} vs float32 over {self.documents} vectors: lowest cosine "
-                f"{self.lowest_cosine:.4f}, mean {self.mean_cosine:.5f}, recall@{K} {self.recall_at_10:.4f}: "
+                f"{self.lowest_cosine:.5f}, mean {self.mean_cosine:.5f}, recall@{K} {self.recall_at_10:.4f}: "
                 f"{verdict}")
 
 

@@ -117,7 +117,6 @@ def describe(record: dict | None) -> str:
         return "quality gate: float32 is the reference"
     if record["status"] == "not run":
         return f"quality gate: not run ({record['reason']})"
-    verdict = "passes" if record["status"] == "passed" else "FAILS " + "; ".join(record["failures"])
-    return (f"quality gate ({record['documents']} documents, {record['windows']} windows): {record['dtype']} vs "
-            f"float32: lowest cosine {record['lowest_cosine']:.5f}, mean {record['mean_cosine']:.5f}, "
-            f"recall@{gate.K} {record['recall_at_10']:.4f}: {verdict}")
+    result = gate.GateResult(record["dtype"], record["windows"], record["lowest_cosine"], record["mean_cosine"],
+                             record["recall_at_10"])
+    return f"quality gate ({record['documents']} documents): {result.describe()}"

@@ -11,6 +11,7 @@ its output folder and Postgres one run behind; the error says how to re-apply it
 from __future__ import annotations
 
 import json
+import os
 import struct
 from typing import Iterator
 
@@ -19,6 +20,7 @@ import numpy as np
 from docbeam.pipeline.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, REMOVED, SUMMARY, in_folder
+from docbeam.pipeline.store.paths import is_remote
 
 ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
 STAGE = "docbeam_stage"
@@ -95,6 +97,9 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
     import psycopg
 
     run_id, runs = manifest["run_id"], f"{table}_runs"
+    # One spelling per output in <table>_runs, whichever command loads it (`sync-pgvector out/daily` from a
+    # shell, a run from its config's absolute path): a full run's sweep finds the earlier runs by it.
+    output = output if is_remote(output) else os.path.abspath(output)
     dim = dimension(output)
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:  # commits on leaving, rolls back on an error
         cur.execute("CREATE EXTENSION IF NOT EXISTS vector")
