@@ -231,10 +231,16 @@ def test_validate_verify_says_what_run_would_and_off_is_recorded_as_not_run(gate
     from conftest import job_config
     from docbeam.pipeline.driver import quality_gate
     from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.tools.validate import validation_report
 
     cfg = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint, model={"dtype": "int8"})
     with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the quality gate \(recall@10"):
-        quality_gate.gate_record(make_plan(cfg))
+        validation_report(cfg, verify=True)
+    assert "quality gate" not in validation_report(cfg)  # only --verify measures
+    warn = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
+                      model={"dtype": "int8", "precision_gate": "warn"})
+    assert re.search(r"# quality gate \(60 documents\): int8 vs float32 over \d+ vectors: .*FAILS recall@10",
+                     validation_report(warn, verify=True))
     off = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
                      model={"dtype": "int8", "precision_gate": "off"})
     assert quality_gate.gate_record(make_plan(off)) == {"dtype": "int8", "mode": "off", "status": "not run",

@@ -111,10 +111,8 @@ def checked(plan, limit: int = DOCUMENTS):
     return dataclasses.replace(plan, precision_gate=record)
 
 
-def describe(record: dict | None) -> str:
+def describe(record: dict) -> str:
     """One line for ``validate``, the run's log and its printed summary."""
-    if record is None:
-        return "quality gate: float32 is the reference"
     if record["status"] == "not run":
         return f"quality gate: not run ({record['reason']})"
     result = gate.GateResult(record["dtype"], record["windows"], record["lowest_cosine"], record["mean_cosine"],
