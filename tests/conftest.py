@@ -35,7 +35,7 @@ def pytest_collection_modifyitems(config, items) -> None:
         for item in items:
             marker = next((m for m in LEFT_TO_EXTRA if m in item.keywords), None)
             if marker:
-                item.add_marker(pytest.mark.skip(reason=f"an `{marker}` test: run by `make test-extra` "
+                item.add_marker(pytest.mark.skip(reason=f"marked `{marker}`: run by `make test-extra` "
                                                         f"({TEST_ALL_ENV}=1)"))
     slow_files_first(items)
 
