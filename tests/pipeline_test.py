@@ -52,7 +52,7 @@ def test_sample_run_writes_embeddings_timing_errors_and_summary(sample_run):
     assert glob.glob(f"{output}/embeddings/*.parquet") and glob.glob(f"{output}/timing/*.jsonl")
     assert glob.glob(f"{output}/errors/*.jsonl")  # present even when empty: a reader need not special-case it
     assert json.load(open(f"{output}/summary.json")) == summary
-    assert summary["docs_read"] == 400 == summary["docs_embedded"] + summary["docs_rejected"]
+    assert summary["docs_read"] == 134 == summary["docs_embedded"] + summary["docs_rejected"]
     assert summary["attention_backends"] == {"native": summary["batches"]}
     assert pq.read_schema(glob.glob(f"{output}/embeddings/*.parquet")[0]).names == [
         "id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash"]
@@ -78,11 +78,9 @@ def test_single_window_documents_equal_sentence_transformers(sample_run, real_ch
 
     output, _ = sample_run
     rows = {i: r for i, r in read_embeddings(output).items() if r["num_windows"] == 1}
-    assert len(rows) > 250
+    assert len(rows) >= 90
     texts = sample_texts()
-    # Every third by length, shortest to longest (~90 documents): the lengths and buckets are all there, at a third
-    # of the reference's time on two cores.
-    ids = sorted(rows, key=lambda i: (rows[i]["num_tokens"], i))[::3]
+    ids = sorted(rows, key=lambda i: (rows[i]["num_tokens"], i))
     reference = SentenceTransformer(real_checkpoint_dir, device="cpu").encode([texts[i] for i in ids], batch_size=32)
     ours = np.array([rows[i]["embedding"] for i in ids], np.float32)
     cosine = (ours * reference).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(reference, axis=1)
