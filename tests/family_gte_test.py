@@ -100,6 +100,7 @@ def test_rope_scalings_docbeam_does_not_reproduce_are_refused(tmp_path, model):
 
 
 @pytest.mark.slow
+@pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "General text embeddings.", "b": " ".join(["Rotary positions, stretched."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts)

@@ -77,6 +77,7 @@ def test_bfloat16_stays_close_to_float32(folder):
 
 
 @pytest.mark.slow
+@pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"short": "A short note.", "long": " ".join(["ModernBERT attends locally in most layers."] * 8)}
     tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)

@@ -82,6 +82,7 @@ def test_hub_options_docbeam_does_not_run_are_refused(tmp_path, model):
 
 
 @pytest.mark.slow
+@pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "search_document: a short one.", "b": " ".join(["Rotary positions with a small base."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)

@@ -254,6 +254,7 @@ def test_transformers_reads_the_test_tokenizer_as_docbeam_does(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 @pytest.mark.parametrize("packing", [False, True])
 def test_docbeam_run_gives_transformers_last_token_vectors(model, folder, tmp_path, packing):
     texts = {"a": "w5 w9 w200", "b": " ".join(f"w{i % WORDS + 1}" for i in range(0, 700, 7)),

@@ -48,6 +48,7 @@ def test_other_position_embedding_types_are_refused(tmp_path, model):
 
 
 @pytest.mark.slow
+@pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "Multilingual embeddings for everyone.", "b": " ".join(["Positions start past padding."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts)
