@@ -1,5 +1,5 @@
 """Beam's graph building, made cheaper for the test process only: three answers Beam recomputes hundreds of times
-per pipeline, remembered where they cannot change, and one debugging aid left out.
+per pipeline, remembered where they cannot change, one debugging aid left out, and a cheaper compression level.
 
 The suite builds over a hundred small pipelines, and on the 2-core machine Beam spends more CPU building and
 translating each graph than the tiny model spends encoding it. Nothing here changes what a pipeline computes:
@@ -121,8 +121,33 @@ def skip_type_hint_tracebacks() -> None:
     decorators.TRACEBACK_LIMIT = 0
 
 
+def compress_pickles_fast() -> None:
+    """Beam's pickled DoFns and coders compressed with bz2 at level 1 instead of 9.
+
+    Beam compresses each of the ~320 pickles of a pipeline's graph at bz2's level 9, whose 900 kB blocks cost
+    ~1.2 ms a pickle of a few kB; level 1 costs ~0.8 ms. Any level decompresses the same way, so a worker
+    process started without this patch still reads them."""
+    import bz2
+
+    from apache_beam.internal import cloudpickle_pickler
+
+    if getattr(cloudpickle_pickler.bz2, "fast", False):
+        return
+
+    class FastBz2:
+        fast = True
+        decompress = staticmethod(bz2.decompress)
+
+        @staticmethod
+        def compress(data, compresslevel=9):
+            return bz2.compress(data, 1)
+
+    cloudpickle_pickler.bz2 = FastBz2
+
+
 def install() -> None:
     skip_type_hint_tracebacks()
+    compress_pickles_fast()
     memoize_signatures()
     memoize_dofn_specs()
     memoize_option_views()
