@@ -197,13 +197,13 @@ def with_packing(batching, packing):
     return batching.model_copy(update={"packing": packing})
 
 
-SAMPLE_RUN_SHARE = 3  # the sample run encodes every third document of the sample
+SAMPLE_RUN_SHARE = 3
 
 
 @pytest.fixture(scope="session")
 def sample_run(tmp_path_factory):
     """The real model's run of every third document of the shipped sample (134 of 400: 43 of several windows,
-    up to 2,561 tokens, and 91 of one, in every bucket), gzipped as shipped, with chunk rows beside the
+    up to 2,561 tokens, and 91 of one, packed into rows of 128 and 256), gzipped as shipped, with chunk rows beside the
     documents' (granularity both): made once for the pipeline and the chunk tests. A third, since the real
     model's encoding is the suite's largest single cost (a minute for the whole sample on an AVX2 machine) and
     the documents the tests compare are all among the third."""
