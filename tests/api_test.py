@@ -16,7 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to, is_empty
 
 import docbeam
 from cli_runner import run_docbeam
-from conftest import REPO, checkout_env
+from conftest import REPO, TEST_BATCHING, checkout_env
 from pipeline_test import read_embeddings, sample_texts
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def job_file(tmp_path_factory, corpus, tiny_checkpoint_dir) -> str:
             f.write(json.dumps({"id": doc_id, "text": text}) + "\n")
     (folder / "job.yaml").write_text(json.dumps({
         "input": {"path": "docs.jsonl"}, "output": {"path": "out"}, "model": {"path": tiny_checkpoint_dir},
-        "batching": {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}}))
+        "batching": TEST_BATCHING}))
     return str(folder / "job.yaml")
 
 
@@ -153,8 +153,7 @@ def test_run_takes_a_file_a_dict_or_a_jobconfig_alike(job_file, tiny_checkpoint_
 
     folder = os.path.dirname(job_file)
     as_dict = {"input": {"path": f"{folder}/docs.jsonl"}, "output": {"path": f"{folder}/out"},
-               "model": {"path": tiny_checkpoint_dir}, "batching": {"buckets": [16, 32, 64, 128],
-                                                                   "tokens_per_batch": 512}}
+               "model": {"path": tiny_checkpoint_dir}, "batching": TEST_BATCHING}
     overrides = ["attention.backend=native", "batching.tokens_per_batch=256"]
     from_file = job_config(job_file, overrides)
     assert from_file.batching.tokens_per_batch == 256

@@ -181,7 +181,7 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     `docbeam run` commits meanwhile; the paused job then fails with LockLost and changes nothing."""
     import gzip
 
-    from conftest import REPO, SAMPLE, checkout_env, job_config
+    from conftest import REPO, SAMPLE, TEST_BATCHING, checkout_env, job_config
     from docbeam.pipeline.driver.run import run_job
 
     corpus = tmp_path / "docs.jsonl"
@@ -206,7 +206,8 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     forced = subprocess.run(
         [sys.executable, "-m", "docbeam", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
          "--set", f"input.path={corpus}", "--set", f"output.path={out}", "--set", f"model.path={tiny_checkpoint_dir}",
-         "--set", "batching.buckets=[16, 32, 64, 128]", "--set", "batching.tokens_per_batch=512"],
+         "--set", f"batching.buckets={TEST_BATCHING['buckets']}",
+         "--set", f"batching.tokens_per_batch={TEST_BATCHING['tokens_per_batch']}"],
         cwd=REPO, env=checkout_env(), capture_output=True, text=True, timeout=600)
     plan.resume.set()
     job.join(timeout=300)

@@ -38,12 +38,12 @@ def test_the_workers_run_the_backend_the_plan_chose_for_each_bucket(tiny_checkpo
     cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir, attention=NATIVE_OR_CHUNKED,
                      batching=UNPACKED)
     plan = make_plan(cfg)
-    assert {c.backend for c in plan.choices} == {"native"} and plan.buckets == (16, 32, 64, 128)
+    assert {c.backend for c in plan.choices} == {"native"} and plan.buckets == (32, 128)
     plan = with_backend(plan, 128, "chunked")
 
     def ran_as_planned(timings):
         ran = sorted((t["bucket_len"], t["attention_backend"], t["replanned"]) for t in timings)
-        assert ran == [(16, "native", None), (32, "native", None), (64, "native", None), (128, "chunked", None)], ran
+        assert ran == [(b, "chunked" if b == 128 else "native", None) for b in plan.buckets], ran
 
     with TestPipeline() as p:
         encoded = p | beam.Create(one_batch_per_bucket(plan.buckets)) | Encode(
@@ -67,9 +67,9 @@ def test_a_worker_on_another_platform_replans_and_every_record_says_so(tiny_chec
 def test_a_worker_on_the_planned_platform_does_not_choose_again(tiny_checkpoint_dir, tmp_path):
     cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir, attention=NATIVE_OR_CHUNKED,
                      batching=UNPACKED)
-    plan = with_backend(make_plan(cfg), 32, "chunked")
+    plan = with_backend(make_plan(cfg), 128, "chunked")
     runtime = load_encoder(encoder_spec(plan, str(tmp_path / "staging"), "run"))
-    records = [runtime.encode(b)[1] for b in one_batch_per_bucket((16, 32))]
+    records = [runtime.encode(b)[1] for b in one_batch_per_bucket((32, 128))]
     assert [(r["attention_backend"], r["replanned"]) for r in records] == [("native", None), ("chunked", None)]
 
 

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import TEST_BATCHING
 from docbeam import attention
 from docbeam.models import checkpoint, encoder, precision, precision_gate
 
@@ -191,7 +192,7 @@ def gate_run(gate_input, output, checkpoint_dir, **model):
     config = output.parent / "job.yaml"
     config.write_text(yaml.safe_dump({"input": {"path": gate_input}, "output": {"path": str(output)},
                                       "model": {"path": checkpoint_dir, **model},
-                                      "batching": {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}}))
+                                      "batching": TEST_BATCHING}))
     return run_docbeam("run", "--config", str(config))
 
 

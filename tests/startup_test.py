@@ -13,10 +13,10 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, SAMPLE, checkout_env, job_config
+from conftest import REPO, SAMPLE, TEST_BATCHING, checkout_env, job_config
 from docbeam.pipeline.telemetry.observe import STAGES
 
-BUCKETS = [16, 32, 64, 128]
+BUCKETS = TEST_BATCHING["buckets"]  # the tiny run's, as job_config gives them
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from cli_runner import run_docbeam
-from conftest import REPO, SAMPLE
+from conftest import REPO, SAMPLE, TEST_BATCHING
 
 pytestmark = pytest.mark.slow
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
@@ -33,8 +33,8 @@ def docbeam(*args: str) -> subprocess.Popen:
 
 def run_args(corpus: str, out: str, model: str, *sets: str) -> list[str]:
     args = ["run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
-            "--set", f"model.path={model}", "--set", "batching.buckets=[16, 32, 64, 128]",
-            "--set", "batching.tokens_per_batch=512"]
+            "--set", f"model.path={model}", "--set", f"batching.buckets={TEST_BATCHING['buckets']}",
+            "--set", f"batching.tokens_per_batch={TEST_BATCHING['tokens_per_batch']}"]
     for s in sets:
         args += ["--set", s]
     return args
