@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import gzip
 import itertools
+import os
 import json
 import subprocess
 import sys
@@ -146,6 +147,19 @@ def test_docbeam_run_imports_neither_torch_nor_transformers():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[] True"
+
+
+def test_a_refused_config_answers_without_importing_beam():
+    """A typo in the YAML is answered in about two seconds, not five: loading and refusing a config, and building
+    the command's parser (the report's arguments too), import no part of Beam."""
+    code = ("import sys; from docbeam.pipeline.driver.cli import main; "
+            f"code = main(['validate', '--config', {os.path.join(REPO, 'configs', 'local.yaml')!r}, "
+            "'--set', 'batching.bucket_size=3']); "
+            "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'pyarrow', 'pandas'}))")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True,
+                            text=True)
+    assert result.stdout.strip() == "2 []", result.stderr
+    assert "batching.bucket_size: unknown key (got 3)" in result.stderr
 
 
 def test_the_command_prints_the_first_batch_time_and_the_stage_shares(tiny_run):

@@ -63,9 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--table", required=True, help="output.pgvector.table, e.g. docbeam_embeddings")
     p.add_argument("--dsn", default="", help="output.pgvector.dsn (default: libpq's PG* environment variables)")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    from docbeam.pipeline.tools import report
+    from docbeam.pipeline.tools import report_args  # not the report itself: it imports Beam
 
-    report.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
+    report_args.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
     return parser
 
 
@@ -178,14 +178,14 @@ def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
     import pydantic
 
     from docbeam.pipeline.driver.config_io import PgvectorConfig
-    from docbeam.pipeline.store import output as output_lib, pgvector
+    from docbeam.pipeline.store import output as output_lib, paths, pgvector
 
     try:
         try:
             target = PgvectorConfig(dsn=dsn, table=table)
         except pydantic.ValidationError as e:
             raise config_lib.ConfigError(config_lib.readable(e, prefix="sync-pgvector")) from None
-        output = output_lib.normalize_folder(output)
+        output = paths.normalize_folder(output)
         manifest = output_lib.read_manifest(output)
         if manifest is None:
             raise output_lib.OutputRefused(f"{output} holds no committed docbeam run (no {output_lib.MANIFEST})")

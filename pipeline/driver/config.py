@@ -164,6 +164,8 @@ class RunnerConfig(_Section):
     @pydantic.field_validator("options")
     @classmethod
     def _known_beam_options(cls, options):
+        if not options:
+            return options  # nothing to check: a config without options loads without importing Beam
         from apache_beam.options.pipeline_options import PipelineOptions
 
         defaults = PipelineOptions([]).get_all_options(retain_unknown_options=False)

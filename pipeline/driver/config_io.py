@@ -8,6 +8,7 @@ from typing import Literal
 import pydantic
 
 from docbeam.pipeline.driver import placeholders
+from docbeam.pipeline.store.paths import normalize_folder
 
 
 class Section(pydantic.BaseModel):
@@ -112,8 +113,6 @@ class OutputConfig(Section):
     def _one_plain_folder(cls, path):
         # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
         # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
-        from docbeam.pipeline.store.output import normalize_folder
-
         return normalize_folder(one_folder(path).strip())
 
     @pydantic.field_validator("vertex_ai", mode="before")

@@ -18,7 +18,7 @@ import re
 import secrets
 
 from docbeam.pipeline.store import storage, versioned
-from docbeam.pipeline.store.paths import GCS_PREFIX
+from docbeam.pipeline.store.paths import normalize_folder
 from docbeam.pipeline.errors import Refused
 
 STAGING = "_staging"
@@ -83,17 +83,6 @@ def in_folder(rel: str, folder: str) -> bool:
 
 def relative(output: str, path: str) -> str:
     return path[len(output.rstrip("/")) + 1:]
-
-
-def normalize_folder(path: str) -> str:
-    """One spelling per folder: ``//``, ``/./``, ``/../`` and a trailing ``/`` resolved (gs:// too), so that
-    every later comparison of paths under it is a plain prefix test."""
-    if storage.is_gcs(path):
-        bucket, name = storage.split_gcs(path)
-        name = posixpath.normpath("/" + name).lstrip("/") if name else ""
-        return f"{GCS_PREFIX}{bucket}/{name}".rstrip("/") if name else f"{GCS_PREFIX}{bucket}"
-    normal = posixpath.normpath(path)
-    return "/" + normal.lstrip("/") if normal.startswith("/") else normal
 
 
 def inside(output: str, path: str) -> bool:

@@ -5,6 +5,7 @@ own (``FileSystems.get_scheme``), so this module and the FileSystems that open t
 """
 from __future__ import annotations
 
+import posixpath
 import re
 
 _SCHEME = re.compile(r"^(?P<scheme>[a-zA-Z][-a-zA-Z0-9+.]*)://")  # apache_beam/io/filesystems.py
@@ -27,3 +28,14 @@ def split_gcs(path: str) -> tuple[str, str]:
     """``gs://bucket/a/b`` → ``("bucket", "a/b")``."""
     bucket, _, name = path[len(GCS_PREFIX):].partition("/")
     return bucket, name
+
+
+def normalize_folder(path: str) -> str:
+    """One spelling per folder: ``//``, ``/./``, ``/../`` and a trailing ``/`` resolved (gs:// too), so that
+    every later comparison of paths under it is a plain prefix test."""
+    if is_gcs(path):
+        bucket, name = split_gcs(path)
+        name = posixpath.normpath("/" + name).lstrip("/") if name else ""
+        return f"{GCS_PREFIX}{bucket}/{name}".rstrip("/") if name else f"{GCS_PREFIX}{bucket}"
+    normal = posixpath.normpath(path)
+    return "/" + normal.lstrip("/") if normal.startswith("/") else normal

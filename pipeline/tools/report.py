@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from docbeam.pipeline.store.output import STAGING
 from docbeam.pipeline.errors import Refused
+from docbeam.pipeline.tools.report_args import add_arguments  # noqa: F401  the command's arguments, as report.add_arguments
 from docbeam.pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
 from docbeam.pipeline.tools.report_load import Run, load_run
 
@@ -59,22 +60,6 @@ def write_report(run: Run, baseline: Run | None = None, *, dest: str | None = No
         f.write(page.encode("utf-8"))
     return ReportResult(path=dest, regressions=regressions,
                         compared=baseline is None or bool(latency_changes(run, baseline)))
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = "Write a self-contained HTML report of a docbeam run (local path or gs:// prefix)."
-    parser.epilog = ("Exit status: 0 when the report was written and no regression was found, 1 when "
-                     "--baseline was given and at least one regression was found, 2 when a run cannot be read, "
-                     "--threshold is not a fraction, or the baseline shares no (bucket, backend) with the run "
-                     "(nothing could be compared).")
-    parser.add_argument("output", help="the run's output path (holds timing/, errors/, summary.json)")
-    parser.add_argument("--baseline", help="output path of an earlier run to compare against; regressions "
-                        "make the command exit with status 1")
-    parser.add_argument("--out", help="where to write the HTML (default: OUTPUT.report.html, beside the output "
-                        "folder: a file inside it would be foreign to the next run)")
-    parser.add_argument("--threshold", type=float, default=0.10,
-                        help="flag a (bucket, backend) whose median compute_ms grew by more than this fraction "
-                             "(default: %(default)s)")
 
 
 def main(args: argparse.Namespace) -> int:
