@@ -166,7 +166,4 @@ class CommitRun(beam.PTransform):
         return (inputs["stats"].pipeline
                 | "Once" >> beam.Create([None])
                 | "Commit" >> beam.ParDo(_Commit(*self._args), stats=beam.pvalue.AsSingleton(inputs["stats"]),
-                                         written=beam.pvalue.AsList(written))
-                # Declared as Beam infers it (Any), so that building the graph skips walking the bytecode of the
-                # whole commit, the costliest inference of the job's graph.
-                .with_output_types(beam.typehints.Any))
+                                         written=beam.pvalue.AsList(written)))
