@@ -5,8 +5,8 @@ from __future__ import annotations
 import glob
 import gzip
 import itertools
-import os
 import json
+import os
 import subprocess
 import sys
 import time
