@@ -80,8 +80,8 @@ def load(spec: RuntimeSpec, fn_name: str):
 class EncoderRuntime:
     """Parameters on device, one jitted forward per backend of ``spec.choices``, the compile pool."""
 
-    def __init__(self, spec: RuntimeSpec, hooks: RuntimeHooks, startup: dict | None = None):
-        self.spec, self.hooks = spec, hooks
+    def __init__(self, spec: RuntimeSpec, hooks: RuntimeHooks, startup: dict | None = None, job: str = ""):
+        self.spec, self.hooks, self._job = spec, hooks, job
         t0 = time.perf_counter()
         self.device, self.config, self.params, self._forward = load(spec, hooks.fn_name)
         self.choices = {c.case.seq_len: c for c in spec.choices}
@@ -115,6 +115,14 @@ class EncoderRuntime:
         if not record["cache_hits"]:
             self.hooks.on_fresh_compile()
         return executable, record
+
+    def serve(self, job: str) -> EncoderRuntime:
+        """This runtime, for ``job``: one that finds it loaded by an earlier job is told so (``reused_s``)."""
+        with self._report_lock:
+            if job != self._job:
+                self.pool.take_finished()  # the earlier job's compilations, finished after its end
+                self._job, self._startup = job, {"reused_s": 0.0}
+        return self
 
     def take_startup_report(self, wait: bool = False) -> dict | None:
         """What loading cost (once) and the compilations finished in the background since the last report;

@@ -31,7 +31,9 @@ def small_corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, small_corpus, tiny_checkpoint_dir):
     from docbeam.pipeline.driver.run import run_job
+    from docbeam.pipeline.stages.encode import drop_warm_encoder
 
+    drop_warm_encoder()  # a cold start is under test: not one warm from an earlier test's job
     output = str(tmp_path_factory.mktemp("startup-run"))
     process_started = time.time()
     summary = run_job(job_config(small_corpus, output, tiny_checkpoint_dir,
@@ -96,6 +98,45 @@ def test_the_summary_file_holds_the_breakdown_and_the_manifest_still_matches_the
     assert json.load(open(f"{output}/summary.json")) == summary
     manifest = json.load(open(f"{output}/_manifest.json"))
     assert all(os.path.getsize(f"{output}/{f['path']}") == f["size"] for f in manifest["files"])
+
+
+@pytest.mark.slow
+def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads_afresh(small_corpus,
+                                                                                       real_checkpoint_dir, tmp_path):
+    """One encoder kept per process, keyed by what the driver read of the checkpoint: a second job with the same
+    spec reuses it and says so, one whose weights changed in place loads them, and the old encoder is let go."""
+    import gc
+    import weakref
+
+    import pyarrow.parquet as pq
+
+    from conftest import write_tiny_checkpoint
+    from docbeam.pipeline.driver.run import run_job
+    from docbeam.pipeline.stages import encode
+
+    model = write_tiny_checkpoint(str(tmp_path / "model"), real_checkpoint_dir, seed=3)
+
+    def run(name: str) -> tuple[dict, dict]:
+        summary = run_job(job_config(small_corpus, str(tmp_path / name), model, runner={"progress_seconds": 0}))
+        table = pq.read_table(glob.glob(str(tmp_path / name / "embeddings" / "*.parquet")))
+        return summary, dict(zip(table["id"].to_pylist(), table["embedding"].to_pylist()))
+
+    encode.drop_warm_encoder()
+    first, first_vectors = run("first")
+    (loaded,) = [weakref.ref(r) for r in encode._RUNTIMES.values()]
+    second, second_vectors = run("second")
+    assert set(first["startup"]["encoder_s"]) == {"checkpoint", "probes"} and first["compiles"] == len(BUCKETS)
+    assert second["startup"]["encoder_s"] == {"reused": 0.0} and second["compiles"] == 0
+    timing = [json.loads(line) for path in glob.glob(str(tmp_path / "second" / "timing" / "*.jsonl"))
+              for line in open(path)]
+    assert timing and not any(t["compiled"] for t in timing)
+    assert second_vectors == first_vectors
+    write_tiny_checkpoint(model, real_checkpoint_dir, seed=4)  # the same path, other weights
+    third, third_vectors = run("third")
+    assert set(third["startup"]["encoder_s"]) == {"checkpoint", "probes"}
+    assert third_vectors.keys() == first_vectors.keys() and third_vectors != first_vectors
+    gc.collect()
+    assert len(encode._RUNTIMES) == 1 and loaded() is None, "the first checkpoint's encoder is still held"
 
 
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):

@@ -240,7 +240,8 @@ def format_startup(s: dict) -> str:
 
     startup, since = s["startup"], s["startup"]["since_process_start_s"]
     parts = [f"{name} {startup['steps_s'][name]:.1f} s" for name in ("imports", "plan", "lock_and_checks", "graph")]
-    parts += [f"encoder {name} {seconds:.1f} s" for name, seconds in sorted(startup["encoder_s"].items())]
+    parts += ["encoder warm from an earlier job in this process" if name == "reused"
+              else f"encoder {name} {seconds:.1f} s" for name, seconds in sorted(startup["encoder_s"].items())]
     first = (f"first batch after {since['first_batch_started']:.1f} s" if "first_batch_started" in since
              else "no batch")
     shares = s.get("stages", {}).get("share_of_wall", {})

@@ -9,6 +9,7 @@ there, on the driver, as ``docbeam run`` fails at start.
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Mapping
 
 import apache_beam as beam
@@ -29,16 +30,19 @@ CONFIG_FORMS = ("a JobConfig or EmbedConfig, the path of a YAML job file, or a d
                 "(model, tokenize, batching, attention, runner; input and output are optional)")
 
 
-def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | None = None) -> EncoderSpec:
-    """What each worker builds its encoder from. Profiles are taken only where there is a folder to put them."""
+def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | None = None, job: str = "") -> EncoderSpec:
+    """What each worker builds its encoder from, for run ``job``. Profiles are taken only where there is a
+    folder to put them and batches to profile (a profiling job's folder is its own, so it loads its own
+    encoder; the others may find the process's warm one)."""
     cfg = plan.config
     return EncoderSpec(
         model_path=plan.model_path, dtype=cfg.model.dtype, pooling=plan.pooling, attention=plan.attention,
         choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=profile_batches,
-        profile_dir=profile_dir, progress_seconds=cfg.runner.progress_seconds,
+        profile_dir=profile_dir if profile_batches else None, progress_seconds=cfg.runner.progress_seconds,
         one_model_per_vm=cfg.runner.one_model_per_vm, compilation_cache=cfg.runner.compilation_cache,
         worker_env=tuple(sorted(cfg.runner.worker_env.items())), tokens_per_batch=cfg.batching.tokens_per_batch,
-        packing=plan.packing)
+        packing=plan.packing, checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"],
+                                              plan.encoder), job=job)
 
 
 class EncodeDocuments(beam.PTransform):
@@ -144,7 +148,7 @@ class EmbedDocuments(beam.PTransform):
         self._fields = (id_field or default_id, text_field or default_text)
         # A dtype other than float32 says it runs without its gate (no input here to measure it on).
         self.plan = quality_gate.checked(make_plan(cfg, for_input=False, for_output=False))
-        self._spec = encoder_spec(self.plan)
+        self._spec = encoder_spec(self.plan, job=f"embed-{uuid.uuid4().hex[:12]}")  # this pipeline's step
 
     @property
     def embedding_dim(self) -> int:

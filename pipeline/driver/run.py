@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 
 def encoder_spec(plan: JobPlan, staging: str, run_id: str) -> EncoderSpec:
-    return embed.encoder_spec(plan, plan.config.profile.batches, output_lib.profiles_dir(staging, run_id))
+    return embed.encoder_spec(plan, plan.config.profile.batches, output_lib.profiles_dir(staging, run_id), run_id)
 
 
 def in_process_worker(cfg, options) -> bool:

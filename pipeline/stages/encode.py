@@ -26,9 +26,9 @@ from docbeam.attention.plan import AttentionSpec, Choice, replan  # noqa: E402
 from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
 from docbeam.pipeline.records import Batch, WindowEmbedding  # noqa: E402
 from docbeam.pipeline.telemetry.observe import (COMPILE_MS, COMPUTE_MS, ENCODER_FN_NAME, FALLBACKS,  # noqa: E402
-                                        METRICS_NAMESPACE, STARTUP_MS, CompileWatch, Progress, StageClock,
-                                        describe_device, fallback_key, memory, metric_name, shape_label,
-                                        worker_name)
+                                        METRICS_NAMESPACE, STARTUP_MS, STARTUP_PARTS, CompileWatch, Progress,
+                                        StageClock, describe_device, fallback_key, memory, metric_name,
+                                        shape_label, worker_name)
 
 TIMING_TAG = "timing"
 log = logging.getLogger(__name__)
@@ -54,6 +54,10 @@ class EncoderSpec:
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
     packing: bool = False  # the plan's packing: batches carry segment ids and slot lengths
+    # What the driver read of the checkpoint (weights' and Dense modules' digests, its config): a warm runtime
+    # serves a later job only while these match, so a checkpoint rewritten in place is loaded afresh.
+    checkpoint_key: tuple = ()
+    job: str = dataclasses.field(default="", compare=False)  # the run it is for: not part of the runtime's key
 
     def __post_init__(self):
         if not self.choices:
@@ -118,24 +122,36 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
                          batch_facts=lambda device: {"device": describe_device(device), "worker": worker_name(),
                                                      **memory(device)},
                          publish_trace=publish, profile_batches=spec.profile_batches)
-    return EncoderRuntime(runtime_spec, hooks, startup={"probes_s": time.perf_counter() - t0})
+    return EncoderRuntime(runtime_spec, hooks, startup={"probes_s": time.perf_counter() - t0}, job=spec.job)
 
 
-_RUNTIMES: dict[EncoderSpec, EncoderRuntime] = {}
+_RUNTIMES: dict[EncoderSpec, EncoderRuntime] = {}  # at most one: the process's warm encoder
 _RUNTIMES_LOCK = threading.Lock()
 
 
 def runtime_for(spec: EncoderSpec) -> EncoderRuntime:
-    """One runtime per spec per process, kept for the process's life, keyed by the frozen spec itself.
+    """The process's runtime for ``spec`` (its ``job`` aside), loaded at the first call and kept warm.
 
     RunInference's ``shared.Shared`` holds the model only while a DoFn instance references it; the
     DirectRunner tears instances down between stages (GroupIntoBatches flushes its partial batches in a
-    later bundle), and a reload would recompile every shape.
+    later bundle), and a reload would recompile every shape. A later job in the same process with the same
+    spec (a scheduler or notebook calling docbeam.run again, the DirectRunner's in-memory workers) starts warm
+    and its summary says so; one with another spec replaces it, so a long-lived process holds one encoder,
+    not one per job.
     """
     with _RUNTIMES_LOCK:
-        if spec not in _RUNTIMES:
-            _RUNTIMES[spec] = load_encoder(spec)
-        return _RUNTIMES[spec]
+        runtime = _RUNTIMES.get(spec)
+        if runtime is None:
+            _RUNTIMES.clear()  # before loading: the old one's memory is free for the new one
+            runtime = _RUNTIMES[spec] = load_encoder(spec)
+    return runtime.serve(spec.job)
+
+
+def drop_warm_encoder() -> None:
+    """Forget this process's warm encoder (its memory goes once no running job holds it); the next job loads
+    its own. For a process that wants the memory back, or a job that must start cold."""
+    with _RUNTIMES_LOCK:
+        _RUNTIMES.clear()
 
 
 def stop_compiling(spec: EncoderSpec) -> None:
@@ -228,7 +244,7 @@ class _SplitResults(beam.DoFn):
     def _report_startup(self, startup: dict) -> dict:
         """Beam metrics (startup_ms[...] and compile_ms[<rows>x<bucket>,<backend>]) and one record for
         the summary from an encoder's start-up report."""
-        for part in ("checkpoint", "probes"):
+        for part in STARTUP_PARTS:
             if f"{part}_s" in startup:
                 Metrics.distribution(METRICS_NAMESPACE, metric_name(STARTUP_MS, part)).update(
                     int(round(startup[f"{part}_s"] * 1e3)))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import datetime
 
-from docbeam.pipeline.telemetry.observe import COMPILE_MS, STAGE_US, STAGES, STARTUP_MS, labelled, shape_label
+from docbeam.pipeline.telemetry.observe import (COMPILE_MS, STAGE_US, STAGES, STARTUP_MS, STARTUP_PARTS, labelled,
+                                               shape_label)
 
 # The driver's marks (epoch seconds), in the order the driver passes them.
 MARKS = ("process", "run_job", "plan", "checks", "graph", "pipeline", "finished")
@@ -31,7 +32,7 @@ def startup_breakdown(marks: dict[str, float], timing: list[dict], metrics: dict
              "lock_and_checks": marks["checks"] - marks["plan"], "graph": marks["graph"] - marks["checks"]}
     distributions = metrics.get("distributions", {})
     startup = labelled(distributions, STARTUP_MS)
-    encoder = {part: startup[part]["max"] / 1e3 for part in ("checkpoint", "probes") if part in startup}
+    encoder = {part: startup[part]["max"] / 1e3 for part in STARTUP_PARTS if part in startup}
     compiles = {shape: d["max"] / 1e3 for shape, d in sorted(labelled(distributions, COMPILE_MS).items())}
     batches = sorted(timing, key=lambda t: _epoch(t["started_at"]))
     # Shapes that compiled at their first batch rather than ahead.

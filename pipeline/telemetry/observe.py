@@ -24,7 +24,8 @@ STAGES = ("read", "tokenize", "encode", "pool", "commit")
 STAGE_US = "stage_us"  # [stage]: microseconds inside a stage's own code (StageClock)
 DOCS_REJECTED = "docs_rejected"  # [kind]: documents rejected for that reason
 FALLBACKS = "fallbacks"  # [fallback_key]: batches that ran on another backend than requested
-STARTUP_MS = "startup_ms"  # [checkpoint|probes]: an encoder's start-up steps
+STARTUP_MS = "startup_ms"  # [<STARTUP_PARTS>]: an encoder's start-up steps
+STARTUP_PARTS = ("checkpoint", "probes", "reused")  # reused: warm from an earlier job in the process, nothing loaded
 COMPILE_MS = "compile_ms"  # [shape_label]: compiling one batch shape ahead of its batch
 COMPUTE_MS = "compute_ms"  # [bucket_len,backend]: steady batches' compute time
 
