@@ -12,7 +12,8 @@ import sys
 log = logging.getLogger(__name__)
 
 # The Beam releases whose RunInference imports its ModelManager as an optional dependency (a try block that
-# leaves it None on an ImportError); pyproject.toml pins 2.77.0.
+# leaves it None on an ImportError) and whose DirectRunner skips Prism once told is_interactive(); pyproject.toml
+# pins 2.77.0.
 CHECKED_BEAM = ((2, 77), (2, 77))
 MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
 RUN_INFERENCE = "apache_beam.ml.inference.base"
@@ -34,7 +35,8 @@ def beam_version_problem(version: str, checked: tuple = CHECKED_BEAM) -> str | N
         return None
     return (f"apache-beam {version} is outside the versions pipeline/compat.py was checked for "
             f"({'.'.join(map(str, low))}–{'.'.join(map(str, high))}): check that RunInference still imports "
-            f"{MODEL_MANAGER} optionally, then widen CHECKED_BEAM (or pin apache-beam as pyproject.toml does)")
+            f"{MODEL_MANAGER} optionally and that the DirectRunner's is_interactive() still keeps it off Prism, "
+            f"then widen CHECKED_BEAM (or pin apache-beam as pyproject.toml does)")
 
 
 def check_beam_version() -> None:
@@ -64,3 +66,28 @@ def run_inference_without_model_manager() -> None:
     import apache_beam.ml.inference.base as run_inference
 
     run_inference.resource = run_inference.resource or resource
+
+
+DIRECT_RUNNER = "apache_beam.runners.direct.direct_runner.DirectRunner"
+
+
+def is_direct_runner(name: str) -> bool:
+    """Whether Beam resolves ``runner.name`` to its DirectRunner (it ignores case and a trailing "Runner")."""
+    return name.lower() in ("direct", "directrunner") or name == DIRECT_RUNNER
+
+
+def runner_for(name: str):
+    """The runner object for ``runner.name``, or None to let Beam resolve the name from the options.
+
+    Needed since Beam 2.7x's DirectRunner first hands the pipeline to its Prism runner, which downloads a
+    binary from GitHub on first use (``urlopen`` without a timeout: a firewalled network waits out TCP's
+    connect timeout on every run) and, where it can, runs the job there: not the FnApiRunner docbeam's tests
+    and in-process encoder loading (pipeline/driver/run.py) are checked on. ``is_interactive()``, the public
+    switch Interactive Beam uses, is what turns Prism off; everything else about the DirectRunner stays."""
+    if not is_direct_runner(name):
+        return None
+    from apache_beam.runners.direct.direct_runner import DirectRunner
+
+    runner = DirectRunner()
+    runner.is_interactive()
+    return runner

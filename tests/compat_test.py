@@ -30,3 +30,34 @@ def test_an_unchecked_beam_is_logged(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="docbeam.pipeline.compat"):
         compat.check_beam_version()
     assert "apache-beam 2.99.1 is outside" in caplog.text
+
+
+@pytest.mark.parametrize("name, direct", [("DirectRunner", True), ("direct", True), ("DIRECTRUNNER", True),
+                                          ("apache_beam.runners.direct.direct_runner.DirectRunner", True),
+                                          ("DataflowRunner", False), ("PortableRunner", False)])
+def test_every_spelling_beam_takes_for_the_direct_runner_gets_it_without_prism(name, direct):
+    from apache_beam.runners.direct.direct_runner import DirectRunner
+
+    runner = compat.runner_for(name)
+    assert isinstance(runner, DirectRunner) if direct else runner is None
+
+
+@pytest.mark.slow
+def test_a_job_on_the_direct_runner_never_hands_its_pipeline_to_prism(monkeypatch, tmp_path, tiny_checkpoint_dir):
+    """Beam's DirectRunner would download Prism and run there; offline it tries, fails and falls back."""
+    from apache_beam.runners.portability import prism_runner
+
+    from conftest import job_config
+    from docbeam.pipeline.driver.run import run_job
+
+    tried = []
+
+    def refuse(self, pipeline, options):
+        tried.append(pipeline)
+        raise RuntimeError("no Prism here")
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", refuse)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text('{"id": "a", "text": "hello world"}\n{"id": "b", "text": "good night"}\n')
+    summary = run_job(job_config(str(corpus), str(tmp_path / "out"), tiny_checkpoint_dir, runner={"name": "direct"}))
+    assert summary["docs_embedded"] == 2 and tried == []

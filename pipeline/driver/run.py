@@ -14,6 +14,7 @@ import time
 
 import apache_beam as beam
 
+from docbeam.pipeline import compat
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store import pgvector, transaction
@@ -46,7 +47,7 @@ def in_process_worker(cfg, options) -> bool:
     as threads of the driver (its multi_processing mode and every other runner start their own)."""
     from apache_beam.options.pipeline_options import DirectOptions
 
-    return cfg.runner.name in ("DirectRunner", "direct") and options.view_as(DirectOptions).direct_running_mode in (
+    return compat.is_direct_runner(cfg.runner.name) and options.view_as(DirectOptions).direct_running_mode in (
         None, "in_memory")
 
 
@@ -206,7 +207,7 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
                  {c.case.seq_len: c.backend for c in plan.choices},
                  f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
-        p = beam.Pipeline(options=options)
+        p = beam.Pipeline(runner=compat.runner_for(cfg.runner.name), options=options)
         spec = encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id)
         if wait:
             loading = load_encoder_early(plan, spec, options)
