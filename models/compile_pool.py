@@ -35,6 +35,10 @@ class CompilePool:
     def planned(self, key: Key) -> bool:
         return key in self._futures
 
+    def pending(self) -> int:
+        """Compilations ahead still running or waiting their turn."""
+        return sum(not future.done() for future in self._futures.values())
+
     def _in_background(self, backend: str, shape: tuple[int, int]):
         executable, record = self._compile_one(backend, shape)
         with self._lock:

@@ -87,8 +87,7 @@ class EncoderRuntime:
         self.choices = {c.case.seq_len: c for c in spec.choices}
         self._shapes_seen: set = set()
         self.profiler = FirstBatchesProfiler(hooks.profile_batches, hooks.publish_trace)
-        # Worker threads share this runtime; one batch at a time keeps the compile count, the shapes seen
-        # and the profiler per batch, and costs nothing with one device.
+        # Worker threads share it; one batch at a time keeps compile counts, shapes and profiles per batch.
         self._lock = threading.Lock()
         self._report_lock = threading.Lock()  # the bundle's end takes the report outside a batch
         self._startup = {**(startup or {}), "checkpoint_s": time.perf_counter() - t0}
@@ -162,7 +161,7 @@ class EncoderRuntime:
                              f"built for batching.packing: {self.spec.packing}")
         inputs = (batch.ids_BxT, batch.lengths_B) + ((batch.segment_ids_BxT, batch.slot_lengths_BxK)
                                                      if batch.packed else ())
-        watch = self.hooks.watch
+        watch, compiling = self.hooks.watch, self.pool.pending()
         compiles_before, compile_s_before, hits_before = watch.in_this_thread()
         key = (choice.backend, batch.ids_BxT.shape)
         forward, waited_s = self.pool.executable(key)
@@ -194,6 +193,7 @@ class EncoderRuntime:
             # Compiling this batch's shape, or waiting for its compilation in the background.
             "compile_ms": round((compile_s_after - compile_s_before + waited_s) * 1e3, 3),
             "compile_cache_hits": hits_after - hits_before,
+            "compiling_ahead": max(compiling, self.pool.pending()),  # start-up compilations beside it
             "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
             "started_at": started_at.isoformat(), **self.hooks.batch_facts(self.device),
         }

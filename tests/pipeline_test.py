@@ -17,8 +17,8 @@ from docbeam.pipeline.driver.run import run_job
 pytestmark = pytest.mark.slow
 
 TIMING_FIELDS = {"batch_id", "bucket_len", "rows", "real_tokens", "padded_tokens", "attention_backend", "compiled",
-                 "compute_ms", "total_ms", "device", "worker", "started_at", "memory_in_use_bytes",
-                 "memory_peak_bytes"}
+                 "compiling_ahead", "compute_ms", "total_ms", "device", "worker", "started_at",
+                 "memory_in_use_bytes", "memory_peak_bytes"}
 
 
 def read_embeddings(output: str) -> dict[str, dict]:

@@ -142,7 +142,7 @@ def timing_stats(t: dict) -> dict:
 def memory_sample(t: dict) -> tuple[str, tuple[str, float, float]]:
     nan = float("nan")
     return memory_trend.worker_key(t), (t.get("started_at", ""), t.get("memory_in_use_bytes", nan),
-                                        t.get("memory_peak_bytes", nan))
+                                        t.get("memory_peak_bytes", nan), t.get("compiling_ahead", 0))
 
 
 def memory_trend_stats(worker: str, samples) -> dict:

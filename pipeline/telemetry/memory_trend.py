@@ -4,7 +4,9 @@ First-vs-last would call warm-up (compilations, caches filling) a leak, and miss
 least-squares slope is pulled by one late compilation's step. So the rule, stated in the README:
 
 1. Per worker (host:pid and device), batches in start order; the first ``WARMUP_FRACTION`` of them (at least
-   ``MIN_WARMUP`` batches) are warm-up and left out.
+   ``MIN_WARMUP`` batches), and every batch up to the last that ran beside the encoder's start-up compilations
+   (timing's ``compiling_ahead``: from a cold cache they run into a short job's batches, and the memory they
+   take would read as growth), are warm-up and left out.
 2. The rest is cut into four quarters; each quarter's median memory stands for it (noise drops out).
 3. The growth is the median of the three slopes between neighbouring quarters (bytes per batch): one step,
    wherever it falls, moves only one of them.
@@ -24,7 +26,8 @@ MIN_WARMUP = 3
 MIN_STEADY_BATCHES = 16
 LEAK_MB_PER_1K_BATCHES = 64.0
 MB = 1 << 20
-RULE = (f"after a warm-up of {WARMUP_FRACTION:.0%} of a worker's batches (at least {MIN_WARMUP}), the median of "
+RULE = (f"after a warm-up of {WARMUP_FRACTION:.0%} of a worker's batches (at least {MIN_WARMUP}, and up to the last "
+        "that ran beside the encoder's start-up compilations), the median of "
         "the slopes between the medians of the remaining four quarters; a leak is suspected when all three "
         f"slopes are positive and that growth is at least {LEAK_MB_PER_1K_BATCHES:g} MB per 1,000 batches "
         f"(workers with fewer than {MIN_STEADY_BATCHES} batches after warm-up are not judged)")
@@ -53,11 +56,15 @@ class Trend:
         return int(self.peak_bytes + max(self.growth_mb_per_1k_batches, 0.0) * MB * extra_batches / 1000)
 
 
-def steady_growth(in_use_bytes: Iterable[float]) -> tuple[float | None, bool]:
+def steady_growth(in_use_bytes: Iterable[float], warming: Iterable[bool] | None = None) -> tuple[float | None, bool]:
     """(growth in bytes per batch, whether every quarter rose) of one worker's series in batch order, or
-    (None, False) when too few batches remain after warm-up."""
-    series = np.asarray([x for x in in_use_bytes if np.isfinite(x)], np.float64)
-    warmup = max(MIN_WARMUP, int(len(series) * WARMUP_FRACTION))
+    (None, False) when too few batches remain after warm-up. ``warming``: per batch, whether it ran beside the
+    start-up compilations."""
+    values = np.asarray(list(in_use_bytes), np.float64)
+    flags = np.zeros(len(values), bool) if warming is None else np.asarray(list(warming), bool)
+    finite = np.isfinite(values)
+    series, compiling = values[finite], np.flatnonzero(flags[finite])
+    warmup = max(MIN_WARMUP, int(len(series) * WARMUP_FRACTION), int(compiling[-1]) + 1 if len(compiling) else 0)
     steady = series[warmup:]
     if len(steady) < MIN_STEADY_BATCHES:
         return None, False
@@ -68,8 +75,8 @@ def steady_growth(in_use_bytes: Iterable[float]) -> tuple[float | None, bool]:
     return float(np.median(slopes)), bool(np.all(slopes > 0))
 
 
-def trend(worker: str, in_use_bytes: list[float], peak_bytes: list[float]) -> Trend:
-    growth, rising = steady_growth(in_use_bytes)
+def trend(worker: str, in_use_bytes: list[float], peak_bytes: list[float], warming: list[bool] | None = None) -> Trend:
+    growth, rising = steady_growth(in_use_bytes, warming)
     peaks = [p for p in list(peak_bytes) + list(in_use_bytes) if np.isfinite(p)]
     return Trend(worker=worker, batches=len(in_use_bytes), peak_bytes=int(max(peaks, default=0)),
                  growth_mb_per_1k_batches=None if growth is None else round(growth * 1000 / MB, 3), rising=rising)
@@ -80,10 +87,11 @@ def worker_key(timing: dict) -> str:
     return f"{timing.get('worker', '?')} {timing.get('device', '?')}"
 
 
-def trend_from_samples(worker: str, samples: Iterable[tuple[str, float, float]]) -> Trend:
-    """``samples``: (started_at ISO string, in-use bytes, peak bytes) per batch, in any order."""
+def trend_from_samples(worker: str, samples: Iterable[tuple]) -> Trend:
+    """``samples``: (started_at ISO string, in-use bytes, peak bytes, start-up compilations beside it) per
+    batch, in any order."""
     ordered = sorted(samples)
-    return trend(worker, [s[1] for s in ordered], [s[2] for s in ordered])
+    return trend(worker, [s[1] for s in ordered], [s[2] for s in ordered], [s[3] > 0 for s in ordered])
 
 
 def summary_block(trends: list[Trend], limit_mb_per_1k_batches: float | None = None) -> dict:

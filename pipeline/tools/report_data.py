@@ -162,7 +162,8 @@ def memory_trends(run: Run) -> list[memory_trend.Trend]:
     trends = []
     for key in sorted(set(keys)):
         rows = [i for i, k in enumerate(keys) if k == key]
-        trends.append(memory_trend.trend(key, list(b["memory_in_use_bytes"][rows]), list(b["memory_peak_bytes"][rows])))
+        trends.append(memory_trend.trend(key, list(b["memory_in_use_bytes"][rows]), list(b["memory_peak_bytes"][rows]),
+                                         list(b["compiling_ahead"][rows])))
     return trends
 
 

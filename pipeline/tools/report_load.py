@@ -119,6 +119,8 @@ def batch_columns(records: list[dict]) -> dict[str, np.ndarray]:
     columns = {name: np.array([_number(r.get(name)) for r in records], dtype=float) for name in _NUMERIC}
     columns |= {name: np.array([_text(r.get(name)) for r in records], dtype=object) for name in _TEXT}
     columns["compiled"] = np.array([r.get("compiled") is True for r in records], dtype=bool)
+    # Runs from before the field: no batch is known to have run beside the start-up compilations.
+    columns["compiling_ahead"] = np.array([_number(r.get("compiling_ahead")) > 0 for r in records], dtype=bool)
     columns["t_s"] = start_s - np.nanmin(start_s) if np.isfinite(start_s).any() else start_s
     order = np.argsort(start_s, kind="stable")
     return {name: column[order] for name, column in columns.items()}
