@@ -111,6 +111,7 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
     import pyarrow.parquet as pq
 
     from conftest import write_tiny_checkpoint
+    from docbeam.pipeline.driver.cli import format_startup
     from docbeam.pipeline.driver.run import run_job
     from docbeam.pipeline.stages import encode
 
@@ -127,6 +128,7 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
     second, second_vectors = run("second")
     assert set(first["startup"]["encoder_s"]) == {"checkpoint", "probes"} and first["compiles"] == len(BUCKETS)
     assert second["startup"]["encoder_s"] == {"reused": 0.0} and second["compiles"] == 0
+    assert "encoder warm from an earlier job in this process" in format_startup(second)  # what the CLI prints
     timing = [json.loads(line) for path in glob.glob(str(tmp_path / "second" / "timing" / "*.jsonl"))
               for line in open(path)]
     assert timing and not any(t["compiled"] for t in timing)

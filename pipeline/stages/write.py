@@ -139,7 +139,7 @@ def timing_stats(t: dict) -> dict:
     return stats
 
 
-def memory_sample(t: dict) -> tuple[str, tuple[str, float, float]]:
+def memory_sample(t: dict) -> tuple[str, tuple[str, float, float, int]]:
     nan = float("nan")
     return memory_trend.worker_key(t), (t.get("started_at", ""), t.get("memory_in_use_bytes", nan),
                                         t.get("memory_peak_bytes", nan), t.get("compiling_ahead", 0))

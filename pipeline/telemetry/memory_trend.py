@@ -87,7 +87,7 @@ def worker_key(timing: dict) -> str:
     return f"{timing.get('worker', '?')} {timing.get('device', '?')}"
 
 
-def trend_from_samples(worker: str, samples: Iterable[tuple]) -> Trend:
+def trend_from_samples(worker: str, samples: Iterable[tuple[str, float, float, int]]) -> Trend:
     """``samples``: (started_at ISO string, in-use bytes, peak bytes, start-up compilations beside it) per
     batch, in any order."""
     ordered = sorted(samples)
