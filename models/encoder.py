@@ -16,11 +16,12 @@ import jax.numpy as jnp
 from docbeam.models.families import family_of
 from docbeam.models.families.blocks import rotary, segment_positions, segment_starts
 from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
+from docbeam.models.heads import HeadLayer, apply_layers
 from docbeam.models.precision import precision_for
 
 # Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
-__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "apply_dense", "embed_fn", "gelu_erf",
+__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "embed_fn", "gelu_erf",
            "pool", "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
 
 
@@ -76,38 +77,25 @@ def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_leng
     return summed_BxKxD / jnp.maximum(slot_lengths_BxK, 1)[..., None].astype(jnp.float32)
 
 
-DENSE_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh}
-
-
-def apply_dense(pooled_xD: jax.Array, dense: tuple[dict, ...], activations: tuple[str, ...]) -> jax.Array:
-    """sentence-transformers' Dense modules on pooled vectors [..., D] in float32: each
-    ``activation(x @ kernel + bias)``. Per window, before windows are averaged: the activation is not linear,
-    so on a long document this is each window's vector as sentence-transformers would give it."""
-    for layer, activation in zip(dense, activations, strict=True):
-        pooled_xD = DENSE_ACTIVATIONS[activation](
-            jnp.einsum("...d,de->...e", pooled_xD, layer["kernel"], precision=jax.lax.Precision.HIGHEST)
-            + layer["bias"])
-    return pooled_xD
-
-
-def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, activations: tuple[str, ...] = ()):
+def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, layers: tuple[HeadLayer, ...] = ()):
     """``(params, ids_BxT, lengths_B) -> pooled_BxD``, or with packed rows
     ``(params, ids_BxT, lengths_B, segment_ids_BxT, slot_lengths_BxK) -> pooled_BxKxD``; ready for jax.jit
-    (one compile per shape). With ``activations`` (one per sentence-transformers Dense module) ``params`` is
-    ``{"encoder": <the family's params>, "dense": (<load_dense's layers>)}`` and D is the last one's width."""
+    (one compile per shape). With a head's ``layers`` (models/heads/: sentence-transformers' Dense modules, a
+    classifier) run on each pooled window, ``params`` is ``{"encoder": <the family's params>, "head": (<the
+    head's load_params>)}`` and D is the last layer's width. Per window, before windows are combined: a layer's
+    activation is not linear, so on a long document this is each window's output as the model gives it."""
     module = Encoder(config, attention)
 
     def embed(params, ids_BxT, lengths_B, segment_ids_BxT=None, slot_lengths_BxK=None):
-        encoder_params, dense = (params["encoder"], params["dense"]) if activations else (params, ())
+        encoder_params, head = (params["encoder"], params["head"]) if layers else (params, ())
         hidden_BxTxD = module.apply({"params": encoder_params}, ids_BxT, lengths_B, segment_ids_BxT)
         if segment_ids_BxT is None:
             pooled = pool(hidden_BxTxD, lengths_B, pooling)
         else:
             pooled = pool_segments(hidden_BxTxD, segment_ids_BxT, slot_lengths_BxK, pooling)
-        return apply_dense(pooled, dense, activations)
+        return apply_layers(pooled, head, layers)
 
     return embed
-
 
 
 def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool = False) -> list:

@@ -31,7 +31,7 @@ class RuntimeSpec:
 
     model_path: str
     dtype: str
-    pooling: str
+    head: Any  # a models/heads Head: its pooling and layers run inside the forward
     attention: AttentionSpec  # the backends' typed options
     choices: tuple[Choice, ...]  # one per bucket: the backend that runs it
     packing: bool = False  # batches carry segment ids and slot lengths
@@ -61,13 +61,14 @@ def load(spec: RuntimeSpec, fn_name: str):
     device = jax.devices()[0]
     ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
     params = checkpoint.load_params(ck.folder, ck.config)
-    # sentence-transformers' Dense modules run inside the jitted forward, right after pooling.
-    activations = tuple(d.activation for d in ck.settings.dense)
-    if activations:
-        params = {"encoder": params, "dense": checkpoint.load_dense(ck.folder, ck.settings)}
+    # The head's layers (sentence-transformers' Dense modules, a classifier) run inside the jitted forward,
+    # right after pooling.
+    head = spec.head
+    if head.layers:
+        params = {"encoder": params, "head": head.load_params(ck.folder)}
     forwards = {}
     for name in sorted({c.backend for c in spec.choices}):
-        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), spec.pooling, activations)
+        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), head.pooling, head.layers)
 
         def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
             return embed(params, ids_BxT, lengths_B, *packed)

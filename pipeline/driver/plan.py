@@ -16,6 +16,7 @@ from docbeam.attention.probe_once import probe_all
 from docbeam.models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
                                tokenizer_digest, weights_digest)
 from docbeam.models.encoder import EncoderConfig, attention_cases
+from docbeam.models.heads import Head, resolve as resolve_head
 from docbeam.models.st_settings import document_prompt
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
@@ -23,7 +24,7 @@ from docbeam.pipeline.store.paths import is_remote
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
 from docbeam.pipeline.stages.read import sample_records
 from docbeam.pipeline.stages.packer import bucket_for
-from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig
+from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
 from docbeam.pipeline.errors import refused_at_start
 from docbeam.pipeline.stages.reuse import ReuseDecision, decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
@@ -42,11 +43,8 @@ class JobPlan:
     config: JobConfig | EmbedConfig  # EmbedConfig: docbeam.EmbedDocuments's, which has no input or output
     model_path: str  # model.path, a Hub id's branch pinned to the commit the driver resolved it to
     window_len: int
-    pooling: str
-    normalize: bool
+    head: Head  # what each window's token states become, and each document's row (models/heads/)
     prompt: str | None  # put in front of every window (model.prompt resolved against the checkpoint)
-    truncate_dim: int | None  # documents' vectors keep their first truncate_dim dimensions (None: all)
-    width: int  # of every vector written: after the Dense modules and the truncation
     platform: str
     packing: bool  # batching.packing resolved (auto: whether every backend this job may run takes segment ids)
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch: the backend that runs it, and why
@@ -57,6 +55,30 @@ class JobPlan:
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
     precision_gate: dict | None = None  # model.dtype's quality gate at start (pipeline/driver/quality_gate.py)
+
+    @property
+    def pooling(self) -> str:
+        return self.head.pooling
+
+    @property
+    def normalize(self) -> bool:
+        return getattr(self.head, "normalize", False)
+
+    @property
+    def truncate_dim(self) -> int | None:
+        """Documents' vectors keep their first truncate_dim dimensions (None: all)."""
+        return getattr(self.head, "truncate_dim", None)
+
+    @property
+    def width(self) -> int:
+        """Of every vector (or scores list) written: after the head's layers and any truncation."""
+        return self.head.dim
+
+    @property
+    def tokenize(self) -> TokenizeConfig:
+        """The tokenize section the job runs: a classifier that scores a document by its first window needs
+        no other window, so its documents are cut there (``long_documents: truncate``)."""
+        return tokenize_for(self.config, self.head)
 
     @property
     def buckets(self) -> tuple[int, ...]:
@@ -197,32 +219,52 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     if checked:  # a backend that crashes or returns garbage fails here, not on the workers
         choices = gate(spec, choices) if spec.verify else choices
         probe_all(spec, choices)
-    pooling = settings.pooling if cfg.model.pooling == "auto" else cfg.model.pooling
-    normalize = settings.normalize if cfg.model.normalize == "auto" else cfg.model.normalize
-    truncate_dim, width = output_width(cfg, checkpoint)
+    head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
+    check_head_fits_output(cfg, head)
+    tokenize = tokenize_for(cfg, head)
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
-           "window_len": window_len, "stride": cfg.tokenize.stride, "long_documents": cfg.tokenize.long_documents,
-           "pooling": pooling, "normalize": normalize, "dtype": cfg.model.dtype, "prompt": prompt,
-           "model_revision": hub_revision(pinned), "truncate_dim": truncate_dim,
-           "dense_digest": dense_digest(checkpoint.folder, settings), "vector_dtype": cfg.output.vector_dtype if isinstance(cfg, JobConfig) else "float32"}
-    reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity) if for_output
-             else ReuseDecision(None, ""))
-    return JobPlan(cfg, pinned, window_len, pooling, normalize, prompt, truncate_dim, width, platform, packing,
-                   tuple(choices), checked, checkpoint.config, spec, key, reuse, kept)
+           "window_len": window_len, "stride": tokenize.stride, "long_documents": tokenize.long_documents,
+           "pooling": head.pooling, "normalize": getattr(head, "normalize", False), "dtype": cfg.model.dtype,
+           "prompt": prompt, "model_revision": hub_revision(pinned), "truncate_dim": getattr(head, "truncate_dim", None),
+           "dense_digest": dense_digest(checkpoint.folder, settings), "vector_dtype": vector_dtype(cfg),
+           "head": head.reuse_key()}
+    reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity, head.folder)
+             if for_output else ReuseDecision(None, ""))
+    return JobPlan(cfg, pinned, window_len, head, prompt, platform, packing, tuple(choices), checked,
+                   checkpoint.config, spec, key, reuse, kept)
 
 
-def output_width(cfg: JobConfig, checkpoint) -> tuple[int | None, int]:
-    """``model.truncate_dim`` resolved (auto: the checkpoint's) and the width of the vectors written: the
-    pooled vector's after sentence-transformers' Dense modules, cut to truncate_dim."""
-    full = checkpoint.settings.width(checkpoint.config.hidden_size)
-    choice = cfg.model.truncate_dim
-    truncate_dim = checkpoint.settings.truncate_dim if choice == "auto" else choice
-    if truncate_dim is not None and truncate_dim > full:
-        where = (f"auto, from {checkpoint.folder}/config_sentence_transformers.json's truncate_dim"
-                 if choice == "auto" else "")
-        raise ConfigError(f"model.truncate_dim: {truncate_dim}{f' ({where})' if where else ''} is larger than the "
-                          f"model's {full}-dimensional vectors; set it to at most {full}, or null for the full vector")
-    return truncate_dim, truncate_dim or full
+def tokenize_for(cfg: JobConfig | EmbedConfig, head: Head) -> TokenizeConfig:
+    if getattr(head, "windows", None) == "first":
+        return cfg.tokenize.model_copy(update={"long_documents": "truncate"})
+    return cfg.tokenize
+
+
+def vector_dtype(cfg: JobConfig | EmbedConfig) -> str:
+    return cfg.output.vector_dtype if isinstance(cfg, JobConfig) else "float32"
+
+
+def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
+    """What only document vectors can feed (quantized dtypes, chunk rows, Vector Search) is refused for a head
+    that writes other rows, naming the key; a reduced precision's gate measures vectors only."""
+    if head.name == "embedding":
+        return
+    rows = f"model.head resolved to {head.name} ({head.carried}), which writes {head.folder}/ rows"
+    if cfg.model.dtype != "float32" and cfg.model.precision_gate == "enforce":
+        raise ConfigError(f"model.dtype: {cfg.model.dtype}: {rows}, and the precision gate (model.precision_gate: "
+                          "enforce) measures embeddings only; set model.dtype: float32, or model.precision_gate: "
+                          "warn (or off) to run it unmeasured")
+    if not isinstance(cfg, JobConfig):
+        return
+    out = cfg.output
+    for key, value, allowed in (("vector_dtype", out.vector_dtype, "float32"),
+                                ("granularity", out.granularity, "document")):
+        if value != allowed:
+            raise ConfigError(f"output.{key}: {value}: {rows}, not vectors; set output.{key}: {allowed} (or "
+                              "model.head: embedding to embed with its backbone)")
+    if out.vertex_ai is not None:
+        raise ConfigError(f"output.vertex_ai: {rows}, and Vector Search loads vectors; remove output.vertex_ai "
+                          "(output.pgvector takes scores), or set model.head: embedding")
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

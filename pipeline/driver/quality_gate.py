@@ -41,7 +41,7 @@ def window_vectors(plan, dtype: str, windows, batches):
 
     from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 
-    runtime = load_encoder(EncoderSpec(plan.model_path, dtype, plan.pooling, plan.attention, plan.choices,
+    runtime = load_encoder(EncoderSpec(plan.model_path, dtype, plan.head, plan.attention, plan.choices,
                                        plan.platform, packing=plan.packing))
     by_window = {}
     for batch in batches:

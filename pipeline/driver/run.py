@@ -33,7 +33,7 @@ from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import SplitByReuse
 from docbeam.pipeline.stages.sinks import RemovedIds, WriteSinks
-from docbeam.pipeline.stages.write import WriteOutputs, embeddings_schema
+from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +82,9 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "attention_plan": {str(c.case.seq_len): {"backend": c.backend, "kernel": c.kernel,
                                                  "fallback_reason": c.fallback_reason} for c in plan.choices},
         "model": plan.model_path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
-        "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim,
-        "embedding": vectors.describe(plan.width, cfg.output.vector_dtype),
+        "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim, "head": plan.head.describe(),
+        **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.name == "embedding"
+           else {}),
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
         "packing": plan.packing, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
         "versions": versions(),
@@ -102,7 +103,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input, plan.kept)
     if plan.reuse.source is not None:
         split = read["documents"] | "SplitByReuse" >> SplitByReuse(
-            plan.reuse.source, vectors.list_size(plan.width, cfg.output.vector_dtype), plan.prompt)
+            plan.reuse.source, plan.head, plan.prompt)
         to_encode, reused = split["to_encode"], split["reused"]
     else:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
@@ -115,9 +116,11 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     written = ({"encoded": quantized["rows"], "reused": reused, "timing": embedded["timing"],
                 "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"], **calibration}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
-                                                schema=embeddings_schema(plan.width, cfg.output.vector_dtype),
-                                                kept_columns=plan.kept.fields(),
-                                                write_embeddings=cfg.output.granularity != "chunk"))
+                                                schema=rows_schema(plan.head), kept_columns=plan.kept.fields(),
+                                                write_embeddings=cfg.output.granularity != "chunk",
+                                                folder=plan.head.folder,
+                                                labels=bool(getattr(plan.head, "labels", None))
+                                                and not plan.head.regression))
     if cfg.output.granularity != "document":
         # Chunk rows are quantized with the documents' calibration (one scale per output).
         chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": quantized["rows"],

@@ -54,6 +54,8 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         "started_at": _iso(base["started"]), "finished_at": _iso(finished), "metrics": {},
         "memory": memory_trend.summary_block(trends, base.get(MEMORY_LIMIT)),
     })
+    if "labels" in stats:  # a classifier's rows: how many documents got each top label
+        summary["labels"] = dict(sorted(stats["labels"].items(), key=lambda kv: (-kv[1], kv[0])))
     if "calibration" in stats:  # int8/uint8: the ranges every vector of the output was quantized with
         summary["embedding"] = {**summary.get("embedding", {}), "calibration": stats["calibration"]}
     return summary
@@ -91,7 +93,7 @@ def manifest_fields(summary: dict) -> dict:
             **{k: summary[k] for k in ("config_digest", "model", "window_len", "pooling", "normalize", "dtype",
                                        "versions", "reuse_key", "kept_fields")},
             "granularity": summary.get("granularity", "document"),
-            **({"embedding": summary["embedding"]} if "embedding" in summary else {})}
+            **{k: summary[k] for k in ("embedding", "head") if k in summary}}
 
 
 _SHARD = re.compile(r"^(?P<prefix>.*-)(?P<index>\d{5})-of-(?P<count>\d{5})(?P<suffix>[^/]*)$")

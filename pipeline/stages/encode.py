@@ -41,7 +41,7 @@ class EncoderSpec:
 
     model_path: str
     dtype: str
-    pooling: str
+    head: Any  # the plan's models/heads Head: what the forward computes per window after the encoder
     attention: AttentionSpec
     choices: tuple[Choice, ...]  # the plan's backend per bucket (pipeline.driver.plan.JobPlan.choices)
     platform: str  # the platform the choices were made for
@@ -68,17 +68,20 @@ class EncoderSpec:
 def standalone_spec(model_path: str, dtype: str, pooling: str, attention: AttentionSpec, buckets: Sequence[int],
                     packing: bool = False, **settings) -> EncoderSpec:
     """The spec of an encoder used without a job (benchmarks, tests): planned here, for this machine's platform,
-    as the driver plans a job (``settings``: the other EncoderSpec fields)."""
+    as the driver plans a job, with the embedding head pooling by ``pooling`` and running the checkpoint's Dense
+    modules, unnormalised (``settings``: the other EncoderSpec fields)."""
     import jax
 
     from docbeam.attention.plan import choose_backends
     from docbeam.models.checkpoint import open_checkpoint
     from docbeam.models.encoder import attention_cases
+    from docbeam.models.heads import embedding
 
     platform = jax.default_backend()
-    cases = attention_cases(open_checkpoint(model_path, dtype).config, buckets, platform, packing)
-    return EncoderSpec(model_path, dtype, pooling, attention, tuple(choose_backends(attention, cases)), platform,
-                       packing=packing, **settings)
+    checkpoint = open_checkpoint(model_path, dtype)
+    cases = attention_cases(checkpoint.config, buckets, platform, packing)
+    return EncoderSpec(model_path, dtype, embedding.standalone(checkpoint, pooling), attention,
+                       tuple(choose_backends(attention, cases)), platform, packing=packing, **settings)
 
 
 def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...], str | None]:
@@ -113,7 +116,7 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     probe_all(spec.attention, choices)  # on the DirectRunner the driver has probed them already: no cost
     buckets = sorted(c.case.seq_len for c in choices)
     runtime_spec = RuntimeSpec(
-        spec.model_path, spec.dtype, spec.pooling, spec.attention, choices, spec.packing,
+        spec.model_path, spec.dtype, spec.head, spec.attention, choices, spec.packing,
         compile_ahead=tuple((rows_for(b, spec.tokens_per_batch), b) for b in buckets) if spec.tokens_per_batch else (),
         slots=tuple((b, max_windows_per_row(b)) for b in buckets), replanned=replanned)
     publish = (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}")

@@ -13,7 +13,6 @@ import hashlib
 import logging
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.metrics import Metrics
 
 from docbeam.pipeline.store import output as output_lib
@@ -25,11 +24,11 @@ from docbeam.pipeline.stages.keep import with_kept
 
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
 # "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
-# vector without Dense modules, which None matches. A run before output.vector_dtype wrote float32 (KEY_DEFAULTS).
+# vector without Dense modules, which None matches. A run before output.vector_dtype wrote float32, and one before
+# heads embedded (KEY_DEFAULTS). ``head`` is the head's own part (models/heads/: Head.reuse_key).
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest", "vector_dtype")
-KEY_DEFAULTS = {"vector_dtype": "float32"}
-ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
+              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest", "vector_dtype", "head")
+KEY_DEFAULTS = {"vector_dtype": "float32", "head": "embedding"}
 log = logging.getLogger(__name__)
 
 
@@ -46,7 +45,7 @@ class ReuseSource:
 
     path: str
     run_id: str
-    files: tuple[str, ...]  # its embeddings files, as its manifest lists them
+    files: tuple[str, ...]  # its files of the head's rows (embeddings/, scores/), as its manifest lists them
     # int8/uint8: the ranges its rows were quantized with, which this run keeps so that one output has one scale
     calibration: dict | None = None
 
@@ -81,11 +80,12 @@ def key_differences(previous: dict, current: dict) -> list[str]:
             if value(previous, name) != value(current, name)]
 
 
-def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str = "document") -> ReuseDecision:
+def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str = "document",
+           folder: str = output_lib.EMBEDDINGS) -> ReuseDecision:
     """Whether ``reuse_from`` can be reused, checked on the driver before the job starts. With
     ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2). Only document rows
     are carried over, so a run that writes chunk rows (``granularity``) reuses nothing: a reused document
-    would have no chunks."""
+    would have no chunks. ``folder``: where the head's rows are (embeddings/, scores/)."""
     check_key(key)
     if not reuse_from:
         return ReuseDecision(None, "")
@@ -93,10 +93,10 @@ def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str
         manifest, reason = None, (f"output.granularity={granularity} writes chunk rows, and an incremental run "
                                   "carries over only document vectors (set output.granularity: document to reuse)")
     else:
-        manifest, reason = _read_reusable(reuse_from, key)
+        manifest, reason = _read_reusable(reuse_from, key, folder)
     if reason is None:
         files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
-                      if output_lib.in_folder(f["path"], output_lib.EMBEDDINGS))
+                      if output_lib.in_folder(f["path"], folder))
         log.info("reusing vectors of run %s from %s", manifest["run_id"], reuse_from)
         calibration = (manifest.get("embedding") or {}).get("calibration")
         return ReuseDecision(ReuseSource(reuse_from, manifest["run_id"], files, calibration), "")
@@ -107,16 +107,16 @@ def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str
     return ReuseDecision(None, reason)
 
 
-def _read_reusable(reuse_from: str, key: dict) -> tuple[dict | None, str | None]:
+def _read_reusable(reuse_from: str, key: dict, folder: str) -> tuple[dict | None, str | None]:
     """The previous run's manifest, and why it cannot be reused (None when it can)."""
     try:
         manifest = output_lib.read_manifest(reuse_from)
     except (output_lib.OutputRefused, ValueError) as e:
         return None, f"its manifest cannot be read ({e})"
-    return manifest, _why_not(reuse_from, manifest, key)
+    return manifest, _why_not(reuse_from, manifest, key, folder)
 
 
-def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
+def _why_not(reuse_from: str, manifest: dict | None, key: dict, folder: str) -> str | None:
     if manifest is None:
         return "it holds no committed docbeam run (no _manifest.json: a failed, partial or missing run)"
     if "reuse_key" not in manifest:
@@ -128,7 +128,7 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"
     sizes = storage.list_files(reuse_from)
     for f in manifest["files"]:
-        if not output_lib.in_folder(f["path"], output_lib.EMBEDDINGS):
+        if not output_lib.in_folder(f["path"], folder):
             continue
         path = storage.join(reuse_from, f["path"])
         if sizes.get(path) != f["size"]:
@@ -144,22 +144,22 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict) -> str | None:
 class SplitByReuse(beam.PTransform):
     """Documents → ``to_encode`` (new or changed) and ``reused`` (previous rows, byte for byte)."""
 
-    def __init__(self, source: ReuseSource, dimension: int, prompt: str | None = None):
-        """``dimension``: the values per row this run writes (vectors.list_size: dim/8 for binary)."""
+    def __init__(self, source: ReuseSource, head, prompt: str | None = None):
+        """``head``: the run's models/heads Head, whose rows are read back and checked (Head.reusable)."""
         super().__init__()
-        self._source, self._dimension, self._prompt = source, dimension, prompt
+        self._source, self._head, self._prompt = source, head, prompt
 
     def expand(self, documents):
         from apache_beam.io.parquetio import ReadAllFromParquet
 
         previous = (documents.pipeline
                     | "PreviousFiles" >> beam.Create(self._source.files)
-                    | "ReadPrevious" >> ReadAllFromParquet(columns=list(ROW_FIELDS))
+                    | "ReadPrevious" >> ReadAllFromParquet(columns=row_fields(self._head))
                     | "KeyPrevious" >> beam.Map(lambda row: (row["id"], row)))
         current = documents | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
         split = ({"document": current, "previous": previous}
                  | "JoinById" >> beam.CoGroupByKey()
-                 | "ReuseOrEncode" >> beam.FlatMap(_reuse_or_encode, self._dimension, self._prompt).with_outputs(
+                 | "ReuseOrEncode" >> beam.FlatMap(_reuse_or_encode, self._head, self._prompt).with_outputs(
                      "reused", main="to_encode"))
         return {"to_encode": split.to_encode, "reused": split.reused}
 
@@ -167,10 +167,15 @@ class SplitByReuse(beam.PTransform):
 _reused = Metrics.counter(METRICS_NAMESPACE, "docs_reused")
 
 
-def _reuse_or_encode(item, dimension: int, prompt: str | None):
+def row_fields(head) -> list[str]:
+    """The columns of a head's row that a reused row carries over: id, the head's own, the bookkeeping."""
+    return ["id", *(c.name for c in head.columns()), "num_tokens", "num_windows", "truncated", "content_hash"]
+
+
+def _reuse_or_encode(item, head, prompt: str | None):
     _, grouped = item
     for doc in grouped["document"]:  # none when it is gone from the input: then it is gone from the output
-        row = reusable_row(doc, list(grouped["previous"]), dimension, prompt)
+        row = reusable_row(doc, list(grouped["previous"]), head, prompt)
         if row is None:
             yield doc
         else:
@@ -178,14 +183,15 @@ def _reuse_or_encode(item, dimension: int, prompt: str | None):
             yield beam.pvalue.TaggedOutput("reused", row)
 
 
-def reusable_row(doc: Document, previous: list[dict], dimension: int, prompt: str | None = None) -> dict | None:
-    """The previous row for ``doc`` if its text (and prompt) is unchanged and its vector sound, with ``doc``'s
-    kept fields (this input's values, never the previous row's); None to encode it."""
+def reusable_row(doc: Document, previous: list[dict], head, prompt: str | None = None) -> dict | None:
+    """The previous row for ``doc`` if its text (and prompt) is unchanged and its values sound (the head's
+    ``reusable``: length and finiteness), with ``doc``'s kept fields (this input's values, never the previous
+    row's); None to encode it."""
     if len(previous) != 1 or previous[0].get("content_hash") != content_hash(doc.text, prompt):
         return None
     row = previous[0]
-    vector = np.asarray(row["embedding"], np.float32)
-    if vector.shape != (dimension,) or not np.all(np.isfinite(vector)):
-        log.warning("document %r: its previous vector is not %d finite numbers; encoding it again", doc.id, dimension)
+    if not head.reusable(row):
+        log.warning("document %r: its previous %s row is not of this run's shape or not finite; encoding it again",
+                    doc.id, head.name)
         return None
-    return with_kept({name: row[name] for name in ROW_FIELDS}, doc.kept)
+    return with_kept({name: row[name] for name in row_fields(head)}, doc.kept)

@@ -1,46 +1,22 @@
 """The ``embedding`` column: its Arrow type, and vectors quantized to ``output.vector_dtype`` exactly as
 sentence-transformers' ``quantize_embeddings`` does, so a user's index built from either agrees.
 
-Every row of a run has the same length, so the column is a ``fixed_size_list``: pyarrow gives it back as one,
-Parquet stores it as a plain LIST (which DuckDB, pandas and BigQuery read), and the manifest says its dimension.
-int8 and uint8 map each dimension's range onto 256 steps; the ranges (the per-dimension min and max) come from
-all of the run's vectors (one global combine), because ranges from a bundle would give two documents different
-scales. They are recorded in the manifest so a query can be quantized (or a vector restored) the same way.
+The column's type is declared with the embedding head (models/heads/vector_types.py). int8 and uint8 map each
+dimension's range onto 256 steps; the ranges (the per-dimension min and max) come from all of the run's vectors
+(one global combine), because ranges from a bundle would give two documents different scales. They
+are recorded in the manifest so a query can be quantized (or a vector restored) the same way.
 """
 from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
-import pyarrow as pa
 
+from docbeam.models.heads.vector_types import (VALUE_TYPES, VECTOR_DTYPES, describe, embedding_type,  # noqa: F401
+                                               known, list_size)
 from docbeam.pipeline.records import REJECTED_TAG, Rejected
 
-VECTOR_DTYPES = ("float32", "float16", "int8", "uint8", "binary")
 CALIBRATED = ("int8", "uint8")  # the dtypes whose values depend on per-dimension ranges
-_VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8(),
-                "binary": pa.int8()}  # binary: 8 signs per byte, packed as sentence-transformers' "binary" (int8)
-
-
-def _known(vector_dtype: str) -> str:
-    if vector_dtype not in VECTOR_DTYPES:
-        raise ValueError(f"output.vector_dtype: {vector_dtype!r} is not one of {', '.join(VECTOR_DTYPES)}")
-    return vector_dtype
-
-
-def list_size(dim: int, vector_dtype: str) -> int:
-    """Values per row: the dimension, or for ``binary`` one byte per 8 dimensions (the last one zero-padded)."""
-    return -(-dim // 8) if _known(vector_dtype) == "binary" else dim
-
-
-def embedding_type(dim: int, vector_dtype: str = "float32") -> pa.DataType:
-    """The one Arrow type of every ``embedding`` column docbeam writes (document rows and chunk rows alike)."""
-    return pa.list_(_VALUE_TYPES[_known(vector_dtype)], list_size(dim, vector_dtype))
-
-
-def describe(dim: int, vector_dtype: str) -> dict:
-    """The manifest's ``embedding`` block before calibration: what a reader needs to interpret the column."""
-    return {"dim": dim, "dtype": vector_dtype, "list_size": list_size(dim, vector_dtype),
-            "value_type": str(_VALUE_TYPES[_known(vector_dtype)])}
+_known = known
 
 
 def quantize(vectors_NxD: np.ndarray, vector_dtype: str, ranges_2xD: np.ndarray | None = None) -> np.ndarray:

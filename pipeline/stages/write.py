@@ -18,14 +18,16 @@ from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
 from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
 from docbeam.pipeline.stages.keep import with_kept
+from docbeam.models.heads import NonFinite
+from docbeam.models.heads.embedding import document_vector
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
-from docbeam.pipeline.stages.vectors import embedding_type
 
-def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
-    """The embeddings files' schema: ``embedding`` is a fixed_size_list of ``dim`` values (pipeline/stages/vectors.py)."""
+def rows_schema(head) -> pa.Schema:
+    """The schema of a head's row files (embeddings/, scores/): the id, the head's own columns (models/heads/),
+    then what every row says of the document's tokens, windows and content."""
     return pa.schema([
         ("id", pa.string()),
-        ("embedding", embedding_type(dim, vector_dtype)),
+        *head.columns(),
         ("num_tokens", pa.int32()),
         ("num_windows", pa.int32()),
         ("truncated", pa.bool_()),
@@ -33,44 +35,41 @@ def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
     ])
 
 
+def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
+    """The embeddings files' schema: ``embedding`` is a fixed_size_list of ``dim`` values (models/heads/vector_types.py)."""
+    from docbeam.models.heads.embedding import EmbeddingHead
+
+    return rows_schema(EmbeddingHead(name="embedding", pooling="mean", layers=(), width=dim, folder=EMBEDDINGS,
+                                     normalize=False, truncate_dim=None, vector_dtype=vector_dtype))
+
+
+def document_row(head, windows: list[WindowEmbedding]) -> dict | Rejected:
+    """The head's row for one document (models/heads/), or its ``non_finite`` rejection: a row with NaN or inf
+    values is never written."""
+    row = head.document_row(windows)
+    if isinstance(row, NonFinite):
+        return Rejected(source="", line=None, id=windows[0].doc_id, kind="non_finite", reason=str(row))
+    return row
+
+
 def pool_windows(windows: list[WindowEmbedding], normalize: bool,
                  truncate_dim: int | None = None) -> dict | Rejected:
-    """Token-weighted mean of a document's window embeddings, cut to its first ``truncate_dim`` dimensions
-    (Matryoshka; None: all), then (optionally) L2 normalisation, so a truncated vector is a unit vector too.
-
-    For mean pooling this is the mean over every window token, so a one-window document gets exactly
-    the model's own embedding. A document with any non-finite value in a window or in the result is
-    a ``non_finite`` rejection naming the bucket and backend: such a vector is never written.
-    """
-    windows = sorted(windows, key=lambda w: w.index)
-    expected = windows[0].num_windows
-    if [w.index for w in windows] != list(range(expected)):
-        raise ValueError(f"document {windows[0].doc_id!r}: got windows {[w.index for w in windows]} of {expected}")
-    broken = [w for w in windows if not np.all(np.isfinite(w.vector))]
-    weights = np.array([w.length for w in windows], np.float64)
-    vector = (np.stack([w.vector for w in windows]).astype(np.float64) * weights[:, None]).sum(0) / weights.sum()
-    vector = vector[:truncate_dim]
-    if normalize and not broken:
-        vector = vector / max(np.linalg.norm(vector), 1e-12)
-    vector = vector.astype(np.float32)
-    if broken or not np.all(np.isfinite(vector)):
-        where = ", ".join(sorted({f"bucket {w.bucket_len} with attention {w.backend}" for w in broken or windows}))
-        return Rejected(source="", line=None, id=windows[0].doc_id, kind="non_finite",
-                        reason=f"the embedding has NaN or inf values ({len(broken)} of {len(windows)} window(s) "
-                               f"non-finite; computed at {where}); not written")
-    return {"id": windows[0].doc_id, "embedding": vector.tolist(),
-            "num_tokens": int(windows[0].doc_tokens), "num_windows": len(windows),
-            "truncated": bool(windows[0].truncated)}
+    """The embedding head's document vector (models/heads/embedding.py document_vector): token-weighted mean of
+    the windows, truncated, normalised; a ``non_finite`` rejection naming the bucket and backend otherwise."""
+    row = document_vector(windows, normalize, truncate_dim)
+    if isinstance(row, NonFinite):
+        return Rejected(source="", line=None, id=windows[0].doc_id, kind="non_finite", reason=str(row))
+    return row
 
 
 class PoolDocuments(beam.PTransform):
     """Input ``{"windows": WindowEmbeddings, "hashes": (id, content hash)}`` and, with input.keep_fields,
-    ``"kept": (id, Document.kept)``; outputs ``embeddings`` (rows) and ``rejected`` (documents whose vector is
-    not finite)."""
+    ``"kept": (id, Document.kept)``; outputs ``embeddings`` (the head's rows: vectors, or scores) and
+    ``rejected`` (documents whose row is not finite)."""
 
-    def __init__(self, normalize: bool, truncate_dim: int | None = None):
+    def __init__(self, head):
         super().__init__()
-        self._normalize, self._truncate_dim = normalize, truncate_dim
+        self._head = head
 
     def expand(self, windows):
         embedded = Metrics.counter(METRICS_NAMESPACE, "docs_encoded")
@@ -80,7 +79,7 @@ class PoolDocuments(beam.PTransform):
             _, grouped = item
             t0 = time.perf_counter()
             windows = list(grouped["windows"])  # none for a document rejected before encoding (no tokens)
-            row = pool_windows(windows, self._normalize, self._truncate_dim) if windows else None
+            row = document_row(self._head, windows) if windows else None
             clock.add(time.perf_counter() - t0)
             if isinstance(row, Rejected):
                 yield beam.pvalue.TaggedOutput(REJECTED_TAG, row)
@@ -166,13 +165,15 @@ class WriteOutputs(beam.PTransform):
     ``calibration`` (optional input): the int8/uint8 ranges, which summary.json and the manifest record."""
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, *, schema: pa.Schema,
-                 kept_columns: tuple[pa.Field, ...] = (), write_embeddings: bool = True):
+                 kept_columns: tuple[pa.Field, ...] = (), write_embeddings: bool = True, folder: str = EMBEDDINGS,
+                 labels: bool = False):
         super().__init__()
         self._schema = pa.schema([*schema, *kept_columns])  # kept columns: pipeline/stages/keep.py
         self._out = staging_path.rstrip("/")
         self._run_id = run_id
         self._shards = num_shards
         self._write_embeddings = write_embeddings
+        self._folder, self._labels = folder, labels  # the head's folder; whether its rows carry a label
 
     def expand(self, outputs):
         from apache_beam.io.parquetio import WriteToParquet
@@ -185,7 +186,8 @@ class WriteOutputs(beam.PTransform):
 
         def embedded_stats(row):
             embedded_counter.inc()
-            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"]}
+            labels = {"labels": {str(row["label"]): 1}} if self._labels else {}  # "None": regression
+            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"], **labels}
 
         def rejected_json(r):
             name = metric_name(DOCS_REJECTED, r.kind)
@@ -194,7 +196,7 @@ class WriteOutputs(beam.PTransform):
 
         written = (
             *([embeddings | "WriteEmbeddings" >> WriteToParquet(
-                part_prefix(self._out, EMBEDDINGS, self._run_id), self._schema, file_name_suffix=".parquet",
+                part_prefix(self._out, self._folder, self._run_id), self._schema, file_name_suffix=".parquet",
                 num_shards=self._shards, use_compliant_nested_type=True)]  # LIST of "element": what BigQuery expects
               if self._write_embeddings else []),
             timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(

@@ -31,6 +31,7 @@ LOCK = "_lock.json"
 # The folders of a committed run, each of part files named part-<run_id>-…; a run's JAX profiles are staged
 # under _staging/<run_id>/profiles/<run_id>/ and committed as profiles/<run_id>/.
 EMBEDDINGS = "embeddings"
+SCORES = "scores"  # a classifier head's rows (models/heads/classifier.py)
 CHUNKS = "chunks"  # output.granularity chunk or both: one row per window (pipeline/stages/chunks.py)
 ERRORS = "errors"
 TIMING = "timing"
