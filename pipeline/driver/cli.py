@@ -209,8 +209,11 @@ def format_summary(s: dict, output: str) -> str:
 
     lines = [
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
-        f"  documents  read {s['docs_read']}, embedded {s['docs_embedded']}, rejected {s['docs_rejected']}"
+        f"  documents  read {s['docs_read']}, {verb(s)} {s['docs_embedded']}, rejected {s['docs_rejected']}"
         + (f" {json.dumps(s['rejected_by_kind'])}" if s["rejected_by_kind"] else ""),
+        *([format_head(s["head"], s.get("labels"))] if s.get("head") else []),
+        *([f"  selected   {s['docs_selected']} documents where {s['select']['where']} (selected/)"]
+          if "docs_selected" in s else []),
         *([f"  reused     {s['docs_reused']} documents ({s['reused_token_share']:.1%} of tokens) from run "
            f"{s['reuse']['run_id']}; encoded {s['docs_encoded']}"] if s.get("docs_reused") else []),
         *([f"  reuse      none: {s['reuse']['reason']}"] if s.get("reuse", {}).get("reason") else []),
@@ -226,6 +229,20 @@ def format_summary(s: dict, output: str) -> str:
         *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),
     ]
     return "\n".join(lines)
+
+
+def verb(s: dict) -> str:
+    return "scored" if (s.get("head") or {}).get("name") == "classifier" else "embedded"
+
+
+def format_head(head: dict, labels: dict | None) -> str:
+    """Which head ran, and what the checkpoint carries that did not run."""
+    if head["name"] == "classifier":
+        shown = f"; top labels {json.dumps(labels)}" if labels else ""
+        return f"  head       classifier ({head['checkpoint_head']}, {head['function']}) → {head['folder']}/{shown}"
+    carried = head.get("checkpoint_head")
+    return f"  head       embedding → {head['folder']}/" + (
+        f"; the checkpoint's {carried} did not run (model.head: classifier scores with it)" if carried else "")
 
 
 def format_pgvector(done: dict) -> str:

@@ -98,6 +98,25 @@ def redacted_dsn(dsn: str) -> str:
     return keyword.sub(r"\1***", uri.sub(r"\1***@", dsn))
 
 
+class SelectConfig(Section):
+    """``selected/``: the ids (and optionally texts) of the documents whose row meets ``where``, committed with the
+    run: a curation job's kept set (pipeline/stages/selection.py has the grammar)."""
+
+    where: str  # e.g. "score >= 3", "label in [en, de]"
+    with_text: bool = False  # each selected line carries the document's text too
+
+    @pydantic.field_validator("where")
+    @classmethod
+    def _parses(cls, where):
+        from docbeam.pipeline.stages.selection import SelectionError, parse
+
+        try:
+            parse(where)
+        except SelectionError as e:
+            raise ValueError(str(e)) from None
+        return where
+
+
 class OutputConfig(Section):
     path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
     num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
@@ -107,6 +126,7 @@ class OutputConfig(Section):
     vector_dtype: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"
     vertex_ai: VertexAIConfig | None = None
     pgvector: PgvectorConfig | None = None
+    select: SelectConfig | None = None  # selected/: the documents whose row meets select.where
 
     @pydantic.field_validator("path")
     @classmethod

@@ -28,6 +28,7 @@ from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedCon
 from docbeam.pipeline.errors import refused_at_start
 from docbeam.pipeline.stages.reuse import ReuseDecision, decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
+from docbeam.pipeline.driver.head_plan import check_head_fits_output, check_selection, tokenize_for, vector_dtype
 
 VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
              "pyarrow")
@@ -221,6 +222,7 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
         probe_all(spec, choices)
     head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
     check_head_fits_output(cfg, head)
+    check_selection(cfg, head, kept)
     tokenize = tokenize_for(cfg, head)
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": tokenize.stride, "long_documents": tokenize.long_documents,
@@ -232,39 +234,6 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
              if for_output else ReuseDecision(None, ""))
     return JobPlan(cfg, pinned, window_len, head, prompt, platform, packing, tuple(choices), checked,
                    checkpoint.config, spec, key, reuse, kept)
-
-
-def tokenize_for(cfg: JobConfig | EmbedConfig, head: Head) -> TokenizeConfig:
-    if getattr(head, "windows", None) == "first":
-        return cfg.tokenize.model_copy(update={"long_documents": "truncate"})
-    return cfg.tokenize
-
-
-def vector_dtype(cfg: JobConfig | EmbedConfig) -> str:
-    return cfg.output.vector_dtype if isinstance(cfg, JobConfig) else "float32"
-
-
-def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
-    """What only document vectors can feed (quantized dtypes, chunk rows, Vector Search) is refused for a head
-    that writes other rows, naming the key; a reduced precision's gate measures vectors only."""
-    if head.name == "embedding":
-        return
-    rows = f"model.head resolved to {head.name} ({head.carried}), which writes {head.folder}/ rows"
-    if cfg.model.dtype != "float32" and cfg.model.precision_gate == "enforce":
-        raise ConfigError(f"model.dtype: {cfg.model.dtype}: {rows}, and the precision gate (model.precision_gate: "
-                          "enforce) measures embeddings only; set model.dtype: float32, or model.precision_gate: "
-                          "warn (or off) to run it unmeasured")
-    if not isinstance(cfg, JobConfig):
-        return
-    out = cfg.output
-    for key, value, allowed in (("vector_dtype", out.vector_dtype, "float32"),
-                                ("granularity", out.granularity, "document")):
-        if value != allowed:
-            raise ConfigError(f"output.{key}: {value}: {rows}, not vectors; set output.{key}: {allowed} (or "
-                              "model.head: embedding to embed with its backbone)")
-    if out.vertex_ai is not None:
-        raise ConfigError(f"output.vertex_ai: {rows}, and Vector Search loads vectors; remove output.vertex_ai "
-                          "(output.pgvector takes scores), or set model.head: embedding")
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

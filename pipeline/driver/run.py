@@ -32,7 +32,7 @@ from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versi
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import SplitByReuse
-from docbeam.pipeline.stages.sinks import RemovedIds, WriteSinks
+from docbeam.pipeline.driver.extra_outputs import select_documents, sink_files
 from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
         "kept_fields": plan.kept.describe(),
+        **({"select": cfg.output.select.model_dump()} if cfg.output.select else {}),
         "precision_gate": plan.precision_gate,
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
@@ -113,8 +114,11 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         cfg.output.vector_dtype, run_id, plan.reuse.source.calibration if plan.reuse.source else None)
     rejected = (read["rejected"], embedded["rejected"], quantized["rejected"]) | "AllRejected" >> beam.Flatten()
     calibration = {"calibration": quantized["calibration"]} if "calibration" in quantized else {}
+    selection = select_documents(plan, staging, run_id, read, quantized["rows"], reused)
+    selected = {"selected": selection["selected"]} if selection else {}
     written = ({"encoded": quantized["rows"], "reused": reused, "timing": embedded["timing"],
-                "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"], **calibration}
+                "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"], **calibration,
+                **selected}
                | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
                                                 schema=rows_schema(plan.head), kept_columns=plan.kept.fields(),
                                                 write_embeddings=cfg.output.granularity != "chunk",
@@ -131,24 +135,9 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                                  kept_columns=plan.kept.fields()))
         written = {**written, "written": (*written["written"], chunks)}
     written = {**written, "written": written["written"] + sink_files(plan, staging, run_id, read, quantized["rows"],
-                                                                     reused)}
+                                                                     reused) + selection.get("written", ())}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
-
-
-def sink_files(plan: JobPlan, staging: str, run_id: str, read, encoded, reused) -> tuple:
-    """The files of the sinks beside Parquet (pipeline/stages/sinks.py), for the commit to wait on."""
-    out = plan.config.output
-    if out.vertex_ai is None and out.pgvector is None:
-        return ()
-    inputs = {"embeddings": (encoded, reused) | "SinkEmbeddings" >> beam.Flatten()}
-    if plan.reuse.source is not None:
-        inputs["removed"] = ({"documents": read["documents"], "rejected": read["rejected"]}
-                             | "RemovedIds" >> RemovedIds(plan.reuse.source.files))
-    restricts = out.vertex_ai.restricts if out.vertex_ai is not None else None
-    return (inputs
-            | "WriteSinks" >> WriteSinks(staging, run_id, restricts, out.pgvector is not None, out.num_shards,
-                                         json_fields=tuple(c.name for c in plan.kept.columns if c.arrow is None)))
 
 
 def metrics_dict(result) -> dict:

@@ -54,6 +54,8 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         "started_at": _iso(base["started"]), "finished_at": _iso(finished), "metrics": {},
         "memory": memory_trend.summary_block(trends, base.get(MEMORY_LIMIT)),
     })
+    if "select" in summary:  # output.select: how many documents selected/ lists
+        summary["docs_selected"] = stats.get("docs_selected", 0)
     if "labels" in stats:  # a classifier's rows: how many documents got each top label
         summary["labels"] = dict(sorted(stats["labels"].items(), key=lambda kv: (-kv[1], kv[0])))
     if "calibration" in stats:  # int8/uint8: the ranges every vector of the output was quantized with

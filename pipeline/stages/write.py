@@ -214,7 +214,9 @@ class WriteOutputs(beam.PTransform):
              | "MemoryTrend" >> beam.MapTuple(memory_trend_stats),
              *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []),
              *([outputs["calibration"] | "CalibrationStats" >> beam.Map(lambda c: {"calibration": c} if c else {})]
-               if "calibration" in outputs else []))
+               if "calibration" in outputs else []),
+             *([outputs["selected"] | "SelectedStats" >> beam.Map(lambda _: {"docs_selected": 1})]
+               if "selected" in outputs else []))
             | "AllStats" >> beam.Flatten()
             | "SumStats" >> beam.CombineGlobally(_SumDicts()))
         return {"stats": stats, "written": written}

@@ -205,10 +205,19 @@ def _recompilations(b) -> str:
           b["attention_backend"][i], b["compute_ms"][i]] for i in again]) + "</div>"
 
 
+def _top_labels(labels: dict) -> str:
+    """The label distribution of a classifier's run, most frequent first: ``pos 60% · neg 40%``."""
+    total = sum(labels.values()) or 1
+    return " · ".join(f"{name} {count / total:.0%}" for name, count in list(labels.items())[:4])
+
+
 def render_html(run: Run, baseline: Run | None = None, regressions: list[Regression] = (),
                 threshold: float = 0.10) -> str:
     s, b = run.summary, run.batches
-    cards = [("documents embedded", fmt(s.get("docs_embedded"))), ("rejected", fmt(s.get("docs_rejected"))),
+    scored = (s.get("head") or {}).get("name") == "classifier"
+    cards = [(f"documents {'scored' if scored else 'embedded'}", fmt(s.get("docs_embedded"))),
+             ("rejected", fmt(s.get("docs_rejected"))),
+             *([("top label", _top_labels(s["labels"]))] if s.get("labels") else []),
              *([("reused", fmt(s["docs_reused"]))] if s.get("docs_reused") else []),
              ("batches", fmt(s.get("batches", run.batch_count))), ("wall time (s)", fmt(s.get("wall_seconds"))),
              ("documents/s", fmt(s.get("docs_per_second"))), ("tokens/s", fmt(s.get("tokens_per_second"))),

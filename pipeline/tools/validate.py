@@ -62,6 +62,10 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
     out += ["", f"# model: window {plan.window_len} tokens, pooling {plan.pooling}, normalize {plan.normalize}, "
             f"{plan.width} dimensions" + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else "")
             + f" written as {cfg.output.vector_dtype}",
+            f"# head: {plan.head.name} → {plan.head.folder}/"
+            + (f" (labels {', '.join(plan.head.labels)}; {plan.head.function}; windows: {plan.head.windows})"
+               if plan.head.name == "classifier" else "")
+            + (f"; the checkpoint carries {plan.head.carried}" if plan.head.carried else ""),
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
             f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
             f"{str(plan.packing).lower()}"
