@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import bert, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -25,6 +25,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
     "qwen3": qwen3,
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
+    "jina_embeddings_v3": jina,
 }
 
 
@@ -33,6 +34,14 @@ def family_for(model_type: str, where: str) -> ModuleType:
         raise CheckpointError(f"model.path: model_type {model_type!r} in {where} is not supported; supported: "
                               f"{', '.join(MODEL_TYPES)}")
     return MODEL_TYPES[model_type]
+
+
+def family_of_config(raw: dict, where: str) -> ModuleType:
+    """The family a config.json describes: its ``model_type``, except Jina v3 on the Hub, which is ``xlm-roberta``
+    (jinaai's remote code) with rotary positions: no XLM-R of the roberta family has those."""
+    if raw.get("position_embedding_type") == "rotary" and raw.get("model_type", "xlm-roberta") == "xlm-roberta":
+        return jina
+    return family_for(raw.get("model_type", "bert"), where)
 
 
 def family_of(config) -> ModuleType:

@@ -1,0 +1,138 @@
+"""Jina embeddings v3 against transformers' JinaEmbeddingsV3Model, and its task adapters against the Hub's LoRA
+computed unmerged (tests/jina_reference.py): XLM-R with rotary positions, one LoRA slice per task merged into
+the weights at load, the task chosen by model.task."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from family_fixtures import (LENGTHS, MIN_COSINE, MOVED, assert_matches_transformers, backends_for, lowest_cosine,
+                             pack, reference_vectors, save_checkpoint, token_inputs)
+from jina_reference import INSTRUCTIONS, TASKS, adapters_on, hub_config, hub_tensors, random_adapters, tiny_jina
+from docbeam.models import checkpoint, encoder
+from docbeam.models.families import jina
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_jina()
+
+
+@pytest.fixture(scope="module")
+def adapters(model):
+    return random_adapters(model)
+
+
+@pytest.fixture(scope="module")
+def transformers_folder(model, tmp_path_factory):
+    return save_checkpoint(model, str(tmp_path_factory.mktemp("jina-transformers5")))
+
+
+@pytest.fixture(scope="module")
+def hub_folder(model, adapters, tmp_path_factory):
+    return save_checkpoint(model, str(tmp_path_factory.mktemp("jina-hub")), config_rewrite=hub_config,
+                           tensor_rename=lambda tensors: hub_tensors(tensors, adapters))
+
+
+def ours(folder: str, ids, lengths, *, task: str | None = None, backend: str = "native", packed: bool = False,
+         change=None) -> np.ndarray:
+    """Our pooled vectors with ``task``'s adapter merged at load; ``change`` edits the config the weights are
+    merged with and the model runs (a test breaking the merge on purpose)."""
+    import jax
+
+    from docbeam import attention
+
+    ck = checkpoint.open_checkpoint(folder, task=task)
+    config = change(ck.config) if change else ck.config
+    params = checkpoint.load_params(ck.folder, config)
+    chosen = attention.get(backend)
+    embed = jax.jit(encoder.embed_fn(config, chosen.bind(chosen.parse_options(None)), "mean"))
+    if not packed:
+        return np.asarray(embed(params, ids, lengths), np.float32)
+    row_len = int(max(lengths.max(), lengths.sum() // 2 + 1))
+    p_ids, p_lengths, segments, slot_lengths, where = pack(ids, lengths, row_len)
+    out = np.asarray(embed(params, p_ids, p_lengths, segments, slot_lengths), np.float32)
+    return out.reshape(-1, out.shape[-1])[where]
+
+
+def test_both_forms_read_as_rotary_xlmr_with_the_checkpoints_tasks(transformers_folder, hub_folder):
+    plain, hub = (checkpoint.open_checkpoint(f).config for f in (transformers_folder, hub_folder))
+    for config in (plain, hub):
+        assert type(config) is jina.Config
+        assert (config.position, config.rope_theta, config.rope_style, config.max_position) == ("rope", 20000.0,
+                                                                                               "half", 8194)
+    assert (plain.tasks, plain.task) == ((), None)
+    assert (hub.tasks, hub.task, hub.lora_scale) == (TASKS, None, 0.5)  # no task named: the base weights
+
+
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("form", ["transformers5", "hub"])
+def test_base_weights_match_transformers(model, transformers_folder, hub_folder, form, packed):
+    folder = transformers_folder if form == "transformers5" else hub_folder
+    assert assert_matches_transformers(model, folder, LENGTHS, packed) == ["native", "chunked", "flash"]
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_every_task_merged_matches_its_adapter_computed_unmerged(model, adapters, hub_folder, packed):
+    ids, lengths = token_inputs(LENGTHS)
+    backends = backends_for(checkpoint.open_checkpoint(hub_folder).config.attention_features, packed)
+    base = reference_vectors(model, ids, lengths)
+    for index, task in enumerate(TASKS):
+        with adapters_on(model, adapters, index):
+            reference = reference_vectors(model, ids, lengths)
+        assert lowest_cosine(reference, base) < MOVED, task  # each adapter moves the output
+        for backend in backends:
+            got = ours(hub_folder, ids, lengths, task=task, backend=backend, packed=packed)
+            assert lowest_cosine(got, reference) >= MIN_COSINE, (task, backend)
+
+
+@pytest.mark.parametrize("broken", ["scale", "slice", "rope"])
+def test_a_broken_merge_or_rope_moves_the_output(model, adapters, hub_folder, broken):
+    import dataclasses
+
+    ids, lengths = token_inputs(LENGTHS)
+    with adapters_on(model, adapters, TASKS.index("retrieval.passage")):
+        reference = reference_vectors(model, ids, lengths)
+    change = {"scale": lambda c: dataclasses.replace(c, lora_alpha=c.lora_rank),  # scale 1, not alpha / rank
+              "slice": lambda c: dataclasses.replace(c, task="retrieval.query"),  # the neighbouring slice
+              "rope": lambda c: dataclasses.replace(c, rope_scale=0.0)}[broken]  # every angle 0: no rotation
+    assert lowest_cosine(ours(hub_folder, ids, lengths, task="retrieval.passage", change=change), reference) < MOVED
+
+
+def test_an_unknown_task_is_refused_naming_the_key_the_value_and_the_tasks(hub_folder, transformers_folder):
+    with pytest.raises(checkpoint.CheckpointError, match=r"model.task: 'retrieval.document' is not a task of .*"
+                       r"config.json: its lora_adaptations are retrieval.query, retrieval.passage, separation"):
+        checkpoint.open_checkpoint(hub_folder, task="retrieval.document")
+    with pytest.raises(checkpoint.CheckpointError, match="sets no lora_adaptations"):
+        checkpoint.open_checkpoint(transformers_folder, task="retrieval.passage")
+
+
+def test_a_task_on_a_family_without_adapters_is_refused(tiny_checkpoint_dir):
+    with pytest.raises(checkpoint.CheckpointError, match=r"model.task: 'retrieval.passage' is set, but .* has no "
+                       "task adapters"):
+        checkpoint.open_checkpoint(tiny_checkpoint_dir, task="retrieval.passage")
+
+
+def test_the_checkpoints_default_task_applies_when_none_is_named(model, tmp_path):
+    folder = save_checkpoint(model, str(tmp_path), config_rewrite=lambda c: {**hub_config(c),
+                                                                             "default_lora_task": "separation"})
+    assert checkpoint.open_checkpoint(str(folder)).config.task == "separation"
+    assert checkpoint.open_checkpoint(str(folder), task="classification").config.task == "classification"
+
+
+def test_adapters_of_another_rank_are_refused_at_load(model, adapters, tmp_path):
+    folder = save_checkpoint(model, str(tmp_path), config_rewrite=lambda c: {**hub_config(c), "lora_rank": 8},
+                             tensor_rename=lambda tensors: hub_tensors(tensors, adapters))
+    ck = checkpoint.open_checkpoint(folder, task="retrieval.passage")
+    with pytest.raises(checkpoint.CheckpointError, match=r"word_embeddings.*lora_A \[5, 30522, 4\] .* lora_rank \(8\)"):
+        checkpoint.load_params(ck.folder, ck.config)
+
+
+def test_the_tasks_instruction_is_its_document_prompt(hub_folder):
+    from docbeam.models.st_settings import document_prompt
+
+    ck = checkpoint.open_checkpoint(hub_folder, task="retrieval.passage")
+    assert document_prompt(ck.settings, "auto", hub_folder) == INSTRUCTIONS["retrieval.passage"]
+    assert document_prompt(checkpoint.open_checkpoint(hub_folder, task="separation").settings, "auto", hub_folder) \
+        is None  # an empty instruction is no prompt
+    assert document_prompt(checkpoint.open_checkpoint(hub_folder).settings, "auto", hub_folder) is None
