@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from family_fixtures import (LENGTHS, MIN_COSINE, MOVED, assert_matches_transformers, backends_for, lowest_cosine,
-                             pack, reference_vectors, save_checkpoint, token_inputs)
+                             pack, reference_vectors, run_docbeam, save_checkpoint, token_inputs)
 from jina_reference import INSTRUCTIONS, TASKS, adapters_on, hub_config, hub_tensors, random_adapters, tiny_jina
 from docbeam.models import checkpoint, encoder
 from docbeam.models.families import jina
@@ -136,3 +136,44 @@ def test_the_tasks_instruction_is_its_document_prompt(hub_folder):
     assert document_prompt(checkpoint.open_checkpoint(hub_folder, task="separation").settings, "auto", hub_folder) \
         is None  # an empty instruction is no prompt
     assert document_prompt(checkpoint.open_checkpoint(hub_folder).settings, "auto", hub_folder) is None
+
+
+@pytest.mark.slow
+def test_docbeam_run_gives_the_tasks_vectors_with_its_instruction(model, adapters, hub_folder, tmp_path):
+    """One window per document, its instruction first (the Hub's encode(task=...) puts it there)."""
+    texts = {"a": "Rotary positions and task adapters.", "b": " ".join(["Passages for retrieval."] * 10)}
+    got = run_docbeam(hub_folder, tmp_path, texts, model={"task": "retrieval.passage"})
+    tokenizer = checkpoint.load_tokenizer(hub_folder)
+    with adapters_on(model, adapters, TASKS.index("retrieval.passage")):
+        for doc_id, text in texts.items():
+            ids = np.asarray([tokenizer(INSTRUCTIONS["retrieval.passage"] + text)["input_ids"]], np.int32)
+            want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32))
+            assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
+
+
+def test_the_task_is_part_of_the_reuse_key(hub_folder, tmp_path):
+    """Vectors embedded with another task's adapter are other vectors: a later run does not reuse them."""
+    from conftest import SAMPLE, job_config
+    from incremental_test import committed_run
+    from docbeam.pipeline.driver.plan import make_plan
+    from docbeam.pipeline.stages.reuse import key_differences
+
+    def plan(task, **input_section):
+        cfg = job_config(SAMPLE, str(tmp_path / "out"), hub_folder, model={"task": task}, input=input_section)
+        return make_plan(cfg, probe_backends=False)
+
+    separation = plan("separation").reuse_key  # both instructions are empty: the prompts agree
+    assert key_differences(separation, plan("classification").reuse_key) == [
+        "task: 'separation' then, 'classification' now"]
+    previous = str(tmp_path / "previous")
+    committed_run(previous, separation, b"PAR1" + bytes(64) + b"PAR1")
+    assert plan("separation", reuse_from=previous).reuse.source is not None
+    other = plan("classification", reuse_from=previous).reuse
+    assert other.source is None and "task: 'separation' then, 'classification' now" in other.reason
+
+
+def test_an_empty_model_task_is_a_config_error():
+    from docbeam.pipeline.driver import config
+
+    with pytest.raises(config.ConfigError, match=r"model\.task: must name one of the checkpoint's task adapters"):
+        config.parse({"input": {"path": "d.jsonl"}, "output": {"path": "o"}, "model": {"task": " "}}, base_dir="/")
