@@ -3,12 +3,16 @@ computed unmerged (tests/jina_reference.py): XLM-R with rotary positions, one Lo
 the weights at load, the task chosen by model.task."""
 from __future__ import annotations
 
+import os
+import shutil
+
 import numpy as np
 import pytest
 
 from family_fixtures import (LENGTHS, MIN_COSINE, MOVED, assert_matches_transformers, backends_for, lowest_cosine,
                              pack, reference_vectors, run_docbeam, save_checkpoint, token_inputs)
-from jina_reference import INSTRUCTIONS, TASKS, adapters_on, hub_config, hub_tensors, random_adapters, tiny_jina
+from jina_reference import (INSTRUCTIONS, TASKS, adapters_on, hub_config, hub_tensors, random_adapters, tiny_jina,
+                            write_hub_st_files)
 from docbeam.models import checkpoint, encoder
 from docbeam.models.families import jina
 
@@ -30,8 +34,9 @@ def transformers_folder(model, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hub_folder(model, adapters, tmp_path_factory):
-    return save_checkpoint(model, str(tmp_path_factory.mktemp("jina-hub")), config_rewrite=hub_config,
-                           tensor_rename=lambda tensors: hub_tensors(tensors, adapters))
+    folder = save_checkpoint(model, str(tmp_path_factory.mktemp("jina-hub")), config_rewrite=hub_config,
+                             tensor_rename=lambda tensors: hub_tensors(tensors, adapters))
+    return write_hub_st_files(folder)
 
 
 def ours(folder: str, ids, lengths, *, task: str | None = None, backend: str = "native", packed: bool = False,
@@ -126,6 +131,18 @@ def test_adapters_of_another_rank_are_refused_at_load(model, adapters, tmp_path)
     ck = checkpoint.open_checkpoint(folder, task="retrieval.passage")
     with pytest.raises(checkpoint.CheckpointError, match=r"word_embeddings.*lora_A \[5, 30522, 4\] .* lora_rank \(8\)"):
         checkpoint.load_params(ck.folder, ck.config)
+
+
+def test_the_hubs_task_routing_module_runs_as_sentence_transformers_transformer_with_adapters_only(
+        hub_folder, transformers_folder, tmp_path):
+    settings = checkpoint.open_checkpoint(hub_folder).settings
+    assert (settings.pooling, settings.normalize) == ("mean", True)
+    without_adapters = write_hub_st_files(str(tmp_path))
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(os.path.join(transformers_folder, name), without_adapters)
+    with pytest.raises(checkpoint.CheckpointError, match=r"modules.json lists module 'transformer' of type "
+                       r"'custom_st.Transformer'"):
+        checkpoint.open_checkpoint(without_adapters)
 
 
 def test_the_tasks_instruction_is_its_document_prompt(hub_folder):

@@ -117,3 +117,25 @@ def hub_tensors(tensors: dict, adapters: dict) -> dict:
     out.update({f"roberta.pooler.dense{LORA}.original": np.eye(D, dtype=np.float32),
                 "roberta.pooler.dense.bias": np.zeros(D, np.float32)})
     return out
+
+
+def write_hub_st_files(folder: str) -> str:
+    """The sentence-transformers files the Hub's checkpoint ships: its task-routing Transformer (custom_st.py),
+    mean pooling, Normalize, and each task's instruction as a prompt."""
+    import json
+    import os
+
+    st = "sentence_transformers.models"
+    modules = [{"idx": 0, "name": "transformer", "path": "", "type": "custom_st.Transformer", "kwargs": ["task"]},
+               {"idx": 1, "name": "pooler", "path": "1_Pooling", "type": f"{st}.Pooling"},
+               {"idx": 2, "name": "normalizer", "path": "2_Normalize", "type": f"{st}.Normalize"}]
+    pooling = {"word_embedding_dimension": 32, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+               "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
+    st_config = {"__version__": {"sentence_transformers": "3.1.0"}, "prompts": INSTRUCTIONS,
+                 "default_prompt_name": None, "similarity_fn_name": "cosine"}
+    os.makedirs(os.path.join(folder, "1_Pooling"), exist_ok=True)
+    for name, value in (("modules.json", modules), ("1_Pooling/config.json", pooling),
+                        ("config_sentence_transformers.json", st_config)):
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(value, f)
+    return folder
