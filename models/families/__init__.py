@@ -3,7 +3,8 @@ its tensor names), and here the one table that picks a family from config.json's
 
 A family module exposes ``Config`` (an EncoderConfig), ``Model`` (a blocks.FamilyModel: a Flax module taking
 the config and an AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry),
-``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``.
+``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``; a family with task adapters (Jina v3)
+also ``with_task(config, task, where)``, which takes model.task.
 """
 from __future__ import annotations
 
