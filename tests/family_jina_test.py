@@ -105,6 +105,10 @@ def test_the_checkpoints_default_task_applies_when_none_is_named(model, tmp_path
                                                                              "default_lora_task": "separation"})
     assert checkpoint.open_checkpoint(str(folder)).config.task == "separation"
     assert checkpoint.open_checkpoint(str(folder), task="classification").config.task == "classification"
+    save_checkpoint(model, str(tmp_path), config_rewrite=lambda c: {**hub_config(c), "default_lora_task": "query"})
+    with pytest.raises(checkpoint.CheckpointError, match=r"default_lora_task: 'query', which is not among its "
+                       r"lora_adaptations \['retrieval.query'"):
+        checkpoint.open_checkpoint(str(folder))
 
 
 def test_adapters_of_another_rank_are_refused_at_load(model, adapters, tmp_path):

@@ -2,8 +2,9 @@
 remote code, told apart by ``position_embedding_type: rotary``): XLM-RoBERTa's post-norm layers with rotary
 positions (half style, theta 20,000, counted from 0: no position table) instead of the 514-row table, and one
 token type. The Hub's checkpoint carries LoRA adapters on every Linear and Embedding, one slice per task of
-``lora_adaptations``; the task ``model.task`` names (default: none, the base weights, as the checkpoint's own
-code runs without a task) is merged into the weights here, once, as ``W + B·A·lora_alpha/lora_rank``.
+``lora_adaptations``; the task ``model.task`` names (default: config.json's ``default_lora_task``, else none: the
+base weights, as the checkpoint's own code runs without a task) is merged into the weights here, once, as
+``W + B·A·lora_alpha/lora_rank``.
 """
 from __future__ import annotations
 
@@ -59,6 +60,9 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     if not isinstance(instructions, dict) or not set(instructions) <= set(tasks):
         raise hub.error(f"sets task_instructions: {instructions!r}; expected a text for some of its "
                         f"lora_adaptations {list(tasks)}")
+    default = hub.get("default_lora_task", default=None)
+    if default is not None and default not in tasks:
+        raise hub.error(f"sets default_lora_task: {default!r}, which is not among its lora_adaptations {list(tasks)}")
     return Config(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("num_hidden_layers"),
                   num_heads=heads, intermediate_size=hub.get("intermediate_size"),
                   max_position=hub.get("max_position_embeddings", default=8194),
@@ -66,7 +70,7 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
                   layer_norm_eps=hub.get("layer_norm_eps", default=1e-5),
                   activation=hub.activation("hidden_act", default="gelu"), position="rope",
                   rope_theta=rope.theta, rope_scale=rope.scale, dtype=dtype, tasks=tasks,
-                  task=hub.get("default_lora_task", default=None), instructions=tuple(instructions.items()),
+                  task=default, instructions=tuple(instructions.items()),
                   lora_rank=int(hub.get("lora_rank", default=4)), lora_alpha=float(hub.get("lora_alpha", default=1)))
 
 
