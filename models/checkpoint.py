@@ -13,7 +13,7 @@ import os
 
 from docbeam.models.checkpoint_source import (HubId, hub_revision, parse_hub_id, pinned_path, refuse_pickle_in, resolve_dir,
                                       weights_digest)
-from docbeam.models.families import family_for, family_of
+from docbeam.models.families import family_of, family_of_config
 from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
@@ -25,13 +25,21 @@ __all__ = ["Checkpoint", "CheckpointError", "FastTokenizer", "HubId", "ModelSett
            "open_checkpoint", "parse_hub_id", "pinned_path", "resolve_dir", "tokenizer_digest", "weights_digest"]
 
 
-def encoder_config(folder: str, dtype: str = "float32") -> EncoderConfig:
-    """config.json → the config of its family (models/families/), read from the Hub's keys or transformers 5's."""
+def encoder_config(folder: str, dtype: str = "float32", task: str | None = None) -> EncoderConfig:
+    """config.json → the config of its family (models/families/), read from the Hub's keys or transformers 5's;
+    ``task`` (model.task) picks one of a multi-task checkpoint's adapters (None: its default)."""
     hf = read_json(folder, "config.json")
     if hf is None:
         raise CheckpointError(f"model.path: no config.json in {folder}; expected a Hugging Face checkpoint folder")
     where = f"{folder}/config.json"
-    return family_for(hf.get("model_type", "bert"), where).read_config(HubConfig(hf, where), dtype)
+    family = family_of_config(hf, where)
+    config = family.read_config(HubConfig(hf, where), dtype)
+    if hasattr(family, "with_task"):
+        return family.with_task(config, task, where)
+    if task is not None:
+        raise CheckpointError(f"model.task: {task!r} is set, but {where} (model_type {hf.get('model_type')!r}) "
+                              "has no task adapters; leave model.task out")
+    return config
 
 
 def load_params(folder: str, config: EncoderConfig) -> dict:
@@ -100,14 +108,15 @@ class Checkpoint:
     settings: ModelSettings
 
 
-def open_checkpoint(path: str, dtype: str = "float32", with_weights: bool = False) -> Checkpoint:
+def open_checkpoint(path: str, dtype: str = "float32", with_weights: bool = False,
+                    task: str | None = None) -> Checkpoint:
     """Config and settings (cheap: what the driver needs to plan); ``with_weights`` also makes the weights
-    local, for ``load_params``."""
+    local, for ``load_params``; ``task``: model.task (encoder_config)."""
     folder = resolve_dir(path, with_weights)
     if not os.path.isdir(folder):
         raise CheckpointError(f"model.path {path!r}: {folder} is not a folder")
     if not os.path.exists(os.path.join(folder, "config.json")):
         raise CheckpointError(f"model.path {path!r} holds no config.json; expected a Hugging Face checkpoint "
                               "(config.json, model.safetensors, tokenizer files)")
-    config = encoder_config(folder, dtype)
+    config = encoder_config(folder, dtype, task)
     return Checkpoint(folder=folder, config=config, settings=model_settings(folder, config))

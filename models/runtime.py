@@ -38,6 +38,7 @@ class RuntimeSpec:
     compile_ahead: tuple[tuple[int, int], ...] = ()  # (rows, bucket_len) shapes compiled before their batches
     slots: tuple[tuple[int, int], ...] = ()  # packing: (bucket_len, windows per row) of every bucket
     replanned: str | None = None  # why these choices are not the job plan's ("planned cpu, worker gpu")
+    task: str | None = None  # model.task: the adapter merged into the weights (models/checkpoint.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,7 @@ def load(spec: RuntimeSpec, fn_name: str):
     from docbeam.models import checkpoint, encoder
 
     device = jax.devices()[0]
-    ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True)
+    ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True, task=spec.task)
     params = checkpoint.load_params(ck.folder, ck.config)
     # The head's layers (sentence-transformers' Dense modules, a classifier) run inside the jitted forward,
     # right after pooling.

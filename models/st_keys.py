@@ -11,7 +11,8 @@ not listed, is a CheckpointError naming the file and key, so a setting is never 
   default of ``model.truncate_dim``: Matryoshka vectors cut to their first N dimensions).
 - ``modules.json``: entries ``idx``, ``name``, ``path``, ``type`` (sentence-transformers' Transformer, Pooling,
   any number of Dense, Normalize, in that order); ``kwargs`` (encode arguments routed to a module) refused unless
-  empty.
+  empty, but for jina-embeddings-v3's task-routing Transformer in a checkpoint with task adapters
+  (models/st_settings.py TASK_TRANSFORMER: ``model.task`` is that routing).
 - a Dense module's ``config.json``: honoured ``in_features``, ``out_features``, ``bias``,
   ``activation_function`` (``torch.nn.modules.linear.Identity`` or ``torch.nn.modules.activation.Tanh``);
   refused unless at their defaults ``module_input_name`` / ``module_output_name`` (sentence_embedding),

@@ -19,6 +19,9 @@ SUPPORTED_POOLING = ("mean", "cls", "lasttoken")
 # encode_document's choice when the caller names no prompt: the first of these the checkpoint defines, else
 # its default_prompt_name (sentence_transformers/sentence_transformer/model.py, 6.2.0).
 DOCUMENT_PROMPT_NAMES = ("document", "passage", "corpus")
+# jina-embeddings-v3's own module (its custom_st.py): sentence-transformers' Transformer, tokenizing as it does,
+# that routes encode's ``task`` to the checkpoint's adapters; model.task does that here (models/families/jina.py).
+TASK_TRANSFORMER = {"type": "custom_st.Transformer", "kwargs": ["task"]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,12 +62,15 @@ def model_settings(folder: str, config) -> ModelSettings:
     a setting docbeam cannot honour is refused rather than replaced by a default (other embeddings)."""
     st = read_json(folder, TRANSFORMER_CONFIG) or {}
     check_keys(folder, TRANSFORMER_CONFIG, TRANSFORMER_CONFIG, st)
-    modules = sentence_transformers_modules(folder)
+    modules = sentence_transformers_modules(folder, task_adapters=bool(getattr(config, "tasks", ())))
     max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
     pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size, default_pooling(config))
     prompts, document_prompt = prompt_settings(folder)
+    task = getattr(config, "task", None)  # Jina v3: the task's instruction goes first, as its encode(task=) puts it
+    if task is not None and config.instruction is not None:
+        prompts, document_prompt = ((task, config.instruction),) + tuple(p for p in prompts if p[0] != task), task
     dense = dense_modules(folder, modules, config.hidden_size)
     truncate_dim = (read_json(folder, ST_CONFIG) or {}).get("truncate_dim")
     if truncate_dim is not None and (not isinstance(truncate_dim, int) or isinstance(truncate_dim, bool)
@@ -125,11 +131,15 @@ def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | Non
     return tuple(prompts.items()), document
 
 
-def sentence_transformers_modules(folder: str) -> list[tuple[str, dict]]:
-    """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError."""
+def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> list[tuple[str, dict]]:
+    """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError.
+    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one."""
     modules = read_json(folder, MODULES) or []
     out = []
     for module in modules:
+        if task_adapters and {k: module.get(k) for k in TASK_TRANSFORMER} == TASK_TRANSFORMER:
+            out.append(("Transformer", {k: v for k, v in module.items() if k != "kwargs"}))
+            continue
         module_type = str(module.get("type", ""))
         kind = module_type.rsplit(".", 1)[-1]
         if kind not in SUPPORTED_MODULES or not module_type.startswith("sentence_transformers."):

@@ -125,11 +125,11 @@ def pack(ids: np.ndarray, lengths: np.ndarray, row_len: int):
 
 def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: str = "native", packed: bool = False,
                 change: Callable | None = None, options: dict | None = None, dtype: str = "float32",
-                pooling: str = "mean", attend: Callable | None = None) -> np.ndarray:
+                pooling: str = "mean", attend: Callable | None = None, task: str | None = None) -> np.ndarray:
     """Our pooled vectors from the checkpoint folder; ``change`` edits the config read from it, ``attend`` wraps
     the attention function (a test breaking one feature on purpose), the weights staying the checkpoint's;
-    ``options`` are the backend's."""
-    ck = checkpoint.open_checkpoint(folder, dtype)
+    ``options`` are the backend's; ``task``: model.task (a multi-task checkpoint's adapter)."""
+    ck = checkpoint.open_checkpoint(folder, dtype, task=task)
     params = checkpoint.load_params(ck.folder, ck.config)
     config = change(ck.config) if change else ck.config
     chosen = attention.get(backend)

@@ -3,13 +3,14 @@ its tensor names), and here the one table that picks a family from config.json's
 
 A family module exposes ``Config`` (an EncoderConfig), ``Model`` (a blocks.FamilyModel: a Flax module taking
 the config and an AttentionFn), ``PREFIXES`` (model prefixes a task head's tensors carry),
-``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``.
+``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``; a family with task adapters (Jina v3)
+also ``with_task(config, task, where)``, which takes model.task.
 """
 from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import bert, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -25,6 +26,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
     "qwen3": qwen3,
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
+    "jina_embeddings_v3": jina,
 }
 
 
@@ -33,6 +35,14 @@ def family_for(model_type: str, where: str) -> ModuleType:
         raise CheckpointError(f"model.path: model_type {model_type!r} in {where} is not supported; supported: "
                               f"{', '.join(MODEL_TYPES)}")
     return MODEL_TYPES[model_type]
+
+
+def family_of_config(raw: dict, where: str) -> ModuleType:
+    """The family a config.json describes: its ``model_type``, except Jina v3 on the Hub, which is ``xlm-roberta``
+    (jinaai's remote code) with rotary positions: no XLM-R of the roberta family has those."""
+    if raw.get("position_embedding_type") == "rotary" and raw.get("model_type", "xlm-roberta") == "xlm-roberta":
+        return jina
+    return family_for(raw.get("model_type", "bert"), where)
 
 
 def family_of(config) -> ModuleType:

@@ -54,6 +54,8 @@ class ModelConfig(_Section):
     # Matryoshka: keep the first N dimensions of each vector (then normalise, if the model does); auto: the
     # checkpoint's config_sentence_transformers.json truncate_dim if it sets one; null: the full vector.
     truncate_dim: Literal["auto"] | pydantic.PositiveInt | None = "auto"
+    # A multi-task checkpoint's adapter (Jina v3: retrieval.passage for documents); null: the checkpoint's default.
+    task: str | None = None
 
     @pydantic.field_validator("prompt", mode="before")
     @classmethod
@@ -64,6 +66,15 @@ class ModelConfig(_Section):
             return prompt
         raise ValueError('must be auto (the checkpoint\'s document prompt), the name of one of its prompts (e.g. '
                          'query), a text of your own as {text: "passage: "}, or null for none')
+
+    @pydantic.field_validator("task")
+    @classmethod
+    def _task_named(cls, task):
+        """Whether the checkpoint has the task is known once it is open (models/checkpoint.py)."""
+        if task is not None and not task.strip():
+            raise ValueError("must name one of the checkpoint's task adapters (e.g. retrieval.passage), or be null "
+                             "for its default")
+        return task
 
 
 class TokenizeConfig(_Section):

@@ -41,7 +41,7 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
         profile_dir=profile_dir if profile_batches else None, progress_seconds=cfg.runner.progress_seconds,
         one_model_per_vm=cfg.runner.one_model_per_vm, compilation_cache=cfg.runner.compilation_cache,
         worker_env=tuple(sorted(cfg.runner.worker_env.items())), tokens_per_batch=cfg.batching.tokens_per_batch,
-        packing=plan.packing, checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"],
+        packing=plan.packing, task=cfg.model.task, checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"],
                                               plan.encoder), job=job)
 
 

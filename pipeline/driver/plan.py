@@ -186,7 +186,7 @@ def make_plan(cfg: JobConfig | EmbedConfig, *, probe_backends: bool = True, for_
     and writes nothing, leaves out both (its placeholders name buckets that need not exist), as does
     docbeam.EmbedDocuments (an EmbedConfig has neither: the user's pipeline reads and writes)."""
     storage.pipeline_options(cfg.runner.beam_args())  # gs:// paths need FileSystems set up
-    checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype)
+    checkpoint = open_checkpoint(cfg.model.path, cfg.model.dtype, task=cfg.model.task)
     # The workers load the commit the driver resolved a Hub id's branch to.
     pinned = pinned_path(cfg.model.path, checkpoint.folder)
     # Hashing the weights releases the GIL: it runs on another core beside the checks and probes below.
@@ -230,6 +230,7 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
            "prompt": prompt, "model_revision": hub_revision(pinned), "truncate_dim": getattr(head, "truncate_dim", None),
            "dense_digest": dense_digest(checkpoint.folder, settings), "vector_dtype": vector_dtype(cfg),
            "head": head.reuse_key()}
+    key["task"] = getattr(checkpoint.config, "task", None)  # the adapter merged in (Jina v3), the default's too
     reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity, head.folder)
              if for_output else ReuseDecision(None, ""))
     return JobPlan(cfg, pinned, window_len, head, prompt, platform, packing, tuple(choices), checked,

@@ -42,7 +42,7 @@ def window_vectors(plan, dtype: str, windows, batches):
     from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 
     runtime = load_encoder(EncoderSpec(plan.model_path, dtype, plan.head, plan.attention, plan.choices,
-                                       plan.platform, packing=plan.packing))
+                                       plan.platform, packing=plan.packing, task=plan.config.model.task))
     by_window = {}
     for batch in batches:
         vectors, _ = runtime.encode(batch)

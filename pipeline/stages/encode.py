@@ -54,6 +54,7 @@ class EncoderSpec:
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
     packing: bool = False  # the plan's packing: batches carry segment ids and slot lengths
+    task: str | None = None  # model.task: the adapter merged into the weights at load (models/families/jina.py)
     # What the driver read of the checkpoint (weights' and Dense modules' digests, its config): a warm runtime
     # serves a later job only while these match, so a checkpoint rewritten in place is loaded afresh.
     checkpoint_key: tuple = ()
@@ -118,7 +119,7 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     runtime_spec = RuntimeSpec(
         spec.model_path, spec.dtype, spec.head, spec.attention, choices, spec.packing,
         compile_ahead=tuple((rows_for(b, spec.tokens_per_batch), b) for b in buckets) if spec.tokens_per_batch else (),
-        slots=tuple((b, max_windows_per_row(b)) for b in buckets), replanned=replanned)
+        slots=tuple((b, max_windows_per_row(b)) for b in buckets), replanned=replanned, task=spec.task)
     publish = (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}")
                ) if spec.profile_dir else None
     hooks = RuntimeHooks(CompileWatch.get(), ENCODER_FN_NAME, cache.push if cache is not None else (lambda: None),

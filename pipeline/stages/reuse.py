@@ -25,9 +25,11 @@ from docbeam.pipeline.stages.keep import with_kept
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
 # "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
 # vector without Dense modules, which None matches. A run before output.vector_dtype wrote float32, and one before
-# heads embedded (KEY_DEFAULTS). ``head`` is the head's own part (models/heads/: Head.reuse_key).
+# heads embedded (KEY_DEFAULTS). ``head`` is the head's own part (models/heads/: Head.reuse_key). A run before
+# model.task merged no task adapter ("task": None): vectors of another task are other vectors.
 KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest", "vector_dtype", "head")
+              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest", "vector_dtype", "head",
+              "task")
 KEY_DEFAULTS = {"vector_dtype": "float32", "head": "embedding"}
 log = logging.getLogger(__name__)
 
