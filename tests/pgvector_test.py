@@ -283,3 +283,4 @@ def test_a_full_run_that_could_not_read_a_file_deletes_nothing(runs, postgres, t
     summary = run_job(cfg)
     assert summary["rejected_by_kind"].get("truncated_file") == 1 and summary["pgvector"]["deleted"] == 0
     assert query(postgres, "SELECT count(*) FROM flaky") == [(10,)]
+

@@ -16,7 +16,8 @@ from docbeam.attention import registry as attention_registry
 from docbeam.pipeline.driver import config_files
 from docbeam.pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.pipeline.driver.config_io import InputConfig, OutputConfig, Section as _Section, one_folder  # noqa: F401
+from docbeam.pipeline.driver.config_io import (SINK_SECTIONS, InputConfig, OutputConfig, Section as _Section,  # noqa: F401
+                                               one_folder)
 
 
 class PromptText(_Section):
@@ -244,16 +245,11 @@ class JobConfig(_Section):
 
     @pydantic.model_validator(mode="after")
     def _sinks_fit_the_rows(self):
-        """A sink is checked against the rows it will be handed: restricts name kept fields, vectors are floats."""
-        if self.output.vertex_ai is not None and self.input.keep_fields != "*":
-            missing = [f for f in self.output.vertex_ai.restricts if f not in self.input.keep_fields]
-            if missing:
-                raise ValueError(f"output.vertex_ai.restricts names {missing}, which input.keep_fields "
-                                 f"{list(self.input.keep_fields)} does not keep; add them to input.keep_fields")
-        sinks = [k for k in ("vertex_ai", "pgvector") if getattr(self.output, k) is not None]
-        if sinks and self.output.vector_dtype not in ("float32", "float16"):
-            raise ValueError(f"output.{sinks[0]} loads float vectors, but output.vector_dtype is "
-                             f"{self.output.vector_dtype}; set output.vector_dtype: float32 (or float16)")
+        """Each sink's section checked against the rest of the job (config_io.py: ``fits``)."""
+        for key in SINK_SECTIONS:
+            section = getattr(self.output, key)
+            if section is not None:
+                section.fits(self)
         return self
 
     def digest(self) -> str:

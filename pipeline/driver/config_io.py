@@ -70,6 +70,21 @@ class VertexAIConfig(Section):
 
     restricts: tuple[str, ...] = ()  # kept fields whose values become `restricts` (namespace = field name)
 
+    def fits(self, job) -> None:
+        """Restricts name kept fields, and vectors are floats: checked with the config (the head's part at plan)."""
+        float_vectors("vertex_ai", job.output.vector_dtype)
+        if job.input.keep_fields != "*":
+            missing = [f for f in self.restricts if f not in job.input.keep_fields]
+            if missing:
+                raise ValueError(f"output.vertex_ai.restricts names {missing}, which input.keep_fields "
+                                 f"{list(job.input.keep_fields)} does not keep; add them to input.keep_fields")
+
+
+def float_vectors(key: str, vector_dtype: str) -> None:
+    if vector_dtype not in ("float32", "float16"):
+        raise ValueError(f"output.{key} loads float vectors, but output.vector_dtype is {vector_dtype}; set "
+                         "output.vector_dtype: float32 (or float16)")
+
 
 TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -79,6 +94,13 @@ class PgvectorConfig(Section):
 
     dsn: str  # a libpq connection string or URI, e.g. postgresql://user@host:5432/db (a password: use PGPASSWORD)
     table: str  # [schema.]name, created when missing
+
+    def fits(self, job) -> None:
+        float_vectors("pgvector", job.output.vector_dtype)
+        if job.output.granularity == "chunk":
+            raise ValueError("output.pgvector loads a run's document rows, and output.granularity: chunk writes none "
+                             "(a load would find no rows and remove every row the output loaded before); set "
+                             "output.granularity: document or both")
 
     @pydantic.field_validator("table")
     @classmethod
@@ -115,6 +137,10 @@ class SelectConfig(Section):
         except SelectionError as e:
             raise ValueError(str(e)) from None
         return where
+
+
+# The sinks' typed sections, by their key under output (each registered in pipeline/driver/sinks.py).
+SINK_SECTIONS = {"vertex_ai": VertexAIConfig, "pgvector": PgvectorConfig}
 
 
 class OutputConfig(Section):

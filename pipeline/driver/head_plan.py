@@ -57,6 +57,3 @@ def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
         if value != allowed:
             raise ConfigError(f"output.{key}: {value}: {rows}, not vectors; set output.{key}: {allowed} (or "
                               "model.head: embedding to embed with its backbone)")
-    if out.vertex_ai is not None:
-        raise ConfigError(f"output.vertex_ai: {rows}, and Vector Search loads vectors; remove output.vertex_ai "
-                          "(output.pgvector takes scores), or set model.head: embedding")

@@ -223,6 +223,10 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
     check_head_fits_output(cfg, head)
     check_selection(cfg, head, kept)
+    from docbeam.pipeline.driver import sinks  # Beam's: imported once a config is past its own checks
+
+    for sink, _ in sinks.active(cfg):
+        sink.check(cfg, head, kept)
     tokenize = tokenize_for(cfg, head)
     key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
            "window_len": window_len, "stride": tokenize.stride, "long_documents": tokenize.long_documents,

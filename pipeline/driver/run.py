@@ -32,7 +32,8 @@ from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versi
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import SplitByReuse
-from docbeam.pipeline.driver.extra_outputs import select_documents, sink_files
+from docbeam.pipeline.driver import sinks
+from docbeam.pipeline.driver.selected import select_documents
 from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                                  width=plan.width, vector_dtype=cfg.output.vector_dtype,
                                                  kept_columns=plan.kept.fields()))
         written = {**written, "written": (*written["written"], chunks)}
-    written = {**written, "written": written["written"] + sink_files(plan, staging, run_id, read, quantized["rows"],
+    written = {**written, "written": written["written"] + sinks.sink_files(plan, staging, run_id, read, quantized["rows"],
                                                                      reused) + selection.get("written", ())}
     written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
                                        release_lock)
@@ -180,8 +181,8 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
     plan = quality_gate.checked(make_plan(cfg))  # a reduced precision that fails its gate stops here (exit 2)
-    if cfg.output.pgvector is not None:
-        pgvector.check_can_load(wait)
+    for sink, section in sinks.active(cfg):  # e.g. pgvector's load needs a driver that waits
+        sink.preflight(section, wait)
     marks["plan"] = time.time()
     out = cfg.output.path
     with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
@@ -224,10 +225,10 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
         summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
         summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
         transaction.rewrite_summary(out, lock.fence, summary)
-        if cfg.output.pgvector is not None:  # after the commit: Postgres gets a committed run or nothing
-            summary["pgvector"] = pgvector.load_committed(out, manifest, cfg.output.pgvector.dsn,
-                                                          cfg.output.pgvector.table)
-            transaction.rewrite_summary(out, lock.fence, summary)
+        for sink, section in sinks.active(cfg):  # after the commit: e.g. Postgres gets a committed run or nothing
+            if sink.after_commit is not None:
+                summary[sink.key] = sink.after_commit(out, manifest, section)
+                transaction.rewrite_summary(out, lock.fence, summary)
         return summary
     except Exception as e:
         if isinstance(e, pgvector.PostgresBehind):

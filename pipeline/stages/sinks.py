@@ -76,31 +76,30 @@ class RemovedIds(beam.PTransform):
                 | "Removed" >> beam.FlatMap(removed_ids))
 
 
-class WriteSinks(beam.PTransform):
-    """Input ``{"embeddings": rows, "removed": ids (an incremental run only)}``; output: the written files'
-    names (a tuple of PCollections, like WriteOutputs' ``written``). ``restricts``: None when Vertex AI is off;
-    ``removed_for_load``: whether the Postgres load needs the removed ids under ``removed/``."""
+def write_ids(staging_path: str, run_id: str, folder: str, num_shards: int = 0) -> beam.io.WriteToText:
+    """One id a line into ``folder`` of the run's staging folder (``removed/``, ``vertex_ai/delete/``)."""
+    return beam.io.WriteToText(part_prefix(staging_path.rstrip("/"), folder, run_id), file_name_suffix=".txt",
+                               num_shards=num_shards)
 
-    def __init__(self, staging_path: str, run_id: str, restricts: tuple[str, ...] | None, removed_for_load: bool,
-                 num_shards: int = 0, json_fields: tuple[str, ...] = ()):
+
+class WriteVertexAI(beam.PTransform):
+    """Input ``{"rows": the run's document rows, "removed": ids (an incremental run) or None}``; output: the
+    written files' names (a tuple of PCollections): Vector Search's batch root under ``vertex_ai/`` and, for the
+    removed ids, its ``delete/`` folder."""
+
+    def __init__(self, staging_path: str, run_id: str, restricts: tuple[str, ...], num_shards: int = 0,
+                 json_fields: tuple[str, ...] = ()):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
-        self._restricts, self._removed_for_load, self._json_fields = restricts, removed_for_load, json_fields
+        self._restricts, self._json_fields = restricts, json_fields
 
     def expand(self, inputs):
-        embeddings, removed = inputs["embeddings"], inputs.get("removed")
-        written = []
         restricts, json_fields = self._restricts, self._json_fields
-        if restricts is not None:
-            written.append(
-                embeddings | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
-                | "WriteVertexAI" >> self._text(VERTEX_AI, ".json"))
-            if removed is not None:
-                written.append(removed | "WriteVertexDelete" >> self._text(VERTEX_DELETE, ".txt"))
-        if self._removed_for_load and removed is not None:
-            written.append(removed | "WriteRemoved" >> self._text(REMOVED, ".txt"))
+        written = [inputs["rows"]
+                   | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
+                   | "WriteVertexJson" >> beam.io.WriteToText(part_prefix(self._out, VERTEX_AI, self._run_id),
+                                                              file_name_suffix=".json", num_shards=self._shards)]
+        if inputs.get("removed") is not None:
+            written.append(inputs["removed"]
+                           | "WriteVertexDelete" >> write_ids(self._out, self._run_id, VERTEX_DELETE, self._shards))
         return tuple(written)
-
-    def _text(self, folder: str, suffix: str) -> beam.io.WriteToText:
-        return beam.io.WriteToText(part_prefix(self._out, folder, self._run_id), file_name_suffix=suffix,
-                                   num_shards=self._shards)

@@ -19,10 +19,15 @@ import numpy as np
 
 from docbeam.pipeline.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
-from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, REMOVED, SUMMARY, in_folder
+from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, REMOVED, SCORES, SUMMARY, in_folder
 from docbeam.pipeline.store.paths import is_remote
 
 ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
+SCORE_COLUMNS = ("id", "label", "score", "scores", "num_tokens", "num_windows", "truncated", "content_hash")
+# A classifier's run (scores/) loads into a table of its own shape: the label, the top score, every label's
+# score in id2label order (the names: the manifest's head.labels), the kept fields.
+SCORES_TABLE = ("label text, score real NOT NULL, scores real[] NOT NULL", ("label", "score", "scores"),
+                ["text", "text", "float4", "float4[]", "jsonb"])
 STAGE = "docbeam_stage"
 
 
@@ -45,6 +50,28 @@ def check_can_load(wait: bool) -> None:
     except ImportError as e:
         raise PgvectorRefused(f"output.pgvector needs psycopg ({e}); install it with: pip install "
                               "'docbeam[pgvector]'") from None
+
+
+def rows_folder(manifest: dict) -> str:
+    """Where the committed run's rows are: its head's folder (a run before heads wrote embeddings/)."""
+    return (manifest.get("head") or {}).get("folder", EMBEDDINGS)
+
+
+def committed_scores(output: str, manifest: dict) -> Iterator[tuple]:
+    """``(id, label, score, scores, kept fields as JSON)`` for every row of the committed scores files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    json_columns = {name for name, kind in (manifest.get("kept_fields") or {}).items() if kind == "json"}
+    for f in manifest["files"]:
+        if not in_folder(f["path"], SCORES):
+            continue
+        table = pq.read_table(pa.BufferReader(storage.read_bytes(storage.join(output, f["path"]))))
+        kept = table.select([c for c in table.column_names if c not in SCORE_COLUMNS]).to_pylist()
+        for row, fields in zip(table.select(["id", "label", "score", "scores"]).to_pylist(), kept):
+            fields = {k: json.loads(v) if k in json_columns and v is not None else v for k, v in fields.items()}
+            yield (row["id"], row["label"], row["score"], row["scores"],
+                   json.dumps(fields, ensure_ascii=False, default=str))
 
 
 def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarray, str]]:
@@ -100,10 +127,11 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
     # One spelling per output in <table>_runs, whichever command loads it (`sync-pgvector out/daily` from a
     # shell, a run from its config's absolute path): a full run's sweep finds the earlier runs by it.
     output = output if is_remote(output) else os.path.abspath(output)
-    dim = dimension(output)
+    scores = rows_folder(manifest) == SCORES
+    columns = SCORES_TABLE[0] if scores else f"embedding vector({dimension(output)}) NOT NULL"
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:  # commits on leaving, rolls back on an error
         cur.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, embedding vector({dim}) NOT NULL, "
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, {columns}, "
                     "fields jsonb NOT NULL DEFAULT '{}'::jsonb, run_id text NOT NULL)")
         cur.execute(f"CREATE TABLE IF NOT EXISTS {runs} (run_id text PRIMARY KEY, output text NOT NULL, "
                     "upserted integer NOT NULL, deleted integer NOT NULL, "
@@ -117,16 +145,11 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
             raise PostgresBehind(f"{table} already holds run {latest[0]}, newer than run {run_id} of {output}; "
                                  "an older run is never applied over a newer one")
         check_follows(cur, runs, table, manifest)
-        cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, embedding vector({dim}), fields jsonb) ON COMMIT DROP")
-        with cur.copy(f"COPY {STAGE} (id, embedding, fields) FROM STDIN (FORMAT BINARY)") as copy:
-            copy.write(COPY_HEADER)
-            for row in committed_rows(output, manifest):
-                faults.before_change("write", f"postgres:{table}")
-                copy.write(binary_row(*row))
-            copy.write(COPY_TRAILER)
-        cur.execute(f"INSERT INTO {table} (id, embedding, fields, run_id) SELECT id, embedding, fields, %s "
-                    f"FROM {STAGE} ON CONFLICT (id) DO UPDATE SET embedding = EXCLUDED.embedding, "
-                    "fields = EXCLUDED.fields, run_id = EXCLUDED.run_id", (run_id,))
+        value_columns = copy_rows(cur, table, output, manifest, scores)
+        listed = ", ".join(value_columns)
+        cur.execute(f"INSERT INTO {table} (id, {listed}, fields, run_id) SELECT id, {listed}, fields, %s "
+                    f"FROM {STAGE} ON CONFLICT (id) DO UPDATE SET "
+                    + ", ".join(f"{c} = EXCLUDED.{c}" for c in (*value_columns, "fields", "run_id")), (run_id,))
         upserted = cur.rowcount
         faults.before_change("delete", f"postgres:{table}")
         cur.execute(f"DELETE FROM {table} WHERE id = ANY(%s)", (removed_ids(output, manifest),))
@@ -134,6 +157,31 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         cur.execute(f"INSERT INTO {runs} (run_id, output, upserted, deleted) VALUES (%s, %s, %s, %s)",
                     (run_id, output, upserted, deleted))
     return {"table": table, "run_id": run_id, "applied": True, "upserted": upserted, "deleted": deleted}
+
+
+def copy_rows(cur, table: str, output: str, manifest: dict, scores: bool) -> tuple[str, ...]:
+    """The committed rows COPYed into the transaction's staging table; the value columns it holds."""
+    if scores:
+        definition, value_columns, types = SCORES_TABLE
+        cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, {definition.replace(' NOT NULL', '')}, fields jsonb) "
+                    "ON COMMIT DROP")
+        with cur.copy(f"COPY {STAGE} (id, {', '.join(value_columns)}, fields) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.set_types(types)
+            from psycopg.types.json import Jsonb
+
+            for *values, fields in committed_scores(output, manifest):
+                faults.before_change("write", f"postgres:{table}")
+                copy.write_row((*values, Jsonb(json.loads(fields))))
+        return value_columns
+    dim = dimension(output)
+    cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, embedding vector({dim}), fields jsonb) ON COMMIT DROP")
+    with cur.copy(f"COPY {STAGE} (id, embedding, fields) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.write(COPY_HEADER)
+        for row in committed_rows(output, manifest):
+            faults.before_change("write", f"postgres:{table}")
+            copy.write(binary_row(*row))
+        copy.write(COPY_TRAILER)
+    return ("embedding",)
 
 
 FILE_LEVEL = ("unreadable_file", "truncated_file")  # errors/ kinds that name no documents

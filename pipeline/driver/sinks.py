@@ -1,0 +1,92 @@
+"""The sinks beside the head's rows, one registry: each names its typed section of ``output`` (config_io.py), what
+it refuses at start, the files it adds to the run's commit, and an optional step after the commit.
+
+The driver asks only this registry (``active``): the plan runs every active sink's ``check``, ``run`` its
+``preflight`` before anything is touched, the graph its ``files`` (written into the staging folder, so they are
+committed with the run or not at all), and after the commit its ``after_commit``, whose record summary.json keeps
+under the sink's key. Adding a sink is its section in config_io.py, its writer or loader, and one entry here.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import apache_beam as beam
+
+from docbeam.pipeline.driver.config import ConfigError, JobConfig
+from docbeam.pipeline.stages import sinks as sink_writers
+from docbeam.pipeline.store import pgvector
+
+
+@dataclasses.dataclass(frozen=True)
+class Sink:
+    key: str  # its section, output.<key>
+    check: Callable[[JobConfig, Any, Any], None]  # (config, head, kept fields): refuse at start, naming the key
+    files: Callable[..., tuple]  # (section, rows, removed, staging, run_id, plan) → PCollections of file names
+    needs_removed: bool = False  # it is handed the ids an incremental run removed
+    preflight: Callable[[Any, bool], None] = lambda section, wait: None  # (section, the driver waits)
+    after_commit: Callable[[str, dict, Any], dict] | None = None  # (output, manifest, section) → its record
+
+
+SINKS: dict[str, Sink] = {}
+
+
+def register(sink: Sink) -> Sink:
+    if sink.key in SINKS:
+        raise ValueError(f"a sink named {sink.key!r} is registered already")
+    SINKS[sink.key] = sink
+    return sink
+
+
+def active(cfg) -> list[tuple[Sink, Any]]:
+    """(sink, its typed section) for every sink the job's output section turns on, in registry order."""
+    output = getattr(cfg, "output", None)
+    return [(sink, getattr(output, key)) for key, sink in SINKS.items()
+            if output is not None and getattr(output, key) is not None]
+
+
+def _vectors_only(key: str, what: str):
+    """The check at plan of a sink that loads vectors: the head must write vectors (the rest is the section's
+    ``fits``, with the config)."""
+    def check(cfg: JobConfig, head, kept) -> None:
+        if head.name != "embedding":
+            raise ConfigError(f"output.{key}: model.head resolved to {head.name} ({head.carried}), whose "
+                              f"{head.folder}/ rows are not vectors, and {what} loads vectors; remove output.{key}, "
+                              "or set model.head: embedding")
+    return check
+
+
+def _vertex_files(section, rows, removed, staging: str, run_id: str, plan) -> tuple:
+    json_fields = tuple(c.name for c in plan.kept.columns if c.arrow is None)
+    return ({"rows": rows, **({"removed": removed} if removed is not None else {})}
+            | "WriteVertexAI" >> sink_writers.WriteVertexAI(staging, run_id, section.restricts,
+                                                            plan.config.output.num_shards, json_fields))
+
+
+def _pgvector_files(section, rows, removed, staging: str, run_id: str, plan) -> tuple:
+    if removed is None:
+        return ()
+    return (removed | "WriteRemoved" >> sink_writers.write_ids(staging, run_id, sink_writers.REMOVED,
+                                                               plan.config.output.num_shards),)
+
+
+def _pgvector_load(output: str, manifest: dict, section) -> dict:
+    return pgvector.load_committed(output, manifest, section.dsn, section.table)
+
+
+register(Sink("vertex_ai", _vectors_only("vertex_ai", "Vector Search"), _vertex_files, needs_removed=True))
+register(Sink("pgvector", lambda cfg, head, kept: None, _pgvector_files, needs_removed=True,
+              preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
+
+
+def sink_files(plan, staging: str, run_id: str, read, encoded, reused) -> tuple:
+    """Every active sink's files, for the commit to wait on; the removed ids computed once for those needing them."""
+    on = active(plan.config)
+    if not on:
+        return ()
+    rows = (encoded, reused) | "SinkRows" >> beam.Flatten()
+    removed = None
+    if plan.reuse.source is not None and any(sink.needs_removed for sink, _ in on):
+        removed = ({"documents": read["documents"], "rejected": read["rejected"]}
+                   | "RemovedIds" >> sink_writers.RemovedIds(plan.reuse.source.files))
+    return tuple(f for sink, section in on for f in sink.files(section, rows, removed, staging, run_id, plan))
