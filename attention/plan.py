@@ -140,7 +140,8 @@ def relative_bias(num_heads: int, seq_len: int, seed: int = 0):
     return bias
 
 
-STATIC_FEATURES = ("local_window", "bias", "causal", "relative_positions")  # not arrays: closed over by the jitted call, never its arguments
+# Not arrays: closed over by the jitted call, never its arguments.
+STATIC_FEATURES = ("local_window", "bias", "causal", "relative_positions")
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):

@@ -173,12 +173,7 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
 
 
 def read_params(t: Tensors, config: Config) -> dict:
-    embed = {"word": t.embedding("embeddings.word_embeddings.weight"), "norm": t.norm("embeddings.LayerNorm")}
-    if config.position == "absolute":
-        embed["position"] = t.embedding("embeddings.position_embeddings.weight")
-    if config.type_vocab_size:
-        embed["token_type"] = t.embedding("embeddings.token_type_embeddings.weight")
-    params = {"embed": embed}
+    params = {"embed": bert.embedding_params(t, config)}
     terms = config.relative_terms
     if terms:
         params["rel_embeddings"] = t("encoder.rel_embeddings.weight")
