@@ -89,3 +89,14 @@ def test_the_plans_probe_and_parity_gate_run_relative_positions():
     ok, error, _ = verify(choice, chunked.bind(), native.bind())
     assert ok and error <= 1e-5
     assert choice.cases[0].features.describe() == "global, disentangled relative positions"
+
+
+def test_the_plan_sends_a_bucket_flash_cannot_run_to_the_fallback_or_refuses_at_start():
+    from docbeam.attention.plan import AttentionPlanError, choose_backend
+
+    flash, chunked = attention.get("flash"), attention.get("chunked")
+    case = AttentionCase("gpu", "bfloat16", 1024, 12, 64, relative=True)
+    choice = choose_backend(case, flash, flash.parse_options(None), chunked, chunked.parse_options(None))
+    assert choice.backend == "chunked" and "content-to-position" in choice.fallback_reason
+    with pytest.raises(AttentionPlanError, match="bucket 1024.*content-to-position.*attention.fallback"):
+        choose_backend(case, flash, flash.parse_options(None), None, None)

@@ -141,6 +141,8 @@ def test_what_docbeam_does_not_build_is_refused_naming_key_and_value(model, tmp_
 @pytest.mark.slow
 @pytest.mark.extra_for(folder="hub")
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
+    """Packed, on chunked: the plan asks it about relative positions and it builds the terms per block."""
     texts = {"a": "Disentangled attention, relatively.", "b": " ".join(["Offsets past the buckets' span."] * 12)}
-    tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)
+    tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING,
+                                        attention={"backend": "chunked"})
     assert tokens["b"].shape[1] > 2 * checkpoint.open_checkpoint(folder).config.max_relative_positions
