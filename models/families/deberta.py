@@ -89,15 +89,14 @@ class DisentangledAttention(nn.Module):
         features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
         terms = cfg.relative_terms
         if terms:
-            if cfg.share_att_key:
+            if cfg.share_att_key:  # the layer's own query and key projections
                 pos_q_RxD, pos_k_RxD, _ = jnp.split(qkv(rel_RxD), 3, axis=-1)
             else:
                 pos_q_RxD = Linear(D, precision, name="pos_query")(rel_RxD) if "p2c" in terms else None
                 pos_k_RxD = Linear(D, precision, name="pos_key")(rel_RxD) if "c2p" in terms else None
-            heads = lambda t_RxD: t_RxD.astype(precision.attention).reshape(-1, N, H)  # noqa: E731
-            features["relative_positions"] = RelativePositions(
-                relative_row(cfg), heads(pos_k_RxD) if "c2p" in terms else None,
-                heads(pos_q_RxD) if "p2c" in terms else None)
+            tables = {term: t_RxD.astype(precision.attention).reshape(-1, N, H)
+                      for term, t_RxD in (("c2p", pos_k_RxD), ("p2c", pos_q_RxD)) if term in terms}
+            features["relative_positions"] = RelativePositions(relative_row(cfg), tables.get("c2p"), tables.get("p2c"))
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=rows.lengths_B,
                                       scale=1.0 / math.sqrt(H * (1 + len(cfg.pos_att_type))), **features)
         return Linear(D, precision, name="out")(attn_BxTxNxH.reshape(B, T, D))
