@@ -15,8 +15,9 @@ import jax.numpy as jnp
 
 from docbeam.attention.chunk_sizes import ChunkedOptions, layer_chunk_sizes
 from docbeam.attention.interface import AttentionCase, Support, current_platform
-from docbeam.attention.native import MASKED, in_window
+from docbeam.attention.native import GROUPED_RELATIVE, MASKED, in_window
 from docbeam.attention.registry import register
+from docbeam.attention.relative import RelativePositions, block_scores
 
 
 def pad_to_multiple(x_BxLx___, multiple: int):
@@ -70,6 +71,8 @@ def causal_window(local_window: tuple[int, int] | None, causal: bool, seq_len: i
 
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     # plain XLA: every platform, dtype and shape, with windows, bias, segment ids, causal and grouped k/v
+    if case.relative and case.kv_heads != case.num_heads:
+        return Support(ok=False, reason=GROUPED_RELATIVE)
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
     query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window, case.platform,
                                                                case.causal)
@@ -89,12 +92,12 @@ def group_step(heads_per_step: int, num_heads: int, kv_heads: int) -> int:
 
 
 @register("chunked", options=ChunkedOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
-          grouped=True,
+          grouped=True, relative=True,
           description="online-softmax attention over query and key chunks in plain JAX "
                       "(memory O(query_chunk * key_chunk) per head; local windows scan only the keys they reach; "
                       "any platform)")
 def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: ChunkedOptions, segment_ids_BxT=None,
-            local_window=None, bias=None, causal=False):
+            local_window=None, bias=None, causal=False, relative_positions=None):
     """Online softmax in native's einsum form (attention/native.py): heads-major operands, q scaled once, the
     mask as an additive bias, and the division applied to the ``[.., head_dim]`` output once, after the last
     key chunk. Against the previous form (a select over the scores, per-step scaling), measured by hand in
@@ -102,8 +105,9 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     difference beyond noise at 8192 with one head per step.
 
     Masks (padding or segment ids, the window, causality) and ``bias`` are computed per (query chunk, key
-    chunk) block from positions, so nothing ``[T, S]``-sized exists. A causal global layer stops each query
-    chunk at its diagonal; grouped-query k/v (K heads under N) are read as they are, never repeated."""
+    chunk) block from positions, so nothing ``[T, S]``-sized exists; relative positions' terms too, from the
+    table rows each block reaches (attention/relative.py). A causal global layer stops each query chunk at its
+    diagonal; grouped-query k/v (K heads under N) are read as they are, never repeated."""
     b, t, n, h = q_BxTxNxH.shape
     s, kv_heads = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
     window = local_window and causal_window(local_window, causal, s)
@@ -120,7 +124,7 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     masks = BlockMasks(kv_lengths_B, causal_window(local_window, causal, s), bias,
                        None if segment_ids_BxT is None else pad_to_multiple(segment_ids_BxT, query_chunk),
                        None if segment_ids_BxT is None else pad_to_length(segment_ids_BxT, keys.padded_len),
-                       groups * step)
+                       groups * step, head_tables(relative_positions, scale, groups * step))
     q_GxBxgxTxH = (jnp.pad(q_BxNxTxH, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)])
                    .reshape(b, groups, step, *q_BxNxTxH.shape[2:]).swapaxes(0, 1))
     k_GxBxgxSxH, v_GxBxgxSxH = (
@@ -135,6 +139,15 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     out_BxTxNxH = out_BxNxTxH.swapaxes(1, 2)[:, :t]
     # A row with no valid key averages every key (the bias is finite); pin it to zeros, as flash does.
     return jnp.where((kv_lengths_B > 0)[:, None, None, None], out_BxTxNxH, 0).astype(q_BxTxNxH.dtype)
+
+
+def head_tables(relative: RelativePositions | None, scale: float, padded_heads: int) -> RelativePositions | None:
+    """The tables padded to whole head groups, pos_query scaled (q is scaled already; k is not)."""
+    if relative is None:
+        return None
+    scaled = dataclasses.replace(relative, pos_query_RxNxH=None if relative.pos_query_RxNxH is None
+                                 else relative.pos_query_RxNxH * scale)
+    return scaled.map_tables(lambda t_RxNxH: jnp.pad(t_RxNxH, [(0, 0), (0, padded_heads - t_RxNxH.shape[1]), (0, 0)]))
 
 
 def pad_to_length(x_BxLx___, length: int):
@@ -153,6 +166,7 @@ class BlockMasks:
     query_segments_BxT: jax.Array | None
     key_segments_BxS: jax.Array | None
     padded_heads: int  # heads rounded up to whole head groups: the bias is padded to as many
+    relative: RelativePositions | None = None  # its tables padded to padded_heads, pos_query scaled
 
     def block_bias(self, query_pos_Q, key_pos_K, head_start, heads: int):
         """``[B, heads or 1, Q or 1, K]`` float32, added to the block's scores. Masked entries get MASKED
@@ -173,6 +187,14 @@ class BlockMasks:
                 bias_NxQxK = jax.lax.dynamic_slice_in_dim(bias_NxQxK, head_start, heads, 0)
             bias_BxNxQxK = bias_BxNxQxK + bias_NxQxK[None]
         return bias_BxNxQxK
+
+    def relative_scores(self, q_BxNxQxH, k_BxNxKxH, query_start, key_start, head_start):
+        """``[B, heads, Q, K]``: this head group's relative-position terms for the block (0 without them)."""
+        if self.relative is None:
+            return 0.0
+        heads = q_BxNxQxH.shape[1]
+        group = self.relative.map_tables(lambda t_RxNxH: jax.lax.dynamic_slice_in_dim(t_RxNxH, head_start, heads, 1))
+        return block_scores(group, q_BxNxQxH, k_BxNxKxH, query_start, key_start)
 
 
 def _per_kv_head(equation: str, x_BxNxQxE, y_BxKxCxF):
@@ -205,7 +227,8 @@ def _online_softmax(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, masks: BlockMasks, head_sta
             acc_BxNxQxH, max_BxNxQ, denom_BxNxQ = carry
             k_BxKxKcxH, v_BxKxKcxH, key_pos_Kc = chunk
             logits_BxNxQxKc = (_per_kv_head("qh,kh->qk", q_BxNxQxH, k_BxKxKcxH)
-                               + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n))
+                               + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
+                               + masks.relative_scores(q_BxNxQxH, k_BxKxKcxH, query_start, key_pos_Kc[0], head_start))
             # The bias is finite, so the running max is finite after the first chunk: no NaN guard needed.
             new_max_BxNxQ = jnp.maximum(max_BxNxQ, logits_BxNxQxKc.max(axis=-1))
             p_BxNxQxKc = jnp.exp(logits_BxNxQxKc - new_max_BxNxQ[..., None])

@@ -60,7 +60,8 @@ KERNELS: dict[str, Kernel] = {
     "chunked": Kernel("docbeam.chunked (xla online softmax, chunks tuned per length)", _chunked_refusal, _chunked,
                       takes={"segments": "segment ids", "windows": "only the key chunks the window reaches",
                              "bias": "the bias function per block", "causal": "no key block past the diagonal",
-                             "grouped": "each k/v head read as it is"}),
+                             "grouped": "each k/v head read as it is",
+                             "relative": "the relative rows each block reaches"}),
 }
 
 
@@ -95,17 +96,17 @@ def auto_kernel_table() -> str:
 
 def feature_table() -> str:
     """A markdown table of how each kernel takes windows, bias and segment ids, or why it cannot, for the README."""
-    rows = ["| kernel | local windows | per-head bias | segment ids (packing) | causal | grouped-query k/v |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| kernel | local windows | per-head bias | segment ids (packing) | causal | grouped-query k/v "
+            "| relative positions (c2p/p2c) |", "|---|---|---|---|---|---|---|"]
     for name, kernel in KERNELS.items():
-        cells = [kernel.takes.get(feature) or "no: " + kernel.cannot.get(feature, f"takes no {feature}")
-                 for feature in ("windows", "bias", "segments", "causal", "grouped")]
+        cells = [kernel.takes.get(feature) or "no: " + kernel.why_not(feature)
+                 for feature in ("windows", "bias", "segments", "causal", "grouped", "relative")]
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
 @register("flash", options=FlashOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
-          grouped=True,
+          grouped=True, relative=True,
           description="the platform's maintained memory-efficient kernel (Pallas TPU, cuDNN, tokamax)")
 def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: FlashOptions, **features):
     b, t, n, h = q_BxTxNxH.shape
@@ -113,7 +114,8 @@ def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: Flas
                          seq_len=max(t, k_BxSxNxH.shape[1]), num_heads=n, head_dim=h,
                          packed=features.get("segment_ids_BxT") is not None,
                          local_window=features.get("local_window"), bias=features.get("bias") is not None,
-                         causal=bool(features.get("causal")), num_kv_heads=k_BxSxNxH.shape[2])
+                         causal=bool(features.get("causal")), num_kv_heads=k_BxSxNxH.shape[2],
+                         relative=features.get("relative_positions") is not None)
     name, support = pick_kernel(case, options)
     if name is None:
         raise ValueError(f"attention backend flash cannot run {case}: {support.reason}")

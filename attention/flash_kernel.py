@@ -40,15 +40,27 @@ class Kernel:
     def feature_refusal(self, case: AttentionCase) -> str:
         needed = [name for name, wanted in (("segments", case.packed), ("windows", bool(case.local_window)),
                                             ("bias", case.bias), ("causal", case.causal),
-                                            ("grouped", case.kv_heads != case.num_heads)) if wanted]
+                                            ("grouped", case.kv_heads != case.num_heads),
+                                            ("relative", case.relative)) if wanted]
         missing = [name for name in needed if name not in self.takes]
-        return "; ".join(self.cannot.get(name, f"takes no {name}") for name in missing)
+        return "; ".join(self.why_not(name) for name in missing)
+
+    def why_not(self, feature: str) -> str:
+        if feature in self.cannot:
+            return self.cannot[feature]
+        if feature == "relative":
+            return NO_RELATIVE.format(name=self.label)
+        return f"takes no {feature}"
 
 
 # Why a kernel cannot take a feature, as its refusal says it.
 NO_WINDOW = "{name} has no local-window mask (ModernBERT's local layers need one)"
 NO_BIAS = "{name} adds no per-head bias (relative-position models need one)"
 NO_CAUSAL = "{name} has no causal mask here (decoder models need one)"
+# No kernel but docbeam's chunked has a place for a content-dependent term: each would need it as a dense bias.
+NO_RELATIVE = ("{name} scores only q·k plus at most a dense bias: DeBERTa's content-to-position and "
+               "position-to-content terms would be a [B, N, T, S] array; flash's chunked kernel computes them per "
+               "block (attention.backend: chunked)")
 NO_GROUPED = ("{name} takes as many k/v heads as q heads (grouped-query decoders have fewer, and repeating them "
               "is the memory the kernel exists to save)")
 

@@ -18,6 +18,11 @@ Model families add two more things a layer may ask of attention, each declared p
 - ``causal=True``: query i attends only keys j ≤ i (decoder models: Qwen3), inside its own packed window.
 - grouped-query attention: k and v may carry fewer heads K than q's N (N a multiple of K; query head n reads
   key/value head n // (N / K)), as decoders store them: a backend never needs them repeated.
+- ``relative_positions``: content-dependent relative positions (DeBERTa's disentangled attention), an
+  attention/relative.py ``RelativePositions``: the family's projected relative embeddings
+  (``pos_key_RxNxH`` for content→position, ``pos_query_RxNxH`` for position→content) and ``row(offset)``, its
+  bucketing of query − key offsets; the backend adds ``q_i · pos_key[row(i−j)] + k_j · pos_query[row(i−j)]``,
+  scaled like q·k, computing it per block from the rows the block reaches.
 A layer passes only the ones it uses; a backend is never handed a feature it did not declare.
 """
 from __future__ import annotations
@@ -42,7 +47,8 @@ class AttentionFn(Protocol):
 
 
 # The optional keyword arguments of an AttentionFn, and the Backend flag that declares each.
-FEATURE_FLAGS = {"segment_ids_BxT": "segments", "local_window": "windows", "bias": "bias", "causal": "causal"}
+FEATURE_FLAGS = {"segment_ids_BxT": "segments", "local_window": "windows", "bias": "bias", "causal": "causal",
+                 "relative_positions": "relative"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +59,12 @@ class AttentionFeatures:
     local_window: tuple[int, int] | None = None  # (left, right) keys each side; None: global
     bias: bool = False  # an additive per-head bias function
     causal: bool = False  # keys after the query get no weight
+    relative: bool = False  # content-dependent relative positions (relative_positions: DeBERTa's c2p/p2c)
 
     def describe(self) -> str:
         parts = [f"local window {self.local_window}" if self.local_window else "global"]
-        return ", ".join(parts + (["per-head bias"] if self.bias else []) + (["causal"] if self.causal else []))
+        return ", ".join(parts + (["per-head bias"] if self.bias else []) + (["causal"] if self.causal else [])
+                         + (["disentangled relative positions"] if self.relative else []))
 
 
 def current_platform() -> str:
@@ -85,10 +93,11 @@ class AttentionCase:
     bias: bool = False  # those layers add a per-head bias
     causal: bool = False  # those layers are causal
     num_kv_heads: int | None = None  # grouped-query attention: k/v heads, fewer than num_heads; None: as many
+    relative: bool = False  # those layers add content-dependent relative positions (relative_positions)
 
     @property
     def features(self) -> AttentionFeatures:
-        return AttentionFeatures(self.local_window, self.bias, self.causal)
+        return AttentionFeatures(self.local_window, self.bias, self.causal, self.relative)
 
     @property
     def kv_heads(self) -> int:
@@ -96,7 +105,7 @@ class AttentionCase:
 
     def with_features(self, features: AttentionFeatures) -> "AttentionCase":
         return dataclasses.replace(self, local_window=features.local_window, bias=features.bias,
-                                   causal=features.causal)
+                                   causal=features.causal, relative=features.relative)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,6 +145,7 @@ class Backend:
     bias: bool = False  # takes bias(q_index_T, k_index_S) -> bias_NxTxS
     causal: bool = False  # takes causal=True
     grouped: bool = False  # takes k/v with fewer heads than q (grouped-query attention)
+    relative: bool = False  # takes relative_positions (attention/relative.py's RelativePositions)
 
     def refusal(self, case: AttentionCase) -> Support | None:
         """What the plan answers for this backend before asking its own check: a case needing a feature the
@@ -153,6 +163,10 @@ class Backend:
         if case.causal and not self.causal:
             return Support(ok=False, reason="it takes no causal mask, which this decoder model's layers need; "
                                             "register it with causal=True")
+        if case.relative and not self.relative:
+            return Support(ok=False, reason="it takes no content-dependent relative positions, which this model's "
+                                            "layers add (DeBERTa's content-to-position and position-to-content "
+                                            "terms); register it with relative=True")
         if case.kv_heads != case.num_heads and not self.grouped:
             return Support(ok=False, reason=f"it takes no grouped-query k/v ({case.num_heads} query heads over "
                                             f"{case.kv_heads} key/value heads); register it with grouped=True")

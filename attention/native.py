@@ -20,6 +20,7 @@ import pydantic
 
 from docbeam.attention.interface import AttentionCase, Support, current_platform
 from docbeam.attention.registry import register
+from docbeam.attention.relative import dense_scores
 
 KERNELS = {"einsum": "xla einsum softmax (mask as bias)", "jax_nn": "jax.nn.dot_product_attention (xla)"}
 # Added to the scores of padded keys: finite, so a row with no valid key averages all keys instead of
@@ -41,26 +42,37 @@ def formulation(options: NativeOptions, platform: str) -> str:
 
 
 def supports(case: AttentionCase, options: NativeOptions) -> Support:
+    if case.relative and case.kv_heads != case.num_heads:
+        return Support(ok=False, reason=GROUPED_RELATIVE)
     return Support(ok=True, kernel=KERNELS[formulation(options, case.platform)])
 
 
+# Relative positions are projected per query head; no model has them with grouped k/v, so none is run.
+GROUPED_RELATIVE = ("relative positions (relative_positions) with grouped-query k/v: no model has both, and the "
+                    "position→content term would need the tables per k/v head")
+
+
 @register("native", options=NativeOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
-          grouped=True, description="attention in plain XLA ops (einsum with a mask bias on CPU; "
+          grouped=True, relative=True, description="attention in plain XLA ops (einsum with a mask bias on CPU; "
                                     "jax.nn.dot_product_attention elsewhere)")
 def native(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: NativeOptions, segment_ids_BxT=None,
-           local_window=None, bias=None, causal=False):
+           local_window=None, bias=None, causal=False, relative_positions=None):
     if formulation(options, current_platform()) == "jax_nn":
         t, s = q_BxTxNxH.shape[1], k_BxSxKxH.shape[1]
         same_BxNxTxS = None
         if segment_ids_BxT is not None:
             same_BxNxTxS = (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])[:, None]
-        bias_1xNxTxS = None if bias is None else bias(jnp.arange(t), jnp.arange(s))[None].astype(q_BxTxNxH.dtype)
+        bias_1xNxTxS = None if bias is None else bias(jnp.arange(t), jnp.arange(s))[None]
+        if relative_positions is not None:  # jax.nn adds the bias to the scaled scores
+            relative_BxNxTxS = dense_scores(relative_positions, q_BxTxNxH, k_BxSxKxH, scale)
+            bias_1xNxTxS = relative_BxNxTxS if bias_1xNxTxS is None else bias_1xNxTxS + relative_BxNxTxS
+        bias_1xNxTxS = None if bias_1xNxTxS is None else bias_1xNxTxS.astype(q_BxTxNxH.dtype)
         # Grouped k/v heads (fewer than q's) are jax.nn's own case: it groups q heads over them.
         return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, bias=bias_1xNxTxS, scale=scale,
                                             mask=same_BxNxTxS, is_causal=causal, key_value_seq_lengths=kv_lengths_B,
                                             local_window_size=local_window, implementation="xla")
     return einsum_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, kv_lengths_B, scale, segment_ids_BxT, local_window,
-                            bias, causal)
+                            bias, causal, relative_positions)
 
 
 def in_window(q_index_T, k_index_S, local_window):
@@ -71,7 +83,7 @@ def in_window(q_index_T, k_index_S, local_window):
 
 
 def einsum_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, kv_lengths_B, scale, segment_ids_BxT=None,
-                     local_window=None, bias=None, causal=False):
+                     local_window=None, bias=None, causal=False, relative_positions=None):
     """With grouped-query k/v (K heads under N query heads), query heads are grouped [K, G] over them: k and v
     are used as they are, never repeated per query head. Without, the plain heads-major form: a unit group
     axis made XLA:CPU 1.6-4x slower at encoder shapes (timed by hand, batch 8 x 256 tokens x 12 heads)."""
@@ -87,6 +99,8 @@ def einsum_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, kv_lengths_B, scale, segme
     mask_bias = jnp.where(valid_BxTxS, 0.0, MASKED).astype(jnp.float32)[:, None]  # [B, 1, T or 1, S]
     if bias is not None:
         mask_bias = mask_bias + bias(jnp.arange(t), jnp.arange(s)).astype(jnp.float32)[None]  # [B, N, T, S]
+    if relative_positions is not None:  # [B, N, T, S], scaled like q·k (from q before its scaling below)
+        mask_bias = mask_bias + dense_scores(relative_positions, q_BxTxNxH, k_BxSxKxH, scale)
     q_BxTxNxH = q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype)
     if kv_heads == n:
         logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxKxH,

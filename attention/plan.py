@@ -140,15 +140,19 @@ def relative_bias(num_heads: int, seq_len: int, seed: int = 0):
     return bias
 
 
-STATIC_FEATURES = ("local_window", "bias", "causal")  # not arrays: closed over by the jitted call, never its arguments
+# Not arrays: closed over by the jitted call, never its arguments.
+STATIC_FEATURES = ("local_window", "bias", "causal", "relative_positions")
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     """Random q, k, v of the case's shape with mixed padding (one full row, one half row), and the keyword
     arguments of the call: ``kv_lengths_B``, for a packed case ``segment_ids_BxT`` with two windows in
     the full row, for a local layer its ``local_window``, for a biased one a random ``relative_bias``, for a
-    causal one ``causal``; a grouped-query case gets k and v with its fewer heads."""
+    causal one ``causal``, for one with relative positions random ones (``random_relative``); a grouped-query
+    case gets k and v with its fewer heads."""
     import jax.numpy as jnp
+
+    from docbeam.attention.relative import random_relative
 
     rng = np.random.default_rng(seed)
     shape = (batch, case.seq_len, case.num_heads, case.head_dim)
@@ -169,6 +173,8 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
         kwargs["bias"] = relative_bias(case.num_heads, case.seq_len, seed)
     if case.causal:
         kwargs["causal"] = True
+    if case.relative:
+        kwargs["relative_positions"] = random_relative(case.num_heads, case.head_dim, case.seq_len, seed)
     return q, k, v, kwargs
 
 
@@ -237,7 +243,7 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
         q, k, v, kwargs = probe_inputs(case)
         where = f"attention backend {choice.backend!r} at bucket {case.seq_len}" + (
             f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.local_window
-            or case.features.bias else "")
+            or case.features.bias or case.features.relative else "")
         try:
             out = np.asarray(jax.block_until_ready(run_probe(fn, case, q, k, v, kwargs)))
         except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure

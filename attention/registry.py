@@ -25,16 +25,17 @@ class UnknownBackendError(Refused, ValueError):
 
 def register(name: str, *, options: type = NoOptions, supports: Callable | None = None,
              description: str = "", segments: bool = False, windows: bool = False, bias: bool = False,
-             causal: bool = False, grouped: bool = False):
+             causal: bool = False, grouped: bool = False, relative: bool = False):
     """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; with
     ``segments=True`` it also takes ``segment_ids_BxT`` (packed batches), with ``windows=True``
     ``local_window``, with ``bias=True`` ``bias``, with ``causal=True`` ``causal``, with ``grouped=True`` k/v
-    with fewer heads than q (attention/interface.py)."""
+    with fewer heads than q, with ``relative=True`` ``relative_positions`` (attention/interface.py)."""
 
     def decorate(fn):
         add(Backend(name=name, attend=fn, supports=supports or supports_everything,
                     options_type=options, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    segments=segments, windows=windows, bias=bias, causal=causal, grouped=grouped))
+                    segments=segments, windows=windows, bias=bias, causal=causal, grouped=grouped,
+                    relative=relative))
         return fn
 
     return decorate
@@ -52,7 +53,8 @@ def from_callable(name: str, obj) -> Backend:
     """A Backend from a user's object: a Backend as is, or a plain AttentionFn (its optional
     ``supports(case, options)`` attribute is its capability check; ``supports_segments = True`` says it
     takes ``segment_ids_BxT``, ``supports_windows`` ``local_window``, ``supports_bias`` ``bias``,
-    ``supports_causal`` ``causal``, ``supports_grouped`` grouped-query k/v)."""
+    ``supports_causal`` ``causal``, ``supports_grouped`` grouped-query k/v, ``supports_relative``
+    ``relative_positions``)."""
     if isinstance(obj, Backend):
         return dataclasses.replace(obj, name=name)  # registered under the name the config uses
     if not callable(obj):
@@ -70,7 +72,8 @@ def from_callable(name: str, obj) -> Backend:
                    windows=bool(getattr(obj, "supports_windows", False)),
                    bias=bool(getattr(obj, "supports_bias", False)),
                    causal=bool(getattr(obj, "supports_causal", False)),
-                   grouped=bool(getattr(obj, "supports_grouped", False)))
+                   grouped=bool(getattr(obj, "supports_grouped", False)),
+                   relative=bool(getattr(obj, "supports_relative", False)))
 
 
 def _load_entry_points() -> None:

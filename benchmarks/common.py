@@ -162,6 +162,31 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def time_compiled(jitted, args: tuple, repeats: int, time_per_case: float) -> dict:
+    """Compile ``jitted`` for ``args`` ahead of time, then call it up to ``repeats`` times (stopping once another
+    call would pass ``time_per_case``): the best time, the peak RSS growth since the arguments existed (compilation
+    included), XLA's temporary buffers, and whether the output is finite (a long-context benchmark's child)."""
+    import resource
+
+    import numpy as np
+
+    baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    compile_s = time.perf_counter() - start
+    temp_bytes = getattr(compiled.memory_analysis(), "temp_size_in_bytes", None)
+    times, out = [], None
+    while len(times) < repeats and (not times or sum(times) + times[-1] <= time_per_case):
+        start = time.perf_counter()
+        out = compiled(*args).block_until_ready()
+        times.append(time.perf_counter() - start)
+    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": round(min(times), 4), "calls": len(times), "compile_s": round(compile_s, 2),
+            "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
+            "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / 2**30, 4),
+            "finite": bool(np.isfinite(np.asarray(out)).all())}
+
+
 def command_line() -> str:
     """How this run was started, as one would type it from the repository root."""
     script = os.path.relpath(os.path.abspath(sys.argv[0]), REPO)

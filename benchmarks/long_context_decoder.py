@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 
@@ -58,22 +57,8 @@ def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> d
         return {"backend": backend, "length": length, "status": f"refused: {support.reason}"}
     fn = chosen.bind(options)
     attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=HEAD_DIM ** -0.5, causal=True))
-    baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    attend = attend.lower(q, k, v).compile()
-    compile_s = time.perf_counter() - start
-    temp_bytes = getattr(attend.memory_analysis(), "temp_size_in_bytes", None)
-    times, out = [], None
-    while len(times) < repeats and (not times or sum(times) + times[-1] <= time_per_case):
-        start = time.perf_counter()
-        out = attend(q, k, v).block_until_ready()
-        times.append(time.perf_counter() - start)
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"backend": backend, "length": length, "status": "ok", "kernel": support.kernel,
-            "seconds": round(min(times), 4), "calls": len(times), "compile_s": round(compile_s, 2),
-            "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
-            "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / GB, 4),
-            "finite": bool(np.isfinite(np.asarray(out)).all())}
+            **common.time_compiled(attend, (q, k, v), repeats, time_per_case)}
 
 
 def native_scores_gb(length: int) -> float:

@@ -41,6 +41,7 @@ SECTIONS = (
     ("compiles-real.json", "Compilations"),
     ("long_context.json", "Long context"),
     ("long_context_decoder.json", "Long context, decoders: causal block skipping"),
+    ("long_context_deberta.json", "Long context, DeBERTa: disentangled attention per block"),
     ("incremental.json", "Incremental runs"),
     ("incremental-copies5.json", "Incremental runs on 2,000 documents"),
 )

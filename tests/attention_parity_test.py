@@ -151,3 +151,91 @@ def test_chunked_with_each_tuned_row_matches_reference(raw_options, case):
     for row, length in enumerate(case.kv_lengths):
         error = float(jnp.abs(out_BxTxNxH[row, :length] - reference[row, :length]).max())
         assert error <= TOLERANCE[case.dtype], f"row {row} (length {length}): max abs error {error:.2e}"
+
+
+# --- content-dependent relative positions (DeBERTa's c2p and p2c; attention/relative.py) -----------------------
+
+RELATIVE_TERMS = [("c2p",), ("p2c",), ("c2p", "p2c")]
+RELATIVE_CASE = Case("float32", 70, (70, 41, 0), num_heads=3, head_dim=8)  # 3 heads: 2 per step leaves one
+# Row 0 packs three windows, row 1 two and padding: a window's offsets are its own positions'.
+RELATIVE_SEGMENTS = np.array([[1] * 20 + [2] * 45 + [3] * 5, [1] * 30 + [2] * 11 + [0] * 29, [0] * 70], np.int32)
+
+
+def relative_params():
+    """Every variant that declares relative positions, each term alone and both, unpacked and packed; chunked
+    also with blocks smaller than the table (its gathered-rows path) and with two heads per step."""
+    variants = [v for v in VARIANTS if v[0] != USER_BACKEND] + [
+        ("chunked", {"query_chunk": 4, "key_chunk": 4}),  # Q + K − 1 = 7 offsets per block < 16 table rows
+        ("chunked", {"query_chunk": 16, "key_chunk": 8, "heads_per_step": 2})]
+    for variant in variants:
+        for terms in RELATIVE_TERMS:
+            for packed in (False, True):
+                yield pytest.param(variant, terms, packed,
+                                   id=f"{variant_id(variant)}-{'+'.join(terms)}{'-packed' if packed else ''}")
+
+
+def relative_reference(q, k, v, relative, case: Case, segments=None) -> np.ndarray:
+    """float64 softmax(scale · (q_i·k_j + q_i·Kr[row(i−j)] + k_j·Qr[row(i−j)])) over the keys each valid query
+    sees (its row's valid keys, or its own window's)."""
+    t = case.seq_len
+    rows_TxT = np.asarray(relative.row(jnp.arange(t)[:, None] - jnp.arange(t)[None, :]))
+    key_table, query_table = (None if x is None else np.asarray(x, np.float64)
+                              for x in (relative.pos_key_RxNxH, relative.pos_query_RxNxH))
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    out = np.zeros(q.shape)
+    for b, length in enumerate(case.kv_lengths):
+        for i in range(length):
+            keys = np.arange(length) if segments is None else np.flatnonzero(segments[b] == segments[b, i])
+            for n in range(case.num_heads):
+                scores = k[b, keys, n] @ q[b, i, n]
+                if key_table is not None:
+                    scores = scores + key_table[rows_TxT[i, keys], n] @ q[b, i, n]
+                if query_table is not None:
+                    scores = scores + (query_table[rows_TxT[i, keys], n] * k[b, keys, n]).sum(-1)
+                weights = np.exp((scores - scores.max()) * case.head_dim ** -0.5)
+                out[b, i, n] = weights / weights.sum() @ v[b, keys, n]
+    return out
+
+
+@pytest.mark.parametrize("variant,terms,packed", list(relative_params()))
+def test_backend_with_relative_positions_matches_float64_reference(variant, terms, packed):
+    from docbeam.attention.relative import random_relative
+
+    name, raw_options = variant
+    backend = attention.get(name)
+    options = backend.parse_options(raw_options)
+    case = RELATIVE_CASE
+    asked = attention.AttentionCase("cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, packed=packed,
+                                    relative=True)
+    support = backend.refusal(asked) or backend.supports(asked, options)
+    if not support.ok:
+        pytest.skip(f"{name} {raw_options} refuses relative positions: {support.reason}")
+    (q, k, v), kv_lengths_B, _ = make_inputs(case)  # garbage in padded positions
+    relative = random_relative(case.num_heads, case.head_dim, case.seq_len, seed=3, terms=terms)
+    segments = RELATIVE_SEGMENTS if packed else None
+    features = {"relative_positions": relative} | ({"segment_ids_BxT": jnp.asarray(segments)} if packed else {})
+    fn = backend.bind(options)
+
+    got = np.asarray(jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim ** -0.5,
+                                                 **features))(q, k, v))
+
+    want = relative_reference(q, k, v, relative, case, segments)  # valid keys only: the garbage is unseen
+    assert np.isfinite(got).all(), "non-finite output (padded or fully padded rows included)"
+    for row, length in enumerate(case.kv_lengths):
+        error = float(np.abs(got[row, :length] - want[row, :length]).max(initial=0.0))
+        assert error <= TOLERANCE[case.dtype], f"row {row} (length {length}): max abs error {error:.2e}"
+
+
+def test_the_relative_terms_move_the_reference():
+    """Each term, and the row function, changes the reference: the test above cannot pass with a term dropped."""
+    import dataclasses as dc
+
+    from docbeam.attention.relative import random_relative
+
+    (q, k, v), _, plain = make_inputs(RELATIVE_CASE)
+    both = random_relative(RELATIVE_CASE.num_heads, RELATIVE_CASE.head_dim, RELATIVE_CASE.seq_len, seed=3)
+    want = relative_reference(q, k, v, both, RELATIVE_CASE)
+    for changed in (dc.replace(both, pos_key_RxNxH=None), dc.replace(both, pos_query_RxNxH=None),
+                    dc.replace(both, row=lambda offset: both.row(-offset))):
+        assert np.abs(relative_reference(q, k, v, changed, RELATIVE_CASE) - want)[:2, :41].max() > 0.1
+    assert np.abs(want - np.asarray(plain))[:2, :41].max() > 0.1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import bert, deberta, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -27,6 +27,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "qwen3": qwen3,
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
     "jina_embeddings_v3": jina,
+    "deberta-v2": deberta,  # DeBERTa-v2 and -v3
 }
 
 

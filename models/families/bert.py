@@ -40,13 +40,18 @@ def common_fields(hub: HubConfig, dtype: str) -> dict:
                 activation=hub.activation("hidden_act", default="gelu"), dtype=dtype)
 
 
-def read_params(t: Tensors, config: EncoderConfig) -> dict:
+def embedding_params(t: Tensors, config: EncoderConfig) -> dict:
+    """BERT's embeddings: words, positions where absolute, token types where the config has them, the norm."""
     embed = {"word": t.embedding("embeddings.word_embeddings.weight"), "norm": t.norm("embeddings.LayerNorm")}
     if config.position == "absolute":
         embed["position"] = t.embedding("embeddings.position_embeddings.weight")
     if config.type_vocab_size:
         embed["token_type"] = t.embedding("embeddings.token_type_embeddings.weight")
-    params = {"embed": embed}
+    return embed
+
+
+def read_params(t: Tensors, config: EncoderConfig) -> dict:
+    params = {"embed": embedding_params(t, config)}
     for i in range(config.num_layers):
         p = f"encoder.layer.{i}"
         params[f"layer_{i}"] = {

@@ -60,7 +60,7 @@ class EncoderConfig:
     type_vocab_size: int = 2
     layer_norm_eps: float = 1e-12
     activation: str = "gelu"
-    position: Literal["absolute", "rope"] = "absolute"
+    position: Literal["absolute", "rope", "relative"] = "absolute"  # relative: none in the input (DeBERTa-v3)
     rope_theta: float = 10000.0
     rope_style: Literal["half", "interleaved"] = "half"  # RoFormer rotates interleaved pairs; Llama-style halves
     rope_scale: float = 1.0  # Rope.scale: what the checkpoint's RoPE scaling does to every frequency (GTE's NTK)
