@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import bert, gemma3, gte, modernbert, mpnet, nomic, qwen3, roberta
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -25,6 +25,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
     "qwen3": qwen3,
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
+    "gemma3_text": gemma3,
 }
 
 
