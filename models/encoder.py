@@ -120,6 +120,6 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     precision = precision_for(config.dtype, platform)
     dtype = jnp.dtype(precision.attention).name  # what q, k and v reach the backend in
     return [AttentionCase(platform=platform, dtype=dtype, seq_len=b, num_heads=config.num_heads,
-                          head_dim=config.head_dim, packed=packed,
-                          num_kv_heads=getattr(config, "num_kv_heads", None)).with_features(features)
+                          head_dim=config.attention_shape(features)[0], packed=packed,
+                          num_kv_heads=config.attention_shape(features)[1]).with_features(features)
             for b in buckets for features in config.attention_features]

@@ -63,9 +63,9 @@ def model_settings(folder: str, config) -> ModelSettings:
     max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
-    pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size, default_pooling(config))
+    pooling, include_prompt = pooling_mode(folder, modules, config.output_size, default_pooling(config))
     prompts, document_prompt = prompt_settings(folder)
-    dense = dense_modules(folder, modules, config.hidden_size)
+    dense = dense_modules(folder, modules, config.output_size)
     truncate_dim = (read_json(folder, ST_CONFIG) or {}).get("truncate_dim")
     if truncate_dim is not None and (not isinstance(truncate_dim, int) or isinstance(truncate_dim, bool)
                                      or truncate_dim < 1):

@@ -214,7 +214,7 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
 def output_width(cfg: JobConfig, checkpoint) -> tuple[int | None, int]:
     """``model.truncate_dim`` resolved (auto: the checkpoint's) and the width of the vectors written: the
     pooled vector's after sentence-transformers' Dense modules, cut to truncate_dim."""
-    full = checkpoint.settings.width(checkpoint.config.hidden_size)
+    full = checkpoint.settings.width(checkpoint.config.output_size)
     choice = cfg.model.truncate_dim
     truncate_dim = checkpoint.settings.truncate_dim if choice == "auto" else choice
     if truncate_dim is not None and truncate_dim > full:
