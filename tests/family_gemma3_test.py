@@ -112,7 +112,8 @@ def test_vectors_match_transformers_on_each_formulation(model, folder, packed, o
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
 
 
-@pytest.mark.parametrize("backend,options", [("native", {}), ("chunked", {"query_chunk": 8, "key_chunk": 8})])
+@pytest.mark.parametrize("backend,options", [("native", {}), ("chunked", {"query_chunk": 8, "key_chunk": 8}),
+                                             ("flash", {})])
 @pytest.mark.parametrize("packed", [False, True])
 def test_causal_gemma3_matches_transformers_at_the_last_token(causal_model, causal_folder, packed, backend, options):
     ck = checkpoint.open_checkpoint(causal_folder)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, gemma3, gte, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import bert, embedding_gemma2, gemma3, gte, modernbert, mpnet, nomic, qwen3, roberta
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -26,6 +26,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "qwen3": qwen3,
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
     "gemma3_text": gemma3,
+    "embedding_gemma2_text": embedding_gemma2,
 }
 
 
