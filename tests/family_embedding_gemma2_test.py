@@ -8,14 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
-                             assert_refused, backends_for, lowest_cosine, our_vectors, reference_vectors, replace,
-                             save_checkpoint, token_inputs)
+from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_close_to_transformers, assert_docbeam_run_matches,
+                             assert_matches_transformers, assert_moves_output, assert_refused, replace,
+                             save_checkpoint)
+from family_gemma3_test import LAYER_TYPES, ROPE  # the same layer kinds and RoPE bases as the Gemma3 tests'
 from docbeam.models import checkpoint
-
-LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0},
-        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}
 
 
 @pytest.fixture(scope="module")
@@ -48,14 +45,13 @@ def folder(model, tmp_path_factory):
 
 
 def test_the_config_reads_as_the_model(folder):
-    ck = checkpoint.open_checkpoint(folder)
-    config = ck.config
-    assert config.sliding_layers == (True, False, True, False) and not config.causal
+    config, settings = checkpoint.open_checkpoint(folder).config, checkpoint.open_checkpoint(folder).settings
     assert (config.layer_heads(True), config.layer_heads(False)) == ((2, 16), (1, 32))
+    assert config.sliding_layers == (True, False, True, False) and not config.causal
     assert (config.query_scale, config.norm_offset, config.v_norm) == (1.0, 0.0, True)
     assert (config.local_window, config.per_layer_size, config.output_size) == ((4, 4), 8, 24)
     assert (config.rope_theta, config.local_rope_theta) == (1_000_000.0, 1_000.0)
-    assert ck.settings.pooling == "mean"
+    assert settings.pooling == "mean"
 
 
 def test_the_plan_asks_backends_about_each_kind_of_layer_in_its_own_shape(folder):
@@ -67,21 +63,14 @@ def test_the_plan_asks_backends_about_each_kind_of_layer_in_its_own_shape(folder
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_vectors_match_transformers_across_sliding_windows(model, folder, packed):
-    ids, lengths = token_inputs(LENGTHS)
-    want = reference_vectors(model, ids, lengths)
-    backends = backends_for(checkpoint.open_checkpoint(folder).config.attention_features, packed)
-    assert {"native", "chunked"} <= set(backends)
-    for backend in backends:
-        assert lowest_cosine(our_vectors(folder, ids, lengths, backend=backend, packed=packed), want) >= MIN_COSINE
+    assert assert_matches_transformers(model, folder, LENGTHS, packed) == ["native", "chunked", "flash"]
 
 
 @pytest.mark.parametrize("options", [{"implementation": "jax_nn"}, {"query_chunk": 8, "key_chunk": 8}])
 @pytest.mark.parametrize("packed", [False, True])
 def test_vectors_match_transformers_on_each_formulation(model, folder, packed, options):
     backend = "native" if "implementation" in options else "chunked"
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, backend=backend, packed=packed, options=options)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    assert_close_to_transformers(model, folder, backend=backend, packed=packed, options=options)
 
 
 @pytest.mark.parametrize("broken", [

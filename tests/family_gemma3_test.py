@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
-                             assert_refused, backends_for, both_forms, lowest_cosine, our_vectors,
+from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_close_to_transformers,
+                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
+                             assert_refused, both_forms, lowest_cosine, our_vectors,
                              reference_vectors, replace, save_checkpoint, token_inputs)
 from docbeam.models import checkpoint
 
@@ -93,12 +94,7 @@ def test_the_saved_sliding_window_is_the_one_in_the_config(folder):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_vectors_match_transformers_across_sliding_windows(model, folder, packed):
-    ids, lengths = token_inputs(LENGTHS)
-    want = reference_vectors(model, ids, lengths)
-    backends = backends_for(checkpoint.open_checkpoint(folder).config.attention_features, packed)
-    assert {"native", "chunked"} <= set(backends)
-    for backend in backends:
-        assert lowest_cosine(our_vectors(folder, ids, lengths, backend=backend, packed=packed), want) >= MIN_COSINE
+    assert assert_matches_transformers(model, folder, LENGTHS, packed) == ["native", "chunked", "flash"]
 
 
 @pytest.mark.parametrize("options", [{"implementation": "jax_nn"}, {"query_chunk": 8, "key_chunk": 8}])
@@ -107,9 +103,7 @@ def test_vectors_match_transformers_on_each_formulation(model, folder, packed, o
     """native's form off CPU, and chunked with chunks smaller than the rows (so a sliding layer scans only the
     key chunks its window reaches)."""
     backend = "native" if "implementation" in options else "chunked"
-    ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(folder, ids, lengths, backend=backend, packed=packed, options=options)
-    assert lowest_cosine(ours, reference_vectors(model, ids, lengths)) >= MIN_COSINE
+    assert_close_to_transformers(model, folder, backend=backend, packed=packed, options=options)
 
 
 @pytest.mark.parametrize("backend,options", [("native", {}), ("chunked", {"query_chunk": 8, "key_chunk": 8}),
