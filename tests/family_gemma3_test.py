@@ -161,6 +161,14 @@ def test_what_docbeam_does_not_reproduce_is_refused(tmp_path, model, rewrite, ma
 
 
 @pytest.mark.slow
+def test_docbeam_run_gives_causal_gemma3_last_token_vectors(causal_model, causal_folder, tmp_path):
+    texts = {"short": "A short note.", "long": " ".join(["Causal Gemma3 sees the tokens before it."] * 8)}
+    tokens = assert_docbeam_run_matches(causal_model, causal_folder, tmp_path, texts, "lasttoken",
+                                        batching=PACKED_BATCHING)
+    assert tokens["long"].shape[1] > 8
+
+
+@pytest.mark.slow
 @pytest.mark.extra_for(folder="hub")
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"short": "A short note.", "long": " ".join(["Gemma attends within a window in most layers."] * 8)}
