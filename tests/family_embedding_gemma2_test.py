@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_close_to_transformers, assert_docbeam_run_matches,
-                             assert_matches_transformers, assert_moves_output, assert_refused, replace,
-                             save_checkpoint)
+from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
+                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
+                             assert_refused, replace, save_checkpoint)
 from family_gemma3_test import LAYER_TYPES, ROPE  # the same layer kinds and RoPE bases as the Gemma3 tests'
 from docbeam.models import checkpoint
 
@@ -130,6 +130,10 @@ def test_full_layers_default_to_transformers_global_shape(tmp_path, model):
         json.dump(config, f)
     assert checkpoint.open_checkpoint(folder).config.layer_heads(False) == (1, 512)
 
+
+
+def test_bfloat16_stays_close_to_float32(folder):
+    assert_bfloat16_close_to_float32(folder)
 
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):

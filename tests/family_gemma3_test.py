@@ -10,9 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_close_to_transformers,
-                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
-                             assert_refused, both_forms, lowest_cosine, our_vectors,
+from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_bfloat16_close_to_float32,
+                             assert_close_to_transformers, assert_docbeam_run_matches, assert_matches_transformers,
+                             assert_moves_output, assert_refused, both_forms, lowest_cosine, our_vectors,
                              reference_vectors, replace, save_checkpoint, token_inputs)
 from docbeam.models import checkpoint
 
@@ -159,6 +159,10 @@ def test_each_causal_feature_moves_the_output(causal_model, causal_folder, broke
 def test_what_docbeam_does_not_reproduce_is_refused(tmp_path, model, rewrite, match):
     assert_refused(model, str(tmp_path), rewrite, match)
 
+
+
+def test_bfloat16_stays_close_to_float32(folder):
+    assert_bfloat16_close_to_float32(folder)
 
 @pytest.mark.slow
 def test_docbeam_run_gives_causal_gemma3_last_token_vectors(causal_model, causal_folder, tmp_path):
