@@ -21,7 +21,7 @@ ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0},
         "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}
 
 
-def random_gemma3(bidirectional: bool):
+def random_gemma3(bidirectional: bool, rope: dict = ROPE):
     """A tiny random Gemma3TextModel, weights drawn with std 0.3 and the RMSNorm weights (which transformers
     initialises to 0, so that 1 + w is 1) around 0 with std 0.3, so each feature moves the output."""
     import torch
@@ -31,7 +31,7 @@ def random_gemma3(bidirectional: bool):
     config = transformers.Gemma3TextConfig(
         vocab_size=30522, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24, sliding_window=8, layer_types=LAYER_TYPES,
-        rope_parameters=ROPE, use_bidirectional_attention=bidirectional, initializer_range=0.3,
+        rope_parameters=rope, use_bidirectional_attention=bidirectional, initializer_range=0.3,
         max_position_embeddings=512, attn_implementation="eager")
     model = transformers.Gemma3TextModel(config)
     with torch.no_grad():
@@ -118,6 +118,29 @@ def test_causal_gemma3_matches_transformers_at_the_last_token(causal_model, caus
     assert lowest_cosine(ours, reference_vectors(causal_model, ids, lengths, "lasttoken")) >= MIN_COSINE
 
 
+LINEAR = {**ROPE, "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0}}
+
+
+@pytest.mark.parametrize("form", ["transformers5", "hub"])
+def test_linear_rope_scaling_on_full_layers_matches_transformers(tmp_path, form):
+    """The larger causal Gemma3 checkpoints scale the full layers' positions linearly (factor 8); the Hub's
+    files say so in rope_scaling, which Gemma3TextConfig applies to the full layers only."""
+    scaled = random_gemma3(bidirectional=False, rope=LINEAR)
+
+    def legacy(config: dict) -> dict:
+        return {**hub_config(config), "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+
+    folder = save_checkpoint(scaled, str(tmp_path), config_rewrite=legacy if form == "hub" else None)
+    config = checkpoint.open_checkpoint(folder).config
+    assert (config.rope_scale, config.local_rope_theta) == (1 / 8, 1_000.0)
+    ids, lengths = token_inputs(LENGTHS)
+    want = reference_vectors(scaled, ids, lengths, "lasttoken")
+    for packed in (False, True):
+        ours = our_vectors(folder, ids, lengths, packed=packed, pooling="lasttoken")
+        assert lowest_cosine(ours, want) >= MIN_COSINE
+    assert_moves_output(scaled, folder, family_pooling="lasttoken", change=replace(rope_scale=1.0))
+
+
 def without_norm_offset(config):
     return replace(norm_offset=0.0)(config)
 
@@ -151,8 +174,10 @@ def test_each_causal_feature_moves_the_output(causal_model, causal_folder, broke
 @pytest.mark.parametrize("rewrite,match", [
     (lambda c: {**c, "attn_logit_softcapping": 50.0}, "attn_logit_softcapping: 50.0.*soft-capped"),
     (lambda c: {**c, "attention_bias": True}, "attention_bias: True"),
+    (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "sliding_attention": {
+        "rope_type": "linear", "factor": 8.0, "rope_theta": 1e3}}}, "sliding_attention.*RoPE scaling"),
     (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "full_attention": {
-        "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}}}, "RoPE scaling"),
+        "rope_type": "dynamic", "factor": 8.0, "rope_theta": 1e6}}}, "RoPE scaling"),
     (lambda c: {**c, "sliding_window": None}, "sliding_window"),
     (lambda c: {**c, "layer_types": ["sliding_attention"] * 3}, "layer_types"),
 ])

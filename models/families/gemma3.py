@@ -112,20 +112,27 @@ def sliding_layers(hub: HubConfig, layers: int) -> tuple[bool, ...]:
     return tuple(bool((i + 1) % every) for i in range(layers))
 
 
+def local_theta(hub: HubConfig) -> float:
+    """The sliding layers' RoPE base: ``rope_parameters``' sliding_attention, or the Hub's ``rope_local_base_freq``
+    (Gemma3TextConfig applies a legacy ``rope_scaling`` to the full layers only)."""
+    params = (hub.raw.get("rope_parameters") or {}).get("sliding_attention") or {}
+    if params.get("rope_type", "default") != "default":
+        raise hub.error(f"sets rope_parameters.sliding_attention {params}, a RoPE scaling docbeam does not reproduce "
+                        "on sliding layers; supported: default")
+    return float(params.get("rope_theta") or hub.get("rope_local_base_freq", default=10_000.0))
+
+
 def common_fields(hub: HubConfig, dtype: str) -> dict:
     """What Gemma3 and EmbeddingGemma 2 read alike: shapes, layer kinds, RoPE bases, norms."""
     hub.refuse_unless("attention_bias", (False,), "biased attention projections")
     layers, heads, hidden = hub.get("num_hidden_layers"), hub.get("num_attention_heads"), hub.get("hidden_size")
     head_dim = hub.get("head_dim", default=256)
-    full_rope = hub.rope(head_dim, 1_000_000.0, "full_attention")
-    local_rope = hub.rope(head_dim, 10_000.0, "sliding_attention", legacy_theta=("rope_local_base_freq",))
-    if full_rope.scale != 1.0 or local_rope.scale != 1.0:
-        raise hub.error("sets a RoPE scaling, which docbeam does not reproduce for Gemma; supported: none")
+    full_rope = hub.rope(head_dim, 1_000_000.0, "full_attention")  # linear scaling (the larger Gemma3s') too
     return dict(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=layers, num_heads=heads,
                 intermediate_size=hub.get("intermediate_size"), type_vocab_size=0,
                 layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
                 activation=hub.activation("hidden_activation", default="gelu_pytorch_tanh"), position="rope",
-                rope_theta=full_rope.theta, local_rope_theta=local_rope.theta,
+                rope_theta=full_rope.theta, rope_scale=full_rope.scale, local_rope_theta=local_theta(hub),
                 num_kv_heads=hub.get("num_key_value_heads", default=heads), attention_head_dim=head_dim,
                 sliding_layers=sliding_layers(hub, layers), dtype=dtype)
 
