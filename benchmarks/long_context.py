@@ -1,8 +1,10 @@
 """Long context: attention for a ModernBERT-base shape (hidden 768, 12 heads x 64, 22 layers of which every
 3rd is global and the rest local with a ±64 window; float32, batch 1) at 2k, 8k and 16k tokens, native,
-chunked and flash side by side.
+chunked and flash side by side; or, with ``--shape embeddinggemma-300m``, EmbeddingGemma-300m's (3 query heads
+over 1 key/value head of 256, 24 bidirectional layers: 4 global, 20 sliding within ±256) at 2k and 8k.
 
     python benchmarks/long_context.py [--quick] [--lengths 2048,8192,16384] [--backends native,chunked,flash]
+    python benchmarks/long_context.py --shape embeddinggemma-300m --backends native,chunked
 
 One global and one local layer are timed per backend and length, each in its own subprocess (so its peak
 memory is its own, and under an address-space cap so native's O(T²) scores cannot take the machine down); the
@@ -13,6 +15,7 @@ reason. Lengths run in increasing order, so the largest, slowest points come las
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -25,11 +28,34 @@ from benchmarks import common  # noqa: E402
 
 common.bootstrap()
 
-HEADS, HEAD_DIM, LAYERS, GLOBAL_EVERY, WINDOW = 12, 64, 22, 3, (64, 64)  # ModernBERT-base
-KINDS = {"global": None, "local": WINDOW}
-LAYER_COUNTS = {"global": len(range(0, LAYERS, GLOBAL_EVERY)), "local": LAYERS - len(range(0, LAYERS, GLOBAL_EVERY))}
-DEFAULT_LENGTHS, QUICK_LENGTHS = (2048, 8192, 16384), (512, 1024)
+KINDS = ("global", "local")
+QUICK_LENGTHS = (512, 1024)
 GB = 2**30
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A model's attention: query heads over key/value heads of head_dim, how many layers of each kind, the
+    local layers' window (keys each side), the lengths it is measured at and its results file."""
+
+    name: str
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layer_counts: dict
+    window: tuple[int, int]
+    lengths: tuple[int, ...]
+    results: str
+
+    def local_window(self, kind: str) -> tuple[int, int] | None:
+        return self.window if kind == "local" else None
+
+
+SHAPES = {  # ModernBERT-base: every 3rd of 22 layers global; EmbeddingGemma-300m: every 6th of 24
+    "modernbert-base": Shape("ModernBERT-base", 12, 12, 64, {"global": 8, "local": 14}, (64, 64),
+                             (2048, 8192, 16384), "long_context"),
+    "embeddinggemma-300m": Shape("EmbeddingGemma-300m", 3, 1, 256, {"global": 4, "local": 20}, (256, 256),
+                                 (2048, 8192), "long_context_embeddinggemma")}
 
 
 def case_parser(doc: str, default_lengths, quick_lengths, timeout: float):
@@ -51,22 +77,26 @@ def lengths_of(args, default_lengths, quick_lengths) -> tuple[int, ...]:
     return tuple(quick_lengths if args.quick else default_lengths)
 
 
-def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: float) -> dict:
+def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: float,
+             shape: str = "modernbert-base") -> dict:
     """In the child: compile and call one layer's attention; best time of the timed calls, peak RSS growth."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from docbeam import attention
+    s = SHAPES[shape]
     rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32)) for _ in range(3))
+    q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, s.head_dim), np.float32))
+               for heads in (s.heads, s.kv_heads, s.kv_heads))
     lengths = jnp.asarray([length], jnp.int32)
     chosen = attention.get(backend)
-    case = attention.AttentionCase(jax.default_backend(), "float32", length, HEADS, HEAD_DIM, local_window=KINDS[kind])
+    window = s.local_window(kind)
+    case = attention.AttentionCase(jax.default_backend(), "float32", length, s.heads, s.head_dim, local_window=window,
+                                   num_kv_heads=s.kv_heads)
     kernel = chosen.supports(case, chosen.parse_options(None)).kernel
     fn = chosen.bind()
-    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=HEAD_DIM ** -0.5,
-                                        local_window=KINDS[kind]))
+    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=s.head_dim ** -0.5, local_window=window))
     baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     attend = attend.lower(q, k, v).compile()
@@ -88,10 +118,10 @@ def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: 
             "finite": bool(np.isfinite(np.asarray(out)).all())}
 
 
-def native_scores_gb(length: int) -> float:
+def native_scores_gb(length: int, shape: str = "modernbert-base") -> float:
     """native's einsum form holds float32 scores and their exponentials, 2 × N·T² × 4 bytes, for every layer
     (the window is a mask on the whole score matrix)."""
-    return 2 * HEADS * length * length * 4 / GB
+    return 2 * SHAPES[shape].heads * length * length * 4 / GB
 
 
 def spawn(case: dict, cap_gb: float, timeout: float, script: str = __file__, native_gb=native_scores_gb) -> dict:
@@ -118,8 +148,8 @@ def spawn(case: dict, cap_gb: float, timeout: float, script: str = __file__, nat
     return {**label, "status": f"failed under the {cap_gb:g} GB cap: {tail}"}
 
 
-def model_totals(results: list[dict], backends, lengths) -> list[dict]:
-    """Per backend and length: the 22 layers' attention time (global and local layers weighted by their
+def model_totals(results: list[dict], backends, lengths, layer_counts: dict) -> list[dict]:
+    """Per backend and length: the model's attention time (global and local layers weighted by their
     counts) and the larger of the two kinds' peak memory (layers run one after another)."""
     ok = {(r["backend"], r["length"], r["kind"]): r for r in results if r["status"] == "ok"}
     totals = []
@@ -130,7 +160,7 @@ def model_totals(results: list[dict], backends, lengths) -> list[dict]:
                 totals.append({"backend": backend, "length": length, "status": "incomplete"})
                 continue
             totals.append({"backend": backend, "length": length, "status": "ok",
-                           "model_seconds": round(sum(LAYER_COUNTS[r["kind"]] * r["seconds"] for r in kinds), 3),
+                           "model_seconds": round(sum(layer_counts[r["kind"]] * r["seconds"] for r in kinds), 3),
                            "memory_gb": max(r["memory_gb"] for r in kinds),
                            "xla_temp_gb": max((r["xla_temp_gb"] or 0) for r in kinds)})
     return totals
@@ -179,25 +209,31 @@ def main(argv=None) -> int:
         case = json.loads(sys.argv[2])
         print(json.dumps(run_case(**case)))
         return 0
-    p = case_parser(__doc__, DEFAULT_LENGTHS, QUICK_LENGTHS, timeout=300.0)
+    p = case_parser(__doc__, SHAPES["modernbert-base"].lengths, QUICK_LENGTHS, timeout=300.0)
     p.add_argument("--backends", default="native,chunked,flash")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="modernbert-base",
+                   help="the model whose attention is measured (default %(default)s; its default --lengths)")
     args = p.parse_args(argv)
-    lengths = lengths_of(args, DEFAULT_LENGTHS, QUICK_LENGTHS)
+    shape = SHAPES[args.shape]
+    lengths = lengths_of(args, shape.lengths, QUICK_LENGTHS)
     backends = tuple(args.backends.split(","))
     info = common.machine(with_jax=False)
-    common.print_machine("long context: ModernBERT-base attention, global and local layers", info)
-    print(f"{HEADS} heads x {HEAD_DIM}, float32, batch 1; {LAYERS} layers: {LAYER_COUNTS['global']} global, "
-          f"{LAYER_COUNTS['local']} local (window {WINDOW}); cap {args.mem_cap_gb:g} GB per case\n", flush=True)
+    counts = shape.layer_counts
+    common.print_machine(f"long context: {shape.name} attention, global and local layers", info)
+    print(f"{shape.heads} query heads over {shape.kv_heads} k/v heads x {shape.head_dim}, float32, batch 1; "
+          f"{sum(counts.values())} layers: {counts['global']} global, {counts['local']} local (window "
+          f"{shape.window}); cap {args.mem_cap_gb:g} GB per case\n", flush=True)
     results = []
     started = time.perf_counter()
     for length in sorted(lengths):
         for backend in backends:
             for kind in KINDS:
                 case = {"backend": backend, "length": length, "kind": kind, "repeats": args.repeats,
-                        "time_per_case": args.time_per_case}
-                results.append(spawn(case, args.mem_cap_gb, args.timeout))
+                        "time_per_case": args.time_per_case, "shape": args.shape}
+                results.append(spawn(case, args.mem_cap_gb, args.timeout,
+                                     native_gb=lambda n: native_scores_gb(n, args.shape)))
                 print(f"  {results[-1]}", flush=True)
-    totals = model_totals(results, backends, sorted(lengths))
+    totals = model_totals(results, backends, sorted(lengths), counts)
     speedups = ratios(results, totals, sorted(lengths))
 
     print("\n## One layer's attention\n")
@@ -206,7 +242,7 @@ def main(argv=None) -> int:
                        [[r["backend"], r["length"], r["kind"], r.get("kernel", "—"), r["status"],
                          r["seconds"] * 1000 if "seconds" in r else None, r.get("memory_gb"), r.get("xla_temp_gb")]
                         for r in results]))
-    print(f"\n## The model's attention ({LAYER_COUNTS['global']} global + {LAYER_COUNTS['local']} local layers)\n")
+    print(f"\n## The model's attention ({counts['global']} global + {counts['local']} local layers)\n")
     print(common.table(["backend", "tokens", "status", "seconds", "peak RSS growth GB", "XLA temp GB"],
                        [[t["backend"], t["length"], t["status"], t.get("model_seconds"), t.get("memory_gb"),
                          t.get("xla_temp_gb")] for t in totals]))
@@ -215,12 +251,14 @@ def main(argv=None) -> int:
                         "global memory ÷ native", "local memory ÷ native"],
                        [[r["backend"], r["length"], r["global_speedup"], r["local_speedup"], r["model_speedup"],
                          r["global_memory_ratio"], r["local_memory_ratio"]] for r in speedups]))
-    target = target_verdict(results, speedups)
-    print(f"\n{target['line']}")
+    target = target_verdict(results, speedups) if args.shape == "modernbert-base" else None  # issue 18's
+    if target:
+        print(f"\n{target['line']}")
     print(f"\nbenchmark wall time {time.perf_counter() - started:.0f} s")
-    common.write_results(args, "long_context", {
-        "machine": info, "lengths": list(lengths), "shape": {"heads": HEADS, "head_dim": HEAD_DIM, "layers": LAYERS,
-                                                             "layer_counts": LAYER_COUNTS, "window": list(WINDOW)},
+    common.write_results(args, shape.results, {
+        "machine": info, "lengths": list(lengths),
+        "shape": {"name": shape.name, "heads": shape.heads, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim,
+                  "layers": sum(counts.values()), "layer_counts": counts, "window": list(shape.window)},
         "results": results, "model_totals": totals, "native_over_backend": speedups, "target": target})
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in results) else 1
 

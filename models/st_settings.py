@@ -66,12 +66,12 @@ def model_settings(folder: str, config) -> ModelSettings:
     max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
-    pooling, include_prompt = pooling_mode(folder, modules, config.hidden_size, default_pooling(config))
+    pooling, include_prompt = pooling_mode(folder, modules, config.output_size, default_pooling(config))
     prompts, document_prompt = prompt_settings(folder)
     task = getattr(config, "task", None)  # Jina v3: the task's instruction goes first, as its encode(task=) puts it
     if task is not None and config.instruction is not None:
         prompts, document_prompt = ((task, config.instruction),) + tuple(p for p in prompts if p[0] != task), task
-    dense = dense_modules(folder, modules, config.hidden_size)
+    dense = dense_modules(folder, modules, config.output_size)
     truncate_dim = (read_json(folder, ST_CONFIG) or {}).get("truncate_dim")
     if truncate_dim is not None and (not isinstance(truncate_dim, int) or isinstance(truncate_dim, bool)
                                      or truncate_dim < 1):

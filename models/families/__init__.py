@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, deberta, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import bert, deberta, embedding_gemma2, gemma3, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -28,6 +28,8 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
     "jina_embeddings_v3": jina,
     "deberta-v2": deberta,  # DeBERTa-v2 and -v3
+    "gemma3_text": gemma3,
+    "embedding_gemma2_text": embedding_gemma2,
 }
 
 

@@ -169,17 +169,35 @@ class GatedMlp(nn.Module):
         return Linear(x_BxTxD.shape[-1], self.precision, self.out_bias, name="wo")(h_BxTxF)
 
 
-def rms_norm(eps: float, dtype, name: str) -> nn.RMSNorm:
-    """Llama-style RMSNorm (Qwen2/3): x / sqrt(mean(x²) + eps) · scale, no centring, no bias; the statistics
-    in float32 as transformers computes them."""
-    return nn.RMSNorm(eps, dtype=dtype, name=name)
+def rms_norm(eps: float, dtype, name: str, offset: float = 0.0, use_scale: bool = True) -> "RmsNorm":
+    """Llama-style RMSNorm (Qwen2/3, EmbeddingGemma 2): x / sqrt(mean(x²) + eps) · scale, no centring, no bias;
+    Gemma's multiplies by ``offset + scale`` (offset 1: its weights are stored around 0)."""
+    return RmsNorm(eps, dtype, offset, use_scale, name=name)
+
+
+class RmsNorm(nn.Module):
+    """Statistics in float32, as transformers computes them; ``use_scale`` False: no weight (a v norm)."""
+
+    eps: float
+    dtype: Any
+    offset: float = 0.0
+    use_scale: bool = True
+
+    @nn.compact
+    def __call__(self, x_BxTx___):
+        x = x_BxTx___.astype(jnp.float32)
+        y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        if self.use_scale:
+            y = y * (self.offset + self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32))
+        return y.astype(self.dtype)
 
 
 class GroupedSelfAttention(nn.Module):
     """A decoder's self-attention: one fused projection to N query heads and K ≤ N key/value heads of
     ``head_dim`` (which need not be hidden/N: Qwen3-0.6B has 16 heads of 128 over a 1024 hidden size),
-    optional per-head RMSNorm on q and k before rotary positions (Qwen3), and the AttentionFn called with
-    ``causal=True`` and the K heads as they are: grouping q heads over them is the backend's job."""
+    optional per-head RMSNorm on q and k (and v) before rotary positions (Qwen3, Gemma), and the AttentionFn
+    called with the K heads as they are (grouping q heads over them is the backend's job), causal unless the
+    checkpoint attends both ways, within a local window on a sliding layer."""
 
     num_heads: int
     num_kv_heads: int
@@ -190,6 +208,11 @@ class GroupedSelfAttention(nn.Module):
     qkv_bias: bool = False  # Qwen2 biases q, k and v
     out_bias: bool = False
     qk_norm_eps: float | None = None  # Qwen3's per-head q/k RMSNorm; None: none (Qwen2)
+    norm_offset: float = 0.0  # Gemma3's q/k norms multiply by 1 + weight
+    v_norm: bool = False  # EmbeddingGemma 2 normalises v too, without a weight
+    causal: bool = True  # False: bidirectional (EmbeddingGemma)
+    local_window: tuple[int, int] | None = None  # a sliding layer's keys (left, right); None: global
+    scale: float | None = None  # the score scale; None: 1/√head_dim (Gemma3: query_pre_attn_scalar^-½)
 
     @nn.compact
     def __call__(self, x_BxTxD, rows: Rows):
@@ -198,15 +221,19 @@ class GroupedSelfAttention(nn.Module):
         qkv_BxTxM = Linear((N + 2 * K) * H, self.precision, self.qkv_bias, name="qkv")(x_BxTxD)
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = jnp.split(qkv_BxTxM.reshape(B, T, N + 2 * K, H), [N, N + K], axis=2)
         if self.qk_norm_eps is not None:
-            q_BxTxNxH = rms_norm(self.qk_norm_eps, jnp.float32, "q_norm")(q_BxTxNxH)
-            k_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "k_norm")(k_BxTxKxH)
+            q_BxTxNxH = rms_norm(self.qk_norm_eps, jnp.float32, "q_norm", self.norm_offset)(q_BxTxNxH)
+            k_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "k_norm", self.norm_offset)(k_BxTxKxH)
+            if self.v_norm:
+                v_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "v_norm", use_scale=False)(v_BxTxKxH)
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention)
                                            for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
         q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
                                 for t in (q_BxTxNxH, k_BxTxKxH))
-        features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
+        features = {"segment_ids_BxT": rows.segment_ids_BxT, "local_window": self.local_window,
+                    "causal": self.causal or None}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
-                                      scale=1.0 / math.sqrt(H), causal=True, **features)
+                                      scale=self.scale or 1.0 / math.sqrt(H),
+                                      **{key: value for key, value in features.items() if value is not None})
         return Linear(D, self.precision, self.out_bias, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
 
 

@@ -76,6 +76,18 @@ class EncoderConfig:
         return Rope(self.rope_theta, self.rope_style, self.rope_scale)
 
     @property
+    def output_size(self) -> int:
+        """The width of the hidden states the model returns, which pooling sees: hidden_size, unless the
+        family projects inside the model (EmbeddingGemma 2's embedding_projection)."""
+        return self.hidden_size
+
+    def attention_shape(self, features) -> tuple[int, int | None]:
+        """(head_dim, key/value heads or None for as many as query heads) of the layers calling attention with
+        these AttentionFeatures: one shape for the whole model unless its kinds of layer differ."""
+        del features
+        return self.head_dim, getattr(self, "num_kv_heads", None)
+
+    @property
     def position_offset(self) -> int:
         """The first position id a window uses: BERT counts from 0 (RoBERTa overrides it)."""
         return 0

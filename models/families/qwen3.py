@@ -100,19 +100,22 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
                   qk_norm=qwen3, qkv_bias=biased, out_bias=qwen3 and biased, dtype=dtype)
 
 
-def read_params(t: Tensors, config: Config) -> dict:
-    params = {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False)}
-    for i in range(config.num_layers):
-        p = f"layers.{i}"
-        attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=config.qkv_bias),
-                "out": t.dense(f"{p}.self_attn.o_proj", bias=config.out_bias)}
-        if config.qk_norm:
-            attn |= {"q_norm": t.norm(f"{p}.self_attn.q_norm", bias=False),
-                     "k_norm": t.norm(f"{p}.self_attn.k_norm", bias=False)}
-        params[f"layer_{i}"] = {
-            "attn_norm": t.norm(f"{p}.input_layernorm", bias=False), "attn": attn,
+def layer_params(t: Tensors, p: str, config: Config) -> dict:
+    """One layer's tensors (``p``: its prefix, ``layers.<i>``)."""
+    attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=config.qkv_bias),
+            "out": t.dense(f"{p}.self_attn.o_proj", bias=config.out_bias)}
+    if config.qk_norm:
+        attn |= {"q_norm": t.norm(f"{p}.self_attn.q_norm", bias=False),
+                 "k_norm": t.norm(f"{p}.self_attn.k_norm", bias=False)}
+    return {"attn_norm": t.norm(f"{p}.input_layernorm", bias=False), "attn": attn,
             "mlp_norm": t.norm(f"{p}.post_attention_layernorm", bias=False),
             # gate_proj is the activated half: GatedMlp's order.
             "mlp": {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
                     "wo": t.dense(f"{p}.mlp.down_proj", bias=False)}}
+
+
+def read_params(t: Tensors, config: Config) -> dict:
+    params = {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False)}
+    for i in range(config.num_layers):
+        params[f"layer_{i}"] = layer_params(t, f"layers.{i}", config)
     return params

@@ -96,7 +96,7 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
     settings = checkpoint.settings
     pooling = settings.pooling if model_cfg.pooling == "auto" else model_cfg.pooling
     normalize = settings.normalize if model_cfg.normalize == "auto" else model_cfg.normalize
-    full = settings.width(checkpoint.config.hidden_size)
+    full = settings.width(checkpoint.config.output_size)
     choice = model_cfg.truncate_dim
     truncate_dim = settings.truncate_dim if choice == "auto" else choice
     if truncate_dim is not None and truncate_dim > full:
@@ -116,5 +116,5 @@ def standalone(checkpoint, pooling: str) -> EmbeddingHead:
     settings = checkpoint.settings
     return EmbeddingHead(name="embedding", pooling=pooling,
                          layers=tuple(HeadLayer("dense", d.activation) for d in settings.dense),
-                         width=settings.width(checkpoint.config.hidden_size), folder=FOLDER, normalize=False,
+                         width=settings.width(checkpoint.config.output_size), folder=FOLDER, normalize=False,
                          truncate_dim=None, dense=settings.dense)
