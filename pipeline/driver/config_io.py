@@ -87,6 +87,15 @@ def float_vectors(key: str, vector_dtype: str) -> None:
 
 
 TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
+# Postgres' reserved key words (its documentation's appendix C, "reserved"): unquoted, none of them names a table.
+RESERVED = frozenset("""all analyse analyze and any array as asc asymmetric both case cast check collate column constraint
+create current_catalog current_date current_role current_time current_timestamp current_user default deferrable desc
+distinct do else end except false fetch for foreign from grant group having in initially intersect into lateral
+leading limit localtime localtimestamp not null offset on only or order placing primary references returning
+select session_user some symmetric system_user table then to trailing true union unique user using variadic when
+where window with authorization binary collation concurrently cross current_schema freeze full ilike inner is
+isnull join left like natural notnull outer overlaps right similar tablesample verbose""".split())
+MAX_NAME = 63 - len("_runs")  # Postgres truncates names past 63 bytes; <table>_runs must fit too
 
 
 class PgvectorConfig(Section):
@@ -108,6 +117,12 @@ class PgvectorConfig(Section):
         if not TABLE_NAME.match(table):
             raise ValueError(f"{table!r} is not a plain [schema.]name of letters, digits and underscores "
                              "(it is written into SQL unquoted), e.g. docbeam_embeddings or search.docs")
+        reserved = [part for part in table.split(".") if part.lower() in RESERVED]
+        long = [part for part in table.split(".") if len(part) > MAX_NAME]
+        if reserved or long:
+            raise ValueError(f"{table!r}: " + (f"{reserved[0]!r} is a reserved word in Postgres" if reserved else
+                             f"{long[0]!r} is longer than {MAX_NAME} characters (Postgres keeps 63, and "
+                             f"{long[0]}_runs must fit)") + "; choose another name, e.g. docbeam_embeddings")
         return table
 
 

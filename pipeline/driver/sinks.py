@@ -63,19 +63,13 @@ def _vertex_files(section, rows, removed, staging: str, run_id: str, plan) -> tu
                                                             plan.config.output.num_shards, json_fields))
 
 
-def _pgvector_files(section, rows, removed, staging: str, run_id: str, plan) -> tuple:
-    if removed is None:
-        return ()
-    return (removed | "WriteRemoved" >> sink_writers.write_ids(staging, run_id, sink_writers.REMOVED,
-                                                               plan.config.output.num_shards),)
-
-
 def _pgvector_load(output: str, manifest: dict, section) -> dict:
     return pgvector.load_committed(output, manifest, section.dsn, section.table)
 
 
 register(Sink("vertex_ai", _vectors_only("vertex_ai", "Vector Search"), _vertex_files, needs_removed=True))
-register(Sink("pgvector", lambda cfg, head, kept: None, _pgvector_files, needs_removed=True,
+# pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
+register(Sink("pgvector", lambda cfg, head, kept: None, lambda *inputs: (),
               preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
 
 

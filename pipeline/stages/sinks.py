@@ -1,4 +1,4 @@
-"""The sinks beside Parquet: Vertex AI Vector Search's batch layout and the ids an incremental run removed.
+"""Vertex AI Vector Search's batch layout beside Parquet, and the ids an incremental run removed.
 
 Written through Beam sinks into the run's staging folder, like embeddings/, so they are committed with the run
 (listed in its manifest) or not at all. Vector Search reads a batch root of ``*.json`` files of JSON lines
@@ -8,7 +8,8 @@ is the output's ``vertex_ai/``.
 Removed ids: the ids of the reuse source (``input.reuse_from``) that this run did not read at all. A document
 read but rejected this run is not removed: its previous vector stays where it was loaded until a later run
 embeds it or it leaves the input, since a rejection (a line too long, a non-finite vector) says nothing about
-whether the document still exists.
+whether the document still exists; a run that rejected a record without an id removes nothing at all. An id
+holding a line break is never written to ``delete/`` (it would read back as two ids): its datapoint stays.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import json
 import apache_beam as beam
 import numpy as np
 
-from docbeam.pipeline.store.output import REMOVED, VERTEX_AI, VERTEX_DELETE, part_prefix
+from docbeam.pipeline.store.output import VERTEX_AI, VERTEX_DELETE, part_prefix
 
 
 def restrict_values(value) -> list[str]:
@@ -45,11 +46,21 @@ def vertex_record(row: dict, restricts: tuple[str, ...], json_fields: tuple[str,
     return record
 
 
-def removed_ids(item) -> list[str]:
+def removed_ids(item, unnamed_rejections: int = 0) -> list[str]:
     """From ``(id, {"previous": [...], "present": [...]})``: the id when the source had it and this run read
-    nothing under it."""
+    nothing under it. None at all when the run rejected a record without an id (a malformed line, one too long):
+    that record may be any of the documents, and a removal is never a guess."""
     doc_id, grouped = item
-    return [doc_id] if list(grouped["previous"]) and not list(grouped["present"]) else []
+    return [doc_id] if list(grouped["previous"]) and not list(grouped["present"]) and not unnamed_rejections else []
+
+
+LINE_BREAKS = ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
+
+
+def one_line(doc_id: str) -> bool:
+    """Whether an id can be one line of a delete list: any line break in it (what ``splitlines`` splits on) would
+    make it two ids, each deleting another document."""
+    return not any(c in doc_id for c in LINE_BREAKS)
 
 
 class RemovedIds(beam.PTransform):
@@ -71,13 +82,15 @@ class RemovedIds(beam.PTransform):
                     inputs["rejected"] | "RejectedIds" >> beam.FlatMap(lambda r: [r.id] if r.id is not None else []))
                    | "PresentIds" >> beam.Flatten()
                    | "KeyPresentIds" >> beam.Map(lambda i: (i, None)))
+        unnamed = (inputs["rejected"] | "UnnamedRejections" >> beam.Filter(lambda r: r.id is None)
+                   | "CountUnnamed" >> beam.combiners.Count.Globally())
         return ({"previous": previous, "present": present}
                 | "JoinIds" >> beam.CoGroupByKey()
-                | "Removed" >> beam.FlatMap(removed_ids))
+                | "Removed" >> beam.FlatMap(removed_ids, beam.pvalue.AsSingleton(unnamed)))
 
 
 def write_ids(staging_path: str, run_id: str, folder: str, num_shards: int = 0) -> beam.io.WriteToText:
-    """One id a line into ``folder`` of the run's staging folder (``removed/``, ``vertex_ai/delete/``)."""
+    """One id a line into ``folder`` of the run's staging folder (``vertex_ai/delete/``)."""
     return beam.io.WriteToText(part_prefix(staging_path.rstrip("/"), folder, run_id), file_name_suffix=".txt",
                                num_shards=num_shards)
 
@@ -99,7 +112,7 @@ class WriteVertexAI(beam.PTransform):
                    | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
                    | "WriteVertexJson" >> beam.io.WriteToText(part_prefix(self._out, VERTEX_AI, self._run_id),
                                                               file_name_suffix=".json", num_shards=self._shards)]
-        if inputs.get("removed") is not None:
-            written.append(inputs["removed"]
+        if inputs.get("removed") is not None:  # an id with a line break stays in the index (never a wrong delete)
+            written.append(inputs["removed"] | "OneLineIds" >> beam.Filter(one_line)
                            | "WriteVertexDelete" >> write_ids(self._out, self._run_id, VERTEX_DELETE, self._shards))
         return tuple(written)

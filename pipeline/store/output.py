@@ -37,11 +37,9 @@ CHUNKS = "chunks"  # output.granularity chunk or both: one row per window (pipel
 ERRORS = "errors"
 TIMING = "timing"
 PROFILES = "profiles"
-# The sinks beside Parquet (pipeline/stages/sinks.py): Vector Search's batch root, whose ``delete/`` lists the ids
-# an incremental run removed, and ``removed/``, the same ids for the Postgres load (pipeline/store/pgvector.py).
+# Vector Search's batch root (pipeline/stages/sinks.py), whose ``delete/`` lists the ids an incremental run removed.
 VERTEX_AI = "vertex_ai"
 VERTEX_DELETE = "vertex_ai/delete"
-REMOVED = "removed"
 MANIFEST_FORMAT = "docbeam.manifest/1"
 INTENT_FORMAT = "docbeam.intent/1"
 STAGING_FORMAT = "docbeam.staging/1"
