@@ -25,6 +25,8 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "new": gte,  # GTE on the Hub (remote code there; docbeam reads only config.json and safetensors)
     "qwen3": qwen3,
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
+    "llama": qwen3,  # Qwen2 without its q/k/v biases (llama-embed-nemotron)
+    "mistral": qwen3,  # Llama; its sliding window refused
 }
 
 

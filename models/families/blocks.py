@@ -179,7 +179,8 @@ class GroupedSelfAttention(nn.Module):
     """A decoder's self-attention: one fused projection to N query heads and K ≤ N key/value heads of
     ``head_dim`` (which need not be hidden/N: Qwen3-0.6B has 16 heads of 128 over a 1024 hidden size),
     optional per-head RMSNorm on q and k before rotary positions (Qwen3), and the AttentionFn called with
-    ``causal=True`` and the K heads as they are: grouping q heads over them is the backend's job."""
+    ``causal=True`` (unless the checkpoint reads both ways: EuroBERT, bidirectional embedders) and the K heads
+    as they are: grouping q heads over them is the backend's job."""
 
     num_heads: int
     num_kv_heads: int
@@ -190,6 +191,7 @@ class GroupedSelfAttention(nn.Module):
     qkv_bias: bool = False  # Qwen2 biases q, k and v
     out_bias: bool = False
     qk_norm_eps: float | None = None  # Qwen3's per-head q/k RMSNorm; None: none (Qwen2)
+    causal: bool = True
 
     @nn.compact
     def __call__(self, x_BxTxD, rows: Rows):
@@ -206,7 +208,7 @@ class GroupedSelfAttention(nn.Module):
                                 for t in (q_BxTxNxH, k_BxTxKxH))
         features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
-                                      scale=1.0 / math.sqrt(H), causal=True, **features)
+                                      scale=1.0 / math.sqrt(H), causal=self.causal, **features)
         return Linear(D, self.precision, self.out_bias, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
 
 
