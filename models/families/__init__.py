@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import ModuleType
 
 from docbeam.models.families import bert, gte, modernbert, mpnet, nomic, qwen3, roberta
-from docbeam.models.families import eurobert
+from docbeam.models.families import distilbert, eurobert
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -29,6 +29,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "llama": qwen3,  # Qwen2 without its q/k/v biases (llama-embed-nemotron)
     "mistral": qwen3,  # Llama; its sliding window refused
     "eurobert": eurobert,
+    "distilbert": distilbert,
 }
 
 
