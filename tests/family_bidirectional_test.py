@@ -153,10 +153,43 @@ def test_a_mistral_sliding_window_is_refused(tmp_path):
 @pytest.mark.parametrize("rewrite, match", [
     pytest.param({"mlp_bias": True}, "mlp_bias: True", id="mlp-bias"),
     pytest.param({"rope_parameters": {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0}},
-                 "RoPE scaling", id="llama3-rope"),
+                 "llama3 RoPE scaling without all of", id="llama3-rope-incomplete"),
+    pytest.param({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1000.0, "factor": 8.0}},
+                 "RoPE scaling docbeam does not reproduce", id="yarn-rope"),
+    pytest.param({"model_type": "llama_bidirec", "pooling": "last"}, "pooling: 'last'", id="nemotron-last-pooled"),
 ])
 def test_llama_options_docbeam_does_not_run_are_refused(tmp_path, rewrite, match):
     assert_refused(random_decoder("llama"), str(tmp_path), lambda c: {**c, **rewrite}, match)
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # wavelengths 6-2,600 cross 16 and 64
+
+
+def llama3_decoder():
+    """A Llama with Llama 3's RoPE scaling, whose bands (wavelengths below 16, 16-64, above 64) all hold some of
+    its 8 frequencies."""
+    decoder = random_decoder("llama")
+    import transformers
+
+    config = transformers.LlamaConfig(**{**decoder.config.to_dict(), "rope_parameters": LLAMA3_ROPE})
+    scaled = type(decoder)(config).eval()
+    scaled.load_state_dict(decoder.state_dict())
+    return scaled
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_nvidia_llama_bidirec_with_llama3_rope_matches_transformers(tmp_path, packed):
+    """llama-embed-nemotron's form: ``model_type: llama_bidirec`` (NVIDIA's LlamaBidirectionalModel, a LlamaModel
+    with a padding-only mask), ``pooling: avg``, Llama 3's RoPE scaling."""
+    decoder = llama3_decoder()
+    folder = save_checkpoint(decoder, str(tmp_path), config_rewrite=lambda c: {
+        **c, "model_type": "llama_bidirec", "pooling": "avg", "architectures": ["LlamaBidirectionalModel"]})
+    ck = checkpoint.open_checkpoint(folder)
+    assert (ck.config.causal, ck.config.rope_bands, ck.settings.pooling) == (False, (8.0, 1.0, 4.0, 64.0), "mean")
+    assert assert_matches_transformers(Bidirectional(decoder), folder, LENGTHS, packed) == \
+        ["native", "chunked", "flash"]
+    assert_moves_output(Bidirectional(decoder), folder, packed=packed, change=replace(rope_bands=None))
 
 
 @pytest.mark.slow

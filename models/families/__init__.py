@@ -28,6 +28,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "qwen2": qwen3,  # Qwen3's code without the q/k norms, with biased q/k/v (gte-Qwen2)
     "llama": qwen3,  # Qwen2 without its q/k/v biases (llama-embed-nemotron)
     "mistral": qwen3,  # Llama; its sliding window refused
+    "llama_bidirec": qwen3,  # NVIDIA's bidirectional Llama (llama-embed-nemotron; remote code there)
     "eurobert": eurobert,
     "distilbert": distilbert,
 }

@@ -15,23 +15,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from docbeam.models.families.config import ACTIVATIONS, EncoderConfig, Rope
+from docbeam.models.families.config import ACTIVATIONS, EncoderConfig, Rope, llama3_frequencies
 from docbeam.models.precision import Linear, Precision, precision_of
 
 
 def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,
-           scale: float = 1.0) -> jax.Array:
+           scale: float = 1.0, bands: tuple[float, float, float, float] | None = None) -> jax.Array:
     """Rotary position embedding; computed per position, so sequences have no length limit.
 
     ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
     pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i. Positions count from each row's start,
     or are given per token (packed rows restart them at each window). ``scale`` multiplies every frequency
-    (RoPE scaling: 1/factor for linear, factor^(-2/H) for fixed NTK).
+    (RoPE scaling: 1/factor for linear, factor^(-2/H) for fixed NTK); ``bands`` rescales them as Llama 3 does.
     """
     _, T, _, H = x_BxTxNxH.shape
     inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
     if scale != 1.0:
         inv_freq_H2 = inv_freq_H2 * jnp.float32(scale)
+    if bands is not None:
+        inv_freq_H2 = llama3_frequencies(inv_freq_H2, *bands)
     positions_BxT = jnp.arange(T)[None, :] if positions_BxT is None else positions_BxT
     angles_BxTxH2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_H2
     x = x_BxTxNxH.astype(jnp.float32)
@@ -204,8 +206,8 @@ class GroupedSelfAttention(nn.Module):
             k_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "k_norm")(k_BxTxKxH)
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention)
                                            for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
-        q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
-                                for t in (q_BxTxNxH, k_BxTxKxH))
+        q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale,
+                                       self.rope.bands) for t in (q_BxTxNxH, k_BxTxKxH))
         features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
                                       scale=1.0 / math.sqrt(H), causal=self.causal, **features)

@@ -5,9 +5,10 @@ is the one that has seen it all (last-token pooling, and the ``<|endoftext|>`` t
 adds a per-head RMSNorm on q and k and drops every bias; Qwen2 biases q, k and v; Llama and Mistral are Qwen2
 without those biases (``attention_bias`` biases all four projections). Qwen3-Embedding 0.6B/4B/8B, gte-Qwen2.
 
-A checkpoint trained to read both ways says so in config.json (``use_bidirectional_attention: true``, or
-``is_causal: false``): its layers attend over the whole window and it pools as its sentence-transformers
-files say (mean when they say nothing). pplx-embed, llama-embed-nemotron, voyage-4-nano."""
+A checkpoint trained to read both ways says so in config.json (``use_bidirectional_attention: true``,
+``is_causal: false``, or NVIDIA's ``model_type: llama_bidirec``): its layers attend over the whole window and
+it pools as its sentence-transformers files say (mean when they say nothing). pplx-embed, llama-embed-nemotron,
+voyage-4-nano. Llama 3's RoPE scaling (``rope_type: llama3``) is reproduced; other scalings are refused."""
 from __future__ import annotations
 
 import dataclasses
@@ -22,6 +23,7 @@ from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("model.",)  # Qwen3ForCausalLM's tensors; Qwen3Model (Qwen3-Embedding) saves them bare
+LLAMA_BIDIRECTIONAL = "llama_bidirec"  # NVIDIA's LlamaBidirectionalModel (llama-embed-nemotron): never causal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +34,11 @@ class Config(EncoderConfig):
     qkv_bias: bool = False  # Qwen2's biased q/k/v projections
     out_bias: bool = False  # Qwen3's attention_bias biases the output projection too
     causal: bool = True  # False: the checkpoint reads both ways (use_bidirectional_attention, EuroBERT)
+    rope_bands: tuple[float, float, float, float] | None = None  # Rope.bands: Llama 3's RoPE scaling
+
+    @property
+    def rope(self) -> Rope:
+        return Rope(self.rope_theta, self.rope_style, self.rope_scale, self.rope_bands)
 
     @property
     def head_dim(self) -> int:
@@ -95,12 +102,16 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     kinds = set(hub.raw.get("layer_types") or ())
     if kinds - {"full_attention"}:
         raise hub.error(f"has layer_types {sorted(kinds)}; docbeam runs only full_attention decoder layers")
-    if model_type == "llama":  # the others' MLPs take no mlp_bias
+    llama = model_type in ("llama", LLAMA_BIDIRECTIONAL)
+    if llama:  # the others' MLPs take no mlp_bias
         hub.refuse_unless("mlp_bias", (False,), "biased MLP projections")
+    if model_type == LLAMA_BIDIRECTIONAL:  # its own head pools as `pooling` says; sentence-transformers: the mean
+        hub.refuse_unless("pooling", ("avg",), "docbeam pools a bidirectional Llama by the mean")
     # Qwen2 always biases q/k/v and never o; Mistral biases nothing; Qwen3 and Llama all four if attention_bias.
-    biased = model_type in ("qwen3", "llama") and bool(hub.get("attention_bias", default=False))
+    biased = (model_type == "qwen3" or llama) and bool(hub.get("attention_bias", default=False))
     return Config(**decoder_fields(hub, dtype), qk_norm=model_type == "qwen3",
-                  qkv_bias=biased or model_type == "qwen2", out_bias=biased, causal=not bidirectional(hub))
+                  qkv_bias=biased or model_type == "qwen2", out_bias=biased,
+                  causal=model_type != LLAMA_BIDIRECTIONAL and not bidirectional(hub))
 
 
 def bidirectional(hub: HubConfig) -> bool:
@@ -117,10 +128,11 @@ def bidirectional(hub: HubConfig) -> bool:
 
 
 def decoder_fields(hub: HubConfig, dtype: str) -> dict:
-    """The keys every Llama-style decoder's config.json shares (EuroBERT's too); a RoPE scaling is refused."""
+    """The keys every Llama-style decoder's config.json shares (EuroBERT's too); a RoPE scaling other than
+    Llama 3's is refused."""
     heads, hidden = hub.get("num_attention_heads"), hub.get("hidden_size")
     head_dim = hub.get("head_dim", default=hidden // heads)
-    rope = hub.rope(head_dim, 10_000.0)
+    rope = hub.rope(head_dim, 10_000.0, llama3=True)
     if rope.scale != 1.0:
         raise hub.error(f"sets a RoPE scaling, which docbeam does not reproduce for {hub.get('model_type')}")
     return dict(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("num_hidden_layers"),
@@ -128,7 +140,8 @@ def decoder_fields(hub: HubConfig, dtype: str) -> dict:
                 max_position=hub.get("max_position_embeddings", default=32768), type_vocab_size=0,
                 layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
                 activation=hub.activation("hidden_act", default="silu"), position="rope", rope_theta=rope.theta,
-                num_kv_heads=hub.get("num_key_value_heads", default=heads), attention_head_dim=head_dim, dtype=dtype)
+                rope_bands=rope.bands, num_kv_heads=hub.get("num_key_value_heads", default=heads),
+                attention_head_dim=head_dim, dtype=dtype)
 
 
 def read_params(t: Tensors, config: Config) -> dict:
