@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_close_to_transformers,
-                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
-                             assert_refused, lowest_cosine, our_vectors, reference_vectors, replace, save_checkpoint,
+from family_fixtures import (LENGTHS, MIN_COSINE, assert_close_to_transformers, assert_matches_transformers,
+                             assert_moves_output, assert_native_run_matches, assert_refused, lowest_cosine,
+                             our_vectors, reference_vectors, replace, save_checkpoint, spread_norms_and_biases,
                              tiny_model, token_inputs)
 from docbeam.models import checkpoint
 
@@ -20,19 +20,11 @@ FLAGS = {"use_bidirectional_attention": True, "is_causal": False}  # transformer
 def random_decoder(kind: str):
     """A tiny random decoder of transformers' own class: 4 query heads over 2 key/value heads of 16, weights and
     RMSNorm scales drawn with std 0.3 so every feature moves the output. Mistral without its sliding window."""
-    import torch
-
     extra = {"head_dim": 16} if kind == "qwen3" else {"sliding_window": None} if kind == "mistral" else {}
     model = tiny_model(CLASSES[kind], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=96, rope_theta=1000.0, attn_implementation="eager",
                        **extra)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.3)
-            elif name.endswith(".bias"):
-                param.normal_(0.0, 0.3)
-    return model
+    return spread_norms_and_biases(model)
 
 
 class Bidirectional:
@@ -199,5 +191,4 @@ def test_docbeam_run_gives_transformers_bidirectional_vectors(tmp_path, packing)
     decoder = random_decoder("qwen3")
     folder = save_checkpoint(decoder, str(tmp_path / "qwen3"), config_rewrite=flagged("use_bidirectional_attention"))
     texts = {"short": "A short note.", "long": " ".join(["Every token here sees every other one."] * 8)}
-    assert_docbeam_run_matches(Bidirectional(decoder), folder, tmp_path, texts, attention={"backend": "native"},
-                               batching={**PACKED_BATCHING, "packing": packing})
+    assert_native_run_matches(Bidirectional(decoder), folder, tmp_path, texts, packing)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_docbeam_run_matches,
-                             assert_matches_transformers, assert_moves_output, assert_refused, both_forms, replace,
-                             save_checkpoint, tiny_model)
+from family_fixtures import (LENGTHS, assert_bfloat16_close_to_float32, assert_matches_transformers,
+                             assert_moves_output, assert_native_run_matches, assert_refused, both_forms, replace,
+                             save_checkpoint, tiny_model, under_prefix)
 from docbeam.models import checkpoint
 from docbeam.models.families.distilbert import sinusoidal_table
 
@@ -31,13 +31,8 @@ def hub_config(config: dict) -> dict:
     return {**config, "architectures": ["DistilBertForMaskedLM"], "tie_weights_": True}
 
 
-def hub_tensors(tensors: dict) -> dict:
-    """DistilBertForMaskedLM's tensors: the encoder under ``distilbert.``, beside the vocabulary head."""
-    out = {f"distilbert.{name}": value for name, value in tensors.items()}
-    out |= {"vocab_transform.weight": np.zeros((32, 32), np.float32), "vocab_projector.bias": np.zeros(8, np.float32)}
-    return out
-
-
+hub_tensors = under_prefix("distilbert.", {"vocab_transform.weight": np.zeros((32, 32), np.float32),
+                                           "vocab_projector.bias": np.zeros(8, np.float32)})  # the MLM head
 folder = both_forms("distilbert", hub_config, hub_tensors)
 
 
@@ -115,5 +110,4 @@ def test_bfloat16_stays_close_to_float32(folder):
 @pytest.mark.parametrize("packing", [False, True])
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path, packing):
     texts = {"short": "A short note.", "long": " ".join(["DistilBERT keeps half of BERT's layers."] * 8)}
-    assert_docbeam_run_matches(model, folder, tmp_path, texts, attention={"backend": "native"},
-                               batching={**PACKED_BATCHING, "packing": packing})
+    assert_native_run_matches(model, folder, tmp_path, texts, packing)

@@ -7,27 +7,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_bfloat16_close_to_float32,
-                             assert_close_to_transformers, assert_docbeam_run_matches, assert_matches_transformers,
-                             assert_moves_output, assert_refused, both_forms, lowest_cosine, our_vectors,
-                             reference_vectors, replace, tiny_model, token_inputs)
+from family_fixtures import (LENGTHS, MIN_COSINE, assert_bfloat16_close_to_float32, assert_close_to_transformers,
+                             assert_matches_transformers, assert_moves_output, assert_native_run_matches,
+                             assert_refused, both_forms, lowest_cosine, our_vectors, reference_vectors, replace,
+                             spread_norms_and_biases, tiny_model, token_inputs, under_prefix)
 from docbeam.models import checkpoint
 from docbeam.models.families import blocks, qwen3
 
 
 @pytest.fixture(scope="module")
 def model():
-    import torch
-
-    encoder = tiny_model("EuroBertModel", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=48, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
-                         pad_token_id=0, bos_token_id=101, eos_token_id=102, mask_token_id=103,
-                         attn_implementation="eager")
-    with torch.no_grad():
-        for name, param in encoder.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.3)
-    return encoder
+    return spread_norms_and_biases(tiny_model(
+        "EuroBertModel", num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, pad_token_id=0, bos_token_id=101,
+        eos_token_id=102, mask_token_id=103, attn_implementation="eager"))
 
 
 def hub_config(config: dict) -> dict:
@@ -37,13 +30,7 @@ def hub_config(config: dict) -> dict:
             "architectures": ["EuroBertForMaskedLM"]}
 
 
-def hub_tensors(tensors: dict) -> dict:
-    """EuroBertForMaskedLM's tensors: the encoder under ``model.``, beside an MLM head docbeam does not use."""
-    out = {f"model.{name}": value for name, value in tensors.items()}
-    out["lm_head.weight"] = np.zeros((8, 32), np.float32)
-    return out
-
-
+hub_tensors = under_prefix("model.", {"lm_head.weight": np.zeros((8, 32), np.float32)})  # EuroBertForMaskedLM
 folder = both_forms("eurobert", hub_config, hub_tensors)
 
 
@@ -68,6 +55,10 @@ def test_chunked_in_small_blocks_matches_too(model, folder, packed):
     for its own query heads."""
     assert_close_to_transformers(model, folder, packed=packed, backend="chunked",
                                  options={"query_chunk": 8, "key_chunk": 8, "heads_per_step": 1})
+
+
+def test_bfloat16_stays_close_to_float32(folder):
+    assert_bfloat16_close_to_float32(folder)
 
 
 def swapped_kv_heads(native):
@@ -115,14 +106,9 @@ def test_options_docbeam_does_not_run_are_refused(model, tmp_path, rewrite, matc
     assert_refused(model, str(tmp_path), lambda c: {**hub_config(c), **rewrite}, match)
 
 
-def test_bfloat16_stays_close_to_float32(folder):
-    assert_bfloat16_close_to_float32(folder)
-
-
 @pytest.mark.slow
 @pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 @pytest.mark.parametrize("packing", [False, True])
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path, packing):
     texts = {"short": "A short note.", "long": " ".join(["EuroBERT reads every sentence both ways."] * 8)}
-    assert_docbeam_run_matches(model, folder, tmp_path, texts, attention={"backend": "native"},
-                               batching={**PACKED_BATCHING, "packing": packing})
+    assert_native_run_matches(model, folder, tmp_path, texts, packing)

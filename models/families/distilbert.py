@@ -51,11 +51,7 @@ def read_params(t: Tensors, config: Config) -> dict:
                         "norm": t.norm("embeddings.LayerNorm")}}
     for i in range(config.num_layers):
         p = f"transformer.layer.{i}"
-        params[f"layer_{i}"] = {
-            "attn": {"qkv": t.dense(*(f"{p}.attention.{n}_lin" for n in "qkv")),
-                     "out": t.dense(f"{p}.attention.out_lin")},
-            "attn_norm": t.norm(f"{p}.sa_layer_norm"),
-            "mlp": {"wi": t.dense(f"{p}.ffn.lin1"), "wo": t.dense(f"{p}.ffn.lin2")},
-            "mlp_norm": t.norm(f"{p}.output_layer_norm"),
-        }
+        params[f"layer_{i}"] = t.post_norm_layer(tuple(f"{p}.attention.{n}_lin" for n in "qkv"),
+                                                 f"{p}.attention.out_lin", f"{p}.sa_layer_norm", f"{p}.ffn.lin1",
+                                                 f"{p}.ffn.lin2", f"{p}.output_layer_norm")
     return params
