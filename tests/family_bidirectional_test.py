@@ -5,6 +5,7 @@ mask, as those checkpoints' code does. Every layer attends over its whole window
 mean-pooled when no Pooling module says otherwise; without the flag a decoder stays causal and last-token pooled."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from family_fixtures import (LENGTHS, MIN_COSINE, assert_close_to_transformers, assert_matches_transformers,
@@ -152,6 +153,16 @@ def test_a_mistral_sliding_window_is_refused(tmp_path):
 ])
 def test_llama_options_docbeam_does_not_run_are_refused(tmp_path, rewrite, match):
     assert_refused(random_decoder("llama"), str(tmp_path), lambda c: {**c, **rewrite}, match)
+
+
+def test_an_output_projection_after_the_decoder_is_refused(decoder, tmp_path):
+    """voyage-4-nano's form: ``num_labels`` and a root ``linear.weight`` projecting each hidden state."""
+    folder = save_checkpoint(decoder, str(tmp_path), config_rewrite=lambda c: {**flagged("is_causal")(c),
+                                                                                "num_labels": 8},
+                             tensor_rename=lambda t: {**t, "linear.weight": np.zeros((8, 64), np.float32)})
+    ck = checkpoint.open_checkpoint(folder)
+    with pytest.raises(checkpoint.CheckpointError, match="'linear.weight'.*does not run"):
+        checkpoint.load_params(ck.folder, ck.config)
 
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0, "low_freq_factor": 1.0,

@@ -18,7 +18,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from docbeam.models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
-from docbeam.models.families.config import EncoderConfig, HubConfig, Rope
+from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig, Rope
 from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
 
@@ -145,6 +145,10 @@ def decoder_fields(hub: HubConfig, dtype: str) -> dict:
 
 
 def read_params(t: Tensors, config: Config) -> dict:
+    if t.has("linear.weight"):  # voyage-4-nano's: TEI applies it after the final norm; no reference here checks that
+        raise CheckpointError(f"model.path: {t.where} has a tensor 'linear.weight' (an output projection after the "
+                              "decoder, sized by config.json's num_labels), which docbeam does not run; supported: "
+                              "decoders whose vectors are their hidden states")
     params = {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False)}
     for i in range(config.num_layers):
         p = f"layers.{i}"
