@@ -49,7 +49,7 @@ class Rope:
     style: str = "half"  # "half" (Llama, ModernBERT, GTE, Nomic) or "interleaved" (RoFormer)
     scale: float = 1.0
     # Llama 3's frequency bands: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings);
-    # blocks.rotary's llama3_frequencies says what they do. None: every frequency scaled alike.
+    # llama3_frequencies below says what they do. None: every frequency scaled alike.
     bands: tuple[float, float, float, float] | None = None
 
 

@@ -2,7 +2,7 @@
 pooler, under its own keys (``dim``, ``n_layers``, ``n_heads``, ``hidden_dim``, ``activation``) and tensor
 names, LayerNorm eps fixed at 1e-12. Positions come from a table, learned or (``sinusoidal_pos_embds``)
 sinusoidal; transformers saves either table, and computes the sinusoidal one only when a checkpoint lacks it,
-as docbeam does. msmarco-distilbert, distilbert-base-uncased SPLADE models and classifiers."""
+as docbeam does. msmarco-distilbert, and the encoder of distilbert-base-uncased SPLADE models and classifiers."""
 from __future__ import annotations
 
 import dataclasses

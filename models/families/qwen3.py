@@ -7,8 +7,9 @@ without those biases (``attention_bias`` biases all four projections). Qwen3-Emb
 
 A checkpoint trained to read both ways says so in config.json (``use_bidirectional_attention: true``,
 ``is_causal: false``, or NVIDIA's ``model_type: llama_bidirec``): its layers attend over the whole window and
-it pools as its sentence-transformers files say (mean when they say nothing). pplx-embed, llama-embed-nemotron,
-voyage-4-nano. Llama 3's RoPE scaling (``rope_type: llama3``) is reproduced; other scalings are refused."""
+it pools as its sentence-transformers files say (mean when they say nothing). pplx-embed, llama-embed-nemotron
+(voyage-4-nano's output projection is refused). Llama 3's RoPE scaling (``rope_type: llama3``) is reproduced;
+other scalings are refused."""
 from __future__ import annotations
 
 import dataclasses
