@@ -2,26 +2,28 @@
 checkpoints whose config.json says ``use_bidirectional_attention: true`` (or ``is_causal: false``) against
 transformers' own Qwen3Model / Qwen2Model / LlamaModel / MistralModel handed transformers' bidirectional padding
 mask, as those checkpoints' code does. Every layer attends over its whole window (packed rows: its own window),
-mean-pooled when no Pooling module says otherwise; without the flag a decoder stays causal and last-token pooled."""
+mean-pooled when no Pooling module says otherwise; without the flag a decoder stays causal and last-token pooled
+(and a causal Mistral keeps its sliding window)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from family_fixtures import (LENGTHS, MIN_COSINE, assert_close_to_transformers, assert_matches_transformers,
-                             assert_moves_output, assert_native_run_matches, assert_refused, lowest_cosine,
-                             our_vectors, reference_vectors, replace, save_checkpoint, spread_norms_and_biases,
-                             tiny_model, token_inputs)
+                             assert_moves_output, assert_native_run_matches, assert_refused, backends_for,
+                             lowest_cosine, our_vectors, reference_vectors, replace, save_checkpoint,
+                             spread_norms_and_biases, tiny_model, token_inputs)
 from docbeam.models import checkpoint
 
 CLASSES = {"qwen3": "Qwen3Model", "qwen2": "Qwen2Model", "llama": "LlamaModel", "mistral": "MistralModel"}
 FLAGS = {"use_bidirectional_attention": True, "is_causal": False}  # transformers' flag, and the other spelling
 
 
-def random_decoder(kind: str):
+def random_decoder(kind: str, sliding_window: int | None = None):
     """A tiny random decoder of transformers' own class: 4 query heads over 2 key/value heads of 16, weights and
-    RMSNorm scales drawn with std 0.3 so every feature moves the output. Mistral without its sliding window."""
-    extra = {"head_dim": 16} if kind == "qwen3" else {"sliding_window": None} if kind == "mistral" else {}
+    RMSNorm scales drawn with std 0.3 so every feature moves the output. Mistral without a sliding window unless
+    one is given."""
+    extra = {"head_dim": 16} if kind == "qwen3" else {"sliding_window": sliding_window} if kind == "mistral" else {}
     model = tiny_model(CLASSES[kind], hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=96, rope_theta=1000.0, attn_implementation="eager",
                        **extra)
@@ -138,9 +140,29 @@ def test_flags_docbeam_cannot_read_are_refused(decoder, tmp_path, rewrite, match
     assert_refused(decoder, str(tmp_path), lambda c: {**c, **rewrite}, match)
 
 
-def test_a_mistral_sliding_window_is_refused(tmp_path):
-    assert_refused(random_decoder("mistral"), str(tmp_path), lambda c: {**c, "sliding_window": 4096},
-                   "sliding_window: 4096.*supported: null")
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_causal_mistral_sliding_window_matches_transformers(tmp_path, packed):
+    """Mistral's window: each query sees itself and the 7 tokens before it (windows here run to 64 tokens)."""
+    mistral = random_decoder("mistral", sliding_window=8)
+    folder = save_checkpoint(mistral, str(tmp_path))
+    config = checkpoint.open_checkpoint(folder).config
+    assert [f.describe() for f in config.attention_features] == ["local window (7, 0), causal"]
+    ids, lengths = token_inputs(LENGTHS)
+    want = reference_vectors(mistral, ids, lengths, "lasttoken")
+    backends = backends_for(config.attention_features, packed)
+    assert backends == ["native", "chunked", "flash"]
+    for backend in backends:
+        ours = our_vectors(folder, ids, lengths, backend=backend, packed=packed, pooling="lasttoken")
+        assert lowest_cosine(ours, want) >= MIN_COSINE, backend
+    for window in (None, 4):
+        assert_moves_output(mistral, folder, family_pooling="lasttoken", packed=packed,
+                            change=replace(sliding_window=window))
+
+
+def test_a_bidirectional_mistral_sliding_window_is_refused(tmp_path):
+    assert_refused(random_decoder("mistral"), str(tmp_path), lambda c: {**flagged("is_causal")(c),
+                                                                        "sliding_window": 4096},
+                   "sliding_window: 4096 on a bidirectional Mistral")
 
 
 @pytest.mark.parametrize("rewrite, match", [

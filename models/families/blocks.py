@@ -194,6 +194,7 @@ class GroupedSelfAttention(nn.Module):
     out_bias: bool = False
     qk_norm_eps: float | None = None  # Qwen3's per-head q/k RMSNorm; None: none (Qwen2)
     causal: bool = True
+    local_window: tuple[int, int] | None = None  # Mistral's sliding window: (sliding_window - 1, 0)
 
     @nn.compact
     def __call__(self, x_BxTxD, rows: Rows):
@@ -208,9 +209,10 @@ class GroupedSelfAttention(nn.Module):
                                            for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
         q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale,
                                        self.rope.bands) for t in (q_BxTxNxH, k_BxTxKxH))
-        features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
+        features = {"segment_ids_BxT": rows.segment_ids_BxT, "local_window": self.local_window}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
-                                      scale=1.0 / math.sqrt(H), causal=self.causal, **features)
+                                      scale=1.0 / math.sqrt(H), causal=self.causal,
+                                      **{key: value for key, value in features.items() if value is not None})
         return Linear(D, self.precision, self.out_bias, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
 
 

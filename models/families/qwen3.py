@@ -3,7 +3,8 @@ heads than query heads (grouped-query), rotary positions (half style, theta from
 RMSNorm, and causal attention: a token sees only the tokens before it in its window, so the window's last token
 is the one that has seen it all (last-token pooling, and the ``<|endoftext|>`` the tokenizer appends). Qwen3
 adds a per-head RMSNorm on q and k and drops every bias; Qwen2 biases q, k and v; Llama and Mistral are Qwen2
-without those biases (``attention_bias`` biases all four projections). Qwen3-Embedding 0.6B/4B/8B, gte-Qwen2.
+without those biases (``attention_bias`` biases all four projections), Mistral with a causal sliding window
+(each query sees the ``sliding_window`` tokens ending at itself). Qwen3-Embedding 0.6B/4B/8B, gte-Qwen2.
 
 A checkpoint trained to read both ways says so in config.json (``use_bidirectional_attention: true``,
 ``is_causal: false``, or NVIDIA's ``model_type: llama_bidirec``): its layers attend over the whole window and
@@ -36,6 +37,11 @@ class Config(EncoderConfig):
     out_bias: bool = False  # Qwen3's attention_bias biases the output projection too
     causal: bool = True  # False: the checkpoint reads both ways (use_bidirectional_attention, EuroBERT)
     rope_bands: tuple[float, float, float, float] | None = None  # Rope.bands: Llama 3's RoPE scaling
+    sliding_window: int | None = None  # Mistral's: a query sees itself and the sliding_window - 1 keys before it
+
+    @property
+    def local_window(self) -> tuple[int, int] | None:
+        return None if self.sliding_window is None else (self.sliding_window - 1, 0)
 
     @property
     def rope(self) -> Rope:
@@ -53,7 +59,7 @@ class Config(EncoderConfig):
     def attention_features(self) -> tuple:
         from docbeam.attention.interface import AttentionFeatures
 
-        return (AttentionFeatures(causal=self.causal),)
+        return (AttentionFeatures(local_window=self.local_window, causal=self.causal),)
 
     def check_heads(self) -> None:
         """head_dim is the config's own, so hidden_size need not divide by num_heads; the k/v heads must
@@ -86,20 +92,24 @@ class Layer(nn.Module):
         x_BxTxD = x_BxTxD + GroupedSelfAttention(
             cfg.num_heads, cfg.kv_heads, cfg.head_dim, self.attention, precision, self.rope, qkv_bias=cfg.qkv_bias,
             out_bias=cfg.out_bias, qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, causal=cfg.causal,
-            name="attn")(h_BxTxD, rows)
+            local_window=cfg.local_window, name="attn")(h_BxTxD, rows)
         h_BxTxD = rms_norm(cfg.layer_norm_eps, jnp.float32, "mlp_norm")(x_BxTxD)
         return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, precision, name="mlp")(h_BxTxD)
 
 
 def read_config(hub: HubConfig, dtype: str) -> Config:
     """transformers 5's keys (``rope_parameters``, ``layer_types``) or the Hub's (``rope_theta``,
-    ``rope_scaling``); a sliding-window layer is refused: Qwen-Embedding checkpoints attend over the whole
+    ``rope_scaling``); Qwen's sliding-window layers are refused: Qwen-Embedding checkpoints attend over the whole
     window, and docbeam would run such a layer as a full one."""
     model_type = hub.get("model_type")
     hub.refuse_unless("use_sliding_window", (False,), "sliding-window layers")
-    if model_type == "mistral" and hub.raw.get("sliding_window") is not None:
-        raise hub.error(f"sets sliding_window: {hub.raw['sliding_window']!r}, which docbeam does not run (its "
-                        "decoder layers attend over the whole window); supported: null")
+    # Mistral's sliding window (transformers: key j is seen from query i when j > i - sliding_window); Qwen's
+    # sliding_window applies only with use_sliding_window, refused above.
+    window = hub.raw.get("sliding_window") if model_type == "mistral" else None
+    causal = model_type != LLAMA_BIDIRECTIONAL and not bidirectional(hub)
+    if window is not None and (not causal or not isinstance(window, int) or window < 1):
+        raise hub.error(f"sets sliding_window: {window!r} on a {'causal' if causal else 'bidirectional'} Mistral; "
+                        "supported: null, or a positive number of tokens on a causal one")
     kinds = set(hub.raw.get("layer_types") or ())
     if kinds - {"full_attention"}:
         raise hub.error(f"has layer_types {sorted(kinds)}; docbeam runs only full_attention decoder layers")
@@ -111,8 +121,7 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     # Qwen2 always biases q/k/v and never o; Mistral biases nothing; Qwen3 and Llama all four if attention_bias.
     biased = (model_type == "qwen3" or llama) and bool(hub.get("attention_bias", default=False))
     return Config(**decoder_fields(hub, dtype), qk_norm=model_type == "qwen3",
-                  qkv_bias=biased or model_type == "qwen2", out_bias=biased,
-                  causal=model_type != LLAMA_BIDIRECTIONAL and not bidirectional(hub))
+                  qkv_bias=biased or model_type == "qwen2", out_bias=biased, causal=causal, sliding_window=window)
 
 
 def bidirectional(hub: HubConfig) -> bool:
