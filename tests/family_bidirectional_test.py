@@ -1,9 +1,10 @@
-"""Decoders read both ways (pplx-embed, llama-embed-nemotron, voyage-4-nano): Qwen3, Qwen2, Llama and Mistral
-checkpoints whose config.json says ``use_bidirectional_attention: true`` (or ``is_causal: false``) against
-transformers' own Qwen3Model / Qwen2Model / LlamaModel / MistralModel handed transformers' bidirectional padding
-mask, as those checkpoints' code does. Every layer attends over its whole window (packed rows: its own window),
-mean-pooled when no Pooling module says otherwise; without the flag a decoder stays causal and last-token pooled
-(and a causal Mistral keeps its sliding window)."""
+"""Decoders read both ways (pplx-embed, llama-embed-nemotron): Qwen3, Qwen2, Llama and Mistral checkpoints whose
+config.json says ``use_bidirectional_attention: true`` (or ``is_causal: false``, or NVIDIA's ``model_type:
+llama_bidirec`` with Llama 3's RoPE scaling) against transformers' own Qwen3Model / Qwen2Model / LlamaModel /
+MistralModel handed transformers' bidirectional padding mask, as those checkpoints' code does. Every layer attends
+over its whole window (packed rows: its own window) on every backend, mean-pooled when no Pooling module says
+otherwise; without the flag a decoder stays causal and last-token pooled (and a causal Mistral keeps its sliding
+window). What docbeam does not run (voyage-4-nano's output projection, contradicting flags) is refused."""
 from __future__ import annotations
 
 import numpy as np
