@@ -62,6 +62,7 @@ def variants():
 SCENARIOS = {
     "causal": dict(causal=True),
     "grouped": dict(causal=False),
+    "grouped-packed": dict(causal=False, segments=SEGMENTS),  # decoders read both ways (EuroBERT), packed
     "causal-packed": dict(causal=True, segments=SEGMENTS),
     "causal-window": dict(causal=True, window=(3, 3)),
     "causal-ungrouped": dict(causal=True, kv_heads=N),

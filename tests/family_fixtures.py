@@ -37,6 +37,26 @@ def tiny_model(model_class: str, *, model_kwargs: dict | None = None, **config):
     return model_type(model_type.config_class(**settings), **(model_kwargs or {})).eval()
 
 
+def spread_norms_and_biases(model):
+    """Norm scales, which transformers initialises to ones, drawn around one and biases around zero (std 0.3),
+    so a norm or bias mapped wrong shows in the output."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(1.0, 0.3)
+            elif name.endswith(".bias"):
+                param.normal_(0.0, 0.3)
+    return model
+
+
+def under_prefix(prefix: str, head: dict):
+    """A ``hub_tensors`` for both_forms: a task head's checkpoint, the encoder's tensors under ``prefix`` beside
+    the head's (``head``: name → array), which docbeam does not use."""
+    return lambda tensors: {**{f"{prefix}{name}": value for name, value in tensors.items()}, **head}
+
+
 def both_forms(family: str, hub_config: Callable[[dict], dict], hub_tensors: Callable[[dict], dict]):
     """The module's ``folder`` fixture: the ``model`` fixture's checkpoint as transformers 5 writes it, then in
     the Hub's form (``hub_config`` rewrites config.json, ``hub_tensors`` renames the tensors)."""
@@ -223,6 +243,13 @@ def assert_docbeam_run_matches(model, folder: str, tmp_path, texts: dict[str, st
         want = reference_vectors(model, ids, np.asarray([ids.shape[1]], np.int32), pooling)
         assert lowest_cosine(got[doc_id][None], want) >= MIN_COSINE, doc_id
     return tokens
+
+
+def assert_native_run_matches(model, folder: str, tmp_path, texts: dict[str, str], packing: bool,
+                              pooling: str = "mean") -> dict[str, np.ndarray]:
+    """assert_docbeam_run_matches on the native backend, packed (``packing``) or not."""
+    return assert_docbeam_run_matches(model, folder, tmp_path, texts, pooling, attention={"backend": "native"},
+                                      batching={**PACKED_BATCHING, "packing": packing})
 
 
 def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 from docbeam import attention
 from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
-                             lowest_cosine, our_vectors, reference_vectors, replace)
+                             lowest_cosine, our_vectors, reference_vectors, replace, spread_norms_and_biases)
 from docbeam.models import checkpoint
 from docbeam.pipeline.driver.config import TokenizeConfig
 from docbeam.pipeline.records import Document
@@ -55,13 +55,7 @@ def random_decoder(kind: str):
         model = transformers.Qwen3Model(transformers.Qwen3Config(head_dim=16, **shape))
     else:
         model = transformers.Qwen2Model(transformers.Qwen2Config(**shape))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.normal_(1.0, 0.3)
-            elif name.endswith(".bias"):
-                param.normal_(0.0, 0.3)
-    return model.eval()
+    return spread_norms_and_biases(model).eval()
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import bert, deberta, embedding_gemma2, gemma3, gte, jina, modernbert, mpnet, nomic, qwen3, roberta
+from docbeam.models.families import (bert, deberta, distilbert, embedding_gemma2, eurobert, gemma3, gte, jina,
+                                     modernbert, mpnet, nomic, qwen3, roberta)
 from docbeam.models.families.config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -30,6 +31,11 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "deberta-v2": deberta,  # DeBERTa-v2 and -v3
     "gemma3_text": gemma3,
     "embedding_gemma2_text": embedding_gemma2,
+    "llama": qwen3,  # Qwen2 without its q/k/v biases (llama-embed-nemotron)
+    "mistral": qwen3,  # Llama with a causal sliding window
+    "llama_bidirec": qwen3,  # NVIDIA's bidirectional Llama (llama-embed-nemotron; remote code there)
+    "eurobert": eurobert,
+    "distilbert": distilbert,
 }
 
 

@@ -15,23 +15,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from docbeam.models.families.config import ACTIVATIONS, EncoderConfig, Rope
+from docbeam.models.families.config import ACTIVATIONS, EncoderConfig, Rope, llama3_frequencies
 from docbeam.models.precision import Linear, Precision, precision_of
 
 
 def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,
-           scale: float = 1.0) -> jax.Array:
+           scale: float = 1.0, bands: tuple[float, float, float, float] | None = None) -> jax.Array:
     """Rotary position embedding; computed per position, so sequences have no length limit.
 
     ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
     pairs (RoFormer). Both use frequency theta^(-2i/H) for pair i. Positions count from each row's start,
     or are given per token (packed rows restart them at each window). ``scale`` multiplies every frequency
-    (RoPE scaling: 1/factor for linear, factor^(-2/H) for fixed NTK).
+    (RoPE scaling: 1/factor for linear, factor^(-2/H) for fixed NTK); ``bands`` rescales them as Llama 3 does.
     """
     _, T, _, H = x_BxTxNxH.shape
     inv_freq_H2 = 1.0 / (theta ** (jnp.arange(0, H, 2, dtype=jnp.float32) / H))
     if scale != 1.0:
         inv_freq_H2 = inv_freq_H2 * jnp.float32(scale)
+    if bands is not None:
+        inv_freq_H2 = llama3_frequencies(inv_freq_H2, *bands)
     positions_BxT = jnp.arange(T)[None, :] if positions_BxT is None else positions_BxT
     angles_BxTxH2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq_H2
     x = x_BxTxNxH.astype(jnp.float32)
@@ -193,11 +195,9 @@ class RmsNorm(nn.Module):
 
 
 class GroupedSelfAttention(nn.Module):
-    """A decoder's self-attention: one fused projection to N query heads and K ≤ N key/value heads of
-    ``head_dim`` (which need not be hidden/N: Qwen3-0.6B has 16 heads of 128 over a 1024 hidden size),
-    optional per-head RMSNorm on q and k (and v) before rotary positions (Qwen3, Gemma), and the AttentionFn
-    called with the K heads as they are (grouping q heads over them is the backend's job), causal unless the
-    checkpoint attends both ways, within a local window on a sliding layer."""
+    """A decoder's self-attention: one fused projection to N query heads and K ≤ N key/value heads of ``head_dim``
+    (not always hidden/N), optional per-head RMSNorm on q, k (and v) before rotary positions (Qwen3, Gemma), the
+    AttentionFn given the K heads as they are (grouping is the backend's), causal unless read both ways."""
 
     num_heads: int
     num_kv_heads: int
@@ -227,8 +227,8 @@ class GroupedSelfAttention(nn.Module):
                 v_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "v_norm", use_scale=False)(v_BxTxKxH)
         q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention)
                                            for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
-        q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
-                                for t in (q_BxTxNxH, k_BxTxKxH))
+        q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale,
+                                       self.rope.bands) for t in (q_BxTxNxH, k_BxTxKxH))
         features = {"segment_ids_BxT": rows.segment_ids_BxT, "local_window": self.local_window,
                     "causal": self.causal or None}
         attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,

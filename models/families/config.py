@@ -7,6 +7,7 @@ the weights; models/encoder.py re-exports the config and the arithmetic.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Literal
 
 import jax
@@ -47,6 +48,23 @@ class Rope:
     theta: float
     style: str = "half"  # "half" (Llama, ModernBERT, GTE, Nomic) or "interleaved" (RoFormer)
     scale: float = 1.0
+    # Llama 3's frequency bands: (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings);
+    # llama3_frequencies below says what they do. None: every frequency scaled alike.
+    bands: tuple[float, float, float, float] | None = None
+
+
+def llama3_frequencies(inv_freq_H2: jax.Array, factor: float, low_freq_factor: float, high_freq_factor: float,
+                       original_max_position: float) -> jax.Array:
+    """Llama 3's RoPE scaling, as transformers' _compute_llama3_parameters: wavelengths shorter than
+    ``original / high_freq_factor`` keep their frequency, those longer than ``original / low_freq_factor`` are
+    divided by ``factor``, and the band between blends the two linearly in ``original / wavelength``."""
+    wavelen_H2 = 2 * math.pi / inv_freq_H2
+    scaled_H2 = jnp.where(wavelen_H2 > original_max_position / low_freq_factor, inv_freq_H2 / factor, inv_freq_H2)
+    smooth_H2 = (original_max_position / wavelen_H2 - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_H2 = (1 - smooth_H2) * scaled_H2 / factor + smooth_H2 * scaled_H2
+    medium_H2 = (wavelen_H2 >= original_max_position / high_freq_factor) & \
+        (wavelen_H2 <= original_max_position / low_freq_factor)
+    return jnp.where(medium_H2, smoothed_H2, scaled_H2)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +166,10 @@ class HubConfig:
         return value
 
     def rope(self, head_dim: int, default_theta: float, layer_type: str | None = None,
-             legacy_theta: tuple[str, ...] = ("rope_theta",)) -> Rope:
+             legacy_theta: tuple[str, ...] = ("rope_theta",), llama3: bool = False) -> Rope:
         """Half-style rotary positions from transformers 5's ``rope_parameters`` (flat, or nested per layer
-        type) or the Hub's ``rope_theta`` / ``rope_scaling``: default, linear, or fixed NTK (GTE's ``ntk``)."""
+        type) or the Hub's ``rope_theta`` / ``rope_scaling``: default, linear, fixed NTK (GTE's ``ntk``), and
+        Llama 3's frequency bands where the family's layers apply them (``llama3``)."""
         params = self.raw.get("rope_parameters") or {}
         if layer_type is not None:
             params = params.get(layer_type) or {}
@@ -164,6 +183,12 @@ class HubConfig:
             return Rope(theta)
         if kind == "linear":
             return Rope(theta, scale=1.0 / factor)
+        if kind == "llama3" and llama3:
+            spec = params or scaling
+            keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+            if any(spec.get(k) is None for k in keys):
+                raise self.error(f"sets {key} {spec}, a llama3 RoPE scaling without all of {', '.join(keys)}")
+            return Rope(theta, bands=tuple(float(spec[k]) for k in keys))
         if kind == "ntk" and scaling.get("mixed_b") is None:
             # The Hub's NTKScalingRotaryEmbedding (GTE): base·factor, every frequency divided by factor^(2/H).
             return Rope(theta * factor, scale=factor ** (-2.0 / head_dim))

@@ -81,11 +81,8 @@ def read_params(t: Tensors, config: Config) -> dict:
               "relative_bias": t("encoder.relative_attention_bias.weight")}
     for i in range(config.num_layers):
         p = f"encoder.layer.{i}"
-        params[f"layer_{i}"] = {
-            "attn": {"qkv": t.dense(*(f"{p}.attention.attn.{n}" for n in "qkv")),
-                     "out": t.dense(f"{p}.attention.attn.o")},
-            "attn_norm": t.norm(f"{p}.attention.LayerNorm"),
-            "mlp": {"wi": t.dense(f"{p}.intermediate.dense"), "wo": t.dense(f"{p}.output.dense")},
-            "mlp_norm": t.norm(f"{p}.output.LayerNorm"),
-        }
+        params[f"layer_{i}"] = t.post_norm_layer(tuple(f"{p}.attention.attn.{n}" for n in "qkv"),
+                                                 f"{p}.attention.attn.o", f"{p}.attention.LayerNorm",
+                                                 f"{p}.intermediate.dense", f"{p}.output.dense",
+                                                 f"{p}.output.LayerNorm")
     return params

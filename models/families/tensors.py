@@ -45,6 +45,12 @@ class Tensors:
         the other way round."""
         return {"kernel": np.concatenate(np.split(self(f"{prefix}.weight").T, 2, axis=-1)[::-1], axis=-1)}
 
+    def post_norm_layer(self, qkv: tuple[str, ...], out: str, attn_norm: str, wi: str, wo: str, mlp_norm: str) -> dict:
+        """One blocks.PostNormLayer's parameters (biased projections, LayerNorms with bias, a plain MLP) from the
+        torch names of its parts: MPNet and DistilBERT (and BERT) differ only in those names."""
+        return {"attn": {"qkv": self.dense(*qkv), "out": self.dense(out)}, "attn_norm": self.norm(attn_norm),
+                "mlp": {"wi": self.dense(wi), "wo": self.dense(wo)}, "mlp_norm": self.norm(mlp_norm)}
+
     def norm(self, prefix: str, bias: bool = True) -> dict:
         out = {"scale": self(f"{prefix}.weight")}
         if bias:
