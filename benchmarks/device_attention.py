@@ -12,11 +12,12 @@ import numpy as np
 LENGTHS = (512, 2048, 8192, 32768)
 SMALL_LENGTHS = (128,)  # the rehearsal: one length, every backend, dtype and layer
 DTYPES = ("float32", "bfloat16")
-# (label, backend, options): native first, the reference of every other row.
-VARIANTS = (("native", "native", {}), ("native/jax_nn", "native", {"implementation": "jax_nn"}),
-            ("chunked", "chunked", {}), ("flash", "flash", {}), ("flash/cudnn", "flash", {"kernel": "cudnn"}),
+# (label, backend, options): native first, the reference of every other row. ``flash`` itself is not timed: its
+# row says which of the flash/<kernel> rows ``kernel: auto`` picked for the case, as the plan would.
+VARIANTS = (("native", "native", {}), ("chunked", "chunked", {}), ("flash/cudnn", "flash", {"kernel": "cudnn"}),
             ("flash/tokamax_triton", "flash", {"kernel": "tokamax_triton"}),
-            ("flash/tokamax_chunked", "flash", {"kernel": "tokamax_chunked"}))
+            ("flash/tokamax_chunked", "flash", {"kernel": "tokamax_chunked"}),
+            ("flash/pallas_gpu", "flash", {"kernel": "pallas_gpu"}))
 LAYERS = ("padded", "packed", "local_window", "causal_grouped")
 
 
@@ -116,9 +117,18 @@ def run_variant(label: str, backend_name: str, raw_options: dict, case, args: di
     return row, out
 
 
-def run(small: bool, deadline: float) -> list[dict]:
+def picked(case) -> dict:
+    """The ``flash`` row: the kernel ``kernel: auto`` picks for the case (its flash/<kernel> row holds the
+    figures), or why none can run it."""
+    from docbeam.attention.flash import FlashOptions, pick_kernel
+
+    name, support = pick_kernel(case, FlashOptions())
+    return {"variant": "flash", "picked": name, "kernel": support.kernel, "refused": support.reason}
+
+
+def run(small: bool, deadline: float, save=lambda rows: None) -> list[dict]:
     """Every variant × length × dtype × layer, lengths ascending, until ``deadline`` (time.time()); what the
-    deadline leaves out is a row saying so."""
+    deadline leaves out is a row saying so. ``save(rows)`` after each case, so a killed run keeps what ran."""
     import jax
 
     from docbeam.attention.interface import current_platform
@@ -129,6 +139,7 @@ def run(small: bool, deadline: float) -> list[dict]:
             for layer in LAYERS:
                 case = layer_case(layer, platform, dtype, length, dims)
                 args, reference = inputs(case), None
+                rows.append({"length": length, "dtype": dtype, "layer": layer, **picked(case)})
                 for label, backend_name, raw_options in VARIANTS:
                     where = {"length": length, "dtype": dtype, "layer": layer}
                     if time.time() > deadline:
@@ -143,4 +154,5 @@ def run(small: bool, deadline: float) -> list[dict]:
                     rows.append({**where, **row})
                     del out
                 jax.clear_caches()
+                save(rows)
     return rows

@@ -79,7 +79,8 @@ def main(argv=None) -> int:
     import device_attention
     import device_encoder
 
-    save(attention=device_attention.run(args.small, started + ATTENTION_SHARE * args.budget_s))
+    save(attention=device_attention.run(args.small, started + ATTENTION_SHARE * args.budget_s,
+                                        lambda rows: save(attention=rows)))
     rate = device_encoder.matmul_rate(args.small)
     save(bf16_matmul=rate)
     save(encoder=device_encoder.run(args.small, started + args.budget_s, rate))

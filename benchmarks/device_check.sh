@@ -2,12 +2,12 @@
 # bash benchmarks/device_check.sh wheels DIR      # here, with the registry: the carried wheels into DIR
 # bash benchmarks/device_check.sh run DIR [--small] [ARGS...]   # there, offline: install DIR, run the check
 # The first light on a lent GPU machine as it stands (Python 3.12 with jax, flax, torch, transformers and
-# sentence-transformers; no registry): `wheels` downloads benchmarks/device_wheels.txt for Python 3.11 (the CPU
-# rehearsal) and 3.12 (the lease) and builds docbeam's wheel, all under 64 MiB; `run` installs them with pip's
-# network off into a folder of their own (--target: the image's Python is never modified) and runs
-# benchmarks/device_check.py under `timeout` (BUDGET seconds, default 420), which writes device_check.json to
-# $OUT if set, else benchmarks/results/device/. --small: tiny sizes, for the CPU rehearsal
-# (tests/device_check_test.py). PYTHON picks the interpreter (default python3).
+# sentence-transformers; no registry). `wheels` downloads benchmarks/device_wheels.txt for Python 3.11 (the CPU
+# rehearsal) and 3.12 (the lease, with device_wheels_py312.txt) and builds docbeam's wheel: about 7 MiB of the
+# 64 MiB a call may carry. `run` installs them with pip's network off into a folder of their own (--target: the
+# image's Python is never modified) and runs benchmarks/device_check.py under `timeout` (BUDGET seconds, default
+# 420), which writes device_check.json to $OUT if set, else benchmarks/results/device/. --small: tiny sizes, for
+# the CPU rehearsal (tests/device_check_test.py). PYTHON picks the interpreter (default python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
@@ -20,10 +20,10 @@ shift 2
 case "$what" in
   wheels)
     mkdir -p "$dir"
-    for python in 3.11 3.12; do
-      "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$python" \
-        --dest "$dir" -r benchmarks/device_wheels.txt
-    done
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 --dest "$dir" \
+      -r benchmarks/device_wheels.txt
+    "$PYTHON" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --dest "$dir" \
+      -r benchmarks/device_wheels.txt -r benchmarks/device_wheels_py312.txt
     "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$dir" .
     bytes=$(du -cb "$dir"/*.whl | tail -n 1 | cut -f1)
     echo "device_check.sh: $(ls "$dir"/*.whl | wc -l) wheels, $((bytes / 1024 / 1024)) MiB in $dir"
@@ -37,9 +37,13 @@ case "$what" in
     results="${OUT:-benchmarks/results/device}"
     site="$(mktemp -d)/site"
     mkdir -p "$results"
+    lists=(-r benchmarks/device_wheels.txt)
+    if "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+      lists+=(-r benchmarks/device_wheels_py312.txt)
+    fi
     # pip's network off: a wheel missing from DIR fails here, not halfway through the lease.
     PIP_NO_INDEX=1 "$PYTHON" -m pip install --quiet --no-index --find-links "$dir" --no-deps --target "$site" \
-      -r benchmarks/device_wheels.txt "$dir"/docbeam-*.whl
+      "${lists[@]}" "$dir"/docbeam-*.whl
     # From the benchmarks folder, so that `import docbeam` is the installed wheel, never this checkout.
     PYTHONPATH="$site" HF_HUB_OFFLINE=1 timeout "${BUDGET:-420}" \
       "$PYTHON" benchmarks/device_check.py --out "$results/device_check.json" "$@"

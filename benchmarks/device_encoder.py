@@ -130,9 +130,15 @@ def run(small: bool, deadline: float, rate: dict) -> list[dict]:
         config = full_config
         if small:
             config = {**full_config, **SMALL, **(SMALL_WINDOW if "local_attention" in full_config else {})}
+        lengths = SMALL_LENGTHS if small else LENGTHS
         with tempfile.TemporaryDirectory() as folder:
-            write_checkpoint(family, config, folder)
-            for length in SMALL_LENGTHS if small else LENGTHS:
+            try:
+                write_checkpoint(family, config, folder)
+            except Exception as e:  # noqa: BLE001  (no checkpoint, no row of this shape: each says why)
+                rows += [{"shape": family, "length": length, "error": f"writing the checkpoint: {type(e).__name__}: "
+                                                                      f"{str(e)[:400]}"} for length in lengths]
+                continue
+            for length in lengths:
                 row = {"shape": family, "length": length, "dtype": "bfloat16"}
                 if time.time() > deadline:
                     rows.append({**row, "skipped": "the check's time budget ran out"})
