@@ -16,8 +16,7 @@ DTYPES = ("float32", "bfloat16")
 # row says which of the flash/<kernel> rows ``kernel: auto`` picked for the case, as the plan would.
 VARIANTS = (("native", "native", {}), ("chunked", "chunked", {}), ("flash/cudnn", "flash", {"kernel": "cudnn"}),
             ("flash/tokamax_triton", "flash", {"kernel": "tokamax_triton"}),
-            ("flash/tokamax_chunked", "flash", {"kernel": "tokamax_chunked"}),
-            ("flash/pallas_gpu", "flash", {"kernel": "pallas_gpu"}))
+            ("flash/tokamax_chunked", "flash", {"kernel": "tokamax_chunked"}))  # pallas_gpu: superseded by triton
 LAYERS = ("padded", "packed", "local_window", "causal_grouped")
 
 
@@ -127,14 +126,17 @@ def picked(case) -> dict:
 
 
 def run(small: bool, deadline: float, save=lambda rows: None) -> list[dict]:
-    """Every variant × length × dtype × layer, lengths ascending, until ``deadline`` (time.time()); what the
-    deadline leaves out is a row saying so. ``save(rows)`` after each case, so a killed run keeps what ran."""
+    """Every variant × length × dtype × layer, lengths ascending, until ``deadline`` (time.time()), each length
+    given an even share of the time left so that a slow one cannot starve 32k; what a share leaves out is a row
+    saying so. ``save(rows)`` after each case, so a killed run keeps what ran."""
     import jax
 
     from docbeam.attention.interface import current_platform
 
     platform, dims, rows = current_platform(), shape(small), []
-    for length in SMALL_LENGTHS if small else LENGTHS:
+    lengths = SMALL_LENGTHS if small else LENGTHS
+    for index, length in enumerate(lengths):
+        share_ends = time.time() + (deadline - time.time()) / (len(lengths) - index)
         for dtype in DTYPES:
             for layer in LAYERS:
                 case = layer_case(layer, platform, dtype, length, dims)
@@ -142,8 +144,9 @@ def run(small: bool, deadline: float, save=lambda rows: None) -> list[dict]:
                 rows.append({"length": length, "dtype": dtype, "layer": layer, **picked(case)})
                 for label, backend_name, raw_options in VARIANTS:
                     where = {"length": length, "dtype": dtype, "layer": layer}
-                    if time.time() > deadline:
-                        rows.append({**where, "variant": label, "skipped": "the check's time budget ran out"})
+                    if time.time() > share_ends:
+                        rows.append({**where, "variant": label, "skipped": "this length's share of the check's "
+                                                                           "time ran out"})
                         continue
                     try:
                         row, out = run_variant(label, backend_name, raw_options, case, args, reference)

@@ -123,8 +123,9 @@ def sentence_transformers_side(folder: str, ids_BxT: np.ndarray) -> dict:
     return {"device": device, "torch": torch.__version__, "seconds": seconds, "tokens_per_s": ids_BxT.size / seconds}
 
 
-def run(small: bool, deadline: float, rate: dict) -> list[dict]:
-    """Each shape × length: both sides, their tokens/s and share of ``rate`` (matmul_rate's), until ``deadline``."""
+def run(small: bool, deadline: float, rate: dict, save=lambda rows: None) -> list[dict]:
+    """Each shape × length: both sides, their tokens/s and share of ``rate`` (matmul_rate's), until ``deadline``;
+    ``save(rows)`` after each row."""
     rows = []
     for family, (_, full_config) in SHAPES.items():
         config = full_config
@@ -157,4 +158,5 @@ def run(small: bool, deadline: float, rate: dict) -> list[dict]:
                     row["docbeam_over_sentence_transformers"] = (row["docbeam"]["tokens_per_s"]
                                                                  / row["sentence_transformers"]["tokens_per_s"])
                 rows.append(row)
+                save(rows)
     return rows
