@@ -55,6 +55,36 @@ def test_a_row_fails_on_its_own_error_or_a_sides_and_not_on_a_refusal():
     assert device_check.errors(rows) == rows[1:]
 
 
+# Run in a child: apache_beam made unimportable, then every module of the two packages imported.
+WITHOUT_BEAM = """
+import importlib, pkgutil, sys
+
+class NoBeam:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "apache_beam":
+            raise ImportError("apache_beam is not installed on the lent GPU machine")
+
+sys.meta_path.insert(0, NoBeam())
+for package in ("docbeam.attention", "docbeam.models", "docbeam.models.families"):
+    for module in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+        importlib.import_module(module.name)
+print(sorted(m for m in sys.modules if m.startswith("docbeam.")))
+"""
+
+
+def test_every_module_of_the_encoder_and_attention_packages_imports_without_beam():
+    result = subprocess.run([sys.executable, "-c", WITHOUT_BEAM], capture_output=True, text=True, timeout=300,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": REPO})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "'docbeam.models.runtime'" in result.stdout and "'docbeam.attention.flash_tokamax'" in result.stdout
+
+
+def test_the_beam_blocker_blocks_beam():
+    result = subprocess.run([sys.executable, "-c", WITHOUT_BEAM.split("for package")[0] + "import apache_beam"],
+                            capture_output=True, text=True, timeout=120)
+    assert "apache_beam is not installed on the lent GPU machine" in result.stderr
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory) -> str:
     """A fresh Python 3.11 venv of what the lent machine's image has (benchmarks/device_image.txt)."""
