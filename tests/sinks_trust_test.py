@@ -196,3 +196,15 @@ def test_a_fault_at_any_statement_of_any_load_leaves_the_table_as_it_was_and_a_s
         assert ids_in(postgres, "walk") == sorted(i for ids in loaded.values() for i in ids)
         assert not load(tmp_path, name, postgres, "walk")["applied"]  # a sync after it changes nothing
     assert walked >= 10
+
+
+def test_a_misspelled_restrict_is_refused_when_every_field_is_kept(tmp_path, tiny_checkpoint_dir):
+    from docbeam.pipeline.driver.plan import make_plan
+
+    documents = write(tmp_path / "in.jsonl", docs(["d0", "d1"]))
+    cfg = job_config(documents, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"},
+                     output={"vertex_ai": {"restricts": ["lnag"]}})
+    with pytest.raises(ConfigError, match=r"restricts names \['lnag'\].*keeps \['lang'\]"):
+        make_plan(cfg, probe_backends=False)
+    make_plan(job_config(documents, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"},
+                         output={"vertex_ai": {"restricts": ["lang"]}}), probe_backends=False)

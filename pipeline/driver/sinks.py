@@ -56,6 +56,16 @@ def _vectors_only(key: str, what: str):
     return check
 
 
+def _check_vertex_ai(cfg: JobConfig, head, kept) -> None:
+    _vectors_only("vertex_ai", "Vector Search")(cfg, head, kept)
+    # With keep_fields "*" the kept fields are known once the sample is typed (a dry run has none yet).
+    names = {c.name for c in kept.columns}
+    missing = [f for f in cfg.output.vertex_ai.restricts if f not in names]
+    if cfg.input.keep_fields == "*" and kept.columns and missing:
+        raise ConfigError(f"output.vertex_ai.restricts names {missing}, which no sampled document of the input has "
+                          f"(input.keep_fields: \"*\" keeps {sorted(names)}); check the spelling")
+
+
 def _vertex_files(section, rows, removed, staging: str, run_id: str, plan) -> tuple:
     json_fields = tuple(c.name for c in plan.kept.columns if c.arrow is None)
     return ({"rows": rows, **({"removed": removed} if removed is not None else {})}
@@ -67,7 +77,7 @@ def _pgvector_load(output: str, manifest: dict, section) -> dict:
     return pgvector.load_committed(output, manifest, section.dsn, section.table)
 
 
-register(Sink("vertex_ai", _vectors_only("vertex_ai", "Vector Search"), _vertex_files, needs_removed=True))
+register(Sink("vertex_ai", _check_vertex_ai, _vertex_files, needs_removed=True))
 # pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
 register(Sink("pgvector", lambda cfg, head, kept: None, lambda *inputs: (),
               preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
