@@ -18,7 +18,7 @@ from docbeam.models.families.config import CheckpointError, EncoderConfig, HubCo
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
 from docbeam.models.st_settings import ModelSettings, model_settings, read_json
-from docbeam.models.weights_check import check_weights
+from docbeam.models.weights_check import check_weights, weights_to_check
 from docbeam.models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
 
 __all__ = ["Checkpoint", "CheckpointError", "FastTokenizer", "HubId", "ModelSettings", "TOKENIZER_FILES",
@@ -129,9 +129,8 @@ def open_checkpoint(path: str, dtype: str = "float32", with_weights: bool = Fals
         raise CheckpointError(f"model.path {path!r} holds no config.json; expected a Hugging Face checkpoint "
                               "(config.json, model.safetensors, tokenizer files)")
     config = encoder_config(folder, dtype, task)
-    weights = os.path.join(folder, "model.safetensors")
-    if os.path.isfile(weights) and (not with_weights or "://" in path):
-        # Where the driver has the weights it checks them (once); a worker checks what the driver could not.
+    weights, sample = weights_to_check(path, folder, with_weights)
+    if weights is not None:
         check_weights(weights, family_of(config), config, read_json(folder, "config.json"),
-                      os.path.join(folder, "config.json"))
+                      os.path.join(folder, "config.json"), sample)
     return Checkpoint(folder=folder, config=config, settings=model_settings(folder, config))

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+from typing import BinaryIO, Callable
 
 import numpy as np
 
@@ -35,16 +36,58 @@ class Entry:
     end: int
 
 
-def read_header(path: str) -> dict[str, Entry]:
+@dataclasses.dataclass(frozen=True)
+class WeightsFile:
+    """A model.safetensors where it lies: ``path`` (local, or a Beam FileSystem's such as gs://), its size, and
+    how to open it for reading."""
+
+    path: str
+    size: int
+    open: Callable[[], BinaryIO]
+
+
+def local_file(path: str) -> WeightsFile:
+    return WeightsFile(path, os.path.getsize(path), lambda: open(path, "rb"))
+
+
+def remote_file(path: str) -> WeightsFile | None:
+    """gs:// (any Beam FileSystem): read with ranged requests, never downloaded whole; None if it is not there."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    if not FileSystems.exists(path):
+        return None
+    (match,) = FileSystems.match([path])
+    return WeightsFile(path, match.metadata_list[0].size_in_bytes,
+                       lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
+
+
+def weights_to_check(path: str, folder: str, with_weights: bool) -> tuple[WeightsFile | None, bool]:
+    """(the model.safetensors to hold against config.json in this process, whether to sample its values). The
+    driver checks wherever it can read the header: a local folder, ``pkg:``, a Hub snapshot in the cache, and
+    ``gs://`` by ranged reads (its values are sampled by the workers, once they hold the file: scattered reads
+    of a remote file would cost a download). A worker checks what the driver could not (gs://, the Hub)."""
+    local = os.path.join(folder, "model.safetensors")
+    remote = "://" in path
+    if with_weights:
+        return (local_file(local) if remote and os.path.isfile(local) else None), True
+    if os.path.isfile(local):
+        return local_file(local), True
+    if remote and not path.startswith("hf://"):
+        return remote_file(f"{path.rstrip('/')}/model.safetensors"), False
+    return None, False
+
+
+def read_header(file: WeightsFile) -> dict[str, Entry]:
     """Every tensor of a safetensors file by name, checked to lie inside the file with as many bytes as its
     dtype and shape need; a file that is not one is refused naming what is wrong."""
-    size = os.path.getsize(path)
+    path, size = file.path, file.size
 
     def refuse(why: str):
         return CheckpointError(f"model.path: {path} is not a readable safetensors file: {why}; write it again "
                                "(safetensors' save_file, or transformers' save_pretrained)")
 
-    with open(path, "rb") as f:
+    with file.open() as f:
         head = f.read(8)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
         if not 0 < length <= min(size - 8, MAX_HEADER_BYTES):
@@ -86,9 +129,9 @@ def layer_problem(names: list[str], num_layers: int) -> str | None:
     return None
 
 
-def not_finite(path: str, entries: dict[str, Entry], names) -> str | None:
+def not_finite(file: WeightsFile, entries: dict[str, Entry], names) -> str | None:
     """The first of ``names`` (floating tensors) whose sampled values hold a NaN or an infinity, or None."""
-    with open(path, "rb") as f:
+    with file.open() as f:
         for name in names:
             entry = entries[name]
             item = ITEM_BYTES[entry.dtype]
@@ -103,12 +146,15 @@ def not_finite(path: str, entries: dict[str, Entry], names) -> str | None:
     return None
 
 
-def check_weights(path: str, family, config, raw_config: dict, config_path: str) -> None:
-    """model.safetensors at ``path`` against ``config`` (read from ``config_path``, ``raw_config`` as written):
-    layer count, every tensor's dtype and shape as the family reads it, and a sample of each one's values."""
+def check_weights(file: WeightsFile, family, config, raw_config: dict, config_path: str,
+                  sample: bool = True) -> None:
+    """model.safetensors ``file`` against ``config`` (read from ``config_path``, ``raw_config`` as written):
+    layer count, every tensor's dtype and shape as the family reads it, and (``sample``) a sample of each one's
+    values."""
     from docbeam.models.families.tensors import Tensors
 
-    entries = read_header(path)
+    path = file.path
+    entries = read_header(file)
     tensors = Tensors({name: ShapeOnly(e.shape, (name,)) for name, e in entries.items()}, family.PREFIXES, path)
     problem = layer_problem(list(tensors.tensors), config.num_layers)
     if problem:
@@ -141,7 +187,7 @@ def check_weights(path: str, family, config, raw_config: dict, config_path: str)
     missing = sorted(set(expected) - set(flat(made)))
     if missing:
         raise CheckpointError(f"model.path: {path} gives no parameter {missing[0]} that the model needs")
-    bad = not_finite(path, entries, read.names)
+    bad = not_finite(file, entries, read.names) if sample else None
     if bad:
         raise CheckpointError(f"model.path: {path} holds NaN or infinite values in the tensor {bad} (in a sample "
                               "of its values): the weights are damaged; download or convert them again")
