@@ -66,16 +66,27 @@ def weights_to_check(path: str, folder: str, with_weights: bool) -> tuple[Weight
     """(the model.safetensors to hold against config.json in this process, whether to sample its values). The
     driver checks wherever it can read the header: a local folder, ``pkg:``, a Hub snapshot in the cache, and
     ``gs://`` by ranged reads (its values are sampled by the workers, once they hold the file: scattered reads
-    of a remote file would cost a download). A worker checks what the driver could not (gs://, the Hub)."""
+    of a remote file would cost a download), and a Hub id online by HTTP ranges. A worker holding the file
+    samples a remote checkpoint's values."""
     local = os.path.join(folder, "model.safetensors")
     remote = "://" in path
     if with_weights:
         return (local_file(local) if remote and os.path.isfile(local) else None), True
     if os.path.isfile(local):
         return local_file(local), True
+    if path.startswith("hf://") and not _hub_offline():
+        from docbeam.models.checkpoint_source import hub_weights_file, pinned_path
+
+        return hub_weights_file(pinned_path(path, folder)), False
     if remote and not path.startswith("hf://"):
         return remote_file(f"{path.rstrip('/')}/model.safetensors"), False
-    return None, False
+    return None, False  # a Hub id offline whose cache lacks the weights: its digest refuses it
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE
 
 
 def read_header(file: WeightsFile) -> dict[str, Entry]:

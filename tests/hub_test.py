@@ -209,6 +209,22 @@ def test_an_offline_cache_without_the_weights_exits_2_naming_them(repos, tmp_pat
     assert "HF_HUB_OFFLINE is set and huggingface_hub's cache holds no model.safetensors for it" in result.stderr
     assert not (tmp_path / "out").exists()
 
+
+def test_online_the_driver_holds_config_json_against_the_weights_header_without_downloading_them(
+        prompted_checkpoint, tmp_path, monkeypatch, capsys):
+    one_layer = repo_from_folder(prompted_checkpoint, COMMIT)
+    one_layer.files["config.json"] = json.dumps({**json.loads(one_layer.files["config.json"]),
+                                                  "num_hidden_layers": 1}).encode()
+    with hub_server({"docbeam/tiny": one_layer}) as hub:
+        code, stderr = docbeam_run_online_here(tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys)
+        assert hub.downloads("model.safetensors") == 0
+        ranged = [p for m, p in hub.requests if m == "RANGE"]
+    assert code == 2, stderr[-3000:]
+    assert (f"docbeam: cannot start: model.path: hf://docbeam/tiny@{COMMIT}/model.safetensors holds tensors of 2 "
+            "layers") in stderr
+    assert ranged and all(p.endswith("/model.safetensors") for p in ranged)
+    assert not (tmp_path / "out").exists()
+
 def test_workers_fetch_a_pinned_hub_id_once_per_vm(repos, tmp_path):
     with hub_server(repos) as hub:
         env = hub_env(tmp_path, hub.url)
