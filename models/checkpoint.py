@@ -18,7 +18,8 @@ from docbeam.models.families.config import CheckpointError, EncoderConfig, HubCo
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
 from docbeam.models.st_settings import ModelSettings, model_settings, read_json
-from docbeam.models.weights_check import check_weights, weights_to_check
+from docbeam.models.weights_check import check_weights
+from docbeam.models.weights_source import weights_to_check
 from docbeam.models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
 
 __all__ = ["Checkpoint", "CheckpointError", "FastTokenizer", "HubId", "ModelSettings", "TOKENIZER_FILES",

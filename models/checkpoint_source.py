@@ -192,34 +192,6 @@ def _hub_weights_entry(hub: HubId):
     return files["model.safetensors"]
 
 
-def hub_weights_file(path: str):
-    """A pinned Hub id's model.safetensors as a WeightsFile read by HTTP range requests: the driver reads its
-    header (two small requests), never the weights."""
-    from huggingface_hub import hf_hub_url
-    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
-
-    from docbeam.models.weights_check import WeightsFile
-
-    hub = parse_hub_id(path)
-    url = hf_hub_url(hub.repo, "model.safetensors", revision=hub.revision, endpoint=_hub_env()["endpoint"])
-
-    class Ranged:
-        position = 0
-        __enter__, __exit__ = (lambda self: self), (lambda self, *exc: None)
-
-        def seek(self, position: int) -> None:
-            self.position = position
-
-        def read(self, n: int) -> bytes:
-            answer = get_session().get(url, headers={**build_hf_headers(), "range": f"bytes={self.position}-"
-                                                                                   f"{self.position + n - 1}"})
-            hf_raise_for_status(answer)
-            data = answer.content[:n] if answer.status_code == 206 else answer.content[self.position:][:n]
-            self.position += len(data)
-            return data
-
-    return WeightsFile(f"{path}/model.safetensors", _hub_weights_entry(hub).size, Ranged)
-
 _FETCHED: dict[tuple[str, tuple[str, ...]], str] = {}  # (prefix, names) → local folder, per process
 
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
-from typing import BinaryIO, Callable
 
 import numpy as np
 
 from docbeam.models.families.config import CheckpointError
+from docbeam.models.weights_source import WeightsFile
 
 ITEM_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
 FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": None}  # BF16: its upper float32 half, read by hand
@@ -34,59 +33,6 @@ class Entry:
     shape: tuple[int, ...]
     start: int  # the tensor's bytes in the file: [start, end)
     end: int
-
-
-@dataclasses.dataclass(frozen=True)
-class WeightsFile:
-    """A model.safetensors where it lies: ``path`` (local, or a Beam FileSystem's such as gs://), its size, and
-    how to open it for reading."""
-
-    path: str
-    size: int
-    open: Callable[[], BinaryIO]
-
-
-def local_file(path: str) -> WeightsFile:
-    return WeightsFile(path, os.path.getsize(path), lambda: open(path, "rb"))
-
-
-def remote_file(path: str) -> WeightsFile | None:
-    """gs:// (any Beam FileSystem): read with ranged requests, never downloaded whole; None if it is not there."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    if not FileSystems.exists(path):
-        return None
-    (match,) = FileSystems.match([path])
-    return WeightsFile(path, match.metadata_list[0].size_in_bytes,
-                       lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
-
-
-def weights_to_check(path: str, folder: str, with_weights: bool) -> tuple[WeightsFile | None, bool]:
-    """(the model.safetensors to hold against config.json in this process, whether to sample its values). The
-    driver checks wherever it can read the header: a local folder, ``pkg:``, a Hub snapshot in the cache, and
-    ``gs://`` by ranged reads (its values are sampled by the workers, once they hold the file: scattered reads
-    of a remote file would cost a download), and a Hub id online by HTTP ranges. A worker holding the file
-    samples a remote checkpoint's values."""
-    local = os.path.join(folder, "model.safetensors")
-    remote = "://" in path
-    if with_weights:
-        return (local_file(local) if remote and os.path.isfile(local) else None), True
-    if os.path.isfile(local):
-        return local_file(local), True
-    if path.startswith("hf://") and not _hub_offline():
-        from docbeam.models.checkpoint_source import hub_weights_file, pinned_path
-
-        return hub_weights_file(pinned_path(path, folder)), False
-    if remote and not path.startswith("hf://"):
-        return remote_file(f"{path.rstrip('/')}/model.safetensors"), False
-    return None, False  # a Hub id offline whose cache lacks the weights: its digest refuses it
-
-
-def _hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_OFFLINE
 
 
 def read_header(file: WeightsFile) -> dict[str, Entry]:
@@ -162,26 +108,23 @@ def check_weights(file: WeightsFile, family, config, raw_config: dict, config_pa
     """model.safetensors ``file`` against ``config`` (read from ``config_path``, ``raw_config`` as written):
     layer count, every tensor's dtype and shape as the family reads it, and (``sample``) a sample of each one's
     values."""
-    from docbeam.models.families.tensors import Tensors
-
     path = file.path
     entries = read_header(file)
-    tensors = Tensors({name: ShapeOnly(e.shape, (name,)) for name, e in entries.items()}, family.PREFIXES, path)
+    tensors = shape_tensors(entries, family.PREFIXES, path)
     problem = layer_problem(list(tensors.tensors), config.num_layers)
     if problem:
         key = next((k for k in LAYER_KEYS if k in raw_config), LAYER_KEYS[0])
         raise CheckpointError(f"model.path: {path} {problem}; {config_path} sets {key}: "
                               f"{json.dumps(raw_config.get(key))}. The two belong to different models: give the "
                               "checkpoint its own config.json")
-    read = Reads(tensors)
     try:
-        made = family.read_params(read, config)
+        made = family.read_params(tensors, config)
     except ValueError as e:  # tensors whose shapes cannot even be put together (a fused projection's parts)
         if isinstance(e, CheckpointError):
             raise
-        raise CheckpointError(f"model.path: {path}: the tensors {read.describe(entries)} cannot be put together "
-                              f"({e}): one has another shape than {config_path} says") from None
-    not_float = [n for n in read.names if entries[n].dtype not in FLOATS]
+        raise CheckpointError(f"model.path: {path}: the tensors {described(entries, tensors.read[-4:])} cannot be "
+                              f"put together ({e}): one has another shape than {config_path} says") from None
+    not_float = [n for n in tensors.read if entries[n].dtype not in FLOATS]
     if not_float:
         raise CheckpointError(f"model.path: {path} holds {not_float[0]} as {entries[not_float[0]].dtype}; a weight "
                               f"must be one of {', '.join(FLOATS)}")
@@ -191,14 +134,14 @@ def check_weights(file: WeightsFile, family, config, raw_config: dict, config_pa
         if want is not None and tuple(shape.shape) != want:
             raise CheckpointError(
                 f"model.path: {path}: the tensors read for the parameter {where} "
-                f"({read.describe(entries, shape.sources)}) make "
+                f"({described(entries, shape.sources)}) make "
                 f"shape {list(shape.shape)}, but {config_path} (hidden_size, num_attention_heads, "
                 f"intermediate_size, vocab_size, ...) needs {list(want)}: a tensor of another shape than the config "
                 "says, or a config.json of another model")
     missing = sorted(set(expected) - set(flat(made)))
     if missing:
         raise CheckpointError(f"model.path: {path} gives no parameter {missing[0]} that the model needs")
-    bad = not_finite(file, entries, read.names) if sample else None
+    bad = not_finite(file, entries, tensors.read) if sample else None
     if bad:
         raise CheckpointError(f"model.path: {path} holds NaN or infinite values in the tensor {bad} (in a sample "
                               "of its values): the weights are damaged; download or convert them again")
@@ -223,32 +166,26 @@ def flat(tree, prefix: str = "") -> dict:
     return {k: v for key, value in tree.items() for k, v in flat(value, f"{prefix}/{key}" if prefix else key).items()}
 
 
-class Reads:
-    """A Tensors of ShapeOnly values that notes which tensors the family reads, by their names in the file."""
+def shape_tensors(entries: dict[str, Entry], prefixes: tuple[str, ...], where: str):
+    """The file's tensors as ShapeOnly values, in a Tensors that notes the ones the family reads (``read``,
+    by their names in the file) for the dtype and finiteness checks."""
+    from docbeam.models.families.tensors import Tensors
 
-    def __init__(self, tensors):
-        self._tensors, self.names = tensors, []
+    class ShapeTensors(Tensors):
+        def __call__(self, name: str):
+            for candidate in (name, name.replace(".weight", ".gamma"), name.replace(".bias", ".beta")):
+                if candidate in self.tensors:
+                    self.read += self.tensors[candidate].sources
+                    return self.tensors[candidate]
+            return super().__call__(name)  # raises, naming the tensor the family needs
 
-    def __getattr__(self, name):
-        from docbeam.models.families.tensors import Tensors
+    tensors = ShapeTensors({name: ShapeOnly(e.shape, (name,)) for name, e in entries.items()}, prefixes, where)
+    tensors.read = []
+    return tensors
 
-        method = getattr(Tensors, name, None)
-        return method.__get__(self) if callable(method) else getattr(self._tensors, name)
 
-    def has(self, name: str) -> bool:
-        return self._tensors.has(name)
-
-    def __call__(self, name: str):
-        for candidate in (name, name.replace(".weight", ".gamma"), name.replace(".bias", ".beta")):
-            if self._tensors.has(candidate):
-                value = self._tensors.tensors[candidate]
-                self.names += value.sources
-                return value
-        return self._tensors(name)  # raises, naming the tensor the family needs
-
-    def describe(self, entries: dict[str, Entry], names=None) -> str:
-        """The tensors ``names`` (by default the last few read) with their shapes in the file."""
-        return ", ".join(f"{n} {list(entries[n].shape)}" for n in (self.names[-4:] if names is None else names))
+def described(entries: dict[str, Entry], names) -> str:
+    return ", ".join(f"{n} {list(entries[n].shape)}" for n in names)
 
 
 class ShapeOnly(np.lib.mixins.NDArrayOperatorsMixin):

@@ -276,7 +276,8 @@ def test_fractions_are_double_and_non_finite_or_deep_values_are_rejections_not_a
     assert summary["rejected_by_kind"] == {"kept_field_type": 3}
     rows = read_rows(str(tmp_path / "out"))
     assert {i: rows[i]["score"] for i in rows} == {"a": 0.5, "b": 1.5}
-    errors = {e["id"]: e["reason"] for p in glob.glob(f"{tmp_path}/out/errors/*.jsonl") for e in map(json.loads, open(p))}
+    errors = {e["id"]: e["reason"] for path in glob.glob(f"{tmp_path}/out/errors/*.jsonl")
+              for e in map(json.loads, open(path))}
     assert "field 'meta' (input.keep_fields) nests 450 lists or objects deep" in errors["deep"]
     assert "field 'score' (input.keep_fields) is a number JSON text cannot hold (Infinity)" in errors["huge"]
     assert "(NaN)" in errors["nan"]
