@@ -24,7 +24,7 @@ FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": None}  # BF16: its u
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 SAMPLE_VALUES = 256  # read at the start, the middle and the end of every tensor: a NaN tensor shows in any of them
 LAYER = re.compile(r"(?:^|\.)(?:layers?|h|blocks)\.(\d+)\.")
-LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")  # how config.json names the layer count
+LAYER_KEYS = ("num_hidden_layers", "n_layers", "n_layer", "num_layers")  # how config.json names the layer count
 
 
 @dataclasses.dataclass(frozen=True)

@@ -135,7 +135,8 @@ class EncoderConfig:
 _MISSING = object()
 SIZES = {key: 1 for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                             "intermediate_size", "max_position_embeddings", "num_key_value_heads", "head_dim",
-                            "n_layer", "n_head", "n_embd", "n_inner", "n_positions")} | {"type_vocab_size": 0}
+                            "n_layer", "n_layers", "n_head", "n_heads", "n_embd", "n_inner", "n_positions", "dim",
+                            "hidden_dim")} | {"type_vocab_size": 0}
 EPSILONS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "norm_eps")
 
 
