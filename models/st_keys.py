@@ -81,8 +81,12 @@ def read_json(folder: str, name: str) -> Any:
     path = os.path.join(folder, name)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"model.path: {path} is not valid JSON ({e}); write it again, or copy the "
+                              "checkpoint's own") from None
 
 
 def check_keys(folder: str, name: str, kind: str, values: dict) -> None:

@@ -82,4 +82,9 @@ def load_tokenizer(folder: str) -> FastTokenizer:
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.exists(path):
         raise CheckpointError(f"model.path: {folder} has no fast tokenizer (tokenizer.json)")
-    return FastTokenizer(path)
+    try:
+        return FastTokenizer(path)
+    except Exception as e:  # noqa: BLE001  the tokenizers library raises its own Exception for any bad file
+        raise CheckpointError(f"model.path: {path} cannot be read by the tokenizers library ({str(e)[:300]}); "
+                              "copy the checkpoint's own tokenizer.json (transformers: tokenizer.save_pretrained)") \
+            from None
