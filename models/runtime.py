@@ -142,7 +142,8 @@ class EncoderRuntime:
             self.profiler.finish()
 
     def encode(self, batch) -> tuple[np.ndarray, dict]:
-        """The batch's window vectors and its timing record (with the start-up report, when there is news)."""
+        """The batch's window vectors (a multi-vector head's: a list of each window's token vectors) and its
+        timing record (with the start-up report, when there is news)."""
         with self._lock:
             self.profiler.before_batch()
             vectors, timing = self._encode(batch)
@@ -173,10 +174,12 @@ class EncoderRuntime:
         pooled.block_until_ready()
         t2 = time.perf_counter()
         pooled = np.asarray(pooled)
-        vectors = pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
+        # A multi-vector head's forward gives every token's vector: the head cuts each window's out.
+        per_token = getattr(self.spec.head, "window_vectors", None)
+        vectors = per_token(pooled, batch) if per_token else pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
         alone = reencode_row_mates(
             lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]), batch, vectors,
-        ) if batch.packed else []
+            per_token) if batch.packed else []
         t3 = time.perf_counter()
         compiles_after, compile_s_after, hits_after = watch.in_this_thread()
         compiled = compiles_after > compiles_before

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from docbeam.models.families.config import CheckpointError
 from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
@@ -48,6 +49,7 @@ class ModelSettings:
     include_prompt: bool = True  # the Pooling module pools the prompt's tokens
     dense: tuple[DenseModule, ...] = ()  # applied in order to every pooled window
     truncate_dim: int | None = None  # config_sentence_transformers.json's: the default of model.truncate_dim
+    token_mask: Any = None  # a MultiVectorEncoder's (models/st_multivector.py TokenMask); None for other models
 
     def width(self, hidden_size: int) -> int:
         """The pooled vector's width after the Dense modules (before any truncation)."""
@@ -60,6 +62,10 @@ class ModelSettings:
 def model_settings(folder: str, config) -> ModelSettings:
     """sentence-transformers' settings decide window length, pooling, normalisation and prompts when present;
     a setting docbeam cannot honour is refused rather than replaced by a default (other embeddings)."""
+    from docbeam.models.st_multivector import is_multi_vector, multi_vector_settings
+
+    if is_multi_vector(folder):
+        return multi_vector_settings(folder, config)
     st = read_json(folder, TRANSFORMER_CONFIG) or {}
     check_keys(folder, TRANSFORMER_CONFIG, TRANSFORMER_CONFIG, st)
     modules = sentence_transformers_modules(folder, task_adapters=bool(getattr(config, "tasks", ())))
@@ -82,8 +88,10 @@ def model_settings(folder: str, config) -> ModelSettings:
                          truncate_dim=truncate_dim)
 
 
-def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int) -> tuple[DenseModule, ...]:
-    """The Dense modules in modules.json's order, each reading the width the one before it writes."""
+def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int,
+                  keys: str = "Dense") -> tuple[DenseModule, ...]:
+    """The Dense modules in modules.json's order, each reading the width the one before it writes (``keys``
+    TokenDense: a MultiVectorEncoder's, on every token, checked as such)."""
     out, width = [], hidden_size
     for kind, module in modules:
         if kind != "Dense":
@@ -93,7 +101,7 @@ def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int
         if cfg is None:
             raise CheckpointError(f"model.path: {folder}/{MODULES} lists a Dense module at {module.get('path')!r}, "
                                   f"but {name} is missing; docbeam reads its shape and activation from it")
-        check_keys(folder, name, "Dense", cfg)
+        check_keys(folder, name, keys, cfg)
         activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
         if activation not in DENSE_ACTIVATIONS:
             raise CheckpointError(f"model.path: {folder}/{name} sets activation_function: {json.dumps(activation)}, "
@@ -115,10 +123,10 @@ def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | Non
     ``default_prompt_name``). docbeam embeds documents, so a default_prompt_name of ``query`` does not apply."""
     cfg = read_json(folder, ST_CONFIG) or {}
     check_keys(folder, ST_CONFIG, ST_CONFIG, cfg)
-    if cfg.get("model_type", "SentenceTransformer") != "SentenceTransformer":
+    if cfg.get("model_type", "SentenceTransformer") not in ("SentenceTransformer", "MultiVectorEncoder"):
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets model_type: {cfg['model_type']!r}; docbeam "
-                              "runs dense embedding models (SentenceTransformer), not sparse, multi-vector or "
-                              "cross encoders")
+                              "runs dense embedding models (SentenceTransformer) and multi-vector ones "
+                              "(MultiVectorEncoder), not sparse or cross encoders")
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets prompts: {json.dumps(prompts)}; expected a "
