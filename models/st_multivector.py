@@ -16,6 +16,7 @@ import json
 
 from docbeam.models.families.config import CheckpointError
 from docbeam.models.st_keys import MODULES, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
+from docbeam.models.st_settings import ModelSettings, _tokenizer_max_len, dense_modules, prompt_settings
 
 MODEL_TYPE = "MultiVectorEncoder"
 MODULE_ORDER = ("Transformer", "Dense", "MultiVectorMask", "Normalize")
@@ -70,8 +71,6 @@ def multi_vector_modules(folder: str) -> tuple[list[tuple[str, dict]], TokenMask
 def multi_vector_settings(folder: str, config):
     """The ModelSettings of a MultiVectorEncoder checkpoint: its window (``document_length``, else as a
     SentenceTransformer's), prompts, token Dense modules, mask and normalisation; ``pooling`` is ``tokens``."""
-    from docbeam.models.st_settings import ModelSettings, _tokenizer_max_len, dense_modules, prompt_settings
-
     st = transformer_settings(folder)
     dense, mask, normalize = multi_vector_modules(folder)
     max_len = st.get("document_length") or st.get("max_seq_length") or _tokenizer_max_len(folder) \

@@ -62,10 +62,6 @@ class ModelSettings:
 def model_settings(folder: str, config) -> ModelSettings:
     """sentence-transformers' settings decide window length, pooling, normalisation and prompts when present;
     a setting docbeam cannot honour is refused rather than replaced by a default (other embeddings)."""
-    from docbeam.models.st_multivector import is_multi_vector, multi_vector_settings
-
-    if is_multi_vector(folder):
-        return multi_vector_settings(folder, config)
     st = read_json(folder, TRANSFORMER_CONFIG) or {}
     check_keys(folder, TRANSFORMER_CONFIG, TRANSFORMER_CONFIG, st)
     modules = sentence_transformers_modules(folder, task_adapters=bool(getattr(config, "tasks", ())))
