@@ -16,7 +16,8 @@ import json
 
 from docbeam.models.families.config import CheckpointError
 from docbeam.models.st_keys import MODULES, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
-from docbeam.models.st_settings import ModelSettings, _tokenizer_max_len, dense_modules, prompt_settings
+from docbeam.models.st_settings import (ModelSettings, _tokenizer_max_len, dense_modules, prompt_settings,
+                                        sentence_transformers_modules)
 
 MODEL_TYPE = "MultiVectorEncoder"
 MODULE_ORDER = ("Transformer", "Dense", "MultiVectorMask", "Normalize")
@@ -39,23 +40,11 @@ def is_multi_vector(folder: str) -> bool:
 def multi_vector_modules(folder: str) -> tuple[list[tuple[str, dict]], TokenMask | None, bool]:
     """(the Dense modules as (``"Dense"``, entry), the mask or None, whether the vectors are normalised); any
     other module, order or setting is a CheckpointError naming it."""
-    modules, kinds = read_json(folder, MODULES) or [], []
-    for module in modules:
-        module_type = str(module.get("type", ""))
-        kind = module_type.rsplit(".", 1)[-1]
-        if kind not in MODULE_ORDER or not module_type.startswith("sentence_transformers."):
-            raise CheckpointError(
-                f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type {module_type!r} (path "
-                f"{module.get('path')!r}), which docbeam's multi_vector head does not run: it runs only "
-                f"sentence-transformers' {', '.join(MODULE_ORDER)}, so its vectors would not be this model's "
-                "(a token pooling module merges vectors docbeam would write apart); use a checkpoint without it")
-        check_keys(folder, MODULES, MODULES, module)
-        kinds.append((kind, module))
-    order = [MODULE_ORDER.index(kind) for kind, _ in kinds]
+    kinds = sentence_transformers_modules(folder, supported=MODULE_ORDER)
     once = [kind for kind, _ in kinds if kind != "Dense"]
-    if order != sorted(order) or len(once) != len(set(once)) or once[:1] != ["Transformer"]:
-        raise CheckpointError(f"model.path: {folder}/{MODULES} lists its modules as {[k for k, _ in kinds]}; the "
-                              "multi_vector head runs them only as Transformer, Dense..., MultiVectorMask, Normalize")
+    if once[:1] != ["Transformer"] or len(once) != len(set(once)):
+        raise CheckpointError(f"model.path: {folder}/{MODULES} lists {once}; the multi_vector head runs one "
+                              "Transformer, then at most one MultiVectorMask and one Normalize")
     mask, normalize = None, False
     for kind, module in kinds:
         name = f"{module.get('path')}/config.json"

@@ -135,9 +135,11 @@ def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | Non
     return tuple(prompts.items()), document
 
 
-def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> list[tuple[str, dict]]:
+def sentence_transformers_modules(folder: str, task_adapters: bool = False,
+                                  supported: tuple[str, ...] = SUPPORTED_MODULES) -> list[tuple[str, dict]]:
     """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError.
-    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one."""
+    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one.
+    ``supported``: the modules docbeam runs, in their order (a MultiVectorEncoder's: models/st_multivector.py)."""
     modules = read_json(folder, MODULES) or []
     out = []
     for module in modules:
@@ -146,19 +148,20 @@ def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> l
             continue
         module_type = str(module.get("type", ""))
         kind = module_type.rsplit(".", 1)[-1]
-        if kind not in SUPPORTED_MODULES or not module_type.startswith("sentence_transformers."):
+        if kind not in supported or not module_type.startswith("sentence_transformers."):
             raise CheckpointError(
                 f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
                 f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
-                f"sentence-transformers' {', '.join(SUPPORTED_MODULES)}, so its embeddings would not be this "
+                f"sentence-transformers' {', '.join(supported)}, so its embeddings would not be this "
                 "model's; use a checkpoint without that module")
         check_keys(folder, MODULES, MODULES, module)
         out.append((kind, module))
-    order = [SUPPORTED_MODULES.index(kind) for kind, _ in out]
+    order = [supported.index(kind) for kind, _ in out]
     if order != sorted(order):
         raise CheckpointError(f"model.path: {folder}/{MODULES} lists its modules in the order "
-                              f"{[kind for kind, _ in out]}; docbeam runs them only as Transformer, Pooling, "
-                              "Dense..., Normalize, so its embeddings would not be this model's")
+                              f"{[kind for kind, _ in out]}; docbeam runs them only as "
+                              f"{', '.join(k + '...' if k == 'Dense' else k for k in supported)}, so its embeddings "
+                              "would not be this model's")
     return out
 
 

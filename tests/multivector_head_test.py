@@ -154,7 +154,10 @@ def rewrite(folder: str, name: str, edit) -> None:
     ("2_MultiVectorMask/config.json", lambda c: {**c, "skiplist_tasks": ["query"]}, "sets skiplist_tasks"),
     ("modules.json", lambda m: m + [{"idx": 4, "name": "4", "path": "4_Pool", "type":
                                      "sentence_transformers.multi_vector_encoder.modules.HierarchicalTokenPooling"}],
-     "module '4' of type .*HierarchicalTokenPooling.*which docbeam's multi_vector head does not run"),
+     "module '4' of type .*HierarchicalTokenPooling.*which docbeam does not run: it runs only sentence-transformers' "
+     "Transformer, Dense, MultiVectorMask, Normalize"),
+    ("modules.json", lambda m: [m[0], m[3], m[1], m[2]], "in the order .*Transformer, Dense..., MultiVectorMask, "
+                                                         "Normalize"),
     ("1_Dense/config.json", lambda c: {**c, "module_input_name": "sentence_embedding"},
      "1_Dense/config.json sets module_input_name"),
     ("3_Normalize/config.json", lambda c: {**c, "module_input_name": "sentence_embedding"},
