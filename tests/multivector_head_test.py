@@ -27,7 +27,8 @@ TEXTS = [f"The {w}, by the river's bank: a loan (or two) for {w}! Is it {i}?" * 
          for i, w in enumerate(["tide", "quay", "fund", "ledger", "harbour", "ferry"])]  # some cut at the window
 
 
-def mve_checkpoint(folder: str, *, skiplist=tuple(string.punctuation), normalize: bool = True) -> str:
+def mve_checkpoint(folder: str, *, skiplist=tuple(string.punctuation), normalize: bool = True,
+                   prompts: dict | None = None) -> str:
     """A random BERT (weights std 0.3) as sentence-transformers' own MultiVectorEncoder: Transformer, a Dense
     projection 32 → 16 (std 0.3), MultiVectorMask, Normalize, saved with ``.save()``."""
     import torch
@@ -43,8 +44,8 @@ def mve_checkpoint(folder: str, *, skiplist=tuple(string.punctuation), normalize
         dense.linear.weight.normal_(0.0, 0.3)
         dense.linear.bias.normal_(0.0, 0.3)
     modules = [Transformer(bert, max_seq_length=WINDOW), dense, MultiVectorMask(skiplist_words=list(skiplist))]
-    MultiVectorEncoder(modules=modules + ([Normalize(module_input_name="token_embeddings")] if normalize else [])
-                       ).save(folder)
+    MultiVectorEncoder(modules=modules + ([Normalize(module_input_name="token_embeddings")] if normalize else []),
+                       prompts=prompts).save(folder)
     return folder
 
 
@@ -196,19 +197,26 @@ def test_outputs_that_take_one_vector_per_document_are_refused(tmp_path, folder,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packing, vector_dtype", [(False, "float32"), (True, "float16")])
-def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, folder, packing, vector_dtype):
+@pytest.mark.parametrize("packing, vector_dtype, prompts", [
+    (False, "float32", None), (True, "float16", {"document": "passage: ", "query": "query: "})])
+def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector_dtype, prompts):
+    """Unpacked float32, then reused by an incremental run; packed float16 with the checkpoint's document prompt."""
     import pyarrow.parquet as pq
 
     from conftest import job_config
     from docbeam.pipeline.driver.run import run_job
 
+    folder = mve_checkpoint(str(tmp_path / "model"), prompts=prompts)
     with open(tmp_path / "docs.jsonl", "w") as f:
         for i, text in enumerate(TEXTS):
             f.write(json.dumps({"id": f"d{i}", "text": text}) + "\n")
-    summary = run_job(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder,
-                                 output={"vector_dtype": vector_dtype},
-                                 batching={"buckets": [16, 32, 48], "tokens_per_batch": 256, "packing": packing}))
+    sections = {"output": {"vector_dtype": vector_dtype},
+                "batching": {"buckets": [16, 32, 48], "tokens_per_batch": 256, "packing": packing}}
+    summary = run_job(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder, **sections))
+    if not prompts:
+        again = run_job(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "again"), folder,
+                                   input={"reuse_from": str(tmp_path / "out")}, **sections))
+        assert again["docs_reused"] == len(TEXTS) and again["multi_vector"] == summary["multi_vector"]
     rows = pq.read_table(glob.glob(str(tmp_path / "out" / "embeddings" / "*.parquet"))).to_pylist()
     got = {r["id"]: np.asarray(r["multi_vector"], np.float64) for r in rows}
     expected = reference(folder, TEXTS)
