@@ -227,3 +227,31 @@ def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector
     vectors = sum(len(v) for v in expected)
     assert summary["multi_vector"] == {"vectors_per_document": vectors / len(TEXTS), "bytes_per_document":
                                        vectors * PROJECTED * np.dtype(vector_dtype).itemsize / len(TEXTS)}
+
+
+def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_with_it(folder):
+    """As for pooled vectors (packed_encoding_test.py): token 7's embedding is NaN; "bad" shares a packed row with
+    "good", whose token vectors the runtime encodes again alone, so they are the clean run's, cut the same way."""
+    import jax.numpy as jnp
+
+    from docbeam.attention.plan import AttentionSpec
+    from docbeam.pipeline.records import TokenWindow
+    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.packer import packed_batch
+
+    native = attention.get("native")
+    head = resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder))
+    spec = dataclasses.replace(standalone_spec(folder, "float32", "mean", AttentionSpec(
+        "native", native.parse_options(None)), (16, 32), packing=True), head=head)
+    runtime = load_encoder(spec)
+    good = TokenWindow("good", 0, 1, np.array([101, 2000, 1010, 2017, 1012, 102], np.int32), 4, False)  # , and .
+    bad = TokenWindow("bad", 0, 1, np.array([101, 7, 2003, 102], np.int32), 2, False)
+    clean, _ = runtime.encode(packed_batch([[good]], 32, 2))
+    assert clean[0].shape == (4, PROJECTED)  # its comma and full stop are skipped
+    words = runtime.params["encoder"]["embed"]["word"]["embedding"]
+    runtime.params["encoder"]["embed"]["word"]["embedding"] = words.at[7].set(jnp.nan)
+    batch = packed_batch([[good, bad]], 32, 2)
+    vectors, timing = runtime.encode(batch)
+    by_id = {w[0]: v for w, v in zip(batch.windows, vectors)}
+    assert not np.isfinite(by_id["bad"]).all() and timing["reencoded_alone"] == 2
+    np.testing.assert_allclose(by_id["good"], clean[0], atol=2e-6)
