@@ -255,3 +255,4 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_wi
     by_id = {w[0]: v for w, v in zip(batch.windows, vectors)}
     assert not np.isfinite(by_id["bad"]).all() and timing["reencoded_alone"] == 2
     np.testing.assert_allclose(by_id["good"], clean[0], atol=2e-6)
+
