@@ -125,8 +125,8 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
     """The head this run uses: ``model.head`` (``choice``: auto, embedding, classifier, multi_vector) against what
     the checkpoint carries. auto takes multi_vector for a MultiVectorEncoder checkpoint, the classifier of a
     ``*ForSequenceClassification`` checkpoint without sentence-transformers' files, the embedding otherwise; a
-    task head no docbeam head reproduces is refused
-    unless ``model.head: embedding`` asks for the backbone's embeddings."""
+    task head no docbeam head reproduces is refused unless ``model.head: embedding`` asks for the backbone's
+    embeddings."""
     import importlib
 
     from docbeam.models.st_settings import read_json

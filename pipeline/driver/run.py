@@ -113,7 +113,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
     # A multi-vector head writes its own dtype (models/heads/multivector.py): its rows have no embedding column.
     quantized = embedded["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
-        cfg.output.vector_dtype if plan.head.name == "embedding" else "float32", run_id, plan.reuse.source.calibration if plan.reuse.source else None)
+        cfg.output.vector_dtype if plan.head.name == "embedding" else "float32", run_id,
+        plan.reuse.source.calibration if plan.reuse.source else None)
     rejected = (read["rejected"], embedded["rejected"], quantized["rejected"]) | "AllRejected" >> beam.Flatten()
     calibration = {"calibration": quantized["calibration"]} if "calibration" in quantized else {}
     selection = select_documents(plan, staging, run_id, read, quantized["rows"], reused)
