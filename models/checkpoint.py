@@ -17,6 +17,7 @@ from docbeam.models.families import family_of, family_of_config
 from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
+from docbeam.models.st_multivector import is_multi_vector, multi_vector_settings
 from docbeam.models.st_settings import ModelSettings, model_settings, read_json
 from docbeam.models.weights_check import check_weights
 from docbeam.models.weights_source import weights_to_check
@@ -134,4 +135,6 @@ def open_checkpoint(path: str, dtype: str = "float32", with_weights: bool = Fals
     if weights is not None:
         check_weights(weights, family_of(config), config, read_json(folder, "config.json"),
                       os.path.join(folder, "config.json"), sample)
-    return Checkpoint(folder=folder, config=config, settings=model_settings(folder, config))
+    # A MultiVectorEncoder's modules are not a SentenceTransformer's (models/st_multivector.py).
+    settings = (multi_vector_settings if is_multi_vector(folder) else model_settings)(folder, config)
+    return Checkpoint(folder=folder, config=config, settings=settings)

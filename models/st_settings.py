@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from docbeam.models.families.config import CheckpointError
 from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
@@ -48,6 +49,7 @@ class ModelSettings:
     include_prompt: bool = True  # the Pooling module pools the prompt's tokens
     dense: tuple[DenseModule, ...] = ()  # applied in order to every pooled window
     truncate_dim: int | None = None  # config_sentence_transformers.json's: the default of model.truncate_dim
+    token_mask: Any = None  # a MultiVectorEncoder's (models/st_multivector.py TokenMask); None for other models
 
     def width(self, hidden_size: int) -> int:
         """The pooled vector's width after the Dense modules (before any truncation)."""
@@ -82,8 +84,10 @@ def model_settings(folder: str, config) -> ModelSettings:
                          truncate_dim=truncate_dim)
 
 
-def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int) -> tuple[DenseModule, ...]:
-    """The Dense modules in modules.json's order, each reading the width the one before it writes."""
+def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int,
+                  keys: str = "Dense") -> tuple[DenseModule, ...]:
+    """The Dense modules in modules.json's order, each reading the width the one before it writes (``keys``
+    TokenDense: a MultiVectorEncoder's, on every token, checked as such)."""
     out, width = [], hidden_size
     for kind, module in modules:
         if kind != "Dense":
@@ -93,7 +97,7 @@ def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int
         if cfg is None:
             raise CheckpointError(f"model.path: {folder}/{MODULES} lists a Dense module at {module.get('path')!r}, "
                                   f"but {name} is missing; docbeam reads its shape and activation from it")
-        check_keys(folder, name, "Dense", cfg)
+        check_keys(folder, name, keys, cfg)
         activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
         if activation not in DENSE_ACTIVATIONS:
             raise CheckpointError(f"model.path: {folder}/{name} sets activation_function: {json.dumps(activation)}, "
@@ -115,10 +119,10 @@ def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | Non
     ``default_prompt_name``). docbeam embeds documents, so a default_prompt_name of ``query`` does not apply."""
     cfg = read_json(folder, ST_CONFIG) or {}
     check_keys(folder, ST_CONFIG, ST_CONFIG, cfg)
-    if cfg.get("model_type", "SentenceTransformer") != "SentenceTransformer":
+    if cfg.get("model_type", "SentenceTransformer") not in ("SentenceTransformer", "MultiVectorEncoder"):
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets model_type: {cfg['model_type']!r}; docbeam "
-                              "runs dense embedding models (SentenceTransformer), not sparse, multi-vector or "
-                              "cross encoders")
+                              "runs dense embedding models (SentenceTransformer) and multi-vector ones "
+                              "(MultiVectorEncoder), not sparse or cross encoders")
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets prompts: {json.dumps(prompts)}; expected a "
@@ -131,9 +135,11 @@ def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | Non
     return tuple(prompts.items()), document
 
 
-def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> list[tuple[str, dict]]:
+def sentence_transformers_modules(folder: str, task_adapters: bool = False,
+                                  supported: tuple[str, ...] = SUPPORTED_MODULES) -> list[tuple[str, dict]]:
     """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError.
-    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one."""
+    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one.
+    ``supported``: the modules docbeam runs, in their order (a MultiVectorEncoder's: models/st_multivector.py)."""
     modules = read_json(folder, MODULES) or []
     out = []
     for module in modules:
@@ -142,19 +148,20 @@ def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> l
             continue
         module_type = str(module.get("type", ""))
         kind = module_type.rsplit(".", 1)[-1]
-        if kind not in SUPPORTED_MODULES or not module_type.startswith("sentence_transformers."):
+        if kind not in supported or not module_type.startswith("sentence_transformers."):
             raise CheckpointError(
                 f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
                 f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
-                f"sentence-transformers' {', '.join(SUPPORTED_MODULES)}, so its embeddings would not be this "
+                f"sentence-transformers' {', '.join(supported)}, so its embeddings would not be this "
                 "model's; use a checkpoint without that module")
         check_keys(folder, MODULES, MODULES, module)
         out.append((kind, module))
-    order = [SUPPORTED_MODULES.index(kind) for kind, _ in out]
+    order = [supported.index(kind) for kind, _ in out]
     if order != sorted(order):
         raise CheckpointError(f"model.path: {folder}/{MODULES} lists its modules in the order "
-                              f"{[kind for kind, _ in out]}; docbeam runs them only as Transformer, Pooling, "
-                              "Dense..., Normalize, so its embeddings would not be this model's")
+                              f"{[kind for kind, _ in out]}; docbeam runs them only as "
+                              f"{', '.join(k + '...' if k == 'Dense' else k for k in supported)}, so its embeddings "
+                              "would not be this model's")
     return out
 
 

@@ -42,6 +42,10 @@ class FastTokenizer:
         self.cls_token_id = special[0] if special else None
         self.sep_token_id = special[-1] if special else None
 
+    def token_id(self, token: str) -> int | None:
+        """The vocabulary's id of ``token`` (an added token's too), or None when it is not one token."""
+        return self._tokenizer.token_to_id(token)
+
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return self._tokenizer.num_special_tokens_to_add(pair)
 

