@@ -34,7 +34,7 @@ def hub_config(config: dict) -> dict:
     terms = config["pos_att_type"]
     return {**{k: v for k, v in config.items() if k != "dtype"}, "torch_dtype": "float32",
             "pos_att_type": "|".join(terms) if isinstance(terms, list) else terms,
-            "architectures": ["DebertaV2ForSequenceClassification"]}
+            "architectures": ["DebertaV2ForMaskedLM"]}  # a pre-training head: the backbone embeds
 
 
 def hub_tensors(tensors: dict) -> dict:
