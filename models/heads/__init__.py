@@ -27,7 +27,8 @@ from docbeam.models.families.config import ACTIVATIONS, CheckpointError
 LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
-HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier"}
+HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
+         "sparse": "docbeam.models.heads.sparse"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +56,10 @@ class Head:
     width: int  # values per window that leave the forward
     folder: str  # the output folder its rows are written to
     carried: str | None = None  # the task head config.json names ("BertForSequenceClassification"), if any
+    # A head that needs every token state (sparse.py) defines ``reduce(hidden_BxTxD, lengths_B, segment_ids_BxT,
+    # slot_lengths_BxK, params)`` → [B, width] (packed: [B, K, width]), which the forward runs instead of
+    # pooling and ``layers``; None: pool, then the layers.
+    reduce = None
 
     @property
     def dim(self) -> int:
@@ -118,8 +123,8 @@ TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQues
 
 
 def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -> Head:
-    """The head this run uses: ``model.head`` (``choice``: auto, embedding or classifier) against what the
-    checkpoint carries. auto takes the classifier of a ``*ForSequenceClassification`` checkpoint without
+    """The head this run uses: ``model.head`` (``choice``: auto, or a HEADS name) against what the
+    checkpoint carries. auto takes the sparse head of a SparseEncoder, the classifier of a ``*ForSequenceClassification`` checkpoint without
     sentence-transformers' files, the embedding otherwise; a task head no docbeam head reproduces is refused
     unless ``model.head: embedding`` asks for the backbone's embeddings."""
     import importlib
@@ -129,15 +134,20 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
     hf = read_json(checkpoint.folder, "config.json") or {}
     carried = task_head(hf)
     where = f"{checkpoint.folder}/config.json"
+    sparse = checkpoint.settings.splade is not None
     if choice == "auto":
         has_st = read_json(checkpoint.folder, "modules.json") is not None
-        choice = "classifier" if carried and carried.endswith("ForSequenceClassification") and not has_st \
-            else "embedding"
+        choice = "sparse" if sparse else "classifier" if carried and carried.endswith("ForSequenceClassification") \
+            and not has_st else "embedding"
         if carried and choice == "embedding" and not has_st:
             raise CheckpointError(
                 f"model.path: {where} sets architectures: [{carried!r}], a head that gives one output per token or "
                 "per answer, which docbeam does not write; set model.head: embedding to embed with its backbone "
                 "(the head is then not run), or use a sequence classification or embedding checkpoint")
+    if sparse and choice != "sparse":
+        raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/modules.json makes a SparseEncoder "
+                              "(MLMTransformer + SpladePooling), whose output is a sparse vector; set model.head: "
+                              "auto or sparse")
     if choice not in HEADS:
         raise CheckpointError(f"model.head: {choice!r} is not a head; use one of auto, {', '.join(HEADS)}")
     head = importlib.import_module(HEADS[choice]).resolve(checkpoint, hf, carried, where, model_cfg)
