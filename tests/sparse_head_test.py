@@ -1,6 +1,6 @@
 """The sparse head (models/heads/sparse.py): a SparseEncoder checkpoint (MLMTransformer + SpladePooling) saved
 by sentence-transformers' own classes gives docbeam the vectors of ``SparseEncoder.encode_document``, for BERT
-and DistilBERT, max and sum pooling, native and chunked, packed and unpacked; a head broken on purpose no longer
+DistilBERT and ModernBERT, max and sum pooling, native and chunked, packed and unpacked; a head broken on purpose no longer
 does; the vocabulary-wide logits never exist whole; and what docbeam does not reproduce is refused at start."""
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
 from docbeam.models.heads.sparse import prune
 from docbeam.pipeline.driver.config import ModelConfig
-from family_fixtures import pack, save_checkpoint, tiny_model
+from family_fixtures import pack, save_checkpoint, spread_norms_and_biases, tiny_model
 
 MIN_COSINE = 0.99999  # the issue's bar, float32
 WINDOW = 64
@@ -27,17 +27,23 @@ FAMILIES = {  # transformers' masked-LM class, its config, the output bias's ten
     "bert": ("BertForMaskedLM", dict(num_hidden_layers=2, intermediate_size=64), "cls.predictions.bias"),
     "distilbert": ("DistilBertForMaskedLM", dict(n_layers=2, hidden_dim=48, max_position_embeddings=128),
                    "vocab_projector.bias"),
+    "modernbert": ("ModernBertForMaskedLM", dict(num_hidden_layers=4, intermediate_size=48, local_attention=8,
+                                                 global_attn_every_n_layers=2, global_rope_theta=160_000.0,
+                                                 local_rope_theta=10_000.0, pad_token_id=0, bos_token_id=101,
+                                                 cls_token_id=101, eos_token_id=102, sep_token_id=102,
+                                                 attn_implementation="eager"), "decoder.bias"),
 }
 
 
 def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation: str = "relu") -> str:
-    """A random masked-LM (std 0.3, output bias around -6 so most terms are zero) saved by SparseEncoder.save."""
+    """A random masked-LM (std 0.3, norms and biases spread, the output bias around -6 so most terms are zero)
+    saved by SparseEncoder.save."""
     import torch
     from sentence_transformers import SparseEncoder
     from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
 
     model_class, settings, bias = FAMILIES[family]
-    model = tiny_model(model_class, **settings)
+    model = spread_norms_and_biases(tiny_model(model_class, **settings))  # a norm mapped wrong shows
     with torch.no_grad():
         model.get_parameter(bias).normal_(-6.0, 0.5)
     save_checkpoint(model, f"{folder}/mlm")
@@ -48,7 +54,7 @@ def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation
     return f"{folder}/st"
 
 
-@pytest.fixture(scope="module", params=[("bert", "max"), ("bert", "sum"), ("distilbert", "max")],
+@pytest.fixture(scope="module", params=[("bert", "max"), ("bert", "sum"), ("distilbert", "max"), ("modernbert", "max")],
                 ids=lambda fp: "-".join(fp))
 def splade(request, tmp_path_factory):
     family, pooling = request.param
@@ -164,3 +170,120 @@ def test_pruning_keeps_the_largest_terms_above_the_threshold_in_ascending_order(
     assert prune(vector, 0.2, None)[0].tolist() == [1, 2, 3, 5]
     assert prune(vector, None, 2)[0].tolist() == [1, 3]  # 0.9, then the tie 0.5 at the lower token id
     assert prune(vector, 0.3, 5)[0].tolist() == [1, 3, 5]
+
+
+def window(index, count, vector, length=30):
+    from docbeam.pipeline.records import WindowEmbedding
+
+    return WindowEmbedding(doc_id="d", index=index, num_windows=count, length=length, doc_tokens=90, truncated=False,
+                           vector=np.asarray(vector, np.float32), bucket_len=64, backend="native")
+
+
+@pytest.fixture(scope="module")
+def bert_max(tmp_path_factory):
+    return sparse_checkpoint(str(tmp_path_factory.mktemp("bert-rows")), "bert", "max")
+
+
+def test_a_long_documents_vector_is_its_first_window_or_every_windows_as_the_pooling_combines(bert_max):
+    ck = checkpoint.open_checkpoint(bert_max)
+    windows = [window(1, 2, [0.0, 2.0, 1.0, 0.0]), window(0, 2, [3.0, 0.0, 2.0, 0.0])]
+
+    def row(pooling, **sparse):
+        head = resolve(ck, "auto", ModelConfig(path=bert_max, sparse=sparse))
+        return dataclasses.replace(head, pooling=pooling, width=4).document_row(windows)["sparse_embedding"]
+
+    assert row("max") == {"indices": [0, 2], "values": [3.0, 2.0]}  # the first window: SparseEncoder truncates
+    assert row("max", windows="all") == {"indices": [0, 1, 2], "values": [3.0, 2.0, 2.0]}
+    assert row("sum", windows="all") == {"indices": [0, 1, 2], "values": [3.0, 2.0, 3.0]}
+    assert row("max", windows="all", max_terms=2, threshold=2.5) == {"indices": [0], "values": [3.0]}
+    head = resolve(ck, "auto", ModelConfig(path=bert_max))
+    assert head.document_row([window(0, 1, [np.nan] * 4)]).startswith("the sparse vector has NaN")
+    assert head.reusable({"sparse_embedding": {"indices": [3, 70], "values": [0.5, 1.0]}})
+    assert not head.reusable({"sparse_embedding": {"indices": [70, 3], "values": [0.5, 1.0]}})  # not ascending
+
+
+def rewrite(folder: str, name: str, change) -> None:
+    path = os.path.join(folder, name)
+    with open(path) as f:
+        content = json.load(f)
+    with open(path, "w") as f:
+        json.dump(change(content), f)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (("modules.json", lambda m: [*m, {"idx": 2, "name": "2", "path": "2_Idf", "type":
+                                      "sentence_transformers.sparse_encoder.modules.SparseStaticEmbedding"}]),
+     "SparseStaticEmbedding.*inference-free SPLADE's per-token IDF"),
+    (("1_SpladePooling/config.json", lambda c: {**c, "pooling_strategy": "mean"}),
+     r"1_SpladePooling/config.json sets pooling_strategy: \"mean\""),
+    (("config_sentence_transformers.json", lambda c: {**c, "model_type": "SentenceTransformer"}),
+     "model_type: 'SentenceTransformer', but its modules.json makes a SparseEncoder"),
+    (("config_sentence_transformers.json", lambda c: {**c, "max_active_dims": 64}),
+     "config_sentence_transformers.json sets max_active_dims: 64, which docbeam does not honour"),
+    (("config.json", lambda c: {**c, "architectures": ["BertModel"]}),
+     r"architectures: \[\"BertModel\"\]; docbeam runs SPLADE on the masked-LM head of BertForMaskedLM"),
+])
+def test_what_docbeam_does_not_reproduce_is_refused_naming_it(tmp_path, edit, match):
+    folder = sparse_checkpoint(str(tmp_path), "bert")
+    rewrite(folder, *edit)
+    with pytest.raises(checkpoint.CheckpointError, match=match):
+        resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder))
+
+
+def test_a_sparse_encoder_is_not_embedded_as_a_dense_model(bert_max):
+    with pytest.raises(checkpoint.CheckpointError, match="model.head: embedding, but .* makes a SparseEncoder"):
+        resolve(checkpoint.open_checkpoint(bert_max), "embedding", ModelConfig(path=bert_max))
+
+
+@pytest.mark.parametrize("sets, match", [
+    ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to sparse"),
+    ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to sparse"),
+    ({"output": {"vertex_ai": True}}, "output.vertex_ai: .*Vector Search loads vectors"),
+    ({"output": {"pgvector": {"dsn": "postgresql://localhost/x", "table": "t"}}},
+     "output.pgvector: model.head resolved to sparse .* not sparsevec"),
+])
+def test_outputs_that_take_dense_vectors_are_refused_for_sparse_rows(tmp_path, bert_max, sets, match):
+    from conftest import job_config
+    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.pipeline.driver.plan import make_plan
+
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
+    with pytest.raises(ConfigError, match=match):
+        make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), bert_max, **sets),
+                  probe_backends=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing, backend", [(True, "native"), (False, "chunked")])
+def test_docbeam_run_writes_sparse_encoders_vectors(tmp_path, bert_max, packing, backend):
+    """A whole run: embeddings/ rows' sparse_embedding equal encode_document's, the summary gives the terms per
+    document, and an incremental run carries every row over unchanged."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from conftest import job_config
+    from docbeam.pipeline.driver.run import run_job
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
+    sections = dict(batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": packing},
+                    attention={"backend": backend})
+    summary = run_job(job_config(str(docs), str(tmp_path / "out"), bert_max, **sections))
+
+    def read(out):
+        return {r["id"]: r for f in sorted(glob.glob(f"{out}/embeddings/*.parquet")) for r in pq.read_table(f).to_pylist()}
+
+    rows = read(tmp_path / "out")
+    reference = reference_vectors(bert_max, list(TEXTS.values()))
+    ours = np.zeros_like(reference)
+    for i, doc_id in enumerate(TEXTS):
+        sparse = rows[doc_id]["sparse_embedding"]
+        assert sparse["indices"] == sorted(sparse["indices"])
+        ours[i, sparse["indices"]] = sparse["values"]
+    assert_same_sparse_vectors(ours, reference, (packing, backend))
+    assert summary["head"]["name"] == "sparse" and summary["head"]["pooling"] == "max"
+    assert summary["sparse_terms_per_doc"] == pytest.approx((reference > 0).sum(1).mean(), abs=0.01)
+    again = run_job(job_config(str(docs), str(tmp_path / "again"), bert_max,
+                               **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}))
+    assert again["docs_reused"] == len(TEXTS) and read(tmp_path / "again") == rows

@@ -187,7 +187,8 @@ class WriteOutputs(beam.PTransform):
         def embedded_stats(row):
             embedded_counter.inc()
             labels = {"labels": {str(row["label"]): 1}} if self._labels else {}  # "None": regression
-            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"], **labels}
+            sparse = {"sparse_terms": len(row["sparse_embedding"]["indices"])} if "sparse_embedding" in row else {}
+            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"], **labels, **sparse}
 
         def rejected_json(r):
             name = metric_name(DOCS_REJECTED, r.kind)
