@@ -17,7 +17,7 @@ from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
 from docbeam.models.heads.sparse import prune
 from docbeam.pipeline.driver.config import ModelConfig
-from family_fixtures import pack, save_checkpoint, spread_norms_and_biases, tiny_model
+from family_fixtures import head_forward, save_checkpoint, spread_norms_and_biases, tiny_model
 
 MIN_COSINE = 0.99999  # the issue's bar, float32
 WINDOW = 64
@@ -71,24 +71,10 @@ def reference_vectors(folder: str, texts: list[str]) -> np.ndarray:
 def our_vectors(folder: str, texts: list[str], *, backend: str = "native", packed: bool = False,
                 change=lambda head: head, block: int | None = None) -> np.ndarray:
     """docbeam's forward on each text's first window (``change`` edits the resolved head: a test breaking it)."""
-    ck = checkpoint.open_checkpoint(folder, with_weights=True)
-    head = change(resolve(ck, "auto", ModelConfig(path=folder)))
+    head = change(resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder)))
     if block is not None:
         head = dataclasses.replace(head, block=block)
-    params = {"encoder": checkpoint.load_params(ck.folder, ck.config), "head": head.load_params(ck.folder)}
-    attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
-    forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers, head.reduce))
-    tokenizer = checkpoint.load_tokenizer(ck.folder)
-    rows = [tokenizer(t, truncation=True, max_length=WINDOW)["input_ids"] for t in texts]
-    lengths = np.asarray([len(r) for r in rows], np.int32)
-    ids = np.zeros((len(rows), WINDOW), np.int32)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = r
-    if packed:
-        p_ids, p_lengths, segments, slots, where = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
-        out = np.asarray(forward(params, p_ids, p_lengths, segments, slots), np.float64)
-        return out.reshape(-1, out.shape[-1])[where]
-    return np.asarray(forward(params, ids, lengths), np.float64)
+    return head_forward(folder, head, texts, WINDOW, backend=backend, packed=packed)
 
 
 def assert_same_sparse_vectors(ours: np.ndarray, reference: np.ndarray, what) -> None:
