@@ -79,14 +79,7 @@ def _pgvector_load(output: str, manifest: dict, section) -> dict:
 
 register(Sink("vertex_ai", _check_vertex_ai, _vertex_files, needs_removed=True))
 # pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
-def _check_pgvector(cfg: JobConfig, head, kept) -> None:
-    if head.name == "sparse":
-        raise ConfigError(f"output.pgvector: model.head resolved to sparse ({head.carried}), whose {head.folder}/ rows "
-                          "are sparse vectors (indices and values), and the pgvector load writes dense vector or "
-                          "score columns, not sparsevec; remove output.pgvector")
-
-
-register(Sink("pgvector", _check_pgvector, lambda *inputs: (),
+register(Sink("pgvector", lambda cfg, head, kept: None, lambda *inputs: (),
               preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
 
 
