@@ -69,9 +69,9 @@ def reference_vectors(folder: str, texts: list[str]) -> np.ndarray:
 
 
 def our_vectors(folder: str, texts: list[str], *, backend: str = "native", packed: bool = False,
-                change=lambda head: head, block: int | None = None) -> np.ndarray:
+                change=lambda head: head, block: int | None = None, choice: str = "auto") -> np.ndarray:
     """docbeam's forward on each text's first window (``change`` edits the resolved head: a test breaking it)."""
-    head = change(resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder)))
+    head = change(resolve(checkpoint.open_checkpoint(folder), choice, ModelConfig(path=folder)))
     if block is not None:
         head = dataclasses.replace(head, block=block)
     return head_forward(folder, head, texts, WINDOW, backend=backend, packed=packed)
@@ -105,6 +105,14 @@ def test_log1p_relu_is_sparse_encoders(tmp_path):
     folder = sparse_checkpoint(str(tmp_path), "bert", "max", "log1p_relu")
     texts = list(TEXTS.values())
     assert_same_sparse_vectors(our_vectors(folder, texts), reference_vectors(folder, texts), "log1p_relu")
+
+
+def test_model_head_sparse_on_a_bare_masked_lm_is_what_sparse_encoder_builds_for_it(tmp_path):
+    """No sentence-transformers files: SparseEncoder wraps a fill-mask model in MLMTransformer + SpladePooling
+    (max, relu), and so does model.head: sparse."""
+    bare = os.path.dirname(sparse_checkpoint(str(tmp_path), "bert")) + "/mlm"
+    texts = list(TEXTS.values())[:3]  # within the window: SparseEncoder reads the bare folder's 512 tokens
+    assert_same_sparse_vectors(our_vectors(bare, texts, choice="sparse"), reference_vectors(bare, texts), "bare")
 
 
 def test_a_broken_head_is_no_longer_sparse_encoders(tmp_path):
@@ -159,10 +167,13 @@ def test_pruning_keeps_the_largest_terms_above_the_threshold_in_ascending_order(
 
 
 def window(index, count, vector, length=30):
+    """A window as Encode hands it on: the sparse head's nonzero terms of its vector."""
+    from docbeam.models.heads.sparse import SparseHead
     from docbeam.pipeline.records import WindowEmbedding
 
+    terms = SparseHead.window_vector(None, np.asarray(vector, np.float32))
     return WindowEmbedding(doc_id="d", index=index, num_windows=count, length=length, doc_tokens=90, truncated=False,
-                           vector=np.asarray(vector, np.float32), bucket_len=64, backend="native")
+                           vector=terms, bucket_len=64, backend="native")
 
 
 @pytest.fixture(scope="module")

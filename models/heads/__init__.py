@@ -70,6 +70,11 @@ class Head:
         """The parameters of ``layers``, in float32 (numpy), from the checkpoint ``folder``."""
         raise NotImplementedError
 
+    def window_vector(self, vector_W):
+        """What a window's output crosses to ``document_row`` as (the vector itself; the sparse head's nonzero
+        terms: its vocabulary-wide vectors are mostly zeros)."""
+        return vector_W
+
     def columns(self) -> list:
         """The row's own columns (pyarrow fields) before id-less bookkeeping; kept fields follow them."""
         raise NotImplementedError

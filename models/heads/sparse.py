@@ -74,6 +74,14 @@ def _modernbert(hf: dict, where: str) -> MlmLayout:
 LAYOUTS = {"BertForMaskedLM": _bert, "DistilBertForMaskedLM": _distilbert, "ModernBertForMaskedLM": _modernbert}
 
 
+@dataclasses.dataclass(frozen=True)
+class SparseTerms:
+    """One window's nonzero terms: token ids ascending (int32) and their weights (float32)."""
+
+    indices: np.ndarray
+    values: np.ndarray
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SparseHead(Head):
     activation: str  # SpladePooling's: "relu" | "log1p_relu"
@@ -141,6 +149,11 @@ class SparseHead(Head):
         vectors_SxV = jnp.maximum(vectors_SxV, 0.0)  # an empty slot's max is -inf; every weight is >= 0
         return vectors_SxV.reshape(B, self.width) if segment_ids_BxT is None else vectors_SxV.reshape(B, K, -1)
 
+    def window_vector(self, vector_V: np.ndarray) -> SparseTerms:
+        """A window's nonzero terms (NaN kept, so a broken window is still seen): what crosses the shuffle."""
+        indices = np.flatnonzero(vector_V).astype(np.int32)
+        return SparseTerms(indices, np.asarray(vector_V, np.float32)[indices])
+
     def columns(self) -> list:
         import pyarrow as pa
 
@@ -150,11 +163,12 @@ class SparseHead(Head):
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)
         used = windows[:1] if self.windows == "first" else windows
-        broken = [w for w in used if not np.all(np.isfinite(w.vector))]
+        broken = [w for w in used if not np.all(np.isfinite(w.vector.values))]
         if broken:
             return non_finite(used, broken, "sparse vector")
-        stacked = np.stack([np.asarray(w.vector, np.float32) for w in used])
-        vector = stacked.max(0) if self.pooling == "max" else stacked.sum(0, dtype=np.float32)
+        vector = np.zeros(self.width, np.float32)
+        for w in used:  # every weight is >= 0, so a term a window lacks is its 0
+            (np.maximum if self.pooling == "max" else np.add).at(vector, w.vector.indices, w.vector.values)
         indices, values = prune(vector, self.threshold, self.max_terms)
         if not np.all(np.isfinite(values)):
             return non_finite(used, [], "sparse vector")
