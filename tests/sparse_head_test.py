@@ -35,7 +35,8 @@ FAMILIES = {  # transformers' masked-LM class, its config, the output bias's ten
 }
 
 
-def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation: str = "relu") -> str:
+def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation: str = "relu",
+                      fill_mask_transformer: bool = False) -> str:
     """A random masked-LM (std 0.3, norms and biases spread, the output bias around -6 so most terms are zero)
     saved by SparseEncoder.save."""
     import torch
@@ -48,8 +49,13 @@ def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation
         model.get_parameter(bias).normal_(-6.0, 0.5)
     save_checkpoint(model, f"{folder}/mlm")
     os.remove(f"{folder}/mlm/sentence_bert_config.json")
-    sparse = SparseEncoder(modules=[MLMTransformer(f"{folder}/mlm", max_seq_length=WINDOW),
-                                    SpladePooling(pooling, activation_function=activation)], device="cpu")
+    if fill_mask_transformer:  # sentence-transformers 6's spelling of MLMTransformer
+        from sentence_transformers.base.modules import Transformer
+
+        mlm = Transformer(f"{folder}/mlm", transformer_task="fill-mask", max_seq_length=WINDOW)
+    else:
+        mlm = MLMTransformer(f"{folder}/mlm", max_seq_length=WINDOW)
+    sparse = SparseEncoder(modules=[mlm, SpladePooling(pooling, activation_function=activation)], device="cpu")
     sparse.save(f"{folder}/st")
     return f"{folder}/st"
 
@@ -101,8 +107,8 @@ def test_the_vocabulary_blocks_do_not_change_the_vectors(splade):
     assert np.abs(blocked - whole).max() < 1e-5  # another matmul tiling: a logit near 0 moves in its last bits
 
 
-def test_log1p_relu_is_sparse_encoders(tmp_path):
-    folder = sparse_checkpoint(str(tmp_path), "bert", "max", "log1p_relu")
+def test_log1p_relu_and_a_fill_mask_transformer_are_sparse_encoders(tmp_path):
+    folder = sparse_checkpoint(str(tmp_path), "bert", "max", "log1p_relu", fill_mask_transformer=True)
     texts = list(TEXTS.values())
     assert_same_sparse_vectors(our_vectors(folder, texts), reference_vectors(folder, texts), "log1p_relu")
 
@@ -282,3 +288,10 @@ def test_docbeam_run_writes_sparse_encoders_vectors(tmp_path, bert_max, packing,
     again = run_job(job_config(str(docs), str(tmp_path / "again"), bert_max,
                                **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}))
     assert again["docs_reused"] == len(TEXTS) and read(tmp_path / "again") == rows
+
+
+def test_the_run_summary_line_names_the_sparse_head():
+    from docbeam.pipeline.driver.cli import format_head
+
+    head = {"name": "sparse", "checkpoint_head": "BertForMaskedLM", "pooling": "max", "folder": "embeddings"}
+    assert format_head(head, None) == "  head       sparse (BertForMaskedLM, max pooling) → embeddings/"
