@@ -17,7 +17,10 @@ from docbeam.models.families import family_of, family_of_config
 from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
+from docbeam.models.st_multivector import is_multi_vector, multi_vector_settings
 from docbeam.models.st_settings import ModelSettings, model_settings, read_json
+from docbeam.models.weights_check import check_weights
+from docbeam.models.weights_source import weights_to_check
 from docbeam.models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
 
 __all__ = ["Checkpoint", "CheckpointError", "FastTokenizer", "HubId", "ModelSettings", "TOKENIZER_FILES",
@@ -32,8 +35,17 @@ def encoder_config(folder: str, dtype: str = "float32", task: str | None = None)
     if hf is None:
         raise CheckpointError(f"model.path: no config.json in {folder}; expected a Hugging Face checkpoint folder")
     where = f"{folder}/config.json"
+    if not isinstance(hf, dict):
+        raise CheckpointError(f"model.path: {where} holds a JSON {type(hf).__name__}, not an object of the "
+                              "model's settings; copy the checkpoint's own config.json")
     family = family_of_config(hf, where)
-    config = family.read_config(HubConfig(hf, where), dtype)
+    try:
+        config = family.read_config(HubConfig(hf, where).check_numbers(), dtype)
+    except (ValueError, TypeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"model.path: {where} describes no model docbeam can build: {e}; copy the "
+                              "checkpoint's own config.json") from None
     if hasattr(family, "with_task"):
         return family.with_task(config, task, where)
     if task is not None:
@@ -119,4 +131,10 @@ def open_checkpoint(path: str, dtype: str = "float32", with_weights: bool = Fals
         raise CheckpointError(f"model.path {path!r} holds no config.json; expected a Hugging Face checkpoint "
                               "(config.json, model.safetensors, tokenizer files)")
     config = encoder_config(folder, dtype, task)
-    return Checkpoint(folder=folder, config=config, settings=model_settings(folder, config))
+    weights, sample = weights_to_check(path, folder, with_weights)
+    if weights is not None:
+        check_weights(weights, family_of(config), config, read_json(folder, "config.json"),
+                      os.path.join(folder, "config.json"), sample)
+    # A MultiVectorEncoder's modules are not a SentenceTransformer's (models/st_multivector.py).
+    settings = (multi_vector_settings if is_multi_vector(folder) else model_settings)(folder, config)
+    return Checkpoint(folder=folder, config=config, settings=settings)

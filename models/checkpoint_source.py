@@ -112,8 +112,8 @@ def _fetch_hub(hub: HubId, names: tuple[str, ...]) -> str:
         marker = vm_cache.once_per_vm("hub", key, lambda folder: _write_snapshot_path(folder, hub, names))
         with open(os.path.join(marker, "snapshot")) as f:
             folder = f.read()
-        if not os.path.isfile(os.path.join(folder, "config.json")):
-            folder = _hub_snapshot(hub, names)  # huggingface_hub's cache was emptied since
+        if _missing(folder, names):
+            folder = _hub_snapshot(hub, names)  # huggingface_hub's cache was emptied (or thinned) since
     else:
         folder = _hub_snapshot(hub, names)
     _FETCHED[(str(hub), names)] = folder
@@ -133,18 +133,43 @@ def _hub_snapshot(hub: HubId, names: tuple[str, ...]) -> str:
     try:
         folder = snapshot_download(hub.repo, revision=hub.revision, allow_patterns=list(names), **_hub_env())
     except LocalEntryNotFoundError as e:
+        lacking = [n for n in _REQUIRED if n in names and not _cached(hub, n)]
+        if _hub_offline() and "config.json" not in lacking and lacking:
+            _refuse_offline_without(hub, lacking)
         why = ("HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it; run once online or unset "
                "HF_HUB_OFFLINE" if _hub_offline() else f"the Hub cannot be reached ({e})")
         raise CheckpointError(f"model.path {str(hub)!r}: {why}") from None
     except HfHubHTTPError as e:
         raise CheckpointError(f"model.path {str(hub)!r}: the Hub refused it: {str(e).splitlines()[0]} (a private "
                               "or gated repository needs HF_TOKEN; check the name and revision)") from None
-    if "model.safetensors" in names and not os.path.exists(os.path.join(folder, "model.safetensors")):
+    if _missing(folder, names):
         if _hub_offline():
-            raise CheckpointError(f"model.path {str(hub)!r}: HF_HUB_OFFLINE is set and huggingface_hub's cache "
-                                  "holds no model.safetensors for it; run once online or unset HF_HUB_OFFLINE")
+            _refuse_offline_without(hub, _missing(folder, names))
         _hub_weights_entry(hub)  # refuses a pickle-only repository by name
     return folder
+
+
+_REQUIRED = ("config.json", "model.safetensors")  # of CHECKPOINT_FILES, those every checkpoint has
+
+
+def _missing(folder: str, names: tuple[str, ...]) -> list[str]:
+    """Of the files every checkpoint has, those ``names`` asks for that ``folder`` lacks (a dangling link of
+    huggingface_hub's cache, whose blob was deleted, counts as lacking)."""
+    return [name for name in _REQUIRED if name in names and not os.path.isfile(os.path.join(folder, name))]
+
+
+def _cached(hub: HubId, name: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(hub.repo, name, cache_dir=_hub_env()["cache_dir"], revision=hub.revision)
+    return isinstance(found, str) and os.path.isfile(found)
+
+
+def _refuse_offline_without(hub: HubId, missing: list[str]) -> None:
+    raise CheckpointError(f"model.path {str(hub)!r}: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no "
+                          f"{' and no '.join(missing)} for it (HF_HUB_CACHE={_hub_env()['cache_dir'] or 'default'}: "
+                          "its config.json is there, so a driver fetched only the small files, or a cleanup "
+                          "removed the weights); run once online or unset HF_HUB_OFFLINE")
 
 
 def _hub_weights_entry(hub: HubId):

@@ -84,7 +84,8 @@ def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str,
     (one compile per shape). With a head's ``layers`` (models/heads/: sentence-transformers' Dense modules, a
     classifier) run on each pooled window, ``params`` is ``{"encoder": <the family's params>, "head": (<the
     head's load_params>)}`` and D is the last layer's width. Per window, before windows are combined: a layer's
-    activation is not linear, so on a long document this is each window's output as the model gives it. A head's
+    activation is not linear, so on a long document this is each window's output as the model gives it. Pooling
+    ``tokens`` pools nothing: the layers run on every token and the output is [B, T, D] (packed rows too). A head's
     ``reduce`` (models/heads/sparse.py) replaces pooling and layers: it is handed every token state."""
     module = Encoder(config, attention)
 
@@ -93,7 +94,9 @@ def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str,
         hidden_BxTxD = module.apply({"params": encoder_params}, ids_BxT, lengths_B, segment_ids_BxT)
         if reduce is not None:
             return reduce(hidden_BxTxD, lengths_B, segment_ids_BxT, slot_lengths_BxK, head)
-        if segment_ids_BxT is None:
+        if pooling == "tokens":  # a multi-vector head: every token's vector [B, T, D'] (the host cuts windows)
+            pooled = hidden_BxTxD.astype(jnp.float32)
+        elif segment_ids_BxT is None:
             pooled = pool(hidden_BxTxD, lengths_B, pooling)
         else:
             pooled = pool_segments(hidden_BxTxD, segment_ids_BxT, slot_lengths_BxK, pooling)

@@ -6,6 +6,7 @@ the same compiled shape, leaves non-finite only the window that is non-finite by
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -13,10 +14,13 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def reencode_row_mates(encode_rows, batch, vectors: np.ndarray) -> list[int]:
+def reencode_row_mates(encode_rows, batch, vectors, window_vectors=None) -> list[int]:
     """``encode_rows(ids_BxT, lengths_B, segment_ids_BxT, slot_lengths_BxK) -> pooled [B, K, D]`` is the
-    batch's own compiled forward. Updates ``vectors`` in place; returns the windows encoded again."""
-    bad = ~np.isfinite(vectors).all(axis=1)
+    batch's own compiled forward. Updates ``vectors`` in place; returns the windows encoded again. With a
+    multi-vector head's ``window_vectors(out_BxTxW, batch)``, ``vectors`` is a list of each window's token
+    vectors, and the forward's output [B, T, W] is read through it."""
+    bad = (~np.isfinite(vectors).all(axis=1) if window_vectors is None
+           else np.array([not np.isfinite(v).all() for v in vectors], bool))
     if not bad.any():
         return []
     slots = batch.slot_lengths_BxK.shape[1]
@@ -34,7 +38,14 @@ def reencode_row_mates(encode_rows, batch, vectors: np.ndarray) -> list[int]:
             ids_BxT[r, :len(tokens)], segment_ids_BxT[r, :len(tokens)], slot_lengths_BxK[r, 0] = tokens, 1, len(tokens)
         pooled = np.asarray(encode_rows(ids_BxT, slot_lengths_BxK.sum(axis=1, dtype=np.int32), segment_ids_BxT,
                                         slot_lengths_BxK))
-        vectors[chunk] = pooled[: len(chunk), 0]
+        if window_vectors is None:
+            vectors[chunk] = pooled[: len(chunk), 0]
+            continue
+        alone = dataclasses.replace(batch, ids_BxT=ids_BxT, lengths_B=slot_lengths_BxK.sum(axis=1, dtype=np.int32),
+                                    windows=tuple(batch.windows[i] for i in chunk), segment_ids_BxT=segment_ids_BxT,
+                                    slot_lengths_BxK=slot_lengths_BxK)
+        for i, window in zip(chunk, window_vectors(pooled, alone), strict=True):
+            vectors[i] = window
     log.warning("batch %s: a non-finite vector in a packed row; encoded its %d row-mates again, each alone",
                 batch.batch_id, len(redo))
     return redo

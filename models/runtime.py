@@ -80,6 +80,13 @@ def load(spec: RuntimeSpec, fn_name: str):
     return device, ck.config, jax.block_until_ready(jax.device_put(params, device)), forwards
 
 
+def window_outputs(head, pooled: np.ndarray, batch):
+    """Each window's output in ``batch.windows``' order: its vector (rows of an array), or for a multi-vector
+    head, whose forward gives every token's vector, the list of its kept token vectors (the head cuts them)."""
+    per_token = getattr(head, "window_vectors", None)
+    return per_token(pooled, batch) if per_token else pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
+
+
 class EncoderRuntime:
     """Parameters on device, one jitted forward per backend of ``spec.choices``, the compile pool."""
 
@@ -143,7 +150,7 @@ class EncoderRuntime:
             self.profiler.finish()
 
     def encode(self, batch) -> tuple[np.ndarray, dict]:
-        """The batch's window vectors and its timing record (with the start-up report, when there is news)."""
+        """The batch's window outputs (``window_outputs``) and its timing record (with any start-up news)."""
         with self._lock:
             self.profiler.before_batch()
             vectors, timing = self._encode(batch)
@@ -173,11 +180,10 @@ class EncoderRuntime:
         pooled = forward(self.params, *[jax.device_put(x, self.device) for x in inputs])
         pooled.block_until_ready()
         t2 = time.perf_counter()
-        pooled = np.asarray(pooled)
-        vectors = pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
+        vectors = window_outputs(self.spec.head, np.asarray(pooled), batch)
         alone = reencode_row_mates(
             lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]), batch, vectors,
-        ) if batch.packed else []
+            getattr(self.spec.head, "window_vectors", None)) if batch.packed else []
         t3 = time.perf_counter()
         compiles_after, compile_s_after, hits_after = watch.in_this_thread()
         compiled = compiles_after > compiles_before

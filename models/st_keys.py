@@ -6,9 +6,10 @@ reproduces it), harmless (it does not change the vectors of documents) or refuse
 not listed, is a CheckpointError naming the file and key, so a setting is never silently ignored:
 
 - ``config_sentence_transformers.json``: honoured ``prompts``, ``default_prompt_name``, ``model_type``
-  (``SentenceTransformer`` only); harmless ``__version__``, ``similarity_fn_name`` (how vectors are compared,
-  not made), ``requirements`` (sentence-transformers' own environment check); honoured ``truncate_dim`` (the
-  default of ``model.truncate_dim``: Matryoshka vectors cut to their first N dimensions).
+  (``SentenceTransformer``; ``MultiVectorEncoder``, whose modules models/st_multivector.py reads); harmless
+  ``__version__``, ``similarity_fn_name`` (how vectors are compared, not made), ``requirements``
+  (sentence-transformers' own environment check); honoured ``truncate_dim`` (the default of
+  ``model.truncate_dim``: Matryoshka vectors cut to their first N dimensions).
 - ``modules.json``: entries ``idx``, ``name``, ``path``, ``type`` (sentence-transformers' Transformer, Pooling,
   any number of Dense, Normalize, in that order); ``kwargs`` (encode arguments routed to a module) refused unless
   empty, but for jina-embeddings-v3's task-routing Transformer in a checkpoint with task adapters
@@ -52,6 +53,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "Pooling": {},
     "Dense": {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding",
               "use_residual": False},
+    "TokenDense": {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings",
+                   "use_residual": False},  # a MultiVectorEncoder's Dense: on every token (models/st_multivector.py)
     TRANSFORMER_CONFIG: {
         "unpad_inputs": _ANY, "do_lower_case": False, "transformer_task": "feature-extraction",
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
@@ -73,6 +76,7 @@ HONOURED = {
     "MLMTransformer": ("max_seq_length",),
     "SpladePooling": ("pooling_strategy", "activation_function"),
     "Dense": ("in_features", "out_features", "bias", "activation_function"),
+    "TokenDense": ("in_features", "out_features", "bias", "activation_function"),
 }
 WHY_REFUSED = {
     "kwargs": "docbeam passes no arguments to modules",
@@ -87,8 +91,12 @@ def read_json(folder: str, name: str) -> Any:
     path = os.path.join(folder, name)
     if not os.path.exists(path):
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"model.path: {path} is not valid JSON ({e}); write it again, or copy the "
+                              "checkpoint's own") from None
 
 
 def check_keys(folder: str, name: str, kind: str, values: dict) -> None:

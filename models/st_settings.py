@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 from docbeam.models.families.config import CheckpointError
 from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
@@ -55,6 +56,7 @@ class ModelSettings:
     dense: tuple[DenseModule, ...] = ()  # applied in order to every pooled window
     truncate_dim: int | None = None  # config_sentence_transformers.json's: the default of model.truncate_dim
     splade: tuple[str, str] | None = None  # a SparseEncoder's SpladePooling: (pooling_strategy, activation_function)
+    token_mask: Any = None  # a MultiVectorEncoder's (models/st_multivector.py TokenMask); None for other models
 
     def width(self, hidden_size: int) -> int:
         """The pooled vector's width after the Dense modules (before any truncation)."""
@@ -75,7 +77,8 @@ def model_settings(folder: str, config) -> ModelSettings:
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
     pooling, include_prompt = pooling_mode(folder, modules, config.output_size, default_pooling(config))
-    prompts, document_prompt = prompt_settings(folder, "SparseEncoder" if splade else "SentenceTransformer")
+    prompts, document_prompt = prompt_settings(folder, ("SparseEncoder",) if splade else ("SentenceTransformer",
+                                                                                            "MultiVectorEncoder"))
     task = getattr(config, "task", None)  # Jina v3: the task's instruction goes first, as its encode(task=) puts it
     if task is not None and config.instruction is not None:
         prompts, document_prompt = ((task, config.instruction),) + tuple(p for p in prompts if p[0] != task), task
@@ -109,8 +112,10 @@ def splade_pooling(folder: str, modules: list[tuple[str, dict]]) -> tuple[str, s
     return strategy, activation
 
 
-def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int) -> tuple[DenseModule, ...]:
-    """The Dense modules in modules.json's order, each reading the width the one before it writes."""
+def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int,
+                  keys: str = "Dense") -> tuple[DenseModule, ...]:
+    """The Dense modules in modules.json's order, each reading the width the one before it writes (``keys``
+    TokenDense: a MultiVectorEncoder's, on every token, checked as such)."""
     out, width = [], hidden_size
     for kind, module in modules:
         if kind != "Dense":
@@ -120,7 +125,7 @@ def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int
         if cfg is None:
             raise CheckpointError(f"model.path: {folder}/{MODULES} lists a Dense module at {module.get('path')!r}, "
                                   f"but {name} is missing; docbeam reads its shape and activation from it")
-        check_keys(folder, name, "Dense", cfg)
+        check_keys(folder, name, keys, cfg)
         activation = cfg.get("activation_function", "torch.nn.modules.activation.Tanh")
         if activation not in DENSE_ACTIVATIONS:
             raise CheckpointError(f"model.path: {folder}/{name} sets activation_function: {json.dumps(activation)}, "
@@ -136,18 +141,18 @@ def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int
     return tuple(out)
 
 
-def prompt_settings(folder: str, model_type: str = "SentenceTransformer") -> tuple[tuple[tuple[str, str], ...],
-                                                                                   str | None]:
+def prompt_settings(folder: str, model_types: tuple[str, ...] = ("SentenceTransformer", "MultiVectorEncoder")
+                    ) -> tuple[tuple[tuple[str, str], ...], str | None]:
     """The checkpoint's prompts and the one its documents get: what sentence-transformers' ``encode_document``
     applies when no prompt is named (the first of document, passage, corpus it defines, else
     ``default_prompt_name``). docbeam embeds documents, so a default_prompt_name of ``query`` does not apply."""
     cfg = read_json(folder, ST_CONFIG) or {}
     check_keys(folder, ST_CONFIG, ST_CONFIG, cfg)
-    if cfg.get("model_type", "SentenceTransformer") != model_type:
+    if cfg.get("model_type", "SentenceTransformer") not in model_types:
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets model_type: {cfg['model_type']!r}, but its "
-                              f"{MODULES} makes a {model_type}; docbeam runs SentenceTransformer (dense) and "
-                              "SparseEncoder (MLMTransformer + SpladePooling) models, not multi-vector or cross "
-                              "encoders")
+                              f"{MODULES} makes a {' or '.join(model_types)}; docbeam runs SentenceTransformer "
+                              "(dense), MultiVectorEncoder and SparseEncoder (MLMTransformer + SpladePooling) "
+                              "models, not cross encoders")
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets prompts: {json.dumps(prompts)}; expected a "
@@ -160,9 +165,11 @@ def prompt_settings(folder: str, model_type: str = "SentenceTransformer") -> tup
     return tuple(prompts.items()), document
 
 
-def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> list[tuple[str, dict]]:
+def sentence_transformers_modules(folder: str, task_adapters: bool = False,
+                                  supported: tuple[str, ...] = SUPPORTED_MODULES) -> list[tuple[str, dict]]:
     """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError.
-    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one."""
+    ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one.
+    ``supported``: the modules docbeam runs, in their order (a MultiVectorEncoder's: models/st_multivector.py)."""
     modules = read_json(folder, MODULES) or []
     out = []
     for module in modules:
@@ -174,11 +181,11 @@ def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> l
         if kind in WHY_NOT_MODULE:
             raise CheckpointError(f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
                                   f"{module_type!r}: {WHY_NOT_MODULE[kind]}; use a checkpoint without it")
-        if kind not in SUPPORTED_MODULES + SPARSE_MODULES or not module_type.startswith("sentence_transformers."):
+        if kind not in supported + SPARSE_MODULES or not module_type.startswith("sentence_transformers."):
             raise CheckpointError(
                 f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
                 f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
-                f"sentence-transformers' {', '.join(SUPPORTED_MODULES)}, so its embeddings would not be this "
+                f"sentence-transformers' {', '.join(supported)}, so its embeddings would not be this "
                 "model's; use a checkpoint without that module")
         check_keys(folder, MODULES, MODULES, module)
         out.append((kind, module))
@@ -187,11 +194,12 @@ def sentence_transformers_modules(folder: str, task_adapters: bool = False) -> l
             raise CheckpointError(f"model.path: {folder}/{MODULES} lists the modules {[kind for kind, _ in out]}; "
                                   "docbeam runs a SparseEncoder only as MLMTransformer then SpladePooling")
         return out
-    order = [SUPPORTED_MODULES.index(kind) for kind, _ in out]
+    order = [supported.index(kind) for kind, _ in out]
     if order != sorted(order):
         raise CheckpointError(f"model.path: {folder}/{MODULES} lists its modules in the order "
-                              f"{[kind for kind, _ in out]}; docbeam runs them only as Transformer, Pooling, "
-                              "Dense..., Normalize, so its embeddings would not be this model's")
+                              f"{[kind for kind, _ in out]}; docbeam runs them only as "
+                              f"{', '.join(k + '...' if k == 'Dense' else k for k in supported)}, so its embeddings "
+                              "would not be this model's")
     return out
 
 

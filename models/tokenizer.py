@@ -42,6 +42,10 @@ class FastTokenizer:
         self.cls_token_id = special[0] if special else None
         self.sep_token_id = special[-1] if special else None
 
+    def token_id(self, token: str) -> int | None:
+        """The vocabulary's id of ``token`` (an added token's too), or None when it is not one token."""
+        return self._tokenizer.token_to_id(token)
+
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return self._tokenizer.num_special_tokens_to_add(pair)
 
@@ -82,4 +86,9 @@ def load_tokenizer(folder: str) -> FastTokenizer:
     path = os.path.join(folder, "tokenizer.json")
     if not os.path.exists(path):
         raise CheckpointError(f"model.path: {folder} has no fast tokenizer (tokenizer.json)")
-    return FastTokenizer(path)
+    try:
+        return FastTokenizer(path)
+    except Exception as e:  # noqa: BLE001  the tokenizers library raises its own Exception for any bad file
+        raise CheckpointError(f"model.path: {path} cannot be read by the tokenizers library ({str(e)[:300]}); "
+                              "copy the checkpoint's own tokenizer.json (transformers: tokenizer.save_pretrained)") \
+            from None

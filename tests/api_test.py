@@ -109,6 +109,52 @@ def test_each_element_is_a_document_or_an_error_row_saying_why(item, kind):
         assert isinstance(record, docbeam.Rejected) and record.kind == kind, record
 
 
+@pytest.mark.parametrize("document, kind", [
+    (docbeam.Document("a", None, source="mine", line=1), "missing_text"),
+    (docbeam.Document("a", b"bytes", source="mine", line=1), "non_string_text"),
+    (docbeam.Document("a", "x\udc80", source="mine", line=1), "invalid_text"),
+    (docbeam.Document("\ud800", "words", source="mine", line=1), "invalid_text"),
+    (docbeam.Document(None, "words", source="mine", line=1), "missing_id"),
+    (docbeam.Document("", "words", source="mine", line=1), "missing_id"),
+    (docbeam.Document(True, "words", source="mine", line=1), "missing_id"),
+    (docbeam.Document("a", "  ", source="mine", line=1), "empty_text"),
+    (docbeam.Document("a", "words", source=None, line=1), "not_a_document"),
+    (docbeam.Document("a", "words", source="mine", line="1"), "not_a_document"),
+], ids=["text-none", "text-bytes", "text-lone-surrogate", "id-lone-surrogate", "id-none", "id-empty", "id-bool",
+        "text-blank", "source-none", "line-a-string"])
+def test_a_document_element_gets_the_check_a_dict_gets(document, kind):
+    from docbeam.pipeline.driver.embed import document_of
+
+    record = document_of(document, "key", "body")  # the dict field names do not apply to a Document
+    assert isinstance(record, docbeam.Rejected) and record.kind == kind, record
+    if kind != "not_a_document":
+        assert (record.source, record.line) == ("mine", 1)
+
+
+def test_a_document_with_an_integer_id_is_the_document_with_its_string_id():
+    from docbeam.pipeline.driver.embed import document_of
+
+    given = docbeam.Document(7, "words", source="mine", line=3, text_offset=1)
+    assert document_of(given, "id", "text") == docbeam.Document("7", "words", source="mine", line=3, text_offset=1)
+
+
+@pytest.mark.slow
+def test_bad_document_elements_are_error_rows_not_a_crashed_pipeline(job_file, corpus, run_rows):
+    ids = sorted(corpus)
+    given = [docbeam.Document(ids[0], corpus[ids[0]], source="mine", line=1),
+             docbeam.Document(ids[0], None, source="mine", line=2),  # a duplicate id with a None copy
+             docbeam.Document(None, "no id", source="mine", line=3),
+             docbeam.Document(5, None, source="mine", line=4),
+             docbeam.Document("bytes", b"raw bytes", source="mine", line=5),
+             docbeam.Document("half", "a lone \ud83d", source="mine", line=6)]
+    with beam.Pipeline() as p:
+        out = p | beam.Create(given) | docbeam.EmbedDocuments(job_file)
+        assert_that(out["embeddings"], same_rows({ids[0]: run_rows[ids[0]]}))
+        assert_that(out["errors"] | beam.Map(lambda e: (e.id, e.kind, e.line)), equal_to([
+            (ids[0], "missing_text", 2), (None, "missing_id", 3), ("5", "missing_text", 4),
+            ("bytes", "non_string_text", 5), ("half", "invalid_text", 6)]), label="ErrorRows")
+
+
 def docs_example() -> str:
     with open(os.path.join(REPO, "docs", "outputs.md")) as f:
         text = f.read()

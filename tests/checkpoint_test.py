@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from cli_runner import run_docbeam
@@ -97,4 +98,130 @@ def test_the_job_refuses_such_a_checkpoint_at_start_with_exit_2(tmp_path):
     result = run_docbeam("run", "--config", str(config), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "docbeam: cannot start: model.path:" in result.stderr and "LayerNorm" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- config.json and model.safetensors held against each other at start ---------------------------------------
+
+def tiny_copy(tmp_path, tiny_checkpoint_dir, config_changes=None, tensors=None, config_text=None) -> str:
+    """The tiny checkpoint (2 layers, hidden 32) copied, its config.json changed by ``config_changes`` (or
+    replaced by ``config_text``) and its tensors by ``tensors(dict) -> dict``."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    folder = str(tmp_path / "model")
+    shutil.copytree(tiny_checkpoint_dir, folder)
+    if config_changes is not None or config_text is not None:
+        with open(f"{folder}/config.json") as f:
+            config = json.load(f)
+        with open(f"{folder}/config.json", "w") as f:
+            f.write(config_text if config_text is not None else json.dumps({**config, **config_changes}))
+    if tensors is not None:
+        save_file(tensors(load_file(f"{folder}/model.safetensors")), f"{folder}/model.safetensors",
+                  metadata={"format": "pt"})
+    return folder
+
+
+def changed(name, value):
+    return lambda tensors: {**tensors, name: value}
+
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("config_changes, named", [
+    ({"num_hidden_layers": 1}, "holds tensors of 2 layers (indices 0 to 1), but config.json sets 1 layers: layers 1 "
+                               "to 1 would not run"),
+    ({"num_hidden_layers": 3}, "holds no tensors of layer 2"),
+    ({"num_hidden_layers": -1}, "sets num_hidden_layers: -1; it must be a whole number of at least 1"),
+    ({"num_hidden_layers": 0}, "sets num_hidden_layers: 0; it must be a whole number of at least 1"),
+    ({"hidden_size": "32"}, 'sets hidden_size: "32"; it must be a whole number'),
+    ({"num_attention_heads": 0}, "sets num_attention_heads: 0; it must be a whole number of at least 1"),
+    ({"num_attention_heads": 3}, "describes no model docbeam can build: hidden_size 32 is not divisible by "
+                                 "num_heads 3"),
+    ({"layer_norm_eps": "tiny"}, 'sets layer_norm_eps: "tiny"; it must be a positive number'),
+    ({"intermediate_size": 64}, "the parameter layer_0/mlp/wi/kernel"),
+    ({"vocab_size": 1000}, "the parameter embed/word/embedding"),
+], ids=["fewer-layers", "more-layers", "minus-one-layers", "no-layers", "size-a-string", "no-heads",
+        "heads-not-dividing", "eps-a-string", "intermediate-other", "vocab-other"])
+def test_a_config_json_that_disagrees_with_its_weights_is_refused_naming_file_and_key(
+        tmp_path, tiny_checkpoint_dir, config_changes, named):
+    folder = tiny_copy(tmp_path, tiny_checkpoint_dir, config_changes)
+    with pytest.raises(CheckpointError) as refused:
+        open_checkpoint(folder)
+    assert f"model.path: {folder}/" in str(refused.value) and named in str(refused.value), str(refused.value)
+
+
+@pytest.mark.parametrize("config_text, named", [
+    ("{", "config.json is not valid JSON"), ("[]", "config.json holds a JSON list, not an object"),
+    ("\xff\xfe", "config.json is not valid JSON")])
+def test_a_config_json_that_is_no_object_is_refused_naming_the_file(tmp_path, tiny_checkpoint_dir, config_text, named):
+    folder = tiny_copy(tmp_path, tiny_checkpoint_dir, config_text=config_text)
+    with pytest.raises(CheckpointError, match=f"model.path: {folder}/{named}"):
+        open_checkpoint(folder)
+
+
+@pytest.mark.parametrize("tensors, named", [
+    (changed("encoder.layer.1.intermediate.dense.weight", np.zeros((96, 32), np.float32)),
+     "the tensors read for the parameter layer_1/mlp/wi/kernel (encoder.layer.1.intermediate.dense.weight [96, 32]"),
+    (changed("encoder.layer.0.attention.self.key.weight", np.zeros((16, 32), np.float32)),
+     "the parameter layer_0/attn/qkv/kernel"),
+    (changed("encoder.layer.0.attention.self.query.weight", np.zeros((32, 16), np.float32)),
+     "cannot be put together"),
+    (changed("encoder.layer.1.output.dense.weight", np.full((32, 128), NAN, np.float32)),
+     "holds NaN or infinite values in the tensor encoder.layer.1.output.dense.weight"),
+    (changed("embeddings.word_embeddings.weight", np.full((30522, 32), np.inf, np.float16)),
+     "holds NaN or infinite values in the tensor embeddings.word_embeddings.weight"),
+    (changed("encoder.layer.0.output.dense.bias", np.zeros(32, np.int64)),
+     "holds encoder.layer.0.output.dense.bias as I64; a weight must be one of F16, F32, F64, BF16"),
+    (lambda t: {k: v for k, v in t.items() if k != "encoder.layer.0.output.LayerNorm.weight"},
+     "has no tensor 'encoder.layer.0.output.LayerNorm.weight'"),
+], ids=["shape-one-layer", "shape-key", "shape-not-joinable", "nan-tensor", "inf-embedding-f16", "int-weight",
+        "missing-tensor"])
+def test_weights_of_the_wrong_shape_dtype_or_values_are_refused_naming_the_tensor(
+        tmp_path, tiny_checkpoint_dir, tensors, named):
+    folder = tiny_copy(tmp_path, tiny_checkpoint_dir, tensors=tensors)
+    with pytest.raises(CheckpointError) as refused:
+        open_checkpoint(folder)
+    assert f"model.path: {folder}/model.safetensors" in str(refused.value) and named in str(refused.value), \
+        str(refused.value)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "cut"])
+def test_a_damaged_safetensors_file_is_refused_naming_it(tmp_path, tiny_checkpoint_dir, damage):
+    folder = tiny_copy(tmp_path, tiny_checkpoint_dir)
+    path = f"{folder}/model.safetensors"
+    data = open(path, "rb").read()
+    open(path, "wb").write(os.urandom(4096) if damage == "garbage" else data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=f"model.path: {path} is not a readable safetensors file"):
+        open_checkpoint(folder)
+
+
+def test_a_garbage_tokenizer_is_refused_naming_the_file(tmp_path, tiny_checkpoint_dir):
+    from docbeam.models.checkpoint import load_tokenizer
+
+    folder = tiny_copy(tmp_path, tiny_checkpoint_dir)
+    (tmp_path / "model" / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "nonsense"}}')
+    with pytest.raises(CheckpointError, match=f"model.path: {folder}/tokenizer.json cannot be read by the tokenizers"):
+        load_tokenizer(folder)
+
+
+def test_the_tiny_and_the_default_checkpoint_pass_the_checks(tiny_checkpoint_dir, real_checkpoint_dir):
+    assert open_checkpoint(tiny_checkpoint_dir).config.num_layers == 2
+    assert open_checkpoint(real_checkpoint_dir).config.num_layers == 6
+
+
+@pytest.mark.parametrize("case", ["fewer-layers", "garbage-tokenizer"])
+def test_docbeam_run_refuses_a_checkpoint_at_odds_with_itself_with_exit_2(tmp_path, tiny_checkpoint_dir, case):
+    model = tiny_copy(tmp_path, tiny_checkpoint_dir, {"num_hidden_layers": 1} if case == "fewer-layers" else None)
+    if case == "garbage-tokenizer":
+        (tmp_path / "model" / "tokenizer.json").write_bytes(b"\x00garbage")
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')
+    config = tmp_path / "job.yaml"
+    config.write_text(json.dumps({"input": {"path": "in.jsonl"}, "output": {"path": "out"}, "model": {"path": model}}))
+    result = run_docbeam("run", "--config", str(config), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    named = "model.safetensors holds tensors of 2 layers" if case == "fewer-layers" else "tokenizer.json cannot be read"
+    assert f"docbeam: cannot start: model.path: {model}/" in result.stderr and named in result.stderr
     assert not (tmp_path / "out").exists()

@@ -242,3 +242,15 @@ def test_an_embedding_run_of_a_classifier_checkpoint_says_which_head_ran(tmp_pat
     assert summary["head"]["name"] == "embedding"
     assert summary["head"]["checkpoint_head"] == "BertForSequenceClassification"
     assert glob.glob(f"{tmp_path}/out/embeddings/*.parquet") and not glob.glob(f"{tmp_path}/out/scores/*")
+
+
+def test_the_command_line_says_which_head_ran_and_what_did_not():
+    from docbeam.pipeline.driver.cli import format_head, verb
+
+    scored = {"name": "classifier", "checkpoint_head": "BertForSequenceClassification", "function": "softmax",
+              "folder": "scores"}
+    assert verb({"head": scored}) == "scored" and verb({}) == "embedded"
+    assert format_head(scored, {"pos": 3}).endswith('→ scores/; top labels {"pos": 3}')
+    embedded = {"name": "embedding", "checkpoint_head": "BertForSequenceClassification", "folder": "embeddings"}
+    assert "BertForSequenceClassification did not run (model.head: classifier scores with it)" in format_head(
+        embedded, None)

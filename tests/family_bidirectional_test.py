@@ -183,9 +183,8 @@ def test_an_output_projection_after_the_decoder_is_refused(decoder, tmp_path):
     folder = save_checkpoint(decoder, str(tmp_path), config_rewrite=lambda c: {**flagged("is_causal")(c),
                                                                                 "num_labels": 8},
                              tensor_rename=lambda t: {**t, "linear.weight": np.zeros((8, 64), np.float32)})
-    ck = checkpoint.open_checkpoint(folder)
     with pytest.raises(checkpoint.CheckpointError, match="'linear.weight'.*does not run"):
-        checkpoint.load_params(ck.folder, ck.config)
+        checkpoint.open_checkpoint(folder)  # at start: the header is held against the family's reads
 
 
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 1000.0, "factor": 8.0, "low_freq_factor": 1.0,

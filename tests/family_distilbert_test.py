@@ -69,9 +69,8 @@ def test_a_sinusoidal_checkpoint_without_its_table_matches_transformers(tmp_path
 
 def test_a_learned_checkpoint_without_its_table_is_refused(model, tmp_path):
     save_checkpoint(model, str(tmp_path), tensor_rename=lambda t: {k: v for k, v in t.items() if k != POSITIONS})
-    ck = checkpoint.open_checkpoint(str(tmp_path))
     with pytest.raises(checkpoint.CheckpointError, match=f"has no tensor '{POSITIONS}'"):
-        checkpoint.load_params(ck.folder, ck.config)
+        checkpoint.open_checkpoint(str(tmp_path))  # at start: the header is held against the family's reads
 
 
 def with_table(table: np.ndarray):

@@ -69,6 +69,23 @@ def test_planning_from_gcs_fetches_no_weights_and_refuses_pickles_at_start(tiny_
     assert os.path.exists(os.path.join(loaded.folder, "model.safetensors"))
 
 
+
+def test_planning_from_gcs_holds_the_config_against_the_weights_header_without_fetching_them(tiny_checkpoint_dir,
+                                                                                          tmp_path):
+    from docbeam.models.checkpoint import CheckpointError, open_checkpoint
+
+    config = json.load(open(os.path.join(tiny_checkpoint_dir, "config.json")))
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 1}))
+    storage.pipeline_options([])
+    with gcs_emulator() as gcs:
+        upload_folder(gcs, tiny_checkpoint_dir, "models/one-layer")
+        gcs.client.bucket(gcs.bucket).blob("models/one-layer/config.json").upload_from_filename(
+            str(tmp_path / "config.json"))
+        with pytest.raises(CheckpointError) as refused:
+            open_checkpoint(gcs.url("models", "one-layer"))
+    assert (f"model.path: {gcs.url('models', 'one-layer', 'model.safetensors')} holds tensors of 2 layers"
+            in str(refused.value)), str(refused.value)
+
 def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
     """What a reader of the output sees on gs://, byte for byte (the staging prefix is the run's scratch)."""
     bucket = gcs.client.bucket(gcs.bucket)

@@ -4,7 +4,8 @@ real Hub. Every request is logged, so tests can say which files were downloaded 
 
 - ``GET /api/models/<repo>/revision/<rev>``: repo_info (the commit a branch points at);
 - ``GET /api/models/<repo>/tree/<rev>[/<path>]``: list_repo_tree (size, git oid, and lfs sha256 for weights);
-- ``HEAD|GET /<repo>/resolve/<rev>/<path>``: hf_hub_download (X-Repo-Commit, ETag, the bytes).
+- ``HEAD|GET /<repo>/resolve/<rev>/<path>``: hf_hub_download (X-Repo-Commit, ETag, the bytes); a GET with a
+  ``Range: bytes=a-b`` header gets those bytes (206), logged as ``RANGE``, not as a download.
 """
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def _handler(hub: HubServer):
 
         def _answer(self, body: bool):
             path = urllib.parse.urlsplit(self.path).path
-            hub.requests.append((self.command, path))
+            ranged = self.command == "GET" and (self.headers.get("Range") or "").startswith("bytes=")
+            hub.requests.append(("RANGE" if ranged else self.command, path))  # a ranged read is no download
             parts = [urllib.parse.unquote(p) for p in path.strip("/").split("/")]
             if parts[:2] == ["api", "models"]:
                 return self._api(parts[2:])
@@ -119,8 +121,11 @@ def _handler(hub: HubServer):
             if path not in repo.files:
                 return self._json(404, {"error": f"{path} not found"}, {"X-Error-Code": "EntryNotFound",
                                                                        "X-Repo-Commit": repo.commit})
-            data = repo.files[path]
-            self.send_response(200)
+            data, status = repo.files[path], 200
+            if body and (self.headers.get("Range") or "").startswith("bytes="):
+                first, _, last = self.headers["Range"][len("bytes="):].partition("-")
+                data, status = data[int(first):int(last) + 1 if last else None], 206
+            self.send_response(status)
             self.send_header("X-Repo-Commit", repo.commit)
             self.send_header("ETag", f'"{repo.etag(path)}"')
             self.send_header("Content-Length", str(len(data)))

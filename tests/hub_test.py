@@ -187,6 +187,44 @@ def test_a_pickle_only_repository_or_one_not_cached_offline_exits_2_naming_why(r
     assert not (tmp_path / "out").exists()
 
 
+
+@pytest.mark.parametrize("filled_by", ["a-driver", "a-worker-then-weights-deleted"])
+def test_an_offline_cache_without_the_weights_exits_2_naming_them(repos, tmp_path, filled_by):
+    """The cache holds the small files (a driver fetched them, or a cleanup removed the weights after a worker
+    fetched them, leaving this VM's marker in place): refused at start naming model.safetensors, never a
+    FileNotFoundError of a failed job."""
+    resolve = ("import sys; from docbeam.models import checkpoint as c; f = c.resolve_dir(sys.argv[1]); "
+               "c.resolve_dir(c.pinned_path(sys.argv[1], f), with_weights=sys.argv[2] == 'a-worker')")
+    with hub_server(repos) as hub:
+        filled = subprocess.run([sys.executable, "-c", resolve, "hf://docbeam/tiny@main", filled_by.split("-then")[0]],
+                                cwd=REPO, env=hub_env(tmp_path, hub.url), capture_output=True, text=True, timeout=300)
+    assert filled.returncode == 0, filled.stderr[-3000:]
+    for weights in glob.glob(str(tmp_path / "hf-cache" / "models--docbeam--tiny" / "snapshots" / "*" /
+                                 "model.safetensors")):
+        os.remove(weights)
+    assert glob.glob(str(tmp_path / "hf-cache" / "models--docbeam--tiny" / "snapshots" / "*" / "config.json"))
+    result = docbeam_run(tmp_path, "hf://docbeam/tiny@main", hub_env(tmp_path, None))
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "docbeam: cannot start: model.path 'hf://docbeam/tiny@" in result.stderr
+    assert "HF_HUB_OFFLINE is set and huggingface_hub's cache holds no model.safetensors for it" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_online_the_driver_holds_config_json_against_the_weights_header_without_downloading_them(
+        prompted_checkpoint, tmp_path, monkeypatch, capsys):
+    one_layer = repo_from_folder(prompted_checkpoint, COMMIT)
+    one_layer.files["config.json"] = json.dumps({**json.loads(one_layer.files["config.json"]),
+                                                  "num_hidden_layers": 1}).encode()
+    with hub_server({"docbeam/tiny": one_layer}) as hub:
+        code, stderr = docbeam_run_online_here(tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys)
+        assert hub.downloads("model.safetensors") == 0
+        ranged = [p for m, p in hub.requests if m == "RANGE"]
+    assert code == 2, stderr[-3000:]
+    assert (f"docbeam: cannot start: model.path: hf://docbeam/tiny@{COMMIT}/model.safetensors holds tensors of 2 "
+            "layers") in stderr
+    assert ranged and all(p.endswith("/model.safetensors") for p in ranged)
+    assert not (tmp_path / "out").exists()
+
 def test_workers_fetch_a_pinned_hub_id_once_per_vm(repos, tmp_path):
     with hub_server(repos) as hub:
         env = hub_env(tmp_path, hub.url)

@@ -88,6 +88,7 @@ def first_run(tmp_path_factory, tiny_checkpoint_dir):
 @pytest.mark.parametrize("values, expected", [
     (["a", None, "b"], pa.string()), ([1, -2, 2 ** 62], pa.int64()), ([1, 2.5], pa.float64()),
     ([True, False], pa.bool_()), ([[1], [], [2, None]], pa.list_(pa.int64())),
+    ([0.5, 1.5, None, -2.25], pa.float64()), ([[0.5], [1.5, 2]], pa.list_(pa.float64())),
     ([{"a": 1, "b": "x"}, {"b": "y", "a": 2}], pa.struct([("a", pa.int64()), ("b", pa.string())])),
 ])
 def test_a_column_gets_the_one_arrow_type_that_holds_every_sampled_value(values, expected):
@@ -131,6 +132,43 @@ def test_the_parser_keeps_the_fields_and_rejects_a_record_whose_value_does_not_f
     assert "field 'year' (input.keep_fields) is a string (\"2020\"), but its column is int64" in bad.reason
     assert "first 5 documents" in bad.reason
 
+
+
+def nested(depth: int, leaf=1):
+    """``leaf`` inside ``depth`` lists, built without recursion."""
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize("value, problem", [
+    (float("inf"), "is a number JSON text cannot hold (Infinity)"),
+    (float("-inf"), "is a number JSON text cannot hold (-Infinity)"),
+    (float("nan"), "is a number JSON text cannot hold (NaN)"),
+    ({"a": [1.0, float("nan")]}, "is a number JSON text cannot hold (NaN)"),
+    (nested(keep.MAX_DEPTH + 1), f"nests {keep.MAX_DEPTH + 1} lists or objects deep; a kept field may nest at most "
+                                 f"{keep.MAX_DEPTH}"),
+    (nested(100_000), "nests 100000 lists or objects deep"),  # measured without recursion
+], ids=["inf", "minus-inf", "nan", "nan-inside", "one-too-deep", "far-too-deep"])
+def test_a_non_finite_number_or_a_too_deep_value_is_a_rejection_in_any_column(value, problem):
+    for column in (KeptColumn("f", None), KeptColumn("f", pa.float64())):  # JSON text, and typed
+        reason = KeptFields((column,), sampled=5).take({"f": value})
+        assert isinstance(reason, str) and f"field 'f' (input.keep_fields) {problem}" in reason, reason
+
+
+def test_a_value_at_the_depth_limit_is_kept_and_typed():
+    value = nested(keep.MAX_DEPTH)
+    column = infer_type([value])
+    assert str(column).count("list<") == keep.MAX_DEPTH
+    assert KeptFields((KeptColumn("f", column),), sampled=1).take({"f": value}) == (("f", value),)
+
+
+def test_sampled_values_that_will_be_rejected_do_not_type_the_column(tiny_checkpoint_dir, tmp_path):
+    sample = [{"n": 1}, {"n": float("inf")}, {"n": 2}, {"d": nested(450)}, {"d": "text"}]
+    from docbeam.pipeline.driver.config import InputConfig
+
+    kept = keep.plan_columns(InputConfig(path="x.jsonl", keep_fields=["n", "d"]), lambda: sample)
+    assert kept.describe() == {"n": "int64", "d": "string"}
 
 def test_every_column_docbeam_writes_is_a_name_no_kept_field_may_take():
     from docbeam.pipeline.stages.write import embeddings_schema
@@ -220,6 +258,29 @@ def test_a_value_past_the_sample_that_does_not_fit_is_a_counted_rejection(first_
     (error,) = [json.loads(line) for p in glob.glob(f"{folder}/out/errors/*.jsonl") for line in open(p)]
     assert error["id"] == "d6" and "field 'year'" in error["reason"] and "column is int64" in error["reason"]
 
+
+
+@pytest.mark.slow
+def test_fractions_are_double_and_non_finite_or_deep_values_are_rejections_not_a_failed_run(tiny_checkpoint_dir,
+                                                                                           tmp_path):
+    deep = "[" * 450 + "1" + "]" * 450
+    lines = [json.dumps({"id": "a", "text": "the cat sat", "score": 0.5, "meta": {"k": [1]}}),
+             json.dumps({"id": "b", "text": "a dog ran", "score": 1.5, "meta": {"k": []}}),
+             '{"id": "deep", "text": "rain fell", "score": 2.5, "meta": ' + deep + '}',
+             '{"id": "huge", "text": "ships sail", "score": 1e400, "meta": {"k": [2]}}',
+             '{"id": "nan", "text": "bread is baked", "score": NaN}']
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    summary = run_job(job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), tiny_checkpoint_dir,
+                                 input={"keep_fields": ["score", "meta"], "max_rejected_fraction": 0.9}))
+    assert summary["kept_fields"] == {"score": "double", "meta": "struct<k: list<element: int64>>"}
+    assert summary["rejected_by_kind"] == {"kept_field_type": 3}
+    rows = read_rows(str(tmp_path / "out"))
+    assert {i: rows[i]["score"] for i in rows} == {"a": 0.5, "b": 1.5}
+    errors = {e["id"]: e["reason"] for path in glob.glob(f"{tmp_path}/out/errors/*.jsonl")
+              for e in map(json.loads, open(path))}
+    assert "field 'meta' (input.keep_fields) nests 450 lists or objects deep" in errors["deep"]
+    assert "field 'score' (input.keep_fields) is a number JSON text cannot hold (Infinity)" in errors["huge"]
+    assert "(NaN)" in errors["nan"]
 
 @pytest.mark.slow
 def test_star_and_an_incremental_run_write_this_inputs_field_values_beside_reused_vectors(first_run,

@@ -183,6 +183,31 @@ def test_the_prompts_tokens_count_against_the_stride_check(tokenizer):
                            prompt="passage: ")
 
 
+
+LONG_PROMPT = "Represent this passage, with all of its many words, for retrieval: " * 8  # > 32 tokens
+
+
+def test_a_prompt_that_fills_the_window_is_refused_naming_the_prompt_and_the_window(tokenizer):
+    with pytest.raises(ValueError) as refused:
+        tokenize_documents([doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=8),
+                           prompt=LONG_PROMPT)
+    message = str(refused.value)
+    assert "model.prompt" in message and "window of 32 tokens" in message and "model.max_seq_len" in message
+    assert "tokenize.stride" not in message
+
+
+def test_a_job_whose_prompt_fills_the_window_is_refused_at_start_about_the_prompt(tiny_checkpoint_dir, tmp_path):
+    from conftest import job_config
+    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.pipeline.driver.run import run_job
+
+    (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')
+    cfg = job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), tiny_checkpoint_dir,
+                     model={"prompt": {"text": LONG_PROMPT * 3}})  # ~ 390 tokens for a window of 128
+    with pytest.raises(ConfigError, match=r"model\.prompt.*window of 128 tokens") as refused:
+        run_job(cfg)
+    assert "stride" not in str(refused.value) and not (tmp_path / "out").exists()
+
 # --- what it changes ------------------------------------------------------------------------------------------
 
 def test_the_prompt_is_part_of_the_content_hash_and_no_prompt_hashes_as_before():

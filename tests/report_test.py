@@ -263,3 +263,13 @@ def test_nested_summary_fields_are_tables_not_python_dicts(slow_report):
     output = pathlib.Path(slow_report[0].path.removesuffix(".report.html"))
     buckets = json.loads((output / "summary.json").read_text())["buckets"]
     assert f"<td class=n>{buckets['256']['padded_tokens']:,}</td>" in text
+
+
+def test_a_classifiers_report_says_scored_and_shows_the_label_shares(tmp_path):
+    output = write_run(tmp_path / "run", with_errors=False)
+    summary_path = pathlib.Path(output) / "summary.json"
+    summary = json.loads(summary_path.read_text())
+    summary.update(head={"name": "classifier", "folder": "scores"}, labels={"pos": 3, "neg": 1})
+    summary_path.write_text(json.dumps(summary))
+    text = pathlib.Path(report.report(output, dest=str(tmp_path / "r.html")).path).read_text()
+    assert "documents scored" in text and "pos 75% · neg 25%" in text

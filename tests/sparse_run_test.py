@@ -20,7 +20,7 @@ def window(index, count, vector, length=30):
     from docbeam.models.heads.sparse import SparseHead
     from docbeam.pipeline.records import WindowEmbedding
 
-    terms = SparseHead.window_vector(None, np.asarray(vector, np.float32))
+    terms = SparseHead.compact_window(None, np.asarray(vector, np.float32))
     return WindowEmbedding(doc_id="d", index=index, num_windows=count, length=length, doc_tokens=90, truncated=False,
                            vector=terms, bucket_len=64, backend="native")
 

@@ -7,6 +7,7 @@ the weights; models/encoder.py re-exports the config and the arithmetic.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any, Literal
 
@@ -132,6 +133,11 @@ class EncoderConfig:
 
 
 _MISSING = object()
+SIZES = {key: 1 for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                            "intermediate_size", "max_position_embeddings", "num_key_value_heads", "head_dim",
+                            "n_layer", "n_layers", "n_head", "n_heads", "n_embd", "n_inner", "n_positions", "dim",
+                            "hidden_dim")} | {"type_vocab_size": 0}
+EPSILONS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "norm_eps")
 
 
 class HubConfig:
@@ -140,6 +146,20 @@ class HubConfig:
 
     def __init__(self, raw: dict, where: str):
         self.raw, self.where = raw, where
+
+    def check_numbers(self) -> "HubConfig":
+        """The sizes every family reads are whole numbers of at least one (type_vocab_size: of at least zero)
+        and the norms' epsilons positive finite numbers: a string ``"384"``, ``0`` heads or ``-1`` layers is
+        refused here, naming the key, before any arithmetic meets it."""
+        for key, value in self.raw.items():
+            least = SIZES.get(key)
+            if value is None or (least is None and key not in EPSILONS):
+                continue
+            if least is not None and (type(value) is not int or value < least):
+                raise self.error(f"sets {key}: {json.dumps(value)}; it must be a whole number of at least {least}")
+            if key in EPSILONS and (type(value) not in (int, float) or not 0 < value < float("inf")):
+                raise self.error(f"sets {key}: {json.dumps(value)}; it must be a positive number (e.g. 1e-12)")
+        return self
 
     def get(self, *keys: str, default: Any = _MISSING) -> Any:
         for key in keys:

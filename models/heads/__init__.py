@@ -28,15 +28,16 @@ LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
 HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
-         "sparse": "docbeam.models.heads.sparse"}
+         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse"}
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadLayer:
-    """One step after pooling: ``dense`` is ``activation(x @ kernel + bias)``, ``norm`` a LayerNorm of ``eps``;
-    its parameters are ``{"kernel", "bias"}`` or ``{"scale", "bias"}`` (a zero bias where the checkpoint has none)."""
+    """One step after pooling: ``dense`` is ``activation(x @ kernel + bias)``, ``norm`` a LayerNorm of ``eps``,
+    ``l2`` an L2 normalisation (``x / max(|x|, 1e-12)``, torch's normalize); its parameters are ``{"kernel",
+    "bias"}``, ``{"scale", "bias"}`` (a zero bias where the checkpoint has none) or ``{}``."""
 
-    kind: Literal["dense", "norm"]
+    kind: Literal["dense", "norm", "l2"]
     activation: str = "identity"
     eps: float = 1e-5
 
@@ -51,7 +52,7 @@ class Head:
     """A resolved head: frozen and hashable, handed to the workers inside the encoder's spec."""
 
     name: str  # its HEADS entry
-    pooling: str  # "mean" | "cls" | "lasttoken": each window's token states → one vector
+    pooling: str  # "mean" | "cls" | "lasttoken": each window's token states → one vector; "tokens": none
     layers: tuple[HeadLayer, ...]  # run on the pooled vector inside the forward
     width: int  # values per window that leave the forward
     folder: str  # the output folder its rows are written to
@@ -70,7 +71,7 @@ class Head:
         """The parameters of ``layers``, in float32 (numpy), from the checkpoint ``folder``."""
         raise NotImplementedError
 
-    def window_vector(self, vector_W):
+    def compact_window(self, vector_W):
         """What a window's output crosses to ``document_row`` as (the vector itself; the sparse head's nonzero
         terms: its vocabulary-wide vectors are mostly zeros)."""
         return vector_W
@@ -105,6 +106,8 @@ def apply_layers(pooled_xD: jax.Array, params: tuple[dict, ...], layers: tuple[H
         if layer.kind == "dense":
             pooled_xD = LAYER_ACTIVATIONS[layer.activation](
                 jnp.einsum("...d,de->...e", pooled_xD, p["kernel"], precision=jax.lax.Precision.HIGHEST) + p["bias"])
+        elif layer.kind == "l2":
+            pooled_xD = pooled_xD / jnp.maximum(jnp.linalg.norm(pooled_xD, axis=-1, keepdims=True), 1e-12)
         else:
             mean = pooled_xD.mean(-1, keepdims=True)
             var = jnp.square(pooled_xD - mean).mean(-1, keepdims=True)
@@ -128,10 +131,11 @@ TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQues
 
 
 def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -> Head:
-    """The head this run uses: ``model.head`` (``choice``: auto, or a HEADS name) against what the
-    checkpoint carries. auto takes the sparse head of a SparseEncoder, the classifier of a ``*ForSequenceClassification`` checkpoint without
-    sentence-transformers' files, the embedding otherwise; a task head no docbeam head reproduces is refused
-    unless ``model.head: embedding`` asks for the backbone's embeddings."""
+    """The head this run uses: ``model.head`` (``choice``: auto, or a HEADS name) against what the checkpoint
+    carries. auto takes multi_vector for a MultiVectorEncoder checkpoint, sparse for a SparseEncoder, the
+    classifier of a ``*ForSequenceClassification`` checkpoint without sentence-transformers' files, the embedding
+    otherwise; a task head no docbeam head reproduces is refused unless ``model.head: embedding`` asks for the
+    backbone's embeddings."""
     import importlib
 
     from docbeam.models.st_settings import read_json
@@ -139,6 +143,12 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
     hf = read_json(checkpoint.folder, "config.json") or {}
     carried = task_head(hf)
     where = f"{checkpoint.folder}/config.json"
+    if choice == "auto" and checkpoint.settings.token_mask is not None:
+        choice = "multi_vector"  # a sentence-transformers MultiVectorEncoder (models/st_multivector.py)
+    elif checkpoint.settings.token_mask is not None and choice in HEADS and choice != "multi_vector":
+        raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/config_sentence_transformers.json sets "
+                              "model_type: MultiVectorEncoder, whose output is one vector per token; use model.head: "
+                              "auto or multi_vector")
     sparse = checkpoint.settings.splade is not None
     if choice == "auto":
         has_st = read_json(checkpoint.folder, "modules.json") is not None

@@ -149,7 +149,7 @@ class SparseHead(Head):
         vectors_SxV = jnp.maximum(vectors_SxV, 0.0)  # an empty slot's max is -inf; every weight is >= 0
         return vectors_SxV.reshape(B, self.width) if segment_ids_BxT is None else vectors_SxV.reshape(B, K, -1)
 
-    def window_vector(self, vector_V: np.ndarray) -> SparseTerms:
+    def compact_window(self, vector_V: np.ndarray) -> SparseTerms:
         """A window's nonzero terms (NaN kept, so a broken window is still seen): what crosses the shuffle."""
         indices = np.flatnonzero(vector_V).astype(np.int32)
         return SparseTerms(indices, np.asarray(vector_V, np.float32)[indices])
@@ -174,6 +174,10 @@ class SparseHead(Head):
             return non_finite(used, [], "sparse vector")
         return {"id": windows[0].doc_id, "sparse_embedding": {"indices": indices.tolist(), "values": values.tolist()},
                 **window_facts(windows)}
+
+    def row_stats(self, row: dict) -> dict:
+        """What summary.json counts of a row (``sparse_terms_per_doc``: their mean)."""
+        return {"sparse_terms": len(row["sparse_embedding"]["indices"])}
 
     def reuse_key(self) -> dict:
         return {"name": self.name, "architecture": self.carried, "pooling": self.pooling,

@@ -8,6 +8,7 @@ there, on the driver, as ``docbeam run`` fails at start.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
 from collections.abc import Mapping
@@ -97,13 +98,20 @@ def _from_raw(raw: dict, base_dir: str, source: str) -> tuple[EmbedConfig, str, 
 
 def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
     """One element of the user's PCollection → a Document, or the Rejected saying why it is not one (as the
-    JSONL reader rejects a line: an id that is a string or an integer, a text that is a non-empty string)."""
-    if isinstance(item, Document):
-        return item
-
+    JSONL reader rejects a line: an id that is a string or an integer, a text that is a non-empty string).
+    A ``docbeam.Document`` gets the same check on its ``id`` and ``text`` (its fields are the user's to fill,
+    not typed by anyone), and an integer id becomes its string, as a dict's does."""
     def reject(kind, reason, doc_id=None):
         return Rejected(source="", line=None, id=doc_id, kind=kind, reason=reason)
 
+    if isinstance(item, Document):
+        line_ok = item.line is None or isinstance(item.line, int) and not isinstance(item.line, bool)
+        if not isinstance(item.source, str) or not line_ok:
+            return reject("not_a_document", f"a docbeam.Document's source must be a string and its line an integer "
+                                            f"or None; got source {item.source!r}, line {item.line!r}")
+        record = document_of_record({"id": item.id, "text": item.text}, source=item.source, line=item.line,
+                                    id_field="id", text_field="text")
+        return dataclasses.replace(item, id=record.id) if isinstance(record, Document) else record
     if not isinstance(item, Mapping):
         return reject("not_a_document", f"expected a dict with {id_field!r} and {text_field!r} or a "
                                         f"docbeam.Document, got a {type(item).__name__}")
@@ -135,8 +143,9 @@ class EmbedDocuments(beam.PTransform):
     a text field (``id_field``/``text_field``; by default the config's input section's, else ``id`` and
     ``text``) or ``docbeam.Document``. Each becomes one embeddings row (a dict: id, embedding as a list of
     float32 values, num_tokens, num_windows, truncated, content_hash) or one errors row (a ``docbeam.Rejected``:
-    id, kind, reason; ``to_json()`` is the line ``docbeam run`` writes to errors/), never a crash: a dict without
-    an id or text, a repeated id (one is embedded, the others are duplicate_id errors), a text with no tokens.
+    id, kind, reason; ``to_json()`` is the line ``docbeam run`` writes to errors/), never a crash: a dict or a
+    Document without an id or text, a repeated id (one is embedded, the others are duplicate_id errors), a text
+    with no tokens.
     ``timing`` has one dict per batch, as timing/*.jsonl. The config is checked and the checkpoint planned here,
     once, where the transform is made.
     """

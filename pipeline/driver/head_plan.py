@@ -52,8 +52,9 @@ def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
     if not isinstance(cfg, JobConfig):
         return
     out = cfg.output
-    for key, value, allowed in (("vector_dtype", out.vector_dtype, "float32"),
-                                ("granularity", out.granularity, "document")):
-        if value != allowed:
-            raise ConfigError(f"output.{key}: {value}: {rows}, not vectors; set output.{key}: {allowed} (or "
-                              "model.head: embedding to embed with its backbone)")
+    dtypes = getattr(head, "vector_dtypes", ("float32",))  # a multi-vector head writes float16 too
+    for key, value, allowed in (("vector_dtype", out.vector_dtype, dtypes), ("granularity", out.granularity,
+                                                                            ("document",))):
+        if value not in allowed:
+            raise ConfigError(f"output.{key}: {value}: {rows}, not one vector per document; set output.{key}: "
+                              f"{' or '.join(allowed)} (or model.head: embedding to embed with its backbone)")

@@ -111,8 +111,10 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
     embedded = to_encode | "Embed" >> EncodeDocuments(plan, encoder_spec(plan, staging, run_id))
     # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
+    # A multi-vector head writes its own dtype (models/heads/multivector.py): its rows have no embedding column.
     quantized = embedded["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
-        cfg.output.vector_dtype, run_id, plan.reuse.source.calibration if plan.reuse.source else None)
+        cfg.output.vector_dtype if plan.head.name == "embedding" else "float32", run_id,
+        plan.reuse.source.calibration if plan.reuse.source else None)
     rejected = (read["rejected"], embedded["rejected"], quantized["rejected"]) | "AllRejected" >> beam.Flatten()
     calibration = {"calibration": quantized["calibration"]} if "calibration" in quantized else {}
     selection = select_documents(plan, staging, run_id, read, quantized["rows"], reused)
@@ -125,7 +127,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                                 write_embeddings=cfg.output.granularity != "chunk",
                                                 folder=plan.head.folder,
                                                 labels=bool(getattr(plan.head, "labels", None))
-                                                and not plan.head.regression))
+                                                and not plan.head.regression,
+                                                row_stats=getattr(plan.head, "row_stats", None)))
     if cfg.output.granularity != "document":
         # Chunk rows are quantized with the documents' calibration (one scale per output).
         chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": quantized["rows"],

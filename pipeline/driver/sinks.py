@@ -51,8 +51,8 @@ def _vectors_only(key: str, what: str):
     def check(cfg: JobConfig, head, kept) -> None:
         if head.name != "embedding":
             raise ConfigError(f"output.{key}: model.head resolved to {head.name} ({head.carried}), whose "
-                              f"{head.folder}/ rows are not vectors, and {what} loads vectors; remove output.{key}, "
-                              "or set model.head: embedding")
+                              f"{head.folder}/ rows are not one vector per document, and {what} loads vectors, one "
+                              f"per document; remove output.{key}, or set model.head: embedding")
     return check
 
 
@@ -79,7 +79,14 @@ def _pgvector_load(output: str, manifest: dict, section) -> dict:
 
 register(Sink("vertex_ai", _check_vertex_ai, _vertex_files, needs_removed=True))
 # pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
-register(Sink("pgvector", lambda cfg, head, kept: None, lambda *inputs: (),
+def _check_pgvector(cfg: JobConfig, head, kept) -> None:
+    if head.name == "multi_vector":  # its loader writes a vector or a score per row, not a list of vectors
+        raise ConfigError(f"output.pgvector: model.head resolved to multi_vector, whose {head.folder}/ rows hold a "
+                          "list of token vectors per document, which the pgvector sink does not load; remove "
+                          "output.pgvector")
+
+
+register(Sink("pgvector", _check_pgvector, lambda *inputs: (),
               preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
 
 

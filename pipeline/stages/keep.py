@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Callable, Iterable
 
 import pyarrow as pa
@@ -17,6 +18,10 @@ import pyarrow as pa
 from docbeam.pipeline.driver.config import ConfigError, InputConfig
 
 SAMPLE_RECORDS = 1000  # documents the driver reads to type the kept columns
+# Lists and objects a kept value may nest: deeper ones are rejected. Typing, checking and pickling a column's
+# type recurse once per level (a struct 450 deep failed the run when Beam pickled the plan); real records nest
+# a handful of levels.
+MAX_DEPTH = 64
 JSON = "json"  # a column of JSON text: what a field gets when no one Arrow type holds every sampled value
 EXACT_FLOAT_INT = 2 ** 53  # integers up to this size are exact in a float64 column
 # Every column docbeam writes itself (document rows, and chunk rows of output.granularity: chunk); a kept field
@@ -58,6 +63,9 @@ class KeptFields:
         taken = []
         for column in self.columns:
             value = record.get(column.name)
+            unkept = unkeepable(value)
+            if unkept:
+                return f"field {column.name!r} (input.keep_fields) {unkept}; the document is not embedded"
             problem = value_problem(value, column.arrow)
             if problem:
                 return (f"field {column.name!r} (input.keep_fields) {problem}, but its column is "
@@ -114,6 +122,8 @@ def infer_type(values: list) -> pa.DataType | None:
         return pa.string()
     if kinds == {"int"}:
         return pa.int64() if all(-2 ** 63 <= v < 2 ** 63 for v in present) else None
+    if kinds == {"float"}:
+        return pa.float64()
     if kinds == {"int", "float"}:
         return pa.float64() if all(isinstance(v, float) or abs(v) <= EXACT_FLOAT_INT for v in present) else None
     if kinds == {"list"}:
@@ -126,6 +136,23 @@ def infer_type(values: list) -> pa.DataType | None:
             return None  # a key some objects lack would read back as null: not the same object
         types = [(k, infer_type([v[k] for v in present])) for k in keys[0]]
         return None if any(t is None for _, t in types) else pa.struct(types)
+    return None
+
+
+def unkeepable(value) -> str | None:
+    """Why ``value`` is kept in no column, or None: it nests lists and objects deeper than MAX_DEPTH, or holds a
+    number JSON text cannot hold (``1e400`` parses as infinity, ``NaN`` as itself: Parquet would store either,
+    but no JSON reader of the output, and no sink, could take it). Walked level by level, without recursion."""
+    depth, level, non_finite = 0, [value], None
+    while level:
+        non_finite = non_finite or next((v for v in level if isinstance(v, float) and not math.isfinite(v)), None)
+        containers = [v for v in level if isinstance(v, (list, dict))]
+        depth += bool(containers)
+        level = [child for c in containers for child in (c.values() if isinstance(c, dict) else c)]
+    if depth > MAX_DEPTH:
+        return f"nests {depth} lists or objects deep; a kept field may nest at most {MAX_DEPTH}"
+    if non_finite is not None:
+        return f"is a number JSON text cannot hold ({json.dumps(non_finite)})"
     return None
 
 
@@ -214,7 +241,9 @@ def plan_columns(config: InputConfig, sample: Callable[[], list[dict]] | None) -
     if problems:
         raise ConfigError(f"input.keep_fields: \"*\" takes every field of the input, but {'; '.join(problems)}. "
                           "List the fields to keep instead of \"*\"")
-    columns = tuple(KeptColumn(n, infer_type([r.get(n) for r in sample])) for n in names)
+    # A value the workers will reject (unkeepable) types nothing: the column is what the kept values need.
+    columns = tuple(KeptColumn(n, infer_type([v for v in (r.get(n) for r in sample) if not unkeepable(v)]))
+                    for n in names)
     return KeptFields(columns, len(sample), every_field)
 
 

@@ -72,31 +72,26 @@ def _value(node, where: str) -> tuple:
     raise SelectionError(f"{where!r}: {ast.unparse(node)!r} is not a value (a number, a word, or a list of them)")
 
 
-def columns_named(tree: tuple) -> set[str]:
-    """Every column the expression reads (``scores`` for scores[label])."""
+def _terms(tree: tuple):
+    """Every column and value term of the expression, in order."""
     kind = tree[0]
     if kind in ("and", "or"):
-        return set().union(*(columns_named(t) for t in tree[1]))
-    if kind == "not":
-        return columns_named(tree[1])
-    if kind == "cmp":
-        return columns_named(tree[2]) | columns_named(tree[3])
-    if kind == "col":
-        return {tree[1]}
-    if kind == "score_of":
-        return {"scores"}
-    return set()
+        for part in tree[1]:
+            yield from _terms(part)
+    elif kind == "not":
+        yield from _terms(tree[1])
+    elif kind == "cmp":
+        yield tree[2]
+        yield tree[3]
+
+
+def columns_named(tree: tuple) -> set[str]:
+    """Every column the expression reads (``scores`` for scores[label])."""
+    return {value if kind == "col" else "scores" for kind, value in _terms(tree) if kind in ("col", "score_of")}
 
 
 def labels_named(tree: tuple) -> set[str]:
-    kind = tree[0]
-    if kind in ("and", "or"):
-        return set().union(*(labels_named(t) for t in tree[1]))
-    if kind == "not":
-        return labels_named(tree[1])
-    if kind == "cmp":
-        return labels_named(tree[2])
-    return {tree[1]} if kind == "score_of" else set()
+    return {value for kind, value in _terms(tree) if kind == "score_of"}
 
 
 def evaluate(tree: tuple, row: dict, labels: tuple[str, ...] = ()) -> bool:

@@ -38,12 +38,19 @@ def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
 
 
 def stride_problem(stride: int, window_len: int, special: int) -> str | None:
-    """Why ``stride`` cannot cut windows of ``window_len`` tokens, ``special`` of them the tokenizer's own
-    (None when it can): every window after the first must bring tokens of its own."""
-    if stride < window_len - special:
+    """Why ``stride`` cannot cut windows of ``window_len`` tokens, ``special`` of them the tokenizer's own and
+    model.prompt's (None when it can): every window must hold text, and every window after the first must bring
+    tokens of its own. A window the prompt fills is the prompt's problem, not the stride's."""
+    room = window_len - special
+    if room < 1:
+        return (f"model.prompt does not fit the model's window of {window_len} tokens (model.max_seq_len): with the "
+                f"tokenizer's special tokens it takes {special}, and every window repeats it, leaving no room for "
+                "the text; shorten model.prompt, or raise model.max_seq_len up to the checkpoint's positions")
+    if stride < room:
         return None
-    return (f"tokenize.stride={stride} must be smaller than a window's content ({window_len - special} tokens "
-            f"for window {window_len}); e.g. 32")
+    return (f"tokenize.stride={stride} must be smaller than a window's content ({room} tokens for window "
+            f"{window_len}) once its {special} special and model.prompt tokens are set aside; e.g. "
+            f"{min(32, room // 4)}")
 
 
 @dataclasses.dataclass(frozen=True)

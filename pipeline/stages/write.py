@@ -166,7 +166,7 @@ class WriteOutputs(beam.PTransform):
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, *, schema: pa.Schema,
                  kept_columns: tuple[pa.Field, ...] = (), write_embeddings: bool = True, folder: str = EMBEDDINGS,
-                 labels: bool = False):
+                 labels: bool = False, row_stats=None):
         super().__init__()
         self._schema = pa.schema([*schema, *kept_columns])  # kept columns: pipeline/stages/keep.py
         self._out = staging_path.rstrip("/")
@@ -174,6 +174,7 @@ class WriteOutputs(beam.PTransform):
         self._shards = num_shards
         self._write_embeddings = write_embeddings
         self._folder, self._labels = folder, labels  # the head's folder; whether its rows carry a label
+        self._row_stats = row_stats  # the head's numbers of a row for summary.json (a multi-vector head's size)
 
     def expand(self, outputs):
         from apache_beam.io.parquetio import WriteToParquet
@@ -187,8 +188,8 @@ class WriteOutputs(beam.PTransform):
         def embedded_stats(row):
             embedded_counter.inc()
             labels = {"labels": {str(row["label"]): 1}} if self._labels else {}  # "None": regression
-            sparse = {"sparse_terms": len(row["sparse_embedding"]["indices"])} if "sparse_embedding" in row else {}
-            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"], **labels, **sparse}
+            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"], **labels,
+                    **(self._row_stats(row) if self._row_stats else {})}
 
         def rejected_json(r):
             name = metric_name(DOCS_REJECTED, r.kind)
