@@ -77,19 +77,23 @@ def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_leng
     return summed_BxKxD / jnp.maximum(slot_lengths_BxK, 1)[..., None].astype(jnp.float32)
 
 
-def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, layers: tuple[HeadLayer, ...] = ()):
+def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, layers: tuple[HeadLayer, ...] = (),
+             reduce: Callable[..., Any] | None = None):
     """``(params, ids_BxT, lengths_B) -> pooled_BxD``, or with packed rows
     ``(params, ids_BxT, lengths_B, segment_ids_BxT, slot_lengths_BxK) -> pooled_BxKxD``; ready for jax.jit
     (one compile per shape). With a head's ``layers`` (models/heads/: sentence-transformers' Dense modules, a
     classifier) run on each pooled window, ``params`` is ``{"encoder": <the family's params>, "head": (<the
     head's load_params>)}`` and D is the last layer's width. Per window, before windows are combined: a layer's
     activation is not linear, so on a long document this is each window's output as the model gives it. Pooling
-    ``tokens`` pools nothing: the layers run on every token and the output is [B, T, D] (packed rows too)."""
+    ``tokens`` pools nothing: the layers run on every token and the output is [B, T, D] (packed rows too). A head's
+    ``reduce`` (models/heads/sparse.py) replaces pooling and layers: it is handed every token state."""
     module = Encoder(config, attention)
 
     def embed(params, ids_BxT, lengths_B, segment_ids_BxT=None, slot_lengths_BxK=None):
-        encoder_params, head = (params["encoder"], params["head"]) if layers else (params, ())
+        encoder_params, head = (params["encoder"], params["head"]) if layers or reduce else (params, ())
         hidden_BxTxD = module.apply({"params": encoder_params}, ids_BxT, lengths_B, segment_ids_BxT)
+        if reduce is not None:
+            return reduce(hidden_BxTxD, lengths_B, segment_ids_BxT, slot_lengths_BxK, head)
         if pooling == "tokens":  # a multi-vector head: every token's vector [B, T, D'] (the host cuts windows)
             pooled = hidden_BxTxD.astype(jnp.float32)
         elif segment_ids_BxT is None:

@@ -65,11 +65,12 @@ def load(spec: RuntimeSpec, fn_name: str):
     # The head's layers (sentence-transformers' Dense modules, a classifier) run inside the jitted forward,
     # right after pooling.
     head = spec.head
-    if head.layers:
+    if head.layers or head.reduce is not None:
         params = {"encoder": params, "head": head.load_params(ck.folder)}
     forwards = {}
     for name in sorted({c.backend for c in spec.choices}):
-        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), head.pooling, head.layers)
+        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), head.pooling, head.layers,
+                                 head.reduce)
 
         def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
             return embed(params, ids_BxT, lengths_B, *packed)

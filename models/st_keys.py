@@ -61,6 +61,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "module_output_name": "token_embeddings", "processing_kwargs": {}, "query_length": None,
         "document_length": None, "query_expansion": None},
 }
+# A SparseEncoder's MLMTransformer: the masked-LM head's logits per token (models/heads/sparse.py runs it).
+DEFAULTS["MLMTransformer"] = {**DEFAULTS[TRANSFORMER_CONFIG], "transformer_task": "fill-mask", "modality_config": {
+    "text": {"method": "forward", "method_output_name": "logits"}}}
+DEFAULTS["SpladePooling"] = {"embedding_dimension": _ANY, "word_embedding_dimension": _ANY, "chunk_size": _ANY}
 # from_pretrained arguments a Transformer module may carry, and the ones that do not change the vectors.
 LOADING_KWARGS = ("model_args", "tokenizer_args", "config_args", "model_kwargs", "processor_kwargs", "config_kwargs")
 HARMLESS_LOADING_KWARGS = {"trust_remote_code"}
@@ -69,6 +73,8 @@ HONOURED = {
     MODULES: ("idx", "name", "path", "type"),
     "Pooling": ("pooling_mode", *POOLING_FLAGS, "include_prompt", "embedding_dimension", "word_embedding_dimension"),
     TRANSFORMER_CONFIG: ("max_seq_length",),
+    "MLMTransformer": ("max_seq_length",),
+    "SpladePooling": ("pooling_strategy", "activation_function"),
     "Dense": ("in_features", "out_features", "bias", "activation_function"),
     "TokenDense": ("in_features", "out_features", "bias", "activation_function"),
 }

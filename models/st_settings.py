@@ -14,6 +14,12 @@ from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORME
 # The sentence-transformers modules docbeam reproduces, in the order it runs them; any other (LayerNorm, ...)
 # changes the embedding.
 SUPPORTED_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+# A SparseEncoder's (SPLADE: models/heads/sparse.py): the masked-LM logits, then log(1 + relu) pooled over tokens.
+SPARSE_MODULES = ("MLMTransformer", "SpladePooling")
+# Modules of other sparse models, refused with what they are (docbeam runs neither).
+WHY_NOT_MODULE = {"SparseStaticEmbedding": "inference-free SPLADE's per-token IDF weights (its Router's document "
+                  "side) are not run", "SparseAutoEncoder": "a CSR sparse autoencoder is not run", "Router": "a "
+                  "Router sends queries and documents through different modules, which docbeam does not run"}
 # A Dense module's activation_function (sentence-transformers saves the class's full name) → docbeam's name.
 DENSE_ACTIVATIONS = {"torch.nn.modules.linear.Identity": "identity", "torch.nn.modules.activation.Tanh": "tanh"}
 SUPPORTED_POOLING = ("mean", "cls", "lasttoken")
@@ -49,6 +55,7 @@ class ModelSettings:
     include_prompt: bool = True  # the Pooling module pools the prompt's tokens
     dense: tuple[DenseModule, ...] = ()  # applied in order to every pooled window
     truncate_dim: int | None = None  # config_sentence_transformers.json's: the default of model.truncate_dim
+    splade: tuple[str, str] | None = None  # a SparseEncoder's SpladePooling: (pooling_strategy, activation_function)
     token_mask: Any = None  # a MultiVectorEncoder's (models/st_multivector.py TokenMask); None for other models
 
     def width(self, hidden_size: int) -> int:
@@ -63,13 +70,15 @@ def model_settings(folder: str, config) -> ModelSettings:
     """sentence-transformers' settings decide window length, pooling, normalisation and prompts when present;
     a setting docbeam cannot honour is refused rather than replaced by a default (other embeddings)."""
     st = read_json(folder, TRANSFORMER_CONFIG) or {}
-    check_keys(folder, TRANSFORMER_CONFIG, TRANSFORMER_CONFIG, st)
     modules = sentence_transformers_modules(folder, task_adapters=bool(getattr(config, "tasks", ())))
+    splade = splade_pooling(folder, modules)
+    check_keys(folder, TRANSFORMER_CONFIG, "MLMTransformer" if splade else TRANSFORMER_CONFIG, st)
     max_len = st.get("max_seq_length") or _tokenizer_max_len(folder) or config.max_position
     max_len = min(max_len, config.max_position) if config.position == "absolute" else max_len
     normalize = any(kind == "Normalize" for kind, _ in modules)
     pooling, include_prompt = pooling_mode(folder, modules, config.output_size, default_pooling(config))
-    prompts, document_prompt = prompt_settings(folder)
+    prompts, document_prompt = prompt_settings(folder, ("SparseEncoder",) if splade else ("SentenceTransformer",
+                                                                                            "MultiVectorEncoder"))
     task = getattr(config, "task", None)  # Jina v3: the task's instruction goes first, as its encode(task=) puts it
     if task is not None and config.instruction is not None:
         prompts, document_prompt = ((task, config.instruction),) + tuple(p for p in prompts if p[0] != task), task
@@ -81,7 +90,26 @@ def model_settings(folder: str, config) -> ModelSettings:
                               "expected a positive number of dimensions or null")
     return ModelSettings(max_seq_len=int(max_len), pooling=pooling, normalize=normalize, prompts=prompts,
                          document_prompt_name=document_prompt, include_prompt=include_prompt, dense=dense,
-                         truncate_dim=truncate_dim)
+                         truncate_dim=truncate_dim, splade=splade)
+
+
+def splade_pooling(folder: str, modules: list[tuple[str, dict]]) -> tuple[str, str] | None:
+    """A SparseEncoder's SpladePooling (pooling_strategy, activation_function), or None for a dense model."""
+    path = next((m.get("path") for kind, m in modules if kind == "SpladePooling"), None)
+    if path is None:
+        return None
+    name = f"{path}/config.json"
+    cfg = read_json(folder, name)
+    if cfg is None:
+        raise CheckpointError(f"model.path: {folder}/{MODULES} lists a SpladePooling module at {path!r}, but {name} "
+                              "is missing; docbeam reads its pooling_strategy and activation_function from it")
+    check_keys(folder, name, "SpladePooling", cfg)
+    strategy, activation = cfg.get("pooling_strategy", "max"), cfg.get("activation_function", "relu")
+    if strategy not in ("max", "sum") or activation not in ("relu", "log1p_relu"):
+        raise CheckpointError(f"model.path: {folder}/{name} sets pooling_strategy: {json.dumps(strategy)} and "
+                              f"activation_function: {json.dumps(activation)}; SpladePooling pools by max or sum "
+                              "after relu or log1p_relu")
+    return strategy, activation
 
 
 def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int,
@@ -113,16 +141,18 @@ def dense_modules(folder: str, modules: list[tuple[str, dict]], hidden_size: int
     return tuple(out)
 
 
-def prompt_settings(folder: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+def prompt_settings(folder: str, model_types: tuple[str, ...] = ("SentenceTransformer", "MultiVectorEncoder")
+                    ) -> tuple[tuple[tuple[str, str], ...], str | None]:
     """The checkpoint's prompts and the one its documents get: what sentence-transformers' ``encode_document``
     applies when no prompt is named (the first of document, passage, corpus it defines, else
     ``default_prompt_name``). docbeam embeds documents, so a default_prompt_name of ``query`` does not apply."""
     cfg = read_json(folder, ST_CONFIG) or {}
     check_keys(folder, ST_CONFIG, ST_CONFIG, cfg)
-    if cfg.get("model_type", "SentenceTransformer") not in ("SentenceTransformer", "MultiVectorEncoder"):
-        raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets model_type: {cfg['model_type']!r}; docbeam "
-                              "runs dense embedding models (SentenceTransformer) and multi-vector ones "
-                              "(MultiVectorEncoder), not sparse or cross encoders")
+    if cfg.get("model_type", "SentenceTransformer") not in model_types:
+        raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets model_type: {cfg['model_type']!r}, but its "
+                              f"{MODULES} makes a {' or '.join(model_types)}; docbeam runs SentenceTransformer "
+                              "(dense), MultiVectorEncoder and SparseEncoder (MLMTransformer + SpladePooling) "
+                              "models, not cross encoders")
     prompts = cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise CheckpointError(f"model.path: {folder}/{ST_CONFIG} sets prompts: {json.dumps(prompts)}; expected a "
@@ -148,7 +178,10 @@ def sentence_transformers_modules(folder: str, task_adapters: bool = False,
             continue
         module_type = str(module.get("type", ""))
         kind = module_type.rsplit(".", 1)[-1]
-        if kind not in supported or not module_type.startswith("sentence_transformers."):
+        if kind in WHY_NOT_MODULE:
+            raise CheckpointError(f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
+                                  f"{module_type!r}: {WHY_NOT_MODULE[kind]}; use a checkpoint without it")
+        if kind not in supported + SPARSE_MODULES or not module_type.startswith("sentence_transformers."):
             raise CheckpointError(
                 f"model.path: {folder}/{MODULES} lists module {module.get('name')!r} of type "
                 f"{module.get('type')!r} (path {module.get('path')!r}), which docbeam does not run: it runs only "
@@ -156,6 +189,11 @@ def sentence_transformers_modules(folder: str, task_adapters: bool = False,
                 "model's; use a checkpoint without that module")
         check_keys(folder, MODULES, MODULES, module)
         out.append((kind, module))
+    if any(kind in SPARSE_MODULES for kind, _ in out):
+        if [kind for kind, _ in out] not in (list(SPARSE_MODULES), ["Transformer", "SpladePooling"]):
+            raise CheckpointError(f"model.path: {folder}/{MODULES} lists the modules {[kind for kind, _ in out]}; "
+                                  "docbeam runs a SparseEncoder only as MLMTransformer then SpladePooling")
+        return out
     order = [supported.index(kind) for kind, _ in out]
     if order != sorted(order):
         raise CheckpointError(f"model.path: {folder}/{MODULES} lists its modules in the order "

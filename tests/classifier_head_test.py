@@ -9,16 +9,14 @@ import glob
 import json
 import os
 
-import jax
 import numpy as np
 import pytest
 
-from docbeam import attention
-from docbeam.models import checkpoint, encoder
+from docbeam.models import checkpoint
 from docbeam.models.heads import resolve
 from docbeam.models.heads.classifier import apply_function
 from docbeam.pipeline.driver.config import ModelConfig
-from family_fixtures import pack, save_checkpoint, tiny_model
+from family_fixtures import head_forward, save_checkpoint, tiny_model
 
 TOLERANCE = 1e-5  # the issue's bar on every score, float32
 WINDOW = 64
@@ -80,23 +78,8 @@ def our_scores(folder: str, texts: list[str], *, backend: str = "native", packed
                change=lambda head: head) -> np.ndarray:
     """docbeam's forward and the head's function on each text's first window (``change`` edits the resolved head:
     a test breaking it on purpose)."""
-    ck = checkpoint.open_checkpoint(folder, with_weights=True)
-    head = change(resolve(ck, "auto", ModelConfig(path=folder)))
-    params = {"encoder": checkpoint.load_params(ck.folder, ck.config), "head": head.load_params(ck.folder)}
-    attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
-    forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers))
-    tokenizer = checkpoint.load_tokenizer(ck.folder)
-    rows = [tokenizer(t, truncation=True, max_length=WINDOW)["input_ids"] for t in texts]
-    lengths = np.asarray([len(r) for r in rows], np.int32)
-    ids = np.zeros((len(rows), WINDOW), np.int32)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = r
-    if packed:
-        p_ids, p_lengths, segments, slots, where = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
-        logits = np.asarray(forward(params, p_ids, p_lengths, segments, slots), np.float64)
-        logits = logits.reshape(-1, logits.shape[-1])[where]
-    else:
-        logits = np.asarray(forward(params, ids, lengths), np.float64)
+    head = change(resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder)))
+    logits = head_forward(folder, head, texts, WINDOW, backend=backend, packed=packed)
     return np.stack([apply_function(row, head.function) for row in logits])
 
 

@@ -163,6 +163,27 @@ def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: s
     return out.reshape(-1, out.shape[-1])[where]
 
 
+def head_forward(folder: str, head, texts: list[str], window: int, *, backend: str = "native",
+                 packed: bool = False) -> np.ndarray:
+    """A head's per-window output (models/heads/: its layers, or its reduce) on each text's first ``window``
+    tokens, in float64, unpacked or packed (then put back in text order)."""
+    ck = checkpoint.open_checkpoint(folder, with_weights=True)
+    params = {"encoder": checkpoint.load_params(ck.folder, ck.config), "head": head.load_params(ck.folder)}
+    attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
+    forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers, head.reduce))
+    tokenizer = checkpoint.load_tokenizer(ck.folder)
+    rows = [tokenizer(t, truncation=True, max_length=window)["input_ids"] for t in texts]
+    lengths = np.asarray([len(r) for r in rows], np.int32)
+    ids = np.zeros((len(rows), window), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+    if not packed:
+        return np.asarray(forward(params, ids, lengths), np.float64)
+    p_ids, p_lengths, segments, slots, where = pack(ids, lengths, int(lengths.sum() // 2 + window))
+    out = np.asarray(forward(params, p_ids, p_lengths, segments, slots), np.float64)
+    return out.reshape(-1, out.shape[-1])[where]
+
+
 def lowest_cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.astype(np.float64), b.astype(np.float64)
     return float(((a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)).min())

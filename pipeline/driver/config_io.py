@@ -15,6 +15,21 @@ class Section(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)
 
 
+class ClassifierOptions(Section):
+    """How the classifier head scores a document longer than one window: ``first``, by its first window's logits
+    (transformers' pipeline truncates); ``mean``, every window's, token-weighted, before softmax or sigmoid."""
+    windows: Literal["first", "mean"] = "first"
+
+
+class SparseOptions(Section):
+    """The sparse head (models/heads/sparse.py): ``windows`` first (SparseEncoder truncates) or all (combined as
+    the SpladePooling pools: max over windows, or their sum); then, lossy, drop values below ``threshold`` and
+    keep at most ``max_terms`` terms (the largest)."""
+    windows: Literal["first", "all"] = "first"
+    max_terms: pydantic.PositiveInt | None = None
+    threshold: pydantic.PositiveFloat | None = None
+
+
 class InputConfig(Section):
     path: str  # a file, a glob, a list separated by commas; local or gs://
     format: Literal["auto", "jsonl", "text"] = "auto"  # auto: *.jsonl[.gz|.bz2], *.ndjson[.gz] → jsonl; else text

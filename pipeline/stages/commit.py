@@ -61,6 +61,8 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
     if "multi_vectors" in stats:  # a multi-vector head's rows: their size, per document written
         summary["multi_vector"] = {"vectors_per_document": stats["multi_vectors"] / max(embedded, 1),
                                    "bytes_per_document": stats["multi_vector_bytes"] / max(embedded, 1)}
+    if "sparse_terms" in stats:  # a sparse head's rows: nonzero terms per document written, on average
+        summary["sparse_terms_per_doc"] = round(stats["sparse_terms"] / max(summary["docs_embedded"], 1), 2)
     if "calibration" in stats:  # int8/uint8: the ranges every vector of the output was quantized with
         summary["embedding"] = {**summary.get("embedding", {}), "calibration": stats["calibration"]}
     return summary

@@ -242,6 +242,7 @@ class _SplitResults(beam.DoFn):
             Metrics.counter(METRICS_NAMESPACE, metric_name(FALLBACKS, key)).inc()
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for w, length, vector in zip(batch.windows, batch.window_lengths(), vectors):
+            vector = self._spec.head.compact_window(vector)  # the sparse head's: its nonzero terms only
             yield WindowEmbedding(w.doc_id, w.index, w.num_windows, int(length), w.doc_tokens, w.truncated, vector,
                                   batch.bucket_len, timing["attention_backend"], w.char_start, w.char_end)
 

@@ -20,11 +20,13 @@ from docbeam.pipeline.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
 from docbeam.pipeline.store.output import ERRORS, SCORES, in_folder
 from docbeam.pipeline.store.pgvector_rows import (COPY_HEADER, COPY_TRAILER, SCORES_TABLE, binary_row, check_files,
-                                                  committed_rows, committed_scores, dimension, load_problem,
-                                                  rows_folder)
+                                                  committed_rows, committed_scores, committed_sparse, dimension,
+                                                  load_problem, rows_folder, sparse_binary_row)
 from docbeam.pipeline.store.paths import is_remote
 
 STAGE = "docbeam_stage"
+# An embeddings/ table's vector column: dense, or a sparse head's sparsevec (by whether the head is sparse).
+VECTOR_COLUMN = {False: "embedding vector({dim})", True: "sparse_embedding sparsevec({dim})"}
 
 
 class PostgresBehind(JobFailed):
@@ -58,7 +60,8 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
     output = output if is_remote(output) else os.path.abspath(output)
     check_files(output, manifest)
     scores = rows_folder(manifest) == SCORES
-    columns = SCORES_TABLE[0] if scores else f"embedding vector({dimension(output)}) NOT NULL"
+    sparse = (manifest.get("head") or {}).get("name") == "sparse"  # SPLADE: a sparsevec of the vocabulary's width
+    columns = SCORES_TABLE[0] if scores else f"{VECTOR_COLUMN[sparse]} NOT NULL".format(dim=dimension(output))
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:  # commits on leaving, rolls back on an error
         # Two first loads into a new table would race on CREATE: one at a time per table name, from here on.
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"docbeam:{table}",))
@@ -119,14 +122,16 @@ def copy_rows(cur, table: str, output: str, manifest: dict, scores: bool) -> tup
             for *values, fields in loadable(committed_scores(output, manifest)):
                 copy.write_row((*values, Jsonb(json.loads(fields))))
         return value_columns, rejected
-    dim = dimension(output)
-    cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, embedding vector({dim}), fields jsonb) ON COMMIT DROP")
-    with cur.copy(f"COPY {STAGE} (id, embedding, fields) FROM STDIN (FORMAT BINARY)") as copy:
+    dim, sparse = dimension(output), (manifest.get("head") or {}).get("name") == "sparse"
+    column = VECTOR_COLUMN[sparse].format(dim=dim)
+    cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, {column}, fields jsonb) ON COMMIT DROP")
+    name = column.split()[0]
+    with cur.copy(f"COPY {STAGE} (id, {name}, fields) FROM STDIN (FORMAT BINARY)") as copy:
         copy.write(COPY_HEADER)
-        for row in loadable(committed_rows(output, manifest)):
-            copy.write(binary_row(*row))
+        for row in loadable((committed_sparse if sparse else committed_rows)(output, manifest)):
+            copy.write(sparse_binary_row(*row, dim) if sparse else binary_row(*row))
         copy.write(COPY_TRAILER)
-    return ("embedding",), rejected
+    return (name,), rejected
 
 
 FILE_LEVEL = ("unreadable_file", "truncated_file")  # errors/ kinds that name no documents

@@ -13,6 +13,7 @@ from docbeam.pipeline.store import storage
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, SCORES, SUMMARY, in_folder
 
 ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
+SPARSE_COLUMNS = ("id", "sparse_embedding", "num_tokens", "num_windows", "truncated", "content_hash")
 SCORE_COLUMNS = ("id", "label", "score", "scores", "num_tokens", "num_windows", "truncated", "content_hash")
 # A classifier's run (scores/) loads into a table of its own shape: the label, the top score, every label's
 # score in id2label order (the names: the manifest's head.labels), the kept fields.
@@ -24,20 +25,32 @@ def rows_folder(manifest: dict) -> str:
     return (manifest.get("head") or {}).get("folder", EMBEDDINGS)
 
 
-def committed_scores(output: str, manifest: dict) -> Iterator[tuple]:
-    """``(id, label, score, scores, kept fields as JSON)`` for every row of the committed scores files."""
+def committed_values(output: str, manifest: dict, folder: str, values: tuple[str, ...],
+                     row_columns: tuple[str, ...]) -> Iterator[tuple]:
+    """``(id, *values, kept fields as JSON)`` for every row of the committed files in ``folder``; the columns
+    not in ``row_columns`` are the kept fields."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     json_columns = {name for name, kind in (manifest.get("kept_fields") or {}).items() if kind == "json"}
     for f in manifest["files"]:
-        if not in_folder(f["path"], SCORES):
+        if not in_folder(f["path"], folder):
             continue
         table = pq.read_table(pa.BufferReader(storage.read_bytes(storage.join(output, f["path"]))))
-        kept = table.select([c for c in table.column_names if c not in SCORE_COLUMNS]).to_pylist()
-        for row, fields in zip(table.select(["id", "label", "score", "scores"]).to_pylist(), kept):
+        kept = table.select([c for c in table.column_names if c not in row_columns]).to_pylist()
+        for row, fields in zip(table.select(["id", *values]).to_pylist(), kept):
             fields = {k: json.loads(v) if k in json_columns and v is not None else v for k, v in fields.items()}
-            yield row["id"], row["label"], row["score"], row["scores"], kept_json(fields)
+            yield row["id"], *(row[v] for v in values), kept_json(fields)
+
+
+def committed_scores(output: str, manifest: dict) -> Iterator[tuple]:
+    """``(id, label, score, scores, kept fields as JSON)`` for every row of the committed scores files."""
+    return committed_values(output, manifest, SCORES, ("label", "score", "scores"), SCORE_COLUMNS)
+
+
+def committed_sparse(output: str, manifest: dict) -> Iterator[tuple]:
+    """``(id, {"indices", "values"}, kept fields as JSON)`` for every row of a sparse head's embeddings files."""
+    return committed_values(output, manifest, EMBEDDINGS, ("sparse_embedding",), SPARSE_COLUMNS)
 
 
 def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarray, str]]:
@@ -60,6 +73,13 @@ def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarra
             yield doc_id, vector, kept_json(fields)
 
 
+def sparse_binary_row(doc_id: str, sparse: dict, fields: str, dim: int) -> bytes:
+    """One tuple of binary COPY into (id text, sparse_embedding sparsevec, fields jsonb): pgvector's binary
+    sparsevec is its dimension, the number of terms, a reserved 0, the 0-based indices (ascending), the float4s."""
+    indices, values = np.asarray(sparse["indices"], ">i4"), np.asarray(sparse["values"], ">f4")
+    return copy_tuple(doc_id, struct.pack(">iii", dim, len(indices), 0) + indices.tobytes() + values.tobytes(), fields)
+
+
 # Postgres' binary COPY: its signature, no flags, no header extension; a field count of -1 ends the data.
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 COPY_TRAILER = struct.pack(">h", -1)
@@ -69,8 +89,12 @@ def binary_row(doc_id: str, vector: np.ndarray, fields: str) -> bytes:
     """One tuple of binary COPY into (id text, embedding vector, fields jsonb): each field a length and its
     bytes; pgvector's binary vector is its dimension, a reserved 0 and big-endian float4s, so each float32
     goes in exactly as written, without a decimal round trip (ten times faster than text on a 384-wide vector)."""
-    parts = [doc_id.encode("utf-8"), struct.pack(">hh", len(vector), 0) + vector.astype(">f4").tobytes(),
-             b"\x01" + fields.encode("utf-8")]  # jsonb's binary form: version 1, then the JSON text
+    return copy_tuple(doc_id, struct.pack(">hh", len(vector), 0) + vector.astype(">f4").tobytes(), fields)
+
+
+def copy_tuple(doc_id: str, vector: bytes, fields: str) -> bytes:
+    """(id, the vector's binary form, fields): each field a length and its bytes."""
+    parts = [doc_id.encode("utf-8"), vector, b"\x01" + fields.encode("utf-8")]  # jsonb: version 1, the JSON text
     return struct.pack(">h", len(parts)) + b"".join(struct.pack(">i", len(p)) + p for p in parts)
 
 
