@@ -208,3 +208,17 @@ def test_a_misspelled_restrict_is_refused_when_every_field_is_kept(tmp_path, tin
         make_plan(cfg, probe_backends=False)
     make_plan(job_config(documents, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"},
                          output={"vertex_ai": {"restricts": ["lang"]}}), probe_backends=False)
+
+
+@pytest.mark.slow
+@pytest.mark.extra
+def test_concurrent_first_loads_into_a_new_table_take_turns(tmp_path, postgres, tiny_checkpoint_dir):
+    """Five loads at once into a table that does not exist yet: one creates and applies it, the others wait their
+    turn and find it applied (without the advisory lock, CREATE TABLE IF NOT EXISTS races and one load fails)."""
+    import concurrent.futures
+
+    run(tmp_path, "a", tiny_checkpoint_dir, docs(["d0", "d1"]), vertex=False)
+    with concurrent.futures.ThreadPoolExecutor(5) as pool:
+        done = list(pool.map(lambda _: load(tmp_path, "a", postgres, "raced"), range(5)))
+    assert sorted(d["applied"] for d in done) == [False] * 4 + [True]
+    assert ids_in(postgres, "raced") == ["d0", "d1"]
