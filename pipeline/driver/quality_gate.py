@@ -82,6 +82,9 @@ def gate_record(plan, limit: int = DOCUMENTS) -> dict | None:
         return None
     if mode == "off":
         return _not_run(dtype, mode, "model.precision_gate: off")
+    if plan.head.name != "embedding":  # under enforce such a run was refused at plan (pipeline/driver/head_plan.py)
+        return _not_run(dtype, mode, f"the gate measures embeddings, and the {plan.head.name} head writes "
+                                     f"{plan.head.folder}/ rows")
     if not isinstance(cfg, JobConfig):
         return _not_run(dtype, mode, "docbeam.EmbedDocuments has no input to measure it on; run `docbeam validate "
                                      "--verify` on a sample of your documents")
