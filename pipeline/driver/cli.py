@@ -211,7 +211,7 @@ def format_summary(s: dict, output: str) -> str:
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
         f"  documents  read {s['docs_read']}, {verb(s)} {s['docs_embedded']}, rejected {s['docs_rejected']}"
         + (f" {json.dumps(s['rejected_by_kind'])}" if s["rejected_by_kind"] else ""),
-        *([format_head(s["head"], s.get("labels"))] if s.get("head") else []),
+        *([format_head(s["head"], s.get("labels"))] if notable_head(s.get("head")) else []),
         *([f"  selected   {s['docs_selected']} documents where {s['select']['where']} (selected/)"]
           if "docs_selected" in s else []),
         *([f"  reused     {s['docs_reused']} documents ({s['reused_token_share']:.1%} of tokens) from run "
@@ -233,6 +233,11 @@ def format_summary(s: dict, output: str) -> str:
 
 def verb(s: dict) -> str:
     return "scored" if (s.get("head") or {}).get("name") == "classifier" else "embedded"
+
+
+def notable_head(head: dict | None) -> bool:
+    """A run's head is worth a line unless it is the plain embedding of an embedding checkpoint."""
+    return bool(head) and (head["name"] != "embedding" or bool(head.get("checkpoint_head")))
 
 
 def format_head(head: dict, labels: dict | None) -> str:
