@@ -45,19 +45,12 @@ def active(cfg) -> list[tuple[Sink, Any]]:
             if output is not None and getattr(output, key) is not None]
 
 
-def _vectors_only(key: str, what: str):
-    """The check at plan of a sink that loads vectors: the head must write vectors (the rest is the section's
-    ``fits``, with the config)."""
-    def check(cfg: JobConfig, head, kept) -> None:
-        if head.name != "embedding":
-            raise ConfigError(f"output.{key}: model.head resolved to {head.name} ({head.carried}), whose "
-                              f"{head.folder}/ rows are not one vector per document, and {what} loads vectors, one "
-                              f"per document; remove output.{key}, or set model.head: embedding")
-    return check
-
-
 def _check_vertex_ai(cfg: JobConfig, head, kept) -> None:
-    _vectors_only("vertex_ai", "Vector Search")(cfg, head, kept)
+    """At plan, against the resolved head and the typed kept fields (the section's ``fits`` ran with the config)."""
+    if head.name != "embedding":
+        raise ConfigError(f"output.vertex_ai: model.head resolved to {head.name} ({head.carried}), whose "
+                          f"{head.folder}/ rows are not one vector per document, and Vector Search loads vectors, one "
+                          "per document; remove output.vertex_ai, or set model.head: embedding")
     # With keep_fields "*" the kept fields are known once the sample is typed (a dry run has none yet).
     names = {c.name for c in kept.columns}
     missing = [f for f in cfg.output.vertex_ai.restricts if f not in names]
@@ -77,8 +70,6 @@ def _pgvector_load(output: str, manifest: dict, section) -> dict:
     return pgvector.load_committed(output, manifest, section.dsn, section.table)
 
 
-register(Sink("vertex_ai", _check_vertex_ai, _vertex_files, needs_removed=True))
-# pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
 def _check_pgvector(cfg: JobConfig, head, kept) -> None:
     if head.name == "multi_vector":  # its loader writes a vector or a score per row, not a list of vectors
         raise ConfigError(f"output.pgvector: model.head resolved to multi_vector, whose {head.folder}/ rows hold a "
@@ -86,6 +77,8 @@ def _check_pgvector(cfg: JobConfig, head, kept) -> None:
                           "output.pgvector")
 
 
+register(Sink("vertex_ai", _check_vertex_ai, _vertex_files, needs_removed=True))
+# pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
 register(Sink("pgvector", _check_pgvector, lambda *inputs: (),
               preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
 

@@ -170,8 +170,10 @@ _reused = Metrics.counter(METRICS_NAMESPACE, "docs_reused")
 
 
 def row_fields(head) -> list[str]:
-    """The columns of a head's row that a reused row carries over: id, the head's own, the bookkeeping."""
-    return ["id", *(c.name for c in head.columns()), "num_tokens", "num_windows", "truncated", "content_hash"]
+    """The columns of a head's row that a reused row carries over: its files' schema, kept fields aside."""
+    from docbeam.pipeline.stages.write import rows_schema
+
+    return rows_schema(head).names
 
 
 def _reuse_or_encode(item, head, prompt: str | None):

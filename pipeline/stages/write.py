@@ -46,17 +46,17 @@ def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
 def document_row(head, windows: list[WindowEmbedding]) -> dict | Rejected:
     """The head's row for one document (models/heads/), or its ``non_finite`` rejection: a row with NaN or inf
     values is never written."""
-    row = head.document_row(windows)
-    if isinstance(row, NonFinite):
-        return Rejected(source="", line=None, id=windows[0].doc_id, kind="non_finite", reason=str(row))
-    return row
+    return _written(head.document_row(windows), windows)
 
 
 def pool_windows(windows: list[WindowEmbedding], normalize: bool,
                  truncate_dim: int | None = None) -> dict | Rejected:
     """The embedding head's document vector (models/heads/embedding.py document_vector): token-weighted mean of
     the windows, truncated, normalised; a ``non_finite`` rejection naming the bucket and backend otherwise."""
-    row = document_vector(windows, normalize, truncate_dim)
+    return _written(document_vector(windows, normalize, truncate_dim), windows)
+
+
+def _written(row: dict | NonFinite, windows: list[WindowEmbedding]) -> dict | Rejected:
     if isinstance(row, NonFinite):
         return Rejected(source="", line=None, id=windows[0].doc_id, kind="non_finite", reason=str(row))
     return row
