@@ -1,0 +1,81 @@
+"""Every shipped profile says, in its ``# plan:`` line, what it runs: the device, packed or unpacked rows, the
+buckets and the backend and kernel of every bucket. The plan the driver resolves from the profile must be that
+line, so a comment cannot outlive a change of the code under it (a kernel that starts taking segment ids turns
+packing on and can move a bucket to another kernel); the README's backend table names the kernels the
+accelerator profiles run. Each profile also plans, without refusal, on each of cpu, gpu and tpu."""
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from docbeam.pipeline.driver import config
+from docbeam.pipeline.driver.plan import make_plan
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROFILES = ("local", "dataflow_cpu", "dataflow_gpu", "dataflow_tpu", "dataflow_tpu_v6e")
+PLAN_LINE = re.compile(r"^# plan: (?P<device>\w+), (?P<rows>packed|unpacked), buckets \[(?P<buckets>[\d, ]+)\] "
+                       r"-> (?P<backend>\w+): (?P<kernel>.+)$", re.M)
+# How the README's backend table spells the kernels the accelerator profiles run.
+README_NAMES = {"jax.nn.dot_product_attention[cudnn]": "cuDNN", "pallas.tpu.flash_attention": "Pallas flash"}
+
+
+def stated_plan(text: str) -> dict:
+    found = PLAN_LINE.findall(text)
+    assert len(found) == 1, "a profile has exactly one '# plan: <device>, packed|unpacked, buckets [..] -> " \
+                            "<backend>: <kernel>' line"
+    device, rows, buckets, backend, kernel = found[0]
+    return {"device": device, "packed": rows == "packed", "buckets": [int(b) for b in buckets.split(",")],
+            "backend": backend, "kernel": kernel.strip()}
+
+
+def resolved_plan(path: str, sets: list[str] = ()) -> dict:
+    cfg = config.load(path, list(sets))
+    plan = make_plan(cfg, probe_backends=False, for_input=False, for_output=False)
+    kernels = {(c.backend, c.kernel) for c in plan.choices}
+    assert len(kernels) == 1, f"{path}: its buckets run different kernels {sorted(kernels)}; one plan line per profile"
+    (backend, kernel), = kernels
+    return {"device": cfg.runner.device, "packed": plan.packing, "buckets": [c.case.seq_len for c in plan.choices],
+            "backend": backend, "kernel": kernel, "platform": plan.platform}
+
+
+def profile(name: str) -> str:
+    return os.path.join(REPO, "configs", f"{name}.yaml")
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_a_profiles_plan_line_is_the_plan_the_driver_resolves(name):
+    with open(profile(name)) as f:
+        stated = stated_plan(f.read())
+    resolved = resolved_plan(profile(name))
+    assert {k: resolved[k] for k in stated} == stated
+
+
+def test_a_plan_line_that_disagrees_with_the_profile_is_caught(tmp_path):
+    with open(profile("dataflow_gpu")) as f:
+        text = f.read()
+    # The profile before this check existed: flash packs by default, and packed rows leave cuDNN for tokamax.
+    stale = text.replace("  packing: false", "  packing: auto")
+    (tmp_path / "dataflow_cpu.yaml").write_text(open(profile("dataflow_cpu")).read())
+    (tmp_path / "local.yaml").write_text(open(profile("local")).read().replace("../data", f"{REPO}/data"))
+    (tmp_path / "stale.yaml").write_text(stale)
+    resolved = resolved_plan(str(tmp_path / "stale.yaml"))
+    assert (resolved["packed"], resolved["kernel"]) == (True, "tokamax.triton")
+    assert {k: resolved[k] for k in stated_plan(stale)} != stated_plan(stale)
+
+
+@pytest.mark.parametrize("name", PROFILES)
+@pytest.mark.parametrize("device", ["cpu", "gpu", "tpu"])
+def test_every_profile_plans_on_every_device_without_refusal(name, device):
+    resolved = resolved_plan(profile(name), [f"runner.device={device}"])
+    assert resolved["platform"] == device and resolved["buckets"]
+
+
+def test_the_readme_names_the_kernels_the_accelerator_profiles_run():
+    with open(os.path.join(REPO, "README.md")) as f:
+        flash_row = next(line for line in f if line.startswith("| `flash` |"))
+    for name in ("dataflow_gpu", "dataflow_tpu"):
+        with open(profile(name)) as f:
+            kernel = stated_plan(f.read())["kernel"]
+        assert README_NAMES[kernel] in flash_row, (name, kernel)
