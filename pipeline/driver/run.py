@@ -6,7 +6,7 @@ run that fails commits nothing: the previous output stays as it was.
 """
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import json
 import logging
 import threading
@@ -27,7 +27,7 @@ from docbeam.pipeline.driver.embed import EncodeDocuments
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
 from docbeam.pipeline.errors import JobFailed, Refused, refused_at_start
 from docbeam.pipeline.store.lock import Fence, OutputLock
-from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
+from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages import vectors
@@ -144,36 +144,54 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                        release_lock)
 
 
-def metrics_dict(result) -> dict:
-    from apache_beam.metrics.metric import MetricsFilter
+@dataclasses.dataclass
+class Run:
+    """One run as the driver goes through its phases; the failure handler reads ``phase``, never the timings."""
 
-    try:
-        queried = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
-    except Exception as e:  # some runners cannot report metrics; the summary still has the data-derived numbers
-        log.warning("could not read Beam metrics: %s", e)
-        return {}
-    counters = {}
-    for c in queried["counters"]:
-        counters[c.key.metric.name] = counters.get(c.key.metric.name, 0) + (c.committed or 0)
-    distributions = {}
-    for d in queried["distributions"]:
-        v = d.committed
-        if v is None or not v.count:
-            continue
-        distributions[d.key.metric.name] = {"count": v.count, "sum": v.sum, "min": v.min, "max": v.max,
-                                            "mean": v.sum / v.count}
-    return {"counters": counters, "distributions": distributions}
+    run_id: str
+    plan: JobPlan
+    marks: dict  # epoch seconds at each phase's end, for summary.json's start-up breakdown
+    phase: str = "planned"  # planned → locked → prepared → running → finished (or handed_over)
 
 
 def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: bool = True,
             process_started: float | None = None) -> dict:
     """Runs the job to completion; returns the committed summary (also in ``summary.json``).
 
-    ``wait=False`` (a Flex Template launcher, which must not wait) returns once the job is submitted; the
-    job's last step commits the output and releases the lock this driver took, so the lock is handed over
-    rather than released here. ``process_started`` (epoch seconds; the command line passes the process's
-    start) is where summary.json's start-up breakdown begins; by default, this call.
+    Phases: plan (every refusal, exit 2, before anything is touched), lock the output, prepare it (clean up
+    after dead runs, mark this run's staging folder), submit the pipeline (whose last step commits), then wait
+    and finish (metrics into summary.json, the sinks' loads). ``wait=False`` (a Flex Template launcher, which
+    must not wait) returns once the job is submitted; the job's last step commits the output and releases the
+    lock this driver took, so the lock is handed over rather than released here. ``process_started`` (epoch
+    seconds; the command line passes the process's start) is where summary.json's start-up breakdown begins;
+    by default, this call.
     """
+    run = plan_run(cfg, extra_beam_args, wait, process_started)
+    out = run.plan.config.output.path
+    with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
+        lock = OutputLock.acquire(out, run.run_id, force=force)
+    run.phase, loading, spec = "locked", None, None
+    try:
+        prepare_output(run, lock)
+        result, loading, spec = submit(run, lock, extra_beam_args, wait)
+        if not wait:
+            lock.hand_over()
+            run.phase = "handed_over"
+            return {"run_id": run.run_id, "output": out, "submitted": True}
+        return finish(run, lock, result)
+    except Exception as e:
+        raise failure(run, lock, e)  # noqa: B904  failure() sets the cause of any new exception
+    finally:
+        if loading is not None:  # a failed job may never have asked for it: leave nothing compiling at exit
+            loading.join()
+            stop_compiling(spec)
+        if run.phase != "handed_over":
+            lock.release()
+
+
+def plan_run(cfg, extra_beam_args, wait: bool, process_started: float | None) -> Run:
+    """The plan: placeholders filled, the profile's placeholders refused, every check of make_plan and the
+    quality gate, each sink's preflight. Nothing is touched yet."""
     from docbeam.pipeline.stages.compile_cache import keep_every_compilation
 
     marks = {"run_job": time.time()}
@@ -187,96 +205,79 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
     for sink, section in sinks.active(cfg):  # e.g. pgvector's load needs a driver that waits
         sink.preflight(section, wait)
     marks["plan"] = time.time()
-    out = cfg.output.path
-    with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
-        lock = OutputLock.acquire(out, run_id, force=force)
-    handed_over = False
-    loading = None
-    try:
-        check_output(cfg)  # again, now that no other run can change the output under us
-        with refused_at_start(f"output.path {out}: cleaning up after dead runs"):
-            cleaned = transaction.recover(out, lock)
-        lock.fence.prove()
-        output_lib.mark_staging(out, run_id, lock.fence.token)
-        options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args))
-        started = marks["checks"] = time.time()
-        log.info("docbeam: run %s on %s with attention %s%s", run_id, cfg.runner.name,
-                 {c.case.seq_len: c.backend for c in plan.choices},
-                 f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
-        p = beam.Pipeline(runner=compat.runner_for(cfg.runner.name), options=options)
-        spec = encoder_spec(plan, output_lib.staging_dir(out, run_id), run_id)
-        if wait:
-            loading = load_encoder_early(plan, spec, options)
-        # A driver that waits releases the lock itself, after it has added the metrics to summary.json.
-        build(p, plan, lock.fence, started, release_lock=not wait)
-        marks["graph"] = marks["pipeline"] = time.time()
-        result = p.run()
-        if not wait:
-            lock.hand_over()
-            handed_over = True
-            return {"run_id": run_id, "output": out, "submitted": True}
-        result.wait_until_finish()
-        marks["finished"] = time.time()
-        manifest = output_lib.read_manifest(out)
-        if manifest is None or manifest["run_id"] != run_id:
-            raise RunFailed(f"the job finished but the output's manifest names run "
-                            f"{manifest and manifest['run_id']}, not this run {run_id}")
-        summary_path = storage.join(out, output_lib.SUMMARY)
-        summary = json.loads(storage.read_bytes(summary_path))
-        # Only a driver that waited has these; summary.json is not among the files the manifest sizes.
-        summary["metrics"] = metrics_dict(result)
-        summary["startup"] = startup_breakdown(marks, timing_records(out, manifest), summary["metrics"])
-        summary["stages"] = stage_shares(summary["metrics"], marks["finished"] - marks["pipeline"])
-        transaction.rewrite_summary(out, lock.fence, summary)
-        for sink, section in sinks.active(cfg):  # after the commit: e.g. Postgres gets a committed run or nothing
-            if sink.after_commit is not None:
-                summary[sink.key] = sink.after_commit(out, manifest, section)
-                transaction.rewrite_summary(out, lock.fence, summary)
-        return summary
-    except Exception as e:
-        if isinstance(e, pgvector.PostgresBehind):
-            raise  # the run is committed; only Postgres is behind, and the error says how to catch it up
-        lost = lock.fence.taken_over(e)  # a failure caused by another run taking the output over
-        if lost is not None:
-            raise lost from e  # the output is the other run's now: this one writes nothing more there
-        if isinstance(e, Refused) and "pipeline" not in marks:
-            raise  # refused at start: nothing was touched
-        leave_failed_summary(out, run_id, summary_base(plan, run_id, marks.get("checks", marks["plan"])), e)
-        if isinstance(e, Refused):  # e.g. a worker's CheckpointError: the job ran, so it failed (exit 1)
-            raise JobFailed(f"{type(e).__name__}: {e}") from e
-        raise
-    finally:
-        if loading is not None:  # a failed job may never have asked for it: leave nothing compiling at exit
-            loading.join()
-            stop_compiling(spec)
-        if not handed_over:
-            lock.release()
+    return Run(run_id, plan, marks)
 
 
-def leave_failed_summary(output: str, run_id: str, base: dict, error: BaseException) -> None:
-    """summary.json in a failed run's staging folder, saying why it failed, so every run that started
-    leaves one. Kept as it is when the job's own commit step wrote it (it has the run's counts)."""
-    path = f"{output_lib.staging_dir(output, run_id)}/{output_lib.SUMMARY}"
-    try:
-        if storage.exists(path):
-            return
-        summary = {key: value for key, value in base.items() if key != "started"}
-        summary.update(started_at=_iso(base["started"]), finished_at=_iso(time.time()),
-                       failed=[f"{type(error).__name__}: {error}"])
-        storage.write_bytes(path, json.dumps(summary, indent=2, sort_keys=True).encode())
-    except Exception as e:  # noqa: BLE001  the job's own error is the one to report
-        log.warning("could not leave the failed run's summary at %s: %s: %s", path, type(e).__name__, e)
+def prepare_output(run: Run, lock: OutputLock) -> None:
+    """Under the lock: the output checked again (no other run can change it now), dead runs cleaned up, this
+    run's staging folder marked with the lock's fence."""
+    cfg, out = run.plan.config, run.plan.config.output.path
+    check_output(cfg)
+    with refused_at_start(f"output.path {out}: cleaning up after dead runs"):
+        cleaned = transaction.recover(out, lock)
+    lock.fence.prove()
+    output_lib.mark_staging(out, run.run_id, lock.fence.token)
+    run.marks["checks"] = time.time()
+    run.phase = "prepared"
+    log.info("docbeam: run %s on %s with attention %s%s", run.run_id, cfg.runner.name,
+             {c.case.seq_len: c.backend for c in run.plan.choices},
+             f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
 
 
-def _iso(epoch: float) -> str:
-    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).isoformat()
+def submit(run: Run, lock: OutputLock, extra_beam_args, wait: bool):
+    """The pipeline built and submitted; returns Beam's result, and the early encoder load (thread, spec)."""
+    cfg, out = run.plan.config, run.plan.config.output.path
+    options = storage.pipeline_options(cfg.runner.beam_args() + list(extra_beam_args))
+    p = beam.Pipeline(runner=compat.runner_for(cfg.runner.name), options=options)
+    spec = encoder_spec(run.plan, output_lib.staging_dir(out, run.run_id), run.run_id)
+    loading = load_encoder_early(run.plan, spec, options) if wait else None
+    # A driver that waits releases the lock itself, after it has added the metrics to summary.json.
+    build(p, run.plan, lock.fence, run.marks["checks"], release_lock=not wait)
+    run.marks["graph"] = run.marks["pipeline"] = time.time()
+    run.phase = "running"  # from here a refusal (a worker's CheckpointError) is the job's failure
+    return p.run(), loading, spec
 
 
-def timing_records(output: str, manifest: dict) -> list[dict]:
-    """The committed run's timing records, from the files its manifest lists."""
-    records = []
-    for f in manifest["files"]:
-        if output_lib.in_folder(f["path"], output_lib.TIMING):
-            text = storage.read_bytes(storage.join(output, f["path"])).decode("utf-8")
-            records += [json.loads(line) for line in text.splitlines() if line.strip()]
-    return records
+def finish(run: Run, lock: OutputLock, result) -> dict:
+    """Waits for the job, checks it committed this run, adds what only a waiting driver knows to summary.json,
+    then runs each sink's step after the commit (Postgres gets a committed run or nothing)."""
+    out = run.plan.config.output.path
+    result.wait_until_finish()
+    run.marks["finished"] = time.time()
+    manifest = output_lib.read_manifest(out)
+    if manifest is None or manifest["run_id"] != run.run_id:
+        raise RunFailed(f"the job finished but the output's manifest names run "
+                        f"{manifest and manifest['run_id']}, not this run {run.run_id}")
+    summary = json.loads(storage.read_bytes(storage.join(out, output_lib.SUMMARY)))
+    # Only a driver that waited has these; summary.json is not among the files the manifest sizes.
+    summary["metrics"] = metrics_dict(result)
+    summary["startup"] = startup_breakdown(run.marks, timing_records(out, manifest), summary["metrics"])
+    summary["stages"] = stage_shares(summary["metrics"], run.marks["finished"] - run.marks["pipeline"])
+    transaction.rewrite_summary(out, lock.fence, summary)
+    run.phase = "finished"
+    for sink, section in sinks.active(run.plan.config):
+        if sink.after_commit is not None:
+            summary[sink.key] = sink.after_commit(out, manifest, section)
+            transaction.rewrite_summary(out, lock.fence, summary)
+    return summary
+
+
+def failure(run: Run, lock: OutputLock, error: Exception) -> BaseException:
+    """What a run that failed after taking the lock raises: Postgres behind a committed run as it is; the
+    other run's takeover when one took the output; a refusal before submission as it is (exit 2: nothing was
+    run); anything else leaves a failed summary.json, a refusal from the workers becoming JobFailed (exit 1)."""
+    if isinstance(error, pgvector.PostgresBehind):
+        return error  # the run is committed; only Postgres is behind, and the error says how to catch it up
+    lost = lock.fence.taken_over(error)  # a failure caused by another run taking the output over
+    if lost is not None:
+        lost.__cause__ = error
+        return lost  # the output is the other run's now: this one writes nothing more there
+    if isinstance(error, Refused) and run.phase in ("locked", "prepared"):
+        return error  # refused at start: nothing was run
+    started = run.marks.get("checks", run.marks["plan"])
+    leave_failed_summary(run.plan.config.output.path, run.run_id, summary_base(run.plan, run.run_id, started), error)
+    if isinstance(error, Refused):  # e.g. a worker's CheckpointError: the job ran, so it failed (exit 1)
+        failed = JobFailed(f"{type(error).__name__}: {error}")
+        failed.__cause__ = error
+        return failed
+    return error
