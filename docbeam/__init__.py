@@ -5,16 +5,34 @@ installed (pyproject.toml maps them)."""
 from __future__ import annotations
 
 import os as _os
+import sys as _sys
 
 _SOURCE_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
 _FOLDERS = ("pipeline", "models", "attention")
 
-# In a source checkout the three folders sit beside this one rather than inside it: let the import system find
-# them there too, so a checkout on PYTHONPATH (a Beam worker subprocess, a second worktree) imports its own
-# files, never those of whichever checkout was installed in editable mode.
+
+class _SourceFolders:
+    """In a source checkout the three folders sit beside this one rather than inside it: this finder maps
+    ``docbeam.pipeline``, ``docbeam.models`` and ``docbeam.attention`` (and nothing else: ``docbeam.benchmarks``
+    is no module) to them, so a checkout on PYTHONPATH (a Beam worker subprocess, a second worktree) imports its
+    own files, never those of whichever checkout was installed in editable mode."""
+
+    @staticmethod
+    def find_spec(fullname, path=None, target=None):
+        package, _, folder = fullname.partition(".")
+        if package != __name__ or folder not in _FOLDERS:
+            return None
+        import importlib.util
+
+        where = _os.path.join(_SOURCE_ROOT, folder)
+        return importlib.util.spec_from_file_location(fullname, _os.path.join(where, "__init__.py"),
+                                                      submodule_search_locations=[where])
+
+
 if all(_os.path.isfile(_os.path.join(_SOURCE_ROOT, f, "__init__.py")) for f in _FOLDERS) and \
-        _SOURCE_ROOT not in __path__:
-    __path__.append(_SOURCE_ROOT)
+        not any(isinstance(f, type) and f.__name__ == "_SourceFolders" and f.__module__ == __name__
+                for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _SourceFolders)
 
 # The public API, imported on first use: `import docbeam` stays cheap (no Beam, no JAX) for a tool that only
 # needs a name from it, and a Beam worker unpickling a step pays only for what that step uses.

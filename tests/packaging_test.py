@@ -52,3 +52,13 @@ def test_the_wheel_holds_only_docbeam_at_the_top(tmp_path):
     sources = {os.path.relpath(os.path.join(folder, n), REPO) for top in FOLDERS
                for folder, _, names in os.walk(os.path.join(REPO, top)) for n in names if n.endswith(".py")}
     assert {f"docbeam/{s}" for s in sources} <= modules, "a module of the tree is missing from the wheel"
+
+
+def test_a_checkout_imports_only_the_three_folders_under_docbeam(tmp_path):
+    probe = ("import docbeam, docbeam.pipeline.records, docbeam.models.heads, docbeam.attention.registry\n"
+             "print(docbeam.__path__, docbeam.pipeline.records.__file__)\n"
+             "try:\n    import docbeam.benchmarks\nexcept ImportError:\n    print('no docbeam.benchmarks')\n")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env={**os.environ, "PYTHONPATH": REPO},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [f"{[os.path.join(REPO, 'docbeam')]} {os.path.join(REPO, 'pipeline', 'records.py')}",
+                                "no docbeam.benchmarks"]
