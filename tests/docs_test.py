@@ -101,3 +101,12 @@ def test_the_attention_page_shows_flashs_tables_as_the_code_builds_them():
     page = read(os.path.join(REPO, "docs", "attention.md"))
     assert flash.auto_kernel_table() in page
     assert flash.feature_table() in page
+
+
+def test_the_readmes_command_list_names_every_command_the_cli_has():
+    from docbeam.pipeline.driver import cli
+
+    block = read(README).split("## The command line", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    listed = re.findall(r"^docbeam ([\w-]+)", block, re.M)
+    subcommands = next(a for a in cli._parser()._actions if a.dest == "command").choices
+    assert sorted(listed) == sorted(subcommands) and len(listed) == len(set(listed))
