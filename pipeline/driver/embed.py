@@ -21,7 +21,7 @@ from docbeam.pipeline.driver.config import ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
-from docbeam.pipeline.stages.beam_chunks import ChunksWithTexts, check_ids
+from docbeam.pipeline.stages.beam_chunks import ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
 from docbeam.pipeline.stages.parse import document_of_record
 from docbeam.pipeline.stages.reuse import content_hash
@@ -149,8 +149,9 @@ class EmbedDocuments(beam.PTransform):
     with no tokens.
     ``timing`` has one dict per batch, as timing/*.jsonl. The config is checked and the checkpoint planned here,
     once, where the transform is made. ``beam_chunks=True`` adds ``chunks``: each row as Beam's own
-    ``apache_beam.ml.rag.types.Chunk`` with its document's text (pipeline/stages/beam_chunks.py), for Beam's
-    ingestion writers; ``beam_chunk_ids="uuid5"`` gives them UUIDs made from the ids.
+    ``apache_beam.ml.rag.types.Chunk`` with its document's text and its dict's other fields as metadata
+    (pipeline/stages/beam_chunks.py), for Beam's ingestion writers; ``beam_chunk_ids="uuid5"`` gives them UUIDs
+    made from the ids.
     """
 
     def __init__(self, config, *, id_field: str | None = None, text_field: str | None = None,
@@ -183,7 +184,8 @@ class EmbedDocuments(beam.PTransform):
         if self._chunk_ids is not None:
             json_fields = tuple(c.name for c in self.plan.kept.columns if c.arrow is None)
             texts = unique.documents | "TextById" >> beam.Map(lambda d: (d.id, d.text))
-            out["chunks"] = ({"rows": embedded["embeddings"], "texts": texts}
+            fields = items | "OtherFields" >> beam.FlatMap(other_fields, *self._fields)
+            out["chunks"] = ({"rows": embedded["embeddings"], "texts": texts, "fields": fields}
                              | "BeamChunks" >> ChunksWithTexts(json_fields, self._chunk_ids))
         return out
 

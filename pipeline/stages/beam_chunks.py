@@ -93,15 +93,19 @@ class AsBeamChunks(beam.PTransform):
 
 
 def with_texts(item, json_fields: tuple[str, ...], ids: str):
-    """From ``(id, {"rows": [row], "texts": [text]})``: the row's Chunk with its document's text."""
+    """From ``(id, {"rows": [row], "texts": [text], "fields": [(text, fields)]})``: the row's Chunk with its
+    document's text and, as metadata, the other fields of the input dict that text came from."""
     _, grouped = item
     texts = list(grouped["texts"])
+    text = texts[0] if texts else None
+    fields = next((f for t, f in grouped.get("fields", ()) if t == text), {})
     for row in grouped["rows"]:
-        yield chunk_of_row(row, json_fields, texts[0] if texts else None, ids)
+        yield chunk_of_row({**fields, **row}, json_fields, text, ids)
 
 
 class ChunksWithTexts(beam.PTransform):
-    """``{"rows": rows, "texts": (id, text) pairs}`` → each row's Chunk with its text (EmbedDocuments' step)."""
+    """``{"rows": rows, "texts": (id, text) pairs, "fields": (id, (text, other fields)) pairs}`` → each row's
+    Chunk with its text and those fields (EmbedDocuments' step: a user's dicts carry their own metadata)."""
 
     def __init__(self, json_fields: tuple[str, ...] = (), ids: str = "docbeam"):
         super().__init__()
@@ -109,9 +113,18 @@ class ChunksWithTexts(beam.PTransform):
 
     def expand(self, inputs):
         keyed = inputs["rows"] | "KeyRowsById" >> beam.Map(lambda r: (r["id"], r))
-        return ({"rows": keyed, "texts": inputs["texts"]}
+        return ({**inputs, "rows": keyed}
                 | "JoinTexts" >> beam.CoGroupByKey()
                 | "ToBeamChunks" >> beam.FlatMap(with_texts, self._json_fields, self._ids))
+
+
+def other_fields(item, id_field: str, text_field: str) -> list[tuple[str, tuple]]:
+    """A user's dict → ``(its id as docbeam spells it, (its text, its other fields))``; nothing for anything else."""
+    if not isinstance(item, dict) or isinstance(item.get(id_field), bool) or \
+            not isinstance(item.get(id_field), (str, int)):
+        return []
+    rest = {k: v for k, v in item.items() if k not in (id_field, text_field) and k not in OWN_COLUMNS}
+    return [(str(item[id_field]), (item.get(text_field), rest))]
 
 
 def committed_files(output: str, manifest: dict | None, rows: str | None) -> tuple[str, tuple[str, ...]]:
