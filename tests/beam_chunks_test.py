@@ -68,6 +68,24 @@ def test_read_beam_chunks_refuses_what_is_not_a_committed_run_of_vectors(tmp_pat
         docbeam.AsBeamChunks(ids="uuid4")
 
 
+def test_embed_documents_refuses_beam_chunks_for_a_head_without_one_vector_per_document():
+    from docbeam.models.heads.classifier import ClassifierHead
+    from docbeam.models.heads.multivector import MultiVectorHead
+    from docbeam.models.heads.sparse import SparseHead
+    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.pipeline.driver.embed import beam_chunks_ids
+
+    common = dict(pooling="cls", layers=(), width=4, folder="embeddings")
+    for head in (ClassifierHead(name="classifier", labels=("a",), function="softmax", windows="first", tensors=(),
+                                **{**common, "folder": "scores"}),
+                 MultiVectorHead(name="multi_vector", normalize=True, skip_ids=(), **common)):
+        with pytest.raises(ConfigError, match=f"beam_chunks=True\\): model.head resolved to {head.name}"):
+            beam_chunks_ids(head, "docbeam")
+    sparse = SparseHead(name="sparse", activation="relu", windows="first", max_terms=None, threshold=None,
+                        layout=None, **common)
+    assert beam_chunks_ids(sparse, "uuid5") == "uuid5"
+
+
 def write_docs(path, texts: dict) -> None:
     """The documents, with a kept string (``lang``) and a field of no one type (``meta``: JSON text)."""
     path.write_text("".join(json.dumps({"id": i, "text": t, "lang": LANGS[n % 2], "meta": n if n % 2 else str(n)})

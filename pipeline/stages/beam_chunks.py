@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 
 import apache_beam as beam
 import numpy as np
@@ -120,7 +121,7 @@ class ChunksWithTexts(beam.PTransform):
 
 def other_fields(item, id_field: str, text_field: str) -> list[tuple[str, tuple]]:
     """A user's dict → ``(its id as docbeam spells it, (its text, its other fields))``; nothing for anything else."""
-    if not isinstance(item, dict) or isinstance(item.get(id_field), bool) or \
+    if not isinstance(item, Mapping) or isinstance(item.get(id_field), bool) or \
             not isinstance(item.get(id_field), (str, int)):
         return []
     rest = {k: v for k, v in item.items() if k not in (id_field, text_field) and k not in OWN_COLUMNS}
