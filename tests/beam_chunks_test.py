@@ -40,6 +40,22 @@ def test_a_chunk_row_carries_its_span_and_text_and_an_id_of_its_own():
     assert len(uuid_id) == 36 and uuid_id.count("-") == 4
 
 
+def test_as_beam_chunks_maps_rows_in_a_pipeline():
+    import apache_beam as beam
+    from apache_beam.ml.rag.types import Chunk, Content, Embedding
+    from apache_beam.testing.util import assert_that, equal_to
+
+    import docbeam
+
+    rows = [{"id": "a", "embedding": [0.5, 0.25], "num_tokens": 2, "tags": '["x"]'},
+            {"id": "b", "sparse_embedding": {"indices": [1], "values": [2.0]}, "num_tokens": 2, "tags": None}]
+    with beam.Pipeline() as p:
+        chunks = p | beam.Create(rows) | docbeam.AsBeamChunks(json_fields=("tags",))
+        assert_that(chunks, equal_to([
+            Chunk(Content(), "a", 0, {"tags": ["x"], "document_id": "a"}, Embedding([0.5, 0.25])),
+            Chunk(Content(), "b", 0, {"tags": None, "document_id": "b"}, Embedding(None, ([1], [2.0])))]))
+
+
 @pytest.mark.parametrize("row, match", [
     ({"id": "a", "multi_vector": [[0.1]]}, "'multi_vector' .* use a head that writes embedding"),
     ({"id": "a", "label": "x", "scores": [0.5]}, "'scores'"),

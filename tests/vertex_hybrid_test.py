@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from beam_chunks_test import hybrid_runs  # noqa: F401  the session's SPLADE and dense runs
 from docbeam.pipeline.stages.sinks import vertex_record
 
 # The JSON record of https://cloud.google.com/vertex-ai/docs/vector-search/setup/format-structure ("Data file
@@ -116,6 +117,3 @@ def test_a_sparse_run_writes_vertex_lines_of_its_rows(hybrid_runs):
         assert list(datapoint.sparse_embedding.dimensions) == row["sparse_embedding"]["indices"]
         assert list(datapoint.sparse_embedding.values) == list(np.float32(row["sparse_embedding"]["values"]))
         assert record["restricts"] == [{"namespace": "lang", "allow": [row["lang"]]}]
-
-
-from beam_chunks_test import hybrid_runs  # noqa: E402,F401  the session's SPLADE and dense runs

@@ -182,11 +182,10 @@ class EmbedDocuments(beam.PTransform):
                   | "AllErrors" >> beam.Flatten())
         out = {"embeddings": embedded["embeddings"], "errors": errors, "timing": embedded["timing"]}
         if self._chunk_ids is not None:
-            json_fields = tuple(c.name for c in self.plan.kept.columns if c.arrow is None)
             texts = unique.documents | "TextById" >> beam.Map(lambda d: (d.id, d.text))
             fields = items | "OtherFields" >> beam.FlatMap(other_fields, *self._fields)
             out["chunks"] = ({"rows": embedded["embeddings"], "texts": texts, "fields": fields}
-                             | "BeamChunks" >> ChunksWithTexts(json_fields, self._chunk_ids))
+                             | "BeamChunks" >> ChunksWithTexts(self._chunk_ids))
         return out
 
 

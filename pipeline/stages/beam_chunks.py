@@ -93,7 +93,7 @@ class AsBeamChunks(beam.PTransform):
         return rows | "ToBeamChunks" >> beam.Map(chunk_of_row, self._json_fields, None, self._ids)
 
 
-def with_texts(item, json_fields: tuple[str, ...], ids: str):
+def with_texts(item, ids: str):
     """From ``(id, {"rows": [row], "texts": [text], "fields": [(text, fields)]})``: the row's Chunk with its
     document's text and, as metadata, the other fields of the input dict that text came from."""
     _, grouped = item
@@ -101,22 +101,22 @@ def with_texts(item, json_fields: tuple[str, ...], ids: str):
     text = texts[0] if texts else None
     fields = next((f for t, f in grouped.get("fields", ()) if t == text), {})
     for row in grouped["rows"]:
-        yield chunk_of_row({**fields, **row}, json_fields, text, ids)
+        yield chunk_of_row({**fields, **row}, (), text, ids)
 
 
 class ChunksWithTexts(beam.PTransform):
     """``{"rows": rows, "texts": (id, text) pairs, "fields": (id, (text, other fields)) pairs}`` → each row's
     Chunk with its text and those fields (EmbedDocuments' step: a user's dicts carry their own metadata)."""
 
-    def __init__(self, json_fields: tuple[str, ...] = (), ids: str = "docbeam"):
+    def __init__(self, ids: str = "docbeam"):
         super().__init__()
-        self._json_fields, self._ids = tuple(json_fields), check_ids(ids)
+        self._ids = check_ids(ids)
 
     def expand(self, inputs):
         keyed = inputs["rows"] | "KeyRowsById" >> beam.Map(lambda r: (r["id"], r))
         return ({**inputs, "rows": keyed}
                 | "JoinTexts" >> beam.CoGroupByKey()
-                | "ToBeamChunks" >> beam.FlatMap(with_texts, self._json_fields, self._ids))
+                | "ToBeamChunks" >> beam.FlatMap(with_texts, self._ids))
 
 
 def other_fields(item, id_field: str, text_field: str) -> list[tuple[str, tuple]]:
