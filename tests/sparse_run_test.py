@@ -56,7 +56,6 @@ def test_a_sparse_encoder_is_not_embedded_as_a_dense_model(bert_max):
 @pytest.mark.parametrize("sets, match", [
     ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to sparse"),
     ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to sparse"),
-    ({"output": {"vertex_ai": True}}, "output.vertex_ai: .*Vector Search loads vectors"),
 ])
 def test_outputs_that_take_dense_vectors_are_refused_for_sparse_rows(tmp_path, bert_max, sets, match):
     from conftest import job_config

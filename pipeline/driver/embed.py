@@ -17,10 +17,11 @@ import apache_beam as beam
 
 from docbeam.pipeline.driver import config as config_lib
 from docbeam.pipeline.driver import config_files, quality_gate
-from docbeam.pipeline.driver.config import EmbedConfig, JobConfig
+from docbeam.pipeline.driver.config import ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
+from docbeam.pipeline.stages.beam_chunks import ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
 from docbeam.pipeline.stages.parse import document_of_record
 from docbeam.pipeline.stages.reuse import content_hash
@@ -147,15 +148,20 @@ class EmbedDocuments(beam.PTransform):
     Document without an id or text, a repeated id (one is embedded, the others are duplicate_id errors), a text
     with no tokens.
     ``timing`` has one dict per batch, as timing/*.jsonl. The config is checked and the checkpoint planned here,
-    once, where the transform is made.
+    once, where the transform is made. ``beam_chunks=True`` adds ``chunks``: each row as Beam's own
+    ``apache_beam.ml.rag.types.Chunk`` with its document's text and its dict's other fields as metadata
+    (pipeline/stages/beam_chunks.py), for Beam's ingestion writers; ``beam_chunk_ids="uuid5"`` gives them UUIDs
+    made from the ids.
     """
 
-    def __init__(self, config, *, id_field: str | None = None, text_field: str | None = None):
+    def __init__(self, config, *, id_field: str | None = None, text_field: str | None = None,
+                 beam_chunks: bool = False, beam_chunk_ids: str = "docbeam"):
         super().__init__()
         cfg, default_id, default_text = embed_config(config)
         self._fields = (id_field or default_id, text_field or default_text)
         # A dtype other than float32 says it runs without its gate (no input here to measure it on).
         self.plan = quality_gate.checked(make_plan(cfg, for_input=False, for_output=False))
+        self._chunk_ids = beam_chunks_ids(self.plan.head, beam_chunk_ids) if beam_chunks else None
         self._spec = encoder_spec(self.plan, job=f"embed-{uuid.uuid4().hex[:12]}")  # this pipeline's step
 
     @property
@@ -174,4 +180,19 @@ class EmbedDocuments(beam.PTransform):
         embedded = unique.documents | "Encode" >> EncodeDocuments(self.plan, self._spec)
         errors = ((checked[REJECTED_TAG], unique[REJECTED_TAG], embedded["rejected"])
                   | "AllErrors" >> beam.Flatten())
-        return {"embeddings": embedded["embeddings"], "errors": errors, "timing": embedded["timing"]}
+        out = {"embeddings": embedded["embeddings"], "errors": errors, "timing": embedded["timing"]}
+        if self._chunk_ids is not None:
+            texts = unique.documents | "TextById" >> beam.Map(lambda d: (d.id, d.text))
+            fields = items | "OtherFields" >> beam.FlatMap(other_fields, *self._fields)
+            out["chunks"] = ({"rows": embedded["embeddings"], "texts": texts, "fields": fields}
+                             | "BeamChunks" >> ChunksWithTexts(self._chunk_ids))
+        return out
+
+
+def beam_chunks_ids(head, ids: str) -> str:
+    """``ids`` when the head's rows become Beam Chunks (a dense or sparse vector each); else a refusal naming it."""
+    if not {c.name for c in head.columns()} & {"embedding", "sparse_embedding"}:
+        raise ConfigError(f"EmbedDocuments(beam_chunks=True): model.head resolved to {head.name}, whose rows hold "
+                          "neither embedding nor sparse_embedding, and a Beam Chunk holds those; set model.head: "
+                          "embedding or sparse, or leave beam_chunks out")
+    return check_ids(ids)

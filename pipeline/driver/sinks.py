@@ -45,12 +45,16 @@ def active(cfg) -> list[tuple[Sink, Any]]:
             if output is not None and getattr(output, key) is not None]
 
 
+VERTEX_VECTORS = {"embedding", "sparse_embedding"}  # the row columns a Vector Search datapoint carries
+
+
 def _check_vertex_ai(cfg: JobConfig, head, kept) -> None:
     """At plan, against the resolved head and the typed kept fields (the section's ``fits`` ran with the config)."""
-    if head.name != "embedding":
+    if not {c.name for c in head.columns()} & VERTEX_VECTORS:
         raise ConfigError(f"output.vertex_ai: model.head resolved to {head.name} ({head.carried}), whose "
-                          f"{head.folder}/ rows are not one vector per document, and Vector Search loads vectors, one "
-                          "per document; remove output.vertex_ai, or set model.head: embedding")
+                          f"{head.folder}/ rows hold neither embedding nor sparse_embedding, and Vector Search loads "
+                          "vectors, a dense or a sparse one per document; remove output.vertex_ai, or set "
+                          "model.head: embedding or sparse")
     # With keep_fields "*" the kept fields are known once the sample is typed (a dry run has none yet).
     names = {c.name for c in kept.columns}
     missing = [f for f in cfg.output.vertex_ai.restricts if f not in names]

@@ -2,7 +2,7 @@
 
 Written through Beam sinks into the run's staging folder, like embeddings/, so they are committed with the run
 (listed in its manifest) or not at all. Vector Search reads a batch root of ``*.json`` files of JSON lines
-(``{"id", "embedding", "restricts"}``) and a ``delete/`` folder beside them, one id a line; docbeam's batch root
+(``{"id", "embedding", "sparse_embedding", "restricts"}``) and a ``delete/`` folder beside them, one id a line; docbeam's batch root
 is the output's ``vertex_ai/``.
 
 Removed ids: the ids of the reuse source (``input.reuse_from``) that this run did not read at all. A document
@@ -31,19 +31,31 @@ def restrict_values(value) -> list[str]:
 def vertex_record(row: dict, restricts: tuple[str, ...], json_fields: tuple[str, ...] = ()) -> dict:
     """One JSON line of Vector Search's input: the id, the vector (each float32 in its shortest decimal
     spelling, which reads back as the same float32) and a restrict per chosen field that has a value.
+    A row's columns decide its vectors, not its head's name: ``embedding`` gives the dense one,
+    ``sparse_embedding`` the sparse one (``{"values", "dimensions"}``), a row with both a hybrid datapoint.
     ``json_fields``: kept fields whose column holds JSON text (pipeline/stages/keep.py), read as that JSON."""
 
     def value(field):
         raw = row.get(field)
         return json.loads(raw) if field in json_fields and raw is not None else raw
 
-    vector = [float(str(x)) for x in np.asarray(row["embedding"], np.float32)]
-    record = {"id": row["id"], "embedding": vector}
+    record = {"id": row["id"]}
+    if row.get("embedding") is not None:
+        record["embedding"] = shortest_floats(row["embedding"])
+    if row.get("sparse_embedding") is not None:
+        sparse = row["sparse_embedding"]
+        record["sparse_embedding"] = {"values": shortest_floats(sparse["values"]),
+                                      "dimensions": [int(i) for i in sparse["indices"]]}
     namespaces = [{"namespace": f, "allow": restrict_values(value(f))} for f in restricts]
     namespaces = [n for n in namespaces if n["allow"]]
     if namespaces:
         record["restricts"] = namespaces
     return record
+
+
+def shortest_floats(values) -> list[float]:
+    """float32 values in their shortest decimal spelling, which reads back as the same float32."""
+    return [float(str(x)) for x in np.asarray(values, np.float32)]
 
 
 def removed_ids(item, unnamed_rejections: int = 0) -> list[str]:
