@@ -78,7 +78,8 @@ class TokenizeConfig(_Section):
 class BatchingConfig(_Section):
     buckets: tuple[pydantic.PositiveInt, ...] = (32, 64, 128, 256)
     tokens_per_batch: pydantic.PositiveInt = 8192
-    shards: pydantic.PositiveInt = 1  # batches are keyed by (bucket, shard): raise on many workers
+    # Batches are keyed by (bucket, shard); auto: two per process that encodes (pipeline/driver/shards.py).
+    shards: pydantic.PositiveInt | Literal["auto"] = 1
     # Several short windows per row, told apart by segment ids: fewer padded tokens. auto: when the attention
     # backend (and fallback) take segment ids (native does, flash does not); true: refuse to start otherwise.
     # Packed batches are made per shard, across buckets. The plan resolves auto to true or false.

@@ -89,7 +89,11 @@ class JobPlan:
     def batching(self) -> BatchingConfig:
         """The batching BucketBatches runs: the config's, on the plan's buckets with the plan's packing (a new
         object handed to the stage; ``config`` stays as given)."""
-        return self.config.batching.model_copy(update={"buckets": self.buckets, "packing": self.packing})
+        from docbeam.pipeline.driver.shards import resolved_shards
+
+        batching = self.config.batching
+        shards = resolved_shards(batching, self.config.runner)
+        return batching.model_copy(update={"buckets": self.buckets, "packing": self.packing, "shards": shards})
 
 
 def attention_spec(cfg: JobConfig) -> AttentionSpec:

@@ -87,7 +87,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.name == "embedding"
            else {}),
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "packing": plan.packing, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
+        "packing": plan.packing, "batch_shards": plan.batching().shards, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
         "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),

@@ -68,8 +68,8 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
             + (f"; the checkpoint carries {plan.head.carried}" if plan.head.carried else ""),
             f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
             f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
-            f"{str(plan.packing).lower()}"
-            + (" (auto)" if cfg.batching.packing == "auto" else "")]
+            f"{str(plan.packing).lower()}" + (" (auto)" if cfg.batching.packing == "auto" else "")
+            + f"; batching.shards: {plan.batching().shards}" + (" (auto)" if cfg.batching.shards == "auto" else "")]
     out.append("# what each backend would do if attention.backend named it (packing as `auto` would resolve then):")
     for name in attention.names():
         out.append(backend_if_chosen(cfg, plan, name))
