@@ -14,7 +14,7 @@ import pydantic
 
 from docbeam.attention import registry
 from docbeam.attention.interface import AttentionCase, Backend, Support
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import importlib.metadata
 from typing import Callable
 
 from docbeam.attention.interface import Backend, NoOptions, Support, supports_everything
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 
 ENTRY_POINT_GROUP = "docbeam.attention"
 _REGISTRY: dict[str, Backend] = {}

@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.settings = [parse_setting(s) for s in args.settings.split(";") if s]

@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else local.batching.buckets

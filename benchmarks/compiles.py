@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
     common.print_machine("compiles: one encoder compilation per (bucket, rows) shape", info)
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
     from docbeam.pipeline.telemetry.observe import CompileWatch
     from docbeam.pipeline.driver.run import run_job
 

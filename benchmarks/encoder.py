@@ -55,7 +55,7 @@ def parse_args(argv=None):
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
 
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.buckets = tuple(int(b) for b in args.buckets.split(",")) if args.buckets else local.batching.buckets
@@ -77,7 +77,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     from docbeam import attention
     from docbeam.attention.plan import AttentionSpec
     from docbeam.pipeline.stages.packer import batch_windows
-    from docbeam.pipeline.driver.config import BatchingConfig, TokenizeConfig
+    from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
     from docbeam.pipeline.stages.tokenize import windows_for
 
@@ -175,7 +175,7 @@ def sentence_transformers_side(args, texts, folder, window_len) -> dict:
 
 
 def pipeline_side(args, docs, tmp) -> dict:
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
     from docbeam.pipeline.driver.run import run_job
 
     out = os.path.join(tmp, "out")

@@ -33,7 +33,7 @@ def churned(docs, percent: int):
 
 
 def timed_run(corpus: str, output: str, model: str, reuse_from: str | None = None) -> dict:
-    from docbeam.pipeline.driver import config
+    from docbeam import config
     from docbeam.pipeline.driver.run import run_job
 
     overrides = [f"input.path={corpus}", f"output.path={output}", f"model.path={model}", "runner.progress_seconds=0"]

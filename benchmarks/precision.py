@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, help="timed passes per side, best kept (default 3; --quick 1)")
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
 
     local = load(common.LOCAL_CONFIG)
     args.precisions = tuple(args.precisions.split(","))
@@ -51,7 +51,7 @@ def parse_args(argv=None):
 
 def windows_and_batches(args, docs, folder, settings, packing: bool, buckets: tuple[int, ...] | None = None):
     from docbeam.models.checkpoint import load_tokenizer
-    from docbeam.pipeline.driver.config import BatchingConfig, TokenizeConfig
+    from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.pipeline.stages.tokenize import windows_for
 
@@ -88,7 +88,7 @@ def timed_passes(args, batches, encode_batch, facts: dict):
 def docbeam_side(args, docs, folder, settings, dtype: str):
     from docbeam import attention
     from docbeam.attention.plan import AttentionSpec
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
     from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
 
     packing = load(common.LOCAL_CONFIG).batching.packing

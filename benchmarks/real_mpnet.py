@@ -52,7 +52,7 @@ def checkpoint_folder(parts_dir: str) -> str:
 def docbeam_vectors(folder: str, docs, tmp: str) -> tuple[dict, dict]:
     import pyarrow.parquet as pq
 
-    from docbeam.pipeline.driver.config import load
+    from docbeam.config import load
     from docbeam.pipeline.driver.run import run_job
 
     out = os.path.join(tmp, "out")

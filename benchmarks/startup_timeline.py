@@ -93,7 +93,7 @@ def main(argv=None) -> int:
 
     t0 = process_started()
     with Sampler(t0) as sampler:
-        from docbeam.pipeline.driver import config as config_lib
+        from docbeam import config as config_lib
         from docbeam.pipeline.driver.cli import _setup_logging
         from docbeam.pipeline.driver.run import run_job
 

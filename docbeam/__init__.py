@@ -41,9 +41,9 @@ _PUBLIC = {
     "AsBeamChunks": "docbeam.pipeline.stages.beam_chunks",  # rows → Beam's apache_beam.ml.rag Chunks
     "ReadBeamChunks": "docbeam.pipeline.stages.beam_chunks",  # a committed run's rows → Beam Chunks
     "run": "docbeam.pipeline.driver.job",  # what `docbeam run` does; returns the run's summary
-    "EmbedConfig": "docbeam.pipeline.driver.config",
-    "JobConfig": "docbeam.pipeline.driver.config",
-    "ConfigError": "docbeam.pipeline.driver.config",
+    "EmbedConfig": "docbeam.config",
+    "JobConfig": "docbeam.config",
+    "ConfigError": "docbeam.config",
     "Document": "docbeam.pipeline.records",
     "Rejected": "docbeam.pipeline.records",
 }

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 
 INT8_MAX = 127
 

@@ -88,7 +88,7 @@ def test_embed_documents_refuses_beam_chunks_for_a_head_without_one_vector_per_d
     from docbeam.models.heads.classifier import ClassifierHead
     from docbeam.models.heads.multivector import MultiVectorHead
     from docbeam.models.heads.sparse import SparseHead
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.embed import beam_chunks_ids
 
     common = dict(pooling="cls", layers=(), width=4, folder="embeddings")

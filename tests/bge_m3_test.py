@@ -11,7 +11,7 @@ import pytest
 
 from docbeam.models import checkpoint
 from docbeam.models.heads import resolve
-from docbeam.pipeline.driver.config import ModelConfig
+from docbeam.config import ModelConfig
 from family_fixtures import MIN_COSINE, save_checkpoint, tiny_model
 from multivector_head_test import TEXTS, WINDOW, lowest_token_cosine, ours
 

@@ -11,7 +11,7 @@ import pytest
 from cli_runner import run_docbeam
 from conftest import REPO
 from docbeam.pipeline.tools import bucket_advisor
-from docbeam.pipeline.driver import config
+from docbeam import config
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config
-from docbeam.pipeline.driver.config import ConfigError, TokenizeConfig
+from docbeam.config import ConfigError, TokenizeConfig
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, tokenize_documents

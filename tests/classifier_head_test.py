@@ -15,7 +15,7 @@ import pytest
 from docbeam.models import checkpoint
 from docbeam.models.heads import resolve
 from docbeam.models.heads.classifier import apply_function
-from docbeam.pipeline.driver.config import ModelConfig
+from docbeam.config import ModelConfig
 from family_fixtures import head_forward, save_checkpoint, tiny_model
 
 TOLERANCE = 1e-5  # the bar on every score, float32
@@ -170,7 +170,7 @@ def test_asking_for_a_classifier_from_an_embedder_is_refused(tiny_checkpoint_dir
     ({"model": {"dtype": "bfloat16"}}, "precision gate .* measures embeddings only"),
 ])
 def test_outputs_only_vectors_feed_are_refused_for_scores(tmp_path, sets, match):
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
     from conftest import job_config
 

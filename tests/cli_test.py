@@ -113,7 +113,7 @@ def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatc
     validate must say so, not call it refused; with packing forced on it is refused, naming why."""
     from docbeam.attention import registry
     from docbeam.attention.interface import Backend
-    from docbeam.pipeline.driver import config
+    from docbeam import config
     from docbeam.pipeline.tools import validate
 
     monkeypatch.setitem(registry._REGISTRY, "plain", Backend(name="plain", attend=lambda *a, **k: None,

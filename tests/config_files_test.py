@@ -1,4 +1,4 @@
-"""pipeline/driver/config_files.py: a profile extends a base; what it may add, what it may not, and where paths point."""
+"""docbeam/config_files.py: a profile extends a base; what it may add, what it may not, and where paths point."""
 from __future__ import annotations
 
 import os
@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from docbeam.pipeline.driver import config, placeholders
+from docbeam import config, placeholders
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("dataflow_cpu", "dataflow_tpu", "dataflow_tpu_v6e", "dataflow_gpu")

@@ -1,4 +1,4 @@
-"""pipeline/driver/config.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
+"""docbeam/config.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
 from __future__ import annotations
 
 import os
@@ -11,7 +11,7 @@ from docbeam.attention.chunked import ChunkedOptions
 from docbeam.attention.flash import FlashOptions
 from docbeam.attention.interface import AttentionCase, Backend
 from docbeam.attention.plan import bind_choice, choose_backends
-from docbeam.pipeline.driver import config, config_files
+from docbeam import config, config_files
 from docbeam.pipeline.driver.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -187,7 +187,7 @@ and probes two shapes, not four (~0.3 s of CPU less per tiny run); a test about 
 
 def job_config(input_path: str, output_path: str, model_path: str, **sections):
     """A JobConfig as a test would write it in YAML; sections override the defaults key by key."""
-    from docbeam.pipeline.driver import config
+    from docbeam import config
 
     raw = {"input": {"path": input_path}, "output": {"path": output_path}, "model": {"path": model_path},
            "batching": dict(TEST_BATCHING)}

@@ -13,10 +13,11 @@ import re
 import pytest
 
 from gcs_emulator import gcs_emulator
-from docbeam.pipeline.driver import cli, config
+from docbeam import config
+from docbeam.pipeline.driver import cli
 from docbeam.pipeline.store import output
-from docbeam.pipeline.driver import placeholders
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam import placeholders
+from docbeam.config import ConfigError
 from docbeam.pipeline.driver.dry_run import dry_run
 
 pytestmark = pytest.mark.gcs

@@ -1,4 +1,4 @@
-"""pipeline/errors.py: one base class decides exit 2, and a run that fails after it started leaves its summary."""
+"""docbeam/errors.py: one base class decides exit 2, and a run that fails after it started leaves its summary."""
 from __future__ import annotations
 
 import glob
@@ -7,14 +7,14 @@ import json
 import pytest
 
 from conftest import job_config
-from docbeam.pipeline.errors import JobFailed, Refused, UnusablePath, refused_at_start
+from docbeam.errors import JobFailed, Refused, UnusablePath, refused_at_start
 
 
 def start_time_exceptions() -> list[type]:
     from docbeam.attention.plan import AttentionPlanError
     from docbeam.attention.registry import UnknownBackendError
     from docbeam.models.checkpoint import CheckpointError
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.store.lock import LockHeld
     from docbeam.pipeline.store.output import OutputRefused
 
@@ -44,7 +44,7 @@ def test_a_garbled_file_in_a_start_step_becomes_a_refusal():
 
 
 def test_a_refusal_passes_unchanged_and_a_bug_is_not_called_a_refusal():
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
 
     with pytest.raises(ConfigError, match="^as it was$"):
         with refused_at_start("output.path x"):

@@ -176,7 +176,7 @@ def test_the_task_is_part_of_the_reuse_key(hub_folder, tmp_path):
 
 
 def test_an_empty_model_task_is_a_config_error():
-    from docbeam.pipeline.driver import config
+    from docbeam import config
 
     with pytest.raises(config.ConfigError, match=r"model\.task: must name one of the checkpoint's task adapters"):
         config.parse({"input": {"path": "d.jsonl"}, "output": {"path": "o"}, "model": {"task": " "}}, base_dir="/")

@@ -15,7 +15,7 @@ from docbeam import attention
 from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
                              lowest_cosine, our_vectors, reference_vectors, replace, spread_norms_and_biases)
 from docbeam.models import checkpoint
-from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.config import TokenizeConfig
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.tokenize import tokenize_documents
 

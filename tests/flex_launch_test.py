@@ -16,7 +16,7 @@ import pytest
 from conftest import SAMPLE, job_config
 from docbeam.pipeline.driver import flex_launch
 from docbeam.pipeline.store import output
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -97,7 +97,7 @@ def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
 def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_commit_replaces_it(
         tiny_checkpoint_dir, tmp_path):
     from docbeam.pipeline.stages.commit import RunFailed
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
 
     corpus = tmp_path / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Text {i} about object storage. " * (i % 5 + 1)})

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config, write_tiny_checkpoint
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.config import ConfigError
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import KEY_FIELDS, check_key, content_hash, key_differences, reusable_row
 from docbeam.pipeline.driver.run import run_job

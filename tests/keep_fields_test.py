@@ -12,9 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import job_config
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 from docbeam.pipeline.records import Document, Rejected
 from docbeam.pipeline.stages import keep
 from docbeam.pipeline.stages.keep import KeptColumn, KeptFields, infer_type, value_problem
@@ -165,7 +165,7 @@ def test_a_value_at_the_depth_limit_is_kept_and_typed():
 
 def test_sampled_values_that_will_be_rejected_do_not_type_the_column(tiny_checkpoint_dir, tmp_path):
     sample = [{"n": 1}, {"n": float("inf")}, {"n": 2}, {"d": nested(450)}, {"d": "text"}]
-    from docbeam.pipeline.driver.config import InputConfig
+    from docbeam.config import InputConfig
 
     kept = keep.plan_columns(InputConfig(path="x.jsonl", keep_fields=["n", "d"]), lambda: sample)
     assert kept.describe() == {"n": "int64", "d": "string"}
@@ -192,7 +192,7 @@ def test_a_kept_field_that_would_overwrite_a_column_or_is_the_id_or_text_is_refu
                      input={"id_field": "doc_key", "text_field": "body", "keep_fields": ["topic", field]})
     with pytest.raises(ConfigError, match=rf"input.keep_fields: {reason}.*Remove it from the list") as refused:
         run_job(cfg)
-    assert isinstance(refused.value, Refused)  # exit 2 (pipeline/errors.py)
+    assert isinstance(refused.value, Refused)  # exit 2 (docbeam/errors.py)
     assert not os.path.exists(tmp_path / "out")
 
 

@@ -17,7 +17,7 @@ import pytest
 from docbeam import attention
 from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
-from docbeam.pipeline.driver.config import ModelConfig
+from docbeam.config import ModelConfig
 from docbeam.pipeline.records import Batch
 from family_fixtures import MIN_COSINE, pack, save_checkpoint, tiny_model
 
@@ -187,7 +187,7 @@ def test_asking_for_another_head_of_a_multi_vector_checkpoint_is_refused(folder,
 ])
 def test_outputs_that_take_one_vector_per_document_are_refused(tmp_path, folder, sets, match):
     from conftest import job_config
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')

@@ -164,13 +164,13 @@ def test_run_ids_sort_by_start_time_and_do_not_collide():
     ("/data//runs/./today/", "/data/runs/today"), ("//data/x/../runs/today", "/data/runs/today"),
     ("out//local/.", "out/local"), ("gs://bucket/runs//./x/../today/", "gs://bucket/runs/today")])
 def test_an_output_path_is_spelled_one_way_once_the_config_is_read(spelled, normal):
-    from docbeam.pipeline.driver.config import OutputConfig
+    from docbeam.config import OutputConfig
 
     assert OutputConfig(path=spelled).path == normal
 
 
 def test_an_oddly_spelled_absolute_output_commits_and_the_next_run_replaces_it(tmp_path):
-    from docbeam.pipeline.driver.config import OutputConfig
+    from docbeam.config import OutputConfig
 
     out = OutputConfig(path=f"{tmp_path}//runs/./daily/../daily").path
     commit_run(out, "r1", run_files("r1"))

@@ -14,7 +14,7 @@ from docbeam import attention
 from docbeam.attention.interface import AttentionCase
 from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends
 from docbeam.attention.registry import from_callable
-from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.packer import packed_batch
 
@@ -123,7 +123,7 @@ USER_BACKEND = "tests.fixtures_user_backend:attend"  # a plain AttentionFn: take
                                                       ("flash", "native", True), (USER_BACKEND, None, False),
                                                       ("chunked", USER_BACKEND, False)])
 def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs, monkeypatch):
-    from docbeam.pipeline.driver.config import JobConfig
+    from docbeam.config import JobConfig
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from docbeam.pipeline.driver.plan import resolved_packing

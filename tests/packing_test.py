@@ -14,7 +14,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from conftest import with_packing
-from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.packer import (HELD_BATCHES, Packer, batch_windows, final_packing, max_windows_per_row,

@@ -231,8 +231,8 @@ def test_an_incremental_run_over_a_table_that_missed_its_source_brings_it_to_the
     ("host=db password='s3 cr\\'et' dbname=search", "host=db password=*** dbname=search"),
 ])
 def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
-    from docbeam.pipeline.driver import config
-    from docbeam.pipeline.driver.config_io import redacted_dsn
+    from docbeam import config
+    from docbeam.config_io import redacted_dsn
     from docbeam.pipeline.tools.validate import shown as shown_config
 
     assert redacted_dsn(dsn) == shown

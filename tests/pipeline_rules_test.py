@@ -100,10 +100,10 @@ def test_the_output_folder_layout_is_named_only_in_store_output():
 
 
 def test_every_placeholder_is_spelled_only_in_driver_placeholders():
-    from docbeam.pipeline.driver import placeholders
+    from docbeam import placeholders
 
     needles = (*placeholders.PATH_PLACEHOLDERS, *placeholders.PROFILE_PLACEHOLDERS, "YOUR_BUCKET", "YOUR_PROJECT")
-    assert spelled_outside("pipeline/driver/placeholders.py", needles) == []
+    assert spelled_outside("docbeam/placeholders.py", needles) == []
     for placeholder in placeholders.PATH_PLACEHOLDERS:  # a new one is filled, or this fails
         filled = placeholders.fill(f"gs://b/{placeholder}/x", "20261130T114500Z-3f9a1c", "2026-11-30")
         assert "{" not in filled, placeholder
@@ -111,7 +111,7 @@ def test_every_placeholder_is_spelled_only_in_driver_placeholders():
 
 
 def test_exit_status_2_is_decided_by_refused_alone():
-    """A handler that returns 2 catches pipeline.errors.Refused and nothing else: a new start-time check gets
+    """A handler that returns 2 catches docbeam.errors.Refused and nothing else: a new start-time check gets
     exit 2 by its base class, never by joining a list of exception types."""
     wrong = []
     for module, tree in pipeline_modules().items():

@@ -140,7 +140,7 @@ def test_recall_counts_shared_neighbours():
 
 
 def test_model_dtype_int8_is_a_config_choice_and_an_unknown_one_names_the_choices(tiny_checkpoint_dir):
-    from docbeam.pipeline.driver import config
+    from docbeam import config
 
     assert config.ModelConfig(dtype="int8").dtype == "int8"
     with pytest.raises(ValueError, match="'int4' is not supported; use one of float32, bfloat16, int8"):

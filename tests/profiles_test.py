@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from docbeam.pipeline.driver import config
+from docbeam import config
 from docbeam.pipeline.driver.plan import make_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,7 +17,7 @@ from cli_runner import run_docbeam
 from conftest import SAMPLE, write_tiny_checkpoint
 from docbeam.models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
 from docbeam.models.st_settings import document_prompt
-from docbeam.pipeline.driver.config import ModelConfig, TokenizeConfig
+from docbeam.config import ModelConfig, TokenizeConfig
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import content_hash, key_differences
 from docbeam.pipeline.stages.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents
@@ -198,7 +198,7 @@ def test_a_prompt_that_fills_the_window_is_refused_naming_the_prompt_and_the_win
 
 def test_a_job_whose_prompt_fills_the_window_is_refused_at_start_about_the_prompt(tiny_checkpoint_dir, tmp_path):
     from conftest import job_config
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.run import run_job
 
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')

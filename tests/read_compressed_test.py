@@ -9,7 +9,7 @@ import zlib
 
 import zstandard
 
-from docbeam.pipeline.driver.config import InputConfig
+from docbeam.config import InputConfig
 from read_inputs_test import jsonl, read_and_check
 
 

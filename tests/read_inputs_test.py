@@ -18,7 +18,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from docbeam.pipeline.driver.config import InputConfig
+from docbeam.config import InputConfig
 from docbeam.pipeline.stages.read import ReadDocuments, match_local, unopenable
 
 

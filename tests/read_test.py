@@ -10,7 +10,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from docbeam.pipeline.driver.config import InputConfig
+from docbeam.config import InputConfig
 from docbeam.pipeline.stages.parse import file_format, parse_jsonl_line, parse_text_file, read_capped_lines
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.records import Document, Rejected

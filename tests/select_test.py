@@ -1,4 +1,4 @@
-"""output.select: a curation job's kept set. The expression's grammar (pipeline/stages/selection.py), what the
+"""output.select: a curation job's kept set. The expression's grammar (docbeam/selection.py), what the
 plan refuses (columns the rows lack, labels the classifier lacks), and a run whose selected/ is exactly the
 documents that meet it, committed with the run."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from docbeam.pipeline.stages.selection import SelectionError, evaluate, parse
+from docbeam.selection import SelectionError, evaluate, parse
 
 ROW = {"id": "a", "label": "en", "score": 3.5, "scores": [0.1, 0.9], "num_tokens": 80, "truncated": False,
        "lang": None}
@@ -46,7 +46,7 @@ def test_what_is_not_a_selection_is_refused_naming_the_part(where, named):
 
 
 def test_the_config_refuses_a_bad_expression_naming_the_key():
-    from docbeam.pipeline.driver.config import ConfigError, parse as parse_config
+    from docbeam.config import ConfigError, parse as parse_config
 
     with pytest.raises(ConfigError, match="output.select.where"):
         parse_config({"input": {"path": "x.jsonl"}, "output": {"path": "out", "select": {"where": "score >="}}},
@@ -67,7 +67,7 @@ def write_docs(tmp_path) -> str:
 ])
 def test_the_plan_refuses_a_column_the_rows_lack(tmp_path, tiny_checkpoint_dir, where, match):
     from conftest import job_config
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
     cfg = job_config(write_docs(tmp_path), str(tmp_path / "out"), tiny_checkpoint_dir,
@@ -79,7 +79,7 @@ def test_the_plan_refuses_a_column_the_rows_lack(tmp_path, tiny_checkpoint_dir, 
 def test_the_plan_refuses_a_label_the_classifier_lacks(tmp_path):
     from classifier_head_test import WINDOW, classifier_checkpoint
     from conftest import job_config
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
     folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")

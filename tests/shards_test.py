@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from docbeam.pipeline.driver import config
+from docbeam import config
 from docbeam.pipeline.driver.shards import encoding_processes, machine_vcpus, resolved_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from conftest import job_config
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import pgvector

@@ -17,7 +17,7 @@ from docbeam import attention
 from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
 from docbeam.models.heads.sparse import prune
-from docbeam.pipeline.driver.config import ModelConfig
+from docbeam.config import ModelConfig
 from family_fixtures import head_forward, save_checkpoint, spread_norms_and_biases, tiny_model
 
 MIN_COSINE = 0.99999  # the bar, float32

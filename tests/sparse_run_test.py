@@ -11,7 +11,7 @@ import pytest
 
 from docbeam.models import checkpoint
 from docbeam.models.heads import resolve
-from docbeam.pipeline.driver.config import ModelConfig
+from docbeam.config import ModelConfig
 from sparse_head_test import TEXTS, assert_same_sparse_vectors, reference_vectors, sparse_checkpoint
 
 
@@ -59,7 +59,7 @@ def test_a_sparse_encoder_is_not_embedded_as_a_dense_model(bert_max):
 ])
 def test_outputs_that_take_dense_vectors_are_refused_for_sparse_rows(tmp_path, bert_max, sets, match):
     from conftest import job_config
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')

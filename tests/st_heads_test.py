@@ -202,7 +202,7 @@ def test_model_truncate_dim_gives_sentence_transformers_matryoshka_vectors(heade
 
 def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint):
     from docbeam.models.heads import resolve
-    from docbeam.pipeline.driver.config import ModelConfig
+    from docbeam.config import ModelConfig
 
     model = str(tmp_path / "model")
     shutil.copytree(headed_checkpoint, model)

@@ -7,7 +7,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.config import TokenizeConfig
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.tokenize import Tokenize, content_tokens, tokenize_documents, windows_for
 

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLE, job_config
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.stages.sinks import removed_ids, restrict_values, vertex_record
 

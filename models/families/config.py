@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from docbeam.models.precision import PRECISIONS
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 
 
 class CheckpointError(Refused, ValueError):

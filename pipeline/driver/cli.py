@@ -2,7 +2,7 @@
 
 Exit codes: 0 the run committed its output (some documents may have been rejected: see errors/); 1 the
 job ran but failed, nothing was committed and the previous output is unchanged; 2 refused at start
-(config, checkpoint, attention, input or output: any ``pipeline.errors.Refused``), nothing was touched.
+(config, checkpoint, attention, input or output: any ``docbeam.errors.Refused``), nothing was touched.
 """
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import sys
 import tempfile
 import time
 
-from docbeam.pipeline.driver import config as config_lib
-from docbeam.pipeline.errors import Refused
+from docbeam import config as config_lib
+from docbeam.errors import Refused
 
 log = logging.getLogger("docbeam")
 
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
     import pydantic
 
-    from docbeam.pipeline.driver.config_io import PgvectorConfig
+    from docbeam.config_io import PgvectorConfig
     from docbeam.pipeline.store import output as output_lib, paths, pgvector
 
     try:

@@ -15,10 +15,10 @@ import time
 
 import apache_beam as beam
 
-from docbeam.pipeline.driver import placeholders
+from docbeam import placeholders
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
-from docbeam.pipeline.driver.config import ConfigError, JobConfig
+from docbeam.config import ConfigError, JobConfig
 from docbeam.pipeline.store.lock import Fence
 
 # Options a reader checks before a submission, by Beam's names, in this order.

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 
 import apache_beam as beam
 
-from docbeam.pipeline.driver import config as config_lib
-from docbeam.pipeline.driver import config_files, quality_gate
-from docbeam.pipeline.driver.config import ConfigError, EmbedConfig, JobConfig
+from docbeam import config as config_lib
+from docbeam import config_files
+from docbeam.pipeline.driver import quality_gate
+from docbeam.config import ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches

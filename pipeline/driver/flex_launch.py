@@ -52,9 +52,9 @@ def to_run_args(argv: list[str]) -> list[str]:
 
 
 def refuse_placeholders(launch: Launch) -> None:
-    """Raises ConfigError naming each profile placeholder the launch left in place (pipeline/driver/placeholders.py)."""
-    from docbeam.pipeline.driver import config as config_lib
-    from docbeam.pipeline.driver import placeholders
+    """Raises ConfigError naming each profile placeholder the launch left in place (docbeam/placeholders.py)."""
+    from docbeam import config as config_lib
+    from docbeam import placeholders
     from docbeam.pipeline.store import output
 
     cfg = placeholders.expand(config_lib.load(launch.config, list(launch.sets)), output.new_run_id(), output.run_date())
@@ -72,7 +72,7 @@ def profile_path(config: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from docbeam.pipeline.driver import cli
-    from docbeam.pipeline.errors import Refused
+    from docbeam.errors import Refused
 
     launch = parse(sys.argv[1:] if argv is None else argv)
     try:

@@ -3,7 +3,7 @@ which columns ``output.select.where`` may read, and how its documents are tokeni
 from __future__ import annotations
 
 from docbeam.models.heads import Head
-from docbeam.pipeline.driver.config import ConfigError, EmbedConfig, JobConfig, TokenizeConfig
+from docbeam.config import ConfigError, EmbedConfig, JobConfig, TokenizeConfig
 from docbeam.pipeline.stages.keep import KeptFields
 
 
@@ -12,7 +12,7 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
     select = cfg.output.select if isinstance(cfg, JobConfig) else None
     if select is None:
         return
-    from docbeam.pipeline.stages.selection import columns_named, labels_named, parse
+    from docbeam.selection import columns_named, labels_named, parse
 
     tree = parse(select.where)
     have = ["id", *(c.name for c in head.columns()), "num_tokens", "num_windows", "truncated",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from docbeam.pipeline.driver import config as config_lib
-from docbeam.pipeline.driver import config_files
-from docbeam.pipeline.driver.config import JobConfig
+from docbeam import config as config_lib
+from docbeam import config_files
+from docbeam.config import JobConfig
 
 JOB_FORMS = "a JobConfig, the path of a YAML job file, or a dict of its sections (input, output, model, ...)"
 
@@ -35,7 +35,7 @@ def run(config, *, overrides: Sequence[str] = (), beam_args: Sequence[str] = (),
     """Runs the job to completion and returns its summary (summary.json's content), as ``docbeam run``.
 
     ``beam_args``: extra Beam pipeline options (``["--direct_num_workers=2"]``); ``force``: take over the output's
-    lock; ``wait=False``: return once the job is submitted. Raises ``docbeam.pipeline.errors.Refused`` (e.g.
+    lock; ``wait=False``: return once the job is submitted. Raises ``docbeam.errors.Refused`` (e.g.
     ConfigError) when the job cannot start (nothing was touched), any other error when it ran and failed
     (nothing was committed: the previous output is unchanged)."""
     from docbeam.pipeline.driver.run import run_job

@@ -24,8 +24,8 @@ from docbeam.pipeline.store.paths import is_remote
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
 from docbeam.pipeline.stages.read import sample_records
 from docbeam.pipeline.stages.packer import bucket_for
-from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
-from docbeam.pipeline.errors import refused_at_start
+from docbeam.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
+from docbeam.errors import refused_at_start
 from docbeam.pipeline.stages.reuse import ReuseDecision, decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
 from docbeam.pipeline.driver.head_plan import check_head_fits_output, check_selection, tokenize_for, vector_dtype

@@ -13,7 +13,7 @@ import itertools
 import logging
 
 from docbeam.models import precision_gate as gate
-from docbeam.pipeline.driver.config import JobConfig
+from docbeam.config import JobConfig
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from docbeam.pipeline.store import pgvector, transaction
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
-from docbeam.pipeline.driver import placeholders
+from docbeam import placeholders
 from docbeam.pipeline.driver import embed, quality_gate
 from docbeam.pipeline.driver.embed import EncodeDocuments
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
-from docbeam.pipeline.errors import JobFailed, Refused, refused_at_start
+from docbeam.errors import JobFailed, Refused, refused_at_start
 from docbeam.pipeline.store.lock import Fence, OutputLock
 from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions

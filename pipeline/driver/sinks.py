@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import apache_beam as beam
 
-from docbeam.pipeline.driver.config import ConfigError, JobConfig
+from docbeam.config import ConfigError, JobConfig
 from docbeam.pipeline.stages import sinks as sink_writers
 from docbeam.pipeline.store import pgvector
 

@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam import coders
 from apache_beam.transforms import userstate
 
-from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.packer import Packer, bucket_for, check_packing, window_shard
 

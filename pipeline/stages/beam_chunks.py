@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import apache_beam as beam
 import numpy as np
 
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import pyarrow as pa
 
-from docbeam.pipeline.driver.config import ConfigError, InputConfig
+from docbeam.config import ConfigError, InputConfig
 
 SAMPLE_RECORDS = 1000  # documents the driver reads to type the kept columns
 # Lists and objects a kept value may nest: deeper ones are rejected. Typing, checking and pickling a column's

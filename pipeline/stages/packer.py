@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import Batch, TokenWindow, WindowRef, batch_id
 
 # (bucket_len, rows, contents): what one batch will hold; contents are windows, or rows of windows when packing.

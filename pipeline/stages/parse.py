@@ -12,7 +12,7 @@ from typing import BinaryIO, Callable, Iterator, Mapping
 
 from apache_beam.io.filesystem import CompressionTypes
 
-from docbeam.pipeline.driver.config import InputConfig
+from docbeam.config import InputConfig
 from docbeam.pipeline.records import Document, Rejected, writable
 from docbeam.pipeline.stages.keep import EveryField, KeptFields
 from docbeam.pipeline.stages.decompress import open_decompressed

@@ -17,7 +17,7 @@ from apache_beam.io.filesystem import CompressionTypes, FileSystem
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from docbeam.pipeline.driver.config import InputConfig
+from docbeam.config import InputConfig
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, writable
 from docbeam.pipeline.stages import keep
 from docbeam.pipeline.stages.keep import EveryField, KeptFields

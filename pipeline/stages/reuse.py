@@ -17,7 +17,7 @@ from apache_beam.metrics import Metrics
 
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
-from docbeam.pipeline.driver.config import ConfigError
+from docbeam.config import ConfigError
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.keep import with_kept

@@ -7,7 +7,7 @@ import json
 
 import apache_beam as beam
 
-from docbeam.pipeline.stages.selection import evaluate, parse
+from docbeam.selection import evaluate, parse
 from docbeam.pipeline.store.output import SELECTED, part_prefix
 
 

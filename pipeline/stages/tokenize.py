@@ -27,7 +27,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
-from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.config import TokenizeConfig
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, TokenWindow, writable
 

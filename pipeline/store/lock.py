@@ -24,7 +24,7 @@ import psutil
 
 from docbeam.pipeline.store import storage, versioned
 from docbeam.pipeline.store.output import LOCK
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0  # ten missed heartbeats and more: the owner is gone (README "Runs and commits")

@@ -19,7 +19,7 @@ import secrets
 
 from docbeam.pipeline.store import storage, versioned
 from docbeam.pipeline.store.paths import normalize_folder
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 
 STAGING = "_staging"
 MANIFEST = "_manifest.json"

@@ -16,7 +16,7 @@ import json
 import os
 
 
-from docbeam.pipeline.errors import JobFailed, Refused
+from docbeam.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
 from docbeam.pipeline.store.output import ERRORS, SCORES, in_folder
 from docbeam.pipeline.store.pgvector_rows import (COPY_HEADER, COPY_TRAILER, SCORES_TABLE, binary_row, check_files,

@@ -18,7 +18,7 @@ import itertools
 
 import numpy as np
 
-from docbeam.pipeline.driver.config import BatchingConfig, ConfigError, JobConfig
+from docbeam.config import BatchingConfig, ConfigError, JobConfig
 from docbeam.pipeline.records import Document, Rejected, TokenWindow
 from docbeam.pipeline.stages.packer import batch_windows, rows_for
 

@@ -18,7 +18,7 @@ import sys
 from apache_beam.io.filesystems import FileSystems
 
 from docbeam.pipeline.store.output import STAGING
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 from docbeam.pipeline.tools.report_args import add_arguments  # noqa: F401  the command's arguments, as report.add_arguments
 from docbeam.pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
 from docbeam.pipeline.tools.report_load import Run, load_run

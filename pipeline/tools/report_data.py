@@ -11,7 +11,7 @@ import numpy as np
 
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.telemetry.observe import fallback_key
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 from docbeam.pipeline.tools.report_load import Run
 
 

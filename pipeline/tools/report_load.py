@@ -16,7 +16,7 @@ import numpy as np
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 from docbeam.pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
 
 _NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import yaml
 
-from docbeam.pipeline.driver import placeholders, quality_gate
-from docbeam.pipeline.driver.config import JobConfig
+from docbeam import placeholders
+from docbeam.pipeline.driver import quality_gate
+from docbeam.config import JobConfig
 
 
 def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
@@ -39,7 +40,7 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
 
 def shown(cfg: JobConfig) -> dict:
     """The config as printed: a password in ``output.pgvector.dsn`` is not (a scheduler keeps the output)."""
-    from docbeam.pipeline.driver.config_io import redacted_dsn
+    from docbeam.config_io import redacted_dsn
 
     dumped = cfg.model_dump(mode="json")
     if dumped["output"].get("pgvector"):

@@ -7,7 +7,7 @@ from typing import Literal
 
 import pydantic
 
-from docbeam.pipeline.driver import placeholders
+from docbeam import placeholders
 from docbeam.pipeline.store.paths import normalize_folder
 
 
@@ -152,7 +152,7 @@ def redacted_dsn(dsn: str) -> str:
 
 class SelectConfig(Section):
     """``selected/``: the ids (and optionally texts) of the documents whose row meets ``where``, committed with the
-    run: a curation job's kept set (pipeline/stages/selection.py has the grammar)."""
+    run: a curation job's kept set (docbeam/selection.py has the grammar)."""
 
     where: str  # e.g. "score >= 3", "label in [en, de]"
     with_text: bool = False  # each selected line carries the document's text too
@@ -160,7 +160,7 @@ class SelectConfig(Section):
     @pydantic.field_validator("where")
     @classmethod
     def _parses(cls, where):
-        from docbeam.pipeline.stages.selection import SelectionError, parse
+        from docbeam.selection import SelectionError, parse
 
         try:
             parse(where)

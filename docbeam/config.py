@@ -13,10 +13,10 @@ from typing import Any, Literal
 import pydantic
 
 from docbeam.attention import registry as attention_registry
-from docbeam.pipeline.driver import config_files
-from docbeam.pipeline.driver.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
+from docbeam import config_files
+from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.pipeline.driver.config_io import (SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig,  # noqa: F401
+from docbeam.config_io import (SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig,  # noqa: F401
                                                Section as _Section, SparseOptions, one_folder)
 
 

@@ -11,7 +11,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# pipeline.driver.config.JobConfig, which imports this module (its paths may hold PATH_PLACEHOLDERS): not
+# docbeam.config.JobConfig, which imports this module (its paths may hold PATH_PLACEHOLDERS): not
 # imported back, since the import graph has no loops (tests/import_graph_test.py).
 JobConfig = Any
 
@@ -105,7 +105,7 @@ def problems(runner: str, values: Mapping[str, object]) -> list[str]:
 def refuse(cfg: JobConfig, beam_options: Mapping[str, object]) -> None:
     """Raises ConfigError (exit 2) naming each profile placeholder a launch of ``cfg`` with ``beam_options``
     (Beam's names, e.g. from ``beam_options_of``) would carry."""
-    from docbeam.pipeline.driver.config_files import ConfigError
+    from docbeam.config_files import ConfigError
 
     found = problems(cfg.runner.name, launch_values(cfg, beam_options))
     if found:

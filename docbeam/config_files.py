@@ -15,7 +15,7 @@ import os
 import pydantic
 import yaml
 
-from docbeam.pipeline.errors import Refused
+from docbeam.errors import Refused
 from docbeam.pipeline.store.paths import is_remote
 
 EXTENDS = "extends"
