@@ -8,7 +8,7 @@ every 5 ms, then prints, per step and thread, how many samples were busy and the
 the innermost Beam, JAX or Flax frame under it. Waiting threads (a lock, a queue, a sleep) are left out, so
 where two threads are busy in the same step they took the interpreter's lock in turn: Python work on the way
 to the first batch adds up rather than overlaps. The sampler takes the lock too, so the run is a little
-slower than a plain one. Prints, writes no results file: a timeline is for reading, not for a ratio.
+slower than a plain one. Prints only; a timeline is for reading, not for a ratio.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from docbeam.models.families.config import CheckpointError
 from docbeam.models.weights_source import WeightsFile
 
 ITEM_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
-FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": None}  # BF16: its upper float32 half, read by hand
+FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": None}  # BF16: its upper float32 half, decoded here
 MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
 SAMPLE_VALUES = 256  # read at the start, the middle and the end of every tensor: a NaN tensor shows in any of them
 LAYER = re.compile(r"(?:^|\.)(?:layers?|h|blocks)\.(\d+)\.")

@@ -206,7 +206,7 @@ def sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir):
 
 def sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoint_dir):
     """A one-window document's chunk is its document vector bit for bit; a long one's chunks are the encoder's
-    vectors of its windows (built by hand, encoded one at a time), normalised as the model normalises."""
+    vectors of its windows (cut by the test itself, encoded one at a time), normalised as the model normalises."""
     output, summary = sample_run
     documents, grouped = read_embeddings(output), by_document(read_chunks(output))
     for doc_id, rows in grouped.items():

@@ -138,7 +138,7 @@ def folder_state(path) -> dict[str, bytes | None]:
 
 def garbled_manifest(out):
     out.mkdir()
-    (out / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # cut mid-write by hand
+    (out / "_manifest.json").write_text('{"format": "docbeam.manifest/1", "run_id": ')  # a manifest cut mid-write
 
 
 def lock_that_is_a_folder(out):

@@ -1,4 +1,4 @@
-"""What crash_test.py's walks share: a run driven by hand (lock, recover, mark the staging folder, the
+"""What crash_test.py's walks share: a run driven step by step (lock, recover, mark the staging folder, the
 sinks' files, commit, release), the folders it writes into, what a folder must hold after a kill, and which
 crash points a walk visits."""
 from __future__ import annotations

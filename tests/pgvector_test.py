@@ -255,7 +255,7 @@ def test_a_full_run_into_the_same_output_deletes_the_documents_that_left_its_inp
         (root / f"{day}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
         summary = run_job(job_config(str(root / f"{day}.jsonl"), str(root / "daily"), tiny_checkpoint_dir,
                                      output={"pgvector": sink} if sink else {}))
-        monkeypatch.chdir(root)  # Monday's run loaded by hand from a shell in its folder: a relative spelling
+        monkeypatch.chdir(root)  # Monday's run loaded from a shell in its folder, by a relative spelling
         assert sink or cli.main(["sync-pgvector", "daily", "--dsn", postgres, "--table", "daily"]) == 0
     ids = {r[0] for r in query(postgres, "SELECT id FROM daily WHERE run_id <> %s", (other["run_id"],))}
     # Gone from the input: deleted. Rejected today: kept (a rejection does not say the document left).
