@@ -216,7 +216,7 @@ def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector
     if not prompts:
         again = run_job(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "again"), folder,
                                    input={"reuse_from": str(tmp_path / "out")}, **sections))
-        assert again["docs_reused"] == len(TEXTS) and again["multi_vector"] == summary["multi_vector"]
+        assert again["docs_reused"] == len(TEXTS) and again["representations"] == summary["representations"]
     rows = pq.read_table(glob.glob(str(tmp_path / "out" / "embeddings" / "*.parquet"))).to_pylist()
     got = {r["id"]: np.asarray(r["multi_vector"], np.float64) for r in rows}
     expected = reference(folder, TEXTS)
@@ -225,8 +225,9 @@ def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector
     assert cosine >= (MIN_COSINE if vector_dtype == "float32" else 0.9999)
     assert [r["num_windows"] for r in rows] == [1] * len(rows)  # long documents: the first window, as ST truncates
     vectors = sum(len(v) for v in expected)
-    assert summary["multi_vector"] == {"vectors_per_document": vectors / len(TEXTS), "bytes_per_document":
-                                       vectors * PROJECTED * np.dtype(vector_dtype).itemsize / len(TEXTS)}
+    assert summary["representations"] == {"multi_vector": {
+        "vectors_per_document": round(vectors / len(TEXTS), 2),
+        "bytes_per_document": round(vectors * PROJECTED * np.dtype(vector_dtype).itemsize / len(TEXTS), 2)}}
 
 
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_with_it(folder):

@@ -28,7 +28,8 @@ LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
 HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
-         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse"}
+         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse",
+         "bge_m3": "docbeam.models.heads.bge_m3"}
 
 
 @dataclasses.dataclass(frozen=True)
