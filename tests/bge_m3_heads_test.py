@@ -17,9 +17,9 @@ from docbeam import attention
 from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
 from docbeam.pipeline.driver.config import ModelConfig
-from docbeam.pipeline.records import Batch, WindowEmbedding
-from family_fixtures import MIN_COSINE, pack
-from multivector_head_test import TEXTS, WINDOW
+from docbeam.pipeline.records import WindowEmbedding
+from family_fixtures import MIN_COSINE
+from multivector_head_test import TEXTS, WINDOW, first_windows
 
 SPARSE_TOLERANCE = 1e-5
 
@@ -82,24 +82,12 @@ def ours(folder: str, texts: list[str], *, backend: str = "native", packed: bool
     params = {"encoder": checkpoint.load_params(ck.folder, ck.config), "head": head.load_params(ck.folder)}
     attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
     forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers, head.reduce))
-    tokenizer = checkpoint.load_tokenizer(ck.folder)
-    rows = [tokenizer(t, truncation=True, max_length=WINDOW)["input_ids"] for t in texts]
-    lengths = np.asarray([len(r) for r in rows], np.int32)
-    ids = np.zeros((len(rows), WINDOW), np.int32)
-    for i, r in enumerate(rows):
-        ids[i, :len(r)] = r
-    windows = tuple((f"d{i}", 0, 1, 1, False) for i in range(len(rows)))
-    if packed:
-        p_ids, p_lengths, segments, slots, _ = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
-        batch = Batch("b", WINDOW, p_ids, p_lengths, windows, segments, slots)
-        out = forward(params, p_ids, p_lengths, segments, slots)
-    else:
-        batch = Batch("b", WINDOW, ids, lengths, windows)
-        out = forward(params, ids, lengths)
+    batch = first_windows(ck.folder, texts, packed)
+    out = forward(params, batch.ids_BxT, batch.lengths_B, *((batch.segment_ids_BxT, batch.slot_lengths_BxK)
+                                                            if packed else ()))
     tokens = head.window_vectors(np.asarray(out), batch)
-    return [head.document_row([WindowEmbedding(w.doc_id, 0, 1, int(n), int(n), False, head.compact_window(t),
-                                               WINDOW, backend)])
-            for w, n, t in zip(batch.windows, lengths, tokens)]
+    return [head.document_row([WindowEmbedding(w.doc_id, 0, 1, len(t), len(t), False, head.compact_window(t),
+                                               WINDOW, backend)]) for w, t in zip(batch.windows, tokens)]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:

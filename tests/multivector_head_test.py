@@ -70,21 +70,26 @@ def ours(folder: str, texts: list[str], *, backend: str = "native", packed: bool
     params = {"encoder": params, "head": head.load_params(ck.folder)} if head.layers else params
     attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
     forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers))
-    tokenizer = checkpoint.load_tokenizer(ck.folder)
-    rows = [tokenizer(t, truncation=True, max_length=ck.settings.max_seq_len)["input_ids"] for t in texts]
+    batch = first_windows(ck.folder, texts, packed)
+    out = forward(params, batch.ids_BxT, batch.lengths_B, *((batch.segment_ids_BxT, batch.slot_lengths_BxK)
+                                                            if packed else ()))
+    return [np.asarray(v, np.float64) for v in head.window_vectors(np.asarray(out), batch)]
+
+
+def first_windows(folder: str, texts: list[str], packed: bool) -> Batch:
+    """Each text's first window (docbeam's tokenizer, WINDOW tokens) as one batch of ``WINDOW``-long rows, packed
+    (about two windows a row) or one window a row."""
+    tokenizer = checkpoint.load_tokenizer(folder)
+    rows = [tokenizer(t, truncation=True, max_length=WINDOW)["input_ids"] for t in texts]
     lengths = np.asarray([len(r) for r in rows], np.int32)
     ids = np.zeros((len(rows), WINDOW), np.int32)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = r
     windows = tuple((f"d{i}", 0, 1, 1, False) for i in range(len(rows)))
-    if packed:
-        p_ids, p_lengths, segments, slots, _ = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
-        batch = Batch("b", WINDOW, p_ids, p_lengths, windows, segments, slots)
-        out = forward(params, p_ids, p_lengths, segments, slots)
-    else:
-        batch = Batch("b", WINDOW, ids, lengths, windows)
-        out = forward(params, ids, lengths)
-    return [np.asarray(v, np.float64) for v in head.window_vectors(np.asarray(out), batch)]
+    if not packed:
+        return Batch("b", WINDOW, ids, lengths, windows)
+    p_ids, p_lengths, segments, slots, _ = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
+    return Batch("b", WINDOW, p_ids, p_lengths, windows, segments, slots)
 
 
 def lowest_token_cosine(a: list[np.ndarray], b: list[np.ndarray]) -> float:
