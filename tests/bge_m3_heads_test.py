@@ -166,3 +166,54 @@ def test_a_sparse_linear_that_is_not_a_linear_layers_tensors_is_refused(tmp_path
 def test_auto_stays_bge_m3s_dense_vector(m3):
     folder = m3[0]
     assert resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder)).name == "embedding"
+
+
+def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(m3):
+    """As for the multi-vector head: token 7's embedding is NaN; "bad" shares a packed row with "good", which the
+    runtime encodes again alone, so its three outputs are the clean run's and "bad" is refused."""
+    import jax.numpy as jnp
+
+    from docbeam.attention.plan import AttentionSpec
+    from docbeam.pipeline.records import TokenWindow
+    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.packer import packed_batch
+
+    folder = m3[0]
+    native = attention.get("native")
+    head = resolve(checkpoint.open_checkpoint(folder), "bge_m3", ModelConfig(path=folder, head="bge_m3"))
+    spec = dataclasses.replace(standalone_spec(folder, "float32", "mean", AttentionSpec(
+        "native", native.parse_options(None)), (16, 32), packing=True), head=head)
+    runtime = load_encoder(spec)
+    good = TokenWindow("good", 0, 1, np.array([101, 2000, 1010, 2000, 1012, 102], np.int32), 4, False)
+    bad = TokenWindow("bad", 0, 1, np.array([101, 7, 2003, 102], np.int32), 2, False)
+    clean, _ = runtime.encode(packed_batch([[good]], 32, 2))
+    words = runtime.params["encoder"]["embed"]["word"]["embedding"]
+    runtime.params["encoder"]["embed"]["word"]["embedding"] = words.at[7].set(jnp.nan)
+    batch = packed_batch([[good, bad]], 32, 2)
+    vectors, timing = runtime.encode(batch)
+    by_id = {w[0]: head.compact_window(v) for w, v in zip(batch.windows, vectors)}
+    assert timing["reencoded_alone"] == 2 and not by_id["bad"].finite()
+    again = head.compact_window(clean[0])
+    assert again.colbert.shape == (5, 24) and again.sparse.indices.tolist() == sorted(set(again.sparse.indices))
+    for got, want in ((by_id["good"].dense, again.dense), (by_id["good"].colbert, again.colbert),
+                      (by_id["good"].sparse.values, again.sparse.values)):
+        np.testing.assert_allclose(got, want, atol=2e-6)
+    window = WindowEmbedding("bad", 0, 1, 4, 4, False, by_id["bad"], 32, "native")
+    assert head.document_row([window]).startswith("the bge-m3 output has NaN")
+
+
+@pytest.mark.parametrize("sets, match", [
+    ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to bge_m3"),
+    ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to bge_m3"),
+    ({"output": {"vertex_ai": True}}, "output.vertex_ai: model.head resolved to bge_m3"),
+    ({"model": {"head": "bge_m3", "sparse": {"windows": "all"}}}, "model.sparse.windows: all: the bge_m3 head"),
+])
+def test_what_the_bge_m3_head_does_not_write_is_refused_at_start(tmp_path, m3, sets, match):
+    from conftest import job_config
+    from docbeam.pipeline.driver.plan import make_plan
+
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
+    sets = {"model": {"head": "bge_m3"}, **sets}
+    with pytest.raises((checkpoint.CheckpointError, ValueError), match=match):
+        make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), m3[0], **sets),
+                  probe_backends=False)

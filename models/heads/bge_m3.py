@@ -154,7 +154,8 @@ def m3_window(tokens_NxV: np.ndarray, hidden: int, width: int, unused_ids: tuple
     keep = ~np.isin(ids_N, np.asarray(unused_ids, np.int64)) & ~(weight_N <= 0)
     indices, where = np.unique(ids_N[keep], return_inverse=True)
     values = np.full(len(indices), -np.inf, np.float32)
-    np.maximum.at(values, where, weight_N[keep])
+    with np.errstate(invalid="ignore"):  # a NaN weight stays NaN, and the row is refused
+        np.maximum.at(values, where, weight_N[keep])
     return M3Window(dense=tokens_NxV[0, 2:2 + hidden].astype(np.float32),
                     sparse=SparseTerms(indices.astype(np.int32), values),
                     colbert=tokens_NxV[1:, 2:2 + width].astype(np.float32))
