@@ -103,7 +103,8 @@ def test_a_bge_m3_run_loads_dense_and_sparse_columns_and_a_hybrid_query_ranks_as
     assert [r[0] for r in loaded] == sorted(rows)
     for doc_id, dense, sparse_text, fields in loaded:
         dim, terms = parse_sparsevec(sparse_text)
-        assert dim == 30522 and sorted(terms) == rows[doc_id]["sparse_embedding"]["indices"] and fields == {"lang": "en"}
+        assert dim == 30522 and fields == {"lang": "en"}
+        assert sorted(terms) == rows[doc_id]["sparse_embedding"]["indices"]
         assert np.allclose(json.loads(dense), rows[doc_id]["embedding"], rtol=1e-6)
     probe = rows["query"]
     dense_literal = json.dumps(probe["embedding"])
