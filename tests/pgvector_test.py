@@ -19,7 +19,7 @@ from conftest import SAMPLE, checkout_env, job_config
 from docbeam.pipeline.driver import cli
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import pgvector
+from docbeam.pipeline.store import pgvector, pgvector_rows
 
 # pgserver asks platformdirs for a runtime folder, which warns where XDG_RUNTIME_DIR is unset (CI, containers).
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
@@ -63,7 +63,7 @@ def test_kept_fields_become_the_jsonb_object_and_json_text_columns_their_json_va
                    tmp_path / "embeddings" / "part-r-00000-of-00001.parquet")
     manifest = {"files": [{"path": "embeddings/part-r-00000-of-00001.parquet"}],
                 "kept_fields": {"lang": "string", "meta": "json", "title": "string"}}
-    [(doc_id, vector, fields)] = list(pgvector.committed_rows(str(tmp_path), manifest))
+    [(doc_id, vector, fields)] = list(pgvector_rows.committed_rows(str(tmp_path), manifest))
     assert doc_id == "d1" and vector.dtype == np.float32 and vector.tolist() == [0.25, -1.0]
     assert json.loads(fields) == {"lang": "en", "meta": {"year": 2020}, "title": '["a"]'}
 

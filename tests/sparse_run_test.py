@@ -98,7 +98,10 @@ def test_docbeam_run_writes_sparse_encoders_vectors(tmp_path, bert_max, packing,
         ours[i, sparse["indices"]] = sparse["values"]
     assert_same_sparse_vectors(ours, reference, (packing, backend))
     assert summary["head"]["name"] == "sparse" and summary["head"]["pooling"] == "max"
-    assert summary["sparse_terms_per_doc"] == pytest.approx((reference > 0).sum(1).mean(), abs=0.01)
+    terms = (reference > 0).sum(1).mean()
+    sizes = {"nonzeros_per_document": pytest.approx(terms, abs=0.01),
+             "bytes_per_document": pytest.approx(8 * terms, abs=0.01)}
+    assert summary["representations"] == {"sparse_embedding": sizes}
     again = run_job(job_config(str(docs), str(tmp_path / "again"), bert_max,
                                **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}))
     assert again["docs_reused"] == len(TEXTS) and read(tmp_path / "again") == rows

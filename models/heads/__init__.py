@@ -28,7 +28,8 @@ LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
 HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
-         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse"}
+         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse",
+         "bge_m3": "docbeam.models.heads.bge_m3"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,8 +59,9 @@ class Head:
     folder: str  # the output folder its rows are written to
     carried: str | None = None  # the task head config.json names ("BertForSequenceClassification"), if any
     # A head that needs every token state (sparse.py) defines ``reduce(hidden_BxTxD, lengths_B, segment_ids_BxT,
-    # slot_lengths_BxK, params)`` → [B, width] (packed: [B, K, width]), which the forward runs instead of
-    # pooling and ``layers``; None: pool, then the layers.
+    # slot_lengths_BxK, params)`` → [B, width] (packed: [B, K, width]; per token, [B, T, ...], for a head with
+    # ``window_vectors``: bge_m3.py), which the forward runs instead of pooling and ``layers``; None: pool, then
+    # the layers.
     reduce = None
 
     @property

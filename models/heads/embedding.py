@@ -34,7 +34,6 @@ class EmbeddingHead(Head):
 
         return load_dense(folder, self)  # reads .dense, as it reads a ModelSettings'
 
-
     def columns(self) -> list:
         import pyarrow as pa
 
@@ -44,6 +43,11 @@ class EmbeddingHead(Head):
 
     def document_row(self, windows: list) -> dict | NonFinite:
         return document_vector(windows, self.normalize, self.truncate_dim)
+
+    def row_stats(self, row: dict) -> dict:
+        from docbeam.models.heads.vector_types import dense_stats
+
+        return {"representations": dense_stats(self.dim, self.vector_dtype)}
 
     def reuse_key(self) -> str:
         return "embedding"  # its settings are the key's own fields (pooling, normalize, truncate_dim, ...)

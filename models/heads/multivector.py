@@ -54,15 +54,8 @@ class MultiVectorHead(Head):
         return kept
 
     def window_vectors(self, out_BxTxW: np.ndarray, batch) -> list[np.ndarray]:
-        """Each window's kept token vectors [n, W], in ``batch.windows``' order: an unpacked row's first
-        ``length`` tokens, a packed window's tokens by its segment id."""
-        if not batch.packed:
-            rows = [(r, slice(0, int(n))) for r, n in enumerate(batch.lengths_B[: batch.real_rows])]
-        else:
-            slots = batch.slot_lengths_BxK.shape[1]
-            rows = [(row, batch.segment_ids_BxT[row] == k + 1)
-                    for row, k in (divmod(int(s), slots) for s in batch.window_slots())]
-        return [out_BxTxW[r, at][self.kept_tokens(batch.ids_BxT[r, at])] for r, at in rows]
+        """Each window's kept token vectors [n, W], in ``batch.windows``' order."""
+        return [out_BxTxW[r, at][self.kept_tokens(batch.ids_BxT[r, at])] for r, at in window_slices(batch)]
 
     def columns(self) -> list:
         import pyarrow as pa
@@ -80,10 +73,9 @@ class MultiVectorHead(Head):
         return {"id": first.doc_id, "multi_vector": vectors.tolist(), **window_facts(windows)}
 
     def row_stats(self, row: dict) -> dict:
-        """What summary.json adds up over the rows: their vectors and bytes (divided per document there)."""
-        vectors = len(row["multi_vector"])
-        return {"multi_vectors": vectors, "multi_vector_bytes": vectors * self.width * np.dtype(self.vector_dtype)
-                .itemsize}
+        from docbeam.models.heads.vector_types import multi_vector_stats
+
+        return {"representations": multi_vector_stats(row, self.width, self.vector_dtype)}
 
     def reuse_key(self) -> dict:
         return {"name": self.name, "skip_ids": list(self.skip_ids), "windows": self.windows,
@@ -97,6 +89,16 @@ class MultiVectorHead(Head):
     def describe(self) -> dict:
         return {**super().describe(), "normalize": self.normalize, "skiplist_tokens": len(self.skip_ids),
                 "windows": self.windows, "vector_dtype": self.vector_dtype}
+
+
+def window_slices(batch) -> list[tuple[int, slice | np.ndarray]]:
+    """Where each window's tokens are, in ``batch.windows``' order: (row, its first ``length`` tokens) unpacked,
+    (row, the tokens of its segment id) packed."""
+    if not batch.packed:
+        return [(r, slice(0, int(n))) for r, n in enumerate(batch.lengths_B[: batch.real_rows])]
+    slots = batch.slot_lengths_BxK.shape[1]
+    return [(row, batch.segment_ids_BxT[row] == k + 1) for row, k in (divmod(int(s), slots)
+                                                                       for s in batch.window_slots())]
 
 
 def skiplist_ids(folder: str, words: tuple[str, ...]) -> tuple[int, ...]:

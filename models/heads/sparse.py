@@ -176,8 +176,9 @@ class SparseHead(Head):
                 **window_facts(windows)}
 
     def row_stats(self, row: dict) -> dict:
-        """What summary.json counts of a row (``sparse_terms_per_doc``: their mean)."""
-        return {"sparse_terms": len(row["sparse_embedding"]["indices"])}
+        from docbeam.models.heads.vector_types import sparse_stats
+
+        return {"representations": sparse_stats(row)}
 
     def reuse_key(self) -> dict:
         return {"name": self.name, "architecture": self.carried, "pooling": self.pooling,

@@ -33,3 +33,22 @@ def describe(dim: int, vector_dtype: str) -> dict:
     """The manifest's ``embedding`` block before calibration: what a reader needs to interpret the column."""
     return {"dim": dim, "dtype": vector_dtype, "list_size": list_size(dim, vector_dtype),
             "value_type": str(VALUE_TYPES[known(vector_dtype)])}
+
+
+# What each representation of a row costs, for summary.json's ``representations`` (pipeline/stages/commit.py sums
+# them over the rows and divides per document): a count and the bytes of the values as written (before Parquet).
+SPARSE_TERM_BYTES = 8  # an int32 index and a float32 value
+
+
+def dense_stats(dim: int, vector_dtype: str) -> dict:
+    return {"embedding": {"values": dim, "bytes": list_size(dim, vector_dtype) * VALUE_TYPES[vector_dtype].byte_width}}
+
+
+def sparse_stats(row: dict) -> dict:
+    terms = len(row["sparse_embedding"]["indices"])
+    return {"sparse_embedding": {"nonzeros": terms, "bytes": terms * SPARSE_TERM_BYTES}}
+
+
+def multi_vector_stats(row: dict, width: int, vector_dtype: str) -> dict:
+    vectors = len(row["multi_vector"])
+    return {"multi_vector": {"vectors": vectors, "bytes": vectors * width * VALUE_TYPES[vector_dtype].byte_width}}

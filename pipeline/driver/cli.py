@@ -211,7 +211,8 @@ def format_summary(s: dict, output: str) -> str:
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
         f"  documents  read {s['docs_read']}, {verb(s)} {s['docs_embedded']}, rejected {s['docs_rejected']}"
         + (f" {json.dumps(s['rejected_by_kind'])}" if s["rejected_by_kind"] else ""),
-        *([format_head(s["head"], s.get("labels"))] if notable_head(s.get("head")) else []),
+        *([format_head(s["head"], s.get("labels")) + format_sizes(s.get("representations"), s["head"])]
+          if notable_head(s.get("head")) else []),
         *([f"  selected   {s['docs_selected']} documents where {s['select']['where']} (selected/)"]
           if "docs_selected" in s else []),
         *([f"  reused     {s['docs_reused']} documents ({s['reused_token_share']:.1%} of tokens) from run "
@@ -245,11 +246,22 @@ def format_head(head: dict, labels: dict | None) -> str:
     if head["name"] == "classifier":
         shown = f"; top labels {json.dumps(labels)}" if labels else ""
         return f"  head       classifier ({head['checkpoint_head']}, {head['function']}) → {head['folder']}/{shown}"
+    if head["name"] == "bge_m3":
+        return f"  head       bge_m3 (dense, sparse and ColBERT) → {head['folder']}/"
     if head["name"] == "sparse":
         return f"  head       sparse ({head['checkpoint_head']}, {head['pooling']} pooling) → {head['folder']}/"
     carried = head.get("checkpoint_head")
     return f"  head       embedding → {head['folder']}/" + (
         f"; the checkpoint's {carried} did not run (model.head: classifier scores with it)" if carried else "")
+
+
+def format_sizes(representations: dict | None, head: dict) -> str:
+    """What a document's row holds of a head beyond one vector: ``; per document: multi_vector 30.5 vectors``."""
+    if not representations or head["name"] in ("embedding", "classifier"):
+        return ""
+    return "; per document: " + ", ".join(
+        f"{name} " + " ".join(f"{v} {k.removesuffix('_per_document')}" for k, v in sizes.items())
+        for name, sizes in representations.items())
 
 
 def format_pgvector(done: dict) -> str:

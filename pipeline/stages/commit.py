@@ -58,14 +58,18 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         summary["docs_selected"] = stats.get("docs_selected", 0)
     if "labels" in stats:  # a classifier's rows: how many documents got each top label
         summary["labels"] = dict(sorted(stats["labels"].items(), key=lambda kv: (-kv[1], kv[0])))
-    if "multi_vectors" in stats:  # a multi-vector head's rows: their size, per document written
-        summary["multi_vector"] = {"vectors_per_document": stats["multi_vectors"] / max(embedded, 1),
-                                   "bytes_per_document": stats["multi_vector_bytes"] / max(embedded, 1)}
-    if "sparse_terms" in stats:  # a sparse head's rows: nonzero terms per document written, on average
-        summary["sparse_terms_per_doc"] = round(stats["sparse_terms"] / max(summary["docs_embedded"], 1), 2)
+    if "representations" in stats:  # each representation the rows hold: its size per document written
+        summary["representations"] = per_document(stats["representations"], embedded)
     if "calibration" in stats:  # int8/uint8: the ranges every vector of the output was quantized with
         summary["embedding"] = {**summary.get("embedding", {}), "calibration": stats["calibration"]}
     return summary
+
+
+def per_document(sums: dict, documents: int) -> dict:
+    """``{"sparse_embedding": {"nonzeros": 900, "bytes": 7200}}`` summed over 3 rows → ``{"sparse_embedding":
+    {"nonzeros_per_document": 300.0, "bytes_per_document": 2400.0}}`` (what models/heads/vector_types.py counts)."""
+    return {name: {f"{k}_per_document": round(v / max(documents, 1), 2) for k, v in counts.items()}
+            for name, counts in sorted(sums.items())}
 
 
 def _iso(epoch: float) -> str:

@@ -19,14 +19,13 @@ import os
 from docbeam.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
 from docbeam.pipeline.store.output import ERRORS, SCORES, in_folder
-from docbeam.pipeline.store.pgvector_rows import (COPY_HEADER, COPY_TRAILER, SCORES_TABLE, binary_row, check_files,
-                                                  committed_rows, committed_scores, committed_sparse, dimension,
-                                                  load_problem, rows_folder, sparse_binary_row)
+from docbeam.pipeline.store.pgvector_rows import (COPY_HEADER, COPY_TRAILER, SCORES_TABLE, check_files,
+                                                  committed_scores, load_problem, rows_folder, vector_layout)
 from docbeam.pipeline.store.paths import is_remote
 
 STAGE = "docbeam_stage"
-# An embeddings/ table's vector column: dense, or a sparse head's sparsevec (by whether the head is sparse).
-VECTOR_COLUMN = {False: "embedding vector({dim})", True: "sparse_embedding sparsevec({dim})"}
+# What a table of the head's rows leaves out (pgvector has no column of a list of vectors per row).
+NOT_LOADED = {"bge_m3": ["multi_vector"]}
 
 
 class PostgresBehind(JobFailed):
@@ -60,8 +59,7 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
     output = output if is_remote(output) else os.path.abspath(output)
     check_files(output, manifest)
     scores = rows_folder(manifest) == SCORES
-    sparse = (manifest.get("head") or {}).get("name") == "sparse"  # SPLADE: a sparsevec of the vocabulary's width
-    columns = SCORES_TABLE[0] if scores else f"{VECTOR_COLUMN[sparse]} NOT NULL".format(dim=dimension(output))
+    columns = SCORES_TABLE[0] if scores else ", ".join(f"{c} NOT NULL" for c in vector_layout(output, manifest)[0])
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:  # commits on leaving, rolls back on an error
         # Two first loads into a new table would race on CREATE: one at a time per table name, from here on.
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"docbeam:{table}",))
@@ -93,7 +91,9 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
                         [r["id"] for r in rejected if load_problem(r["id"], "") is None])
         cur.execute(f"INSERT INTO {runs} (run_id, output, upserted, deleted, lineage) VALUES (%s, %s, %s, %s, %s)",
                     (run_id, output, upserted, deleted, lineage))
+    left_out = NOT_LOADED.get((manifest.get("head") or {}).get("name"), [])
     return {"table": table, "run_id": run_id, "applied": True, "upserted": upserted, "deleted": deleted,
+            **({"not_loaded": left_out} if left_out else {}),
             **({"rejected": len(rejected), "rejections": rejected[:20]} if rejected else {})}
 
 
@@ -122,16 +122,15 @@ def copy_rows(cur, table: str, output: str, manifest: dict, scores: bool) -> tup
             for *values, fields in loadable(committed_scores(output, manifest)):
                 copy.write_row((*values, Jsonb(json.loads(fields))))
         return value_columns, rejected
-    dim, sparse = dimension(output), (manifest.get("head") or {}).get("name") == "sparse"
-    column = VECTOR_COLUMN[sparse].format(dim=dim)
-    cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, {column}, fields jsonb) ON COMMIT DROP")
-    name = column.split()[0]
-    with cur.copy(f"COPY {STAGE} (id, {name}, fields) FROM STDIN (FORMAT BINARY)") as copy:
+    columns, rows, binary = vector_layout(output, manifest)
+    cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, {', '.join(columns)}, fields jsonb) ON COMMIT DROP")
+    names = tuple(c.split()[0] for c in columns)
+    with cur.copy(f"COPY {STAGE} (id, {', '.join(names)}, fields) FROM STDIN (FORMAT BINARY)") as copy:
         copy.write(COPY_HEADER)
-        for row in loadable((committed_sparse if sparse else committed_rows)(output, manifest)):
-            copy.write(sparse_binary_row(*row, dim) if sparse else binary_row(*row))
+        for row in loadable(rows):
+            copy.write(binary(row))
         copy.write(COPY_TRAILER)
-    return (name,), rejected
+    return names, rejected
 
 
 FILE_LEVEL = ("unreadable_file", "truncated_file")  # errors/ kinds that name no documents

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -14,6 +14,7 @@ from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, SCORES, SUMMARY, i
 
 ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
 SPARSE_COLUMNS = ("id", "sparse_embedding", "num_tokens", "num_windows", "truncated", "content_hash")
+BGE_M3_COLUMNS = ("id", "embedding", "sparse_embedding", "multi_vector", *ROW_COLUMNS[2:])
 SCORE_COLUMNS = ("id", "label", "score", "scores", "num_tokens", "num_windows", "truncated", "content_hash")
 # A classifier's run (scores/) loads into a table of its own shape: the label, the top score, every label's
 # score in id2label order (the names: the manifest's head.labels), the kept fields.
@@ -73,11 +74,34 @@ def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarra
             yield doc_id, vector, kept_json(fields)
 
 
-def sparse_binary_row(doc_id: str, sparse: dict, fields: str, dim: int) -> bytes:
-    """One tuple of binary COPY into (id text, sparse_embedding sparsevec, fields jsonb): pgvector's binary
-    sparsevec is its dimension, the number of terms, a reserved 0, the 0-based indices (ascending), the float4s."""
+def committed_bge_m3(output: str, manifest: dict) -> Iterator[tuple]:
+    """``(id, dense vector, {"indices", "values"}, kept fields as JSON)`` for every row of a bge_m3 head's files
+    (their multi_vector is not read: pgvector has no column of a list of vectors per row)."""
+    return committed_values(output, manifest, EMBEDDINGS, ("embedding", "sparse_embedding"), BGE_M3_COLUMNS)
+
+
+def vector_layout(output: str, manifest: dict) -> tuple[list[str], Iterator[tuple], Callable[[tuple], bytes]]:
+    """An embeddings/ table's vector columns by the run's head (a dense ``vector``, a sparse head's ``sparsevec``
+    of the vocabulary's width, or bge_m3's both), its committed rows, and each row's binary COPY tuple."""
+    head = manifest.get("head") or {}
+    if head.get("name") == "bge_m3":
+        dense, vocab = int(head["dense_dim"]), int(head["vocab_size"])
+        return ([f"embedding vector({dense})", f"sparse_embedding sparsevec({vocab})"],
+                committed_bge_m3(output, manifest),
+                lambda r: copy_tuple(r[0], vector_bytes(np.asarray(r[1], np.float32)), sparsevec_bytes(r[2], vocab),
+                                     fields=r[-1]))
+    dim = dimension(output)
+    if head.get("name") == "sparse":
+        return ([f"sparse_embedding sparsevec({dim})"], committed_sparse(output, manifest),
+                lambda r: copy_tuple(r[0], sparsevec_bytes(r[1], dim), fields=r[-1]))
+    return [f"embedding vector({dim})"], committed_rows(output, manifest), lambda r: binary_row(*r)
+
+
+def sparsevec_bytes(sparse: dict, dim: int) -> bytes:
+    """pgvector's binary sparsevec: its dimension, the number of terms, a reserved 0, the 0-based indices
+    (ascending), the float4s."""
     indices, values = np.asarray(sparse["indices"], ">i4"), np.asarray(sparse["values"], ">f4")
-    return copy_tuple(doc_id, struct.pack(">iii", dim, len(indices), 0) + indices.tobytes() + values.tobytes(), fields)
+    return struct.pack(">iii", dim, len(indices), 0) + indices.tobytes() + values.tobytes()
 
 
 # Postgres' binary COPY: its signature, no flags, no header extension; a field count of -1 ends the data.
@@ -89,12 +113,16 @@ def binary_row(doc_id: str, vector: np.ndarray, fields: str) -> bytes:
     """One tuple of binary COPY into (id text, embedding vector, fields jsonb): each field a length and its
     bytes; pgvector's binary vector is its dimension, a reserved 0 and big-endian float4s, so each float32
     goes in exactly as written, without a decimal round trip (ten times faster than text on a 384-wide vector)."""
-    return copy_tuple(doc_id, struct.pack(">hh", len(vector), 0) + vector.astype(">f4").tobytes(), fields)
+    return copy_tuple(doc_id, vector_bytes(vector), fields=fields)
 
 
-def copy_tuple(doc_id: str, vector: bytes, fields: str) -> bytes:
-    """(id, the vector's binary form, fields): each field a length and its bytes."""
-    parts = [doc_id.encode("utf-8"), vector, b"\x01" + fields.encode("utf-8")]  # jsonb: version 1, the JSON text
+def vector_bytes(vector: np.ndarray) -> bytes:
+    return struct.pack(">hh", len(vector), 0) + vector.astype(">f4").tobytes()
+
+
+def copy_tuple(doc_id: str, *vectors: bytes, fields: str) -> bytes:
+    """(id, each vector's binary form, fields): each field a length and its bytes."""
+    parts = [doc_id.encode("utf-8"), *vectors, b"\x01" + fields.encode("utf-8")]  # jsonb: version 1, the JSON text
     return struct.pack(">h", len(parts)) + b"".join(struct.pack(">i", len(p)) + p for p in parts)
 
 
