@@ -13,6 +13,7 @@ import numpy as np
 import pydantic
 
 from docbeam.attention import registry
+from docbeam.attention.features import static_keywords
 from docbeam.attention.interface import AttentionCase, Backend, Support
 from docbeam.pipeline.errors import Refused
 
@@ -141,7 +142,7 @@ def relative_bias(num_heads: int, seq_len: int, seed: int = 0):
 
 
 # Not arrays: closed over by the jitted call, never its arguments.
-STATIC_FEATURES = ("local_window", "bias", "causal", "relative_positions")
+STATIC_FEATURES = static_keywords()
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
@@ -162,7 +163,7 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     lengths = np.full((batch,), case.seq_len, np.int32)
     lengths[1::2] = max(1, case.seq_len // 2)
     kwargs = {"kv_lengths_B": jnp.asarray(lengths)}
-    if case.packed:
+    if case.segments:
         positions_BxT = np.arange(case.seq_len)[None, :]
         valid_BxT = positions_BxT < lengths[:, None]
         second_BxT = (positions_BxT >= max(1, case.seq_len // 3)) & (np.arange(batch) % 2 == 0)[:, None]
@@ -173,7 +174,7 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
         kwargs["bias"] = relative_bias(case.num_heads, case.seq_len, seed)
     if case.causal:
         kwargs["causal"] = True
-    if case.relative:
+    if case.relative_positions:
         kwargs["relative_positions"] = random_relative(case.num_heads, case.head_dim, case.seq_len, seed)
     return q, k, v, kwargs
 
@@ -242,8 +243,8 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
     for case in choice.cases:
         q, k, v, kwargs = probe_inputs(case)
         where = f"attention backend {choice.backend!r} at bucket {case.seq_len}" + (
-            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.local_window
-            or case.features.bias or case.features.relative else "")
+            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.of_layer().asked
+            else "")
         try:
             out = np.asarray(jax.block_until_ready(run_probe(fn, case, q, k, v, kwargs)))
         except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure

@@ -205,8 +205,8 @@ def test_backend_with_relative_positions_matches_float64_reference(variant, term
     backend = attention.get(name)
     options = backend.parse_options(raw_options)
     case = RELATIVE_CASE
-    asked = attention.AttentionCase("cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, packed=packed,
-                                    relative=True)
+    asked = attention.AttentionCase("cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, segments=packed,
+                                    relative_positions=True)
     support = backend.refusal(asked) or backend.supports(asked, options)
     if not support.ok:
         pytest.skip(f"{name} {raw_options} refuses relative positions: {support.reason}")
