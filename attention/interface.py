@@ -159,7 +159,8 @@ def supports_everything(case: AttentionCase, options: pydantic.BaseModel) -> Sup
 @dataclasses.dataclass(frozen=True, init=False)
 class Backend:
     """A registered backend: its attention function, its capability check, its typed options and the
-    features it takes (``takes``, names from attention/features.py; ``Backend(..., segments=True)`` declares one).
+    features it takes (``takes``, names from attention/features.py; ``Backend(..., segments=True)`` declares one,
+    ``backend.segments`` reads it).
 
     ``attend`` takes the AttentionFn arguments plus ``options`` (an instance of ``options_type``).
     """
@@ -181,8 +182,11 @@ class Backend:
                            ("takes", takes | declared(flags, f"attention backend {name!r}"))):
             object.__setattr__(self, key, value)
 
-    def declares(self, feature: str) -> bool:
-        return feature in self.takes
+    def __getattr__(self, name: str) -> bool:
+        """``backend.segments``: whether it declares that feature."""
+        if name not in DECLARED and name not in RENAMED:  # pickle asks before takes is set
+            raise AttributeError(f"Backend has no {name!r}")
+        return named(name, f"attention backend {self.name!r}").name in self.takes
 
     def refusal(self, case: AttentionCase) -> Support | None:
         """What the plan answers for this backend before asking its own check: a case needing a feature the

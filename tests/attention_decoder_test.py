@@ -55,7 +55,7 @@ EXTRA_OPTIONS = {
 
 def variants():
     return [pytest.param(name, options, id=f"{name}-{'-'.join(map(str, options.values())) or 'default'}")
-            for name in attention.names() if attention.get(name).declares("causal") and attention.get(name).declares("grouped")
+            for name in attention.names() if attention.get(name).causal and attention.get(name).grouped
             for options in [{}, *EXTRA_OPTIONS.get(name, [])]]
 
 

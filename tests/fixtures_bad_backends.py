@@ -1,10 +1,12 @@
 """Backends that break the way real kernels do, for the tests that docbeam never writes what they return.
 
-``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
+``attend_refuses_everything`` is correct but its check refuses every case, so without a rule against it the
+parity test would skip it everywhere and never compare it. ``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
 length) and NaN only for rows of exactly 7 tokens, so only the per-document check can catch it.
 """
 import jax.numpy as jnp
 
+from docbeam.attention import Support
 from tests.fixtures_user_backend import attend as textbook
 
 
@@ -35,3 +37,15 @@ def _crashing_check(case, options):
 
 
 attend_check_raises.supports = _crashing_check
+
+
+def attend_refuses_everything(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    return textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale)
+
+
+def _refuse(case, options):
+    del options
+    return Support(ok=False, reason=f"not built for {case.platform} (a kernel for another machine)")
+
+
+attend_refuses_everything.supports = _refuse
