@@ -27,6 +27,8 @@ class Feature:
     per_layer: bool = True  # asked by a kind of layer; False: by the whole batch (packed rows)
     static: bool = True  # a Python value or function closed over by jit, not an array argument
     needed: Callable[[Any], bool] | None = None  # whether a case asks for it; None: its field is set
+    probe: Callable[[Any, Any, int], Any] | None = None  # (case, lengths_B, seed) → the probe batch's argument;
+    # None: the case's own value (a window as it is, causal=True)
 
     def asked_by(self, case) -> bool:
         if self.needed is not None:
@@ -38,8 +40,45 @@ class Feature:
         it was passed."""
         return argument if self.default is None else argument is not None and argument is not False
 
+    def probe_argument(self, case, lengths_B, seed: int):
+        """What the start-up probe (attention/plan.py) hands a backend for a case asking for this feature."""
+        return getattr(case, self.name) if self.probe is None else self.probe(case, lengths_B, seed)
+
     def refuse(self, case) -> str:
         return f"{self.refusal.format(case=case)}; register it with {self.name}=True"
+
+
+def probe_segment_ids(case, lengths_B, seed: int):
+    """Two windows in every other row (the second from a third of the way in), padding 0."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    del seed
+    positions_BxT = np.arange(case.seq_len)[None, :]
+    valid_BxT = positions_BxT < lengths_B[:, None]
+    second_BxT = (positions_BxT >= max(1, case.seq_len // 3)) & (np.arange(len(lengths_B)) % 2 == 0)[:, None]
+    return jnp.asarray(valid_BxT * (1 + second_BxT), jnp.int32)
+
+
+def probe_bias(case, lengths_B, seed: int):
+    """A random relative-position bias, ``bias(q_index_T, k_index_S) -> [N, T, S]``: one value per head and
+    offset (what MPNet's buckets and ALiBi are special cases of), large enough to move the output."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    del lengths_B
+    table_NxD = np.random.default_rng(seed).standard_normal((case.num_heads, 2 * case.seq_len - 1)).astype(np.float32)
+
+    def bias(q_index_T, k_index_S):
+        return jnp.asarray(table_NxD)[:, k_index_S[None, :] - q_index_T[:, None] + case.seq_len - 1]
+    return bias
+
+
+def probe_relative_positions(case, lengths_B, seed: int):
+    from docbeam.attention.relative import random_relative
+
+    del lengths_B
+    return random_relative(case.num_heads, case.head_dim, case.seq_len, seed)
 
 
 DECLARED: dict[str, Feature] = {feature.name: feature for feature in (
@@ -51,10 +90,11 @@ DECLARED: dict[str, Feature] = {feature.name: feature for feature in (
     Feature("bias", "bias", "per-head bias",
             "it takes no additive per-head bias, which this model's layers add (relative positions)",
             "{kernel} adds no per-head bias (relative-position models need one)",
-            describe=lambda on: "per-head bias" if on else ""),
+            describe=lambda on: "per-head bias" if on else "", probe=probe_bias),
     Feature("segments", "segment_ids_BxT", "segment ids (packing)",
             "it takes no segment ids, which packed rows need (or set batching.packing: false)",
-            "{kernel} takes no segment ids (packed rows need them)", per_layer=False, static=False),
+            "{kernel} takes no segment ids (packed rows need them)", per_layer=False, static=False,
+            probe=probe_segment_ids),
     Feature("causal", "causal", "causal",
             "it takes no causal mask, which this decoder model's layers need",
             "{kernel} has no causal mask here (decoder models need one)",
@@ -71,7 +111,7 @@ DECLARED: dict[str, Feature] = {feature.name: feature for feature in (
             "{kernel} scores only q·k plus at most a dense bias: DeBERTa's content-to-position and "
             "position-to-content terms would be a [B, N, T, S] array; flash's chunked kernel computes them per "
             "block (attention.backend: chunked)",
-            describe=lambda on: "disentangled relative positions" if on else ""),
+            describe=lambda on: "disentangled relative positions" if on else "", probe=probe_relative_positions),
 )}
 
 # Names a feature had before it had one: accepted with a DeprecationWarning, until user backends move.

@@ -1,6 +1,7 @@
 """What every ``flash`` kernel is described by (attention/flash.py picks among them): its options
 (``FlashOptions``: Pallas tiles, interpret mode), a ``Kernel`` record (the label it reports, its shape check,
-its call, and which features of attention/features.py it takes, or why it cannot), and the refusal wording kernels share.
+its call, and which features of attention/features.py it takes, or why it cannot), and the refusal wording
+kernels share.
 The kernels themselves live one file per family: flash_tpu.py, flash_gpu.py, flash_tokamax.py.
 """
 from __future__ import annotations
@@ -38,6 +39,12 @@ class Kernel:
     takes: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → how the kernel receives it
     cannot: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → why not, where the feature's
     # own kernel_refusal does not say it
+
+    def __post_init__(self):
+        unknown = sorted((set(self.takes) | set(self.cannot)) - set(DECLARED))
+        if unknown:
+            raise ValueError(f"flash kernel {self.label!r} names unknown features {unknown} in takes/cannot; "
+                             f"declared: {', '.join(DECLARED)} (attention/features.py)")
 
     def feature_refusal(self, case: AttentionCase, name: str) -> str:
         """Why the kernel called ``name`` cannot run the features ``case`` asks for ("" when it can)."""

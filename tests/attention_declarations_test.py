@@ -1,7 +1,7 @@
 """A feature is one declaration (attention/features.py). Declared here, in this test alone, a logit soft cap is
 known to every part that reads the declarations: each backend not declaring it is refused the cases that ask
 for it and its bound function refuses the argument, flash's kernels refuse it naming why, the kernel table grows
-its column, and a layer asking for it is named by it."""
+its column, and a layer asking for it is named by it and probed with it."""
 import numpy as np
 import pytest
 
@@ -9,7 +9,7 @@ from docbeam import attention
 from docbeam.attention import features, flash
 from docbeam.attention.features import Feature
 from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
-from docbeam.attention.plan import ask
+from docbeam.attention.plan import ask, probe_inputs
 
 SOFTCAP = Feature("softcap", "softcap", "logit soft cap",
                   "it takes no logit soft cap, which this model's layers apply (tanh at {case.softcap})",
@@ -80,6 +80,7 @@ def test_a_layer_asking_for_it_is_named_by_its_declaration():
     layer = AttentionFeatures(softcap=30.0)
     assert layer.describe() == "global, soft cap 30.0"
     assert capped().with_features(AttentionFeatures()).softcap is None  # a layer's own feature, replaced per layer
+    assert probe_inputs(capped())[3]["softcap"] == 30.0  # the start-up probe hands it over as the case asks
 
 
 def test_without_the_declaration_the_name_is_unknown_everywhere():
@@ -102,3 +103,10 @@ def test_the_names_features_had_before_still_work_with_a_warning():
     from docbeam.attention.registry import from_callable
     with pytest.warns(DeprecationWarning, match="'relative' is now called 'relative_positions'"):
         assert from_callable("old_plain", plain).relative_positions
+
+
+def test_a_flash_kernel_naming_an_undeclared_feature_fails_at_import_not_silently():
+    from docbeam.attention.flash_kernel import Kernel
+
+    with pytest.raises(ValueError, match=r"unknown features \['windows'\].*declared: local_window"):
+        Kernel("typo", lambda case, options: "", passthrough, takes={"windows": "a mask"})

@@ -1,8 +1,9 @@
 """Backends that break the way real kernels do, for the tests that docbeam never writes what they return.
 
-``attend_refuses_everything`` is correct but its check refuses every case, so without a rule against it the
-parity test would skip it everywhere and never compare it. ``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
+``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
 length) and NaN only for rows of exactly 7 tokens, so only the per-document check can catch it.
+``attend_refuses_everything`` is correct, but its check refuses every case: without a rule against that, the
+parity test would skip it everywhere and never compare it.
 """
 import jax.numpy as jnp
 
