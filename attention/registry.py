@@ -27,8 +27,8 @@ class UnknownBackendError(Refused, ValueError):
 def register(name: str, *, options: type = NoOptions, supports: Callable | None = None, description: str = "",
              **declares: bool):
     """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; each
-    ``<feature>=True`` (attention/features.py: ``segments``, ``local_window``, ``bias``, ``causal``, ``grouped``,
-    ``relative_positions``) declares a feature the function takes, so it is handed that feature's argument."""
+    ``<feature>=True`` (a name declared in attention/features.py, e.g. ``segments=True``) declares a feature the
+    function takes, so it is handed that feature's argument; an undeclared name raises, naming the declared ones."""
 
     def decorate(fn):
         add(Backend(name=name, attend=fn, supports=supports or supports_everything,
