@@ -71,7 +71,7 @@ def causal_window(local_window: tuple[int, int] | None, causal: bool, seq_len: i
 
 def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     # plain XLA: every platform, dtype and shape, with windows, bias, segment ids, causal and grouped k/v
-    if case.relative and case.kv_heads != case.num_heads:
+    if case.relative_positions and case.kv_heads != case.num_heads:
         return Support(ok=False, reason=GROUPED_RELATIVE)
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
     query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window, case.platform,
@@ -91,8 +91,8 @@ def group_step(heads_per_step: int, num_heads: int, kv_heads: int) -> int:
     return min(num_heads, -(-(heads_per_step or num_heads) // per_kv) * per_kv)
 
 
-@register("chunked", options=ChunkedOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
-          grouped=True, relative=True,
+@register("chunked", options=ChunkedOptions, supports=supports, segments=True, local_window=True, bias=True,
+          causal=True, grouped=True, relative_positions=True,
           description="online-softmax attention over query and key chunks in plain JAX "
                       "(memory O(query_chunk * key_chunk) per head; local windows scan only the keys they reach; "
                       "any platform)")

@@ -22,8 +22,9 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from docbeam.attention import chunked, flash_gpu, flash_tokamax, flash_tpu
+from docbeam.attention.features import DECLARED
 from docbeam.attention.flash_kernel import FlashOptions, Kernel, KernelName
-from docbeam.attention.interface import AttentionCase, Support, current_platform
+from docbeam.attention.interface import AttentionCase, Support
 from docbeam.attention.registry import register
 
 __all__ = ["KERNELS", "PLATFORM_KERNELS", "FlashOptions", "Kernel", "KernelName", "auto_kernel_table", "feature_table",
@@ -58,10 +59,10 @@ KERNELS: dict[str, Kernel] = {
     **flash_gpu.KERNELS,
     **flash_tokamax.KERNELS,
     "chunked": Kernel("docbeam.chunked (xla online softmax, chunks tuned per length)", _chunked_refusal, _chunked,
-                      takes={"segments": "segment ids", "windows": "only the key chunks the window reaches",
+                      takes={"segments": "segment ids", "local_window": "only the key chunks the window reaches",
                              "bias": "the bias function per block", "causal": "no key block past the diagonal",
                              "grouped": "each k/v head read as it is",
-                             "relative": "the relative rows each block reaches"}),
+                             "relative_positions": "the relative rows each block reaches"}),
 }
 
 
@@ -71,7 +72,7 @@ def pick_kernel(case: AttentionCase, options: FlashOptions) -> tuple[str | None,
     refusals = []
     for name in candidates:
         kernel = KERNELS[name]
-        reason = kernel.refusal(case, options) or kernel.feature_refusal(case)
+        reason = kernel.refusal(case, options) or kernel.feature_refusal(case, name)
         if not reason:
             label = kernel.label + (" (interpret mode)" if options.interpret and name.startswith("pallas") else "")
             return name, Support(ok=True, kernel=label)
@@ -95,31 +96,25 @@ def auto_kernel_table() -> str:
 
 
 def feature_table() -> str:
-    """A markdown table of how each kernel takes windows, bias and segment ids, or why it cannot, for the README."""
-    rows = ["| kernel | local windows | per-head bias | segment ids (packing) | causal | grouped-query k/v "
-            "| relative positions (c2p/p2c) |", "|---|---|---|---|---|---|---|"]
+    """A markdown table of how each kernel takes each feature (attention/features.py), or why it cannot, for
+    docs/attention.md."""
+    rows = ["| kernel | " + " | ".join(f.column for f in DECLARED.values()) + " |",
+            "|---|" + "---|" * len(DECLARED)]
     for name, kernel in KERNELS.items():
-        cells = [kernel.takes.get(feature) or "no: " + kernel.why_not(feature)
-                 for feature in ("windows", "bias", "segments", "causal", "grouped", "relative")]
+        cells = [kernel.takes.get(feature) or "no: " + kernel.why_not(feature, name) for feature in DECLARED]
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-@register("flash", options=FlashOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
-          grouped=True, relative=True,
+@register("flash", options=FlashOptions, supports=supports, segments=True, local_window=True, bias=True, causal=True,
+          grouped=True, relative_positions=True,
           description="the platform's maintained memory-efficient kernel (Pallas TPU, cuDNN, tokamax)")
 def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: FlashOptions, **features):
-    b, t, n, h = q_BxTxNxH.shape
-    case = AttentionCase(platform=current_platform(), dtype=jnp.dtype(q_BxTxNxH.dtype).name,
-                         seq_len=max(t, k_BxSxNxH.shape[1]), num_heads=n, head_dim=h,
-                         packed=features.get("segment_ids_BxT") is not None,
-                         local_window=features.get("local_window"), bias=features.get("bias") is not None,
-                         causal=bool(features.get("causal")), num_kv_heads=k_BxSxNxH.shape[2],
-                         relative=features.get("relative_positions") is not None)
+    features = {key: value for key, value in features.items() if value is not None and value is not False}
+    case = AttentionCase.of_call(q_BxTxNxH, k_BxSxNxH, **features)
     name, support = pick_kernel(case, options)
     if name is None:
         raise ValueError(f"attention backend flash cannot run {case}: {support.reason}")
-    features = {key: value for key, value in features.items() if value is not None and value is not False}
     out_BxTxNxH = KERNELS[name].run(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, **features)
     # Kernels disagree on rows with no valid key (uniform average, zeros, or unspecified): pin them to zeros.
     return jnp.where((kv_lengths_B > 0)[:, None, None, None], out_BxTxNxH, 0).astype(q_BxTxNxH.dtype)

@@ -7,8 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from docbeam.attention.chunked import pad_to_multiple
-from docbeam.attention.flash_kernel import (NO_BIAS, NO_CAUSAL, NO_GROUPED, NO_WINDOW, Kernel, is_power_of_two, not_importable,
-                                    off_platform)
+from docbeam.attention.flash_kernel import Kernel, is_power_of_two, not_importable, off_platform
 
 
 def _pallas_gpu_refusal(case, options) -> str:
@@ -63,13 +62,11 @@ def _cudnn(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options):
 
 KERNELS = {
     "pallas_gpu": Kernel("pallas.gpu.mha", _pallas_gpu_refusal, _pallas_gpu, takes={"segments": "segment ids"},
-                         cannot={"windows": NO_WINDOW.format(name="pallas_gpu") + " (causal only)",
-                                 "bias": NO_BIAS.format(name="pallas_gpu"),
-                                 "causal": NO_CAUSAL.format(name="pallas_gpu"),
-                                 "grouped": NO_GROUPED.format(name="pallas_gpu")}),
+                         cannot={"local_window": "pallas_gpu has no local-window mask (ModernBERT's local layers "
+                                                 "need one) (causal only)"}),
     "cudnn": Kernel("jax.nn.dot_product_attention[cudnn]", _cudnn_refusal, _cudnn,
-                    cannot={"windows": "cudnn's sliding window is causal (keys left of the query only): it has no "
-                                       "symmetric window; tokamax_triton runs it",
+                    cannot={"local_window": "cudnn's sliding window is causal (keys left of the query only): it has "
+                                            "no symmetric window; tokamax_triton runs it",
                             "bias": "docbeam hands cudnn no bias (jax.nn would need it as a dense [B, N, T, S] "
                                     "array); tokamax_triton runs it",
                             "segments": "docbeam hands cudnn no segment ids (jax.nn would need a dense mask); "

@@ -1,6 +1,7 @@
 """What every ``flash`` kernel is described by (attention/flash.py picks among them): its options
 (``FlashOptions``: Pallas tiles, interpret mode), a ``Kernel`` record (the label it reports, its shape check,
-its call, and which AttentionFn features it takes or why it cannot), and the refusal wording kernels share.
+its call, and which features of attention/features.py it takes, or why it cannot), and the refusal wording
+kernels share.
 The kernels themselves live one file per family: flash_tpu.py, flash_gpu.py, flash_tokamax.py.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Callable, Literal
 import jax
 import pydantic
 
+from docbeam.attention.features import DECLARED
 from docbeam.attention.interface import AttentionCase
 
 KernelName = Literal["auto", "pallas_tpu", "splash_tpu", "pallas_gpu", "cudnn", "tokamax_triton",
@@ -30,39 +32,27 @@ class FlashOptions(pydantic.BaseModel):
 class Kernel:
     label: str  # what Support.kernel reports
     refusal: Callable[[AttentionCase, FlashOptions], str]  # "" when the kernel can run the case's shape
-    # run(q_BxTxNxH, k, v, kv_lengths_B, scale, options, features), features: the AttentionFn's optional
-    # keywords (segment_ids_BxT, local_window, bias, causal) that the kernel declared in ``takes``; with
-    # ``grouped`` in ``takes``, k and v may carry fewer heads than q
+    # run(q_BxTxNxH, k, v, kv_lengths_B, scale, options, **arguments): the AttentionFn's optional arguments of
+    # the features (attention/features.py) the kernel declared in ``takes``; with ``grouped`` in ``takes``, k and
+    # v may carry fewer heads than q
     run: Callable[..., jax.Array]
     takes: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → how the kernel receives it
-    cannot: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → why it cannot (the refusal)
+    cannot: dict[str, str] = dataclasses.field(default_factory=dict)  # feature → why not, where the feature's
+    # own kernel_refusal does not say it
 
-    def feature_refusal(self, case: AttentionCase) -> str:
-        needed = [name for name, wanted in (("segments", case.packed), ("windows", bool(case.local_window)),
-                                            ("bias", case.bias), ("causal", case.causal),
-                                            ("grouped", case.kv_heads != case.num_heads),
-                                            ("relative", case.relative)) if wanted]
-        missing = [name for name in needed if name not in self.takes]
-        return "; ".join(self.why_not(name) for name in missing)
+    def __post_init__(self):
+        unknown = sorted((set(self.takes) | set(self.cannot)) - set(DECLARED))
+        if unknown:
+            raise ValueError(f"flash kernel {self.label!r} names unknown features {unknown} in takes/cannot; "
+                             f"declared: {', '.join(DECLARED)} (attention/features.py)")
 
-    def why_not(self, feature: str) -> str:
-        if feature in self.cannot:
-            return self.cannot[feature]
-        if feature == "relative":
-            return NO_RELATIVE.format(name=self.label)
-        return f"takes no {feature}"
+    def feature_refusal(self, case: AttentionCase, name: str) -> str:
+        """Why the kernel called ``name`` cannot run the features ``case`` asks for ("" when it can)."""
+        return "; ".join(self.why_not(f.name, name) for f in DECLARED.values()
+                         if f.asked_by(case) and f.name not in self.takes)
 
-
-# Why a kernel cannot take a feature, as its refusal says it.
-NO_WINDOW = "{name} has no local-window mask (ModernBERT's local layers need one)"
-NO_BIAS = "{name} adds no per-head bias (relative-position models need one)"
-NO_CAUSAL = "{name} has no causal mask here (decoder models need one)"
-# No kernel but docbeam's chunked has a place for a content-dependent term: each would need it as a dense bias.
-NO_RELATIVE = ("{name} scores only q·k plus at most a dense bias: DeBERTa's content-to-position and "
-               "position-to-content terms would be a [B, N, T, S] array; flash's chunked kernel computes them per "
-               "block (attention.backend: chunked)")
-NO_GROUPED = ("{name} takes as many k/v heads as q heads (grouped-query decoders have fewer, and repeating them "
-              "is the memory the kernel exists to save)")
+    def why_not(self, feature: str, name: str) -> str:
+        return self.cannot.get(feature) or DECLARED[feature].kernel_refusal.format(kernel=name)
 
 
 def off_platform(name: str, platform: str, case: AttentionCase, options: FlashOptions) -> str:

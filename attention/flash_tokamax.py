@@ -57,7 +57,7 @@ def _tokamax(implementation: str):
     return run
 
 
-TOKAMAX_TAKES = {"segments": "a dense [B, 1, T, S] mask", "windows": "local_window_size",
+TOKAMAX_TAKES = {"segments": "a dense [B, 1, T, S] mask", "local_window": "local_window_size",
                  "bias": "a dense [1, N, T, S] array", "causal": "is_causal",
                  "grouped": "k/v with fewer heads, as its API takes them"}
 KERNELS = {

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from docbeam.attention.chunked import pad_to_multiple
-from docbeam.attention.flash_kernel import NO_BIAS, NO_CAUSAL, NO_GROUPED, NO_WINDOW, Kernel, not_importable, off_platform
+from docbeam.attention.flash_kernel import Kernel, not_importable, off_platform
 
 
 def _dtype_refusal(name: str, case) -> str:
@@ -104,13 +104,10 @@ def _splash_tpu(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, s
 KERNELS = {
     "pallas_tpu": Kernel("pallas.tpu.flash_attention", _pallas_tpu_refusal, _pallas_tpu,
                          takes={"segments": "segment ids", "causal": "its causal flag"},
-                         cannot={"windows": NO_WINDOW.format(name="pallas_tpu") + "; splash_tpu runs it",
+                         cannot={"local_window": "pallas_tpu has no local-window mask (ModernBERT's local layers "
+                                                 "need one); splash_tpu runs it",
                                  "bias": "pallas_tpu takes a bias only as a dense [B, N, T, S] array, which "
-                                         "docbeam does not build for it",
-                                 "grouped": NO_GROUPED.format(name="pallas_tpu")}),
+                                         "docbeam does not build for it"}),
     "splash_tpu": Kernel("pallas.tpu.splash_attention", _splash_tpu_refusal, _splash_tpu,
-                         takes={"segments": "segment ids", "windows": "a LocalMask per head"},
-                         cannot={"bias": NO_BIAS.format(name="splash_tpu"),
-                                 "causal": NO_CAUSAL.format(name="splash_tpu"),
-                                 "grouped": NO_GROUPED.format(name="splash_tpu")}),
+                         takes={"segments": "segment ids", "local_window": "a LocalMask per head"}),
 }

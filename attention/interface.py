@@ -4,11 +4,11 @@ Layout is ``[batch, seq, heads, head_dim]`` (BTNH) for q, k, v and the output. P
 right (the bucketer pads sequences at the end), so it travels as per-row valid lengths: kernels disagree
 on mask formats (boolean masks, segment ids, sequence lengths) and each adapter converts from this one.
 
-With ``batching.packing`` a row holds several windows one after another, told apart by segment ids
-(``segment_ids_BxT``: 1, 2, … per window, 0 for padding; a token attends only to its own window). Only
-backends registered with ``segments=True`` are handed them; the plan refuses packed cases for the others.
-
-Model families add two more things a layer may ask of attention, each declared per backend the same way:
+What else a call may carry is declared once per feature in attention/features.py (the name a backend
+registers, the argument, the refusal); a backend is handed only what it declares, and the plan refuses the
+cases that ask for more. What each one means:
+- ``segment_ids_BxT`` (feature ``segments``): with ``batching.packing`` a row holds several windows one after
+  another, told apart by segment ids (1, 2, … per window, 0 for padding; a token attends only to its own window).
 - ``local_window=(left, right)``: query i attends only keys i-left ≤ j ≤ i+right (ModernBERT's local layers,
   ±64). Static Python ints, so a kernel can skip whole key blocks outside the window.
 - ``bias``: an additive per-head score bias, ``bias(q_index_T, k_index_S) -> bias_NxTxS`` (float32), a pure
@@ -23,7 +23,6 @@ Model families add two more things a layer may ask of attention, each declared p
   (``pos_key_RxNxH`` for content→position, ``pos_query_RxNxH`` for position→content) and ``row(offset)``, its
   bucketing of query − key offsets; the backend adds ``q_i · pos_key[row(i−j)] + k_j · pos_query[row(i−j)]``,
   scaled like q·k, computing it per block from the rows the block reaches.
-A layer passes only the ones it uses; a backend is never handed a feature it did not declare.
 """
 from __future__ import annotations
 
@@ -31,6 +30,8 @@ import dataclasses
 from typing import Any, Callable, Protocol
 
 import pydantic
+
+from docbeam.attention.features import DECLARED, RENAMED, by_keyword, declared, named, refusals
 
 
 class AttentionFn(Protocol):
@@ -46,25 +47,34 @@ class AttentionFn(Protocol):
                  scale: float, **features: Any) -> Any: ...
 
 
-# The optional keyword arguments of an AttentionFn, and the Backend flag that declares each.
-FEATURE_FLAGS = {"segment_ids_BxT": "segments", "local_window": "windows", "bias": "bias", "causal": "causal",
-                 "relative_positions": "relative"}
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class AttentionFeatures:
-    """What one kind of layer asks of attention beyond plain padding: a model has one or a few kinds
-    (ModernBERT: global and local layers), and the plan asks the capability check about each."""
+    """What attention is asked beyond plain padding, by feature name (attention/features.py): what one kind of
+    layer asks (ModernBERT: global and local layers), or, inside a case, its whole bucket. Each declared
+    feature reads as an attribute, its default where nothing asks for it (``features.local_window``)."""
 
-    local_window: tuple[int, int] | None = None  # (left, right) keys each side; None: global
-    bias: bool = False  # an additive per-head bias function
-    causal: bool = False  # keys after the query get no weight
-    relative: bool = False  # content-dependent relative positions (relative_positions: DeBERTa's c2p/p2c)
+    asked: tuple[tuple[str, Any], ...]  # (name, value) of each feature asked for, by name
+
+    def __init__(self, asked=(), **values):
+        values = {named(name, "AttentionFeatures").name: value
+                  for name, value in [*dict(asked).items(), *values.items()]}
+        object.__setattr__(self, "asked", tuple(sorted(
+            ((name, value) for name, value in values.items() if value != DECLARED[name].default),
+            key=lambda item: item[0])))
+
+    def __getattr__(self, name: str):
+        if name not in DECLARED and name not in RENAMED:  # pickle asks before asked is set
+            raise AttributeError(f"{type(self).__name__} has no {name!r}; features: {', '.join(DECLARED)}")
+        feature = named(name, "AttentionFeatures")
+        return dict(self.asked).get(feature.name, feature.default)
+
+    def of_layer(self) -> "AttentionFeatures":
+        """Only what a kind of layer asks (not what its whole batch does: packed rows)."""
+        return AttentionFeatures([(name, v) for name, v in self.asked if DECLARED[name].per_layer])
 
     def describe(self) -> str:
-        parts = [f"local window {self.local_window}" if self.local_window else "global"]
-        return ", ".join(parts + (["per-head bias"] if self.bias else []) + (["causal"] if self.causal else [])
-                         + (["disentangled relative positions"] if self.relative else []))
+        parts = (f.describe(getattr(self, f.name)) for f in DECLARED.values() if f.per_layer)
+        return ", ".join(part for part in parts if part)
 
 
 def current_platform() -> str:
@@ -79,33 +89,51 @@ def current_platform() -> str:
     return device if isinstance(device, str) else device.platform
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class AttentionCase:
-    """One shape the encoder will call attention with: what a capability check is asked about."""
+    """One shape the encoder will call attention with: what a capability check is asked about. Rows may always
+    be shorter than seq_len: padding is part of every case. Each declared feature reads as an attribute
+    (``case.local_window``, ``case.segments``); ``AttentionCase(..., causal=True)`` asks for one."""
 
     platform: str  # "cpu" | "gpu" | "tpu", as jax.default_backend() names them
     dtype: str  # "float32" | "bfloat16" | "float16"
     seq_len: int
     num_heads: int
-    head_dim: int  # rows may always be shorter than seq_len: padding is part of every case
-    packed: bool = False  # batching.packing: rows carry several windows, told apart by segment ids
-    local_window: tuple[int, int] | None = None  # AttentionFeatures.local_window of the layers asked about
-    bias: bool = False  # those layers add a per-head bias
-    causal: bool = False  # those layers are causal
-    num_kv_heads: int | None = None  # grouped-query attention: k/v heads, fewer than num_heads; None: as many
-    relative: bool = False  # those layers add content-dependent relative positions (relative_positions)
+    head_dim: int
+    num_kv_heads: int | None  # grouped-query attention: k/v heads, fewer than num_heads; None: as many
+    features: AttentionFeatures  # what every layer of the case asks for, and what its kind of layer does
 
-    @property
-    def features(self) -> AttentionFeatures:
-        return AttentionFeatures(self.local_window, self.bias, self.causal, self.relative)
+    def __init__(self, platform: str, dtype: str, seq_len: int, num_heads: int, head_dim: int,
+                 num_kv_heads: int | None = None, features: AttentionFeatures | None = None, **asked):
+        for name, value in (("platform", platform), ("dtype", dtype), ("seq_len", seq_len),
+                            ("num_heads", num_heads), ("head_dim", head_dim), ("num_kv_heads", num_kv_heads),
+                            ("features", AttentionFeatures((features or AttentionFeatures()).asked, **asked))):
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):
+        if name not in DECLARED and name not in RENAMED:  # pickle asks before features is set
+            raise AttributeError(f"AttentionCase has no {name!r}")
+        return getattr(self.features, name)
+
+    @classmethod
+    def of_call(cls, q_BxTxNxH, k_BxSxKxH, **arguments) -> "AttentionCase":
+        """The case an AttentionFn call is: its shapes, dtype and the features its arguments ask for."""
+        import jax.numpy as jnp
+
+        b, t, n, h = q_BxTxNxH.shape
+        asked = {by_keyword(key, "attention").name: value for key, value in arguments.items()}
+        return cls(current_platform(), jnp.dtype(q_BxTxNxH.dtype).name, max(t, k_BxSxKxH.shape[1]), n, h,
+                   num_kv_heads=k_BxSxKxH.shape[2],
+                   **{name: DECLARED[name].case_value(value) for name, value in asked.items()})
 
     @property
     def kv_heads(self) -> int:
         return self.num_kv_heads or self.num_heads
 
-    def with_features(self, features: AttentionFeatures) -> "AttentionCase":
-        return dataclasses.replace(self, local_window=features.local_window, bias=features.bias,
-                                   causal=features.causal, relative=features.relative)
+    def with_features(self, layer: AttentionFeatures) -> "AttentionCase":
+        """This case for one kind of layer: its batch's features kept, the layer's replaced by ``layer``'s."""
+        kept = [(name, value) for name, value in self.features.asked if not DECLARED[name].per_layer]
+        return dataclasses.replace(self, features=AttentionFeatures(kept + list(layer.of_layer().asked)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,49 +156,43 @@ def supports_everything(case: AttentionCase, options: pydantic.BaseModel) -> Sup
     return Support(ok=True, kernel="")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Backend:
-    """A registered backend: its attention function, its capability check and its typed options.
+    """A registered backend: its attention function, its capability check, its typed options and the
+    features it takes (``takes``, names from attention/features.py; ``Backend(..., segments=True)`` declares one,
+    ``backend.segments`` reads it).
 
     ``attend`` takes the AttentionFn arguments plus ``options`` (an instance of ``options_type``).
     """
 
     name: str
     attend: Callable[..., Any]
-    supports: Callable[[AttentionCase, pydantic.BaseModel], Support] = supports_everything
-    options_type: type[pydantic.BaseModel] = NoOptions
-    description: str = ""
-    segments: bool = False  # takes segment_ids_BxT, so it can run packed batches
-    windows: bool = False  # takes local_window=(left, right)
-    bias: bool = False  # takes bias(q_index_T, k_index_S) -> bias_NxTxS
-    causal: bool = False  # takes causal=True
-    grouped: bool = False  # takes k/v with fewer heads than q (grouped-query attention)
-    relative: bool = False  # takes relative_positions (attention/relative.py's RelativePositions)
+    supports: Callable[[AttentionCase, pydantic.BaseModel], Support]
+    options_type: type[pydantic.BaseModel]
+    description: str
+    takes: frozenset[str]
+
+    def __init__(self, name: str, attend: Callable[..., Any],
+                 supports: Callable[[AttentionCase, pydantic.BaseModel], Support] = supports_everything,
+                 options_type: type[pydantic.BaseModel] = NoOptions, description: str = "",
+                 takes: frozenset[str] = frozenset(), **flags: bool):
+        takes = frozenset(named(n, f"attention backend {name!r}").name for n in takes)
+        for key, value in (("name", name), ("attend", attend), ("supports", supports), ("options_type", options_type),
+                           ("description", description),
+                           ("takes", takes | declared(flags, f"attention backend {name!r}"))):
+            object.__setattr__(self, key, value)
+
+    def __getattr__(self, name: str) -> bool:
+        """``backend.segments``: whether it declares that feature."""
+        if name not in DECLARED and name not in RENAMED:  # pickle asks before takes is set
+            raise AttributeError(f"Backend has no {name!r}")
+        return named(name, f"attention backend {self.name!r}").name in self.takes
 
     def refusal(self, case: AttentionCase) -> Support | None:
         """What the plan answers for this backend before asking its own check: a case needing a feature the
         backend did not declare."""
-        if case.packed and not self.segments:
-            return Support(ok=False, reason="it takes no segment ids, which packed rows (batching.packing: true) "
-                                            "need; set batching.packing: false, or register it with segments=True")
-        if case.local_window and not self.windows:
-            return Support(ok=False, reason=f"it takes no local window, which this model's local layers need "
-                                            f"({case.local_window[0]} keys left, {case.local_window[1]} right); "
-                                            "register it with windows=True")
-        if case.bias and not self.bias:
-            return Support(ok=False, reason="it takes no additive per-head bias, which this model's layers add "
-                                            "(relative positions); register it with bias=True")
-        if case.causal and not self.causal:
-            return Support(ok=False, reason="it takes no causal mask, which this decoder model's layers need; "
-                                            "register it with causal=True")
-        if case.relative and not self.relative:
-            return Support(ok=False, reason="it takes no content-dependent relative positions, which this model's "
-                                            "layers add (DeBERTa's content-to-position and position-to-content "
-                                            "terms); register it with relative=True")
-        if case.kv_heads != case.num_heads and not self.grouped:
-            return Support(ok=False, reason=f"it takes no grouped-query k/v ({case.num_heads} query heads over "
-                                            f"{case.kv_heads} key/value heads); register it with grouped=True")
-        return None
+        reasons = refusals(case, self.takes)
+        return Support(ok=False, reason="; ".join(reasons)) if reasons else None
 
     def parse_options(self, raw: dict | None) -> pydantic.BaseModel:
         return self.options_type.model_validate(raw or {})
@@ -182,22 +204,18 @@ class Backend:
         opts = options if options is not None else self.parse_options(None)
         scope = f"attention/{self.name}"
 
-        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, **features):
-            features = {key: value for key, value in features.items() if value is not None and value is not False}
-            if k_BxSxNxH.shape[2] != q_BxTxNxH.shape[2] and not self.grouped:
-                raise ValueError(f"attention backend {self.name!r} takes no grouped-query k/v (q has "
-                                 f"{q_BxTxNxH.shape[2]} heads, k {k_BxSxNxH.shape[2]}); the plan should have "
-                                 "refused this case for it")
-            for key in features:
-                flag = FEATURE_FLAGS.get(key)
-                if flag is None:
-                    raise TypeError(f"attention got an unknown argument {key!r}; known: {', '.join(FEATURE_FLAGS)}")
-                if not getattr(self, flag):
-                    raise ValueError(f"attention backend {self.name!r} takes no {key} (it is not registered "
-                                     f"with {flag}=True); the plan should have refused this case for it")
+        def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, **arguments):
+            arguments = {key: value for key, value in arguments.items() if value is not None and value is not False}
+            case = AttentionCase.of_call(q_BxTxNxH, k_BxSxNxH, **arguments)
+            missing = [f for f in DECLARED.values() if f.asked_by(case) and f.name not in self.takes]
+            if missing:
+                raise ValueError(f"attention backend {self.name!r} takes no "
+                                 f"{', '.join(f.keyword or f.column for f in missing)} "
+                                 f"(it is not registered with {', '.join(f.name + '=True' for f in missing)}); "
+                                 "the plan should have refused this case for it")
             with jax.named_scope(scope):
                 return self.attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B,
-                                   scale=scale, options=opts, **features)
+                                   scale=scale, options=opts, **arguments)
 
         attend.__name__ = f"attend_{self.name}"
         attend.backend_name = self.name

@@ -42,7 +42,7 @@ def formulation(options: NativeOptions, platform: str) -> str:
 
 
 def supports(case: AttentionCase, options: NativeOptions) -> Support:
-    if case.relative and case.kv_heads != case.num_heads:
+    if case.relative_positions and case.kv_heads != case.num_heads:
         return Support(ok=False, reason=GROUPED_RELATIVE)
     return Support(ok=True, kernel=KERNELS[formulation(options, case.platform)])
 
@@ -52,9 +52,10 @@ GROUPED_RELATIVE = ("relative positions (relative_positions) with grouped-query 
                     "position→content term would need the tables per k/v head")
 
 
-@register("native", options=NativeOptions, supports=supports, segments=True, windows=True, bias=True, causal=True,
-          grouped=True, relative=True, description="attention in plain XLA ops (einsum with a mask bias on CPU; "
-                                    "jax.nn.dot_product_attention elsewhere)")
+@register("native", options=NativeOptions, supports=supports, segments=True, local_window=True, bias=True,
+          causal=True, grouped=True, relative_positions=True,
+          description="attention in plain XLA ops (einsum with a mask bias on CPU; jax.nn.dot_product_attention "
+                      "elsewhere)")
 def native(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: NativeOptions, segment_ids_BxT=None,
            local_window=None, bias=None, causal=False, relative_positions=None):
     if formulation(options, current_platform()) == "jax_nn":

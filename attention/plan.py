@@ -13,6 +13,7 @@ import numpy as np
 import pydantic
 
 from docbeam.attention import registry
+from docbeam.attention.features import DECLARED, static_keywords
 from docbeam.attention.interface import AttentionCase, Backend, Support
 from docbeam.errors import Refused
 
@@ -128,31 +129,16 @@ def by_bucket(cases: list[AttentionCase]) -> list[tuple[AttentionCase, ...]]:
     return [tuple(group) for group in groups.values()]
 
 
-def relative_bias(num_heads: int, seq_len: int, seed: int = 0):
-    """A random relative-position bias, ``bias(q_index_T, k_index_S) -> [N, T, S]``: one value per head and
-    offset (what MPNet's buckets and ALiBi are special cases of), large enough to move the output."""
-    import jax.numpy as jnp
-
-    table_NxD = np.random.default_rng(seed).standard_normal((num_heads, 2 * seq_len - 1)).astype(np.float32)
-
-    def bias(q_index_T, k_index_S):
-        return jnp.asarray(table_NxD)[:, k_index_S[None, :] - q_index_T[:, None] + seq_len - 1]
-    return bias
-
-
 # Not arrays: closed over by the jitted call, never its arguments.
-STATIC_FEATURES = ("local_window", "bias", "causal", "relative_positions")
+STATIC_FEATURES = static_keywords()
 
 
 def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     """Random q, k, v of the case's shape with mixed padding (one full row, one half row), and the keyword
-    arguments of the call: ``kv_lengths_B``, for a packed case ``segment_ids_BxT`` with two windows in
-    the full row, for a local layer its ``local_window``, for a biased one a random ``relative_bias``, for a
-    causal one ``causal``, for one with relative positions random ones (``random_relative``); a grouped-query
-    case gets k and v with its fewer heads."""
+    arguments of the call: ``kv_lengths_B``, and for each feature the case asks for its declaration's probe
+    (attention/features.py: packed rows' two windows, a random bias, random relative positions, a window as it
+    is); a grouped-query case gets k and v with its fewer heads."""
     import jax.numpy as jnp
-
-    from docbeam.attention.relative import random_relative
 
     rng = np.random.default_rng(seed)
     shape = (batch, case.seq_len, case.num_heads, case.head_dim)
@@ -162,19 +148,9 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     lengths = np.full((batch,), case.seq_len, np.int32)
     lengths[1::2] = max(1, case.seq_len // 2)
     kwargs = {"kv_lengths_B": jnp.asarray(lengths)}
-    if case.packed:
-        positions_BxT = np.arange(case.seq_len)[None, :]
-        valid_BxT = positions_BxT < lengths[:, None]
-        second_BxT = (positions_BxT >= max(1, case.seq_len // 3)) & (np.arange(batch) % 2 == 0)[:, None]
-        kwargs["segment_ids_BxT"] = jnp.asarray(valid_BxT * (1 + second_BxT), jnp.int32)
-    if case.local_window:
-        kwargs["local_window"] = case.local_window
-    if case.bias:
-        kwargs["bias"] = relative_bias(case.num_heads, case.seq_len, seed)
-    if case.causal:
-        kwargs["causal"] = True
-    if case.relative:
-        kwargs["relative_positions"] = random_relative(case.num_heads, case.head_dim, case.seq_len, seed)
+    for feature in DECLARED.values():
+        if feature.keyword and feature.asked_by(case):
+            kwargs[feature.keyword] = feature.probe_argument(case, lengths, seed)
     return q, k, v, kwargs
 
 
@@ -242,8 +218,8 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
     for case in choice.cases:
         q, k, v, kwargs = probe_inputs(case)
         where = f"attention backend {choice.backend!r} at bucket {case.seq_len}" + (
-            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.local_window
-            or case.features.bias or case.features.relative else "")
+            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.of_layer().asked
+            else "")
         try:
             out = np.asarray(jax.block_until_ready(run_probe(fn, case, q, k, v, kwargs)))
         except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure

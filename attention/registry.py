@@ -11,6 +11,7 @@ import logging
 import importlib.metadata
 from typing import Callable
 
+from docbeam.attention.features import declared_by
 from docbeam.attention.interface import Backend, NoOptions, Support, supports_everything
 from docbeam.errors import Refused
 
@@ -23,19 +24,16 @@ class UnknownBackendError(Refused, ValueError):
     pass
 
 
-def register(name: str, *, options: type = NoOptions, supports: Callable | None = None,
-             description: str = "", segments: bool = False, windows: bool = False, bias: bool = False,
-             causal: bool = False, grouped: bool = False, relative: bool = False):
-    """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; with
-    ``segments=True`` it also takes ``segment_ids_BxT`` (packed batches), with ``windows=True``
-    ``local_window``, with ``bias=True`` ``bias``, with ``causal=True`` ``causal``, with ``grouped=True`` k/v
-    with fewer heads than q, with ``relative=True`` ``relative_positions`` (attention/interface.py)."""
+def register(name: str, *, options: type = NoOptions, supports: Callable | None = None, description: str = "",
+             **declares: bool):
+    """Decorator: ``@register("mine") def attend(q, k, v, *, kv_lengths_B, scale, options)``; each
+    ``<feature>=True`` (a name declared in attention/features.py, e.g. ``segments=True``) declares a feature the
+    function takes, so it is handed that feature's argument; an undeclared name raises, naming the declared ones."""
 
     def decorate(fn):
         add(Backend(name=name, attend=fn, supports=supports or supports_everything,
                     options_type=options, description=description or (fn.__doc__ or "").strip().split("\n")[0],
-                    segments=segments, windows=windows, bias=bias, causal=causal, grouped=grouped,
-                    relative=relative))
+                    **declares))
         return fn
 
     return decorate
@@ -51,10 +49,8 @@ def add(backend: Backend) -> Backend:
 
 def from_callable(name: str, obj) -> Backend:
     """A Backend from a user's object: a Backend as is, or a plain AttentionFn (its optional
-    ``supports(case, options)`` attribute is its capability check; ``supports_segments = True`` says it
-    takes ``segment_ids_BxT``, ``supports_windows`` ``local_window``, ``supports_bias`` ``bias``,
-    ``supports_causal`` ``causal``, ``supports_grouped`` grouped-query k/v, ``supports_relative``
-    ``relative_positions``)."""
+    ``supports(case, options)`` attribute is its capability check; ``supports_<feature> = True`` declares a
+    feature of attention/features.py, e.g. ``supports_segments`` for ``segment_ids_BxT``)."""
     if isinstance(obj, Backend):
         return dataclasses.replace(obj, name=name)  # registered under the name the config uses
     if not callable(obj):
@@ -68,12 +64,7 @@ def from_callable(name: str, obj) -> Backend:
     supports = getattr(obj, "supports", None) or supports_everything
     return Backend(name=name, attend=attend, supports=supports, options_type=NoOptions,
                    description=(obj.__doc__ or f"user backend {name}").strip().split("\n")[0],
-                   segments=bool(getattr(obj, "supports_segments", False)),
-                   windows=bool(getattr(obj, "supports_windows", False)),
-                   bias=bool(getattr(obj, "supports_bias", False)),
-                   causal=bool(getattr(obj, "supports_causal", False)),
-                   grouped=bool(getattr(obj, "supports_grouped", False)),
-                   relative=bool(getattr(obj, "supports_relative", False)))
+                   takes=declared_by(obj, f"attention backend {name!r}"))
 
 
 def _load_entry_points() -> None:

@@ -32,7 +32,7 @@ def layer_case(layer: str, platform: str, dtype: str, length: int, dims: dict):
     from docbeam.attention import AttentionCase
 
     return AttentionCase(platform=platform, dtype=dtype, seq_len=length, num_heads=dims["heads"],
-                         head_dim=dims["head_dim"], packed=layer == "packed",
+                         head_dim=dims["head_dim"], segments=layer == "packed",
                          local_window=dims["window"] if layer == "local_window" else None,
                          causal=layer == "causal_grouped",
                          num_kv_heads=dims["kv_heads"] if layer == "causal_grouped" else None)
@@ -50,7 +50,7 @@ def inputs(case, seed: int = 0) -> dict:
             "k": jax.random.normal(kk, (1, t, case.kv_heads, case.head_dim), dtype),
             "v": jax.random.normal(kv, (1, t, case.kv_heads, case.head_dim), dtype),
             "lengths": jnp.asarray([valid], jnp.int32)}
-    if case.packed:
+    if case.segments:
         position = jnp.arange(t)[None, :]
         args["segments"] = jnp.where(position < valid, 1 + (position >= t // 2), 0).astype(jnp.int32)
     return args

@@ -59,7 +59,7 @@ def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> d
     q, k, v = (jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32)) for _ in range(3))
     lengths, relative = jnp.asarray([length], jnp.int32), relative_positions()
     chosen = attention.get(backend)
-    case = attention.AttentionCase(jax.default_backend(), "float32", length, HEADS, HEAD_DIM, relative=True)
+    case = attention.AttentionCase(jax.default_backend(), "float32", length, HEADS, HEAD_DIM, relative_positions=True)
     support = chosen.refusal(case) or chosen.supports(case, chosen.parse_options(None))
     if not support.ok:
         return {"backend": backend, "length": length, "status": f"refused: {support.reason}"}

@@ -115,6 +115,6 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     precision = precision_for(config.dtype, platform)
     dtype = jnp.dtype(precision.attention).name  # what q, k and v reach the backend in
     return [AttentionCase(platform=platform, dtype=dtype, seq_len=b, num_heads=config.num_heads, head_dim=head_dim,
-                          packed=packed, num_kv_heads=kv_heads).with_features(features)
+                          segments=packed, num_kv_heads=kv_heads).with_features(features)
             for b in buckets for features in config.attention_features
             for head_dim, kv_heads in [config.attention_shape(features)]]

@@ -77,7 +77,7 @@ def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, op
 
     assert name in ("native", "chunked", "flash") or name.startswith("tests.")  # what the contract promises
     backend, kw = attention.get(name), SCENARIOS[scenario]
-    case = AttentionCase("cpu", "float32", T, N, H, packed=kw.get("segments") is not None,
+    case = AttentionCase("cpu", "float32", T, N, H, segments=kw.get("segments") is not None,
                          local_window=kw.get("window"), causal=kw["causal"], num_kv_heads=kw.get("kv_heads", K))
     support = backend.refusal(case) or backend.supports(case, backend.parse_options(options))
     if not support.ok:  # a kernel that cannot says why: that is its contract, checked below

@@ -100,7 +100,7 @@ def test_backend_with_features_matches_softmax_reference(name, options, scenario
 
     backend = attention.get(name)
     opts = backend.parse_options(options)
-    case = AttentionCase("cpu", "float32", T, N, H, packed=scenario.packed, local_window=scenario.window,
+    case = AttentionCase("cpu", "float32", T, N, H, segments=scenario.packed, local_window=scenario.window,
                          bias=scenario.with_bias)
     support = backend.refusal(case) or backend.supports(case, opts)
     if not support.ok:
@@ -156,7 +156,8 @@ def test_flash_auto_on_tpu_and_gpu_moves_to_the_kernel_that_takes_the_feature():
     # On GPU cuDNN refuses the window, tokamax_triton takes it (if tokamax imports here).
     gpu_local = AttentionCase("gpu", "bfloat16", 512, 12, 64, local_window=(64, 64))
     name, support = pick_kernel(gpu_local, options)
-    assert "no symmetric window" in (support.reason if name is None else KERNELS["cudnn"].feature_refusal(gpu_local))
+    cudnn_refusal = KERNELS["cudnn"].feature_refusal(gpu_local, "cudnn")
+    assert "no symmetric window" in (support.reason if name is None else cudnn_refusal)
     assert name in (None, "tokamax_triton")
 
 

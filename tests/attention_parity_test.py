@@ -2,7 +2,8 @@
 ``native``) against softmax attention computed in numpy float64.
 
 The backend sees inputs whose padded positions hold large garbage; the reference sees only the valid keys. Matching on the valid query rows therefore checks both
-the numerics and that padded keys get zero weight.
+the numerics and that padded keys get zero weight. A case a backend's own check refuses is skipped, so every
+backend must also accept the float32 standard cases (padding alone): one that refuses them fails, not skips.
 """
 import dataclasses
 import functools
@@ -140,6 +141,43 @@ def test_backend_matches_native_on_valid_rows_and_ignores_padding(variant, case,
             "reference; either the numerics differ or padded keys got weight")
 
 
+def standard_refusals(name: str, raw_options: dict, platform: str) -> list[str]:
+    """The float32 standard cases (padding alone, no feature) ``name``'s own check refuses on ``platform``, each
+    with its reason. The test above skips a refused case, so a backend refusing these would never be compared."""
+    backend = attention.get(name)
+    options = backend.parse_options(raw_options)
+    refused = []
+    for case in (c for c in CASES if c.dtype == "float32"):
+        asked = attention.AttentionCase(platform, case.dtype, case.seq_len, case.num_heads, case.head_dim)
+        support = backend.refusal(asked) or backend.supports(asked, options)
+        if not support.ok:
+            refused.append(f"{case}: {support.reason}")
+    return refused
+
+
+def assert_compared(name: str, raw_options: dict, platform: str) -> None:
+    refused = standard_refusals(name, raw_options, platform)
+    assert not refused, (f"{name} {raw_options} refuses float32 standard cases on {platform}, so the parity test "
+                         f"would skip them and never compare it: {'; '.join(refused)}")
+
+
+@pytest.mark.usefixtures("tests_package_importable")
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_every_backend_runs_the_float32_standard_cases_so_parity_compares_it(variant):
+    assert_compared(*variant, jax.default_backend())
+
+
+@pytest.mark.usefixtures("tests_package_importable")
+def test_a_backend_that_refuses_every_case_fails_the_parity_check():
+    refusing = "tests.fixtures_bad_backends:attend_refuses_everything"
+
+    with pytest.raises(AssertionError, match=r"refuses float32 standard cases on cpu.*never compare.*not built"):
+        assert_compared(refusing, {}, "cpu")
+
+    assert len(standard_refusals(refusing, {}, "cpu")) == len([c for c in CASES if c.dtype == "float32"])
+    assert_compared(USER_BACKEND, {}, "cpu")  # the same check passes a backend that runs them
+
+
 @pytest.mark.parametrize("raw_options,case", list(tuned_params()))
 def test_chunked_with_each_tuned_row_matches_reference(raw_options, case):
     backend = attention.get("chunked")
@@ -205,8 +243,8 @@ def test_backend_with_relative_positions_matches_float64_reference(variant, term
     backend = attention.get(name)
     options = backend.parse_options(raw_options)
     case = RELATIVE_CASE
-    asked = attention.AttentionCase("cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, packed=packed,
-                                    relative=True)
+    asked = attention.AttentionCase("cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, segments=packed,
+                                    relative_positions=True)
     support = backend.refusal(asked) or backend.supports(asked, options)
     if not support.ok:
         pytest.skip(f"{name} {raw_options} refuses relative positions: {support.reason}")

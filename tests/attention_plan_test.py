@@ -51,7 +51,7 @@ def global_only():
 
 def test_one_case_per_bucket_and_kind_of_layer():
     cases = attention_cases(config(GLOBAL, LOCAL), [16, 32], "cpu", packed=True)
-    assert [(c.seq_len, c.local_window, c.packed) for c in cases] == [
+    assert [(c.seq_len, c.local_window, c.segments) for c in cases] == [
         (16, None, True), (16, (4, 4), True), (32, None, True), (32, (4, 4), True)]
     plain = EncoderConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                           max_position=512)
@@ -99,7 +99,7 @@ def ignoring(feature: str):
         features.pop(feature, None)
         return native.attend(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale, options=options, **features)
     return Backend(name=f"ignores_{feature}", attend=attend, options_type=native.options_type, segments=True,
-                   windows=True, bias=True)
+                   local_window=True, bias=True)
 
 
 @pytest.mark.parametrize("feature, kind", [("local_window", LOCAL), ("bias", BIASED)])

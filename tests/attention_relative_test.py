@@ -45,8 +45,8 @@ def test_chunked_never_builds_a_sequence_by_sequence_array_at_2048_tokens(option
 
 def test_a_backend_without_relative_positions_is_refused_by_the_plan_and_its_bound_function():
     plain = attention.Backend(name="plain", attend=lambda q, k, v, **kw: q, bias=True)
-    support = plain.refusal(AttentionCase("cpu", "float32", 64, 2, 8, relative=True))
-    assert not support.ok and "relative=True" in support.reason and "DeBERTa" in support.reason
+    support = plain.refusal(AttentionCase("cpu", "float32", 64, 2, 8, relative_positions=True))
+    assert not support.ok and "relative_positions=True" in support.reason and "DeBERTa" in support.reason
     x = np.zeros((1, 4, 2, 8), np.float32)
     with pytest.raises(ValueError, match="takes no relative_positions"):
         plain.bind()(x, x, x, kv_lengths_B=np.array([4]), scale=1.0, relative_positions=random_relative(2, 8, 4))
@@ -57,7 +57,7 @@ def test_flash_on_accelerators_refuses_relative_positions_naming_the_kernels_and
     from docbeam.attention.flash import pick_kernel
 
     options = attention.get("flash").parse_options({"interpret": True})
-    name, support = pick_kernel(AttentionCase(platform, dtype, 512, 12, 64, relative=True), options)
+    name, support = pick_kernel(AttentionCase(platform, dtype, 512, 12, 64, relative_positions=True), options)
     assert name is None and not support.ok
     assert "content-to-position" in support.reason and "chunked" in support.reason
 
@@ -65,13 +65,13 @@ def test_flash_on_accelerators_refuses_relative_positions_naming_the_kernels_and
 def test_flash_on_cpu_runs_relative_positions_on_its_chunked_kernel():
     from docbeam.attention.flash import pick_kernel
 
-    name, support = pick_kernel(AttentionCase("cpu", "float32", 512, 12, 64, relative=True),
+    name, support = pick_kernel(AttentionCase("cpu", "float32", 512, 12, 64, relative_positions=True),
                                 attention.get("flash").parse_options(None))
     assert name == "chunked" and support.ok
 
 
 def test_relative_positions_with_grouped_query_heads_are_refused_with_the_reason():
-    case = AttentionCase("cpu", "float32", 64, 4, 8, num_kv_heads=2, relative=True)
+    case = AttentionCase("cpu", "float32", 64, 4, 8, num_kv_heads=2, relative_positions=True)
     for name in ("native", "chunked"):
         backend = attention.get(name)
         support = backend.supports(case, backend.parse_options(None))
@@ -81,7 +81,7 @@ def test_relative_positions_with_grouped_query_heads_are_refused_with_the_reason
 def test_the_plans_probe_and_parity_gate_run_relative_positions():
     from docbeam.attention.plan import choose_backend, probe_inputs, verify
 
-    case = AttentionCase("cpu", "float32", 48, 2, 8, relative=True)
+    case = AttentionCase("cpu", "float32", 48, 2, 8, relative_positions=True)
     _, _, _, kwargs = probe_inputs(case)
     assert kwargs["relative_positions"].pos_key_RxNxH.shape == (16, 2, 8)
     chunked, native = attention.get("chunked"), attention.get("native")
@@ -95,7 +95,7 @@ def test_the_plan_sends_a_bucket_flash_cannot_run_to_the_fallback_or_refuses_at_
     from docbeam.attention.plan import AttentionPlanError, choose_backend
 
     flash, chunked = attention.get("flash"), attention.get("chunked")
-    case = AttentionCase("gpu", "bfloat16", 1024, 12, 64, relative=True)
+    case = AttentionCase("gpu", "bfloat16", 1024, 12, 64, relative_positions=True)
     choice = choose_backend(case, flash, flash.parse_options(None), chunked, chunked.parse_options(None))
     assert choice.backend == "chunked" and "content-to-position" in choice.fallback_reason
     with pytest.raises(AttentionPlanError, match="bucket 1024.*content-to-position.*attention.fallback"):

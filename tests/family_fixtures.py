@@ -203,7 +203,7 @@ def backends_for(features, packed: bool) -> list[str]:
     out = []
     for name in ("native", "chunked", "flash"):
         backend = attention.get(name)
-        base = AttentionCase(platform="cpu", dtype="float32", seq_len=64, num_heads=2, head_dim=16, packed=packed)
+        base = AttentionCase(platform="cpu", dtype="float32", seq_len=64, num_heads=2, head_dim=16, segments=packed)
         cases = [base.with_features(f) for f in features]
         if all(backend.refusal(c) is None and backend.supports(c, backend.parse_options(None)).ok for c in cases):
             out.append(name)

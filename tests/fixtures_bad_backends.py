@@ -2,9 +2,12 @@
 
 ``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
 length) and NaN only for rows of exactly 7 tokens, so only the per-document check can catch it.
+``attend_refuses_everything`` is correct, but its check refuses every case: without a rule against that, the
+parity test would skip it everywhere and never compare it.
 """
 import jax.numpy as jnp
 
+from docbeam.attention import Support
 from tests.fixtures_user_backend import attend as textbook
 
 
@@ -35,3 +38,15 @@ def _crashing_check(case, options):
 
 
 attend_check_raises.supports = _crashing_check
+
+
+def attend_refuses_everything(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
+    return textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale)
+
+
+def _refuse(case, options):
+    del options
+    return Support(ok=False, reason=f"not built for {case.platform} (a kernel for another machine)")
+
+
+attend_refuses_everything.supports = _refuse

@@ -69,7 +69,7 @@ def test_native_attends_only_within_a_segment(implementation):
 # --- the capability check -------------------------------------------------------------------------------
 
 def _case(packed: bool) -> AttentionCase:
-    return AttentionCase(platform="cpu", dtype="float32", seq_len=32, num_heads=4, head_dim=8, packed=packed)
+    return AttentionCase(platform="cpu", dtype="float32", seq_len=32, num_heads=4, head_dim=8, segments=packed)
 
 
 def test_a_backend_without_segment_ids_is_refused_for_packed_rows_and_names_the_key():

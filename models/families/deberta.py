@@ -47,7 +47,7 @@ class Config(EncoderConfig):
     def attention_features(self) -> tuple:
         from docbeam.attention.interface import AttentionFeatures
 
-        return (AttentionFeatures(relative=bool(self.relative_terms)),)
+        return (AttentionFeatures(relative_positions=bool(self.relative_terms)),)
 
 
 def log_bucket(offset, buckets: int, max_position: int):
