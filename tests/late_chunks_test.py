@@ -1,0 +1,137 @@
+"""output.chunking: late. A chunk's vector is the mean of its own tokens' states in a forward over the whole
+document (transformers' BertModel on the document's tokens, framed once: the reference), or, past the model's
+length, over the model-length window that holds the chunk; its offsets and text are window chunking's.
+
+The reference cuts chunks and context windows here, from one tokenization of the text: chunk k's own tokens are
+[k·(room − stride), … + room) of the document's tokens, and context windows take chunks from the first while
+their tokens fit the checkpoint's length."""
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from docbeam import attention
+from docbeam.models import checkpoint, encoder
+from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.pipeline.records import Document
+from docbeam.pipeline.stages.late_chunks import context_batch, group_chunks
+from docbeam.pipeline.stages.tokenize import tokenize_documents
+from family_fixtures import MIN_COSINE, save_checkpoint, spread_norms_and_biases, tiny_model
+
+WINDOW, STRIDE, CONTEXT = 24, 6, 96  # chunks of 22 own tokens, 6 shared; context windows of 94 own tokens
+WORDS = "river bank loan tide quay fund harbour ledger storm credit anchor bond".split()
+TEXTS = {"short": " ".join(WORDS[:5]),  # one chunk
+         "fits": " ".join(WORDS * 5),  # several chunks, one context window
+         "long": " ".join(f"{w}{i % 7}" for i, w in enumerate(WORDS * 12))}  # past CONTEXT: several context windows
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    model = spread_norms_and_biases(tiny_model("BertModel", num_hidden_layers=2, intermediate_size=64))
+    return model, save_checkpoint(model, str(tmp_path_factory.mktemp("late-bert")), max_seq_length=CONTEXT)
+
+
+def reference_chunks(model, tokenizer, text: str) -> list[np.ndarray]:
+    """Each chunk's vector: transformers' states of [CLS] + its context's tokens + [SEP], mean over its own."""
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    room, context_room = WINDOW - 2, CONTEXT - 2
+    chunks, start = [], 0
+    while True:
+        chunks.append((start, min(start + room, len(ids))))
+        if chunks[-1][1] == len(ids):
+            break
+        start += room - STRIDE
+    out, first = [], None
+    for a, b in chunks:
+        if first is None or b - first > context_room:
+            first = a
+            end = max(e for s, e in chunks if s >= first and e - first <= context_room)
+            framed = [tokenizer.cls_token_id, *ids[first:end], tokenizer.sep_token_id]
+            with torch.no_grad():
+                hidden = model(input_ids=torch.tensor([framed])).last_hidden_state[0].numpy().astype(np.float64)
+        out.append(hidden[1 + a - first:1 + b - first].mean(0))
+    return out
+
+
+def windows_of(folder: str, context_len: int | None):
+    tokenizer = checkpoint.load_tokenizer(folder)
+    docs = [Document(doc_id, text, "docs.jsonl", i + 1) for i, (doc_id, text) in enumerate(TEXTS.items())]
+    windows, rejected = tokenize_documents(docs, tokenizer, window_len=WINDOW, config=TokenizeConfig(stride=STRIDE),
+                                           context_len=context_len)
+    assert not rejected
+    return windows
+
+
+def late_vectors(folder: str, backend: str = "native", shift: int = 0) -> dict[tuple[str, int], np.ndarray]:
+    """Our late chunk vectors, by (document, chunk), from the pipeline's own windows and batch; ``shift`` moves
+    every span by that many tokens (a broken variant)."""
+    ck = checkpoint.open_checkpoint(folder)
+    params = checkpoint.load_params(ck.folder, ck.config)
+    chosen = attention.get(backend)
+    embed = jax.jit(encoder.embed_fn(ck.config, chosen.bind(chosen.parse_options(None)), "cls"))
+    contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]
+    batch = context_batch(contexts, 128, len(contexts) + 1)
+    out = np.asarray(embed(params, batch.ids_BxT, batch.lengths_B, None, None, batch.spans_BxKx2 + shift))
+    vectors = out.reshape(-1, out.shape[-1])[batch.window_slots()]
+    return {(w.doc_id, w.index): v for w, v in zip(batch.windows, vectors)}
+
+
+def cosine(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+@pytest.mark.parametrize("backend", ["native", "chunked"])
+def test_late_chunks_are_the_mean_of_their_tokens_in_a_forward_over_the_whole_document(bert, backend):
+    model, folder = bert
+    tokenizer = checkpoint.load_tokenizer(folder)
+    ours = late_vectors(folder, backend)
+    contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]
+    assert [w.num_windows for w in contexts if w.doc_id == "long"][0] > 1  # the long one needs several
+    assert {w.num_windows for w in contexts if w.doc_id != "long"} == {1}
+    for doc_id, text in TEXTS.items():
+        reference = reference_chunks(model, tokenizer, text)
+        assert len(reference) == len([k for d, k in ours if d == doc_id])
+        for k, want in enumerate(reference):
+            assert cosine(ours[doc_id, k], want) >= MIN_COSINE, (doc_id, k, backend)
+
+
+def test_a_span_off_by_one_token_is_seen(bert):
+    """Every chunk's span one token later: each chunk falls below the parity bar."""
+    model, folder = bert
+    tokenizer = checkpoint.load_tokenizer(folder)
+    broken = late_vectors(folder, shift=1)
+    for doc_id, text in TEXTS.items():
+        reference = reference_chunks(model, tokenizer, text)
+        assert max(cosine(broken[doc_id, k], want) for k, want in enumerate(reference)) < MIN_COSINE, doc_id
+
+
+def test_late_chunks_differ_from_window_chunks_with_the_same_offsets(bert):
+    """The same chunks (index, offsets, length) as window chunking; vectors that saw more than their window."""
+    _, folder = bert
+    plain = windows_of(folder, None)
+    late = windows_of(folder, CONTEXT)
+    assert [(w.doc_id, w.index, w.char_start, w.char_end, list(w.token_ids)) for w in plain] == \
+        [(w.doc_id, w.index, w.char_start, w.char_end, list(w.token_ids)) for w in late if not w.spans]
+    spans = {(w.doc_id, s.index): (s.char_start, s.char_end, s.length) for w in late for s in w.spans}
+    assert spans == {(w.doc_id, w.index): (w.char_start, w.char_end, w.length) for w in plain}
+    ck = checkpoint.open_checkpoint(folder)
+    params = checkpoint.load_params(ck.folder, ck.config)
+    embed = jax.jit(encoder.embed_fn(ck.config, attention.get("native").bind(attention.get("native").parse_options(None)), "mean"))
+    windowed = [w for w in plain if w.doc_id == "fits"]
+    ids = np.zeros((len(windowed), WINDOW), np.int32)
+    for r, w in enumerate(windowed):
+        ids[r, :w.length] = w.token_ids
+    by_window = np.asarray(embed(params, ids, np.asarray([w.length for w in windowed], np.int32)))
+    ours = late_vectors(folder)
+    assert max(cosine(ours["fits", w.index], by_window[r]) for r, w in enumerate(windowed)) < 0.999
+
+
+def test_context_windows_group_consecutive_chunks_while_they_fit():
+    assert group_chunks([(0, 10), (8, 18), (16, 26), (24, 30)], 20) == [(0, 18, [0, 1]), (16, 30, [2, 3])]
+    assert group_chunks([(0, 5)], 5) == [(0, 5, [0])]
+    with pytest.raises(ValueError, match="does not fit a context window"):
+        group_chunks([(0, 10)], 9)
