@@ -135,3 +135,70 @@ def test_context_windows_group_consecutive_chunks_while_they_fit():
     assert group_chunks([(0, 5)], 5) == [(0, 5, [0])]
     with pytest.raises(ValueError, match="does not fit a context window"):
         group_chunks([(0, 10)], 9)
+
+
+def run_chunks(folder: str, tmp_path, name: str, chunking: str, packing: bool, backend: str = "native"):
+    """``docbeam run`` with granularity both: (chunk rows by (document, index), document rows by id)."""
+    import glob
+    import json
+
+    import pyarrow.parquet as pq
+
+    from conftest import job_config
+    from docbeam.pipeline.driver.run import run_job
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
+    out = tmp_path / name
+    summary = run_job(job_config(str(docs), str(out), folder, model={"max_seq_len": WINDOW},
+                                 tokenize={"stride": STRIDE}, attention={"backend": backend},
+                                 batching={"buckets": [32, 64, 128], "tokens_per_batch": 512, "packing": packing},
+                                 output={"granularity": "both", "chunking": chunking}))
+    assert summary["chunking"] == chunking
+
+    def read(folder_name):
+        return [r for f in sorted(glob.glob(f"{out}/{folder_name}/*.parquet")) for r in pq.read_table(f).to_pylist()]
+
+    return ({(r["document_id"], r["chunk_index"]): r for r in read("chunks")}, {r["id"]: r for r in read("embeddings")})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing, backend", [(True, "native"), (False, "chunked")])
+def test_docbeam_run_writes_late_chunks_beside_unchanged_document_vectors(bert, tmp_path, packing, backend):
+    """A whole run: late chunk rows are the reference's vectors with window chunking's offsets, text and
+    num_tokens; the document rows are window chunking's, bit for bit (packed windows, unpacked context windows)."""
+    model, folder = bert
+    tokenizer = checkpoint.load_tokenizer(folder)
+    late, late_docs = run_chunks(folder, tmp_path, "late", "late", packing, backend)
+    window, window_docs = run_chunks(folder, tmp_path, "window", "window", packing, backend)
+    assert late_docs == window_docs
+    assert late.keys() == window.keys()
+    for key, row in late.items():
+        assert {k: v for k, v in row.items() if k != "embedding"} == \
+            {k: v for k, v in window[key].items() if k != "embedding"}
+    for doc_id, text in TEXTS.items():
+        for k, want in enumerate(reference_chunks(model, tokenizer, text)):
+            assert cosine(late[doc_id, k]["embedding"], want) >= MIN_COSINE, (doc_id, k)
+    assert min(cosine(late[key]["embedding"], window[key]["embedding"]) for key in late) < 0.999
+
+
+def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
+    from conftest import job_config
+    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.pipeline.driver.plan import make_plan
+
+    _, folder = bert
+    (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
+
+    def plan(**sections):
+        return make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder,
+                                    model={"max_seq_len": WINDOW}, tokenize={"stride": STRIDE}, **sections),
+                         probe_backends=False)
+
+    with pytest.raises(ConfigError, match="output.chunking: late makes chunk rows, but output.granularity: document"):
+        plan(output={"chunking": "late"})
+    with pytest.raises(ConfigError, match="context windows of up to 96 tokens .* batching.buckets ends at 64; add 96"):
+        plan(output={"chunking": "late", "granularity": "chunk"}, batching={"buckets": [32, 64]})
+    with pytest.raises(ConfigError, match="output.chunking"):
+        plan(output={"chunking": "sliding", "granularity": "chunk"})
+    assert plan(output={"chunking": "late", "granularity": "chunk"}, batching={"buckets": [32, 128]}).context_len == 96

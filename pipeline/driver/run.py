@@ -87,7 +87,8 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.name == "embedding"
            else {}),
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "packing": plan.packing, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
+        "packing": plan.packing, "granularity": cfg.output.granularity,
+        "chunking": cfg.output.chunking, "config_digest": cfg.digest(),
         "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
@@ -131,7 +132,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                                 row_stats=getattr(plan.head, "row_stats", None)))
     if cfg.output.granularity != "document":
         # Chunk rows are quantized with the documents' calibration (one scale per output).
-        chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": quantized["rows"],
+        chunks = ({"windows": embedded["chunks"], "documents": to_encode, "embedded": quantized["rows"],
                    **calibration}
                   | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
                                                  truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,

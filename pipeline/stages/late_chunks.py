@@ -7,13 +7,16 @@ is one context window, and a longer one is split only between chunks, each chunk
 holds it whole. A context window is framed like a first window ([CLS], the prompt, the text, [SEP]) and carries
 its chunks' token spans (``ChunkSpan``); the forward mean-pools each span (models/encoder.py ``pool_spans``)
 after attention over the whole context window, so only one vector per chunk leaves the device. Context windows
-are batched unpacked, apart from ordinary windows (their key says which), whatever ``batching.packing`` says.
+are batched unpacked, apart from ordinary windows, whatever ``batching.packing`` says (``BatchContexts``).
 """
 from __future__ import annotations
 
+import apache_beam as beam
 import numpy as np
 
+from docbeam.pipeline.driver.config import BatchingConfig
 from docbeam.pipeline.records import Batch, ChunkSpan, TokenWindow, WindowRef, batch_id
+from docbeam.pipeline.stages.packer import bucket_for, rows_for, window_shard
 
 MIN_CHUNK_TOKENS = 8  # spans a context row has room for by default: one per 8 tokens, as packed slots
 
@@ -78,3 +81,30 @@ def context_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Bat
         chunks += WindowRef.chunks_of(w)
     return Batch(batch_id=batch_id(bucket_len, windows, packed=False).replace("b", "l", 1), bucket_len=bucket_len,
                  ids_BxT=ids_BxT, lengths_B=lengths_B, windows=tuple(chunks), spans_BxKx2=spans_BxKx2)
+
+
+def context_batches(keyed: tuple, config: BatchingConfig) -> list[Batch]:
+    """One (bucket, shard)'s context windows → full batches of that bucket, the last one padded."""
+    (bucket_len, _), windows = keyed
+    windows = sorted(windows, key=lambda w: (w.doc_id, w.index))
+    rows = rows_for(bucket_len, config.tokens_per_batch)
+    return [context_batch(windows[i:i + rows], bucket_len, rows) for i in range(0, len(windows), rows)]
+
+
+class BatchContexts(beam.PTransform):
+    """Context windows → Batches, grouped by (bucket, shard): not BucketBatches' stateful packer, since a
+    second stateful step beside it in one pipeline loses its end-of-input timers on Beam's FnApiRunner (seen:
+    the held windows never came out). A (bucket, shard)'s last batch is padded rather than filled across
+    buckets: context windows are one per document or fewer, so that costs little."""
+
+    def __init__(self, config: BatchingConfig):
+        super().__init__()
+        self._config = config
+
+    def expand(self, contexts):
+        cfg = self._config
+        return (contexts
+                | "KeyByBucketAndShard" >> beam.Map(lambda w: ((bucket_for(w.length, cfg.buckets),
+                                                                window_shard(w, cfg)), w))
+                | "GroupContexts" >> beam.GroupByKey()
+                | "ContextBatches" >> beam.FlatMap(context_batches, cfg))
