@@ -137,7 +137,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                   | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
                                                  truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
                                                  width=plan.width, vector_dtype=cfg.output.vector_dtype,
-                                                 kept_columns=plan.kept.fields()))
+                                                 kept_columns=plan.kept.fields(),
+                                                 sparse=plan.head if plan.head.name == "sparse" else None))
         written = {**written, "written": (*written["written"], chunks)}
     written = {**written, "written": written["written"] + sinks.sink_files(plan, staging, run_id, read, quantized["rows"],
                                                                      reused) + selection.get("written", ())}
