@@ -83,7 +83,6 @@ class WindowRef(NamedTuple):
     truncated: bool
     char_start: int = 0
     char_end: int = 0
-    chunk_tokens: int = 0  # late chunking: the chunk's window's tokens (0: a window of its own)
 
     @classmethod
     def of(cls, window: TokenWindow) -> "WindowRef":
@@ -93,8 +92,8 @@ class WindowRef(NamedTuple):
     @classmethod
     def chunks_of(cls, window: TokenWindow) -> list["WindowRef"]:
         """A context window's chunks, each referred to as window chunking refers to its window."""
-        return [cls(window.doc_id, s.index, s.of, window.doc_tokens, window.truncated, s.char_start, s.char_end,
-                    s.length) for s in window.spans]
+        return [cls(window.doc_id, s.index, s.of, window.doc_tokens, window.truncated, s.char_start, s.char_end)
+                for s in window.spans]
 
 
 def batch_id(bucket_len: int, windows: Iterable[WindowRef | TokenWindow], packed: bool) -> str:
@@ -120,8 +119,9 @@ class Batch:
     windows: tuple[WindowRef, ...]  # one per window, in the order the encoder's outputs are read
     segment_ids_BxT: np.ndarray | None = None  # int32 [rows, bucket_len]; packed batches only
     slot_lengths_BxK: np.ndarray | None = None  # int32 [rows, max windows per row]; packed batches only
-    # Late chunking (unpacked context windows): each row's chunks' [start, end) tokens; ``windows`` are the chunks.
-    spans_BxKx2: np.ndarray | None = None
+    # Late chunking (unpacked context windows): each row's chunks' [start, end) tokens and their windows' lengths
+    # (the rows' num_tokens); ``windows`` are the chunks.
+    spans_BxKx3: np.ndarray | None = None
 
     def __post_init__(self):
         # Whatever built the batch, its windows are read by name from here on (a plain tuple is accepted).
@@ -138,8 +138,9 @@ class Batch:
 
     @property
     def real_rows(self) -> int:
-        """Windows in the batch (as many as rows with data, unless packed)."""
-        return len(self.windows)
+        """Windows in the batch (as many as rows with data, unless packed; late chunking's: its context windows,
+        whose chunks ``windows`` lists)."""
+        return int((self.lengths_B > 0).sum()) if self.spans_BxKx3 is not None else len(self.windows)
 
     @property
     def real_tokens(self) -> int:
@@ -147,16 +148,16 @@ class Batch:
 
     def window_lengths(self) -> np.ndarray:
         """Each window's length, in ``windows``' order (a late chunk's: its window's)."""
-        if self.spans_BxKx2 is not None:
-            return np.asarray([w.chunk_tokens for w in self.windows], np.int32)
+        if self.spans_BxKx3 is not None:
+            return self.spans_BxKx3[..., 2].ravel()[self.window_slots()]
         if not self.packed:
             return self.lengths_B[: self.real_rows]
         return self.slot_lengths_BxK.ravel()[self.window_slots()]
 
     def window_slots(self) -> np.ndarray:
         """Where each window's vector is in the encoder's output flattened to [rows × slots, D]."""
-        if self.spans_BxKx2 is not None:
-            return np.flatnonzero((self.spans_BxKx2[..., 1] > self.spans_BxKx2[..., 0]).ravel())
+        if self.spans_BxKx3 is not None:
+            return np.flatnonzero((self.spans_BxKx3[..., 1] > self.spans_BxKx3[..., 0]).ravel())
         if not self.packed:
             return np.arange(self.real_rows)
         return np.flatnonzero(self.slot_lengths_BxK.ravel() > 0)

@@ -74,7 +74,7 @@ def late_vectors(folder: str, backend: str = "native", shift: int = 0) -> dict[t
     embed = jax.jit(encoder.embed_fn(ck.config, chosen.bind(chosen.parse_options(None)), "cls"))
     contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]
     batch = context_batch(contexts, 128, len(contexts) + 1)
-    out = np.asarray(embed(params, batch.ids_BxT, batch.lengths_B, None, None, batch.spans_BxKx2 + shift))
+    out = np.asarray(embed(params, batch.ids_BxT, batch.lengths_B, None, None, batch.spans_BxKx3[..., :2] + shift))
     vectors = out.reshape(-1, out.shape[-1])[batch.window_slots()]
     return {(w.doc_id, w.index): v for w, v in zip(batch.windows, vectors)}
 

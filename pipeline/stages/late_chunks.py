@@ -72,15 +72,15 @@ def context_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Bat
     windows = sorted(windows, key=lambda w: (w.doc_id, w.index))
     ids_BxT = np.zeros((rows, bucket_len), np.int32)
     lengths_B = np.zeros((rows,), np.int32)
-    spans_BxKx2 = np.zeros((rows, spans_per_row(bucket_len, windows), 2), np.int32)
+    spans_BxKx3 = np.zeros((rows, spans_per_row(bucket_len, windows), 3), np.int32)
     chunks = []
     for row, w in enumerate(windows):
         ids_BxT[row, :w.length] = w.token_ids
         lengths_B[row] = w.length
-        spans_BxKx2[row, :len(w.spans)] = [(s.start, s.end) for s in w.spans]
+        spans_BxKx3[row, :len(w.spans)] = [(s.start, s.end, s.length) for s in w.spans]
         chunks += WindowRef.chunks_of(w)
     return Batch(batch_id=batch_id(bucket_len, windows, packed=False).replace("b", "l", 1), bucket_len=bucket_len,
-                 ids_BxT=ids_BxT, lengths_B=lengths_B, windows=tuple(chunks), spans_BxKx2=spans_BxKx2)
+                 ids_BxT=ids_BxT, lengths_B=lengths_B, windows=tuple(chunks), spans_BxKx3=spans_BxKx3)
 
 
 def context_batches(keyed: tuple, config: BatchingConfig) -> list[Batch]:
