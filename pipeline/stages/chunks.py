@@ -112,6 +112,9 @@ class WriteChunks(beam.PTransform):
             rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim,
                               sparse=sparse)
             rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
+            # A late chunk whose context window gave NaN or inf is not written, though its document's row (from
+            # its windows) was: an embedding written is always finite.
+            rows = [r for r in rows if "embedding" not in r or np.all(np.isfinite(r["embedding"]))]
             if dtype == "float32":  # chunk_vector made them float32 already
                 return rows
             # A chunk with values beyond float16's range is not written (an embedding written is always finite).
