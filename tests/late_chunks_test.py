@@ -32,12 +32,14 @@ def bert(tmp_path_factory):
     return model, save_checkpoint(model, str(tmp_path_factory.mktemp("late-bert")), max_seq_length=CONTEXT)
 
 
-def reference_chunks(model, tokenizer, text: str) -> list[np.ndarray]:
-    """Each chunk's vector: transformers' states of [CLS] + its context's tokens + [SEP], mean over its own."""
+def reference_chunks(model, tokenizer, text: str, prompt: str = "") -> list[np.ndarray]:
+    """Each chunk's vector: transformers' states of [CLS] + the prompt's tokens + its context's tokens + [SEP],
+    mean over its own."""
     import torch
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    room, context_room = WINDOW - 2, CONTEXT - 2
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"] if prompt else []
+    room, context_room = WINDOW - 2 - len(prompt_ids), CONTEXT - 2 - len(prompt_ids)
     chunks, start = [], 0
     while True:
         chunks.append((start, min(start + room, len(ids))))
@@ -49,30 +51,32 @@ def reference_chunks(model, tokenizer, text: str) -> list[np.ndarray]:
         if first is None or b - first > context_room:
             first = a
             end = max(e for s, e in chunks if s >= first and e - first <= context_room)
-            framed = [tokenizer.cls_token_id, *ids[first:end], tokenizer.sep_token_id]
+            framed = [tokenizer.cls_token_id, *prompt_ids, *ids[first:end], tokenizer.sep_token_id]
             with torch.no_grad():
                 hidden = model(input_ids=torch.tensor([framed])).last_hidden_state[0].numpy().astype(np.float64)
-        out.append(hidden[1 + a - first:1 + b - first].mean(0))
+        shift = 1 + len(prompt_ids)
+        out.append(hidden[shift + a - first:shift + b - first].mean(0))
     return out
 
 
-def windows_of(folder: str, context_len: int | None):
+def windows_of(folder: str, context_len: int | None, prompt: str | None = None):
     tokenizer = checkpoint.load_tokenizer(folder)
     docs = [Document(doc_id, text, "docs.jsonl", i + 1) for i, (doc_id, text) in enumerate(TEXTS.items())]
     windows, rejected = tokenize_documents(docs, tokenizer, window_len=WINDOW, config=TokenizeConfig(stride=STRIDE),
-                                           context_len=context_len)
+                                           prompt=prompt, context_len=context_len)
     assert not rejected
     return windows
 
 
-def late_vectors(folder: str, backend: str = "native", shift: int = 0) -> dict[tuple[str, int], np.ndarray]:
+def late_vectors(folder: str, backend: str = "native", shift: int = 0,
+                 prompt: str | None = None) -> dict[tuple[str, int], np.ndarray]:
     """Our late chunk vectors, by (document, chunk), from the pipeline's own windows and batch; ``shift`` moves
     every span by that many tokens (a broken variant)."""
     ck = checkpoint.open_checkpoint(folder)
     params = checkpoint.load_params(ck.folder, ck.config)
     chosen = attention.get(backend)
     embed = jax.jit(encoder.embed_fn(ck.config, chosen.bind(chosen.parse_options(None)), "cls"))
-    contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]
+    contexts = [w for w in windows_of(folder, CONTEXT, prompt) if w.spans]
     batch = context_batch(contexts, 128, len(contexts) + 1)
     out = np.asarray(embed(params, batch.ids_BxT, batch.lengths_B, None, None, batch.spans_BxKx3[..., :2] + shift))
     vectors = out.reshape(-1, out.shape[-1])[batch.window_slots()]
@@ -97,6 +101,17 @@ def test_late_chunks_are_the_mean_of_their_tokens_in_a_forward_over_the_whole_do
         assert len(reference) == len([k for d, k in ours if d == doc_id])
         for k, want in enumerate(reference):
             assert cosine(ours[doc_id, k], want) >= MIN_COSINE, (doc_id, k, backend)
+
+
+def test_a_prompt_frames_each_context_window_once_and_is_not_pooled(bert):
+    """model.prompt (e5's ``passage: ``) after [CLS] in every context window, as in every window; the chunks'
+    spans are their own tokens only."""
+    model, folder = bert
+    tokenizer = checkpoint.load_tokenizer(folder)
+    ours = late_vectors(folder, prompt="passage: ")
+    for doc_id, text in TEXTS.items():
+        for k, want in enumerate(reference_chunks(model, tokenizer, text, "passage: ")):
+            assert cosine(ours[doc_id, k], want) >= MIN_COSINE, (doc_id, k)
 
 
 def test_a_span_off_by_one_token_is_seen(bert):
