@@ -50,7 +50,7 @@ class ChunkSpan(NamedTuple):
     char_start: int  # the chunk's characters in the source text (its window's)
     char_end: int
     length: int  # its window's tokens (special and prompt tokens included): the chunk row's num_tokens
-    of: int  # the document's chunks
+    num_chunks: int  # the document's chunks
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -92,8 +92,8 @@ class WindowRef(NamedTuple):
     @classmethod
     def chunks_of(cls, window: TokenWindow) -> list["WindowRef"]:
         """A context window's chunks, each referred to as window chunking refers to its window."""
-        return [cls(window.doc_id, s.index, s.of, window.doc_tokens, window.truncated, s.char_start, s.char_end)
-                for s in window.spans]
+        return [cls(window.doc_id, s.index, s.num_chunks, window.doc_tokens, window.truncated, s.char_start,
+                    s.char_end) for s in window.spans]
 
 
 def batch_id(bucket_len: int, windows: Iterable[WindowRef | TokenWindow], packed: bool) -> str:

@@ -135,7 +135,8 @@ def test_late_chunks_differ_from_window_chunks_with_the_same_offsets(bert):
     assert spans == {(w.doc_id, w.index): (w.char_start, w.char_end, w.length) for w in plain}
     ck = checkpoint.open_checkpoint(folder)
     params = checkpoint.load_params(ck.folder, ck.config)
-    embed = jax.jit(encoder.embed_fn(ck.config, attention.get("native").bind(attention.get("native").parse_options(None)), "mean"))
+    native = attention.get("native")
+    embed = jax.jit(encoder.embed_fn(ck.config, native.bind(native.parse_options(None)), "mean"))
     windowed = [w for w in plain if w.doc_id == "fits"]
     ids = np.zeros((len(windowed), WINDOW), np.int32)
     for r, w in enumerate(windowed):
