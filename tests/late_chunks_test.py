@@ -170,7 +170,7 @@ def run_chunks(folder: str, tmp_path, name: str, chunking: str, packing: bool, b
                                  tokenize={"stride": STRIDE}, attention={"backend": backend},
                                  batching={"buckets": [32, 64, 128], "tokens_per_batch": 512, "packing": packing},
                                  output={"granularity": "both", "chunking": chunking}))
-    assert summary["chunking"] == chunking
+    assert summary["chunking"] == chunking and summary.get("context_len") == (CONTEXT if chunking == "late" else None)
 
     def read(folder_name):
         return [r for f in sorted(glob.glob(f"{out}/{folder_name}/*.parquet")) for r in pq.read_table(f).to_pylist()]
