@@ -218,3 +218,16 @@ def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
     with pytest.raises(ConfigError, match="output.chunking"):
         plan(output={"chunking": "sliding", "granularity": "chunk"})
     assert plan(output={"chunking": "late", "granularity": "chunk"}, batching={"buckets": [32, 128]}).context_len == 96
+
+
+def test_context_batches_are_full_but_the_last_and_list_every_chunk_once(bert):
+    from docbeam.pipeline.driver.config import BatchingConfig
+    from docbeam.pipeline.stages.late_chunks import context_batches
+
+    _, folder = bert
+    contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]
+    batches = list(context_batches(((128, 0), iter(contexts)), BatchingConfig(tokens_per_batch=128 * 4)))
+    assert [b.real_rows for b in batches] == [4, 2] and {b.ids_BxT.shape for b in batches} == {(4, 128)}
+    chunks = [(w.doc_id, w.index) for b in batches for w in b.windows]
+    assert sorted(chunks) == sorted((w.doc_id, s.index) for w in contexts for s in w.spans)
+    assert all(len(b.window_lengths()) == len(b.windows) for b in batches)

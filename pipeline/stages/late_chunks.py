@@ -83,12 +83,20 @@ def context_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Bat
                  ids_BxT=ids_BxT, lengths_B=lengths_B, windows=tuple(chunks), spans_BxKx3=spans_BxKx3)
 
 
-def context_batches(keyed: tuple, config: BatchingConfig) -> list[Batch]:
-    """One (bucket, shard)'s context windows → full batches of that bucket, the last one padded."""
+def context_batches(keyed: tuple, config: BatchingConfig):
+    """One (bucket, shard)'s context windows → full batches of that bucket, the last one padded. Read as they
+    come (a runner may stream a large group rather than hold it), so which windows share a batch follows the
+    group's order; each batch sorts its own."""
     (bucket_len, _), windows = keyed
-    windows = sorted(windows, key=lambda w: (w.doc_id, w.index))
     rows = rows_for(bucket_len, config.tokens_per_batch)
-    return [context_batch(windows[i:i + rows], bucket_len, rows) for i in range(0, len(windows), rows)]
+    held = []
+    for w in windows:
+        held.append(w)
+        if len(held) == rows:
+            yield context_batch(held, bucket_len, rows)
+            held = []
+    if held:
+        yield context_batch(held, bucket_len, rows)
 
 
 class BatchContexts(beam.PTransform):
