@@ -179,6 +179,8 @@ class OutputConfig(Section):
     mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
     granularity: Literal["document", "chunk", "both"] = "document"  # chunk: one row per window, with offsets
     chunk_text: bool = True  # chunk rows carry the chunk's text (false: offsets only)
+    # late: each chunk's vector pooled from a forward over its whole document (pipeline/stages/late_chunks.py)
+    chunking: Literal["window", "late"] = "window"
     vector_dtype: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"
     vertex_ai: VertexAIConfig | None = None
     pgvector: PgvectorConfig | None = None
@@ -190,6 +192,13 @@ class OutputConfig(Section):
         # Normalised once, here: `//`, `/./` or `/../` would otherwise make the commit's own files look
         # outside the folder to its clean-up (pipeline/store/output.inside compares plain prefixes).
         return normalize_folder(one_folder(path).strip())
+
+    @pydantic.model_validator(mode="after")
+    def _late_chunks_need_chunk_rows(self):
+        if self.chunking == "late" and self.granularity == "document":
+            raise ValueError("output.chunking: late makes chunk rows, but output.granularity: document writes none; "
+                             "set output.granularity: chunk (or both), or leave output.chunking: window")
+        return self
 
     @pydantic.field_validator("vertex_ai", mode="before")
     @classmethod

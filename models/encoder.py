@@ -22,7 +22,7 @@ from docbeam.models.precision import precision_for
 # Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
 __all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "embed_fn", "gelu_erf",
-           "pool", "pool_segments", "rotary", "segment_ends", "segment_positions", "segment_starts"]
+           "pool", "pool_segments", "pool_spans", "rotary", "segment_ends", "segment_positions", "segment_starts"]
 
 
 def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
@@ -77,6 +77,18 @@ def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_leng
     return summed_BxKxD / jnp.maximum(slot_lengths_BxK, 1)[..., None].astype(jnp.float32)
 
 
+def pool_spans(hidden_BxTxD: jax.Array, spans_BxKx2: jax.Array) -> jax.Array:
+    """Late chunking: the mean of each span's token states [B, K, D], span k of row b being tokens
+    [spans[b, k, 0], spans[b, k, 1]) of a row whose tokens all attended to each other. A mask, not segment ids:
+    chunks that share ``tokenize.stride`` tokens overlap. An empty span (start == end: a padding slot) is zero."""
+    t_T = jnp.arange(hidden_BxTxD.shape[1])
+    in_span_BxTxK = ((t_T[None, :, None] >= spans_BxKx2[:, None, :, 0])
+                     & (t_T[None, :, None] < spans_BxKx2[:, None, :, 1])).astype(jnp.float32)
+    summed_BxKxD = jnp.einsum("btd,btk->bkd", hidden_BxTxD.astype(jnp.float32), in_span_BxTxK)
+    counts_BxK = jnp.maximum(spans_BxKx2[..., 1] - spans_BxKx2[..., 0], 1).astype(jnp.float32)
+    return summed_BxKxD / counts_BxK[..., None]
+
+
 def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, layers: tuple[HeadLayer, ...] = (),
              reduce: Callable[..., Any] | None = None):
     """``(params, ids_BxT, lengths_B) -> pooled_BxD``, or with packed rows
@@ -86,12 +98,18 @@ def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str,
     head's load_params>)}`` and D is the last layer's width. Per window, before windows are combined: a layer's
     activation is not linear, so on a long document this is each window's output as the model gives it. Pooling
     ``tokens`` pools nothing: the layers run on every token and the output is [B, T, D] (packed rows too). A head's
-    ``reduce`` (models/heads/sparse.py) replaces pooling and layers: it is handed every token state."""
+    ``reduce`` (models/heads/sparse.py) replaces pooling and layers: it is handed every token state. With
+    ``spans_BxKx2`` (late chunking, unpacked rows) each span's tokens are mean-pooled whatever ``pooling`` says
+    (Jina's late chunking: a chunk has no [CLS] or last token of its own), then the layers: [B, K, D]."""
     module = Encoder(config, attention)
 
-    def embed(params, ids_BxT, lengths_B, segment_ids_BxT=None, slot_lengths_BxK=None):
+    def embed(params, ids_BxT, lengths_B, segment_ids_BxT=None, slot_lengths_BxK=None, spans_BxKx2=None):
         encoder_params, head = (params["encoder"], params["head"]) if layers or reduce else (params, ())
         hidden_BxTxD = module.apply({"params": encoder_params}, ids_BxT, lengths_B, segment_ids_BxT)
+        if spans_BxKx2 is not None:
+            if reduce is not None or pooling == "tokens":
+                raise ValueError("late chunking pools spans into one vector each; this head pools no vectors")
+            return apply_layers(pool_spans(hidden_BxTxD, spans_BxKx2), head, layers)
         if reduce is not None:
             return reduce(hidden_BxTxD, lengths_B, segment_ids_BxT, slot_lengths_BxK, head)
         if pooling == "tokens":  # a multi-vector head: every token's vector [B, T, D'] (the host cuts windows)

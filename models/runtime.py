@@ -87,6 +87,16 @@ def window_outputs(head, pooled: np.ndarray, batch):
     return per_token(pooled, batch) if per_token else pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
 
 
+def forward_inputs(batch) -> tuple:
+    """The forward's arguments for ``batch``: packed rows add segment ids and slot lengths, late chunking's
+    context windows their chunks' spans (models/encoder.py embed_fn)."""
+    if batch.packed:
+        return batch.ids_BxT, batch.lengths_B, batch.segment_ids_BxT, batch.slot_lengths_BxK
+    if batch.spans_BxKx3 is not None:
+        return batch.ids_BxT, batch.lengths_B, None, None, batch.spans_BxKx3[..., :2]
+    return batch.ids_BxT, batch.lengths_B
+
+
 class EncoderRuntime:
     """Parameters on device, one jitted forward per backend of ``spec.choices``, the compile pool."""
 
@@ -166,18 +176,18 @@ class EncoderRuntime:
         choice = self.choices[batch.bucket_len]
         started_at = datetime.datetime.now(datetime.timezone.utc)
         t0 = time.perf_counter()
-        if batch.packed != self.spec.packing:
+        late = batch.spans_BxKx3 is not None  # late chunking's context windows: unpacked, compiled at first use
+        if batch.packed != self.spec.packing and not late:
             raise ValueError(f"batch {batch.batch_id} is {'' if batch.packed else 'not '}packed, but this encoder was "
                              f"built for batching.packing: {self.spec.packing}")
-        inputs = (batch.ids_BxT, batch.lengths_B) + ((batch.segment_ids_BxT, batch.slot_lengths_BxK)
-                                                     if batch.packed else ())
+        inputs = forward_inputs(batch)
         watch, compiling = self.hooks.watch, self.pool.pending()
         compiles_before, compile_s_before, hits_before = watch.in_this_thread()
-        key = (choice.backend, batch.ids_BxT.shape)
-        forward, waited_s = self.pool.executable(key)
+        key = (choice.backend, batch.ids_BxT.shape, *(("late",) if late else ()))
+        forward, waited_s = self.pool.executable(key) if not late else (None, 0.0)
         forward = forward or self._forward[choice.backend]  # a shape not planned for: jit compiles it now
         t1 = time.perf_counter()
-        pooled = forward(self.params, *[jax.device_put(x, self.device) for x in inputs])
+        pooled = forward(self.params, *[x if x is None else jax.device_put(x, self.device) for x in inputs])
         pooled.block_until_ready()
         t2 = time.perf_counter()
         vectors = window_outputs(self.spec.head, np.asarray(pooled), batch)

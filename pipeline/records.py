@@ -41,6 +41,18 @@ def writable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+class ChunkSpan(NamedTuple):
+    """Late chunking: one chunk inside a context window (pipeline/stages/late_chunks.py)."""
+
+    index: int  # the chunk's index: its window's, as window chunking numbers it
+    start: int  # the chunk's own tokens in the context window: [start, end)
+    end: int
+    char_start: int  # the chunk's characters in the source text (its window's)
+    char_end: int
+    length: int  # its window's tokens (special and prompt tokens included): the chunk row's num_tokens
+    num_chunks: int  # the document's chunks
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class TokenWindow:
     """One model-length slice of a document's tokens ([CLS] … [SEP] included); not a Beam window."""
@@ -53,6 +65,7 @@ class TokenWindow:
     truncated: bool
     char_start: int = 0  # the window's characters in the source text: [char_start, char_end), code points
     char_end: int = 0
+    spans: tuple[ChunkSpan, ...] = ()  # late chunking: a context window's chunks (index: the context's number)
 
     @property
     def length(self) -> int:
@@ -75,6 +88,12 @@ class WindowRef(NamedTuple):
     def of(cls, window: TokenWindow) -> "WindowRef":
         return cls(window.doc_id, window.index, window.num_windows, window.doc_tokens, window.truncated,
                    window.char_start, window.char_end)
+
+    @classmethod
+    def chunks_of(cls, window: TokenWindow) -> list["WindowRef"]:
+        """A context window's chunks, each referred to as window chunking refers to its window."""
+        return [cls(window.doc_id, s.index, s.num_chunks, window.doc_tokens, window.truncated, s.char_start,
+                    s.char_end) for s in window.spans]
 
 
 def batch_id(bucket_len: int, windows: Iterable[WindowRef | TokenWindow], packed: bool) -> str:
@@ -100,6 +119,9 @@ class Batch:
     windows: tuple[WindowRef, ...]  # one per window, in the order the encoder's outputs are read
     segment_ids_BxT: np.ndarray | None = None  # int32 [rows, bucket_len]; packed batches only
     slot_lengths_BxK: np.ndarray | None = None  # int32 [rows, max windows per row]; packed batches only
+    # Late chunking (unpacked context windows): each row's chunks' [start, end) tokens and their windows' lengths
+    # (the rows' num_tokens); ``windows`` are the chunks.
+    spans_BxKx3: np.ndarray | None = None
 
     def __post_init__(self):
         # Whatever built the batch, its windows are read by name from here on (a plain tuple is accepted).
@@ -116,21 +138,26 @@ class Batch:
 
     @property
     def real_rows(self) -> int:
-        """Windows in the batch (as many as rows with data, unless packed)."""
-        return len(self.windows)
+        """Windows in the batch (as many as rows with data, unless packed; late chunking's: its context windows,
+        whose chunks ``windows`` lists)."""
+        return int((self.lengths_B > 0).sum()) if self.spans_BxKx3 is not None else len(self.windows)
 
     @property
     def real_tokens(self) -> int:
         return int(self.lengths_B.sum())
 
     def window_lengths(self) -> np.ndarray:
-        """Each window's length, in ``windows``' order."""
+        """Each window's length, in ``windows``' order (a late chunk's: its window's)."""
+        if self.spans_BxKx3 is not None:
+            return self.spans_BxKx3[..., 2].ravel()[self.window_slots()]
         if not self.packed:
             return self.lengths_B[: self.real_rows]
         return self.slot_lengths_BxK.ravel()[self.window_slots()]
 
     def window_slots(self) -> np.ndarray:
         """Where each window's vector is in the encoder's output flattened to [rows × slots, D]."""
+        if self.spans_BxKx3 is not None:
+            return np.flatnonzero((self.spans_BxKx3[..., 1] > self.spans_BxKx3[..., 0]).ravel())
         if not self.packed:
             return np.arange(self.real_rows)
         return np.flatnonzero(self.slot_lengths_BxK.ravel() > 0)
@@ -149,3 +176,4 @@ class WindowEmbedding:
     backend: str
     char_start: int = 0  # the window's characters in the source text (TokenWindow)
     char_end: int = 0
+    late: bool = False  # a late chunk's vector (pooled in its context window), not a window's

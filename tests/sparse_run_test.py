@@ -55,7 +55,7 @@ def test_a_sparse_encoder_is_not_embedded_as_a_dense_model(bert_max):
 
 @pytest.mark.parametrize("sets, match", [
     ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to sparse"),
-    ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to sparse"),
+    ({"output": {"granularity": "chunk", "chunking": "late"}}, "output.chunking: late: model.head resolved to sparse"),
 ])
 def test_outputs_that_take_dense_vectors_are_refused_for_sparse_rows(tmp_path, bert_max, sets, match):
     from conftest import job_config
@@ -153,3 +153,47 @@ def test_a_run_of_every_window_gives_the_max_of_sparse_encoders_vectors_of_its_w
         ours[i, rows[doc_id]["sparse_embedding"]["indices"]] = rows[doc_id]["sparse_embedding"]["values"]
     assert_same_sparse_vectors(ours, reference, "windows: all")
     assert summary["head"]["windows"] == "all"
+
+
+@pytest.mark.slow
+def test_chunk_rows_carry_each_windows_sparse_vector_pruned_as_documents_are(tmp_path, bert_max):
+    """granularity both, every window: a one-window document's chunk is encode_document of the chunk's text
+    alone (and its document's row); a longer document's row is the max over its chunks' (max pooling). Then
+    max_terms prunes chunk rows as it prunes document rows."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from conftest import job_config
+    from docbeam.pipeline.driver.run import run_job
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
+
+    def run(name, **sparse):
+        run_job(job_config(str(docs), str(tmp_path / name), bert_max, model={"sparse": {"windows": "all", **sparse}},
+                           output={"granularity": "both"},
+                           batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": True}))
+        read = lambda folder: [r for f in sorted(glob.glob(f"{tmp_path}/{name}/{folder}/*.parquet"))  # noqa: E731
+                               for r in pq.read_table(f).to_pylist()]
+        return {r["id"]: r for r in read("embeddings")}, read("chunks")
+
+    rows, chunks = run("out")
+    dense = lambda sparse: np.bincount(sparse["indices"], sparse["values"], minlength=30522)  # noqa: E731
+    one_window = [c for c in chunks if rows[c["document_id"]]["num_windows"] == 1]
+    assert one_window and len(one_window) < len(chunks)  # some documents have several chunks
+    reference = reference_vectors(bert_max, [c["chunk_text"] for c in one_window])
+    ours = np.stack([dense(c["sparse_embedding"]) for c in one_window])
+    assert_same_sparse_vectors(ours, reference, "one-window chunks")
+    for c in one_window:
+        assert c["sparse_embedding"] == rows[c["document_id"]]["sparse_embedding"]
+    for doc_id, row in rows.items():
+        own = [dense(c["sparse_embedding"]) for c in chunks if c["document_id"] == doc_id]
+        assert len(own) == row["num_windows"]
+        np.testing.assert_array_equal(np.max(own, axis=0), dense(row["sparse_embedding"]))
+    _, pruned = run("pruned", max_terms=3)
+    assert {len(c["sparse_embedding"]["indices"]) for c in pruned} == {3}
+    by_key = {(c["document_id"], c["chunk_index"]): c for c in chunks}
+    for c in pruned:
+        full = by_key[c["document_id"], c["chunk_index"]]["sparse_embedding"]
+        assert sorted(c["sparse_embedding"]["values"]) == sorted(full["values"])[-3:]

@@ -24,6 +24,7 @@ from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.beam_chunks import ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
+from docbeam.pipeline.stages.late_chunks import BatchContexts
 from docbeam.pipeline.stages.parse import document_of_record
 from docbeam.pipeline.stages.reuse import content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
@@ -61,15 +62,25 @@ class EncodeDocuments(beam.PTransform):
         plan = self._plan
         hashes = documents | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
                                                         plan.prompt)
-        tokenized = documents | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, plan.tokenize, plan.prompt)
-        batches = tokenized["windows"] | "BucketByLength" >> BucketBatches(plan.batching())
+        tokenized = documents | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, plan.tokenize, plan.prompt,
+                                                       plan.context_len)
+        windows = tokenized["windows"]
+        if plan.context_len:  # late chunking's context windows: batched unpacked, apart (late_chunks.py)
+            windows, contexts = windows | "SplitContexts" >> beam.Partition(lambda w, _: int(bool(w.spans)), 2)
+        batches = windows | "BucketByLength" >> BucketBatches(plan.batching())
+        if plan.context_len:
+            batches = ((batches, contexts | "BatchContexts" >> BatchContexts(plan.batching()))
+                       | "AllBatches" >> beam.Flatten())
         total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
         encoded = batches | "Encode" >> Encode(self._spec, total_windows)
+        windows = chunks = encoded["windows"]
+        if plan.context_len:
+            windows, chunks = encoded["windows"] | "SplitLateChunks" >> beam.Partition(lambda w, _: int(w.late), 2)
         kept = {"kept": documents | "KeptFields" >> beam.Map(lambda d: (d.id, d.kept))} if plan.kept.columns else {}
-        pooled = ({"windows": encoded["windows"], "hashes": hashes, **kept}
+        pooled = ({"windows": windows, "hashes": hashes, **kept}
                   | "PoolDocuments" >> PoolDocuments(plan.head))
         rejected = (tokenized["rejected"], pooled["rejected"]) | "Rejected" >> beam.Flatten()
-        return {"embeddings": pooled["embeddings"], "rejected": rejected, "windows": encoded["windows"],
+        return {"embeddings": pooled["embeddings"], "rejected": rejected, "windows": windows, "chunks": chunks,
                 "timing": encoded["timing"], "startup": encoded["startup"]}
 
 

@@ -53,8 +53,12 @@ def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
         return
     out = cfg.output
     dtypes = getattr(head, "vector_dtypes", ("float32",))  # a multi-vector head writes float16 too
-    for key, value, allowed in (("vector_dtype", out.vector_dtype, dtypes), ("granularity", out.granularity,
-                                                                            ("document",))):
+    # A sparse head's chunk rows are its windows' sparse vectors (pipeline/stages/chunks.py); late chunking
+    # pools dense spans, which a vocabulary-wide reduce over every token does not.
+    granularities = ("document", "chunk", "both") if head.name == "sparse" else ("document",)
+    for key, value, allowed in (("vector_dtype", out.vector_dtype, dtypes),
+                                ("granularity", out.granularity, granularities),
+                                ("chunking", out.chunking, ("window",))):
         if value not in allowed:
-            raise ConfigError(f"output.{key}: {value}: {rows}, not one vector per document; set output.{key}: "
+            raise ConfigError(f"output.{key}: {value}: {rows}, not one dense vector per document; set output.{key}: "
                               f"{' or '.join(allowed)} (or model.head: embedding to embed with its backbone)")

@@ -56,6 +56,7 @@ class JobPlan:
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
     precision_gate: dict | None = None  # model.dtype's quality gate at start (pipeline/driver/quality_gate.py)
+    context_len: int | None = None  # output.chunking: late: the context windows' length; None: window chunking
 
     @property
     def pooling(self) -> str:
@@ -209,6 +210,9 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     # Every window repeats the prompt's tokens: they count against the window like the special tokens.
     special = tokenizer.num_special_tokens_to_add(pair=False) + len(prompt_token_ids(tokenizer, prompt))
     buckets = check_window(cfg, checkpoint.config, window_len, special)
+    context_len = late_context(cfg, checkpoint.config, window_len, settings.max_seq_len)
+    if context_len:
+        buckets = check_window(cfg, checkpoint.config, context_len, special)
     # A dry run reads no input: its kept columns are untyped (pipeline/stages/keep.py plan_columns). An
     # EmbedConfig keeps no fields: the user's own pipeline carries its records' other fields.
     paths = check_inputs(cfg) if for_input and isinstance(cfg, JobConfig) else None
@@ -242,7 +246,21 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity, head.folder)
              if for_output else ReuseDecision(None, ""))
     return JobPlan(cfg, pinned, window_len, head, prompt, platform, packing, tuple(choices), checked,
-                   checkpoint.config, spec, key, reuse, kept)
+                   checkpoint.config, spec, key, reuse, kept, context_len=context_len)
+
+
+def late_context(cfg: JobConfig | EmbedConfig, encoder: EncoderConfig, window_len: int, model_len: int) -> int | None:
+    """``output.chunking: late``: the context windows' length, the checkpoint's own (its max_seq_length, within
+    its positions) and never below a chunk's window; None for window chunking. Its batches need a bucket."""
+    if not isinstance(cfg, JobConfig) or cfg.output.chunking != "late":
+        return None
+    context_len = max(window_len, min(model_len, encoder.max_position) if encoder.position == "absolute"
+                      else model_len)
+    if cfg.batching.buckets[-1] < context_len:
+        raise ConfigError(f"output.chunking: late encodes each document in context windows of up to {context_len} "
+                          f"tokens (the checkpoint's length), but batching.buckets ends at "
+                          f"{cfg.batching.buckets[-1]}; add {context_len}, or use output.chunking: window")
+    return context_len
 
 
 def versions(names: tuple[str, ...] = VERSIONED) -> dict:

@@ -87,7 +87,10 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.name == "embedding"
            else {}),
         "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "packing": plan.packing, "batch_shards": plan.batching().shards, "granularity": cfg.output.granularity, "config_digest": cfg.digest(),
+        "packing": plan.packing, "batch_shards": plan.batching().shards,
+        "granularity": cfg.output.granularity,
+        "chunking": cfg.output.chunking, **({"context_len": plan.context_len} if plan.context_len else {}),
+        "config_digest": cfg.digest(),
         "versions": versions(),
         "reuse_key": plan.reuse_key,
         "reuse": plan.reuse.describe(),
@@ -131,12 +134,13 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
                                                 row_stats=getattr(plan.head, "row_stats", None)))
     if cfg.output.granularity != "document":
         # Chunk rows are quantized with the documents' calibration (one scale per output).
-        chunks = ({"windows": embedded["windows"], "documents": to_encode, "embedded": quantized["rows"],
+        chunks = ({"windows": embedded["chunks"], "documents": to_encode, "embedded": quantized["rows"],
                    **calibration}
                   | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
                                                  truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
                                                  width=plan.width, vector_dtype=cfg.output.vector_dtype,
-                                                 kept_columns=plan.kept.fields()))
+                                                 kept_columns=plan.kept.fields(),
+                                                 sparse=plan.head if plan.head.name == "sparse" else None))
         written = {**written, "written": (*written["written"], chunks)}
     written = {**written, "written": written["written"] + sinks.sink_files(plan, staging, run_id, read, quantized["rows"],
                                                                      reused) + selection.get("written", ())}

@@ -6,6 +6,12 @@ for it, cut to ``truncate_dim`` and L2-normalised when the model normalises, as 
 chunk is the vector its text alone would get as a one-window document, and a one-window document's chunk
 vector is its document vector, bit for bit. Only documents whose pooled vector was kept get chunk rows: a
 document rejected at pooling (non-finite) has none, as it has no embeddings row.
+
+With the sparse head (models/heads/sparse.py) a chunk row carries its window's ``sparse_embedding`` instead,
+pruned as a document's is (``model.sparse``'s ``threshold`` and ``max_terms``); with ``model.sparse.windows:
+first`` a long document is cut at its first window, so it has that one chunk. Late chunking
+(``output.chunking: late``) hands this stage its chunks' late vectors (pipeline/stages/late_chunks.py) in place
+of its windows', with the same indexes, offsets and lengths.
 """
 from __future__ import annotations
 
@@ -19,16 +25,17 @@ from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import CHUNKS, part_prefix
 
 
-def chunk_schema(embedding_type: pa.DataType, with_text: bool, kept_columns: tuple[pa.Field, ...] = ()) -> pa.Schema:
-    """The chunks/ columns; ``embedding_type`` is the embeddings/ file's own (write.py), so the two never differ,
-    and the kept fields' columns are theirs too (pipeline/stages/keep.py)."""
+def chunk_schema(vector: pa.Field, with_text: bool, kept_columns: tuple[pa.Field, ...] = ()) -> pa.Schema:
+    """The chunks/ columns; ``vector`` is the embeddings/ file's own column (``embedding``, write.py, or the
+    sparse head's ``sparse_embedding``), so the two never differ, and the kept fields' columns are theirs too
+    (pipeline/stages/keep.py)."""
     return pa.schema([
         ("document_id", pa.string()),
         ("chunk_index", pa.int32()),
         ("char_start", pa.int64()),  # [char_start, char_end) of the source text, in code points (Python str)
         ("char_end", pa.int64()),
         *([("chunk_text", pa.string())] if with_text else []),
-        ("embedding", embedding_type),
+        vector,
         ("num_tokens", pa.int32()),  # tokens the model saw (special and prompt tokens included): its pooling weight
         *kept_columns,
     ])
@@ -42,16 +49,31 @@ def chunk_vector(vector: np.ndarray, normalize: bool, truncate_dim: int | None) 
     return out.astype(np.float32)
 
 
+def sparse_chunk(terms, head) -> dict:
+    """A window's nonzero terms (the sparse head's ``compact_window``) as a document's row carries them: the
+    same pruning."""
+    from docbeam.models.heads.sparse import prune
+
+    vector_V = np.zeros(head.width, np.float32)
+    vector_V[terms.indices] = terms.values
+    indices, values = prune(vector_V, head.threshold, head.max_terms)
+    return {"indices": indices.tolist(), "values": values.tolist()}
+
+
 def chunk_rows(windows: list[WindowEmbedding], document: Document | None, *, normalize: bool,
-               truncate_dim: int | None) -> list[dict]:
+               truncate_dim: int | None, sparse=None) -> list[dict]:
     """One document's chunk rows in window order; ``document`` (None: no ``chunk_text`` column) gives their
-    text: its source is ``text_offset`` characters longer than its text (a BOM) and the offsets count them."""
+    text: its source is ``text_offset`` characters longer than its text (a BOM) and the offsets count them;
+    ``sparse``: the sparse head, whose rows carry ``sparse_embedding``."""
     rows = []
     for w in sorted(windows, key=lambda w: w.index):
         row = {"document_id": w.doc_id, "chunk_index": w.index, "char_start": w.char_start, "char_end": w.char_end}
         if document is not None:
             row["chunk_text"] = document.text[w.char_start - document.text_offset:w.char_end - document.text_offset]
-        row["embedding"] = chunk_vector(w.vector, normalize, truncate_dim).tolist()
+        if sparse is not None:
+            row["sparse_embedding"] = sparse_chunk(w.vector, sparse)
+        else:
+            row["embedding"] = chunk_vector(w.vector, normalize, truncate_dim).tolist()
         row["num_tokens"] = w.length
         rows.append(with_kept(row, document.kept) if document is not None else row)
     return rows
@@ -61,15 +83,18 @@ class WriteChunks(beam.PTransform):
     """Input ``{"windows": WindowEmbeddings, "documents": the Documents encoded, "embedded": their pooled rows}``
     and, for int8/uint8, ``"calibration"``: the documents' ranges, which chunk rows are quantized with too (one
     scale per output; a chunk value outside them is clipped, as for reused documents); writes chunks/ into the
-    run's staging folder and outputs the file names (for CommitRun's ``written``)."""
+    run's staging folder and outputs the file names (for CommitRun's ``written``). ``sparse``: the sparse
+    head, whose chunk rows carry ``sparse_embedding`` (float32 only: the plan refuses other dtypes for it)."""
 
     def __init__(self, staging_path: str, run_id: str, num_shards: int, *, normalize: bool,
                  truncate_dim: int | None, with_text: bool, width: int, vector_dtype: str = "float32",
-                 kept_columns: tuple[pa.Field, ...] = ()):
+                 kept_columns: tuple[pa.Field, ...] = (), sparse=None):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._normalize, self._truncate_dim, self._with_text = normalize, truncate_dim, with_text
-        self._schema = chunk_schema(vectors.embedding_type(width, vector_dtype), with_text, kept_columns)
+        column = sparse.columns()[0] if sparse is not None else pa.field(
+            "embedding", vectors.embedding_type(width, vector_dtype))
+        self._schema, self._sparse = chunk_schema(column, with_text, kept_columns), sparse
         self._dtype = vector_dtype
         self._documents = with_text or bool(kept_columns)  # the texts and kept fields travel only when rows use them
 
@@ -77,14 +102,19 @@ class WriteChunks(beam.PTransform):
         from apache_beam.io.parquetio import WriteToParquet
 
         normalize, truncate_dim, with_text, dtype = self._normalize, self._truncate_dim, self._with_text, self._dtype
+        sparse = self._sparse
 
         def rows(item, calibration=None):
             _, grouped = item
             if not list(grouped["embedded"]):  # rejected at pooling, or never encoded
                 return []
             document = next(iter(grouped["document"]), None) if "document" in grouped else None
-            rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim)
+            rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim,
+                              sparse=sparse)
             rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
+            # A late chunk whose context window gave NaN or inf is not written, though its document's row (from
+            # its windows) was: an embedding written is always finite.
+            rows = [r for r in rows if "embedding" not in r or np.all(np.isfinite(r["embedding"]))]
             if dtype == "float32":  # chunk_vector made them float32 already
                 return rows
             # A chunk with values beyond float16's range is not written (an embedding written is always finite).

@@ -227,7 +227,8 @@ class _SplitResults(beam.DoFn):
         self._clock.add(timing["total_ms"] / 1e3)
         if self._progress is None:
             self._progress = Progress(self._progress_seconds, total_windows)
-        finished_docs = sum(1 for w in batch.windows if w.index == w.num_windows - 1)
+        late = batch.spans_BxKx3 is not None  # its windows are late chunks, whose documents finish elsewhere
+        finished_docs = 0 if late else sum(1 for w in batch.windows if w.index == w.num_windows - 1)
         self._progress.update(finished_docs, batch.real_rows, batch.real_tokens)
         self._real.inc(timing["real_tokens"])
         self._padded.inc(timing["padded_tokens"])
@@ -244,7 +245,8 @@ class _SplitResults(beam.DoFn):
         for w, length, vector in zip(batch.windows, batch.window_lengths(), vectors):
             vector = self._spec.head.compact_window(vector)  # the sparse head's: its nonzero terms only
             yield WindowEmbedding(w.doc_id, w.index, w.num_windows, int(length), w.doc_tokens, w.truncated, vector,
-                                  batch.bucket_len, timing["attention_backend"], w.char_start, w.char_end)
+                                  batch.bucket_len, timing["attention_backend"], w.char_start, w.char_end,
+                                  late=late)
 
     def _report_startup(self, startup: dict) -> dict:
         """Beam metrics (startup_ms[...] and compile_ms[<rows>x<bucket>,<backend>]) and one record for

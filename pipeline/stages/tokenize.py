@@ -30,6 +30,7 @@ from apache_beam.metrics import Metrics
 from docbeam.config import TokenizeConfig
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, TokenWindow, writable
+from docbeam.pipeline.stages.late_chunks import context_windows
 
 
 def content_tokens(window_lengths: list[int], stride: int, special: int) -> int:
@@ -105,21 +106,25 @@ def prompted_windows(ids: list[int], prompt_ids: tuple[int, ...], framing: Frami
 
 
 def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,
-                       prompt: str | None = None) -> tuple[list[TokenWindow], list[Rejected]]:
+                       prompt: str | None = None,
+                       context_len: int | None = None) -> tuple[list[TokenWindow], list[Rejected]]:
     """The windows of every document that has tokens, a ``no_tokens`` Rejected for each one that has none, and
     a ``tokenizer_error`` Rejected for each one the tokenizer raises on: the batch is tokenized again one
-    document at a time, so one such document costs only itself; ``prompt`` goes in front of every window."""
+    document at a time, so one such document costs only itself; ``prompt`` goes in front of every window.
+    ``context_len`` (late chunking): each document's context windows follow its windows
+    (pipeline/stages/late_chunks.py)."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     prompt_ids = prompt_token_ids(tokenizer, prompt)
     problem = stride_problem(config.stride, window_len, special + len(prompt_ids))
     if problem:
         raise ValueError(problem)
     try:
-        by_doc, doc_tokens_of, spans_of = _encode(documents, tokenizer, window_len, config, prompt, prompt_ids)
+        by_doc, doc_tokens_of, spans_of, cut_of = _encode(documents, tokenizer, window_len, config, prompt,
+                                                          prompt_ids, late=context_len is not None)
     except Exception as e:  # noqa: BLE001  which document it was is found below, one at a time
         if len(documents) > 1:
-            alone = [tokenize_documents([d], tokenizer, window_len=window_len, config=config, prompt=prompt)
-                     for d in documents]
+            alone = [tokenize_documents([d], tokenizer, window_len=window_len, config=config, prompt=prompt,
+                                        context_len=context_len) for d in documents]
             return [w for windows, _ in alone for w in windows], [r for _, rejected in alone for r in rejected]
         doc = documents[0]
         return [], [Rejected(doc.source, doc.line, doc.id, "tokenizer_error",
@@ -137,20 +142,29 @@ def tokenize_documents(documents: list[Document], tokenizer, *, window_len: int,
         if truncated:
             pieces = pieces[:1]
         spans = spans_of[doc_index]
-        out += [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated, doc.text_offset + spans[i][0],
-                            doc.text_offset + spans[i][1]) for i, p in enumerate(pieces)]
+        windows = [TokenWindow(doc.id, i, len(pieces), p, doc_tokens, truncated, doc.text_offset + spans[i][0],
+                               doc.text_offset + spans[i][1]) for i, p in enumerate(pieces)]
+        out += windows
+        if context_len is not None:
+            ids, positions, repeated = cut_of[doc_index]
+            frame = framing(tokenizer)
+            out += context_windows(windows, ids, positions, frame.leading, repeated, frame.trailing, context_len)
     return out, rejected
 
 
 def _encode(documents: list[Document], tokenizer, window_len: int, config: TokenizeConfig, prompt: str | None,
-            prompt_ids: tuple[int, ...]) -> tuple[dict[int, list], dict[int, int], dict[int, list]]:
-    """Each document's windows (by its index), its own token count where the prompt decides it, and each of its
-    windows' character span in its text."""
+            prompt_ids: tuple[int, ...], late: bool = False) -> tuple[dict[int, list], dict[int, int], dict[int, list],
+                                                                        dict[int, tuple]]:
+    """Each document's windows (by its index), its own token count where the prompt decides it, each of its
+    windows' character span in its text, and (prompted or ``late``) its tokens, where each window's own tokens
+    are in them and the prompt's tokens every window repeats."""
     by_doc: dict[int, list] = {}
     doc_tokens_of: dict[int, int] = {}
     spans_of: dict[int, list] = {}
+    cut_of: dict[int, tuple] = {}
     frame = framing(tokenizer)
-    if prompt:
+    if prompt or late:  # one tokenization of the whole text, cut here as the tokenizer's overflow cuts it
+        prompt = prompt or ""
         encoded = tokenizer([prompt + d.text for d in documents], add_special_tokens=False,
                             return_offsets_mapping=True)
         for doc_index, (ids, offsets) in enumerate(zip(encoded["input_ids"], encoded["offset_mapping"])):
@@ -158,6 +172,8 @@ def _encode(documents: list[Document], tokenizer, window_len: int, config: Token
                 list(ids), prompt_ids, frame, window_len=window_len, stride=config.stride)
             by_doc[doc_index] = [np.asarray(w, np.int32) for w in windows]
             spans_of[doc_index] = [window_span(offsets[a:b], len(prompt)) if b > a else (0, 0) for a, b in positions]
+            separable = tuple(ids[:len(prompt_ids)]) == prompt_ids
+            cut_of[doc_index] = (list(ids), positions, prompt_ids if separable else ())
     else:
         encoded = tokenizer([d.text for d in documents], max_length=window_len, truncation=True,
                             stride=config.stride, return_overflowing_tokens=True, return_attention_mask=False,
@@ -167,7 +183,7 @@ def _encode(documents: list[Document], tokenizer, window_len: int, config: Token
             by_doc.setdefault(doc_index, []).append(np.asarray(ids, np.int32))
             own = offsets[len(frame.leading):len(offsets) - len(frame.trailing)]
             spans_of.setdefault(doc_index, []).append(window_span(own, 0) if own else (0, 0))
-    return by_doc, doc_tokens_of, spans_of
+    return by_doc, doc_tokens_of, spans_of, cut_of
 
 
 def windows_for(documents: list[Document], tokenizer, *, window_len: int, config: TokenizeConfig,
@@ -177,8 +193,10 @@ def windows_for(documents: list[Document], tokenizer, *, window_len: int, config
 
 
 class _TokenizeBatch(beam.DoFn):
-    def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig, prompt: str | None):
+    def __init__(self, model_dir_path: str, window_len: int, config: TokenizeConfig, prompt: str | None,
+                 context_len: int | None = None):
         self._model_path, self._window_len, self._config, self._prompt = model_dir_path, window_len, config, prompt
+        self._context_len = context_len
         self._windows = Metrics.counter(METRICS_NAMESPACE, "windows")
         self._clock = StageClock("tokenize")
         self._tokenizer = None
@@ -191,7 +209,8 @@ class _TokenizeBatch(beam.DoFn):
     def process(self, documents):
         t0 = time.perf_counter()
         windows, rejected = tokenize_documents(documents, self._tokenizer, window_len=self._window_len,
-                                               config=self._config, prompt=self._prompt)
+                                               config=self._config, prompt=self._prompt,
+                                               context_len=self._context_len)
         self._clock.add(time.perf_counter() - t0)
         self._windows.inc(len(windows))
         yield from windows
@@ -202,9 +221,10 @@ class _TokenizeBatch(beam.DoFn):
 class Tokenize(beam.PTransform):
     """Outputs ``windows`` and ``rejected`` (documents with no tokens)."""
 
-    def __init__(self, model_path: str, window_len: int, config: TokenizeConfig, prompt: str | None = None):
+    def __init__(self, model_path: str, window_len: int, config: TokenizeConfig, prompt: str | None = None,
+                 context_len: int | None = None):
         super().__init__()
-        self._args = (model_path, window_len, config, prompt)
+        self._args = (model_path, window_len, config, prompt, context_len)
 
     def expand(self, documents):
         # The fast tokenizer is much quicker on a list than one text at a time.
