@@ -16,7 +16,7 @@ from bge_m3_test import bge_m3_checkpoint
 from docbeam import attention
 from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
-from docbeam.pipeline.driver.config import ModelConfig
+from docbeam.config import ModelConfig
 from docbeam.pipeline.records import WindowEmbedding
 from family_fixtures import MIN_COSINE
 from multivector_head_test import TEXTS, WINDOW, first_windows

@@ -13,7 +13,7 @@ import pytest
 
 from docbeam import attention
 from docbeam.models import checkpoint, encoder
-from docbeam.pipeline.driver.config import TokenizeConfig
+from docbeam.config import TokenizeConfig
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.late_chunks import context_batch, group_chunks
 from docbeam.pipeline.stages.tokenize import tokenize_documents
@@ -200,7 +200,7 @@ def test_docbeam_run_writes_late_chunks_beside_unchanged_document_vectors(bert, 
 
 def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
     from conftest import job_config
-    from docbeam.pipeline.driver.config import ConfigError
+    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
     _, folder = bert
@@ -221,7 +221,7 @@ def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
 
 
 def test_context_batches_are_full_but_the_last_and_list_every_chunk_once(bert):
-    from docbeam.pipeline.driver.config import BatchingConfig
+    from docbeam.config import BatchingConfig
     from docbeam.pipeline.stages.late_chunks import context_batches
 
     _, folder = bert

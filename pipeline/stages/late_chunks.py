@@ -14,7 +14,7 @@ from __future__ import annotations
 import apache_beam as beam
 import numpy as np
 
-from docbeam.pipeline.driver.config import BatchingConfig
+from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import Batch, ChunkSpan, TokenWindow, WindowRef, batch_id
 from docbeam.pipeline.stages.packer import bucket_for, rows_for, window_shard
 
