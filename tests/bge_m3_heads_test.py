@@ -205,7 +205,6 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(
 @pytest.mark.parametrize("sets, match", [
     ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to bge_m3"),
     ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to bge_m3"),
-    ({"output": {"vertex_ai": True}}, "output.vertex_ai: model.head resolved to bge_m3"),
     ({"model": {"head": "bge_m3", "sparse": {"windows": "all"}}}, "model.sparse.windows: all: the bge_m3 head"),
 ])
 def test_what_the_bge_m3_head_does_not_write_is_refused_at_start(tmp_path, m3, sets, match):

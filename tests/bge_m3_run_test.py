@@ -49,6 +49,27 @@ def test_a_run_writes_the_three_representations_and_an_incremental_run_carries_t
                                **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}))
     assert again["docs_reused"] == len(TEXTS) and read_rows(tmp_path / "again") == rows
     assert again["representations"] == summary["representations"]
+    assert_reads_back_as_hybrid_beam_chunks(str(tmp_path / "out"), rows)
+
+
+def assert_reads_back_as_hybrid_beam_chunks(out: str, rows: dict) -> None:
+    """docbeam.ReadBeamChunks: one hybrid Chunk per row, its dense and sparse vectors exactly the row's (a Chunk
+    has no place for the ColBERT vectors, which stay in the Parquet files)."""
+    import apache_beam as beam
+    from apache_beam.testing.util import assert_that
+
+    import docbeam
+
+    def same(chunks):
+        assert sorted(c.id for c in chunks) == sorted(rows)
+        for c in chunks:
+            row = rows[c.id]
+            assert c.dense_embedding == [float(x) for x in np.float32(row["embedding"])]
+            assert c.sparse_embedding == (row["sparse_embedding"]["indices"],
+                                          [float(x) for x in np.float32(row["sparse_embedding"]["values"])])
+
+    with beam.Pipeline() as p:
+        assert_that(p | docbeam.ReadBeamChunks(out), same)
 
 
 def test_the_run_summary_line_names_the_heads_sizes():

@@ -64,7 +64,9 @@ SPARSE = {"indices": [3, 1017, 29999], "values": [0.7, 1 / 7, 2.5]}
 
 
 @pytest.mark.parametrize("columns", [{"embedding": DENSE}, {"sparse_embedding": SPARSE},
-                                     {"embedding": DENSE, "sparse_embedding": SPARSE}], ids=["dense", "sparse", "hybrid"])
+                                     {"embedding": DENSE, "sparse_embedding": SPARSE},
+                                     {"embedding": DENSE, "sparse_embedding": SPARSE, "multi_vector": [[0.6, 0.8]]}],
+                         ids=["dense", "sparse", "hybrid", "bge-m3"])
 def test_a_rows_vectors_become_vertex_json_by_its_columns(columns):
     row = {"id": "doc-7", **columns, "num_tokens": 9, "lang": "en", "tags": '["a", 3]'}
     record = json.loads(json.dumps(vertex_record(row, ("lang", "tags"), json_fields=("tags",))))
@@ -74,7 +76,7 @@ def test_a_rows_vectors_become_vertex_json_by_its_columns(columns):
     assert [(r.namespace, list(r.allow_list)) for r in datapoint.restricts] == [("lang", ["en"]), ("tags", ["a", "3"])]
     # Each value is the float32 written, through the JSON and into the proto's float fields.
     assert list(datapoint.feature_vector) == list(np.float32(columns.get("embedding", [])))
-    assert ("embedding" in record) == ("embedding" in columns)
+    assert ("embedding" in record) == ("embedding" in columns) and "multi_vector" not in record  # no place in Vertex
     if "sparse_embedding" in columns:
         assert list(datapoint.sparse_embedding.dimensions) == SPARSE["indices"]
         assert list(datapoint.sparse_embedding.values) == list(np.float32(SPARSE["values"]))

@@ -41,11 +41,16 @@ def chunk_id(row: dict, ids: str = "docbeam") -> str:
     return str(uuid.uuid5(uuid.NAMESPACE_URL, f"docbeam:{own}")) if ids == "uuid5" else own
 
 
+def has_vectors(row: dict) -> bool:
+    return row.get("embedding") is not None or row.get("sparse_embedding") is not None
+
+
 def chunk_of_row(row: dict, json_fields: tuple[str, ...] = (), text: str | None = None, ids: str = "docbeam"):
     """One docbeam row (an ``embeddings/`` or ``chunks/`` row, or ``EmbedDocuments``' dict) → Beam's Chunk."""
     from apache_beam.ml.rag.types import Chunk, Content, Embedding
 
-    refused = [c for c in NOT_CHUNKS if c in row]
+    # bge-m3's rows hold dense and sparse vectors beside their ColBERT ones: a hybrid Chunk, without the tokens'.
+    refused = [c for c in NOT_CHUNKS if c in row and not (c == "multi_vector" and has_vectors(row))]
     if refused:
         raise NotChunks(f"a row with {refused[0]!r} (id {row.get('id')!r}) is not one vector per document or "
                         "chunk, which a Beam Chunk holds; use a head that writes embedding or sparse_embedding")
