@@ -21,9 +21,6 @@ NOTEBOOK_WORDS = re.compile(r"\b(issues?|sessions?|helpers?|by hand)\b", re.I)
 # file (benchmarks/results/) or a test.
 LAB_NOTES = re.compile(r"\bby\s+hand\b|\bno\s+results\s+files?\b", re.I)
 LAB_NOTE_FILES = ("*.py", "*.md", "*.yaml", "Makefile")
-# Files still holding lab notes, cleaned after the attention work merges (attention/ is being rewritten beside
-# this rule): empty this list then.
-LAB_NOTES_ALLOWED = ("attention/*.py", "docs/attention.md")
 LAB_NOTES_OWN = ("CHANGELOG.md", "tests/docs_test.py")  # the history, and this rule's own patterns and examples
 
 
@@ -124,16 +121,15 @@ def test_the_readmes_command_list_names_every_command_the_cli_has():
 
 
 def lab_notes(root: str) -> list[str]:
-    """``path:line`` of every lab note in the project's code, docs and configs under ``root``, but LAB_NOTES_OWN's
-    and the allowed files; hidden folders (.venv, .cache, .git) and run outputs (out/) are not the project's."""
+    """``path:line`` of every lab note in the project's code, docs and configs under ``root``, but LAB_NOTES_OWN's;
+    hidden folders (.venv, .cache, .git) and run outputs (out/) are not the project's."""
     found = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("out", "build", "dist")
                          and not d.endswith(".egg-info"))
         for name in sorted(names):
             path = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
-            if (path in LAB_NOTES_OWN or not any(fnmatch.fnmatch(name, p) for p in LAB_NOTE_FILES)
-                    or any(fnmatch.fnmatch(path, p) for p in LAB_NOTES_ALLOWED)):
+            if path in LAB_NOTES_OWN or not any(fnmatch.fnmatch(name, p) for p in LAB_NOTE_FILES):
                 continue
             with open(os.path.join(root, path), errors="replace") as f:
                 found += [f"{path}:{n}" for n, line in enumerate(f, 1) if LAB_NOTES.search(line)]
@@ -151,6 +147,6 @@ def test_the_lab_note_rule_sees_a_note_outside_the_changelog(tmp_path):
     (tmp_path / "models" / "m.py").write_text("x = 1\n# 2x faster, timed by hand\n")
     (tmp_path / "docs.md").write_text("Whole runs took 30 s (No Results File).\n")
     (tmp_path / "CHANGELOG.md").write_text("timed by hand, no results file\n")
-    (tmp_path / "attention" / "a.py").write_text("# measured by hand\n")  # allowed until the list is emptied
+    (tmp_path / "attention" / "a.py").write_text("# measured by hand\n")
     (tmp_path / "notes.txt").write_text("by hand\n")  # not code, docs or config
-    assert lab_notes(str(tmp_path)) == ["docs.md:1", "models/m.py:2"]
+    assert lab_notes(str(tmp_path)) == ["attention/a.py:1", "docs.md:1", "models/m.py:2"]
