@@ -149,4 +149,4 @@ def test_the_lab_note_rule_sees_a_note_outside_the_changelog(tmp_path):
     (tmp_path / "CHANGELOG.md").write_text("timed by hand, no results file\n")
     (tmp_path / "attention" / "a.py").write_text("# measured by hand\n")
     (tmp_path / "notes.txt").write_text("by hand\n")  # not code, docs or config
-    assert lab_notes(str(tmp_path)) == ["attention/a.py:1", "docs.md:1", "models/m.py:2"]
+    assert sorted(lab_notes(str(tmp_path))) == ["attention/a.py:1", "docs.md:1", "models/m.py:2"]
