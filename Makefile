@@ -1,5 +1,6 @@
 # make run   — set up .venv and embed the sample corpus with configs/local.yaml into out/local/
-# make test  — set up .venv with the test dependencies and run the test suite (a few minutes on 2 cores)
+# make test  — set up .venv with the test dependencies, lint (ruff) and run the test suite (minutes on 2 cores)
+# make lint  — ruff check and ruff format --check; `make format` rewrites the files ruff would
 # make test-extra — what make test leaves out: the `full` tests (a fresh venv of the image's requirements, the
 #                   accelerator extras' resolution), the `extra` ones (the GCS emulator, Postgres, a job server
 #                   or separate worker processes on trial) and every crash and pause point on the GCS emulator
@@ -11,7 +12,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: run test test-all test-extra setup setup-test validate report bench clean
+.PHONY: run test test-all test-extra lint format setup setup-test validate report bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +42,15 @@ report: setup
 # the order tests/conftest.py gives: the files with the most slow tests first, so that the two workers end together.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
-test: setup-test
+lint: setup-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup-test
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+test: lint
 	$(PY) -m pytest -q $(XDIST)
 
 test-all: setup-test

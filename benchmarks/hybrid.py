@@ -95,17 +95,15 @@ def run_once(model: str, input_path: str, output: str, **model_settings) -> dict
     return run(common.LOCAL_CONFIG, overrides=sets + [f"model.{k}={v}" for k, v in model_settings.items()])
 
 
-def bytes_per_document(summary: dict, output: str, head: str) -> dict:
-    """The representation's bytes as written (from summary.json's figures) and the Parquet files' on disk."""
+def bytes_per_document(summary: dict, output: str) -> dict:
+    """Each representation's bytes as written (summary.json's ``representations``), their sum, and the run's
+    Parquet files on disk, per document."""
     docs = max(summary["docs_embedded"], 1)
     files = glob.glob(os.path.join(output, "embeddings", "*.parquet"))
-    sizes = summary.get("sizes") or {}
-    dense = summary["embedding_dim"] * 4 if head in ("embedding", "bge_m3") else 0
-    sparse = (summary.get("sparse_terms_per_doc") or 0) * 8
-    multi = (summary.get("multi_vector") or {}).get("bytes_per_document", 0)
-    return {"dense": dense, "sparse": round(sparse, 1), "multi_vector": round(multi, 1),
-            "as_written": round(dense + sparse + multi, 1), "parquet": round(sum(map(os.path.getsize, files)) / docs, 1),
-            "sparse_terms_per_doc": summary.get("sparse_terms_per_doc"), "summary_sizes": sizes}
+    sizes = summary.get("representations") or {}
+    written = {name: figures["bytes_per_document"] for name, figures in sizes.items()}
+    return {**written, "as_written": round(sum(written.values()), 1),
+            "parquet": round(sum(map(os.path.getsize, files)) / docs, 1), "representations": sizes}
 
 
 def main(argv=None) -> int:
@@ -133,11 +131,11 @@ def main(argv=None) -> int:
     measured = {name: [] for name in runs}
     for repeat in range(args.repeats):
         for name, (model, settings, head) in runs.items():
-            output = os.path.join(work, f"{repeat}-{len(measured[name])}-{head}")
+            output = os.path.join(work, f"{repeat}-{head}")
             s = run_once(model, corpus, output, **settings)
             measured[name].append({**{k: s[k] for k in ("docs_per_second", "tokens_per_second", "real_tokens",
                                                         "docs_embedded", "wall_seconds")},
-                                   "bytes_per_document": bytes_per_document(s, output, head)})
+                                   "bytes_per_document": bytes_per_document(s, output)})
     best = {name: max(rows, key=lambda r: r["docs_per_second"]) for name, rows in measured.items()}
     base = best["dense (embedding)"]
     rows = [[name, r["docs_embedded"], r["real_tokens"], r["docs_per_second"], r["tokens_per_second"],
