@@ -41,7 +41,7 @@ class Feature:
         return argument if self.default is None else argument is not None and argument is not False
 
     def probe_argument(self, case, lengths_B, seed: int):
-        """What the start-up probe (attention/plan.py) hands a backend for a case asking for this feature."""
+        """What the start-up probe (attention/dispatch.py) hands a backend for a case asking for this feature."""
         return getattr(case, self.name) if self.probe is None else self.probe(case, lengths_B, seed)
 
     def refuse(self, case) -> str:

@@ -1,4 +1,4 @@
-"""Each backend probed once per process (``attention.plan.probe``), in parallel: on the DirectRunner the driver
+"""Each backend probed once per process (``attention.dispatch.probe``), in parallel: on the DirectRunner the driver
 and the worker are one process, and every probe is a compilation."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import concurrent.futures
 import os
 import threading
 
-from docbeam.attention.plan import AttentionSpec, Choice, probe
+from docbeam.attention.dispatch import AttentionSpec, Choice, probe
 
 _PROBED: set[tuple[AttentionSpec, Choice]] = set()
 _PROBED_LOCK = threading.Lock()

@@ -75,7 +75,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
 
     from docbeam.models.checkpoint import load_tokenizer
     from docbeam import attention
-    from docbeam.attention.plan import AttentionSpec
+    from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.pipeline.stages.encode import load_encoder, standalone_spec

@@ -1,6 +1,6 @@
 """docbeam's encoder in float32, bfloat16 and int8 beside ONNX Runtime float32 and int8 (its dynamic
 quantization of the same model, exported with torch.onnx), on the same windows and machine, each reduced
-precision held to the quality gate (models/precision_gate.py) against docbeam's float32 vectors.
+precision held to the precision gate (models/precision_gate.py) against docbeam's float32 vectors.
 
     python benchmarks/precision.py [--quick] [--corpus heldout --docs 1800] [--repeats 3]
                                    [--precisions float32,bfloat16,int8] [--ort-threads N]
@@ -87,7 +87,7 @@ def timed_passes(args, batches, encode_batch, facts: dict):
 
 def docbeam_side(args, docs, folder, settings, dtype: str):
     from docbeam import attention
-    from docbeam.attention.plan import AttentionSpec
+    from docbeam.attention.dispatch import AttentionSpec
     from docbeam.config import load
     from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
 

@@ -23,7 +23,7 @@ COLUMNS = ("docbeam float32", "docbeam bfloat16", "docbeam int8", "onnxruntime f
 
 def precision_table(record: dict, link: str) -> str:
     """README's table of the five encoders side by side (benchmarks/precision.py's one run): speed, ratios,
-    and the quality gate against docbeam float32, then the command, machine and results file behind them."""
+    and the precision gate against docbeam float32, then the command, machine and results file behind them."""
     sides = {x["side"]: x for x in record["sides"]}
     f32, ort8 = sides["docbeam float32"]["tokens_per_s"], sides["onnxruntime int8"]["tokens_per_s"]
 
@@ -40,10 +40,10 @@ def precision_table(record: dict, link: str) -> str:
             ("÷ ONNX Runtime int8", lambda s: f"{sides[s]['tokens_per_s'] / ort8:.2f}"),
             ("lowest cosine to docbeam float32", lambda s: gate(s, "lowest_cosine", 5)),
             ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
-            ("quality gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict)]
+            ("precision gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict)]
     names = [c.replace("onnxruntime", "ONNX Runtime") for c in COLUMNS]
     out = ["Reduced precision on CPU: five encoders of one model in one run, each against docbeam float32's vectors "
-           "(the quality gate that `docbeam run` applies to `model.dtype`):", "",
+           "(the precision gate that `docbeam run` applies to `model.dtype`):", "",
            "| encoder (CPU) | " + " | ".join(names) + " |", "|---" * (1 + len(COLUMNS)) + "|"]
     out += [f"| {what} | " + " | ".join(cell(s) for s in COLUMNS) + " |" for what, cell in rows]
     machine = record.get("machine", {})

@@ -36,7 +36,7 @@ class ModelConfig(_Section):
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
     dtype: Literal["float32", "bfloat16", "int8"] = "float32"
     # A dtype other than float32 is measured against float32 on the input's first documents at start
-    # (pipeline/driver/quality_gate.py): enforce refuses the run when it fails; warn runs and records it.
+    # (pipeline/driver/precision_gate_at_start.py): enforce refuses the run when it fails; warn runs and records it.
     precision_gate: Literal["enforce", "warn", "off"] = "enforce"
     # auto: the checkpoint's sentence-transformers settings (a decoder's last token when it has none)
     pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"

@@ -14,7 +14,7 @@ import os
 from docbeam.models.checkpoint_source import (HubId, hub_revision, parse_hub_id, pinned_path, refuse_pickle_in, resolve_dir,
                                       weights_digest)
 from docbeam.models.families import family_of, family_of_config
-from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
 from docbeam.models.st_multivector import is_multi_vector, multi_vector_settings

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",

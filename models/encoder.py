@@ -15,11 +15,11 @@ import jax.numpy as jnp
 
 from docbeam.models.families import family_of
 from docbeam.models.families.blocks import rotary, segment_positions, segment_starts
-from docbeam.models.families.config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
+from docbeam.models.families.encoder_config import ACTIVATIONS, DTYPES, EncoderConfig, gelu_erf
 from docbeam.models.heads import HeadLayer, apply_layers
 from docbeam.models.precision import precision_for
 
-# Re-exported: the base config lives in models/families/config.py, the arithmetic with the blocks
+# Re-exported: the base config lives in models/families/encoder_config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
 __all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "embed_fn", "gelu_erf",
            "pool", "pool_segments", "pool_spans", "rotary", "segment_ends", "segment_positions", "segment_starts"]

@@ -1,4 +1,4 @@
-"""The quality gate every reduced precision must pass before it is chosen: its vectors against float32's on
+"""The precision gate every reduced precision must pass before it is chosen: its vectors against float32's on
 the same documents. Pure numpy, so the benchmark, ``docbeam validate --verify`` and the tests share it.
 
 Two gates, both needed: the lowest cosine to the float32 vector catches one document gone wrong that a mean
@@ -81,7 +81,7 @@ def measure(precision: str, vectors_NxD: np.ndarray, reference_NxD: np.ndarray) 
 def require(result: GateResult) -> GateResult:
     """The result if it passes; otherwise refused, naming each gate it fails (never chosen silently)."""
     if not result.passed:
-        raise PrecisionRefused(f"model.dtype: {result.precision} fails the quality gate ({'; '.join(result.failures)}"
+        raise PrecisionRefused(f"model.dtype: {result.precision} fails the precision gate ({'; '.join(result.failures)}"
                                f" over {result.documents} vectors, float32 as the reference); use float32 or "
                                "another dtype that passes")
     return result

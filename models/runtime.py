@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from docbeam.attention.plan import AttentionSpec, Choice, bind_choice
+from docbeam.attention.dispatch import AttentionSpec, Choice, bind_choice
 from docbeam.models.compile_pool import CompilePool
 from docbeam.models.nan_repair import reencode_row_mates
 from docbeam.models.profiler import FirstBatchesProfiler

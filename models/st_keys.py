@@ -35,7 +35,7 @@ import json
 import os
 from typing import Any
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 
 ST_CONFIG = "config_sentence_transformers.json"
 MODULES = "modules.json"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.st_keys import MODULES, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
 from docbeam.models.st_settings import (ModelSettings, _tokenizer_max_len, dense_modules, prompt_settings,
                                         sentence_transformers_modules)

@@ -8,7 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
 
 # The sentence-transformers modules docbeam reproduces, in the order it runs them; any other (LayerNorm, ...)

@@ -6,7 +6,7 @@ import hashlib
 import os
 import threading
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 

@@ -16,7 +16,7 @@ import zipfile
 import ml_dtypes
 import numpy as np
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 
 
 class _Storage:

@@ -8,7 +8,7 @@ import os
 from typing import BinaryIO, Callable
 
 from docbeam.models.checkpoint_source import _hub_env, _hub_offline, _hub_weights_entry, parse_hub_id, pinned_path
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from docbeam import attention
 from docbeam.attention import features, flash
 from docbeam.attention.features import Feature
 from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
-from docbeam.attention.plan import ask, probe_inputs
+from docbeam.attention.dispatch import ask, probe_inputs
 
 SOFTCAP = Feature("softcap", "softcap", "logit soft cap",
                   "it takes no logit soft cap, which this model's layers apply (tanh at {case.softcap})",

@@ -10,7 +10,7 @@ import pytest
 from docbeam import attention
 from docbeam.attention import registry
 from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
-from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
+from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
 from docbeam.models.encoder import EncoderConfig
 from docbeam.models.encoder import attention_cases
 

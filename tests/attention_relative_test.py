@@ -79,7 +79,7 @@ def test_relative_positions_with_grouped_query_heads_are_refused_with_the_reason
 
 
 def test_the_plans_probe_and_parity_gate_run_relative_positions():
-    from docbeam.attention.plan import choose_backend, probe_inputs, verify
+    from docbeam.attention.dispatch import choose_backend, probe_inputs, verify
 
     case = AttentionCase("cpu", "float32", 48, 2, 8, relative_positions=True)
     _, _, _, kwargs = probe_inputs(case)
@@ -92,7 +92,7 @@ def test_the_plans_probe_and_parity_gate_run_relative_positions():
 
 
 def test_the_plan_sends_a_bucket_flash_cannot_run_to_the_fallback_or_refuses_at_start():
-    from docbeam.attention.plan import AttentionPlanError, choose_backend
+    from docbeam.attention.dispatch import AttentionPlanError, choose_backend
 
     flash, chunked = attention.get("flash"), attention.get("chunked")
     case = AttentionCase("gpu", "bfloat16", 1024, 12, 64, relative_positions=True)

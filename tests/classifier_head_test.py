@@ -258,7 +258,7 @@ def test_the_command_line_says_which_head_ran_and_what_did_not():
 
 def test_a_classifier_in_bfloat16_under_a_warned_gate_runs_unmeasured_and_says_so(tmp_path):
     from conftest import job_config
-    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.driver.plan import make_plan
 
     folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
@@ -266,5 +266,5 @@ def test_a_classifier_in_bfloat16_under_a_warned_gate_runs_unmeasured_and_says_s
     plan = make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder,
                                 model={"max_seq_len": WINDOW, "dtype": "bfloat16", "precision_gate": "warn"}),
                      probe_backends=False)
-    record = quality_gate.gate_record(plan)
+    record = precision_gate_at_start.gate_record(plan)
     assert record["status"] == "not run" and "classifier head writes scores/ rows" in record["reason"]

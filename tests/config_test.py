@@ -10,7 +10,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
 from docbeam.attention.chunked import ChunkedOptions
 from docbeam.attention.flash import FlashOptions
 from docbeam.attention.interface import AttentionCase, Backend
-from docbeam.attention.plan import bind_choice, choose_backends
+from docbeam.attention.dispatch import bind_choice, choose_backends
 from docbeam import config, config_files
 from docbeam.pipeline.driver.plan import attention_spec
 

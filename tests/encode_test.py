@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from docbeam import attention
-from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends, gate
+from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate
 from docbeam.pipeline.stages.packer import padded_batch, rows_for
 from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
 from docbeam.models.encoder import attention_cases

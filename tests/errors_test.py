@@ -11,7 +11,7 @@ from docbeam.errors import JobFailed, Refused, UnusablePath, refused_at_start
 
 
 def start_time_exceptions() -> list[type]:
-    from docbeam.attention.plan import AttentionPlanError
+    from docbeam.attention.dispatch import AttentionPlanError
     from docbeam.attention.registry import UnknownBackendError
     from docbeam.models.checkpoint import CheckpointError
     from docbeam.config import ConfigError

@@ -62,7 +62,7 @@ def test_hub_ntk_frequencies_are_the_remote_codes():
     import jax.numpy as jnp
 
     from docbeam.models.encoder import rotary
-    from docbeam.models.families.config import HubConfig
+    from docbeam.models.families.encoder_config import HubConfig
 
     rope = HubConfig({"rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}}, "config.json").rope(
         HEAD_DIM, 10_000.0)

@@ -12,7 +12,7 @@ import pytest
 
 from docbeam import attention
 from docbeam.attention.interface import AttentionCase
-from docbeam.attention.plan import AttentionPlanError, AttentionSpec, choose_backends
+from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends
 from docbeam.attention.registry import from_callable
 from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
@@ -106,7 +106,7 @@ def test_a_user_backend_that_declares_segment_ids_is_handed_them():
 
 
 def test_packed_probes_run_native_with_two_windows_in_a_row():
-    from docbeam.attention.plan import probe, probe_inputs
+    from docbeam.attention.dispatch import probe, probe_inputs
 
     _, _, _, kwargs = probe_inputs(_case(True))
     assert kwargs["segment_ids_BxT"][0].max() == 2 and kwargs["segment_ids_BxT"][1].max() == 1

@@ -263,7 +263,7 @@ def test_packed_rows_give_the_embeddings_of_unpacked_ones_with_less_padding(tiny
 def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(tiny_corpus, tiny_checkpoint_dir,
                                                                                  tmp_path, monkeypatch):
     from docbeam.config import ConfigError
-    from docbeam.attention.plan import AttentionPlanError
+    from docbeam.attention.dispatch import AttentionPlanError
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.… importable
     folder, _ = tiny_corpus

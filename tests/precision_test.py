@@ -1,4 +1,4 @@
-"""Reduced precision (models/precision.py) and its quality gate (models/precision_gate.py), on the tiny
+"""Reduced precision (models/precision.py) and its precision gate (models/precision_gate.py), on the tiny
 checkpoint: where bfloat16 is spent (the compiled HLO), int8 weights per channel, and a gate that refuses a
 precision that fails it, naming the gate."""
 from __future__ import annotations
@@ -118,7 +118,7 @@ def test_the_gate_refuses_one_bad_document_naming_the_cosine_gate():
     vectors[7] += 0.5 * rng.standard_normal(64)  # one document off (cosine ~0.9): a mean would hide it
     result = precision_gate.measure("int8", vectors, reference)
     assert result.mean_cosine > 0.999 and result.failures == [f"lowest cosine {result.lowest_cosine:.4f} < 0.99"]
-    with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the quality gate \(lowest cosine 0.[0-8]"):
+    with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the precision gate \(lowest cosine 0.[0-8]"):
         precision_gate.require(result)
 
 
@@ -203,7 +203,7 @@ def test_a_run_in_bfloat16_that_passes_its_gate_records_the_figures(gate_input, 
     assert (gate["dtype"], gate["mode"], gate["status"], gate["failures"]) == ("bfloat16", "enforce", "passed", [])
     assert gate["documents"] == 60 and gate["windows"] > 60  # long documents give several windows
     assert gate["recall_at_10"] >= 0.98 and gate["lowest_cosine"] >= 0.99
-    assert "precision  bfloat16: quality gate (60 documents" in result.stdout
+    assert "precision  bfloat16: precision gate (60 documents" in result.stdout
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
@@ -211,7 +211,7 @@ def test_a_run_in_a_precision_that_fails_its_gate_is_refused_naming_the_gate(gat
                                                                               tmp_path, dtype):
     result = gate_run(gate_input, tmp_path / "out", outlier_checkpoint, dtype=dtype)
     assert result.returncode == 2, result.stderr
-    assert re.search(rf"model.dtype: {dtype} fails the quality gate \(recall@10 0.9[0-7]\d+ < 0.98", result.stderr)
+    assert re.search(rf"model.dtype: {dtype} fails the precision gate \(recall@10 0.9[0-7]\d+ < 0.98", result.stderr)
     assert not (tmp_path / "out").exists()  # refused at start: nothing written, no lock taken
 
 
@@ -223,43 +223,43 @@ def test_under_warn_a_failing_precision_runs_and_the_summary_says_which_gate_fai
     gate = summary["precision_gate"]
     assert (gate["status"], gate["mode"]) == ("failed", "warn")
     assert len(gate["failures"]) >= 1 and gate["failures"][0].startswith("recall@10 0.9")
-    assert re.search(r"precision  int8: quality gate .*: FAILS recall@10 0.9\d+ < 0.98", result.stdout)
+    assert re.search(r"precision  int8: precision gate .*: FAILS recall@10 0.9\d+ < 0.98", result.stdout)
     assert summary["docs_embedded"] == 60
 
 
 def test_validate_verify_says_what_run_would_and_off_is_recorded_as_not_run(gate_input, outlier_checkpoint,
                                                                            tiny_checkpoint_dir, tmp_path):
     from conftest import job_config
-    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.driver.plan import make_plan
     from docbeam.pipeline.tools.validate import validation_report
 
     cfg = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint, model={"dtype": "int8"})
-    with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the quality gate \(recall@10"):
+    with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the precision gate \(recall@10"):
         validation_report(cfg, verify=True)
-    assert "quality gate" not in validation_report(cfg)  # only --verify measures
+    assert "precision gate" not in validation_report(cfg)  # only --verify measures
     warn = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
                       model={"dtype": "int8", "precision_gate": "warn"})
-    assert re.search(r"# quality gate \(60 documents\): int8 vs float32 over \d+ vectors: .*FAILS recall@10",
+    assert re.search(r"# precision gate \(60 documents\): int8 vs float32 over \d+ vectors: .*FAILS recall@10",
                      validation_report(warn, verify=True))
     off = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
                      model={"dtype": "int8", "precision_gate": "off"})
-    assert quality_gate.gate_record(make_plan(off)) == {"dtype": "int8", "mode": "off", "status": "not run",
+    assert precision_gate_at_start.gate_record(make_plan(off)) == {"dtype": "int8", "mode": "off", "status": "not run",
                                                         "reason": "model.precision_gate: off"}
     f32 = job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir)
-    assert quality_gate.checked(make_plan(f32)).precision_gate is None  # float32 is the reference
+    assert precision_gate_at_start.checked(make_plan(f32)).precision_gate is None  # float32 is the reference
 
 
 def test_the_gate_is_not_run_where_the_encoder_runs_elsewhere_and_says_so(gate_input, tiny_checkpoint_dir, tmp_path):
     import dataclasses
 
     from conftest import job_config
-    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.driver.plan import make_plan
 
     cfg = job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir, model={"dtype": "bfloat16"})
     plan = dataclasses.replace(make_plan(cfg), platform="tpu", checked=False)
-    record = quality_gate.gate_record(plan)
+    record = precision_gate_at_start.gate_record(plan)
     assert record["status"] == "not run"
     assert record["reason"] == ("the encoder runs on tpu, not on this machine; run `docbeam validate --verify` on a "
                                 "tpu machine")
@@ -277,7 +277,7 @@ def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_ch
 
 def test_the_gate_reads_the_first_documents_of_the_input_and_no_further(gate_input, tmp_path, monkeypatch):
     from conftest import job_config
-    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.records import Document
     from docbeam.pipeline.stages import read
 
@@ -288,5 +288,5 @@ def test_the_gate_reads_the_first_documents_of_the_input_and_no_further(gate_inp
             yield Document(f"doc-{n}", "a text", path, n)
 
     monkeypatch.setattr(read, "path_records", endless)
-    docs = quality_gate.first_documents(job_config(gate_input, str(tmp_path / "out"), "unused"), 40)
+    docs = precision_gate_at_start.first_documents(job_config(gate_input, str(tmp_path / "out"), "unused"), 40)
     assert [d.id for d in docs] == [f"doc-{n}" for n in range(40)]

@@ -37,7 +37,7 @@ def test_the_readme_sets_the_five_precisions_side_by_side_with_the_command_and_t
     speeds = next(r for r in table.splitlines() if r.startswith("| tokens/s"))
     assert speeds.split(" | ")[1:] == [f"{s['tokens_per_s']:,.0f}" for s in record["sides"]][:-1] + [
         f"{record['sides'][-1]['tokens_per_s']:,.0f} |"]
-    gates = next(r for r in table.splitlines() if r.startswith("| quality gate"))
+    gates = next(r for r in table.splitlines() if r.startswith("| precision gate"))
     for side in record["sides"][1:]:  # each verdict is the file's: a failing one names its gate
         assert ("passes" if side["gate"]["passed"] else "; ".join(side["gate"]["failures"])) in gates
     assert f"`{record['command']}`" in table and "precision.json" in table

@@ -143,7 +143,7 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
 
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
     from docbeam import attention
-    from docbeam.attention.plan import AttentionSpec
+    from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.stages.packer import padded_batch, rows_for
     from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
     from docbeam.pipeline.records import TokenWindow
@@ -167,7 +167,7 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
 def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpoint_dir):
     from docbeam import attention
     from docbeam.attention import probe_once
-    from docbeam.attention.plan import AttentionSpec, choose_backends
+    from docbeam.attention.dispatch import AttentionSpec, choose_backends
     from docbeam.models.checkpoint import open_checkpoint
     from docbeam.models.encoder import attention_cases
 
@@ -227,7 +227,7 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
     from docbeam import attention
-    from docbeam.attention.plan import AttentionSpec
+    from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.stages.packer import padded_batch, rows_for
     from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
     from docbeam.pipeline.records import TokenWindow

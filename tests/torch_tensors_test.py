@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.torch_tensors import load_tensors
 
 

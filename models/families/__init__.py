@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import (bert, deberta, distilbert, embedding_gemma2, eurobert, gemma3, gte, jina,
-                                     modernbert, mpnet, nomic, qwen3, roberta)
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families import (bert, deberta, distilbert, embedding_gemma2, eurobert, gemma3, gte, jina, modernbert, mpnet, nomic, qwen3, roberta)
+from docbeam.models.families.encoder_config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
     "bert": bert,

@@ -1,10 +1,10 @@
 """BERT, and RoFormer (BERT with interleaved rotary positions instead of a position table): the post-norm
 encoder every other post-norm family varies (models/families/blocks.py's PostNormEncoder). Config:
-EncoderConfig itself (models/families/config.py)."""
+EncoderConfig itself (models/families/encoder_config.py)."""
 from __future__ import annotations
 
 from docbeam.models.families.blocks import PostNormEncoder
-from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 
 Config = EncoderConfig

@@ -15,7 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from docbeam.models.families.config import ACTIVATIONS, EncoderConfig, Rope, llama3_frequencies
+from docbeam.models.families.encoder_config import ACTIVATIONS, EncoderConfig, Rope, llama3_frequencies
 from docbeam.models.precision import Linear, Precision, precision_of
 
 

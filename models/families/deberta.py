@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from docbeam.models.families import bert
 from docbeam.models.families.blocks import Embeddings, FamilyModel, Mlp, Rows, layer_norm
-from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import Linear, precision_of
 

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from docbeam.models.families.blocks import PostNormEncoder
-from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("distilbert.",)  # DistilBertForMaskedLM / ForSequenceClassification; DistilBertModel saves them bare

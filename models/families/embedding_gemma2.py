@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from docbeam.models.families import gemma3
 from docbeam.models.families.blocks import FamilyModel, rms_norm
-from docbeam.models.families.config import ACTIVATIONS, HubConfig
+from docbeam.models.families.encoder_config import ACTIVATIONS, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import Linear, precision_of
 

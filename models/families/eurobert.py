@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from docbeam.models.families import qwen3
-from docbeam.models.families.config import HubConfig
+from docbeam.models.families.encoder_config import HubConfig
 
 PREFIXES = ("model.",)  # EuroBertForMaskedLM / ForSequenceClassification keep the encoder under model.
 Model = qwen3.Model

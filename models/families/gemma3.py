@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from docbeam.models.families import qwen3
 from docbeam.models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
-from docbeam.models.families.config import HubConfig, Rope
+from docbeam.models.families.encoder_config import HubConfig, Rope
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 from docbeam.models.families.blocks import PostNormEncoder
-from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("new.", "gte.", "model.")

@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from docbeam.models.families.blocks import PostNormEncoder
-from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("roberta.",)

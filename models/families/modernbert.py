@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from docbeam.models.families.blocks import Embeddings, FamilyModel, GatedMlp, SelfAttention, layer_norm
-from docbeam.models.families.config import EncoderConfig, HubConfig, Rope
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig, Rope
 from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
 

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from docbeam.models.families import bert, roberta
 from docbeam.models.families.blocks import Embeddings, FamilyModel, PostNormLayer
-from docbeam.models.families.config import HubConfig
+from docbeam.models.families.encoder_config import HubConfig
 from docbeam.models.families.tensors import Tensors
 
 PREFIXES = ("mpnet.",)

@@ -8,7 +8,7 @@ import dataclasses
 
 from docbeam.models.families import gte
 from docbeam.models.families.blocks import PostNormEncoder
-from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 
 

@@ -20,7 +20,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from docbeam.models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
-from docbeam.models.families.config import CheckpointError, EncoderConfig, HubConfig, Rope
+from docbeam.models.families.encoder_config import CheckpointError, EncoderConfig, HubConfig, Rope
 from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from docbeam.models.families import bert
-from docbeam.models.families.config import EncoderConfig, HubConfig
+from docbeam.models.families.encoder_config import EncoderConfig, HubConfig
 
 PREFIXES = ("roberta.", "xlm_roberta.", "camembert.", "model.")
 Model = bert.Model

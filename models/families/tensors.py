@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 
 
 class Tensors:

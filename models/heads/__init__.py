@@ -20,7 +20,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from docbeam.models.families.config import ACTIVATIONS, CheckpointError
+from docbeam.models.families.encoder_config import ACTIVATIONS, CheckpointError
 
 # What a dense layer of a head may apply after its projection (sentence-transformers' Dense modules name
 # identity or tanh; classifier heads name the family's activations).

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from docbeam.models.families.blocks import segment_starts
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.heads import Head, HeadLayer, NonFinite, apply_layers
 from docbeam.models.heads.embedding import non_finite, window_facts
 from docbeam.models.heads.multivector import (BGE_M3_COLBERT, VECTOR_DTYPES, file_digest, torch_linear,

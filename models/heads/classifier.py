@@ -17,7 +17,7 @@ import os
 import numpy as np
 
 from docbeam.models.families import family_of
-from docbeam.models.families.config import ACTIVATIONS, CheckpointError
+from docbeam.models.families.encoder_config import ACTIVATIONS, CheckpointError
 from docbeam.models.heads import Head, HeadLayer, NonFinite
 from docbeam.models.heads.embedding import non_finite, window_facts
 

@@ -10,7 +10,7 @@ import dataclasses
 
 import numpy as np
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.heads import Head, HeadLayer, NonFinite
 
 FOLDER = "embeddings"

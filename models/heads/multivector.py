@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from docbeam.models.families.config import CheckpointError
+from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.heads import Head, HeadLayer, NonFinite
 from docbeam.models.heads.embedding import non_finite, window_facts
 

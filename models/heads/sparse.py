@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from docbeam.models.families import family_of
-from docbeam.models.families.config import ACTIVATIONS, CheckpointError
+from docbeam.models.families.encoder_config import ACTIVATIONS, CheckpointError
 from docbeam.models.heads import Head, HeadLayer, NonFinite, apply_layers
 from docbeam.models.heads.embedding import non_finite, window_facts
 

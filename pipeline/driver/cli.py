@@ -48,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         else:
             p.add_argument("--verify", action="store_true",
                            help="also run each bucket's backend against native on a probe batch here, and hold a "
-                                "model.dtype other than float32 to the quality gate on the input's first documents")
+                                "model.dtype other than float32 to the precision gate on the input's first documents")
             p.add_argument("--for-launch", action="store_true",
                            help="first refuse (exit 2) the profiles' placeholder project, buckets and image, as "
                                 "run --dry-run and the Flex Template launcher do: a CI step before a launch")
@@ -205,7 +205,7 @@ def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
 
 
 def format_summary(s: dict, output: str) -> str:
-    from docbeam.pipeline.driver import quality_gate
+    from docbeam.pipeline.driver import precision_gate_at_start
 
     lines = [
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
@@ -224,7 +224,7 @@ def format_summary(s: dict, output: str) -> str:
         f"  speed      {s['docs_per_second']} docs/s, {s['tokens_per_second']} tokens/s",
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
-        *([f"  precision  {s['dtype']}: {quality_gate.describe(s['precision_gate'])}"] if s.get("precision_gate")
+        *([f"  precision  {s['dtype']}: {precision_gate_at_start.describe(s['precision_gate'])}"] if s.get("precision_gate")
           else []),
         *([format_startup(s)] if s.get("startup") else []),
         *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),

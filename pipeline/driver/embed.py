@@ -17,7 +17,7 @@ import apache_beam as beam
 
 from docbeam import config as config_lib
 from docbeam import config_files
-from docbeam.pipeline.driver import quality_gate
+from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.config import ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
@@ -172,7 +172,7 @@ class EmbedDocuments(beam.PTransform):
         cfg, default_id, default_text = embed_config(config)
         self._fields = (id_field or default_id, text_field or default_text)
         # A dtype other than float32 says it runs without its gate (no input here to measure it on).
-        self.plan = quality_gate.checked(make_plan(cfg, for_input=False, for_output=False))
+        self.plan = precision_gate_at_start.checked(make_plan(cfg, for_input=False, for_output=False))
         self._chunk_ids = beam_chunks_ids(self.plan.head, beam_chunk_ids) if beam_chunks else None
         self._spec = encoder_spec(self.plan, job=f"embed-{uuid.uuid4().hex[:12]}")  # this pipeline's step
 

@@ -11,7 +11,7 @@ import functools
 import importlib.metadata
 import os
 
-from docbeam.attention.plan import AttentionSpec, Choice, choose_backends, gate
+from docbeam.attention.dispatch import AttentionSpec, Choice, choose_backends, gate
 from docbeam.attention.probe_once import probe_all
 from docbeam.models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
                                tokenizer_digest, weights_digest)
@@ -55,7 +55,7 @@ class JobPlan:
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
-    precision_gate: dict | None = None  # model.dtype's quality gate at start (pipeline/driver/quality_gate.py)
+    precision_gate: dict | None = None  # model.dtype's precision gate at start (pipeline/driver/precision_gate_at_start.py)
     context_len: int | None = None  # output.chunking: late: the context windows' length; None: window chunking
 
     @property

@@ -22,7 +22,7 @@ from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from docbeam import placeholders
-from docbeam.pipeline.driver import embed, quality_gate
+from docbeam.pipeline.driver import embed, precision_gate_at_start
 from docbeam.pipeline.driver.embed import EncodeDocuments
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
 from docbeam.errors import JobFailed, Refused, refused_at_start
@@ -195,7 +195,7 @@ def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: 
 
 def plan_run(cfg, extra_beam_args, wait: bool, process_started: float | None) -> Run:
     """The plan: placeholders filled, the profile's placeholders refused, every check of make_plan and the
-    quality gate, each sink's preflight. Nothing is touched yet."""
+    precision gate, each sink's preflight. Nothing is touched yet."""
     from docbeam.pipeline.stages.compile_cache import keep_every_compilation
 
     marks = {"run_job": time.time()}
@@ -205,7 +205,7 @@ def plan_run(cfg, extra_beam_args, wait: bool, process_started: float | None) ->
     cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
-    plan = quality_gate.checked(make_plan(cfg))  # a reduced precision that fails its gate stops here (exit 2)
+    plan = precision_gate_at_start.checked(make_plan(cfg))  # a reduced precision that fails its gate stops here (exit 2)
     for sink, section in sinks.active(cfg):  # e.g. pgvector's load needs a driver that waits
         sink.preflight(section, wait)
     marks["plan"] = time.time()

@@ -22,7 +22,7 @@ from docbeam.pipeline import compat
 compat.run_inference_without_model_manager()
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
-from docbeam.attention.plan import AttentionSpec, Choice, replan  # noqa: E402
+from docbeam.attention.dispatch import AttentionSpec, Choice, replan  # noqa: E402
 from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
 from docbeam.pipeline.records import Batch, WindowEmbedding  # noqa: E402
 from docbeam.pipeline.telemetry.observe import (COMPILE_MS, COMPUTE_MS, ENCODER_FN_NAME, FALLBACKS,  # noqa: E402
@@ -73,7 +73,7 @@ def standalone_spec(model_path: str, dtype: str, pooling: str, attention: Attent
     modules, unnormalised (``settings``: the other EncoderSpec fields)."""
     import jax
 
-    from docbeam.attention.plan import choose_backends
+    from docbeam.attention.dispatch import choose_backends
     from docbeam.models.checkpoint import open_checkpoint
     from docbeam.models.encoder import attention_cases
     from docbeam.models.heads import embedding
@@ -89,7 +89,7 @@ def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...]
     """(what this worker runs per bucket, why it is not the plan's or None). The plan's choices as they are
     on the planned platform (gated here when the driver could not run them and attention.verify is set); on
     another platform the planned buckets chosen again for this one."""
-    from docbeam.attention.plan import gate
+    from docbeam.attention.dispatch import gate
 
     if platform != spec.platform:
         log.warning("job was planned for %s but this worker has %s; re-planning attention here", spec.platform,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from docbeam import placeholders
-from docbeam.pipeline.driver import quality_gate
+from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.config import JobConfig
 
 
@@ -15,7 +15,7 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
     packed or not), or why not. Packing is resolved for that choice, so a backend that takes no segment ids
     is not shown as refused merely because this config's own backend packs."""
     from docbeam import attention
-    from docbeam.attention.plan import AttentionPlanError, ask_all, by_bucket
+    from docbeam.attention.dispatch import AttentionPlanError, ask_all, by_bucket
     from docbeam.models.encoder import attention_cases
     from docbeam.pipeline.driver.plan import resolved_packing
 
@@ -50,7 +50,7 @@ def shown(cfg: JobConfig) -> dict:
 
 def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = False) -> str:
     from docbeam import attention
-    from docbeam.attention.plan import gate
+    from docbeam.attention.dispatch import gate
     from docbeam.pipeline.store.output import new_run_id, run_date
     from docbeam.pipeline.driver.plan import make_plan
 
@@ -88,7 +88,7 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
             line += f"  (fallback: {c.fallback_reason})"
         out.append(line)
     if verify and cfg.model.dtype != "float32":  # as `run` does at start: refused (exit 2) when it fails under enforce
-        out.append("# " + quality_gate.describe(quality_gate.gate_record(plan)))
+        out.append("# " + precision_gate_at_start.describe(precision_gate_at_start.gate_record(plan)))
     if for_launch:
         out.append("# launch: no placeholder in " + ", ".join(placeholders.LAUNCH_KEYS))
     return "\n".join(out)

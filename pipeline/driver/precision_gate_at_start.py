@@ -1,4 +1,4 @@
-"""The precision quality gate at the start of a run: a ``model.dtype`` other than float32 is held to float32's
+"""The precision gate at the start of a run: a ``model.dtype`` other than float32 is held to float32's
 vectors on the input's first documents (models/precision_gate.py) before the output is touched, so a reduced
 precision that fails its gate is never chosen silently. ``docbeam run`` and ``validate --verify`` start here.
 
@@ -69,7 +69,7 @@ def measure(plan, limit: int = DOCUMENTS) -> tuple[int, int, gate.GateResult | N
 
 
 def _not_run(dtype: str, mode: str, reason: str) -> dict:
-    log.warning("docbeam: model.dtype %s runs without its quality gate: %s", dtype, reason)
+    log.warning("docbeam: model.dtype %s runs without its precision gate: %s", dtype, reason)
     return {"dtype": dtype, "mode": mode, "status": "not run", "reason": reason}
 
 
@@ -98,7 +98,7 @@ def gate_record(plan, limit: int = DOCUMENTS) -> dict | None:
     if mode == "enforce":
         gate.require(result)
     elif not result.passed:
-        log.warning("docbeam: model.dtype %s FAILS its quality gate (%s) and runs anyway (model.precision_gate: "
+        log.warning("docbeam: model.dtype %s FAILS its precision gate (%s) and runs anyway (model.precision_gate: "
                     "warn)", dtype, "; ".join(result.failures))
     return {"dtype": dtype, "mode": mode, "status": "passed" if result.passed else "failed",
             "failures": result.failures, "documents": documents, "windows": windows,
@@ -117,7 +117,7 @@ def checked(plan, limit: int = DOCUMENTS):
 def describe(record: dict) -> str:
     """One line for ``validate``, the run's log and its printed summary."""
     if record["status"] == "not run":
-        return f"quality gate: not run ({record['reason']})"
+        return f"precision gate: not run ({record['reason']})"
     result = gate.GateResult(record["dtype"], record["windows"], record["lowest_cosine"], record["mean_cosine"],
                              record["recall_at_10"])
-    return f"quality gate ({record['documents']} documents): {result.describe()}"
+    return f"precision gate ({record['documents']} documents): {result.describe()}"
