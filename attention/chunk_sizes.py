@@ -3,6 +3,7 @@ sizes for the platform the layer runs on. A size measured on one platform applie
 the same loop differently for CPU, GPU and TPU, so a CPU sweep says nothing about the others. Each table
 names where its values come from.
 """
+
 from __future__ import annotations
 
 import pydantic
@@ -20,8 +21,11 @@ TUNED_CHUNKS: tuple[Row, ...] = ((512, 512, 256, 1), (2048, 512, 256, 2), (8192,
 # batched matmul (heads_per_step 0), as tokamax runs them; any length. Replace with a sweep on the platform.
 ACCELERATOR_CHUNKS: tuple[Row, ...] = ((1 << 31, 512, 1024, 0),)
 
-PLATFORM_CHUNKS: dict[str, tuple[Row, ...]] = {"cpu": TUNED_CHUNKS, "gpu": ACCELERATOR_CHUNKS,
-                                               "tpu": ACCELERATOR_CHUNKS}
+PLATFORM_CHUNKS: dict[str, tuple[Row, ...]] = {
+    "cpu": TUNED_CHUNKS,
+    "gpu": ACCELERATOR_CHUNKS,
+    "tpu": ACCELERATOR_CHUNKS,
+}
 
 # Causal global layers (decoders), where no option sets them: square chunks of this many rows and keys, so
 # the key blocks past the diagonal that each query chunk skips are fine-grained (a query chunk of c rows scans
@@ -62,12 +66,16 @@ def chunk_sizes(options: ChunkedOptions, seq_len: int, platform: str) -> tuple[i
     the platform's row for its length (a platform without a table gets the accelerators' default)."""
     table = PLATFORM_CHUNKS.get(platform, ACCELERATOR_CHUNKS)
     _, query_chunk, key_chunk, heads_per_step = next((row for row in table if seq_len <= row[0]), table[-1])
-    return (options.query_chunk or query_chunk, options.key_chunk or key_chunk,
-            heads_per_step if options.heads_per_step is None else options.heads_per_step)
+    return (
+        options.query_chunk or query_chunk,
+        options.key_chunk or key_chunk,
+        heads_per_step if options.heads_per_step is None else options.heads_per_step,
+    )
 
 
-def layer_chunk_sizes(options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None,
-                      platform: str, causal: bool = False) -> tuple[int, int, int]:
+def layer_chunk_sizes(
+    options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None, platform: str, causal: bool = False
+) -> tuple[int, int, int]:
     """``chunk_sizes`` for a global layer (a causal one on a platform with a CAUSAL_CHUNK: square chunks of
     it); for a local one the LOCAL_* sizes and one key chunk spanning a query chunk's window (capped at
     LOCAL_MAX_KEY_CHUNK); always the options' sizes where they set them."""

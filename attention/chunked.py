@@ -5,6 +5,7 @@ chunks, one query chunk at a time: the largest temporary is ``[B, N, query_chunk
 ``[B, N, T, S]``. Scores and sums are kept in float32 whatever the input dtype. The chunk sizes, and where
 each platform's come from, are attention/chunk_sizes.py's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,8 +53,9 @@ class KeyPlan:
         return jnp.clip(query_start - self.local_window[0], 0, self.padded_len - self.steps * self.key_chunk)
 
 
-def key_plan(seq_len: int, query_chunk: int, key_chunk: int, local_window: tuple[int, int] | None,
-             causal: bool = False) -> KeyPlan:
+def key_plan(
+    seq_len: int, query_chunk: int, key_chunk: int, local_window: tuple[int, int] | None, causal: bool = False
+) -> KeyPlan:
     """A global layer scans every key (a causal one up to each chunk's diagonal); a local one the
     ``query_chunk + left + right`` keys a chunk's rows reach, so its cost grows with T * window instead of T²."""
     reach = seq_len if local_window is None else min(seq_len, query_chunk + sum(local_window))
@@ -74,15 +76,25 @@ def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
     if case.relative_positions and case.kv_heads != case.num_heads:
         return Support(ok=False, reason=GROUPED_RELATIVE)
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, case.seq_len, window, case.platform,
-                                                               case.causal)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(
+        options, case.seq_len, window, case.platform, case.causal
+    )
     query_chunk = min(query_chunk, case.seq_len)
     keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal and options.skip_causal_blocks)
     heads = f", {group_step(heads_per_step, case.num_heads, case.kv_heads)} head(s) per step" if heads_per_step else ""
-    scanned = (f", {keys.steps * keys.key_chunk} keys per query chunk (local window {window})" if window
-               else ", key blocks past the diagonal skipped" if keys.causal else "")
-    grouped = f", {case.num_heads} query heads over {case.kv_heads} k/v heads" if case.kv_heads != case.num_heads else ""
-    return Support(ok=True, kernel=f"xla online softmax, chunks {query_chunk}x{keys.key_chunk}{heads}{scanned}{grouped}")
+    scanned = (
+        f", {keys.steps * keys.key_chunk} keys per query chunk (local window {window})"
+        if window
+        else ", key blocks past the diagonal skipped"
+        if keys.causal
+        else ""
+    )
+    grouped = (
+        f", {case.num_heads} query heads over {case.kv_heads} k/v heads" if case.kv_heads != case.num_heads else ""
+    )
+    return Support(
+        ok=True, kernel=f"xla online softmax, chunks {query_chunk}x{keys.key_chunk}{heads}{scanned}{grouped}"
+    )
 
 
 def group_step(heads_per_step: int, num_heads: int, kv_heads: int) -> int:
@@ -91,13 +103,34 @@ def group_step(heads_per_step: int, num_heads: int, kv_heads: int) -> int:
     return min(num_heads, -(-(heads_per_step or num_heads) // per_kv) * per_kv)
 
 
-@register("chunked", options=ChunkedOptions, supports=supports, segments=True, local_window=True, bias=True,
-          causal=True, grouped=True, relative_positions=True,
-          description="online-softmax attention over query and key chunks in plain JAX "
-                      "(memory O(query_chunk * key_chunk) per head; local windows scan only the keys they reach; "
-                      "any platform)")
-def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: ChunkedOptions, segment_ids_BxT=None,
-            local_window=None, bias=None, causal=False, relative_positions=None):
+@register(
+    "chunked",
+    options=ChunkedOptions,
+    supports=supports,
+    segments=True,
+    local_window=True,
+    bias=True,
+    causal=True,
+    grouped=True,
+    relative_positions=True,
+    description="online-softmax attention over query and key chunks in plain JAX "
+    "(memory O(query_chunk * key_chunk) per head; local windows scan only the keys they reach; "
+    "any platform)",
+)
+def chunked(
+    q_BxTxNxH,
+    k_BxSxKxH,
+    v_BxSxKxH,
+    *,
+    kv_lengths_B,
+    scale,
+    options: ChunkedOptions,
+    segment_ids_BxT=None,
+    local_window=None,
+    bias=None,
+    causal=False,
+    relative_positions=None,
+):
     """Online softmax in native's einsum form (attention/native.py): heads-major operands, q scaled once, the
     mask as an additive bias, and the division applied to the ``[.., head_dim]`` output once, after the last
     key chunk: the form XLA:CPU runs fastest (the comparison with a select over the scores: CHANGELOG.md).
@@ -109,8 +142,7 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     b, t, n, h = q_BxTxNxH.shape
     s, kv_heads = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
     window = local_window and causal_window(local_window, causal, s)
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window,
-                                                               current_platform(), causal)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window, current_platform(), causal)
     query_chunk, step = min(query_chunk, t), group_step(heads_per_step, n, kv_heads)
     per_kv = n // kv_heads
     keys = key_plan(s, query_chunk, key_chunk, window, causal and options.skip_causal_blocks)
@@ -119,20 +151,33 @@ def chunked(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Ch
     # Head groups run one after another in a loop (not unrolled, so compilation stays short): XLA:CPU's
     # batched matmul is slow with many small (head_dim 32) batch entries.
     groups = -(-n // step)
-    masks = BlockMasks(kv_lengths_B, causal_window(local_window, causal, s), bias,
-                       None if segment_ids_BxT is None else pad_to_multiple(segment_ids_BxT, query_chunk),
-                       None if segment_ids_BxT is None else pad_to_length(segment_ids_BxT, keys.padded_len),
-                       groups * step, head_tables(relative_positions, scale, groups * step))
-    q_GxBxgxTxH = (jnp.pad(q_BxNxTxH, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)])
-                   .reshape(b, groups, step, *q_BxNxTxH.shape[2:]).swapaxes(0, 1))
+    masks = BlockMasks(
+        kv_lengths_B,
+        causal_window(local_window, causal, s),
+        bias,
+        None if segment_ids_BxT is None else pad_to_multiple(segment_ids_BxT, query_chunk),
+        None if segment_ids_BxT is None else pad_to_length(segment_ids_BxT, keys.padded_len),
+        groups * step,
+        head_tables(relative_positions, scale, groups * step),
+    )
+    q_GxBxgxTxH = (
+        jnp.pad(q_BxNxTxH, [(0, 0), (0, groups * step - n), (0, 0), (0, 0)])
+        .reshape(b, groups, step, *q_BxNxTxH.shape[2:])
+        .swapaxes(0, 1)
+    )
     k_GxBxgxSxH, v_GxBxgxSxH = (
         jnp.pad(x, [(0, 0), (0, (groups * step - n) // per_kv), (0, 0), (0, 0)])
-        .reshape(b, groups, step // per_kv, *x.shape[2:]).swapaxes(0, 1) for x in (k_BxKxSxH, v_BxKxSxH))
+        .reshape(b, groups, step // per_kv, *x.shape[2:])
+        .swapaxes(0, 1)
+        for x in (k_BxKxSxH, v_BxKxSxH)
+    )
     if groups == 1:
         out_BxNxTxH = _online_softmax(q_GxBxgxTxH[0], k_GxBxgxSxH[0], v_GxBxgxSxH[0], masks, 0, query_chunk, keys)
     else:
-        out_GxBxgxTxH = jax.lax.map(lambda g_qkv: _online_softmax(*g_qkv[1], masks, g_qkv[0] * step, query_chunk, keys),
-                                    (jnp.arange(groups), (q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH)))
+        out_GxBxgxTxH = jax.lax.map(
+            lambda g_qkv: _online_softmax(*g_qkv[1], masks, g_qkv[0] * step, query_chunk, keys),
+            (jnp.arange(groups), (q_GxBxgxTxH, k_GxBxgxSxH, v_GxBxgxSxH)),
+        )
         out_BxNxTxH = out_GxBxgxTxH.swapaxes(0, 1).reshape(b, groups * step, -1, h)[:, :n]
     out_BxTxNxH = out_BxNxTxH.swapaxes(1, 2)[:, :t]
     # A row with no valid key averages every key (the bias is finite); pin it to zeros, as flash does.
@@ -143,8 +188,9 @@ def head_tables(relative: RelativePositions | None, scale: float, padded_heads: 
     """The tables padded to whole head groups, pos_query scaled (q is scaled already; k is not)."""
     if relative is None:
         return None
-    scaled = dataclasses.replace(relative, pos_query_RxNxH=None if relative.pos_query_RxNxH is None
-                                 else relative.pos_query_RxNxH * scale)
+    scaled = dataclasses.replace(
+        relative, pos_query_RxNxH=None if relative.pos_query_RxNxH is None else relative.pos_query_RxNxH * scale
+    )
     return scaled.map_tables(lambda t_RxNxH: jnp.pad(t_RxNxH, [(0, 0), (0, padded_heads - t_RxNxH.shape[1]), (0, 0)]))
 
 
@@ -204,9 +250,12 @@ def _per_kv_head(equation: str, x_BxNxQxE, y_BxKxCxF):
     y_side, out = rest.split("->")
     if kv_heads == n:
         return jnp.einsum(f"bn{x_side},bn{y_side}->bn{out}", x_BxNxQxE, y_BxKxCxF, preferred_element_type=jnp.float32)
-    return jnp.einsum(f"bjg{x_side},bj{y_side}->bjg{out}", x_BxNxQxE.reshape(b, kv_heads, n // kv_heads,
-                                                                         *x_BxNxQxE.shape[2:]),
-                      y_BxKxCxF, preferred_element_type=jnp.float32).reshape(b, n, q_len, -1)
+    return jnp.einsum(
+        f"bjg{x_side},bj{y_side}->bjg{out}",
+        x_BxNxQxE.reshape(b, kv_heads, n // kv_heads, *x_BxNxQxE.shape[2:]),
+        y_BxKxCxF,
+        preferred_element_type=jnp.float32,
+    ).reshape(b, n, q_len, -1)
 
 
 def _online_softmax(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, masks: BlockMasks, head_start, query_chunk: int, keys: KeyPlan):
@@ -224,34 +273,46 @@ def _online_softmax(q_BxNxTxH, k_BxKxSxH, v_BxKxSxH, masks: BlockMasks, head_sta
         def absorb_key_chunk(carry, chunk):
             acc_BxNxQxH, max_BxNxQ, denom_BxNxQ = carry
             k_BxKxKcxH, v_BxKxKcxH, key_pos_Kc = chunk
-            logits_BxNxQxKc = (_per_kv_head("qh,kh->qk", q_BxNxQxH, k_BxKxKcxH)
-                               + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
-                               + masks.relative_scores(q_BxNxQxH, k_BxKxKcxH, query_start, key_pos_Kc[0], head_start))
+            logits_BxNxQxKc = (
+                _per_kv_head("qh,kh->qk", q_BxNxQxH, k_BxKxKcxH)
+                + masks.block_bias(query_pos_Q, key_pos_Kc, head_start, n)
+                + masks.relative_scores(q_BxNxQxH, k_BxKxKcxH, query_start, key_pos_Kc[0], head_start)
+            )
             # The bias is finite, so the running max is finite after the first chunk: no NaN guard needed.
             new_max_BxNxQ = jnp.maximum(max_BxNxQ, logits_BxNxQxKc.max(axis=-1))
             p_BxNxQxKc = jnp.exp(logits_BxNxQxKc - new_max_BxNxQ[..., None])
             rescale_BxNxQ = jnp.exp(max_BxNxQ - new_max_BxNxQ)
             denom_BxNxQ = denom_BxNxQ * rescale_BxNxQ + p_BxNxQxKc.sum(axis=-1)
             acc_BxNxQxH = acc_BxNxQxH * rescale_BxNxQ[..., None] + _per_kv_head(
-                "qk,kh->qh", p_BxNxQxKc.astype(v_BxKxKcxH.dtype), v_BxKxKcxH)
+                "qk,kh->qh", p_BxNxQxKc.astype(v_BxKxKcxH.dtype), v_BxKxKcxH
+            )
             return (acc_BxNxQxH, new_max_BxNxQ, denom_BxNxQ), None
 
-        init = (jnp.zeros((b, n, query_chunk, h), jnp.float32), jnp.full((b, n, query_chunk), -jnp.inf, jnp.float32),
-                jnp.zeros((b, n, query_chunk), jnp.float32))
+        init = (
+            jnp.zeros((b, n, query_chunk, h), jnp.float32),
+            jnp.full((b, n, query_chunk), -jnp.inf, jnp.float32),
+            jnp.zeros((b, n, query_chunk), jnp.float32),
+        )
         if keys.causal:  # as many key chunks as reach this query chunk's diagonal: a loop of traced length
+
             def absorb_chunk_at(i, carry):
                 start = i * keys.key_chunk
-                k_BxKxKcxH, v_BxKxKcxH = (jax.lax.dynamic_slice_in_dim(x, start, keys.key_chunk, 2)
-                                          for x in (k_BxKxSxH, v_BxKxSxH))
+                k_BxKxKcxH, v_BxKxKcxH = (
+                    jax.lax.dynamic_slice_in_dim(x, start, keys.key_chunk, 2) for x in (k_BxKxSxH, v_BxKxSxH)
+                )
                 return absorb_key_chunk(carry, (k_BxKxKcxH, v_BxKxKcxH, start + jnp.arange(keys.key_chunk)))[0]
 
-            acc_BxNxQxH, _, denom_BxNxQ = jax.lax.fori_loop(0, keys.steps_for(query_start, query_chunk),
-                                                           absorb_chunk_at, init)
+            acc_BxNxQxH, _, denom_BxNxQ = jax.lax.fori_loop(
+                0, keys.steps_for(query_start, query_chunk), absorb_chunk_at, init
+            )
             return acc_BxNxQxH / denom_BxNxQ[..., None]
         span = keys.steps * keys.key_chunk
         k_KxBxKxKcxH, v_KxBxKxKcxH = (
-            jax.lax.dynamic_slice_in_dim(x, key_start, span, 2).reshape(b, kv_heads, keys.steps, keys.key_chunk, h)
-            .transpose(2, 0, 1, 3, 4) for x in (k_BxKxSxH, v_BxKxSxH))
+            jax.lax.dynamic_slice_in_dim(x, key_start, span, 2)
+            .reshape(b, kv_heads, keys.steps, keys.key_chunk, h)
+            .transpose(2, 0, 1, 3, 4)
+            for x in (k_BxKxSxH, v_BxKxSxH)
+        )
         key_pos_KxKc = (key_start + jnp.arange(span)).reshape(keys.steps, keys.key_chunk)
         chunks = (k_KxBxKxKcxH, v_KxBxKxKcxH, key_pos_KxKc)
         if keys.steps == 1:  # no loop: XLA fuses the one step like native's softmax

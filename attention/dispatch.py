@@ -4,6 +4,7 @@ A bucket has one case per kind of layer the model has (``EncoderConfig.attention
 global and a local kind, MPNet one with a bias). One backend runs the whole bucket, so timing records name one
 backend: it must accept every kind, and a refusal of any kind sends the whole bucket to the fallback, with the
 reason naming the kind."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,7 +17,6 @@ from docbeam.attention import registry
 from docbeam.attention.features import DECLARED, static_keywords
 from docbeam.attention.interface import AttentionCase, Backend, Support
 from docbeam.errors import Refused
-
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ class AttentionSpec:
     def __post_init__(self):
         for key, value in (("options", self.options), ("fallback_options", self.fallback_options)):
             if value is not None and not isinstance(value, pydantic.BaseModel):
-                raise TypeError(f"AttentionSpec.{key} must be the backend's typed options (Backend.parse_options), "
-                                f"not {type(value).__name__}")
+                raise TypeError(
+                    f"AttentionSpec.{key} must be the backend's typed options (Backend.parse_options), "
+                    f"not {type(value).__name__}"
+                )
         if self.fallback and self.fallback_options is None:
             raise TypeError(f"AttentionSpec: fallback {self.fallback!r} needs its typed fallback_options")
 
@@ -52,8 +54,10 @@ class AttentionSpec:
             return self.options
         if name == self.fallback and self.fallback_options is not None:
             return self.fallback_options
-        raise ValueError(f"backend {name!r} is neither attention.backend ({self.backend!r}) nor "
-                         f"attention.fallback ({self.fallback!r}) of this job")
+        raise ValueError(
+            f"backend {name!r} is neither attention.backend ({self.backend!r}) nor "
+            f"attention.fallback ({self.fallback!r}) of this job"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +82,11 @@ def ask(backend: Backend, case: AttentionCase, options: pydantic.BaseModel) -> S
     try:
         return backend.supports(case, options)
     except Exception as e:  # noqa: BLE001  a user's check may raise anything
-        raise AttentionPlanError(f"attention backend {backend.name!r}: its capability check raised "
-                                 f"{type(e).__name__}: {e} (asked about bucket {case.seq_len}, {case.platform}, "
-                                 f"{case.dtype}); fix the backend or choose another attention.backend") from e
+        raise AttentionPlanError(
+            f"attention backend {backend.name!r}: its capability check raised "
+            f"{type(e).__name__}: {e} (asked about bucket {case.seq_len}, {case.platform}, "
+            f"{case.dtype}); fix the backend or choose another attention.backend"
+        ) from e
 
 
 def ask_all(backend: Backend, cases, options: pydantic.BaseModel) -> Support:
@@ -90,17 +96,25 @@ def ask_all(backend: Backend, cases, options: pydantic.BaseModel) -> Support:
     several = len(answers) > 1
     refused = [(case, s) for case, s in answers if not s.ok]
     if refused:
-        return Support(ok=False, reason="; ".join((f"{case.features.describe()} layers: " if several else "")
-                                                  + s.reason for case, s in refused))
+        return Support(
+            ok=False,
+            reason="; ".join(
+                (f"{case.features.describe()} layers: " if several else "") + s.reason for case, s in refused
+            ),
+        )
     kernels = list(dict.fromkeys(s.kernel for _, s in answers))
     if len(kernels) <= 1:
         return Support(ok=True, kernel=kernels[0] if kernels else "")
     return Support(ok=True, kernel="; ".join(f"{case.features.describe()}: {s.kernel}" for case, s in answers))
 
 
-def choose_backend(case: AttentionCase | tuple[AttentionCase, ...], requested: Backend,
-                   requested_options: pydantic.BaseModel, fallback: Backend | None,
-                   fallback_options: pydantic.BaseModel | None) -> Choice:
+def choose_backend(
+    case: AttentionCase | tuple[AttentionCase, ...],
+    requested: Backend,
+    requested_options: pydantic.BaseModel,
+    fallback: Backend | None,
+    fallback_options: pydantic.BaseModel | None,
+) -> Choice:
     """The requested backend if its check accepts the bucket's case (or every case of the bucket, one per kind
     of layer), else the fallback's (with the reason)."""
     cases = case if isinstance(case, tuple) else (case,)
@@ -113,11 +127,14 @@ def choose_backend(case: AttentionCase | tuple[AttentionCase, ...], requested: B
         raise AttentionPlanError(
             f"attention.backend {requested.name!r} cannot run {where}: {support.reason}. "
             f"Set attention.fallback (e.g. native) to run such buckets with another backend, or choose another "
-            f"attention.backend")
+            f"attention.backend"
+        )
     fb_support = ask_all(fallback, cases, fallback_options)
     if not fb_support.ok:
-        raise AttentionPlanError(f"neither attention.backend {requested.name!r} ({support.reason}) nor "
-                                 f"attention.fallback {fallback.name!r} ({fb_support.reason}) can run {where}")
+        raise AttentionPlanError(
+            f"neither attention.backend {requested.name!r} ({support.reason}) nor "
+            f"attention.fallback {fallback.name!r} ({fb_support.reason}) can run {where}"
+        )
     return Choice(first, requested.name, fallback.name, fb_support.kernel, fallback_reason=support.reason, cases=cases)
 
 
@@ -143,8 +160,7 @@ def probe_inputs(case: AttentionCase, batch: int = 2, seed: int = 0):
     rng = np.random.default_rng(seed)
     shape = (batch, case.seq_len, case.num_heads, case.head_dim)
     kv_shape = (batch, case.seq_len, case.kv_heads, case.head_dim)  # grouped-query: fewer k/v heads
-    q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32)).astype(case.dtype)
-               for s in (shape, kv_shape, kv_shape))
+    q, k, v = (jnp.asarray(rng.standard_normal(s, np.float32)).astype(case.dtype) for s in (shape, kv_shape, kv_shape))
     lengths = np.full((batch,), case.seq_len, np.int32)
     lengths[1::2] = max(1, case.seq_len // 2)
     kwargs = {"kv_lengths_B": jnp.asarray(lengths)}
@@ -160,7 +176,7 @@ def run_probe(fn, case: AttentionCase, q, k, v, kwargs):
 
     static = {key: kwargs[key] for key in STATIC_FEATURES if key in kwargs}
     arrays = {key: value for key, value in kwargs.items() if key not in static}
-    scale = case.head_dim ** -0.5
+    scale = case.head_dim**-0.5
     return jax.jit(lambda q, k, v, kw: fn(q, k, v, scale=scale, **kw, **static))(q, k, v, arrays)
 
 
@@ -196,8 +212,9 @@ def choose_backends(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Cho
     AttentionPlanError naming the bucket when nothing can run it."""
     requested = registry.get(spec.backend)
     fallback = registry.get(spec.fallback) if spec.fallback else None
-    return [choose_backend(bucket, requested, spec.options, fallback, spec.fallback_options)
-            for bucket in by_bucket(cases)]
+    return [
+        choose_backend(bucket, requested, spec.options, fallback, spec.fallback_options) for bucket in by_bucket(cases)
+    ]
 
 
 def replan(spec: AttentionSpec, planned: tuple[Choice, ...], platform: str) -> tuple[Choice, ...]:
@@ -218,19 +235,22 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
     for case in choice.cases:
         q, k, v, kwargs = probe_inputs(case)
         where = f"attention backend {choice.backend!r} at bucket {case.seq_len}" + (
-            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.of_layer().asked
-            else "")
+            f" ({case.features.describe()} layers)" if len(choice.cases) > 1 or case.features.of_layer().asked else ""
+        )
         try:
             out = np.asarray(jax.block_until_ready(run_probe(fn, case, q, k, v, kwargs)))
         except Exception as e:  # noqa: BLE001  any crash of a backend on its own probe is a start-up failure
             raise AttentionPlanError(f"{where} failed on a probe batch: {type(e).__name__}: {e}") from e
         if out.shape != q.shape or out.dtype != q.dtype:
-            raise AttentionPlanError(f"{where} returned {out.dtype}{list(out.shape)} for q of {q.dtype}"
-                                     f"{list(q.shape)} (batch, seq, heads, head_dim); it must return q's shape, "
-                                     "layout and dtype")
+            raise AttentionPlanError(
+                f"{where} returned {out.dtype}{list(out.shape)} for q of {q.dtype}"
+                f"{list(q.shape)} (batch, seq, heads, head_dim); it must return q's shape, "
+                "layout and dtype"
+            )
         if not np.all(np.isfinite(out.astype(np.float32))):
-            raise AttentionPlanError(f"{where} returned non-finite values on a probe batch (NaN or inf); "
-                                     "refusing to write such embeddings")
+            raise AttentionPlanError(
+                f"{where} returned non-finite values on a probe batch (NaN or inf); refusing to write such embeddings"
+            )
 
 
 def bind_choice(spec: AttentionSpec, backend_name: str):
@@ -250,15 +270,20 @@ def gate(spec: AttentionSpec, choices: list) -> list:
         if ok:
             gated.append(choice)
             continue
-        reason = (f"parity gate: {choice.backend} differs from native by {error:.3g} > {tolerance:.3g} "
-                  f"at bucket {choice.case.seq_len}")
+        reason = (
+            f"parity gate: {choice.backend} differs from native by {error:.3g} > {tolerance:.3g} "
+            f"at bucket {choice.case.seq_len}"
+        )
         if spec.on_mismatch == "fail" or not spec.fallback or spec.fallback == choice.backend:
-            raise AttentionPlanError(f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
-                                     f"attention.fallback={spec.fallback!r})")
+            raise AttentionPlanError(
+                f"{reason}; refusing to run (attention.on_mismatch={spec.on_mismatch!r}, "
+                f"attention.fallback={spec.fallback!r})"
+            )
         support = ask_all(registry.get(spec.fallback), choice.cases, spec.options_for(spec.fallback))
         if not support.ok:
-            raise AttentionPlanError(f"{reason}, and attention.fallback {spec.fallback!r} cannot run it either: "
-                                     f"{support.reason}")
+            raise AttentionPlanError(
+                f"{reason}, and attention.fallback {spec.fallback!r} cannot run it either: {support.reason}"
+            )
         log.warning("%s; falling back to %s", reason, spec.fallback)
         gated.append(dataclasses.replace(choice, backend=spec.fallback, kernel=support.kernel, fallback_reason=reason))
     return gated

@@ -8,6 +8,7 @@ AttentionFn argument that hands it over: the name, except for a tensor, whose na
 are all read from here, so adding a feature is one ``Feature`` plus the kernels that take it: a backend that
 does not declare it is refused every case that asks for it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,6 +72,7 @@ def probe_bias(case, lengths_B, seed: int):
 
     def bias(q_index_T, k_index_S):
         return jnp.asarray(table_NxD)[:, k_index_S[None, :] - q_index_T[:, None] + case.seq_len - 1]
+
     return bias
 
 
@@ -81,38 +83,71 @@ def probe_relative_positions(case, lengths_B, seed: int):
     return random_relative(case.num_heads, case.head_dim, case.seq_len, seed)
 
 
-DECLARED: dict[str, Feature] = {feature.name: feature for feature in (
-    Feature("local_window", "local_window", "local windows",
+DECLARED: dict[str, Feature] = {
+    feature.name: feature
+    for feature in (
+        Feature(
+            "local_window",
+            "local_window",
+            "local windows",
             "it takes no local window, which this model's local layers need ({case.local_window[0]} keys left, "
             "{case.local_window[1]} right)",
             "{kernel} has no local-window mask (ModernBERT's local layers need one)",
-            describe=lambda window: f"local window {window}" if window else "global", default=None),
-    Feature("bias", "bias", "per-head bias",
+            describe=lambda window: f"local window {window}" if window else "global",
+            default=None,
+        ),
+        Feature(
+            "bias",
+            "bias",
+            "per-head bias",
             "it takes no additive per-head bias, which this model's layers add (relative positions)",
             "{kernel} adds no per-head bias (relative-position models need one)",
-            describe=lambda on: "per-head bias" if on else "", probe=probe_bias),
-    Feature("segments", "segment_ids_BxT", "segment ids (packing)",
+            describe=lambda on: "per-head bias" if on else "",
+            probe=probe_bias,
+        ),
+        Feature(
+            "segments",
+            "segment_ids_BxT",
+            "segment ids (packing)",
             "it takes no segment ids, which packed rows need (or set batching.packing: false)",
-            "{kernel} takes no segment ids (packed rows need them)", per_layer=False, static=False,
-            probe=probe_segment_ids),
-    Feature("causal", "causal", "causal",
+            "{kernel} takes no segment ids (packed rows need them)",
+            per_layer=False,
+            static=False,
+            probe=probe_segment_ids,
+        ),
+        Feature(
+            "causal",
+            "causal",
+            "causal",
             "it takes no causal mask, which this decoder model's layers need",
             "{kernel} has no causal mask here (decoder models need one)",
-            describe=lambda on: "causal" if on else ""),
-    Feature("grouped", None, "grouped-query k/v",
+            describe=lambda on: "causal" if on else "",
+        ),
+        Feature(
+            "grouped",
+            None,
+            "grouped-query k/v",
             "it takes no grouped-query k/v ({case.num_heads} query heads over {case.kv_heads} key/value heads)",
             "{kernel} takes as many k/v heads as q heads (grouped-query decoders have fewer, and repeating them "
             "is the memory the kernel exists to save)",
-            per_layer=False, needed=lambda case: case.kv_heads != case.num_heads),
-    # No kernel but docbeam's chunked has a place for a content-dependent term: each would need it as a dense bias.
-    Feature("relative_positions", "relative_positions", "relative positions (c2p/p2c)",
+            per_layer=False,
+            needed=lambda case: case.kv_heads != case.num_heads,
+        ),
+        # No kernel but docbeam's chunked has a place for a content-dependent term: each would need it as a dense bias.
+        Feature(
+            "relative_positions",
+            "relative_positions",
+            "relative positions (c2p/p2c)",
             "it takes no content-dependent relative positions, which this model's layers add (DeBERTa's "
             "content-to-position and position-to-content terms)",
             "{kernel} scores only q·k plus at most a dense bias: DeBERTa's content-to-position and "
             "position-to-content terms would be a [B, N, T, S] array; flash's chunked kernel computes them per "
             "block (attention.backend: chunked)",
-            describe=lambda on: "disentangled relative positions" if on else "", probe=probe_relative_positions),
-)}
+            describe=lambda on: "disentangled relative positions" if on else "",
+            probe=probe_relative_positions,
+        ),
+    )
+}
 
 # Names a feature had before it had one: accepted with a DeprecationWarning, until user backends move.
 RENAMED = {"packed": "segments", "windows": "local_window", "relative": "relative_positions"}
@@ -121,12 +156,16 @@ RENAMED = {"packed": "segments", "windows": "local_window", "relative": "relativ
 def named(name: str, where: str) -> Feature:
     """The feature called ``name`` (an old name warns); an unknown one raises, naming ``where`` it was met."""
     if name in RENAMED:
-        warnings.warn(f"{where}: {name!r} is now called {RENAMED[name]!r}; the old name will stop working",
-                      DeprecationWarning, stacklevel=3)
+        warnings.warn(
+            f"{where}: {name!r} is now called {RENAMED[name]!r}; the old name will stop working",
+            DeprecationWarning,
+            stacklevel=3,
+        )
         name = RENAMED[name]
     if name not in DECLARED:
-        raise TypeError(f"{where}: unknown attention feature {name!r}; declared: {', '.join(DECLARED)} "
-                        "(attention/features.py)")
+        raise TypeError(
+            f"{where}: unknown attention feature {name!r}; declared: {', '.join(DECLARED)} (attention/features.py)"
+        )
     return DECLARED[name]
 
 
@@ -135,8 +174,10 @@ def by_keyword(keyword: str, where: str) -> Feature:
     for feature in DECLARED.values():
         if feature.keyword == keyword:
             return feature
-    raise TypeError(f"{where} got an unknown argument {keyword!r}; known: "
-                    f"{', '.join(f.keyword for f in DECLARED.values() if f.keyword)}")
+    raise TypeError(
+        f"{where} got an unknown argument {keyword!r}; known: "
+        f"{', '.join(f.keyword for f in DECLARED.values() if f.keyword)}"
+    )
 
 
 def declared(flags: dict[str, bool], where: str) -> frozenset[str]:

@@ -17,6 +17,7 @@ The kernels live one file per family (attention/flash_tpu.py, flash_gpu.py, flas
 ``chunked`` below); what they share (options, the Kernel record) in attention/flash_kernel.py. Here: which
 kernels ``auto`` tries per platform, picking one, and the ``flash`` backend that runs it.
 """
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -27,8 +28,18 @@ from docbeam.attention.flash_kernel import FlashOptions, Kernel, KernelName
 from docbeam.attention.interface import AttentionCase, Support
 from docbeam.attention.registry import register
 
-__all__ = ["KERNELS", "PLATFORM_KERNELS", "FlashOptions", "Kernel", "KernelName", "auto_kernel_table", "feature_table",
-           "flash", "pick_kernel", "supports"]
+__all__ = [
+    "KERNELS",
+    "PLATFORM_KERNELS",
+    "FlashOptions",
+    "Kernel",
+    "KernelName",
+    "auto_kernel_table",
+    "feature_table",
+    "flash",
+    "pick_kernel",
+    "supports",
+]
 
 # What ``kernel: auto`` tries, in order, per platform (as jax.default_backend() names it).
 PLATFORM_KERNELS: dict[str, tuple[str, ...]] = {
@@ -43,6 +54,7 @@ PLATFORM_KERNELS: dict[str, tuple[str, ...]] = {
 
 # --- anywhere: docbeam's own chunked online softmax (attention/chunked.py) -----------------------------
 
+
 def _chunked_refusal(case: AttentionCase, options: FlashOptions) -> str:
     del case, options  # plain XLA: every platform, dtype and shape
     return ""
@@ -50,19 +62,34 @@ def _chunked_refusal(case: AttentionCase, options: FlashOptions) -> str:
 
 def _chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, **features):
     del options  # block_q/block_k are Pallas tiles; chunked's own sizes are attention/chunk_sizes.py's
-    return chunked.chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale,
-                           options=chunked.ChunkedOptions(), **features)
+    return chunked.chunked(
+        q_BxTxNxH,
+        k_BxSxNxH,
+        v_BxSxNxH,
+        kv_lengths_B=kv_lengths_B,
+        scale=scale,
+        options=chunked.ChunkedOptions(),
+        **features,
+    )
 
 
 KERNELS: dict[str, Kernel] = {
     **flash_tpu.KERNELS,
     **flash_gpu.KERNELS,
     **flash_tokamax.KERNELS,
-    "chunked": Kernel("docbeam.chunked (xla online softmax, chunks tuned per length)", _chunked_refusal, _chunked,
-                      takes={"segments": "segment ids", "local_window": "only the key chunks the window reaches",
-                             "bias": "the bias function per block", "causal": "no key block past the diagonal",
-                             "grouped": "each k/v head read as it is",
-                             "relative_positions": "the relative rows each block reaches"}),
+    "chunked": Kernel(
+        "docbeam.chunked (xla online softmax, chunks tuned per length)",
+        _chunked_refusal,
+        _chunked,
+        takes={
+            "segments": "segment ids",
+            "local_window": "only the key chunks the window reaches",
+            "bias": "the bias function per block",
+            "causal": "no key block past the diagonal",
+            "grouped": "each k/v head read as it is",
+            "relative_positions": "the relative rows each block reaches",
+        },
+    ),
 }
 
 
@@ -78,8 +105,9 @@ def pick_kernel(case: AttentionCase, options: FlashOptions) -> tuple[str | None,
             return name, Support(ok=True, kernel=label)
         refusals.append(reason)
     if not candidates:
-        return None, Support(ok=False, reason=f"flash has no kernel for platform {case.platform!r}; "
-                                              f"known: {', '.join(PLATFORM_KERNELS)}")
+        return None, Support(
+            ok=False, reason=f"flash has no kernel for platform {case.platform!r}; known: {', '.join(PLATFORM_KERNELS)}"
+        )
     return None, Support(ok=False, reason="; ".join(refusals))
 
 
@@ -90,25 +118,35 @@ def supports(case: AttentionCase, options: FlashOptions) -> Support:
 def auto_kernel_table() -> str:
     """A markdown table of what ``kernel: auto`` picks per platform, for the README and ``docbeam validate``."""
     rows = ["| platform | `kernel: auto` tries, in order |", "|---|---|"]
-    rows += [f"| {platform} | " + ", then ".join(f"`{name}` ({KERNELS[name].label})" for name in names) + " |"
-             for platform, names in PLATFORM_KERNELS.items()]
+    rows += [
+        f"| {platform} | " + ", then ".join(f"`{name}` ({KERNELS[name].label})" for name in names) + " |"
+        for platform, names in PLATFORM_KERNELS.items()
+    ]
     return "\n".join(rows)
 
 
 def feature_table() -> str:
     """A markdown table of how each kernel takes each feature (attention/features.py), or why it cannot, for
     docs/attention.md."""
-    rows = ["| kernel | " + " | ".join(f.column for f in DECLARED.values()) + " |",
-            "|---|" + "---|" * len(DECLARED)]
+    rows = ["| kernel | " + " | ".join(f.column for f in DECLARED.values()) + " |", "|---|" + "---|" * len(DECLARED)]
     for name, kernel in KERNELS.items():
         cells = [kernel.takes.get(feature) or "no: " + kernel.why_not(feature, name) for feature in DECLARED]
         rows.append(f"| `{name}` | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-@register("flash", options=FlashOptions, supports=supports, segments=True, local_window=True, bias=True, causal=True,
-          grouped=True, relative_positions=True,
-          description="the platform's maintained memory-efficient kernel (Pallas TPU, cuDNN, tokamax)")
+@register(
+    "flash",
+    options=FlashOptions,
+    supports=supports,
+    segments=True,
+    local_window=True,
+    bias=True,
+    causal=True,
+    grouped=True,
+    relative_positions=True,
+    description="the platform's maintained memory-efficient kernel (Pallas TPU, cuDNN, tokamax)",
+)
 def flash(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, options: FlashOptions, **features):
     features = {key: value for key, value in features.items() if value is not None and value is not False}
     case = AttentionCase.of_call(q_BxTxNxH, k_BxSxNxH, **features)

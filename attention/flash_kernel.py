@@ -4,6 +4,7 @@ its call, and which features of attention/features.py it takes, or why it cannot
 kernels share.
 The kernels themselves live one file per family: flash_tpu.py, flash_gpu.py, flash_tokamax.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,8 +16,17 @@ import pydantic
 from docbeam.attention.features import DECLARED
 from docbeam.attention.interface import AttentionCase
 
-KernelName = Literal["auto", "pallas_tpu", "splash_tpu", "pallas_gpu", "cudnn", "tokamax_triton",
-                     "tokamax_mosaic", "tokamax_chunked", "chunked"]
+KernelName = Literal[
+    "auto",
+    "pallas_tpu",
+    "splash_tpu",
+    "pallas_gpu",
+    "cudnn",
+    "tokamax_triton",
+    "tokamax_mosaic",
+    "tokamax_chunked",
+    "chunked",
+]
 
 
 class FlashOptions(pydantic.BaseModel):
@@ -43,13 +53,16 @@ class Kernel:
     def __post_init__(self):
         unknown = sorted((set(self.takes) | set(self.cannot)) - set(DECLARED))
         if unknown:
-            raise ValueError(f"flash kernel {self.label!r} names unknown features {unknown} in takes/cannot; "
-                             f"declared: {', '.join(DECLARED)} (attention/features.py)")
+            raise ValueError(
+                f"flash kernel {self.label!r} names unknown features {unknown} in takes/cannot; "
+                f"declared: {', '.join(DECLARED)} (attention/features.py)"
+            )
 
     def feature_refusal(self, case: AttentionCase, name: str) -> str:
         """Why the kernel called ``name`` cannot run the features ``case`` asks for ("" when it can)."""
-        return "; ".join(self.why_not(f.name, name) for f in DECLARED.values()
-                         if f.asked_by(case) and f.name not in self.takes)
+        return "; ".join(
+            self.why_not(f.name, name) for f in DECLARED.values() if f.asked_by(case) and f.name not in self.takes
+        )
 
     def why_not(self, feature: str, name: str) -> str:
         return self.cannot.get(feature) or DECLARED[feature].kernel_refusal.format(kernel=name)
@@ -59,8 +72,10 @@ def off_platform(name: str, platform: str, case: AttentionCase, options: FlashOp
     """A Pallas kernel off its own platform runs only in interpret mode (slowly; what tests on CPU use)."""
     if case.platform == platform or options.interpret:
         return ""
-    return (f"{name} runs on {platform.upper()}, not {case.platform}; set flash.interpret: true to run the same "
-            "kernel (slowly) in interpret mode")
+    return (
+        f"{name} runs on {platform.upper()}, not {case.platform}; set flash.interpret: true to run the same "
+        "kernel (slowly) in interpret mode"
+    )
 
 
 def not_importable(module: str) -> str:

@@ -1,6 +1,7 @@
 """``flash`` through tokamax (``tokamax.dot_product_attention``): its Triton kernel on GPUs, its Mosaic kernel on
 Hopper/Blackwell GPUs and TPUs, and its XLA chunked form anywhere. Every one takes windows, a bias, segment
 ids, causality and grouped k/v, the last three as tokamax's public API takes them."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
@@ -30,8 +31,18 @@ def _tokamax_chunked_refusal(case, options) -> str:
 
 
 def _tokamax(implementation: str):
-    def run(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, segment_ids_BxT=None, local_window=None,
-            bias=None, causal=False):
+    def run(
+        q_BxTxNxH,
+        k_BxSxNxH,
+        v_BxSxNxH,
+        kv_lengths_B,
+        scale,
+        options,
+        segment_ids_BxT=None,
+        local_window=None,
+        bias=None,
+        causal=False,
+    ):
         """The window goes to tokamax as its ``local_window_size`` (its kernels skip blocks outside it); its
         public API takes segment ids and a bias only as dense arrays, so those are built here: a
         ``[B, 1, T, S]`` mask and a ``[1, N, T, S]`` bias, O(T²) memory at the lengths that need them
@@ -51,19 +62,33 @@ def _tokamax(implementation: str):
             mask_Bx1xTxS = (segment_ids_BxT[:, :, None] == segment_ids_BxT[:, None, :])[:, None]
         bias_1xNxTxS = None if bias is None else bias(jnp.arange(t), jnp.arange(s))[None].astype(jnp.float32)
         return tokamax.dot_product_attention(
-            q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, bias=bias_1xNxTxS, mask=mask_Bx1xTxS, scale=scale, is_causal=causal,
+            q_BxTxNxH,
+            k_BxSxNxH,
+            v_BxSxNxH,
+            bias=bias_1xNxTxS,
+            mask=mask_Bx1xTxS,
+            scale=scale,
+            is_causal=causal,
             key_value_seq_lengths=None if segment_ids_BxT is not None else kv_lengths_B,
-            local_window_size=None if local_window is None else tuple(local_window), implementation=implementation)
+            local_window_size=None if local_window is None else tuple(local_window),
+            implementation=implementation,
+        )
+
     return run
 
 
-TOKAMAX_TAKES = {"segments": "a dense [B, 1, T, S] mask", "local_window": "local_window_size",
-                 "bias": "a dense [1, N, T, S] array", "causal": "is_causal",
-                 "grouped": "k/v with fewer heads, as its API takes them"}
+TOKAMAX_TAKES = {
+    "segments": "a dense [B, 1, T, S] mask",
+    "local_window": "local_window_size",
+    "bias": "a dense [1, N, T, S] array",
+    "causal": "is_causal",
+    "grouped": "k/v with fewer heads, as its API takes them",
+}
 KERNELS = {
     "tokamax_triton": Kernel("tokamax.triton", _tokamax_triton_refusal, _tokamax("triton"), takes=TOKAMAX_TAKES),
     "tokamax_mosaic": Kernel("tokamax.mosaic", _tokamax_mosaic_refusal, _tokamax("mosaic"), takes=TOKAMAX_TAKES),
     # tokamax's public API fixes the chunks at (512 queries, 1024 keys).
-    "tokamax_chunked": Kernel("tokamax.xla_chunked", _tokamax_chunked_refusal, _tokamax("xla_chunked"),
-                              takes=TOKAMAX_TAKES),
+    "tokamax_chunked": Kernel(
+        "tokamax.xla_chunked", _tokamax_chunked_refusal, _tokamax("xla_chunked"), takes=TOKAMAX_TAKES
+    ),
 }

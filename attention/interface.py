@@ -24,6 +24,7 @@ cases that ask for more. What each one means:
   bucketing of query − key offsets; the backend adds ``q_i · pos_key[row(i−j)] + k_j · pos_query[row(i−j)]``,
   scaled like q·k, computing it per block from the rows the block reaches.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,8 +44,9 @@ class AttentionFn(Protocol):
     both carry the same segment id.
     """
 
-    def __call__(self, q_BxTxNxH: Any, k_BxSxNxH: Any, v_BxSxNxH: Any, *, kv_lengths_B: Any,
-                 scale: float, **features: Any) -> Any: ...
+    def __call__(
+        self, q_BxTxNxH: Any, k_BxSxNxH: Any, v_BxSxNxH: Any, *, kv_lengths_B: Any, scale: float, **features: Any
+    ) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True, init=False)
@@ -56,11 +58,19 @@ class AttentionFeatures:
     asked: tuple[tuple[str, Any], ...]  # (name, value) of each feature asked for, by name
 
     def __init__(self, asked=(), **values):
-        values = {named(name, "AttentionFeatures").name: value
-                  for name, value in [*dict(asked).items(), *values.items()]}
-        object.__setattr__(self, "asked", tuple(sorted(
-            ((name, value) for name, value in values.items() if value != DECLARED[name].default),
-            key=lambda item: item[0])))
+        values = {
+            named(name, "AttentionFeatures").name: value for name, value in [*dict(asked).items(), *values.items()]
+        }
+        object.__setattr__(
+            self,
+            "asked",
+            tuple(
+                sorted(
+                    ((name, value) for name, value in values.items() if value != DECLARED[name].default),
+                    key=lambda item: item[0],
+                )
+            ),
+        )
 
     def __getattr__(self, name: str):
         if name not in DECLARED and name not in RENAMED:  # pickle asks before asked is set
@@ -103,11 +113,26 @@ class AttentionCase:
     num_kv_heads: int | None  # grouped-query attention: k/v heads, fewer than num_heads; None: as many
     features: AttentionFeatures  # what every layer of the case asks for, and what its kind of layer does
 
-    def __init__(self, platform: str, dtype: str, seq_len: int, num_heads: int, head_dim: int,
-                 num_kv_heads: int | None = None, features: AttentionFeatures | None = None, **asked):
-        for name, value in (("platform", platform), ("dtype", dtype), ("seq_len", seq_len),
-                            ("num_heads", num_heads), ("head_dim", head_dim), ("num_kv_heads", num_kv_heads),
-                            ("features", AttentionFeatures((features or AttentionFeatures()).asked, **asked))):
+    def __init__(
+        self,
+        platform: str,
+        dtype: str,
+        seq_len: int,
+        num_heads: int,
+        head_dim: int,
+        num_kv_heads: int | None = None,
+        features: AttentionFeatures | None = None,
+        **asked,
+    ):
+        for name, value in (
+            ("platform", platform),
+            ("dtype", dtype),
+            ("seq_len", seq_len),
+            ("num_heads", num_heads),
+            ("head_dim", head_dim),
+            ("num_kv_heads", num_kv_heads),
+            ("features", AttentionFeatures((features or AttentionFeatures()).asked, **asked)),
+        ):
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str):
@@ -122,9 +147,15 @@ class AttentionCase:
 
         b, t, n, h = q_BxTxNxH.shape
         asked = {by_keyword(key, "attention").name: value for key, value in arguments.items()}
-        return cls(current_platform(), jnp.dtype(q_BxTxNxH.dtype).name, max(t, k_BxSxKxH.shape[1]), n, h,
-                   num_kv_heads=k_BxSxKxH.shape[2],
-                   **{name: DECLARED[name].case_value(value) for name, value in asked.items()})
+        return cls(
+            current_platform(),
+            jnp.dtype(q_BxTxNxH.dtype).name,
+            max(t, k_BxSxKxH.shape[1]),
+            n,
+            h,
+            num_kv_heads=k_BxSxKxH.shape[2],
+            **{name: DECLARED[name].case_value(value) for name, value in asked.items()},
+        )
 
     @property
     def kv_heads(self) -> int:
@@ -172,14 +203,25 @@ class Backend:
     description: str
     takes: frozenset[str]
 
-    def __init__(self, name: str, attend: Callable[..., Any],
-                 supports: Callable[[AttentionCase, pydantic.BaseModel], Support] = supports_everything,
-                 options_type: type[pydantic.BaseModel] = NoOptions, description: str = "",
-                 takes: frozenset[str] = frozenset(), **flags: bool):
+    def __init__(
+        self,
+        name: str,
+        attend: Callable[..., Any],
+        supports: Callable[[AttentionCase, pydantic.BaseModel], Support] = supports_everything,
+        options_type: type[pydantic.BaseModel] = NoOptions,
+        description: str = "",
+        takes: frozenset[str] = frozenset(),
+        **flags: bool,
+    ):
         takes = frozenset(named(n, f"attention backend {name!r}").name for n in takes)
-        for key, value in (("name", name), ("attend", attend), ("supports", supports), ("options_type", options_type),
-                           ("description", description),
-                           ("takes", takes | declared(flags, f"attention backend {name!r}"))):
+        for key, value in (
+            ("name", name),
+            ("attend", attend),
+            ("supports", supports),
+            ("options_type", options_type),
+            ("description", description),
+            ("takes", takes | declared(flags, f"attention backend {name!r}")),
+        ):
             object.__setattr__(self, key, value)
 
     def __getattr__(self, name: str) -> bool:
@@ -209,13 +251,16 @@ class Backend:
             case = AttentionCase.of_call(q_BxTxNxH, k_BxSxNxH, **arguments)
             missing = [f for f in DECLARED.values() if f.asked_by(case) and f.name not in self.takes]
             if missing:
-                raise ValueError(f"attention backend {self.name!r} takes no "
-                                 f"{', '.join(f.keyword or f.column for f in missing)} "
-                                 f"(it is not registered with {', '.join(f.name + '=True' for f in missing)}); "
-                                 "the plan should have refused this case for it")
+                raise ValueError(
+                    f"attention backend {self.name!r} takes no "
+                    f"{', '.join(f.keyword or f.column for f in missing)} "
+                    f"(it is not registered with {', '.join(f.name + '=True' for f in missing)}); "
+                    "the plan should have refused this case for it"
+                )
             with jax.named_scope(scope):
-                return self.attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B,
-                                   scale=scale, options=opts, **arguments)
+                return self.attend(
+                    q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale, options=opts, **arguments
+                )
 
         attend.__name__ = f"attend_{self.name}"
         attend.backend_name = self.name

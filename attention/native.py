@@ -10,6 +10,7 @@ Two formulations of the same softmax(q·kᵀ·scale + mask)·v, both plain XLA:
 - ``jax_nn``: ``jax.nn.dot_product_attention(implementation="xla")``, JAX's maintained reference; the default
   off CPU, where the einsum form has not been measured.
 """
+
 from __future__ import annotations
 
 from typing import Literal
@@ -48,16 +49,38 @@ def supports(case: AttentionCase, options: NativeOptions) -> Support:
 
 
 # Relative positions are projected per query head; no model has them with grouped k/v, so none is run.
-GROUPED_RELATIVE = ("relative positions (relative_positions) with grouped-query k/v: no model has both, and the "
-                    "position→content term would need the tables per k/v head")
+GROUPED_RELATIVE = (
+    "relative positions (relative_positions) with grouped-query k/v: no model has both, and the "
+    "position→content term would need the tables per k/v head"
+)
 
 
-@register("native", options=NativeOptions, supports=supports, segments=True, local_window=True, bias=True,
-          causal=True, grouped=True, relative_positions=True,
-          description="attention in plain XLA ops (einsum with a mask bias on CPU; jax.nn.dot_product_attention "
-                      "elsewhere)")
-def native(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: NativeOptions, segment_ids_BxT=None,
-           local_window=None, bias=None, causal=False, relative_positions=None):
+@register(
+    "native",
+    options=NativeOptions,
+    supports=supports,
+    segments=True,
+    local_window=True,
+    bias=True,
+    causal=True,
+    grouped=True,
+    relative_positions=True,
+    description="attention in plain XLA ops (einsum with a mask bias on CPU; jax.nn.dot_product_attention elsewhere)",
+)
+def native(
+    q_BxTxNxH,
+    k_BxSxKxH,
+    v_BxSxKxH,
+    *,
+    kv_lengths_B,
+    scale,
+    options: NativeOptions,
+    segment_ids_BxT=None,
+    local_window=None,
+    bias=None,
+    causal=False,
+    relative_positions=None,
+):
     if formulation(options, current_platform()) == "jax_nn":
         t, s = q_BxTxNxH.shape[1], k_BxSxKxH.shape[1]
         same_BxNxTxS = None
@@ -69,11 +92,30 @@ def native(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, *, kv_lengths_B, scale, options: Nat
             bias_1xNxTxS = relative_BxNxTxS if bias_1xNxTxS is None else bias_1xNxTxS + relative_BxNxTxS
         bias_1xNxTxS = None if bias_1xNxTxS is None else bias_1xNxTxS.astype(q_BxTxNxH.dtype)
         # Grouped k/v heads (fewer than q's) are jax.nn's own case: it groups q heads over them.
-        return jax.nn.dot_product_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, bias=bias_1xNxTxS, scale=scale,
-                                            mask=same_BxNxTxS, is_causal=causal, key_value_seq_lengths=kv_lengths_B,
-                                            local_window_size=local_window, implementation="xla")
-    return einsum_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, kv_lengths_B, scale, segment_ids_BxT, local_window,
-                            bias, causal, relative_positions)
+        return jax.nn.dot_product_attention(
+            q_BxTxNxH,
+            k_BxSxKxH,
+            v_BxSxKxH,
+            bias=bias_1xNxTxS,
+            scale=scale,
+            mask=same_BxNxTxS,
+            is_causal=causal,
+            key_value_seq_lengths=kv_lengths_B,
+            local_window_size=local_window,
+            implementation="xla",
+        )
+    return einsum_attention(
+        q_BxTxNxH,
+        k_BxSxKxH,
+        v_BxSxKxH,
+        kv_lengths_B,
+        scale,
+        segment_ids_BxT,
+        local_window,
+        bias,
+        causal,
+        relative_positions,
+    )
 
 
 def in_window(q_index_T, k_index_S, local_window):
@@ -83,8 +125,18 @@ def in_window(q_index_T, k_index_S, local_window):
     return (offset_TxS >= -left) & (offset_TxS <= right)
 
 
-def einsum_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, kv_lengths_B, scale, segment_ids_BxT=None,
-                     local_window=None, bias=None, causal=False, relative_positions=None):
+def einsum_attention(
+    q_BxTxNxH,
+    k_BxSxKxH,
+    v_BxSxKxH,
+    kv_lengths_B,
+    scale,
+    segment_ids_BxT=None,
+    local_window=None,
+    bias=None,
+    causal=False,
+    relative_positions=None,
+):
     """With grouped-query k/v (K heads under N query heads), query heads are grouped [K, G] over them: k and v
     are used as they are, never repeated per query head. Without, the plain heads-major form: XLA:CPU runs a
     unit group axis several times slower at encoder shapes (CHANGELOG.md)."""
@@ -104,14 +156,22 @@ def einsum_attention(q_BxTxNxH, k_BxSxKxH, v_BxSxKxH, kv_lengths_B, scale, segme
         mask_bias = mask_bias + dense_scores(relative_positions, q_BxTxNxH, k_BxSxKxH, scale)
     q_BxTxNxH = q_BxTxNxH * jnp.asarray(scale, q_BxTxNxH.dtype)
     if kv_heads == n:
-        logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxKxH,
-                                    preferred_element_type=jnp.float32) + mask_bias
+        logits_BxNxTxS = (
+            jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxKxH, preferred_element_type=jnp.float32) + mask_bias
+        )
         out_BxNxTxH = _softmax_times_v(logits_BxNxTxS, v_BxSxKxH, "bnts,bsnh->bnth")
         return out_BxNxTxH.transpose(0, 2, 1, 3).astype(q_BxTxNxH.dtype)
     groups = n // kv_heads
     mask_bias = mask_bias.reshape(b, -1, groups if mask_bias.shape[1] == n else 1, *mask_bias.shape[2:])
-    logits_BxKxGxTxS = jnp.einsum("btkgh,bskh->bkgts", q_BxTxNxH.reshape(b, t, kv_heads, groups, h), k_BxSxKxH,
-                                  preferred_element_type=jnp.float32) + mask_bias
+    logits_BxKxGxTxS = (
+        jnp.einsum(
+            "btkgh,bskh->bkgts",
+            q_BxTxNxH.reshape(b, t, kv_heads, groups, h),
+            k_BxSxKxH,
+            preferred_element_type=jnp.float32,
+        )
+        + mask_bias
+    )
     out_BxKxGxTxH = _softmax_times_v(logits_BxKxGxTxS, v_BxSxKxH, "bkgts,bskh->bkgth")
     return out_BxKxGxTxH.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q_BxTxNxH.dtype)
 

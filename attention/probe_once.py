@@ -1,5 +1,6 @@
 """Each backend probed once per process (``attention.dispatch.probe``), in parallel: on the DirectRunner the driver
 and the worker are one process, and every probe is a compilation."""
+
 from __future__ import annotations
 
 import concurrent.futures

@@ -11,6 +11,7 @@ additive ``bias(q_index, k_index)``, the term depends on the content of q and k,
 ``dense_scores`` builds the whole ``[B, N, T, S]`` term (native); ``block_scores`` only a (query chunk, key
 chunk) block from the table rows that block's offsets reach (chunked), so no ``[T, S]`` tensor exists.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,9 +40,14 @@ class RelativePositions:
 
     def map_tables(self, fn) -> "RelativePositions":
         """The same positions with ``fn`` applied to each table present (a head slice, a scale)."""
-        return dataclasses.replace(self, **{name: fn(getattr(self, name)) for name in ("pos_key_RxNxH",
-                                                                                       "pos_query_RxNxH")
-                                            if getattr(self, name) is not None})
+        return dataclasses.replace(
+            self,
+            **{
+                name: fn(getattr(self, name))
+                for name in ("pos_key_RxNxH", "pos_query_RxNxH")
+                if getattr(self, name) is not None
+            },
+        )
 
 
 def _terms(rel: RelativePositions, q_BxNxQxH, k_BxNxKxH, rows_QxK) -> jax.Array:
@@ -49,12 +55,14 @@ def _terms(rel: RelativePositions, q_BxNxQxH, k_BxNxKxH, rows_QxK) -> jax.Array:
     (query, key) pair picked from ``rows_QxK`` (indices into the tables' first axis)."""
     out = 0.0
     if rel.pos_key_RxNxH is not None:
-        c2p_BxNxQxR = jnp.einsum("bnqh,rnh->bnqr", q_BxNxQxH, rel.pos_key_RxNxH.astype(q_BxNxQxH.dtype),
-                                 preferred_element_type=jnp.float32)
+        c2p_BxNxQxR = jnp.einsum(
+            "bnqh,rnh->bnqr", q_BxNxQxH, rel.pos_key_RxNxH.astype(q_BxNxQxH.dtype), preferred_element_type=jnp.float32
+        )
         out = out + jnp.take_along_axis(c2p_BxNxQxR, rows_QxK[None, None], axis=-1)
     if rel.pos_query_RxNxH is not None:
-        p2c_BxNxKxR = jnp.einsum("bnkh,rnh->bnkr", k_BxNxKxH, rel.pos_query_RxNxH.astype(k_BxNxKxH.dtype),
-                                 preferred_element_type=jnp.float32)
+        p2c_BxNxKxR = jnp.einsum(
+            "bnkh,rnh->bnkr", k_BxNxKxH, rel.pos_query_RxNxH.astype(k_BxNxKxH.dtype), preferred_element_type=jnp.float32
+        )
         out = out + jnp.take_along_axis(p2c_BxNxKxR, rows_QxK.T[None, None], axis=-1).swapaxes(-1, -2)
     return out
 
@@ -82,18 +90,30 @@ def block_scores(rel: RelativePositions, q_BxNxQxH, k_BxNxKxH, query_start, key_
     return _terms(rel.map_tables(lambda table_RxNxH: table_RxNxH[rows_D]), q_BxNxQxH, k_BxNxKxH, skew_QxK)
 
 
-def random_relative(num_heads: int, head_dim: int, seq_len: int, seed: int = 0, buckets: int = 8,
-                    terms: tuple[str, ...] = ("c2p", "p2c")) -> RelativePositions:
+def random_relative(
+    num_heads: int,
+    head_dim: int,
+    seq_len: int,
+    seed: int = 0,
+    buckets: int = 8,
+    terms: tuple[str, ...] = ("c2p", "p2c"),
+) -> RelativePositions:
     """Random tables of ``2 · buckets`` rows and DeBERTa-like rows: offsets within ±buckets exact, then
     log-spaced to ``seq_len``, clipped (what the probes, the parity gate and the parity tests use)."""
     rng = np.random.default_rng(seed)
-    tables = {name: jnp.asarray(rng.standard_normal((2 * buckets, num_heads, head_dim)).astype(np.float32))
-              for name in terms}
+    tables = {
+        name: jnp.asarray(rng.standard_normal((2 * buckets, num_heads, head_dim)).astype(np.float32)) for name in terms
+    }
 
     def row(offset):
-        far = jnp.sign(offset) * (buckets // 2 + jnp.ceil(
-            jnp.log(jnp.maximum(jnp.abs(offset), 1).astype(jnp.float32) / (buckets // 2))
-            / np.log(max(seq_len, buckets) / (buckets // 2)) * (buckets // 2 - 1)).astype(jnp.int32))
+        far = jnp.sign(offset) * (
+            buckets // 2
+            + jnp.ceil(
+                jnp.log(jnp.maximum(jnp.abs(offset), 1).astype(jnp.float32) / (buckets // 2))
+                / np.log(max(seq_len, buckets) / (buckets // 2))
+                * (buckets // 2 - 1)
+            ).astype(jnp.int32)
+        )
         bucket = jnp.where(jnp.abs(offset) <= buckets // 2, offset, far)
         return jnp.clip(bucket + buckets, 0, 2 * buckets - 1)
 

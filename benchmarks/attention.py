@@ -9,6 +9,7 @@ probabilities, 2 × B·N·T²·4 bytes; a case whose estimate exceeds the memory
 "would need X GB" instead of being run. A child over ``--mem-cap-gb`` of RSS is killed (and on CPU
 cannot allocate past it: RLIMIT_AS), so no case can take the machine down.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,25 +35,39 @@ GB = 1e9
 
 def parse_args(argv=None):
     p = common.parser(__doc__)
-    p.add_argument("--backends", help="comma-separated labels (default: every registered backend and every "
-                                      "flash kernel runnable here, e.g. flash/tokamax_triton)")
-    p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, DEFAULT_LENGTHS))}; "
-                                     f"--quick {','.join(map(str, QUICK_LENGTHS))})")
+    p.add_argument(
+        "--backends",
+        help="comma-separated labels (default: every registered backend and every "
+        "flash kernel runnable here, e.g. flash/tokamax_triton)",
+    )
+    p.add_argument(
+        "--lengths",
+        help=f"comma-separated (default {','.join(map(str, DEFAULT_LENGTHS))}; "
+        f"--quick {','.join(map(str, QUICK_LENGTHS))})",
+    )
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=32)
-    p.add_argument("--repeats", type=int, help="timed calls after compile and one warm call, best kept "
-                                               "(default 5; --quick 2); fewer when one call exceeds --time-per-case")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help="timed calls after compile and one warm call, best kept "
+        "(default 5; --quick 2); fewer when one call exceeds --time-per-case",
+    )
     p.add_argument("--time-per-case", type=float, default=20.0, help="seconds of timed calls per case")
     p.add_argument("--timeout", type=float, help="seconds per case subprocess (default 900; --quick 120)")
     p.add_argument("--mem-cap-gb", type=float, default=16.0, help="host memory cap per case (default %(default)s)")
-    p.add_argument("--name", default="attention", help="results file name, before any -<platform> suffix "
-                                                        "(default %(default)s)")
+    p.add_argument(
+        "--name", default="attention", help="results file name, before any -<platform> suffix (default %(default)s)"
+    )
     p.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case (JSON) and print its result
     args = p.parse_args(argv)
-    args.lengths = tuple(int(x) for x in args.lengths.split(",")) if args.lengths else (
-        QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    args.lengths = (
+        tuple(int(x) for x in args.lengths.split(","))
+        if args.lengths
+        else (QUICK_LENGTHS if args.quick else DEFAULT_LENGTHS)
+    )
     args.dtypes = tuple(args.dtypes.split(","))
     args.repeats = args.repeats or (2 if args.quick else 5)
     args.timeout = args.timeout or (120 if args.quick else 900)
@@ -61,8 +76,10 @@ def parse_args(argv=None):
 
 # --- one case, in the child process --------------------------------------------------------------------
 
+
 def bind(variant: dict):
     from docbeam import attention
+
     backend = attention.get(variant["backend"])
     return backend.bind(backend.parse_options(variant["options"]))
 
@@ -72,8 +89,9 @@ def supported(variant: dict, platform: str, dtype: str, length: int, heads: int,
     from docbeam.attention import AttentionCase
 
     backend = attention.get(variant["backend"])
-    return backend.supports(AttentionCase(platform, dtype, length, heads, head_dim),
-                            backend.parse_options(variant["options"]))
+    return backend.supports(
+        AttentionCase(platform, dtype, length, heads, head_dim), backend.parse_options(variant["options"])
+    )
 
 
 def run_case(case: dict) -> dict:
@@ -89,14 +107,15 @@ def run_case(case: dict) -> dict:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     attend = bind(case["variant"])
     # The capability check imports the kernel's library (tokamax, Pallas), so it is not counted as the case's memory.
-    support = supported(case["variant"], device.platform, case["dtype"], case["length"], case["heads"],
-                        case["head_dim"])
+    support = supported(
+        case["variant"], device.platform, case["dtype"], case["length"], case["heads"], case["head_dim"]
+    )
     baseline_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     b, t, n, h = case["batch"], case["length"], case["heads"], case["head_dim"]
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     q, k, v = (jax.random.normal(key, (b, t, n, h), jnp.float32).astype(case["dtype"]) for key in keys)
     lengths = jnp.full((b,), t, jnp.int32)
-    scale = 1.0 / h ** 0.5
+    scale = 1.0 / h**0.5
     fn = jax.jit(lambda q, k, v, n_B: attend(q, k, v, kv_lengths_B=n_B, scale=scale))
 
     t0 = time.perf_counter()
@@ -112,12 +131,18 @@ def run_case(case: dict) -> dict:
         out = compiled(q, k, v, lengths).block_until_ready()
         times.append(time.perf_counter() - t0)
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    return {"status": "ok", "compile_s": compile_s, "first_call_s": first_s, "times_s": times, "best_s": min(times),
-            "finite": bool(jnp.isfinite(out.astype(jnp.float32)).all()),
-            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline_rss,
-            "device_peak_bytes": int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None,
-            "kernel": support.kernel,
-            "device": f"{device.platform}:{device.id} {getattr(device, 'device_kind', '')}".strip()}
+    return {
+        "status": "ok",
+        "compile_s": compile_s,
+        "first_call_s": first_s,
+        "times_s": times,
+        "best_s": min(times),
+        "finite": bool(jnp.isfinite(out.astype(jnp.float32)).all()),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - baseline_rss,
+        "device_peak_bytes": int(stats["peak_bytes_in_use"]) if stats and "peak_bytes_in_use" in stats else None,
+        "kernel": support.kernel,
+        "device": f"{device.platform}:{device.id} {getattr(device, 'device_kind', '')}".strip(),
+    }
 
 
 def child_main(case_json: str) -> int:
@@ -133,6 +158,7 @@ def child_main(case_json: str) -> int:
 
 
 # --- the parent: which cases, each in a subprocess under a watchdog ----------------------------------
+
 
 def variants(platform: str, dtypes, head_dim: int) -> list[dict]:
     """Registered backends, ``native/jax_nn`` (native's other formulation, where it is not the default),
@@ -191,9 +217,12 @@ def main(argv=None) -> int:
     unknown = [label for label in labels if label not in available]
     if unknown:
         raise SystemExit(f"--backends: {unknown} not available here; available: {', '.join(available)}")
-    print(f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, lengths {list(args.lengths)}, "
-          f"dtypes {list(args.dtypes)}, backends {labels}; host cap {args.mem_cap_gb:g} GB per case, native budget "
-          f"{native_budget / GB:.1f} GB ({'device' if device_limit else 'host'})\n", flush=True)
+    print(
+        f"batch {args.batch}, heads {args.heads}, head_dim {args.head_dim}, lengths {list(args.lengths)}, "
+        f"dtypes {list(args.dtypes)}, backends {labels}; host cap {args.mem_cap_gb:g} GB per case, native budget "
+        f"{native_budget / GB:.1f} GB ({'device' if device_limit else 'host'})\n",
+        flush=True,
+    )
 
     results = []
     for label in labels:
@@ -203,32 +232,69 @@ def main(argv=None) -> int:
                 row = {"backend": label, "dtype": dtype, "length": length}
                 support = supported(variant, platform, dtype, length, args.heads, args.head_dim)
                 row["kernel"] = support.kernel
-                estimate = (native_estimate_bytes(args.batch, args.heads, length) if variant["backend"] == "native"
-                            else None)
+                estimate = (
+                    native_estimate_bytes(args.batch, args.heads, length) if variant["backend"] == "native" else None
+                )
                 if not support.ok:
                     row.update(status=f"refused: {support.reason}")
                 elif estimate and estimate > native_budget:
                     row.update(status=f"would need {estimate / GB:.3g} GB (not run)", estimate_bytes=estimate)
                 else:
-                    case = {"variant": variant, "dtype": dtype, "length": length, "batch": args.batch,
-                            "heads": args.heads, "head_dim": args.head_dim, "repeats": args.repeats,
-                            "time_per_case": args.time_per_case, "mem_cap_bytes": cap_bytes}
+                    case = {
+                        "variant": variant,
+                        "dtype": dtype,
+                        "length": length,
+                        "batch": args.batch,
+                        "heads": args.heads,
+                        "head_dim": args.head_dim,
+                        "repeats": args.repeats,
+                        "time_per_case": args.time_per_case,
+                        "mem_cap_bytes": cap_bytes,
+                    }
                     row.update(run_in_subprocess(case, args.timeout, cap_bytes + GB))
                     if estimate:
                         row["estimate_bytes"] = estimate
                 results.append(row)
-                print(f"  {label:24} {dtype:9} T={length:<6} {row['status']}"
-                      + (f"  {row['best_s'] * 1e3:.2f} ms" if row["status"] == "ok" else ""), flush=True)
+                print(
+                    f"  {label:24} {dtype:9} T={length:<6} {row['status']}"
+                    + (f"  {row['best_s'] * 1e3:.2f} ms" if row["status"] == "ok" else ""),
+                    flush=True,
+                )
 
     print("\n## Attention: time and memory per case\n")
-    print(common.table(
-        ["backend", "kernel", "dtype", "T", "status", "compile s", "best ms", "runs", "host peak MB",
-         "device peak MB", "finite"],
-        [[r["backend"], r.get("kernel") or "", r["dtype"], r["length"], r["status"], r.get("compile_s"),
-          r["best_s"] * 1e3 if "best_s" in r else None, len(r["times_s"]) if "times_s" in r else None,
-          r["peak_rss_bytes"] / 1e6 if "peak_rss_bytes" in r else None,
-          r["device_peak_bytes"] / 1e6 if r.get("device_peak_bytes") is not None else None,
-          r.get("finite")] for r in results]))
+    print(
+        common.table(
+            [
+                "backend",
+                "kernel",
+                "dtype",
+                "T",
+                "status",
+                "compile s",
+                "best ms",
+                "runs",
+                "host peak MB",
+                "device peak MB",
+                "finite",
+            ],
+            [
+                [
+                    r["backend"],
+                    r.get("kernel") or "",
+                    r["dtype"],
+                    r["length"],
+                    r["status"],
+                    r.get("compile_s"),
+                    r["best_s"] * 1e3 if "best_s" in r else None,
+                    len(r["times_s"]) if "times_s" in r else None,
+                    r["peak_rss_bytes"] / 1e6 if "peak_rss_bytes" in r else None,
+                    r["device_peak_bytes"] / 1e6 if r.get("device_peak_bytes") is not None else None,
+                    r.get("finite"),
+                ]
+                for r in results
+            ],
+        )
+    )
 
     by_key = {(r["backend"], r["dtype"], r["length"]): r for r in results}
     others = [label for label in labels if label != "native"]
@@ -240,13 +306,19 @@ def main(argv=None) -> int:
             for label in others:
                 r = by_key.get((label, dtype, length), {})
                 ok = r.get("status") == "ok" and native.get("status") == "ok"
-                row += [common.ratio(r["best_s"], native["best_s"]) if ok else None,
-                        common.ratio(memory_of(r), memory_of(native)) if ok else None]
+                row += [
+                    common.ratio(r["best_s"], native["best_s"]) if ok else None,
+                    common.ratio(memory_of(r), memory_of(native)) if ok else None,
+                ]
             ratio_rows.append(row)
     if "native" in labels and others:
         print("\n## Ratios to native (time: best call; memory: device peak, else host RSS growth)\n")
-        print(common.table(["dtype", "T", "native ms"] + [f"{label}/native {m}" for label in others
-                                                         for m in ("time", "mem")], ratio_rows))
+        print(
+            common.table(
+                ["dtype", "T", "native ms"] + [f"{label}/native {m}" for label in others for m in ("time", "mem")],
+                ratio_rows,
+            )
+        )
 
     flash_vs_native = []
     for dtype in args.dtypes:
@@ -255,21 +327,54 @@ def main(argv=None) -> int:
             for base in [label for label in labels if label.startswith("native")]:
                 native = by_key.get((base, dtype, length), {})
                 if r.get("status") == "ok" and native.get("status") == "ok":
-                    flash_vs_native.append({
-                        "dtype": dtype, "length": length, "native": base, "native_kernel": native["kernel"],
-                        "flash_kernel": r["kernel"], "native_s": native["best_s"], "flash_s": r["best_s"],
-                        "speedup": common.ratio(native["best_s"], r["best_s"]),
-                        "memory_ratio": common.ratio(memory_of(r), memory_of(native))})
+                    flash_vs_native.append(
+                        {
+                            "dtype": dtype,
+                            "length": length,
+                            "native": base,
+                            "native_kernel": native["kernel"],
+                            "flash_kernel": r["kernel"],
+                            "native_s": native["best_s"],
+                            "flash_s": r["best_s"],
+                            "speedup": common.ratio(native["best_s"], r["best_s"]),
+                            "memory_ratio": common.ratio(memory_of(r), memory_of(native)),
+                        }
+                    )
     if flash_vs_native:
         print("\n## flash vs native (speedup: native time ÷ flash time; memory: flash ÷ native)\n")
-        print(common.table(["dtype", "T", "native", "flash kernel", "native ms", "flash ms", "speedup", "memory ratio"],
-                           [[c["dtype"], c["length"], c["native"], c["flash_kernel"], c["native_s"] * 1e3,
-                             c["flash_s"] * 1e3, c["speedup"], c["memory_ratio"]] for c in flash_vs_native]))
+        print(
+            common.table(
+                ["dtype", "T", "native", "flash kernel", "native ms", "flash ms", "speedup", "memory ratio"],
+                [
+                    [
+                        c["dtype"],
+                        c["length"],
+                        c["native"],
+                        c["flash_kernel"],
+                        c["native_s"] * 1e3,
+                        c["flash_s"] * 1e3,
+                        c["speedup"],
+                        c["memory_ratio"],
+                    ]
+                    for c in flash_vs_native
+                ],
+            )
+        )
 
     suffix = "" if platform == "cpu" else f"-{platform}"
-    common.write_results(args, f"{args.name}{suffix}", {
-        "benchmark": "attention", "args": vars(args), "machine": info, "platform": platform,
-        "native_budget_bytes": native_budget, "flash_vs_native": flash_vs_native, "results": results})
+    common.write_results(
+        args,
+        f"{args.name}{suffix}",
+        {
+            "benchmark": "attention",
+            "args": vars(args),
+            "machine": info,
+            "platform": platform,
+            "native_budget_bytes": native_budget,
+            "flash_vs_native": flash_vs_native,
+            "results": results,
+        },
+    )
     return 0
 
 

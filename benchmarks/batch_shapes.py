@@ -11,6 +11,7 @@ real tokens: a setting pays for its padding and for its shapes' speed per token 
 cache; shorter rows pay less attention). Compilation is reported, not timed into the rate: a whole run pays
 it once per shape, partly in the background.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,11 +38,16 @@ def parse_args(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--corpus", default="sample", help="as benchmarks/encoder.py's --corpus")
     p.add_argument("--docs", type=int, help="first N documents (default: all; --quick: 32)")
-    p.add_argument("--settings", default=DEFAULT_SETTINGS,
-                   help="';'-separated buckets@tokens_per_batch (default: %(default)s)")
+    p.add_argument(
+        "--settings", default=DEFAULT_SETTINGS, help="';'-separated buckets@tokens_per_batch (default: %(default)s)"
+    )
     p.add_argument("--packing", choices=("on", "off"), default="on")
-    p.add_argument("--long-documents", choices=("truncate", "window"), default="window",
-                   help="window (default): every window, as `docbeam run` on configs/local.yaml encodes them")
+    p.add_argument(
+        "--long-documents",
+        choices=("truncate", "window"),
+        default="window",
+        help="window (default): every window, as `docbeam run` on configs/local.yaml encodes them",
+    )
     p.add_argument("--repeats", type=int, help="timed passes per setting, best kept (default 3; --quick 1)")
     p.add_argument("--model", default=common.DEFAULT_MODEL)
     args = p.parse_args(argv)
@@ -59,9 +65,18 @@ def parse_args(argv=None):
 
 def side_args(args, buckets: tuple[int, ...], tokens_per_batch: int) -> argparse.Namespace:
     """What ``encoder.docbeam_side`` reads, for one setting."""
-    return argparse.Namespace(buckets=buckets, tokens_per_batch=tokens_per_batch, packing=args.packing == "on",
-                              dtype="float32", backend="native", attention_options={}, model=args.model,
-                              long_documents=args.long_documents, stride=args.stride, repeats=args.repeats)
+    return argparse.Namespace(
+        buckets=buckets,
+        tokens_per_batch=tokens_per_batch,
+        packing=args.packing == "on",
+        dtype="float32",
+        backend="native",
+        attention_options={},
+        model=args.model,
+        long_documents=args.long_documents,
+        stride=args.stride,
+        repeats=args.repeats,
+    )
 
 
 def label(buckets, tokens_per_batch) -> str:
@@ -76,36 +91,89 @@ def main(argv=None) -> int:
 
     checkpoint = open_checkpoint(args.model)
     source, docs = common.corpus_documents(args, checkpoint.folder)
-    print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, long documents "
-          f"{args.long_documents}, packing {args.packing}, best of {args.repeats}; configs/local.yaml has "
-          f"{label(*args.configured)}\n", flush=True)
+    print(
+        f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, long documents "
+        f"{args.long_documents}, packing {args.packing}, best of {args.repeats}; configs/local.yaml has "
+        f"{label(*args.configured)}\n",
+        flush=True,
+    )
 
-    sides = [encoder_bench.docbeam_side(side_args(args, b, t), docs, checkpoint.folder, checkpoint.settings)
-             for b, t in args.settings]
+    sides = [
+        encoder_bench.docbeam_side(side_args(args, b, t), docs, checkpoint.folder, checkpoint.settings)
+        for b, t in args.settings
+    ]
     results = alternate(*sides)
     base = results[0]["tokens_per_s"]
     rows, out = [], []
     for (buckets, tokens_per_batch), r in zip(args.settings, results):
         r.pop("vectors")
-        r.update(buckets=list(buckets), tokens_per_batch=tokens_per_batch,
-                 padding_efficiency=r["real_tokens"] / r["padded_tokens"],
-                 configured=(buckets, tokens_per_batch) == args.configured)
+        r.update(
+            buckets=list(buckets),
+            tokens_per_batch=tokens_per_batch,
+            padding_efficiency=r["real_tokens"] / r["padded_tokens"],
+            configured=(buckets, tokens_per_batch) == args.configured,
+        )
         out.append(r)
-        rows.append([label(buckets, tokens_per_batch) + (" (configured)" if r["configured"] else ""),
-                     len(r["shapes"]), r["batches"], r["padded_tokens"], r["padding_efficiency"], r["compile_s"],
-                     r["best_s"], r["tokens_per_s"], common.ratio(r["tokens_per_s"], base)])
+        rows.append(
+            [
+                label(buckets, tokens_per_batch) + (" (configured)" if r["configured"] else ""),
+                len(r["shapes"]),
+                r["batches"],
+                r["padded_tokens"],
+                r["padding_efficiency"],
+                r["compile_s"],
+                r["best_s"],
+                r["tokens_per_s"],
+                common.ratio(r["tokens_per_s"], base),
+            ]
+        )
     print("## Encoder alone per batch shape (float32, native)\n")
-    print(common.table(["buckets @ tokens_per_batch", "shapes", "batches", "padded tokens", "padding efficiency",
-                        "compile s", f"best of {args.repeats} s", "tokens/s", "÷ first"], rows))
+    print(
+        common.table(
+            [
+                "buckets @ tokens_per_batch",
+                "shapes",
+                "batches",
+                "padded tokens",
+                "padding efficiency",
+                "compile s",
+                f"best of {args.repeats} s",
+                "tokens/s",
+                "÷ first",
+            ],
+            rows,
+        )
+    )
     print("\n## Per shape\n")
-    print(common.table(["setting", "bucket", "rows", "batches", "steady ms/batch", "ms per 1,000 padded tokens"],
-                       [[label(r["buckets"], r["tokens_per_batch"]), s["bucket"], s["rows"], s["batches"],
-                         s["steady_ms"], s["steady_ms"] * 1000 / (s["bucket"] * s["rows"])]
-                        for r in out for s in r["shapes"]]))
+    print(
+        common.table(
+            ["setting", "bucket", "rows", "batches", "steady ms/batch", "ms per 1,000 padded tokens"],
+            [
+                [
+                    label(r["buckets"], r["tokens_per_batch"]),
+                    s["bucket"],
+                    s["rows"],
+                    s["batches"],
+                    s["steady_ms"],
+                    s["steady_ms"] * 1000 / (s["bucket"] * s["rows"]),
+                ]
+                for r in out
+                for s in r["shapes"]
+            ],
+        )
+    )
     corpus = "" if args.corpus == "sample" else f"-{os.path.basename(args.corpus).split('.')[0]}{len(docs)}"
-    common.write_results(args, "batch_shapes" + corpus, {
-        "benchmark": "batch_shapes", "args": {**vars(args), "settings": [list(s) for s in args.settings]},
-        "machine": info, "docs": len(docs), "results": out})
+    common.write_results(
+        args,
+        "batch_shapes" + corpus,
+        {
+            "benchmark": "batch_shapes",
+            "args": {**vars(args), "settings": [list(s) for s in args.settings]},
+            "machine": info,
+            "docs": len(docs),
+            "results": out,
+        },
+    )
     return 0
 
 

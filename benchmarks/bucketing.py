@@ -14,6 +14,7 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
   the last batch keeps its real rows (dynamic shapes, as sentence-transformers batches), so every distinct
   batch length is one more compilation under jit.
 """
+
 from __future__ import annotations
 
 import os
@@ -76,23 +77,41 @@ def bucketed(lengths, buckets, tokens_per_batch, packing: bool = False) -> dict:
 
     batches = batches_per_bucket(lengths, tuple(buckets), tokens_per_batch, packing)
     padded = padded_tokens(lengths, tuple(buckets), tokens_per_batch, packing)
-    return {"buckets": list(buckets), "efficiency": sum(lengths) / padded, "padded_tokens": padded,
-            "batches": sum(batches.values()), "shapes": len(batches), "rows": f"{tokens_per_batch} ÷ bucket"}
+    return {
+        "buckets": list(buckets),
+        "efficiency": sum(lengths) / padded,
+        "padded_tokens": padded,
+        "batches": sum(batches.values()),
+        "shapes": len(batches),
+        "rows": f"{tokens_per_batch} ÷ bucket",
+    }
 
 
 def pad_to_max(lengths, max_len, rows) -> dict:
     batches = -(-len(lengths) // rows)
     padded = batches * rows * max_len
-    return {"buckets": [max_len], "efficiency": sum(lengths) / padded, "padded_tokens": padded, "batches": batches,
-            "shapes": 1, "rows": rows}
+    return {
+        "buckets": [max_len],
+        "efficiency": sum(lengths) / padded,
+        "padded_tokens": padded,
+        "batches": batches,
+        "shapes": 1,
+        "rows": rows,
+    }
 
 
 def sorted_fixed(lengths, rows) -> dict:
     ordered = sorted(lengths)
-    batches = [ordered[i:i + rows] for i in range(0, len(ordered), rows)]
+    batches = [ordered[i : i + rows] for i in range(0, len(ordered), rows)]
     padded = sum(len(b) * max(b) for b in batches)
-    return {"buckets": None, "efficiency": sum(lengths) / padded, "padded_tokens": padded, "batches": len(batches),
-            "shapes": len({(len(b), max(b)) for b in batches}), "rows": rows}
+    return {
+        "buckets": None,
+        "efficiency": sum(lengths) / padded,
+        "padded_tokens": padded,
+        "batches": len(batches),
+        "shapes": len({(len(b), max(b)) for b in batches}),
+        "rows": rows,
+    }
 
 
 def compare(lengths, max_len, args) -> dict:
@@ -100,10 +119,13 @@ def compare(lengths, max_len, args) -> dict:
     from docbeam.pipeline.tools.bucket_advisor import propose_buckets
 
     rows = rows_for(max_len, args.tokens_per_batch)
-    out = {"docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch),
-           "docbeam packed": bucketed(lengths, args.buckets, args.tokens_per_batch, packing=True)}
-    planned = propose_buckets(lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch,
-                              max_buckets=args.max_buckets)
+    out = {
+        "docbeam": bucketed(lengths, args.buckets, args.tokens_per_batch),
+        "docbeam packed": bucketed(lengths, args.buckets, args.tokens_per_batch, packing=True),
+    }
+    planned = propose_buckets(
+        lengths, max_len=max_len, tokens_per_batch=args.tokens_per_batch, max_buckets=args.max_buckets
+    )
     out["planned"] = bucketed(lengths, planned, args.tokens_per_batch)
     out["pad-to-max"] = pad_to_max(lengths, max_len, rows)
     out["sorted fixed-size"] = sorted_fixed(lengths, rows)
@@ -123,27 +145,60 @@ def main(argv=None) -> int:
         f"synthetic lognormal (median {args.median:g}, sigma {args.sigma:g}, clipped [{args.min_len}, {window_len}], "
         f"{len(synthetic)} windows, seed {args.seed})": synthetic,
     }
-    print(f"buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, window {window_len}, "
-          f"propose_buckets max_buckets {args.max_buckets}\n")
+    print(
+        f"buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, window {window_len}, "
+        f"propose_buckets max_buckets {args.max_buckets}\n"
+    )
     results = {}
     for name, lengths in datasets.items():
         pct = np.percentile(lengths, [50, 90, 99])
-        print(f"## {name}\n\nlengths: mean {np.mean(lengths):.1f}, p50 {pct[0]:.0f}, p90 {pct[1]:.0f}, "
-              f"p99 {pct[2]:.0f}, at {window_len}: {np.mean(np.array(lengths) == window_len):.1%}\n")
+        print(
+            f"## {name}\n\nlengths: mean {np.mean(lengths):.1f}, p50 {pct[0]:.0f}, p90 {pct[1]:.0f}, "
+            f"p99 {pct[2]:.0f}, at {window_len}: {np.mean(np.array(lengths) == window_len):.1%}\n"
+        )
         rows = compare(lengths, window_len, args)
         base = rows["docbeam"]["efficiency"]
-        print(common.table(
-            ["strategy", "buckets", "rows per batch", "batches", "padded tokens", "padding efficiency",
-             "÷ docbeam", "distinct shapes"],
-            [[label, r["buckets"], r["rows"], r["batches"], r["padded_tokens"], r["efficiency"],
-              r["efficiency"] / base, r["shapes"]] for label, r in rows.items()]))
+        print(
+            common.table(
+                [
+                    "strategy",
+                    "buckets",
+                    "rows per batch",
+                    "batches",
+                    "padded tokens",
+                    "padding efficiency",
+                    "÷ docbeam",
+                    "distinct shapes",
+                ],
+                [
+                    [
+                        label,
+                        r["buckets"],
+                        r["rows"],
+                        r["batches"],
+                        r["padded_tokens"],
+                        r["efficiency"],
+                        r["efficiency"] / base,
+                        r["shapes"],
+                    ]
+                    for label, r in rows.items()
+                ],
+            )
+        )
         print()
         results[name] = {"real_tokens": sum(lengths), "windows": len(lengths), "strategies": rows}
 
-    common.write_results(args, "bucketing", {
-        "benchmark": "bucketing", "args": {k: v for k, v in vars(args).items() if k != "tokenize"},
-        "tokenize": args.tokenize.model_dump(), "machine": info,
-        "results": results})
+    common.write_results(
+        args,
+        "bucketing",
+        {
+            "benchmark": "bucketing",
+            "args": {k: v for k, v in vars(args).items() if k != "tokenize"},
+            "tokenize": args.tokenize.model_dump(),
+            "machine": info,
+            "results": results,
+        },
+    )
     return 0
 
 

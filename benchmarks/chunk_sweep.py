@@ -8,6 +8,7 @@ The fastest pair per length whose memory stays within ``--max-memory-share`` of 
 ``attention.chunk_sizes.TUNED_CHUNKS`` should hold; the script prints that table. Batch 1, 12 heads × head_dim 32
 (MiniLM) unless told otherwise.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,16 +32,28 @@ def parse_args(argv=None):
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=32)
     p.add_argument("--min-chunk", type=int, default=256, help="smallest chunk tried (default %(default)s)")
-    p.add_argument("--grid-heads-per-step", type=int, default=1,
-                   help="heads_per_step for the query_chunk x key_chunk grid (default %(default)s: one head "
-                        "per matmul, measured fastest on XLA:CPU in chunk_sweep-before.json)")
+    p.add_argument(
+        "--grid-heads-per-step",
+        type=int,
+        default=1,
+        help="heads_per_step for the query_chunk x key_chunk grid (default %(default)s: one head "
+        "per matmul, measured fastest on XLA:CPU in chunk_sweep-before.json)",
+    )
     p.add_argument("--other-heads-per-step", default="0,2,4", help="tried at the best pair (default %(default)s)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls after a warm call, best kept")
     p.add_argument("--time-per-case", type=float, default=6.0, help="seconds of timed calls per case")
-    p.add_argument("--max-memory-share", type=float, default=1 / 8,
-                   help="a pair qualifies if its peak memory is at most this share of native's (default 1/8)...")
-    p.add_argument("--memory-floor-mb", type=float, default=64.0,
-                   help="...or at most this much: at short lengths all of it is small (default %(default)s)")
+    p.add_argument(
+        "--max-memory-share",
+        type=float,
+        default=1 / 8,
+        help="a pair qualifies if its peak memory is at most this share of native's (default 1/8)...",
+    )
+    p.add_argument(
+        "--memory-floor-mb",
+        type=float,
+        default=64.0,
+        help="...or at most this much: at short lengths all of it is small (default %(default)s)",
+    )
     p.add_argument("--name", default="chunk_sweep", help="results file name (default %(default)s)")
     args = p.parse_args(argv)
     args.lengths = (256,) if args.quick else tuple(int(x) for x in args.lengths.split(","))
@@ -48,12 +61,28 @@ def parse_args(argv=None):
 
 
 def run(args, backend: str, options: dict, length: int) -> dict:
-    case = {"variant": {"label": backend, "backend": backend, "options": options}, "dtype": args.dtype,
-            "length": length, "batch": args.batch, "heads": args.heads, "head_dim": args.head_dim,
-            "repeats": args.repeats, "time_per_case": args.time_per_case, "mem_cap_bytes": 16 * GB}
-    row = {"backend": backend, "options": options, "length": length,
-           **attention_bench.run_in_subprocess(case, timeout=300, cap_bytes=17 * GB)}
-    ms = f"{row['best_s'] * 1e3:9.1f} ms, {row['peak_rss_bytes'] / 1e6:7.1f} MB" if row["status"] == "ok" else row["status"]
+    case = {
+        "variant": {"label": backend, "backend": backend, "options": options},
+        "dtype": args.dtype,
+        "length": length,
+        "batch": args.batch,
+        "heads": args.heads,
+        "head_dim": args.head_dim,
+        "repeats": args.repeats,
+        "time_per_case": args.time_per_case,
+        "mem_cap_bytes": 16 * GB,
+    }
+    row = {
+        "backend": backend,
+        "options": options,
+        "length": length,
+        **attention_bench.run_in_subprocess(case, timeout=300, cap_bytes=17 * GB),
+    }
+    ms = (
+        f"{row['best_s'] * 1e3:9.1f} ms, {row['peak_rss_bytes'] / 1e6:7.1f} MB"
+        if row["status"] == "ok"
+        else row["status"]
+    )
     print(f"  T={length:<6} {backend:8} {options}  {ms}", flush=True)
     return row
 
@@ -71,38 +100,86 @@ def main(argv=None) -> int:
     for length in args.lengths:
         native = run(args, "native", {}, length)
         results.append(native)
-        limit = max(native["peak_rss_bytes"] * args.max_memory_share if native["status"] == "ok" else 0,
-                    args.memory_floor_mb * 1e6)
+        limit = max(
+            native["peak_rss_bytes"] * args.max_memory_share if native["status"] == "ok" else 0,
+            args.memory_floor_mb * 1e6,
+        )
         sizes = [s for s in SIZES if max(args.min_chunk, length // 16) <= s <= length] or [length]
-        pairs = [run(args, "chunked", {"query_chunk": q, "key_chunk": k, "heads_per_step": args.grid_heads_per_step},
-                     length) for q in sizes for k in sizes]
+        pairs = [
+            run(args, "chunked", {"query_chunk": q, "key_chunk": k, "heads_per_step": args.grid_heads_per_step}, length)
+            for q in sizes
+            for k in sizes
+        ]
         results += pairs
         top = best(pairs, limit)
         if top is None:
             continue
         q, k = top["options"]["query_chunk"], top["options"]["key_chunk"]
-        others = [run(args, "chunked", {"query_chunk": q, "key_chunk": k, "heads_per_step": int(step)}, length)
-                  for step in args.other_heads_per_step.split(",") if step and int(step) != args.grid_heads_per_step]
+        others = [
+            run(args, "chunked", {"query_chunk": q, "key_chunk": k, "heads_per_step": int(step)}, length)
+            for step in args.other_heads_per_step.split(",")
+            if step and int(step) != args.grid_heads_per_step
+        ]
         results += others
         top = best([top, *others], limit)
-        chosen[length] = {**top["options"], "best_s": top["best_s"], "peak_rss_bytes": top["peak_rss_bytes"],
-                          "speedup_over_native": common.ratio(native.get("best_s"), top["best_s"]),
-                          "memory_share_of_native": common.ratio(top["peak_rss_bytes"], native.get("peak_rss_bytes"))}
+        chosen[length] = {
+            **top["options"],
+            "best_s": top["best_s"],
+            "peak_rss_bytes": top["peak_rss_bytes"],
+            "speedup_over_native": common.ratio(native.get("best_s"), top["best_s"]),
+            "memory_share_of_native": common.ratio(top["peak_rss_bytes"], native.get("peak_rss_bytes")),
+        }
 
     print("\n## Every case\n")
-    print(common.table(["T", "backend", "query_chunk", "key_chunk", "heads_per_step", "status", "best ms",
-                        "compile s", "peak MB"],
-                       [[r["length"], r["backend"], r["options"].get("query_chunk"), r["options"].get("key_chunk"),
-                         r["options"].get("heads_per_step"), r["status"],
-                         r["best_s"] * 1e3 if "best_s" in r else None, r.get("compile_s"),
-                         r["peak_rss_bytes"] / 1e6 if "peak_rss_bytes" in r else None] for r in results]))
+    print(
+        common.table(
+            ["T", "backend", "query_chunk", "key_chunk", "heads_per_step", "status", "best ms", "compile s", "peak MB"],
+            [
+                [
+                    r["length"],
+                    r["backend"],
+                    r["options"].get("query_chunk"),
+                    r["options"].get("key_chunk"),
+                    r["options"].get("heads_per_step"),
+                    r["status"],
+                    r["best_s"] * 1e3 if "best_s" in r else None,
+                    r.get("compile_s"),
+                    r["peak_rss_bytes"] / 1e6 if "peak_rss_bytes" in r else None,
+                ]
+                for r in results
+            ],
+        )
+    )
     print(f"\n## Fastest per length within {args.max_memory_share:.3g} of native's memory\n")
-    print(common.table(["T", "query_chunk", "key_chunk", "heads_per_step", "best ms", "× native speed",
-                        "share of native memory"],
-                       [[t, c["query_chunk"], c["key_chunk"], c["heads_per_step"], c["best_s"] * 1e3,
-                         c["speedup_over_native"], c["memory_share_of_native"]] for t, c in chosen.items()]))
-    common.write_results(args, args.name, {
-        "benchmark": "chunk_sweep", "args": vars(args), "machine": info, "chosen": chosen, "memory_limit_rule": f"<= {args.max_memory_share:.3g} of native or <= {args.memory_floor_mb:g} MB", "results": results})
+    print(
+        common.table(
+            ["T", "query_chunk", "key_chunk", "heads_per_step", "best ms", "× native speed", "share of native memory"],
+            [
+                [
+                    t,
+                    c["query_chunk"],
+                    c["key_chunk"],
+                    c["heads_per_step"],
+                    c["best_s"] * 1e3,
+                    c["speedup_over_native"],
+                    c["memory_share_of_native"],
+                ]
+                for t, c in chosen.items()
+            ],
+        )
+    )
+    common.write_results(
+        args,
+        args.name,
+        {
+            "benchmark": "chunk_sweep",
+            "args": vars(args),
+            "machine": info,
+            "chosen": chosen,
+            "memory_limit_rule": f"<= {args.max_memory_share:.3g} of native or <= {args.memory_floor_mb:g} MB",
+            "results": results,
+        },
+    )
     return 0
 
 

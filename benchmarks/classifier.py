@@ -10,6 +10,7 @@ normalised 384-wide vector per document, or 5 softmax scores of the first window
 first, the default: long documents are cut to one window, so the classifier encodes fewer tokens), and both
 ``windows: mean`` to score every window as the embedder encodes them.
 """
+
 from __future__ import annotations
 
 import os
@@ -52,8 +53,13 @@ def classifier_from_backbone(folder: str) -> str:
 def run_once(model: str, input_path: str, output: str, **model_settings) -> dict:
     from docbeam.pipeline.driver.job import run
 
-    sets = [f"model.path={model}", f"input.path={input_path}", f"output.path={output}", "model.max_seq_len=256",
-            "runner.progress_seconds=0"] + [f"model.{k}={v}" for k, v in model_settings.items()]
+    sets = [
+        f"model.path={model}",
+        f"input.path={input_path}",
+        f"output.path={output}",
+        "model.max_seq_len=256",
+        "runner.progress_seconds=0",
+    ] + [f"model.{k}={v}" for k, v in model_settings.items()]
     return run(common.LOCAL_CONFIG, overrides=sets)
 
 
@@ -70,27 +76,66 @@ def main(argv=None) -> int:
     docs = common.read_documents(common.SAMPLE, args.docs)
     corpus = common.write_subset(docs, work)
     classifier = classifier_from_backbone(os.path.join(work, "classifier"))
-    runs = {"embedding": (common.DEFAULT_MODEL, {}),
-            "classifier, first window": (classifier, {}),
-            "classifier, every window (mean)": (classifier, {"classifier.windows": "mean"})}
-    for name, (model, settings) in runs.items():  # warm: compilations cached, encoder loaded once per spec
+    runs = {
+        "embedding": (common.DEFAULT_MODEL, {}),
+        "classifier, first window": (classifier, {}),
+        "classifier, every window (mean)": (classifier, {"classifier.windows": "mean"}),
+    }
+    for model, settings in runs.values():  # warm: compilations cached, encoder loaded once per spec
         run_once(model, corpus, os.path.join(work, "warm"), **settings)
     measured = {name: [] for name in runs}
     for repeat in range(args.repeats):
         for name, (model, settings) in runs.items():
             s = run_once(model, corpus, os.path.join(work, f"{repeat}-{len(measured[name])}"), **settings)
-            measured[name].append({k: s[k] for k in ("docs_per_second", "tokens_per_second", "real_tokens",
-                                                      "docs_embedded", "wall_seconds", "windows")})
+            measured[name].append(
+                {
+                    k: s[k]
+                    for k in (
+                        "docs_per_second",
+                        "tokens_per_second",
+                        "real_tokens",
+                        "docs_embedded",
+                        "wall_seconds",
+                        "windows",
+                    )
+                }
+            )
     best = {name: max(rows, key=lambda r: r["docs_per_second"]) for name, rows in measured.items()}
     base = best["embedding"]
-    rows = [[name, r["docs_embedded"], r["windows"], r["real_tokens"], r["docs_per_second"], r["tokens_per_second"],
-             common.ratio(r["docs_per_second"], base["docs_per_second"]),
-             common.ratio(r["tokens_per_second"], base["tokens_per_second"])] for name, r in best.items()]
-    print(common.table(["run", "documents", "windows", "tokens", "docs/s", "tokens/s", "docs/s ÷ embedding",
-                        "tokens/s ÷ embedding"], rows))
+    rows = [
+        [
+            name,
+            r["docs_embedded"],
+            r["windows"],
+            r["real_tokens"],
+            r["docs_per_second"],
+            r["tokens_per_second"],
+            common.ratio(r["docs_per_second"], base["docs_per_second"]),
+            common.ratio(r["tokens_per_second"], base["tokens_per_second"]),
+        ]
+        for name, r in best.items()
+    ]
+    print(
+        common.table(
+            [
+                "run",
+                "documents",
+                "windows",
+                "tokens",
+                "docs/s",
+                "tokens/s",
+                "docs/s ÷ embedding",
+                "tokens/s ÷ embedding",
+            ],
+            rows,
+        )
+    )
     shutil.rmtree(work, ignore_errors=True)
-    common.write_results(args, "classifier", {"machine": info, "docs": args.docs, "repeats": args.repeats,
-                                              "best": best, "runs": measured})
+    common.write_results(
+        args,
+        "classifier",
+        {"machine": info, "docs": args.docs, "repeats": args.repeats, "best": best, "runs": measured},
+    )
     return 0
 
 

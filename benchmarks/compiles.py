@@ -7,6 +7,7 @@ the distinct shapes in ``timing/``. Exits 1 on FAIL.
 By default the model is a tiny random BERT in the real checkpoint format (tests/conftest.py's
 write_tiny_checkpoint, window 128); ``--real`` uses all-MiniLM-L6-v2.
 """
+
 from __future__ import annotations
 
 import collections
@@ -25,8 +26,13 @@ def parse_args(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--real", action="store_true", help="all-MiniLM-L6-v2 instead of the tiny random checkpoint")
     p.add_argument("--docs", type=int, help="first N sample documents (default: all; --quick: 60)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="more config overrides on configs/local.yaml, e.g. attention.backend=chunked")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more config overrides on configs/local.yaml, e.g. attention.backend=chunked",
+    )
     args = p.parse_args(argv)
     args.docs = args.docs or (60 if args.quick else None)
     return args
@@ -37,8 +43,8 @@ def main(argv=None) -> int:
     info = common.machine()
     common.print_machine("compiles: one encoder compilation per (bucket, rows) shape", info)
     from docbeam.config import load
-    from docbeam.pipeline.telemetry.observe import CompileWatch
     from docbeam.pipeline.driver.run import run_job
+    from docbeam.pipeline.telemetry.observe import CompileWatch
 
     watch = CompileWatch.get()  # the process's own: the DirectRunner's in-process workers report to it too
     with tempfile.TemporaryDirectory(prefix="docbeam-compiles-") as tmp:
@@ -50,8 +56,13 @@ def main(argv=None) -> int:
             model = write_tiny_checkpoint(os.path.join(tmp, "tiny"), resolve_dir(common.DEFAULT_MODEL))
         docs = common.read_documents(common.SAMPLE, args.docs)
         out = os.path.join(tmp, "out")
-        overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={model}",
-                     "runner.progress_seconds=0", *args.set]
+        overrides = [
+            f"input.path={common.write_subset(docs, tmp)}",
+            f"output.path={out}",
+            f"model.path={model}",
+            "runner.progress_seconds=0",
+            *args.set,
+        ]
         t0 = time.perf_counter()
         summary = run_job(load(common.LOCAL_CONFIG, overrides))
         wall = time.perf_counter() - t0
@@ -65,8 +76,11 @@ def main(argv=None) -> int:
     workers = {key[0] for key in per_shape}
     # Shapes compiled before the first batch (every bucket's, whether or not a batch came) count too.
     seen = {(backend, bucket, rows) for _, backend, bucket, rows in per_shape}
-    ahead = {(name.split(",")[1], int(name.split("x")[1].split(",")[0]), int(name.split("x")[0]))
-             for name in summary.get("startup", {}).get("compiles_s", {}) if "(at its batch)" not in name}
+    ahead = {
+        (name.split(",")[1], int(name.split("x")[1].split(",")[0]), int(name.split("x")[0]))
+        for name in summary.get("startup", {}).get("compiles_s", {})
+        if "(at its batch)" not in name
+    }
     expected = len(per_shape) + len(ahead - seen)
     checks = {
         "summary.json compiles": summary["compiles"],
@@ -75,24 +89,46 @@ def main(argv=None) -> int:
     verdicts = {name: value == expected for name, value in checks.items()}
     passed = all(verdicts.values())
 
-    print(f"{len(docs)} documents, model {'all-MiniLM-L6-v2' if args.real else 'tiny random BERT'}, "
-          f"{len(timing)} batches on {len(workers)} worker(s), job {wall:.1f} s\n")
+    print(
+        f"{len(docs)} documents, model {'all-MiniLM-L6-v2' if args.real else 'tiny random BERT'}, "
+        f"{len(timing)} batches on {len(workers)} worker(s), job {wall:.1f} s\n"
+    )
     print("## Shapes in timing/\n")
-    print(common.table(["worker", "backend", "bucket", "rows", "batches", "batches that compiled"],
-                       [[*key, v["batches"], v["compiled"]] for key, v in sorted(per_shape.items())]))
+    print(
+        common.table(
+            ["worker", "backend", "bucket", "rows", "batches", "batches that compiled"],
+            [[*key, v["batches"], v["compiled"]] for key, v in sorted(per_shape.items())],
+        )
+    )
     print("\n## Compilations vs distinct shapes\n")
-    print(common.table(["count", "value", "distinct (worker, backend, bucket, rows)", "verdict"],
-                       [[name, value, expected, "PASS" if verdicts[name] else "FAIL"]
-                        for name, value in checks.items()]))
+    print(
+        common.table(
+            ["count", "value", "distinct (worker, backend, bucket, rows)", "verdict"],
+            [[name, value, expected, "PASS" if verdicts[name] else "FAIL"] for name, value in checks.items()],
+        )
+    )
     recompiled = [key for key, v in per_shape.items() if v["compiled"] > 1]
     if recompiled:
         print(f"\nshapes compiled more than once: {sorted(recompiled)}")
     print(f"\n{'PASS' if passed else 'FAIL'}")
-    common.write_results(args, "compiles-real" if args.real else "compiles", {
-        "benchmark": "compiles", "args": vars(args), "machine": info, "docs": len(docs), "batches": len(timing),
-        "distinct_shapes": expected, "checks": checks, "passed": passed,
-        "shapes": [{"worker": k[0], "backend": k[1], "bucket": k[2], "rows": k[3], **v} for k, v in per_shape.items()],
-        "recompiled": recompiled})
+    common.write_results(
+        args,
+        "compiles-real" if args.real else "compiles",
+        {
+            "benchmark": "compiles",
+            "args": vars(args),
+            "machine": info,
+            "docs": len(docs),
+            "batches": len(timing),
+            "distinct_shapes": expected,
+            "checks": checks,
+            "passed": passed,
+            "shapes": [
+                {"worker": k[0], "backend": k[1], "bucket": k[2], "rows": k[3], **v} for k, v in per_shape.items()
+            ],
+            "recompiled": recompiled,
+        },
+    )
     return 0 if passed else 1
 
 

@@ -3,6 +3,7 @@ per length, dtype and kind of layer, in one process. Each row: which kernel the 
 backend refused), the largest difference from native's output, the best time of a few calls, and the compiled
 executable's peak memory as XLA's buffer assignment states it (arguments + outputs + temporaries: per case,
 with no process per case, which a lease of minutes cannot afford)."""
+
 from __future__ import annotations
 
 import time
@@ -14,9 +15,13 @@ SMALL_LENGTHS = (128,)  # the rehearsal: one length, every backend, dtype and la
 DTYPES = ("float32", "bfloat16")
 # (label, backend, options): native first, the reference of every other row. ``flash`` itself is not timed: its
 # row says which of the flash/<kernel> rows ``kernel: auto`` picked for the case, as the plan would.
-VARIANTS = (("native", "native", {}), ("chunked", "chunked", {}), ("flash/cudnn", "flash", {"kernel": "cudnn"}),
-            ("flash/tokamax_triton", "flash", {"kernel": "tokamax_triton"}),
-            ("flash/tokamax_chunked", "flash", {"kernel": "tokamax_chunked"}))  # pallas_gpu: superseded by triton
+VARIANTS = (
+    ("native", "native", {}),
+    ("chunked", "chunked", {}),
+    ("flash/cudnn", "flash", {"kernel": "cudnn"}),
+    ("flash/tokamax_triton", "flash", {"kernel": "tokamax_triton"}),
+    ("flash/tokamax_chunked", "flash", {"kernel": "tokamax_chunked"}),
+)  # pallas_gpu: superseded by triton
 LAYERS = ("padded", "packed", "local_window", "causal_grouped")
 
 
@@ -31,11 +36,17 @@ def shape(small: bool) -> dict:
 def layer_case(layer: str, platform: str, dtype: str, length: int, dims: dict):
     from docbeam.attention import AttentionCase
 
-    return AttentionCase(platform=platform, dtype=dtype, seq_len=length, num_heads=dims["heads"],
-                         head_dim=dims["head_dim"], segments=layer == "packed",
-                         local_window=dims["window"] if layer == "local_window" else None,
-                         causal=layer == "causal_grouped",
-                         num_kv_heads=dims["kv_heads"] if layer == "causal_grouped" else None)
+    return AttentionCase(
+        platform=platform,
+        dtype=dtype,
+        seq_len=length,
+        num_heads=dims["heads"],
+        head_dim=dims["head_dim"],
+        segments=layer == "packed",
+        local_window=dims["window"] if layer == "local_window" else None,
+        causal=layer == "causal_grouped",
+        num_kv_heads=dims["kv_heads"] if layer == "causal_grouped" else None,
+    )
 
 
 def inputs(case, seed: int = 0) -> dict:
@@ -46,10 +57,12 @@ def inputs(case, seed: int = 0) -> dict:
     t, valid = case.seq_len, case.seq_len - case.seq_len // 8
     kq, kk, kv = jax.random.split(jax.random.PRNGKey(seed), 3)
     dtype = jnp.dtype(case.dtype)
-    args = {"q": jax.random.normal(kq, (1, t, case.num_heads, case.head_dim), dtype),
-            "k": jax.random.normal(kk, (1, t, case.kv_heads, case.head_dim), dtype),
-            "v": jax.random.normal(kv, (1, t, case.kv_heads, case.head_dim), dtype),
-            "lengths": jnp.asarray([valid], jnp.int32)}
+    args = {
+        "q": jax.random.normal(kq, (1, t, case.num_heads, case.head_dim), dtype),
+        "k": jax.random.normal(kk, (1, t, case.kv_heads, case.head_dim), dtype),
+        "v": jax.random.normal(kv, (1, t, case.kv_heads, case.head_dim), dtype),
+        "lengths": jnp.asarray([valid], jnp.int32),
+    }
     if case.segments:
         position = jnp.arange(t)[None, :]
         args["segments"] = jnp.where(position < valid, 1 + (position >= t // 2), 0).astype(jnp.int32)
@@ -73,13 +86,15 @@ def compiled_call(backend, options, case, args: dict):
     features = {"local_window": case.local_window, "causal": case.causal}
 
     def run(q, k, v, lengths, segments=None):
-        return attend(q, k, v, kv_lengths_B=lengths, scale=case.head_dim ** -0.5, segment_ids_BxT=segments,
-                      **features)
+        return attend(q, k, v, kv_lengths_B=lengths, scale=case.head_dim**-0.5, segment_ids_BxT=segments, **features)
 
     compiled = jax.jit(run).lower(**args).compile()
     stats = compiled.memory_analysis()
-    peak = None if stats is None else int(stats.argument_size_in_bytes + stats.output_size_in_bytes
-                                          + stats.temp_size_in_bytes)
+    peak = (
+        None
+        if stats is None
+        else int(stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes)
+    )
     return compiled, peak
 
 
@@ -145,8 +160,9 @@ def run(small: bool, deadline: float, save=lambda rows: None) -> list[dict]:
                 for label, backend_name, raw_options in VARIANTS:
                     where = {"length": length, "dtype": dtype, "layer": layer}
                     if time.time() > share_ends:
-                        rows.append({**where, "variant": label, "skipped": "this length's share of the check's "
-                                                                           "time ran out"})
+                        rows.append(
+                            {**where, "variant": label, "skipped": "this length's share of the check's time ran out"}
+                        )
                         continue
                     try:
                         row, out = run_variant(label, backend_name, raw_options, case, args, reference)

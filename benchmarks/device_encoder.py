@@ -4,6 +4,7 @@ same random weights, and both as a share of the chip's bfloat16 matmul rate meas
 
 Random weights of the real shapes, written by transformers as a checkpoint folder with a word-level tokenizer
 (no Hub, no model package on the lent machine); both sides are handed token ids, so tokenizing is not timed."""
+
 from __future__ import annotations
 
 import json
@@ -12,16 +13,32 @@ import tempfile
 import time
 
 import numpy as np
-
 from device_attention import best_seconds
 
 # family: (transformers class, the shape's config, the small rehearsal's)
 SHAPES = {
-    "minilm": ("BertModel", {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
-                             "intermediate_size": 1536, "vocab_size": 30522}),
-    "modernbert_base": ("ModernBertModel", {"hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12,
-                                            "intermediate_size": 1152, "vocab_size": 50368, "local_attention": 128,
-                                            "global_attn_every_n_layers": 3}),
+    "minilm": (
+        "BertModel",
+        {
+            "hidden_size": 384,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 12,
+            "intermediate_size": 1536,
+            "vocab_size": 30522,
+        },
+    ),
+    "modernbert_base": (
+        "ModernBertModel",
+        {
+            "hidden_size": 768,
+            "num_hidden_layers": 22,
+            "num_attention_heads": 12,
+            "intermediate_size": 1152,
+            "vocab_size": 50368,
+            "local_attention": 128,
+            "global_attn_every_n_layers": 3,
+        },
+    ),
 }
 # The rehearsal's: the real vocabularies (ModernBERT's special ids sit at its end), everything else tiny.
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
@@ -52,7 +69,7 @@ def matmul_rate(small: bool) -> dict:
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.bfloat16)
     product = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32).astype(jnp.bfloat16))
     seconds = best_seconds(lambda: product(a, a), repeats=10)
-    return {"n": n, "seconds": seconds, "flops_per_s": 2.0 * n ** 3 / seconds}
+    return {"n": n, "seconds": seconds, "flops_per_s": 2.0 * n**3 / seconds}
 
 
 def write_checkpoint(family: str, config: dict, folder: str) -> None:
@@ -71,8 +88,15 @@ def write_checkpoint(family: str, config: dict, folder: str) -> None:
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "[PAD]", "unk_token": "[UNK]",
-                   "model_max_length": 8192}, f)
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "pad_token": "[PAD]",
+                "unk_token": "[UNK]",
+                "model_max_length": 8192,
+            },
+            f,
+        )
 
 
 def docbeam_side(folder: str, ids_BxT: np.ndarray) -> dict:
@@ -88,8 +112,12 @@ def docbeam_side(folder: str, ids_BxT: np.ndarray) -> dict:
     params = jax.device_put(checkpoint.load_params(folder, config))
     flash = attention.get("flash")
     options = flash.parse_options(None)
-    kernels = sorted({flash.supports(case, options).kernel or flash.supports(case, options).reason
-                      for case in encoder.attention_cases(config, [ids_BxT.shape[1]], current_platform())})
+    kernels = sorted(
+        {
+            flash.supports(case, options).kernel or flash.supports(case, options).reason
+            for case in encoder.attention_cases(config, [ids_BxT.shape[1]], current_platform())
+        }
+    )
     embed = jax.jit(encoder.embed_fn(config, flash.bind(options), "mean"))
     ids = jax.device_put(ids_BxT)
     lengths = jax.device_put(np.full(ids_BxT.shape[0], ids_BxT.shape[1], np.int32))
@@ -105,9 +133,12 @@ def sentence_transformers_side(folder: str, ids_BxT: np.ndarray) -> dict:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = sentence_transformers.SentenceTransformer(
-        folder, device=device, model_kwargs={"dtype": torch.bfloat16, "attn_implementation": "sdpa"})
-    features = {"input_ids": torch.tensor(ids_BxT, dtype=torch.long, device=device),
-                "attention_mask": torch.ones(ids_BxT.shape, dtype=torch.long, device=device)}
+        folder, device=device, model_kwargs={"dtype": torch.bfloat16, "attn_implementation": "sdpa"}
+    )
+    features = {
+        "input_ids": torch.tensor(ids_BxT, dtype=torch.long, device=device),
+        "attention_mask": torch.ones(ids_BxT.shape, dtype=torch.long, device=device),
+    }
 
     class Synced:  # best_seconds waits on the result as it waits on JAX's
         def block_until_ready(self):
@@ -136,8 +167,14 @@ def run(small: bool, deadline: float, rate: dict, save=lambda rows: None) -> lis
             try:
                 write_checkpoint(family, config, folder)
             except Exception as e:  # noqa: BLE001  (no checkpoint, no row of this shape: each says why)
-                rows += [{"shape": family, "length": length, "error": f"writing the checkpoint: {type(e).__name__}: "
-                                                                      f"{str(e)[:400]}"} for length in lengths]
+                rows += [
+                    {
+                        "shape": family,
+                        "length": length,
+                        "error": f"writing the checkpoint: {type(e).__name__}: {str(e)[:400]}",
+                    }
+                    for length in lengths
+                ]
                 continue
             for length in lengths:
                 row = {"shape": family, "length": length, "dtype": "bfloat16"}
@@ -150,13 +187,15 @@ def run(small: bool, deadline: float, rate: dict, save=lambda rows: None) -> lis
                 for side, measure in (("docbeam", docbeam_side), ("sentence_transformers", sentence_transformers_side)):
                     try:
                         row[side] = measure(folder, ids)
-                        row[side]["share_of_matmul_rate"] = (row[side]["tokens_per_s"] * row["flops_per_token"]
-                                                             / rate["flops_per_s"])
+                        row[side]["share_of_matmul_rate"] = (
+                            row[side]["tokens_per_s"] * row["flops_per_token"] / rate["flops_per_s"]
+                        )
                     except Exception as e:  # noqa: BLE001  (a side that fails is a finding; the other still runs)
                         row[side] = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
                 if "tokens_per_s" in row["docbeam"] and "tokens_per_s" in row["sentence_transformers"]:
-                    row["docbeam_over_sentence_transformers"] = (row["docbeam"]["tokens_per_s"]
-                                                                 / row["sentence_transformers"]["tokens_per_s"])
+                    row["docbeam_over_sentence_transformers"] = (
+                        row["docbeam"]["tokens_per_s"] / row["sentence_transformers"]["tokens_per_s"]
+                    )
                 rows.append(row)
                 save(rows)
     return rows

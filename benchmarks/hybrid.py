@@ -13,6 +13,7 @@ bge-m3's sparse_linear (384 → 1) beside that projection. Bytes per document: t
 (dense float32; sparse 8 bytes a term, int32 index plus float32 value; multi-vector width × float32 a token)
 and the run's Parquet files on disk divided by its documents.
 """
+
 from __future__ import annotations
 
 import glob
@@ -90,8 +91,14 @@ def m3_from_backbone(folder: str) -> str:
 def run_once(model: str, input_path: str, output: str, **model_settings) -> dict:
     from docbeam.pipeline.driver.job import run
 
-    sets = [f"model.path={model}", f"input.path={input_path}", f"output.path={output}", "model.max_seq_len=256",
-            "tokenize.long_documents=truncate", "runner.progress_seconds=0"]
+    sets = [
+        f"model.path={model}",
+        f"input.path={input_path}",
+        f"output.path={output}",
+        "model.max_seq_len=256",
+        "tokenize.long_documents=truncate",
+        "runner.progress_seconds=0",
+    ]
     return run(common.LOCAL_CONFIG, overrides=sets + [f"model.{k}={v}" for k, v in model_settings.items()])
 
 
@@ -102,8 +109,12 @@ def bytes_per_document(summary: dict, output: str) -> dict:
     files = glob.glob(os.path.join(output, "embeddings", "*.parquet"))
     sizes = summary.get("representations") or {}
     written = {name: figures["bytes_per_document"] for name, figures in sizes.items()}
-    return {**written, "as_written": round(sum(written.values()), 1),
-            "parquet": round(sum(map(os.path.getsize, files)) / docs, 1), "representations": sizes}
+    return {
+        **written,
+        "as_written": round(sum(written.values()), 1),
+        "parquet": round(sum(map(os.path.getsize, files)) / docs, 1),
+        "representations": sizes,
+    }
 
 
 def main(argv=None) -> int:
@@ -121,31 +132,69 @@ def main(argv=None) -> int:
     corpus = common.write_subset(docs, work)
     splade = splade_from_backbone(os.path.join(work, "splade"), [d.text for d in docs])
     m3 = m3_from_backbone(os.path.join(work, "m3"))
-    runs = {"dense (embedding)": (common.DEFAULT_MODEL, {}, "embedding"),
-            "SPLADE (sparse)": (splade, {"head": "sparse"}, "sparse"),
-            "ColBERT (multi_vector)": (m3, {"head": "multi_vector"}, "multi_vector")}
+    runs = {
+        "dense (embedding)": (common.DEFAULT_MODEL, {}, "embedding"),
+        "SPLADE (sparse)": (splade, {"head": "sparse"}, "sparse"),
+        "ColBERT (multi_vector)": (m3, {"head": "multi_vector"}, "multi_vector"),
+    }
     if not args.without_m3:
         runs["bge-m3: dense + sparse + ColBERT"] = (m3, {"head": "bge_m3"}, "bge_m3")
-    for name, (model, settings, _) in runs.items():  # warm: compilations cached, encoder loaded once per spec
+    for model, settings, _ in runs.values():  # warm: compilations cached, encoder loaded once per spec
         run_once(model, corpus, os.path.join(work, "warm"), **settings)
     measured = {name: [] for name in runs}
     for repeat in range(args.repeats):
         for name, (model, settings, head) in runs.items():
             output = os.path.join(work, f"{repeat}-{head}")
             s = run_once(model, corpus, output, **settings)
-            measured[name].append({**{k: s[k] for k in ("docs_per_second", "tokens_per_second", "real_tokens",
-                                                        "docs_embedded", "wall_seconds")},
-                                   "bytes_per_document": bytes_per_document(s, output)})
+            measured[name].append(
+                {
+                    **{
+                        k: s[k]
+                        for k in (
+                            "docs_per_second",
+                            "tokens_per_second",
+                            "real_tokens",
+                            "docs_embedded",
+                            "wall_seconds",
+                        )
+                    },
+                    "bytes_per_document": bytes_per_document(s, output),
+                }
+            )
     best = {name: max(rows, key=lambda r: r["docs_per_second"]) for name, rows in measured.items()}
     base = best["dense (embedding)"]
-    rows = [[name, r["docs_embedded"], r["real_tokens"], r["docs_per_second"], r["tokens_per_second"],
-             common.ratio(r["tokens_per_second"], base["tokens_per_second"]),
-             r["bytes_per_document"]["as_written"], r["bytes_per_document"]["parquet"]] for name, r in best.items()]
-    print(common.table(["run", "documents", "tokens", "docs/s", "tokens/s", "tokens/s ÷ dense",
-                        "bytes/doc as written", "bytes/doc Parquet"], rows))
+    rows = [
+        [
+            name,
+            r["docs_embedded"],
+            r["real_tokens"],
+            r["docs_per_second"],
+            r["tokens_per_second"],
+            common.ratio(r["tokens_per_second"], base["tokens_per_second"]),
+            r["bytes_per_document"]["as_written"],
+            r["bytes_per_document"]["parquet"],
+        ]
+        for name, r in best.items()
+    ]
+    print(
+        common.table(
+            [
+                "run",
+                "documents",
+                "tokens",
+                "docs/s",
+                "tokens/s",
+                "tokens/s ÷ dense",
+                "bytes/doc as written",
+                "bytes/doc Parquet",
+            ],
+            rows,
+        )
+    )
     shutil.rmtree(work, ignore_errors=True)
-    common.write_results(args, "hybrid", {"machine": info, "docs": args.docs, "repeats": args.repeats,
-                                          "best": best, "runs": measured})
+    common.write_results(
+        args, "hybrid", {"machine": info, "docs": args.docs, "repeats": args.repeats, "best": best, "runs": measured}
+    )
     return 0
 
 

@@ -13,6 +13,7 @@ minus its RSS once the inputs exist (compilation included), and XLA's own count 
 compiled layer allocates (``memory_analysis().temp_size_in_bytes``: the scores, for native). A case whose native scores would not fit the cap is skipped with the
 reason. Lengths run in increasing order, so the largest, slowest points come last.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,17 +53,30 @@ class Shape:
 
 
 SHAPES = {  # ModernBERT-base: every 3rd of 22 layers global; EmbeddingGemma-300m: every 6th of 24
-    "modernbert-base": Shape("ModernBERT-base", 12, 12, 64, {"global": 8, "local": 14}, (64, 64),
-                             (2048, 8192, 16384), "long_context"),
-    "embeddinggemma-300m": Shape("EmbeddingGemma-300m", 3, 1, 256, {"global": 4, "local": 20}, (256, 256),
-                                 (2048, 8192), "long_context_embeddinggemma")}
+    "modernbert-base": Shape(
+        "ModernBERT-base", 12, 12, 64, {"global": 8, "local": 14}, (64, 64), (2048, 8192, 16384), "long_context"
+    ),
+    "embeddinggemma-300m": Shape(
+        "EmbeddingGemma-300m",
+        3,
+        1,
+        256,
+        {"global": 4, "local": 20},
+        (256, 256),
+        (2048, 8192),
+        "long_context_embeddinggemma",
+    ),
+}
 
 
 def case_parser(doc: str, default_lengths, quick_lengths, timeout: float):
     """The options of a benchmark that runs one capped child process per (backend, length) case."""
     p = common.parser(doc)
-    p.add_argument("--lengths", help=f"comma-separated (default {','.join(map(str, default_lengths))}; "
-                                     f"--quick {','.join(map(str, quick_lengths))})")
+    p.add_argument(
+        "--lengths",
+        help=f"comma-separated (default {','.join(map(str, default_lengths))}; "
+        f"--quick {','.join(map(str, quick_lengths))})",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed calls, best kept")
     p.add_argument("--time-per-case", type=float, default=20.0, help="stop timing a case after this many seconds")
     p.add_argument("--mem-cap-gb", type=float, default=16.0, help="address-space cap per case (default %(default)s)")
@@ -77,26 +91,31 @@ def lengths_of(args, default_lengths, quick_lengths) -> tuple[int, ...]:
     return tuple(quick_lengths if args.quick else default_lengths)
 
 
-def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: float,
-             shape: str = "modernbert-base") -> dict:
+def run_case(
+    backend: str, length: int, kind: str, repeats: int, time_per_case: float, shape: str = "modernbert-base"
+) -> dict:
     """In the child: compile and call one layer's attention; best time of the timed calls, peak RSS growth."""
     import jax
     import jax.numpy as jnp
     import numpy as np
 
     from docbeam import attention
+
     s = SHAPES[shape]
     rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, s.head_dim), np.float32))
-               for heads in (s.heads, s.kv_heads, s.kv_heads))
+    q, k, v = (
+        jnp.asarray(rng.standard_normal((1, length, heads, s.head_dim), np.float32))
+        for heads in (s.heads, s.kv_heads, s.kv_heads)
+    )
     lengths = jnp.asarray([length], jnp.int32)
     chosen = attention.get(backend)
     window = s.local_window(kind)
-    case = attention.AttentionCase(jax.default_backend(), "float32", length, s.heads, s.head_dim, local_window=window,
-                                   num_kv_heads=s.kv_heads)
+    case = attention.AttentionCase(
+        jax.default_backend(), "float32", length, s.heads, s.head_dim, local_window=window, num_kv_heads=s.kv_heads
+    )
     kernel = chosen.supports(case, chosen.parse_options(None)).kernel
     fn = chosen.bind()
-    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=s.head_dim ** -0.5, local_window=window))
+    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=s.head_dim**-0.5, local_window=window))
     baseline_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     attend = attend.lower(q, k, v).compile()
@@ -111,11 +130,20 @@ def run_case(backend: str, length: int, kind: str, repeats: int, time_per_case: 
         attend(q, k, v).block_until_ready()
         times.append(time.perf_counter() - start)
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {"backend": backend, "length": length, "kind": kind, "status": "ok", "kernel": kernel,
-            "seconds": round(min(times), 4), "calls": len(times), "compile_s": round(compile_s, 2),
-            "first_call_s": round(first_s, 2), "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
-            "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / GB, 4),
-            "finite": bool(np.isfinite(np.asarray(out)).all())}
+    return {
+        "backend": backend,
+        "length": length,
+        "kind": kind,
+        "status": "ok",
+        "kernel": kernel,
+        "seconds": round(min(times), 4),
+        "calls": len(times),
+        "compile_s": round(compile_s, 2),
+        "first_call_s": round(first_s, 2),
+        "memory_gb": round((peak_kb - baseline_kb) / 2**20, 4),
+        "xla_temp_gb": None if temp_bytes is None else round(temp_bytes / GB, 4),
+        "finite": bool(np.isfinite(np.asarray(out)).all()),
+    }
 
 
 def native_scores_gb(length: int, shape: str = "modernbert-base") -> float:
@@ -127,15 +155,19 @@ def native_scores_gb(length: int, shape: str = "modernbert-base") -> float:
 def spawn(case: dict, cap_gb: float, timeout: float, script: str = __file__, native_gb=native_scores_gb) -> dict:
     """One case in a child process of ``script`` under an address-space cap; native is skipped, with the reason,
     where its scores (``native_gb(length)``) would not fit."""
+
     def limit():
         cap = int(cap_gb * GB)
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
 
     label = {key: case[key] for key in ("backend", "length", "kind") if key in case}
     if case["backend"] == "native" and native_gb(case["length"]) > 0.8 * cap_gb:
-        return {**label, "status": f"skipped: native's scores need ~{native_gb(case['length']):.1f} GB, over "
-                                   f"80% of the {cap_gb:g} GB cap on this {common.machine(False)['memory_gib']} GiB "
-                                   "machine shared with other jobs"}
+        return {
+            **label,
+            "status": f"skipped: native's scores need ~{native_gb(case['length']):.1f} GB, over "
+            f"80% of the {cap_gb:g} GB cap on this {common.machine(False)['memory_gib']} GiB "
+            "machine shared with other jobs",
+        }
     cmd = [sys.executable, script, "--child", json.dumps(case)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
@@ -159,15 +191,22 @@ def model_totals(results: list[dict], backends, lengths, layer_counts: dict) -> 
             if not all(kinds):
                 totals.append({"backend": backend, "length": length, "status": "incomplete"})
                 continue
-            totals.append({"backend": backend, "length": length, "status": "ok",
-                           "model_seconds": round(sum(layer_counts[r["kind"]] * r["seconds"] for r in kinds), 3),
-                           "memory_gb": max(r["memory_gb"] for r in kinds),
-                           "xla_temp_gb": max((r["xla_temp_gb"] or 0) for r in kinds)})
+            totals.append(
+                {
+                    "backend": backend,
+                    "length": length,
+                    "status": "ok",
+                    "model_seconds": round(sum(layer_counts[r["kind"]] * r["seconds"] for r in kinds), 3),
+                    "memory_gb": max(r["memory_gb"] for r in kinds),
+                    "xla_temp_gb": max((r["xla_temp_gb"] or 0) for r in kinds),
+                }
+            )
     return totals
 
 
 def ratios(results: list[dict], totals: list[dict], lengths) -> list[dict]:
     """native ÷ each other backend: time and memory per kind of layer and for the model."""
+
     def find(rows, **keys):
         return next((r for r in rows if r["status"] == "ok" and all(r[k] == v for k, v in keys.items())), None)
 
@@ -176,13 +215,20 @@ def ratios(results: list[dict], totals: list[dict], lengths) -> list[dict]:
         for backend in sorted({r["backend"] for r in results} - {"native"}):
             row = {"backend": backend, "length": length}
             for kind in KINDS:
-                mine, native = find(results, backend=backend, length=length, kind=kind), find(
-                    results, backend="native", length=length, kind=kind)
+                mine, native = (
+                    find(results, backend=backend, length=length, kind=kind),
+                    find(results, backend="native", length=length, kind=kind),
+                )
                 row[f"{kind}_speedup"] = round(native["seconds"] / mine["seconds"], 2) if mine and native else None
-                row[f"{kind}_memory_ratio"] = (round(mine["memory_gb"] / native["memory_gb"], 4)
-                                               if mine and native and native["memory_gb"] else None)
+                row[f"{kind}_memory_ratio"] = (
+                    round(mine["memory_gb"] / native["memory_gb"], 4)
+                    if mine and native and native["memory_gb"]
+                    else None
+                )
             mine, native = find(totals, backend=backend, length=length), find(totals, backend="native", length=length)
-            row["model_speedup"] = round(native["model_seconds"] / mine["model_seconds"], 2) if mine and native else None
+            row["model_speedup"] = (
+                round(native["model_seconds"] / mine["model_seconds"], 2) if mine and native else None
+            )
             out.append(row)
     return out
 
@@ -192,16 +238,31 @@ def target_verdict(results: list[dict], speedups: list[dict], length: int = 8192
     speed at ``length`` tokens, with flat memory (chunked's local-layer memory per length beside native's)."""
     row = next((r for r in speedups if r["backend"] == "chunked" and r["length"] == length), None)
     speedup = row and row["model_speedup"]
-    memory = {backend: {r["length"]: r["memory_gb"] for r in results
-                        if r["backend"] == backend and r["kind"] == "local" and r["status"] == "ok"}
-              for backend in ("chunked", "native")}
+    memory = {
+        backend: {
+            r["length"]: r["memory_gb"]
+            for r in results
+            if r["backend"] == backend and r["kind"] == "local" and r["status"] == "ok"
+        }
+        for backend in ("chunked", "native")
+    }
     verdict = "not measured" if speedup is None else ("PASS" if speedup >= wanted else "FAIL")
-    line = (f"target: chunked's model attention >= {wanted:g}x native at {length} tokens: "
-            f"{'—' if speedup is None else f'{speedup:.2f}x'} {verdict}; local-layer peak RSS growth by length, "
-            + "; ".join(f"{backend} " + ", ".join(f"{n}: {gb:.3g} GB" for n, gb in sorted(by_length.items()))
-                        for backend, by_length in memory.items()))
-    return {"speedup": speedup, "wanted": wanted, "length": length, "verdict": verdict,
-            "local_memory_gb": memory, "line": line}
+    line = (
+        f"target: chunked's model attention >= {wanted:g}x native at {length} tokens: "
+        f"{'—' if speedup is None else f'{speedup:.2f}x'} {verdict}; local-layer peak RSS growth by length, "
+        + "; ".join(
+            f"{backend} " + ", ".join(f"{n}: {gb:.3g} GB" for n, gb in sorted(by_length.items()))
+            for backend, by_length in memory.items()
+        )
+    )
+    return {
+        "speedup": speedup,
+        "wanted": wanted,
+        "length": length,
+        "verdict": verdict,
+        "local_memory_gb": memory,
+        "line": line,
+    }
 
 
 def main(argv=None) -> int:
@@ -211,8 +272,12 @@ def main(argv=None) -> int:
         return 0
     p = case_parser(__doc__, SHAPES["modernbert-base"].lengths, QUICK_LENGTHS, timeout=300.0)
     p.add_argument("--backends", default="native,chunked,flash")
-    p.add_argument("--shape", choices=sorted(SHAPES), default="modernbert-base",
-                   help="the model whose attention is measured (default %(default)s; its default --lengths)")
+    p.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        default="modernbert-base",
+        help="the model whose attention is measured (default %(default)s; its default --lengths)",
+    )
     args = p.parse_args(argv)
     shape = SHAPES[args.shape]
     lengths = lengths_of(args, shape.lengths, QUICK_LENGTHS)
@@ -220,46 +285,119 @@ def main(argv=None) -> int:
     info = common.machine(with_jax=False)
     counts = shape.layer_counts
     common.print_machine(f"long context: {shape.name} attention, global and local layers", info)
-    print(f"{shape.heads} query heads over {shape.kv_heads} k/v heads x {shape.head_dim}, float32, batch 1; "
-          f"{sum(counts.values())} layers: {counts['global']} global, {counts['local']} local (window "
-          f"{shape.window}); cap {args.mem_cap_gb:g} GB per case\n", flush=True)
+    print(
+        f"{shape.heads} query heads over {shape.kv_heads} k/v heads x {shape.head_dim}, float32, batch 1; "
+        f"{sum(counts.values())} layers: {counts['global']} global, {counts['local']} local (window "
+        f"{shape.window}); cap {args.mem_cap_gb:g} GB per case\n",
+        flush=True,
+    )
     results = []
     started = time.perf_counter()
     for length in sorted(lengths):
         for backend in backends:
             for kind in KINDS:
-                case = {"backend": backend, "length": length, "kind": kind, "repeats": args.repeats,
-                        "time_per_case": args.time_per_case, "shape": args.shape}
-                results.append(spawn(case, args.mem_cap_gb, args.timeout,
-                                     native_gb=lambda n: native_scores_gb(n, args.shape)))
+                case = {
+                    "backend": backend,
+                    "length": length,
+                    "kind": kind,
+                    "repeats": args.repeats,
+                    "time_per_case": args.time_per_case,
+                    "shape": args.shape,
+                }
+                results.append(
+                    spawn(case, args.mem_cap_gb, args.timeout, native_gb=lambda n: native_scores_gb(n, args.shape))
+                )
                 print(f"  {results[-1]}", flush=True)
     totals = model_totals(results, backends, sorted(lengths), counts)
     speedups = ratios(results, totals, sorted(lengths))
 
     print("\n## One layer's attention\n")
-    print(common.table(["backend", "tokens", "layer", "kernel", "status", "ms", "peak RSS growth GB",
-                        "XLA temp GB"],
-                       [[r["backend"], r["length"], r["kind"], r.get("kernel", "—"), r["status"],
-                         r["seconds"] * 1000 if "seconds" in r else None, r.get("memory_gb"), r.get("xla_temp_gb")]
-                        for r in results]))
+    print(
+        common.table(
+            ["backend", "tokens", "layer", "kernel", "status", "ms", "peak RSS growth GB", "XLA temp GB"],
+            [
+                [
+                    r["backend"],
+                    r["length"],
+                    r["kind"],
+                    r.get("kernel", "—"),
+                    r["status"],
+                    r["seconds"] * 1000 if "seconds" in r else None,
+                    r.get("memory_gb"),
+                    r.get("xla_temp_gb"),
+                ]
+                for r in results
+            ],
+        )
+    )
     print(f"\n## The model's attention ({counts['global']} global + {counts['local']} local layers)\n")
-    print(common.table(["backend", "tokens", "status", "seconds", "peak RSS growth GB", "XLA temp GB"],
-                       [[t["backend"], t["length"], t["status"], t.get("model_seconds"), t.get("memory_gb"),
-                         t.get("xla_temp_gb")] for t in totals]))
+    print(
+        common.table(
+            ["backend", "tokens", "status", "seconds", "peak RSS growth GB", "XLA temp GB"],
+            [
+                [
+                    t["backend"],
+                    t["length"],
+                    t["status"],
+                    t.get("model_seconds"),
+                    t.get("memory_gb"),
+                    t.get("xla_temp_gb"),
+                ]
+                for t in totals
+            ],
+        )
+    )
     print("\n## native ÷ backend\n")
-    print(common.table(["backend", "tokens", "global speed-up", "local speed-up", "model speed-up",
-                        "global memory ÷ native", "local memory ÷ native"],
-                       [[r["backend"], r["length"], r["global_speedup"], r["local_speedup"], r["model_speedup"],
-                         r["global_memory_ratio"], r["local_memory_ratio"]] for r in speedups]))
+    print(
+        common.table(
+            [
+                "backend",
+                "tokens",
+                "global speed-up",
+                "local speed-up",
+                "model speed-up",
+                "global memory ÷ native",
+                "local memory ÷ native",
+            ],
+            [
+                [
+                    r["backend"],
+                    r["length"],
+                    r["global_speedup"],
+                    r["local_speedup"],
+                    r["model_speedup"],
+                    r["global_memory_ratio"],
+                    r["local_memory_ratio"],
+                ]
+                for r in speedups
+            ],
+        )
+    )
     target = target_verdict(results, speedups) if args.shape == "modernbert-base" else None  # issue 18's
     if target:
         print(f"\n{target['line']}")
     print(f"\nbenchmark wall time {time.perf_counter() - started:.0f} s")
-    common.write_results(args, shape.results, {
-        "machine": info, "lengths": list(lengths),
-        "shape": {"name": shape.name, "heads": shape.heads, "kv_heads": shape.kv_heads, "head_dim": shape.head_dim,
-                  "layers": sum(counts.values()), "layer_counts": counts, "window": list(shape.window)},
-        "results": results, "model_totals": totals, "native_over_backend": speedups, "target": target})
+    common.write_results(
+        args,
+        shape.results,
+        {
+            "machine": info,
+            "lengths": list(lengths),
+            "shape": {
+                "name": shape.name,
+                "heads": shape.heads,
+                "kv_heads": shape.kv_heads,
+                "head_dim": shape.head_dim,
+                "layers": sum(counts.values()),
+                "layer_counts": counts,
+                "window": list(shape.window),
+            },
+            "results": results,
+            "model_totals": totals,
+            "native_over_backend": speedups,
+            "target": target,
+        },
+    )
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in results) else 1
 
 

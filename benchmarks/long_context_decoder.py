@@ -16,6 +16,7 @@ One layer is timed per backend and length, each in its own subprocess under an a
 scores would not fit the cap is skipped with the reason. The expensive cases are timed once: a call at 32k
 tokens takes minutes on two CPU cores.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,13 @@ common.bootstrap()
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 16, 8, 128, 28  # Qwen3-0.6B (Qwen3-Embedding-0.6B)
 DEFAULT_LENGTHS, QUICK_LENGTHS = (4096, 16384, 32768), (512, 1024)
-VARIANTS = {"native": ("native", None), "chunked": ("chunked", None),
-            "chunked-noskip": ("chunked", {"skip_causal_blocks": False}),
-            "chunked-1024": ("chunked", {"query_chunk": 1024, "key_chunk": 1024}), "flash": ("flash", None)}
+VARIANTS = {
+    "native": ("native", None),
+    "chunked": ("chunked", None),
+    "chunked-noskip": ("chunked", {"skip_causal_blocks": False}),
+    "chunked-1024": ("chunked", {"query_chunk": 1024, "key_chunk": 1024}),
+    "flash": ("flash", None),
+}
 GB = 2**30
 
 
@@ -43,6 +48,7 @@ def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> d
     import numpy as np
 
     from docbeam import attention
+
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32))
     k, v = (jnp.asarray(rng.standard_normal((1, length, KV_HEADS, HEAD_DIM), np.float32)) for _ in range(2))
@@ -50,15 +56,21 @@ def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> d
     name, raw_options = VARIANTS[backend]
     chosen = attention.get(name)
     options = chosen.parse_options(raw_options)
-    case = attention.AttentionCase(jax.default_backend(), "float32", length, HEADS, HEAD_DIM, causal=True,
-                                   num_kv_heads=KV_HEADS)
+    case = attention.AttentionCase(
+        jax.default_backend(), "float32", length, HEADS, HEAD_DIM, causal=True, num_kv_heads=KV_HEADS
+    )
     support = chosen.supports(case, options)
     if not support.ok:
         return {"backend": backend, "length": length, "status": f"refused: {support.reason}"}
     fn = chosen.bind(options)
-    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=HEAD_DIM ** -0.5, causal=True))
-    return {"backend": backend, "length": length, "status": "ok", "kernel": support.kernel,
-            **common.time_compiled(attend, (q, k, v), repeats, time_per_case)}
+    attend = jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=lengths, scale=HEAD_DIM**-0.5, causal=True))
+    return {
+        "backend": backend,
+        "length": length,
+        "status": "ok",
+        "kernel": support.kernel,
+        **common.time_compiled(attend, (q, k, v), repeats, time_per_case),
+    }
 
 
 def native_scores_gb(length: int) -> float:
@@ -78,8 +90,11 @@ def ratios(results: list[dict], lengths) -> list[dict]:
     rows = []
     for length in lengths:
         native, chunked = ok.get(("native", length)), ok.get(("chunked", length))
-        row = {"length": length, "skipping_speedup": ratio(ok.get(("chunked-noskip", length)), chunked, "seconds"),
-               "coarse_over_chunked": ratio(ok.get(("chunked-1024", length)), chunked, "seconds")}
+        row = {
+            "length": length,
+            "skipping_speedup": ratio(ok.get(("chunked-noskip", length)), chunked, "seconds"),
+            "coarse_over_chunked": ratio(ok.get(("chunked-1024", length)), chunked, "seconds"),
+        }
         for backend in ("chunked", "chunked-noskip", "chunked-1024", "flash"):
             row[f"native_over_{backend}"] = ratio(native, ok.get((backend, length)), "seconds")
             row[f"{backend}_memory_over_native"] = ratio(ok.get((backend, length)), native, "memory_gb")
@@ -92,8 +107,11 @@ def target_verdict(rows: list[dict], wanted: float = 1.7) -> dict:
     of 4k tokens or more."""
     measured = {r["length"]: r["skipping_speedup"] for r in rows if r["length"] >= 4096 and r["skipping_speedup"]}
     verdict = "not measured" if not measured else ("PASS" if min(measured.values()) >= wanted else "FAIL")
-    line = (f"target: chunked with causal block skipping >= {wanted:g}x chunked without it: "
-            + (", ".join(f"{n}: {s:.2f}x" for n, s in sorted(measured.items())) or "—") + f" {verdict}")
+    line = (
+        f"target: chunked with causal block skipping >= {wanted:g}x chunked without it: "
+        + (", ".join(f"{n}: {s:.2f}x" for n, s in sorted(measured.items())) or "—")
+        + f" {verdict}"
+    )
     return {"wanted": wanted, "speedups": measured, "verdict": verdict, "line": line}
 
 
@@ -111,33 +129,76 @@ def main(argv=None) -> int:
         p.error(f"--backends: unknown {unknown}; choose from {sorted(VARIANTS)}")
     info = common.machine(with_jax=False)
     common.print_machine("long context: Qwen3-0.6B attention, causal and grouped", info)
-    print(f"{HEADS} query heads over {KV_HEADS} k/v heads x {HEAD_DIM}, float32, batch 1, {LAYERS} causal layers; "
-          f"cap {args.mem_cap_gb:g} GB per case\n", flush=True)
+    print(
+        f"{HEADS} query heads over {KV_HEADS} k/v heads x {HEAD_DIM}, float32, batch 1, {LAYERS} causal layers; "
+        f"cap {args.mem_cap_gb:g} GB per case\n",
+        flush=True,
+    )
     results, started = [], time.perf_counter()
     for length in lengths:
         for backend in backends:
-            case = {"backend": backend, "length": length, "repeats": args.repeats,
-                    "time_per_case": args.time_per_case}
-            results.append(long_context.spawn(case, args.mem_cap_gb, args.timeout, script=__file__,
-                                              native_gb=native_scores_gb))
+            case = {"backend": backend, "length": length, "repeats": args.repeats, "time_per_case": args.time_per_case}
+            results.append(
+                long_context.spawn(case, args.mem_cap_gb, args.timeout, script=__file__, native_gb=native_scores_gb)
+            )
             print(f"  {results[-1]}", flush=True)
     rows = ratios(results, lengths)
     print(f"\n## The model's attention ({LAYERS} causal layers of 16 query heads over 8 k/v heads)\n")
-    print(common.table(["backend", "tokens", "kernel", "status", "seconds", "peak RSS growth GB", "XLA temp GB"],
-                       [[r["backend"], r["length"], r.get("kernel", "—"), r["status"],
-                         LAYERS * r["seconds"] if "seconds" in r else None, r.get("memory_gb"), r.get("xla_temp_gb")]
-                        for r in results]))
+    print(
+        common.table(
+            ["backend", "tokens", "kernel", "status", "seconds", "peak RSS growth GB", "XLA temp GB"],
+            [
+                [
+                    r["backend"],
+                    r["length"],
+                    r.get("kernel", "—"),
+                    r["status"],
+                    LAYERS * r["seconds"] if "seconds" in r else None,
+                    r.get("memory_gb"),
+                    r.get("xla_temp_gb"),
+                ]
+                for r in results
+            ],
+        )
+    )
     print("\n## Ratios\n")
-    print(common.table(["tokens", "skipping speed-up", "chunked-1024 ÷ chunked", "native ÷ chunked",
-                        "native ÷ flash", "chunked memory ÷ native"],
-                       [[r["length"], r["skipping_speedup"], r["coarse_over_chunked"], r["native_over_chunked"],
-                         r["native_over_flash"], r["chunked_memory_over_native"]] for r in rows]))
+    print(
+        common.table(
+            [
+                "tokens",
+                "skipping speed-up",
+                "chunked-1024 ÷ chunked",
+                "native ÷ chunked",
+                "native ÷ flash",
+                "chunked memory ÷ native",
+            ],
+            [
+                [
+                    r["length"],
+                    r["skipping_speedup"],
+                    r["coarse_over_chunked"],
+                    r["native_over_chunked"],
+                    r["native_over_flash"],
+                    r["chunked_memory_over_native"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     target = target_verdict(rows)
     print(f"\n{target['line']}\nbenchmark wall time {time.perf_counter() - started:.0f} s")
-    common.write_results(args, "long_context_decoder", {
-        "machine": info, "lengths": list(lengths), "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
-                                                        "layers": LAYERS, "causal": True},
-        "results": results, "ratios": rows, "target": target})
+    common.write_results(
+        args,
+        "long_context_decoder",
+        {
+            "machine": info,
+            "lengths": list(lengths),
+            "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "layers": LAYERS, "causal": True},
+            "results": results,
+            "ratios": rows,
+            "target": target,
+        },
+    )
     return 0 if all(r["status"] == "ok" or r["status"].startswith("skipped") for r in results) else 1
 
 

@@ -12,6 +12,7 @@ mean-pooled in numpy, with as many intra-op threads as this process may use. Eve
 then timed passes take turns (best of each kept), so the shared machine's drift moves all alike. Vectors:
 each document's first window (``--long-documents truncate``), so every side embeds the same token sequences.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,13 +51,17 @@ def parse_args(argv=None):
 
 
 def windows_and_batches(args, docs, folder, settings, packing: bool, buckets: tuple[int, ...] | None = None):
-    from docbeam.models.checkpoint import load_tokenizer
     from docbeam.config import BatchingConfig, TokenizeConfig
+    from docbeam.models.checkpoint import load_tokenizer
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.pipeline.stages.tokenize import windows_for
 
-    windows = windows_for(docs, load_tokenizer(folder), window_len=settings.max_seq_len,
-                          config=TokenizeConfig(long_documents="truncate", stride=args.stride))
+    windows = windows_for(
+        docs,
+        load_tokenizer(folder),
+        window_len=settings.max_seq_len,
+        config=TokenizeConfig(long_documents="truncate", stride=args.stride),
+    )
     batching = BatchingConfig(buckets=buckets or args.buckets, tokens_per_batch=args.tokens_per_batch, packing=packing)
     return batch_windows(windows, batching)
 
@@ -80,9 +85,17 @@ def timed_passes(args, batches, encode_batch, facts: dict):
         passes.append(time.perf_counter() - t0)
         yield
     real = sum(b.real_tokens for b in batches)
-    return {**facts, "real_tokens": real, "padded_tokens": sum(int(b.ids_BxT.size) for b in batches),
-            "batches": len(batches), "warmup_s": warmup_s, "passes_s": passes, "best_s": min(passes),
-            "tokens_per_s": real / min(passes), "vectors": vectors}
+    return {
+        **facts,
+        "real_tokens": real,
+        "padded_tokens": sum(int(b.ids_BxT.size) for b in batches),
+        "batches": len(batches),
+        "warmup_s": warmup_s,
+        "passes_s": passes,
+        "best_s": min(passes),
+        "tokens_per_s": real / min(passes),
+        "vectors": vectors,
+    }
 
 
 def docbeam_side(args, docs, folder, settings, dtype: str):
@@ -95,9 +108,16 @@ def docbeam_side(args, docs, folder, settings, dtype: str):
     packing = attention.get("native").segments if packing == "auto" else packing
     batches = windows_and_batches(args, docs, folder, settings, packing)
     t0 = time.perf_counter()
-    runtime = load_encoder(standalone_spec(
-        model_path=args.model, dtype=dtype, pooling=settings.pooling, buckets=args.buckets, packing=packing,
-        attention=AttentionSpec(backend="native", options=attention.get("native").parse_options({}))))
+    runtime = load_encoder(
+        standalone_spec(
+            model_path=args.model,
+            dtype=dtype,
+            pooling=settings.pooling,
+            buckets=args.buckets,
+            packing=packing,
+            attention=AttentionSpec(backend="native", options=attention.get("native").parse_options({})),
+        )
+    )
     facts = {"side": f"docbeam {dtype}", "load_s": time.perf_counter() - t0, "packing": packing}
     return (yield from timed_passes(args, batches, lambda batch: runtime.encode(batch)[0], facts))
 
@@ -125,9 +145,16 @@ def onnx_models(model: str, folder: str) -> dict[str, str]:
 
         ids = torch.ones((2, 16), dtype=torch.long)
         axes = {0: "batch", 1: "tokens"}
-        torch.onnx.export(Hidden(), (ids, ids), paths["float32"], input_names=["input_ids", "attention_mask"],
-                          output_names=["hidden"], opset_version=17, dynamo=False,
-                          dynamic_axes={"input_ids": axes, "attention_mask": axes, "hidden": axes})
+        torch.onnx.export(
+            Hidden(),
+            (ids, ids),
+            paths["float32"],
+            input_names=["input_ids", "attention_mask"],
+            output_names=["hidden"],
+            opset_version=17,
+            dynamo=False,
+            dynamic_axes={"input_ids": axes, "attention_mask": axes, "hidden": axes},
+        )
     if not os.path.exists(paths["int8"]):
         quantize_dynamic(paths["float32"], paths["int8"], weight_type=QuantType.QInt8, per_channel=True)
     return paths
@@ -138,14 +165,20 @@ def onnx_side(args, docs, folder, settings, which: str, path: str):
     import onnxruntime as ort
 
     # Every multiple of 16 up to the window: ONNX Runtime compiles nothing per shape, so it pads the least.
-    batches = windows_and_batches(args, docs, folder, settings, packing=False,
-                                  buckets=tuple(range(16, settings.max_seq_len + 1, 16)))
+    batches = windows_and_batches(
+        args, docs, folder, settings, packing=False, buckets=tuple(range(16, settings.max_seq_len + 1, 16))
+    )
     options = ort.SessionOptions()
     options.intra_op_num_threads = args.ort_threads
     t0 = time.perf_counter()
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    facts = {"side": f"onnxruntime {which}", "load_s": time.perf_counter() - t0, "packing": False,
-             "onnxruntime": ort.__version__, "threads": args.ort_threads}
+    facts = {
+        "side": f"onnxruntime {which}",
+        "load_s": time.perf_counter() - t0,
+        "packing": False,
+        "onnxruntime": ort.__version__,
+        "threads": args.ort_threads,
+    }
 
     def encode(batch):
         mask_BxT = (np.arange(batch.ids_BxT.shape[1])[None, :] < batch.lengths_B[:, None]).astype(np.int64)
@@ -174,14 +207,25 @@ def matmul_rates(repeats: int, rows: int = 4096, d_in: int = 384, d_out: int = 1
     ways = {
         "float32 dot": (lambda a, b: a @ b, x, jnp.asarray(w)),
         "bfloat16 everywhere (before: XLA:CPU upcasts a bf16-result dot)": (
-            lambda a, b: (a.astype(jnp.bfloat16) @ b).astype(jnp.float32), x, w_bf16),
+            lambda a, b: (a.astype(jnp.bfloat16) @ b).astype(jnp.float32),
+            x,
+            w_bf16,
+        ),
         "bfloat16 inputs, float32 accumulation (model.dtype: bfloat16)": (
-            lambda a, b: jax.lax.dot_general(a.astype(jnp.bfloat16), b, contract,
-                                             preferred_element_type=jnp.float32), x, w_bf16),
+            lambda a, b: jax.lax.dot_general(a.astype(jnp.bfloat16), b, contract, preferred_element_type=jnp.float32),
+            x,
+            w_bf16,
+        ),
         "int8 dot alone (inputs already int8)": (
-            lambda a, b: jax.lax.dot_general(a, b, contract, preferred_element_type=jnp.int32), qx, jnp.asarray(q)),
+            lambda a, b: jax.lax.dot_general(a, b, contract, preferred_element_type=jnp.int32),
+            qx,
+            jnp.asarray(q),
+        ),
         "int8 with per-token quantisation and rescale (model.dtype: int8)": (
-            lambda a, b: precision.int8_matmul(a, b, jnp.asarray(scale)), x, jnp.asarray(q)),
+            lambda a, b: precision.int8_matmul(a, b, jnp.asarray(scale)),
+            x,
+            jnp.asarray(q),
+        ),
     }
     rows_out = []
     for name, (fn, a, b) in ways.items():
@@ -208,9 +252,12 @@ def main(argv=None) -> int:
     checkpoint = open_checkpoint(args.model)
     folder, settings = checkpoint.folder, checkpoint.settings
     source, docs = common.corpus_documents(args, folder)
-    print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, window {settings.max_seq_len} "
-          f"(first window of each), buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, "
-          f"best of {args.repeats}\n", flush=True)
+    print(
+        f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, window {settings.max_seq_len} "
+        f"(first window of each), buckets {list(args.buckets)}, tokens_per_batch {args.tokens_per_batch}, "
+        f"best of {args.repeats}\n",
+        flush=True,
+    )
     sides = [docbeam_side(args, docs, folder, settings, dtype) for dtype in args.precisions]
     if not args.skip_onnx:
         t0 = time.perf_counter()
@@ -233,22 +280,61 @@ def main(argv=None) -> int:
         if reference is not None and r["side"] != reference_name and len(ids) > precision_gate.K:
             gate = precision_gate.measure(r["side"], stacked[r["side"]], reference)
             r["gate"] = {**gate.__dict__, "passed": gate.passed, "failures": gate.failures}
-        rows.append([r["side"], r["real_tokens"], r["padded_tokens"], r["load_s"], r["warmup_s"], r["best_s"],
-                     r["tokens_per_s"], common.ratio(r["tokens_per_s"], base),
-                     None if gate is None else gate.lowest_cosine, None if gate is None else gate.mean_cosine,
-                     None if gate is None else gate.recall_at_10,
-                     None if gate is None else ("pass" if gate.passed else "FAIL: " + "; ".join(gate.failures))])
+        rows.append(
+            [
+                r["side"],
+                r["real_tokens"],
+                r["padded_tokens"],
+                r["load_s"],
+                r["warmup_s"],
+                r["best_s"],
+                r["tokens_per_s"],
+                common.ratio(r["tokens_per_s"], base),
+                None if gate is None else gate.lowest_cosine,
+                None if gate is None else gate.mean_cosine,
+                None if gate is None else gate.recall_at_10,
+                None if gate is None else ("pass" if gate.passed else "FAIL: " + "; ".join(gate.failures)),
+            ]
+        )
     print("## Encoder alone, steady state, by precision\n")
-    print(common.table(["encoder", "real tokens", "padded tokens", "load s", "warm-up s", f"best of {args.repeats} s",
-                        "tokens/s", "÷ docbeam float32", "lowest cosine", "mean cosine", "recall@10", "gate"], rows))
-    print(f"\ngate (models/precision_gate.py): recall@10 ≥ {precision_gate.GATES['recall@10']}, lowest cosine ≥ "
-          f"{precision_gate.GATES['lowest cosine']}, against docbeam float32 on these {len(ids)} documents")
+    print(
+        common.table(
+            [
+                "encoder",
+                "real tokens",
+                "padded tokens",
+                "load s",
+                "warm-up s",
+                f"best of {args.repeats} s",
+                "tokens/s",
+                "÷ docbeam float32",
+                "lowest cosine",
+                "mean cosine",
+                "recall@10",
+                "gate",
+            ],
+            rows,
+        )
+    )
+    print(
+        f"\ngate (models/precision_gate.py): recall@10 ≥ {precision_gate.GATES['recall@10']}, lowest cosine ≥ "
+        f"{precision_gate.GATES['lowest cosine']}, against docbeam float32 on these {len(ids)} documents"
+    )
     matmuls = matmul_rates(args.repeats)
     print("\n## One projection, 4096×384 by 384×1536, by how it runs\n")
     print(common.table(["how", "best ms", "GFLOP/s (GOP/s for int8)"], matmuls))
-    common.write_results(args, "precision", {
-        "benchmark": "precision", "args": vars(args), "machine": info, "docs": len(docs), "sides": results,
-        "matmuls": matmuls})
+    common.write_results(
+        args,
+        "precision",
+        {
+            "benchmark": "precision",
+            "args": vars(args),
+            "machine": info,
+            "docs": len(docs),
+            "sides": results,
+            "matmuls": matmuls,
+        },
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """Child processes of the benchmarks: timed, watched for memory, their output's tail."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,12 @@ def watched_subprocess(script: str, case: dict, timeout: float, cap_bytes: float
     """``script --case <json>`` in a child whose process tree's RSS is watched: killed over ``cap_bytes`` or
     past ``timeout``; the result is the last stdout line starting with ``prefix``, else why there is none."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, os.path.abspath(script), "--case", json.dumps(case)],
-                                stdout=out, stderr=err, cwd=common.REPO)
+        proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(script), "--case", json.dumps(case)],
+            stdout=out,
+            stderr=err,
+            cwd=common.REPO,
+        )
         started, killed, peak_watch = time.monotonic(), None, 0
         while proc.poll() is None:
             rss = rss_tree(proc.pid)
@@ -47,7 +52,7 @@ def watched_subprocess(script: str, case: dict, timeout: float, cap_bytes: float
         err.seek(0)
         lines = [line for line in out.read().splitlines() if line.startswith(prefix)]
         if lines:
-            result = json.loads(lines[-1][len(prefix):])
+            result = json.loads(lines[-1][len(prefix) :])
         elif killed:
             result = {"status": killed}
         else:

@@ -1,20 +1,27 @@
 """The README performance table's figures from benchmarks/results/precision.json."""
+
 from __future__ import annotations
 
 
 def precision_figure(side: str, field: str):
     """benchmarks/readme.py's figure for one precision of benchmarks/precision.py's results: its speed over float32's
     (``field`` "float32") or ONNX Runtime int8's ("onnx int8"), or its recall@10 ("recall")."""
+
     def figure(r):
         sides = {x["side"]: x for x in r["sides"]}
         this, f32, ort = sides[side], sides["docbeam float32"], sides["onnxruntime int8"]
         if field == "recall":
-            return this["gate"]["recall_at_10"], f"lowest cosine {this['gate']['lowest_cosine']:.5f}, {r['docs']} documents"
+            return this["gate"][
+                "recall_at_10"
+            ], f"lowest cosine {this['gate']['lowest_cosine']:.5f}, {r['docs']} documents"
         base = f32 if field == "float32" else ort
-        return (this["tokens_per_s"] / base["tokens_per_s"],
-                f"{this['tokens_per_s']:,.0f} vs {base['tokens_per_s']:,.0f} tokens/s; float32 {f32['tokens_per_s']:,.0f}, "
-                f"int8 {sides['docbeam int8']['tokens_per_s']:,.0f}, ONNX Runtime float32 "
-                f"{sides['onnxruntime float32']['tokens_per_s']:,.0f} and int8 {ort['tokens_per_s']:,.0f}")
+        return (
+            this["tokens_per_s"] / base["tokens_per_s"],
+            f"{this['tokens_per_s']:,.0f} vs {base['tokens_per_s']:,.0f} tokens/s; float32 {f32['tokens_per_s']:,.0f}, "
+            f"int8 {sides['docbeam int8']['tokens_per_s']:,.0f}, ONNX Runtime float32 "
+            f"{sides['onnxruntime float32']['tokens_per_s']:,.0f} and int8 {ort['tokens_per_s']:,.0f}",
+        )
+
     return figure
 
 
@@ -35,19 +42,28 @@ def precision_table(record: dict, link: str) -> str:
         g = sides[side].get("gate")
         return "reference" if g is None else "passes" if g["passed"] else "**fails** " + "; ".join(g["failures"])
 
-    rows = [("tokens/s", lambda s: f"{sides[s]['tokens_per_s']:,.0f}"),
-            ("÷ docbeam float32", lambda s: f"{sides[s]['tokens_per_s'] / f32:.2f}"),
-            ("÷ ONNX Runtime int8", lambda s: f"{sides[s]['tokens_per_s'] / ort8:.2f}"),
-            ("lowest cosine to docbeam float32", lambda s: gate(s, "lowest_cosine", 5)),
-            ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
-            ("precision gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict)]
+    rows = [
+        ("tokens/s", lambda s: f"{sides[s]['tokens_per_s']:,.0f}"),
+        ("÷ docbeam float32", lambda s: f"{sides[s]['tokens_per_s'] / f32:.2f}"),
+        ("÷ ONNX Runtime int8", lambda s: f"{sides[s]['tokens_per_s'] / ort8:.2f}"),
+        ("lowest cosine to docbeam float32", lambda s: gate(s, "lowest_cosine", 5)),
+        ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
+        ("precision gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict),
+    ]
     names = [c.replace("onnxruntime", "ONNX Runtime") for c in COLUMNS]
-    out = ["Reduced precision on CPU: five encoders of one model in one run, each against docbeam float32's vectors "
-           "(the precision gate that `docbeam run` applies to `model.dtype`):", "",
-           "| encoder (CPU) | " + " | ".join(names) + " |", "|---" * (1 + len(COLUMNS)) + "|"]
+    out = [
+        "Reduced precision on CPU: five encoders of one model in one run, each against docbeam float32's vectors "
+        "(the precision gate that `docbeam run` applies to `model.dtype`):",
+        "",
+        "| encoder (CPU) | " + " | ".join(names) + " |",
+        "|---" * (1 + len(COLUMNS)) + "|",
+    ]
     out += [f"| {what} | " + " | ".join(cell(s) for s in COLUMNS) + " |" for what, cell in rows]
     machine = record.get("machine", {})
     flags = ", ".join(machine.get("cpu_flags") or [])
-    out += ["", f"`{record['command']}` ({machine.get('cpu_model', '?')}, {flags}, {machine.get('cpus_usable', '?')} "
-                f"cores, {str(record.get('date', '?'))[:10]}, {record['docs']:,} held-out documents, {link})"]
+    out += [
+        "",
+        f"`{record['command']}` ({machine.get('cpu_model', '?')}, {flags}, {machine.get('cpus_usable', '?')} "
+        f"cores, {str(record.get('date', '?'))[:10]}, {record['docs']:,} held-out documents, {link})",
+    ]
     return "\n".join(out)

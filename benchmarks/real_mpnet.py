@@ -8,6 +8,7 @@ documents truncated to the model's 384-token window as sentence-transformers tru
 ``SentenceTransformer.encode`` on the same texts, and prints the lowest and mean cosine between the two.
 Not in CI: 400 MB download, about a minute of CPU per 100 documents.
 """
+
 from __future__ import annotations
 
 import glob
@@ -56,9 +57,15 @@ def docbeam_vectors(folder: str, docs, tmp: str) -> tuple[dict, dict]:
     from docbeam.pipeline.driver.run import run_job
 
     out = os.path.join(tmp, "out")
-    overrides = [f"input.path={common.write_subset(docs, tmp)}", f"output.path={out}", f"model.path={folder}",
-                 "batching.buckets=[128,256,384]", "batching.tokens_per_batch=1536",
-                 "tokenize.long_documents=truncate", "runner.progress_seconds=0"]
+    overrides = [
+        f"input.path={common.write_subset(docs, tmp)}",
+        f"output.path={out}",
+        f"model.path={folder}",
+        "batching.buckets=[128,256,384]",
+        "batching.tokens_per_batch=1536",
+        "tokenize.long_documents=truncate",
+        "runner.progress_seconds=0",
+    ]
     summary = run_job(load(common.LOCAL_CONFIG, overrides))
     table = pq.read_table(sorted(glob.glob(f"{out}/embeddings/*.parquet")))
     return {row["id"]: row["embedding"] for row in table.to_pylist()}, {"overrides": overrides, **summary}
@@ -90,19 +97,55 @@ def main(argv=None) -> int:
     cosine = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
     worst = docs[int(cosine.argmin())].id
     config = json.load(open(os.path.join(folder, "config.json")))
-    print(f"\n## all-mpnet-base-v2 (model_type {config['model_type']}, {config['num_hidden_layers']} layers, "
-          f"max_seq_length {model.max_seq_length}) on {len(docs)} sample documents\n")
-    print(common.table(["", "documents", "lowest cosine", "mean cosine", "worst document", "docbeam run s",
-                        "sentence-transformers s"],
-                       [["docbeam vs sentence-transformers", len(docs), f"{cosine.min():.10f}",
-                         f"{cosine.mean():.10f}", worst, round(docbeam_s, 1), round(st_s, 1)]]))
-    print(f"\npacking: {summary.get('packing')}, batches {summary.get('batches')}, "
-          f"attention {summary.get('attention_backends')}")
-    common.write_results(args, "real_mpnet", {
-        "machine": info, "documents": len(docs), "lowest_cosine": float(cosine.min()),
-        "mean_cosine": float(cosine.mean()), "worst_document": worst, "docbeam_run_s": docbeam_s,
-        "sentence_transformers_s": st_s, "docbeam_summary": {k: summary.get(k) for k in (
-            "overrides", "packing", "batches", "attention_backends", "docs_embedded", "real_tokens")}})
+    print(
+        f"\n## all-mpnet-base-v2 (model_type {config['model_type']}, {config['num_hidden_layers']} layers, "
+        f"max_seq_length {model.max_seq_length}) on {len(docs)} sample documents\n"
+    )
+    print(
+        common.table(
+            [
+                "",
+                "documents",
+                "lowest cosine",
+                "mean cosine",
+                "worst document",
+                "docbeam run s",
+                "sentence-transformers s",
+            ],
+            [
+                [
+                    "docbeam vs sentence-transformers",
+                    len(docs),
+                    f"{cosine.min():.10f}",
+                    f"{cosine.mean():.10f}",
+                    worst,
+                    round(docbeam_s, 1),
+                    round(st_s, 1),
+                ]
+            ],
+        )
+    )
+    print(
+        f"\npacking: {summary.get('packing')}, batches {summary.get('batches')}, "
+        f"attention {summary.get('attention_backends')}"
+    )
+    common.write_results(
+        args,
+        "real_mpnet",
+        {
+            "machine": info,
+            "documents": len(docs),
+            "lowest_cosine": float(cosine.min()),
+            "mean_cosine": float(cosine.mean()),
+            "worst_document": worst,
+            "docbeam_run_s": docbeam_s,
+            "sentence_transformers_s": st_s,
+            "docbeam_summary": {
+                k: summary.get(k)
+                for k in ("overrides", "packing", "batches", "attention_backends", "docs_embedded", "real_tokens")
+            },
+        },
+    )
     return 0 if cosine.min() >= 0.99999 else 1
 
 

@@ -5,6 +5,7 @@ precision, vs_mltransform, startup), then prints all their tables together. Exit
 
 Each runs as its own process, so one's memory and compiled functions do not leak into the next.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,8 +17,17 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
 common.bootstrap()
-BENCHMARKS = ("encoder", "attention", "bucketing", "batch_shapes", "compiles", "long_context", "precision",
-              "vs_mltransform", "startup")
+BENCHMARKS = (
+    "encoder",
+    "attention",
+    "bucketing",
+    "batch_shapes",
+    "compiles",
+    "long_context",
+    "precision",
+    "vs_mltransform",
+    "startup",
+)
 
 
 def run(name: str, args) -> tuple[int, str, float]:

@@ -1,5 +1,6 @@
 """How a benchmark runs two sides fairly on a shared machine: their timed passes take turns, and each side
 reports its best run after the first batch; and how close two sides' vectors are."""
+
 from __future__ import annotations
 
 
@@ -9,9 +10,13 @@ def best_after_first_batch(runs: list[dict]) -> dict:
     `docbeam run` does (later runs in this process find it loaded)."""
     best = min(runs, key=lambda run: run["wall_after_first_batch_s"])
     first = runs[0]
-    return {**best, "wall_seconds": first["wall_seconds"], "summary_tokens_per_s": first["summary_tokens_per_s"],
-            "compiles": first["compiles"],
-            "wall_after_first_batch_every_run_s": [round(run["wall_after_first_batch_s"], 3) for run in runs]}
+    return {
+        **best,
+        "wall_seconds": first["wall_seconds"],
+        "summary_tokens_per_s": first["summary_tokens_per_s"],
+        "compiles": first["compiles"],
+        "wall_after_first_batch_every_run_s": [round(run["wall_after_first_batch_s"], 3) for run in runs],
+    }
 
 
 def alternate(*sides) -> list:

@@ -19,6 +19,7 @@ To measure against the code before the breakdown and the cuts:
     git worktree add --detach /tmp/startup-base 5c8f9a2
     python benchmarks/startup.py --baseline-repo /tmp/startup-base
 """
+
 from __future__ import annotations
 
 import datetime
@@ -42,10 +43,19 @@ def parse_args(argv=None):
     p.add_argument("--docs", type=int, help="first N documents of the sample corpus (default: all 400; --quick: 40)")
     p.add_argument("--baseline-repo", help="another checkout (e.g. a git worktree of 5c8f9a2) run the same way")
     p.add_argument("--config", default="configs/local.yaml", help="relative to each checkout (default: %(default)s)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra docbeam --set override for every run (repeatable)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="alternate the cold and warm runs of both sides N times; keep each one's fastest (default 1)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra docbeam --set override for every run (repeatable)",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="alternate the cold and warm runs of both sides N times; keep each one's fastest (default 1)",
+    )
     args = p.parse_args(argv)
     args.docs = args.docs or (40 if args.quick else None)
     return args
@@ -56,8 +66,13 @@ def run_docbeam(repo: str, args, input_path: str | None, cache: str, out: str, l
     overrides = [f"output.path={out}", *([f"input.path={input_path}"] if input_path else []), *args.set]
     command = [sys.executable, "-m", "docbeam", "run", "--config", os.path.join(repo, args.config)]
     command += [a for o in overrides for a in ("--set", o)]
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": repo}
+    env = {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": cache,
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": repo,
+    }
     with open(log_path, "w") as log:
         launched = time.time()
         rc = subprocess.run(command, cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
@@ -80,10 +95,14 @@ def run_docbeam(repo: str, args, input_path: str | None, cache: str, out: str, l
         "batches_that_compiled": sum(bool(t["compiled"]) for t in timing),
         "compile_cache_hits_in_batches": sum(t.get("compile_cache_hits", 0) for t in timing),
         "steady_state_s": round(last_done - first_done, 3),
-        "steady_tokens_per_second": round(steady_tokens / (last_done - first_done), 1) if last_done > first_done
+        "steady_tokens_per_second": round(steady_tokens / (last_done - first_done), 1)
+        if last_done > first_done
         else None,
-        "batches": len(timing), "compiles": summary.get("compiles"), "wall_seconds": summary.get("wall_seconds"),
-        "startup": summary.get("startup"), "stages": summary.get("stages"),
+        "batches": len(timing),
+        "compiles": summary.get("compiles"),
+        "wall_seconds": summary.get("wall_seconds"),
+        "startup": summary.get("startup"),
+        "stages": summary.get("stages"),
     }
 
 
@@ -95,29 +114,39 @@ def fastest(runs: list[dict]) -> dict:
 
 def breakdown_rows(results: dict, columns: list[tuple[str, str]]) -> list[list]:
     """One row per figure, one column per (side, kind)."""
+
     def get(r, *path):
         for key in path:
             r = (r or {}).get(key) if isinstance(r, dict) else None
         return r
 
     cells = {c: results[c[0]][c[1]] for c in columns}
-    rows = [["command → first batch (s)", *[cells[c]["to_first_batch_s"] for c in columns]],
-            ["command → first batch done (s)", *[cells[c]["to_first_batch_done_s"] for c in columns]],
-            ["whole command (s)", *[cells[c]["command_s"] for c in columns]],
-            ["batches that compiled", *[cells[c]["batches_that_compiled"] for c in columns]]]
+    rows = [
+        ["command → first batch (s)", *[cells[c]["to_first_batch_s"] for c in columns]],
+        ["command → first batch done (s)", *[cells[c]["to_first_batch_done_s"] for c in columns]],
+        ["whole command (s)", *[cells[c]["command_s"] for c in columns]],
+        ["batches that compiled", *[cells[c]["batches_that_compiled"] for c in columns]],
+    ]
     for step in ("imports", "plan", "lock_and_checks", "graph"):
         rows.append([f"  driver: {step} (s)", *[get(cells[c], "startup", "steps_s", step) for c in columns]])
     for part in ("checkpoint", "probes"):
         rows.append([f"  encoder: {part} (s)", *[get(cells[c], "startup", "encoder_s", part) for c in columns]])
-    shapes = sorted({k for c in columns for k in (get(cells[c], "startup", "compiles_s") or {})},
-                    key=lambda k: int(k.split("x")[1].split(",")[0]))
+    shapes = sorted(
+        {k for c in columns for k in (get(cells[c], "startup", "compiles_s") or {})},
+        key=lambda k: int(k.split("x")[1].split(",")[0]),
+    )
     for shape in shapes:
         rows.append([f"    compile {shape} (s)", *[get(cells[c], "startup", "compiles_s", shape) for c in columns]])
     rows.append(["steady state after the first batch (s)", *[cells[c]["steady_state_s"] for c in columns]])
     rows.append(["steady tokens/s", *[cells[c]["steady_tokens_per_second"] for c in columns]])
-    stages = sorted({k for c in columns for k in (get(cells[c], "stages", "share_of_wall") or {})},
-                    key=lambda s: ("read", "tokenize", "encode", "pool", "commit", "other").index(s)
-                    if s in ("read", "tokenize", "encode", "pool", "commit", "other") else 99)
+    stages = sorted(
+        {k for c in columns for k in (get(cells[c], "stages", "share_of_wall") or {})},
+        key=lambda s: (
+            ("read", "tokenize", "encode", "pool", "commit", "other").index(s)
+            if s in ("read", "tokenize", "encode", "pool", "commit", "other")
+            else 99
+        ),
+    )
     for stage in stages:
         rows.append([f"share of wall: {stage}", *[get(cells[c], "stages", "share_of_wall", stage) for c in columns]])
     return rows
@@ -141,11 +170,15 @@ def main(argv=None) -> int:
                     cache = os.path.join(tmp, f"jax-cache-{side}-{repeat}")  # fresh for "cold", reused by "warm"
                     out = os.path.join(tmp, f"out-{side}-{kind}-{repeat}")
                     print(f"{side} ({repo}), {kind} cache, run {repeat + 1} of {args.repeats} ...", flush=True)
-                    run = run_docbeam(repo, args, input_path, cache, out,
-                                      os.path.join(tmp, f"{side}-{kind}-{repeat}.log"))
+                    run = run_docbeam(
+                        repo, args, input_path, cache, out, os.path.join(tmp, f"{side}-{kind}-{repeat}.log")
+                    )
                     runs[side][kind].append(run)
-                    print(f"  command → first batch {run['to_first_batch_s']:.1f} s, "
-                          f"whole command {run['command_s']:.1f} s", flush=True)
+                    print(
+                        f"  command → first batch {run['to_first_batch_s']:.1f} s, "
+                        f"whole command {run['command_s']:.1f} s",
+                        flush=True,
+                    )
     results = {side: {kind: fastest(runs[side][kind]) for kind in KINDS} for side in sides}
 
     columns = [(side, kind) for kind in KINDS for side in sides]
@@ -159,12 +192,22 @@ def main(argv=None) -> int:
             base, this = results["baseline"][kind], results["this"][kind]
             r = common.ratio(this["to_first_batch_s"], base["to_first_batch_s"])
             ratios[kind] = round(r, 3)
-            rows.append([kind, base["to_first_batch_s"], this["to_first_batch_s"], r,
-                         ", ".join(map(str, base["to_first_batch_every_run_s"])),
-                         ", ".join(map(str, this["to_first_batch_every_run_s"]))])
+            rows.append(
+                [
+                    kind,
+                    base["to_first_batch_s"],
+                    this["to_first_batch_s"],
+                    r,
+                    ", ".join(map(str, base["to_first_batch_every_run_s"])),
+                    ", ".join(map(str, this["to_first_batch_every_run_s"])),
+                ]
+            )
         print(common.table(["cache", "baseline s", "this s", "ratio", "baseline, every run", "this, every run"], rows))
-    common.write_results(args, "startup", {
-        "args": vars(args), "machine": info, "sides": sides, "results": results, "first_batch_ratio": ratios})
+    common.write_results(
+        args,
+        "startup",
+        {"args": vars(args), "machine": info, "sides": sides, "results": results, "first_batch_ratio": ratios},
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ where two threads are busy in the same step they took the interpreter's lock in 
 to the first batch adds up rather than overlaps. The sampler takes the lock too, so the run is a little
 slower than a plain one. Prints only; a timeline is for reading, not for a ratio.
 """
+
 from __future__ import annotations
 
 import collections
@@ -83,8 +84,9 @@ def timeline(samples, until: float, step: float) -> list[list]:
     for t, thread, what in samples:
         if what is not None and t < until:
             bins[(int(t / step), thread)][what] += 1
-    return [[f"{b * step:.1f}", thread, sum(c.values()), c.most_common(1)[0][0]]
-            for (b, thread), c in sorted(bins.items())]
+    return [
+        [f"{b * step:.1f}", thread, sum(c.values()), c.most_common(1)[0][0]] for (b, thread), c in sorted(bins.items())
+    ]
 
 
 def main(argv=None) -> int:
@@ -103,10 +105,16 @@ def main(argv=None) -> int:
             cfg = config_lib.load(args.config, [f"output.path={out}", "runner.progress_seconds=0", *args.set])
             summary = run_job(cfg, process_started=t0)
     since = summary["startup"]["since_process_start_s"]
-    print(common.table(["s", "thread", "busy samples", "innermost docbeam frame, innermost library frame"],
-                       timeline(sampler.samples, args.until, args.step)))
-    print(f"\nplan done {since['plan_done']:.2f} s, pipeline started {since['pipeline_started']:.2f} s, "
-          f"first batch {since.get('first_batch_started', float('nan')):.2f} s after the process started")
+    print(
+        common.table(
+            ["s", "thread", "busy samples", "innermost docbeam frame, innermost library frame"],
+            timeline(sampler.samples, args.until, args.step),
+        )
+    )
+    print(
+        f"\nplan done {since['plan_done']:.2f} s, pipeline started {since['pipeline_started']:.2f} s, "
+        f"first batch {since.get('first_batch_started', float('nan')):.2f} s after the process started"
+    )
     return 0
 
 

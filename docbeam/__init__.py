@@ -2,6 +2,7 @@
 docbeam's can collide with a user's own top-level modules on a worker: the folders ``pipeline/``, ``models/`` and
 ``attention/`` of the source tree are ``docbeam.pipeline``, ``docbeam.models`` and ``docbeam.attention`` once
 installed (pyproject.toml maps them)."""
+
 from __future__ import annotations
 
 import os as _os
@@ -25,13 +26,14 @@ class _SourceFolders:
         import importlib.util
 
         where = _os.path.join(_SOURCE_ROOT, folder)
-        return importlib.util.spec_from_file_location(fullname, _os.path.join(where, "__init__.py"),
-                                                      submodule_search_locations=[where])
+        return importlib.util.spec_from_file_location(
+            fullname, _os.path.join(where, "__init__.py"), submodule_search_locations=[where]
+        )
 
 
-if all(_os.path.isfile(_os.path.join(_SOURCE_ROOT, f, "__init__.py")) for f in _FOLDERS) and \
-        not any(isinstance(f, type) and f.__name__ == "_SourceFolders" and f.__module__ == __name__
-                for f in _sys.meta_path):
+if all(_os.path.isfile(_os.path.join(_SOURCE_ROOT, f, "__init__.py")) for f in _FOLDERS) and not any(
+    isinstance(f, type) and f.__name__ == "_SourceFolders" and f.__module__ == __name__ for f in _sys.meta_path
+):
     _sys.meta_path.insert(0, _SourceFolders)
 
 # The public API, imported on first use: `import docbeam` stays cheap (no Beam, no JAX) for a tool that only

@@ -1,4 +1,5 @@
 """``python -m docbeam``: the command line."""
+
 from docbeam.pipeline.driver.cli import main
 
 if __name__ == "__main__":

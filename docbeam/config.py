@@ -3,6 +3,7 @@
 Everything past this module receives the typed section it needs. Unknown keys are errors, and every
 error names the key, the bad value and what is allowed.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -12,12 +13,13 @@ from typing import Any, Literal
 
 import pydantic
 
-from docbeam.attention import registry as attention_registry
 from docbeam import config_files
+from docbeam.attention import registry as attention_registry
 from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
+
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.config_io import (SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig,  # noqa: F401
-                                               Section as _Section, SparseOptions, one_folder)
+from docbeam.config_io import SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
+from docbeam.config_io import Section as _Section
 
 
 class PromptText(_Section):
@@ -58,15 +60,18 @@ class ModelConfig(_Section):
         literal = isinstance(prompt, dict) and set(prompt) == {"text"} and isinstance(prompt["text"], str)
         if prompt is None or literal or isinstance(prompt, PromptText) or (isinstance(prompt, str) and prompt.strip()):
             return prompt
-        raise ValueError('must be auto (the checkpoint\'s document prompt), the name of one of its prompts (e.g. '
-                         'query), a text of your own as {text: "passage: "}, or null for none')
+        raise ValueError(
+            "must be auto (the checkpoint's document prompt), the name of one of its prompts (e.g. "
+            'query), a text of your own as {text: "passage: "}, or null for none'
+        )
 
     @pydantic.field_validator("task")
     @classmethod
     def _task_named(cls, task):
         if task is not None and not task.strip():
-            raise ValueError("must name one of the checkpoint's task adapters (e.g. retrieval.passage), or be null "
-                             "for its default")
+            raise ValueError(
+                "must name one of the checkpoint's task adapters (e.g. retrieval.passage), or be null for its default"
+            )
         return task
 
 
@@ -114,8 +119,10 @@ class AttentionConfig(_Section):
             return raw
         for key in ("options", "backend_options"):
             if key in raw:
-                raise ValueError(f"attention.{key} is not a key: nest a backend's options under its name, e.g. "
-                                 "attention: {backend: flash, flash: {block_q: 256}}")
+                raise ValueError(
+                    f"attention.{key} is not a key: nest a backend's options under its name, e.g. "
+                    "attention: {backend: flash, flash: {block_q: 256}}"
+                )
         fields = set(cls.model_fields)
         sections = {k: v for k, v in raw.items() if k not in fields and k in attention_registry.names()}
         parsed = {}
@@ -138,9 +145,11 @@ class AttentionConfig(_Section):
                 raise ValueError(str(e).replace("attention.backend", f"attention.{key}", 1)) from None
         unused = sorted(set(self.backend_options) - {self.backend, self.fallback})
         if unused:
-            raise ValueError(f"attention.{unused[0]}: options for backend {unused[0]!r}, which this job does not run "
-                             f"(attention.backend is {self.backend!r}, attention.fallback {self.fallback!r}); "
-                             f"remove them, or set attention.backend or attention.fallback to {unused[0]!r}")
+            raise ValueError(
+                f"attention.{unused[0]}: options for backend {unused[0]!r}, which this job does not run "
+                f"(attention.backend is {self.backend!r}, attention.fallback {self.fallback!r}); "
+                f"remove them, or set attention.backend or attention.fallback to {unused[0]!r}"
+            )
         return self
 
     @pydantic.model_serializer(mode="wrap")
@@ -188,12 +197,16 @@ class RunnerConfig(_Section):
         defaults = PipelineOptions([]).get_all_options(retain_unknown_options=False)
         unknown = sorted(set(options) - set(defaults))
         if unknown:
-            raise ValueError(f"unknown Beam pipeline option(s) {unknown}; use Beam's names without dashes, "
-                             "e.g. direct_num_workers, temp_location, project")
+            raise ValueError(
+                f"unknown Beam pipeline option(s) {unknown}; use Beam's names without dashes, "
+                "e.g. direct_num_workers, temp_location, project"
+            )
         for key, value in options.items():
             if value is False and defaults[key] and not _negation_flag(key):
-                raise ValueError(f"{key}: false cannot be expressed as a Beam flag (Beam's default is "
-                                 f"{defaults[key]!r} and it has no --no_{key})")
+                raise ValueError(
+                    f"{key}: false cannot be expressed as a Beam flag (Beam's default is "
+                    f"{defaults[key]!r} and it has no --no_{key})"
+                )
         return options
 
     def beam_args(self) -> list[str]:
@@ -266,8 +279,12 @@ def parse(raw: Any, *, base_dir: str, source: str = "config") -> JobConfig:
     config = _validated(JobConfig, raw, source, "input, output, model")
     reuse_from = config.input.reuse_from and resolve_path(config.input.reuse_from, base_dir).rstrip("/")
     resolved = {
-        "input": config.input.model_copy(update={
-            "path": ",".join(resolve_path(p, base_dir) for p in config.input.patterns), "reuse_from": reuse_from}),
+        "input": config.input.model_copy(
+            update={
+                "path": ",".join(resolve_path(p, base_dir) for p in config.input.patterns),
+                "reuse_from": reuse_from,
+            }
+        ),
         "output": config.output.model_copy(update={"path": resolve_path(config.output.path, base_dir).rstrip("/")}),
         **_resolved_model_and_runner(config, base_dir),
     }
@@ -282,9 +299,12 @@ def parse_embed(raw: Any, *, base_dir: str, source: str = "config") -> EmbedConf
 
 def _resolved_model_and_runner(config: EmbedConfig | JobConfig, base_dir: str) -> dict:
     cache = config.runner.compilation_cache
-    return {"model": config.model.model_copy(update={"path": resolve_path(config.model.path, base_dir)}),
-            "runner": config.runner.model_copy(
-                update={"compilation_cache": resolve_path(cache, base_dir).rstrip("/") if cache else None})}
+    return {
+        "model": config.model.model_copy(update={"path": resolve_path(config.model.path, base_dir)}),
+        "runner": config.runner.model_copy(
+            update={"compilation_cache": resolve_path(cache, base_dir).rstrip("/") if cache else None}
+        ),
+    }
 
 
 def load(path: str, overrides: list[str] = ()) -> JobConfig:

@@ -7,6 +7,7 @@ keeps meaning what it meant there. Refused, naming the file and the key: a base 
 cycle, a key that neither the base nor the schema knows (a typo that would otherwise merge silently), and a
 section replaced by a scalar or the reverse.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ from docbeam.errors import Refused
 from docbeam.pipeline.store.paths import is_remote
 
 EXTENDS = "extends"
-PATH_KEYS = (("input", "path"), ("input", "reuse_from"), ("output", "path"), ("model", "path"),
-             ("runner", "compilation_cache"))
+PATH_KEYS = (
+    ("input", "path"),
+    ("input", "reuse_from"),
+    ("output", "path"),
+    ("model", "path"),
+    ("runner", "compilation_cache"),
+)
 # Mappings whose keys are free: Beam's option names (checked against Beam later), worker environment
 # variables, and per-backend attention options (checked against the registry later).
 OPEN_SECTIONS = (("runner", "options"), ("runner", "worker_env"), ("attention",))
@@ -53,8 +59,10 @@ def load_layers(path: str, schema, _chain: tuple[str, ...] = ()) -> dict:
     path = os.path.abspath(path)
     if path in _chain:
         cycle = " -> ".join(os.path.relpath(p) for p in (*_chain, path))
-        raise ConfigError(f"{_chain[-1]}: extends forms a cycle ({cycle}); a profile must end at a file "
-                          "without `extends`, e.g. configs/local.yaml")
+        raise ConfigError(
+            f"{_chain[-1]}: extends forms a cycle ({cycle}); a profile must end at a file "
+            "without `extends`, e.g. configs/local.yaml"
+        )
     raw = read_yaml(path)
     if raw is None:
         raw = {}
@@ -65,12 +73,15 @@ def load_layers(path: str, schema, _chain: tuple[str, ...] = ()) -> dict:
     if base_name is None:
         return raw
     if not isinstance(base_name, str) or not base_name.strip():
-        raise ConfigError(f"{path}: extends: expected the path of a base config file, e.g. local.yaml "
-                          f"(got {base_name!r})")
+        raise ConfigError(
+            f"{path}: extends: expected the path of a base config file, e.g. local.yaml (got {base_name!r})"
+        )
     base_path = os.path.normpath(os.path.join(os.path.dirname(path), os.path.expanduser(base_name)))
     if not os.path.isfile(base_path):
-        raise ConfigError(f"{path}: extends: {base_name!r} is not a file (looked for {base_path}); the path is "
-                          "relative to the file that names it")
+        raise ConfigError(
+            f"{path}: extends: {base_name!r} is not a file (looked for {base_path}); the path is "
+            "relative to the file that names it"
+        )
     base = load_layers(base_path, schema, (*_chain, path))
     return merge(base, raw, schema, source=path, base_source=base_path)
 
@@ -81,8 +92,10 @@ def merge(base: dict, child: dict, schema, *, source: str, base_source: str, _ke
         dotted = ".".join((*_key, str(key)))
         if key not in base:
             if not _schema_knows(schema, (*_key, str(key))):
-                raise ConfigError(f"{source}: {dotted}: unknown key (its base {base_source} does not have it and "
-                                  f"it is no config key{_known_hint(schema, _key)})")
+                raise ConfigError(
+                    f"{source}: {dotted}: unknown key (its base {base_source} does not have it and "
+                    f"it is no config key{_known_hint(schema, _key)})"
+                )
             merged[key] = value
             continue
         old = base[key]
@@ -90,8 +103,10 @@ def merge(base: dict, child: dict, schema, *, source: str, base_source: str, _ke
             merged[key] = merge(old, value, schema, source=source, base_source=base_source, _key=(*_key, str(key)))
         elif isinstance(old, dict) != isinstance(value, dict) and old is not None and value is not None:
             kind = "a section" if isinstance(old, dict) else f"the value {old!r}"
-            raise ConfigError(f"{source}: {dotted}: {value!r} would replace {kind} from {base_source}; "
-                              f"set the keys inside {dotted} instead")
+            raise ConfigError(
+                f"{source}: {dotted}: {value!r} would replace {kind} from {base_source}; "
+                f"set the keys inside {dotted} instead"
+            )
         else:
             merged[key] = value
     return merged
@@ -110,7 +125,7 @@ def _section_model(schema, key: tuple[str, ...]):
 
 
 def _schema_knows(schema, key: tuple[str, ...]) -> bool:
-    if any(key[:len(open_key)] == open_key and len(key) > len(open_key) for open_key in OPEN_SECTIONS):
+    if any(key[: len(open_key)] == open_key and len(key) > len(open_key) for open_key in OPEN_SECTIONS):
         return True
     model = _section_model(schema, key[:-1])
     return model is not None and key[-1] in model.model_fields
@@ -147,8 +162,9 @@ def readable(error: pydantic.ValidationError, prefix: str = "") -> str:
         if e["type"] == "value_error" and message.startswith(f"{key}."):
             lines.append(message)  # a check on the whole section that names the key itself
             continue
-        lines.append(f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing"
-                     else f"{key}: required, but missing")
+        lines.append(
+            f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing" else f"{key}: required, but missing"
+        )
     return "; ".join(lines)
 
 

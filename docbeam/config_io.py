@@ -1,5 +1,6 @@
 """The job's ``input`` and ``output`` sections: where documents come from, which of their fields travel on, and
 what a run writes (granularity, vector dtype, the sinks beside Parquet). Validated once, like every section."""
+
 from __future__ import annotations
 
 import re
@@ -18,6 +19,7 @@ class Section(pydantic.BaseModel):
 class ClassifierOptions(Section):
     """How the classifier head scores a document longer than one window: ``first``, by its first window's logits
     (transformers' pipeline truncates); ``mean``, every window's, token-weighted, before softmax or sigmoid."""
+
     windows: Literal["first", "mean"] = "first"
 
 
@@ -25,6 +27,7 @@ class SparseOptions(Section):
     """The sparse head (models/heads/sparse.py): ``windows`` first (SparseEncoder truncates) or all (combined as
     the SpladePooling pools: max over windows, or their sum); then, lossy, drop values below ``threshold`` and
     keep at most ``max_terms`` terms (the largest)."""
+
     windows: Literal["first", "all"] = "first"
     max_terms: pydantic.PositiveInt | None = None
     threshold: pydantic.PositiveFloat | None = None
@@ -55,8 +58,9 @@ class InputConfig(Section):
             return fields
         empty = [f for f in fields if not f.strip()]
         if empty or len(set(fields)) != len(fields):
-            raise ValueError(f"list each field once, by its name in the JSONL records (got {list(fields)}), "
-                             "or \"*\" for all of them")
+            raise ValueError(
+                f'list each field once, by its name in the JSONL records (got {list(fields)}), or "*" for all of them'
+            )
         return fields
 
     @property
@@ -72,9 +76,11 @@ def one_folder(path: str) -> str:
     """An output-like path names exactly one place: no globs, no lists, not the home or a bucket's root."""
     bad = sorted({c for c in placeholders.without_path_placeholders(path) if c in GLOB_CHARACTERS + ","})
     if bad:
-        raise ValueError(f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
-                         "a run replaces what is there, so it names exactly one place (placeholders: "
-                         f"{', '.join(placeholders.PATH_PLACEHOLDERS)})")
+        raise ValueError(
+            f"must be one folder, without glob characters or commas (found {' '.join(bad)}); "
+            "a run replaces what is there, so it names exactly one place (placeholders: "
+            f"{', '.join(placeholders.PATH_PLACEHOLDERS)})"
+        )
     if path.strip().rstrip("/") in ("", "~", "gs:"):
         raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
     return path
@@ -91,25 +97,31 @@ class VertexAIConfig(Section):
         if job.input.keep_fields != "*":
             missing = [f for f in self.restricts if f not in job.input.keep_fields]
             if missing:
-                raise ValueError(f"output.vertex_ai.restricts names {missing}, which input.keep_fields "
-                                 f"{list(job.input.keep_fields)} does not keep; add them to input.keep_fields")
+                raise ValueError(
+                    f"output.vertex_ai.restricts names {missing}, which input.keep_fields "
+                    f"{list(job.input.keep_fields)} does not keep; add them to input.keep_fields"
+                )
 
 
 def float_vectors(key: str, vector_dtype: str) -> None:
     if vector_dtype not in ("float32", "float16"):
-        raise ValueError(f"output.{key} loads float vectors, but output.vector_dtype is {vector_dtype}; set "
-                         "output.vector_dtype: float32 (or float16)")
+        raise ValueError(
+            f"output.{key} loads float vectors, but output.vector_dtype is {vector_dtype}; set "
+            "output.vector_dtype: float32 (or float16)"
+        )
 
 
 TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
 # Postgres' reserved key words (its documentation's appendix C, "reserved"): unquoted, none of them names a table.
-RESERVED = frozenset("""all analyse analyze and any array as asc asymmetric both case cast check collate column constraint
+RESERVED = frozenset(
+    """all analyse analyze and any array as asc asymmetric both case cast check collate column constraint
 create current_catalog current_date current_role current_time current_timestamp current_user default deferrable desc
 distinct do else end except false fetch for foreign from grant group having in initially intersect into lateral
 leading limit localtime localtimestamp not null offset on only or order placing primary references returning
 select session_user some symmetric system_user table then to trailing true union unique user using variadic when
 where window with authorization binary collation concurrently cross current_schema freeze full ilike inner is
-isnull join left like natural notnull outer overlaps right similar tablesample verbose""".split())
+isnull join left like natural notnull outer overlaps right similar tablesample verbose""".split()
+)
 MAX_NAME = 63 - len("_runs")  # Postgres truncates names past 63 bytes; <table>_runs must fit too
 
 
@@ -122,22 +134,33 @@ class PgvectorConfig(Section):
     def fits(self, job) -> None:
         float_vectors("pgvector", job.output.vector_dtype)
         if job.output.granularity == "chunk":
-            raise ValueError("output.pgvector loads a run's document rows, and output.granularity: chunk writes none "
-                             "(a load would find no rows and remove every row the output loaded before); set "
-                             "output.granularity: document or both")
+            raise ValueError(
+                "output.pgvector loads a run's document rows, and output.granularity: chunk writes none "
+                "(a load would find no rows and remove every row the output loaded before); set "
+                "output.granularity: document or both"
+            )
 
     @pydantic.field_validator("table")
     @classmethod
     def _plain_identifier(cls, table):
         if not TABLE_NAME.match(table):
-            raise ValueError(f"{table!r} is not a plain [schema.]name of letters, digits and underscores "
-                             "(it is written into SQL unquoted), e.g. docbeam_embeddings or search.docs")
+            raise ValueError(
+                f"{table!r} is not a plain [schema.]name of letters, digits and underscores "
+                "(it is written into SQL unquoted), e.g. docbeam_embeddings or search.docs"
+            )
         reserved = [part for part in table.split(".") if part.lower() in RESERVED]
         long = [part for part in table.split(".") if len(part) > MAX_NAME]
         if reserved or long:
-            raise ValueError(f"{table!r}: " + (f"{reserved[0]!r} is a reserved word in Postgres" if reserved else
-                             f"{long[0]!r} is longer than {MAX_NAME} characters (Postgres keeps 63, and "
-                             f"{long[0]}_runs must fit)") + "; choose another name, e.g. docbeam_embeddings")
+            raise ValueError(
+                f"{table!r}: "
+                + (
+                    f"{reserved[0]!r} is a reserved word in Postgres"
+                    if reserved
+                    else f"{long[0]!r} is longer than {MAX_NAME} characters (Postgres keeps 63, and "
+                    f"{long[0]}_runs must fit)"
+                )
+                + "; choose another name, e.g. docbeam_embeddings"
+            )
         return table
 
 
@@ -196,8 +219,10 @@ class OutputConfig(Section):
     @pydantic.model_validator(mode="after")
     def _late_chunks_need_chunk_rows(self):
         if self.chunking == "late" and self.granularity == "document":
-            raise ValueError("output.chunking: late makes chunk rows, but output.granularity: document writes none; "
-                             "set output.granularity: chunk (or both), or leave output.chunking: window")
+            raise ValueError(
+                "output.chunking: late makes chunk rows, but output.granularity: document writes none; "
+                "set output.granularity: chunk (or both), or leave output.chunking: window"
+            )
         return self
 
     @pydantic.field_validator("vertex_ai", mode="before")

@@ -5,6 +5,7 @@ again) and 1 for any other failure (the job ran and failed; the previous output 
 start-time check raises a subclass (ConfigError, CheckpointError, AttentionPlanError, OutputRefused,
 LockHeld, ...), so a new check gets exit 2 by choosing its base class, not by a list kept in the CLI.
 """
+
 from __future__ import annotations
 
 import contextlib

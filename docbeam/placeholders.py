@@ -5,6 +5,7 @@ Two kinds, kept together because each launcher (``docbeam run``, ``run --dry-run
 (``expand``), then refuse the profiles' stand-in names (``refuse``). Before, each launcher repeated that
 pair, and a new placeholder meant finding all four.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -27,10 +28,14 @@ LAUNCH_KEYS = {
     "runner.options.project": ("YOUR_PROJECT", "the launch's project"),
     "runner.options.temp_location": ("gs://YOUR_BUCKET/dataflow/temp", "environment.tempLocation"),
     "runner.options.staging_location": ("gs://YOUR_BUCKET/dataflow/staging", "environment.stagingLocation"),
-    "runner.options.sdk_container_image": ("REGION-docker.pkg.dev/YOUR_PROJECT/docbeam/worker-tpu:0.1.0",
-                                           "environment.sdkContainerImage"),
-    "runner.options.service_account_email": ("docbeam-worker@YOUR_PROJECT.iam.gserviceaccount.com",
-                                             "environment.serviceAccountEmail"),
+    "runner.options.sdk_container_image": (
+        "REGION-docker.pkg.dev/YOUR_PROJECT/docbeam/worker-tpu:0.1.0",
+        "environment.sdkContainerImage",
+    ),
+    "runner.options.service_account_email": (
+        "docbeam-worker@YOUR_PROJECT.iam.gserviceaccount.com",
+        "environment.serviceAccountEmail",
+    ),
     "input.path": (f"gs://YOUR_BUCKET/corpus/{RUN_DATE}/*.jsonl.gz", "template parameter input"),
     "input.reuse_from": (f"gs://YOUR_BUCKET/runs/{PREVIOUS_RUN_DATE}", "template parameter overrides"),
     "output.path": (f"gs://YOUR_BUCKET/runs/{RUN_DATE}", "template parameter output"),
@@ -60,10 +65,18 @@ def fill(path: str | None, run_id: str, run_date: str) -> str | None:
 
 def expand(cfg: JobConfig, run_id: str, run_date: str) -> JobConfig:
     """The path placeholders of input, output and reuse paths filled, once per run."""
-    inputs = cfg.input.model_copy(update={"path": fill(cfg.input.path, run_id, run_date),
-                                          "reuse_from": fill(cfg.input.reuse_from, run_id, run_date)})
-    return cfg.model_copy(update={"input": inputs, "output": cfg.output.model_copy(
-        update={"path": fill(cfg.output.path, run_id, run_date)})})
+    inputs = cfg.input.model_copy(
+        update={
+            "path": fill(cfg.input.path, run_id, run_date),
+            "reuse_from": fill(cfg.input.reuse_from, run_id, run_date),
+        }
+    )
+    return cfg.model_copy(
+        update={
+            "input": inputs,
+            "output": cfg.output.model_copy(update={"path": fill(cfg.output.path, run_id, run_date)}),
+        }
+    )
 
 
 def beam_options_of(cfg: JobConfig, extra_beam_args: Sequence[str] = ()) -> dict[str, object]:
@@ -76,8 +89,12 @@ def beam_options_of(cfg: JobConfig, extra_beam_args: Sequence[str] = ()) -> dict
 def launch_values(cfg: JobConfig, beam_options: Mapping[str, object]) -> dict[str, object]:
     """What a launch would use for each of LAUNCH_KEYS: docbeam's own keys from ``cfg``, Beam's from
     ``beam_options`` (Beam's names), which hold the profile's options overridden by the launch's."""
-    values = {"input.path": cfg.input.path, "input.reuse_from": cfg.input.reuse_from,
-              "output.path": cfg.output.path, "runner.compilation_cache": cfg.runner.compilation_cache}
+    values = {
+        "input.path": cfg.input.path,
+        "input.reuse_from": cfg.input.reuse_from,
+        "output.path": cfg.output.path,
+        "runner.compilation_cache": cfg.runner.compilation_cache,
+    }
     for key in LAUNCH_KEYS:
         if key.startswith("runner.options."):
             values[key] = beam_options.get(key.removeprefix("runner.options."))
@@ -92,13 +109,17 @@ def problems(runner: str, values: Mapping[str, object]) -> list[str]:
         if found:
             marker, what = found[0]
             example, in_launch = LAUNCH_KEYS[key]
-            found_problems.append(f"{key} is {value!r}: {marker!r} is the profiles' placeholder {what}; set yours "
-                                  f"(--set {key}={example}, or in a Flex Template launch: {in_launch})")
+            found_problems.append(
+                f"{key} is {value!r}: {marker!r} is the profiles' placeholder {what}; set yours "
+                f"(--set {key}={example}, or in a Flex Template launch: {in_launch})"
+            )
     if runner == DATAFLOW and not values.get("runner.options.sdk_container_image"):
         example, in_launch = LAUNCH_KEYS["runner.options.sdk_container_image"]
-        found_problems.append("runner.options.sdk_container_image is not set: Dataflow workers would run Beam's "
-                              f"default image, which lacks docbeam (--set runner.options.sdk_container_image="
-                              f"{example}, or in a Flex Template launch: {in_launch})")
+        found_problems.append(
+            "runner.options.sdk_container_image is not set: Dataflow workers would run Beam's "
+            f"default image, which lacks docbeam (--set runner.options.sdk_container_image="
+            f"{example}, or in a Flex Template launch: {in_launch})"
+        )
     return found_problems
 
 

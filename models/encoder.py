@@ -5,6 +5,7 @@ whatever AttentionFn it is given.
 Family modules own the projections (one fused QKV matmul); the attention function owns only the score
 computation, so swapping kernels never touches a family.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -21,8 +22,22 @@ from docbeam.models.precision import precision_for
 
 # Re-exported: the base config lives in models/families/encoder_config.py, the arithmetic with the blocks
 # (models/families/blocks.py).
-__all__ = ["ACTIVATIONS", "DTYPES", "Encoder", "EncoderConfig", "POOLING_MODES", "embed_fn", "gelu_erf",
-           "pool", "pool_segments", "pool_spans", "rotary", "segment_ends", "segment_positions", "segment_starts"]
+__all__ = [
+    "ACTIVATIONS",
+    "DTYPES",
+    "Encoder",
+    "EncoderConfig",
+    "POOLING_MODES",
+    "embed_fn",
+    "gelu_erf",
+    "pool",
+    "pool_segments",
+    "pool_spans",
+    "rotary",
+    "segment_ends",
+    "segment_positions",
+    "segment_starts",
+]
 
 
 def Encoder(config: EncoderConfig, attention: Callable[..., Any]) -> nn.Module:
@@ -55,12 +70,14 @@ def pool(hidden_BxTxD: jax.Array, lengths_B: jax.Array, mode: str) -> jax.Array:
 
 def segment_ends(segment_ids_BxT: jax.Array) -> jax.Array:
     """True at each packed window's last token: where the next token's segment id differs, or the row ends."""
-    return jnp.concatenate([segment_ids_BxT[:, :-1] != segment_ids_BxT[:, 1:],
-                            jnp.ones_like(segment_ids_BxT[:, :1], bool)], axis=1)
+    return jnp.concatenate(
+        [segment_ids_BxT[:, :-1] != segment_ids_BxT[:, 1:], jnp.ones_like(segment_ids_BxT[:, :1], bool)], axis=1
+    )
 
 
-def pool_segments(hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_lengths_BxK: jax.Array,
-                  mode: str) -> jax.Array:
+def pool_segments(
+    hidden_BxTxD: jax.Array, segment_ids_BxT: jax.Array, slot_lengths_BxK: jax.Array, mode: str
+) -> jax.Array:
     """Packed rows: one float32 embedding per window slot [B, K, D]; slot k is segment k + 1. Mean over
     the slot's tokens, its first token for ``cls``, its last for ``lasttoken``; empty slots are zero."""
     K = slot_lengths_BxK.shape[1]
@@ -82,15 +99,21 @@ def pool_spans(hidden_BxTxD: jax.Array, spans_BxKx2: jax.Array) -> jax.Array:
     [spans[b, k, 0], spans[b, k, 1]) of a row whose tokens all attended to each other. A mask, not segment ids:
     chunks that share ``tokenize.stride`` tokens overlap. An empty span (start == end: a padding slot) is zero."""
     t_T = jnp.arange(hidden_BxTxD.shape[1])
-    in_span_BxTxK = ((t_T[None, :, None] >= spans_BxKx2[:, None, :, 0])
-                     & (t_T[None, :, None] < spans_BxKx2[:, None, :, 1])).astype(jnp.float32)
+    in_span_BxTxK = (
+        (t_T[None, :, None] >= spans_BxKx2[:, None, :, 0]) & (t_T[None, :, None] < spans_BxKx2[:, None, :, 1])
+    ).astype(jnp.float32)
     summed_BxKxD = jnp.einsum("btd,btk->bkd", hidden_BxTxD.astype(jnp.float32), in_span_BxTxK)
     counts_BxK = jnp.maximum(spans_BxKx2[..., 1] - spans_BxKx2[..., 0], 1).astype(jnp.float32)
     return summed_BxKxD / counts_BxK[..., None]
 
 
-def embed_fn(config: EncoderConfig, attention: Callable[..., Any], pooling: str, layers: tuple[HeadLayer, ...] = (),
-             reduce: Callable[..., Any] | None = None):
+def embed_fn(
+    config: EncoderConfig,
+    attention: Callable[..., Any],
+    pooling: str,
+    layers: tuple[HeadLayer, ...] = (),
+    reduce: Callable[..., Any] | None = None,
+):
     """``(params, ids_BxT, lengths_B) -> pooled_BxD``, or with packed rows
     ``(params, ids_BxT, lengths_B, segment_ids_BxT, slot_lengths_BxK) -> pooled_BxKxD``; ready for jax.jit
     (one compile per shape). With a head's ``layers`` (models/heads/: sentence-transformers' Dense modules, a
@@ -132,7 +155,17 @@ def attention_cases(config: EncoderConfig, buckets, platform: str, packed: bool 
     # Where every precision is first met with the platform it will run on: the plan and `validate` ask here.
     precision = precision_for(config.dtype, platform)
     dtype = jnp.dtype(precision.attention).name  # what q, k and v reach the backend in
-    return [AttentionCase(platform=platform, dtype=dtype, seq_len=b, num_heads=config.num_heads, head_dim=head_dim,
-                          segments=packed, num_kv_heads=kv_heads).with_features(features)
-            for b in buckets for features in config.attention_features
-            for head_dim, kv_heads in [config.attention_shape(features)]]
+    return [
+        AttentionCase(
+            platform=platform,
+            dtype=dtype,
+            seq_len=b,
+            num_heads=config.num_heads,
+            head_dim=head_dim,
+            segments=packed,
+            num_kv_heads=kv_heads,
+        ).with_features(features)
+        for b in buckets
+        for features in config.attention_features
+        for head_dim, kv_heads in [config.attention_shape(features)]
+    ]

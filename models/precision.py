@@ -13,6 +13,7 @@ int8: weights quantised per output channel when the checkpoint is loaded (``prep
 step), activations per token at run time (symmetric, absmax/127), int8 × int8 → int32, then rescaled by
 row scale × channel scale.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -54,8 +55,10 @@ PRECISIONS = {
 
 # (model.dtype, platform) → why it is refused there. int8 is measured only on CPU (benchmarks/precision.py),
 # where VNNI makes it faster than float32; off CPU bfloat16 is the reduced precision docbeam has measured.
-_INT8_OFF_CPU = ("int8 projections are measured faster than float32 only on CPU (benchmarks/precision.py); on "
-                 "this platform they are unmeasured, and bfloat16 runs on its matrix units")
+_INT8_OFF_CPU = (
+    "int8 projections are measured faster than float32 only on CPU (benchmarks/precision.py); on "
+    "this platform they are unmeasured, and bfloat16 runs on its matrix units"
+)
 REFUSED: dict[tuple[str, str], str] = {("int8", "gpu"): _INT8_OFF_CPU, ("int8", "tpu"): _INT8_OFF_CPU}
 
 
@@ -74,8 +77,9 @@ def precision_for(name: str, platform: str) -> Precision:
     reason = REFUSED.get((name, platform))
     if reason:
         allowed = [other for other in PRECISIONS if (other, platform) not in REFUSED]
-        raise PrecisionRefused(f"model.dtype: {name} is refused on {platform}: {reason}; use one of "
-                               f"{', '.join(allowed)}")
+        raise PrecisionRefused(
+            f"model.dtype: {name} is refused on {platform}: {reason}; use one of {', '.join(allowed)}"
+        )
     return precision_of(name)
 
 
@@ -100,8 +104,9 @@ def quantize_rows(x_NxD: jax.Array) -> tuple[jax.Array, jax.Array]:
 def int8_matmul(x_NxI: jax.Array, q_IxO: jax.Array, scale_O: jax.Array) -> jax.Array:
     """x (float) @ the quantised kernel, in float32: x quantised per row, int8 × int8 accumulated in int32."""
     qx_NxI, row_scale_Nx1 = quantize_rows(x_NxI.astype(jnp.float32))
-    acc_NxO = jax.lax.dot_general(qx_NxI, q_IxO, (((x_NxI.ndim - 1,), (0,)), ((), ())),
-                                  preferred_element_type=jnp.int32)
+    acc_NxO = jax.lax.dot_general(
+        qx_NxI, q_IxO, (((x_NxI.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.int32
+    )
     return acc_NxO.astype(jnp.float32) * (row_scale_Nx1 * scale_O)
 
 
@@ -123,14 +128,19 @@ class Linear(nn.Module):
         shape = (x_xI.shape[-1], self.features)
         if self.precision.quantized:
             kernel = self.param("kernel", _int8_kernel_init, shape, jnp.int8)
-            scale = self.param("scale", nn.initializers.constant(1.0 / (INT8_MAX * math.sqrt(shape[0]))),
-                               (self.features,), jnp.float32)
+            scale = self.param(
+                "scale", nn.initializers.constant(1.0 / (INT8_MAX * math.sqrt(shape[0]))), (self.features,), jnp.float32
+            )
             y_xO = int8_matmul(x_xI, kernel, scale)
         else:
             dot_dtype = self.precision.weights
             kernel = self.param("kernel", nn.initializers.lecun_normal(), shape, dot_dtype)
-            y_xO = jax.lax.dot_general(x_xI.astype(dot_dtype), kernel.astype(dot_dtype),
-                                       (((x_xI.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+            y_xO = jax.lax.dot_general(
+                x_xI.astype(dot_dtype),
+                kernel.astype(dot_dtype),
+                (((x_xI.ndim - 1,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32,
+            )
         if self.use_bias:
             y_xO = y_xO + self.param("bias", nn.initializers.zeros_init(), (self.features,), jnp.float32)
         return y_xO

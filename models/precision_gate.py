@@ -5,6 +5,7 @@ Two gates, both needed: the lowest cosine to the float32 vector catches one docu
 would hide; recall@10 of a nearest-neighbour search (float32's neighbours as the truth) is what a search
 index built from these vectors would lose.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,9 +69,11 @@ class GateResult:
 
     def describe(self) -> str:
         verdict = "passes" if self.passed else "FAILS " + "; ".join(self.failures)
-        return (f"{self.precision} vs float32 over {self.documents} vectors: lowest cosine "
-                f"{self.lowest_cosine:.5f}, mean {self.mean_cosine:.5f}, recall@{K} {self.recall_at_10:.4f}: "
-                f"{verdict}")
+        return (
+            f"{self.precision} vs float32 over {self.documents} vectors: lowest cosine "
+            f"{self.lowest_cosine:.5f}, mean {self.mean_cosine:.5f}, recall@{K} {self.recall_at_10:.4f}: "
+            f"{verdict}"
+        )
 
 
 def measure(precision: str, vectors_NxD: np.ndarray, reference_NxD: np.ndarray) -> GateResult:
@@ -81,7 +84,9 @@ def measure(precision: str, vectors_NxD: np.ndarray, reference_NxD: np.ndarray) 
 def require(result: GateResult) -> GateResult:
     """The result if it passes; otherwise refused, naming each gate it fails (never chosen silently)."""
     if not result.passed:
-        raise PrecisionRefused(f"model.dtype: {result.precision} fails the precision gate ({'; '.join(result.failures)}"
-                               f" over {result.documents} vectors, float32 as the reference); use float32 or "
-                               "another dtype that passes")
+        raise PrecisionRefused(
+            f"model.dtype: {result.precision} fails the precision gate ({'; '.join(result.failures)}"
+            f" over {result.documents} vectors, float32 as the reference); use float32 or "
+            "another dtype that passes"
+        )
     return result

@@ -3,6 +3,7 @@
 Needed since the first ``profile.batches`` batches show compilation and steady state side by side; a
 worker that gets fewer batches still ends its trace when its owner says so (``finish``), before the commit.
 """
+
 from __future__ import annotations
 
 import shutil

@@ -5,6 +5,7 @@ It runs the attention backend per bucket it is given (``RuntimeSpec.choices``: t
 worker's re-plan when its platform is not the planned one); it never chooses. What it reports goes through
 ``RuntimeHooks``, supplied by its owner, so models/ knows nothing of the pipeline's metrics or storage.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,8 +70,7 @@ def load(spec: RuntimeSpec, fn_name: str):
         params = {"encoder": params, "head": head.load_params(ck.folder)}
     forwards = {}
     for name in sorted({c.backend for c in spec.choices}):
-        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), head.pooling, head.layers,
-                                 head.reduce)
+        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), head.pooling, head.layers, head.reduce)
 
         def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
             return embed(params, ids_BxT, lengths_B, *packed)
@@ -125,12 +125,24 @@ class EncoderRuntime:
         t0 = time.perf_counter()
         packed = ()
         if self.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
-            packed = (jax.ShapeDtypeStruct(shape, np.int32),
-                      jax.ShapeDtypeStruct((shape[0], dict(self.spec.slots)[shape[1]]), np.int32))
-        executable = self._forward[backend].lower(self.params, jax.ShapeDtypeStruct(shape, np.int32),
-                                                  jax.ShapeDtypeStruct(shape[:1], np.int32), *packed).compile()
-        record = {"backend": backend, "rows": shape[0], "bucket_len": shape[1],
-                  "seconds": time.perf_counter() - t0, "cache_hits": self.hooks.watch.in_this_thread()[2] - hits}
+            packed = (
+                jax.ShapeDtypeStruct(shape, np.int32),
+                jax.ShapeDtypeStruct((shape[0], dict(self.spec.slots)[shape[1]]), np.int32),
+            )
+        executable = (
+            self._forward[backend]
+            .lower(
+                self.params, jax.ShapeDtypeStruct(shape, np.int32), jax.ShapeDtypeStruct(shape[:1], np.int32), *packed
+            )
+            .compile()
+        )
+        record = {
+            "backend": backend,
+            "rows": shape[0],
+            "bucket_len": shape[1],
+            "seconds": time.perf_counter() - t0,
+            "cache_hits": self.hooks.watch.in_this_thread()[2] - hits,
+        }
         if not record["cache_hits"]:
             self.hooks.on_fresh_compile()
         return executable, record
@@ -178,8 +190,10 @@ class EncoderRuntime:
         t0 = time.perf_counter()
         late = batch.spans_BxKx3 is not None  # late chunking's context windows: unpacked, compiled at first use
         if batch.packed != self.spec.packing and not late:
-            raise ValueError(f"batch {batch.batch_id} is {'' if batch.packed else 'not '}packed, but this encoder was "
-                             f"built for batching.packing: {self.spec.packing}")
+            raise ValueError(
+                f"batch {batch.batch_id} is {'' if batch.packed else 'not '}packed, but this encoder was "
+                f"built for batching.packing: {self.spec.packing}"
+            )
         inputs = forward_inputs(batch)
         watch, compiling = self.hooks.watch, self.pool.pending()
         compiles_before, compile_s_before, hits_before = watch.in_this_thread()
@@ -191,9 +205,16 @@ class EncoderRuntime:
         pooled.block_until_ready()
         t2 = time.perf_counter()
         vectors = window_outputs(self.spec.head, np.asarray(pooled), batch)
-        alone = reencode_row_mates(
-            lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]), batch, vectors,
-            getattr(self.spec.head, "window_vectors", None)) if batch.packed else []
+        alone = (
+            reencode_row_mates(
+                lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]),
+                batch,
+                vectors,
+                getattr(self.spec.head, "window_vectors", None),
+            )
+            if batch.packed
+            else []
+        )
         t3 = time.perf_counter()
         compiles_after, compile_s_after, hits_after = watch.in_this_thread()
         compiled = compiles_after > compiles_before
@@ -203,16 +224,26 @@ class EncoderRuntime:
             log.warning("recompiled the encoder for shape %s (backend %s) after warm-up", key[1], key[0])
         self._shapes_seen.add(key)
         return vectors, {
-            "batch_id": batch.batch_id, "bucket_len": batch.bucket_len, "rows": batch.rows,
-            "real_rows": batch.real_rows, "real_tokens": batch.real_tokens, "packed": batch.packed,
-            "reencoded_alone": len(alone), "padded_tokens": int(batch.ids_BxT.size),
-            "attention_backend": choice.backend, "attention_requested": choice.requested,
-            "attention_kernel": choice.kernel, "fallback_reason": choice.fallback_reason,
-            "replanned": self.spec.replanned, "compiled": compiled,
+            "batch_id": batch.batch_id,
+            "bucket_len": batch.bucket_len,
+            "rows": batch.rows,
+            "real_rows": batch.real_rows,
+            "real_tokens": batch.real_tokens,
+            "packed": batch.packed,
+            "reencoded_alone": len(alone),
+            "padded_tokens": int(batch.ids_BxT.size),
+            "attention_backend": choice.backend,
+            "attention_requested": choice.requested,
+            "attention_kernel": choice.kernel,
+            "fallback_reason": choice.fallback_reason,
+            "replanned": self.spec.replanned,
+            "compiled": compiled,
             # Compiling this batch's shape, or waiting for its compilation in the background.
             "compile_ms": round((compile_s_after - compile_s_before + waited_s) * 1e3, 3),
             "compile_cache_hits": hits_after - hits_before,
             "compiling_ahead": max(compiling, self.pool.pending()),  # start-up compilations beside it
-            "compute_ms": round((t2 - t1) * 1e3, 3), "total_ms": round((t3 - t0) * 1e3, 3),
-            "started_at": started_at.isoformat(), **self.hooks.batch_facts(self.device),
+            "compute_ms": round((t2 - t1) * 1e3, 3),
+            "total_ms": round((t3 - t0) * 1e3, 3),
+            "started_at": started_at.isoformat(),
+            **self.hooks.batch_facts(self.device),
         }

@@ -29,6 +29,7 @@ not listed, is a CheckpointError naming the file and key, so a setting is never 
   ``model_kwargs``, ``processor_kwargs``, ``config_kwargs``) harmless when they hold at most
   ``trust_remote_code`` (docbeam runs its own code for each family, never the repository's), else refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,13 @@ ST_CONFIG = "config_sentence_transformers.json"
 MODULES = "modules.json"
 TRANSFORMER_CONFIG = "sentence_bert_config.json"
 POOLING_FLAGS = {  # the 1_Pooling/config.json flags of sentence-transformers before v5, and the mode each means
-    "pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
-    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens", "pooling_mode_weightedmean_tokens": "weightedmean",
-    "pooling_mode_lasttoken": "lasttoken"}
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
 _ANY = object()  # a harmless key: any value
 # file → key → the only value docbeam reproduces (_ANY: any value is harmless); keys docbeam reads itself
 # (prompts, pooling_mode, max_seq_length, ...) are checked where they are read and listed in HONOURED.
@@ -51,19 +56,34 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     ST_CONFIG: {"__version__": _ANY, "similarity_fn_name": _ANY, "requirements": _ANY},
     MODULES: {"kwargs": []},
     "Pooling": {},
-    "Dense": {"module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding",
-              "use_residual": False},
-    "TokenDense": {"module_input_name": "token_embeddings", "module_output_name": "token_embeddings",
-                   "use_residual": False},  # a MultiVectorEncoder's Dense: on every token (models/st_multivector.py)
+    "Dense": {
+        "module_input_name": "sentence_embedding",
+        "module_output_name": "sentence_embedding",
+        "use_residual": False,
+    },
+    "TokenDense": {
+        "module_input_name": "token_embeddings",
+        "module_output_name": "token_embeddings",
+        "use_residual": False,
+    },  # a MultiVectorEncoder's Dense: on every token (models/st_multivector.py)
     TRANSFORMER_CONFIG: {
-        "unpad_inputs": _ANY, "do_lower_case": False, "transformer_task": "feature-extraction",
+        "unpad_inputs": _ANY,
+        "do_lower_case": False,
+        "transformer_task": "feature-extraction",
         "modality_config": {"text": {"method": "forward", "method_output_name": "last_hidden_state"}},
-        "module_output_name": "token_embeddings", "processing_kwargs": {}, "query_length": None,
-        "document_length": None, "query_expansion": None},
+        "module_output_name": "token_embeddings",
+        "processing_kwargs": {},
+        "query_length": None,
+        "document_length": None,
+        "query_expansion": None,
+    },
 }
 # A SparseEncoder's MLMTransformer: the masked-LM head's logits per token (models/heads/sparse.py runs it).
-DEFAULTS["MLMTransformer"] = {**DEFAULTS[TRANSFORMER_CONFIG], "transformer_task": "fill-mask", "modality_config": {
-    "text": {"method": "forward", "method_output_name": "logits"}}}
+DEFAULTS["MLMTransformer"] = {
+    **DEFAULTS[TRANSFORMER_CONFIG],
+    "transformer_task": "fill-mask",
+    "modality_config": {"text": {"method": "forward", "method_output_name": "logits"}},
+}
 DEFAULTS["SpladePooling"] = {"embedding_dimension": _ANY, "word_embedding_dimension": _ANY, "chunk_size": _ANY}
 # from_pretrained arguments a Transformer module may carry, and the ones that do not change the vectors.
 LOADING_KWARGS = ("model_args", "tokenizer_args", "config_args", "model_kwargs", "processor_kwargs", "config_kwargs")
@@ -80,10 +100,13 @@ HONOURED = {
 }
 WHY_REFUSED = {
     "kwargs": "docbeam passes no arguments to modules",
-    "do_lower_case": "docbeam does not lowercase text", "processing_kwargs": "docbeam tokenizes with the "
-    "tokenizer's own settings", "transformer_task": "docbeam runs the encoder's hidden states",
-    **{key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
-       for key in LOADING_KWARGS},
+    "do_lower_case": "docbeam does not lowercase text",
+    "processing_kwargs": "docbeam tokenizes with the tokenizer's own settings",
+    "transformer_task": "docbeam runs the encoder's hidden states",
+    **{
+        key: "docbeam loads the checkpoint as its files are (only trust_remote_code is harmless here)"
+        for key in LOADING_KWARGS
+    },
 }
 
 
@@ -95,8 +118,9 @@ def read_json(folder: str, name: str) -> Any:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"model.path: {path} is not valid JSON ({e}); write it again, or copy the "
-                              "checkpoint's own") from None
+        raise CheckpointError(
+            f"model.path: {path} is not valid JSON ({e}); write it again, or copy the checkpoint's own"
+        ) from None
 
 
 def check_keys(folder: str, name: str, kind: str, values: dict) -> None:
@@ -111,5 +135,7 @@ def check_keys(folder: str, name: str, kind: str, values: dict) -> None:
             continue
         why = WHY_REFUSED.get(key, "docbeam does not reproduce it, so its embeddings would not be this model's")
         allowed = f" (docbeam reproduces only {json.dumps(defaults[key])})" if key in defaults else ""
-        raise CheckpointError(f"model.path: {folder}/{name} sets {key}: {json.dumps(value)}, which docbeam does not "
-                              f"honour{allowed}: {why}; use a checkpoint without that setting")
+        raise CheckpointError(
+            f"model.path: {folder}/{name} sets {key}: {json.dumps(value)}, which docbeam does not "
+            f"honour{allowed}: {why}; use a checkpoint without that setting"
+        )

@@ -1,5 +1,6 @@
 """The checkpoint's tokenizer: ``tokenizer.json`` run by the ``tokenizers`` library, and the digest of the
 tokenizer files that names, in the reuse key, the tokens a text becomes."""
+
 from __future__ import annotations
 
 import hashlib
@@ -49,10 +50,19 @@ class FastTokenizer:
     def num_special_tokens_to_add(self, pair: bool = False) -> int:
         return self._tokenizer.num_special_tokens_to_add(pair)
 
-    def __call__(self, text: str | list[str], *, add_special_tokens: bool = True, max_length: int | None = None,
-                 truncation: bool = False, stride: int = 0, return_overflowing_tokens: bool = False,
-                 return_attention_mask: bool = False, return_token_type_ids: bool = False,
-                 return_offsets_mapping: bool = False) -> dict:
+    def __call__(
+        self,
+        text: str | list[str],
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: bool = False,
+        stride: int = 0,
+        return_overflowing_tokens: bool = False,
+        return_attention_mask: bool = False,
+        return_token_type_ids: bool = False,
+        return_offsets_mapping: bool = False,
+    ) -> dict:
         """``input_ids`` (one list per text, or one list for one string); with ``return_overflowing_tokens``
         every window of a truncated text is a row and ``overflow_to_sample_mapping`` names its text; with
         ``return_offsets_mapping``, ``offset_mapping``: each token's (start, end) in its text, in characters
@@ -61,8 +71,9 @@ class FastTokenizer:
         texts = [text] if isinstance(text, str) else list(text)
         with self._lock:
             if truncation and max_length is not None:
-                self._tokenizer.enable_truncation(max_length, stride=stride, strategy="longest_first",
-                                                  direction="right")
+                self._tokenizer.enable_truncation(
+                    max_length, stride=stride, strategy="longest_first", direction="right"
+                )
             else:
                 self._tokenizer.no_truncation()
             encodings = self._tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
@@ -89,6 +100,7 @@ def load_tokenizer(folder: str) -> FastTokenizer:
     try:
         return FastTokenizer(path)
     except Exception as e:  # noqa: BLE001  the tokenizers library raises its own Exception for any bad file
-        raise CheckpointError(f"model.path: {path} cannot be read by the tokenizers library ({str(e)[:300]}); "
-                              "copy the checkpoint's own tokenizer.json (transformers: tokenizer.save_pretrained)") \
-            from None
+        raise CheckpointError(
+            f"model.path: {path} cannot be read by the tokenizers library ({str(e)[:300]}); "
+            "copy the checkpoint's own tokenizer.json (transformers: tokenizer.save_pretrained)"
+        ) from None

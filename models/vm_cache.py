@@ -7,6 +7,7 @@ complete. A folder is filled in a temporary sibling and renamed into place, so a
 leaves nothing that looks complete. The root is ``$DOCBEAM_VM_CACHE`` or a folder in the system temp
 directory, the place Beam's MultiProcessShared also relies on to find what processes share.
 """
+
 from __future__ import annotations
 
 import fcntl

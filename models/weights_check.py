@@ -7,6 +7,7 @@ layers (other vectors, exit 0), and a wrong shape or a NaN fails on the workers.
 of the header's shapes (``ShapeOnly`` stands in for each tensor, so nothing is allocated), held against the
 shapes the family's Flax module asks for (``jax.eval_shape`` of its init): the one rule for every family.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,10 @@ def read_header(file: WeightsFile) -> dict[str, Entry]:
     path, size = file.path, file.size
 
     def refuse(why: str):
-        return CheckpointError(f"model.path: {path} is not a readable safetensors file: {why}; write it again "
-                               "(safetensors' save_file, or transformers' save_pretrained)")
+        return CheckpointError(
+            f"model.path: {path} is not a readable safetensors file: {why}; write it again "
+            "(safetensors' save_file, or transformers' save_pretrained)"
+        )
 
     with file.open() as f:
         head = f.read(8)
@@ -65,8 +68,10 @@ def read_header(file: WeightsFile) -> dict[str, Entry]:
         except (KeyError, TypeError, ValueError):
             ok = False
         if not ok or end - start != math.prod(shape) * ITEM_BYTES[dtype] or 8 + length + end > size:
-            raise refuse(f"tensor {name!r} is described as {json.dumps(raw)[:200]}, which is no dtype of "
-                         f"{sorted(ITEM_BYTES)} with as many bytes as its shape needs inside the file")
+            raise refuse(
+                f"tensor {name!r} is described as {json.dumps(raw)[:200]}, which is no dtype of "
+                f"{sorted(ITEM_BYTES)} with as many bytes as its shape needs inside the file"
+            )
         entries[name] = Entry(dtype, shape, 8 + length + start, 8 + length + end)
     return entries
 
@@ -78,11 +83,15 @@ def layer_problem(names: list[str], num_layers: int) -> str | None:
         return None
     unused, missing = [i for i in found if i >= num_layers], sorted(set(range(num_layers)) - set(found))
     if unused:
-        return (f"holds tensors of {len(found)} layers (indices {found[0]} to {found[-1]}), but config.json sets "
-                f"{num_layers} layers: layers {unused[0]} to {unused[-1]} would not run")
+        return (
+            f"holds tensors of {len(found)} layers (indices {found[0]} to {found[-1]}), but config.json sets "
+            f"{num_layers} layers: layers {unused[0]} to {unused[-1]} would not run"
+        )
     if missing:
-        return (f"holds no tensors of layer {missing[0]} ({len(missing)} of the {num_layers} layers config.json "
-                f"sets are missing)")
+        return (
+            f"holds no tensors of layer {missing[0]} ({len(missing)} of the {num_layers} layers config.json "
+            f"sets are missing)"
+        )
     return None
 
 
@@ -96,15 +105,17 @@ def not_finite(file: WeightsFile, entries: dict[str, Entry], names) -> str | Non
             for first in sorted({0, max(count // 2 - SAMPLE_VALUES // 2, 0), max(count - SAMPLE_VALUES, 0)}):
                 f.seek(entry.start + first * item)
                 raw = f.read(min(SAMPLE_VALUES, count - first) * item)
-                values = (np.frombuffer(raw, "<u2").astype("<u4") << 16).view("<f4") if entry.dtype == "BF16" \
+                values = (
+                    (np.frombuffer(raw, "<u2").astype("<u4") << 16).view("<f4")
+                    if entry.dtype == "BF16"
                     else np.frombuffer(raw, FLOATS[entry.dtype])
+                )
                 if not np.isfinite(values).all():
                     return name
     return None
 
 
-def check_weights(file: WeightsFile, family, config, raw_config: dict, config_path: str,
-                  sample: bool = True) -> None:
+def check_weights(file: WeightsFile, family, config, raw_config: dict, config_path: str, sample: bool = True) -> None:
     """model.safetensors ``file`` against ``config`` (read from ``config_path``, ``raw_config`` as written):
     layer count, every tensor's dtype and shape as the family reads it, and (``sample``) a sample of each one's
     values."""
@@ -114,20 +125,26 @@ def check_weights(file: WeightsFile, family, config, raw_config: dict, config_pa
     problem = layer_problem(list(tensors.tensors), config.num_layers)
     if problem:
         key = next((k for k in LAYER_KEYS if k in raw_config), LAYER_KEYS[0])
-        raise CheckpointError(f"model.path: {path} {problem}; {config_path} sets {key}: "
-                              f"{json.dumps(raw_config.get(key))}. The two belong to different models: give the "
-                              "checkpoint its own config.json")
+        raise CheckpointError(
+            f"model.path: {path} {problem}; {config_path} sets {key}: "
+            f"{json.dumps(raw_config.get(key))}. The two belong to different models: give the "
+            "checkpoint its own config.json"
+        )
     try:
         made = family.read_params(tensors, config)
     except ValueError as e:  # tensors whose shapes cannot even be put together (a fused projection's parts)
         if isinstance(e, CheckpointError):
             raise
-        raise CheckpointError(f"model.path: {path}: the tensors {described(entries, tensors.read[-4:])} cannot be "
-                              f"put together ({e}): one has another shape than {config_path} says") from None
+        raise CheckpointError(
+            f"model.path: {path}: the tensors {described(entries, tensors.read[-4:])} cannot be "
+            f"put together ({e}): one has another shape than {config_path} says"
+        ) from None
     not_float = [n for n in tensors.read if entries[n].dtype not in FLOATS]
     if not_float:
-        raise CheckpointError(f"model.path: {path} holds {not_float[0]} as {entries[not_float[0]].dtype}; a weight "
-                              f"must be one of {', '.join(FLOATS)}")
+        raise CheckpointError(
+            f"model.path: {path} holds {not_float[0]} as {entries[not_float[0]].dtype}; a weight "
+            f"must be one of {', '.join(FLOATS)}"
+        )
     expected = expected_shapes(family, config)
     for where, shape in flat(made).items():
         want = expected.get(where)
@@ -137,14 +154,17 @@ def check_weights(file: WeightsFile, family, config, raw_config: dict, config_pa
                 f"({described(entries, shape.sources)}) make "
                 f"shape {list(shape.shape)}, but {config_path} (hidden_size, num_attention_heads, "
                 f"intermediate_size, vocab_size, ...) needs {list(want)}: a tensor of another shape than the config "
-                "says, or a config.json of another model")
+                "says, or a config.json of another model"
+            )
     missing = sorted(set(expected) - set(flat(made)))
     if missing:
         raise CheckpointError(f"model.path: {path} gives no parameter {missing[0]} that the model needs")
     bad = not_finite(file, entries, tensors.read) if sample else None
     if bad:
-        raise CheckpointError(f"model.path: {path} holds NaN or infinite values in the tensor {bad} (in a sample "
-                              "of its values): the weights are damaged; download or convert them again")
+        raise CheckpointError(
+            f"model.path: {path} holds NaN or infinite values in the tensor {bad} (in a sample "
+            "of its values): the weights are damaged; download or convert them again"
+        )
 
 
 def expected_shapes(family, config) -> dict[str, tuple[int, ...]]:
@@ -155,8 +175,9 @@ def expected_shapes(family, config) -> dict[str, tuple[int, ...]]:
     from docbeam import attention
 
     model = family.Model(dataclasses.replace(config, dtype="float32"), attention.get("native").bind())
-    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32),
-                                               jnp.ones((1,), jnp.int32)))["params"]
+    shapes = jax.eval_shape(
+        lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32), jnp.ones((1,), jnp.int32))
+    )["params"]
     return {where: tuple(leaf.shape) for where, leaf in flat(shapes).items()}
 
 

@@ -1,6 +1,7 @@
 """Where a checkpoint's model.safetensors is read for models/weights_check.py: the local file, or by ranged reads
 of its header on gs:// (any Beam FileSystem) and on the Hub, so the driver holds config.json against the weights
 of every checkpoint without downloading them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,8 +52,11 @@ def beam_file(path: str) -> WeightsFile | None:
     if not FileSystems.exists(path):
         return None
     (match,) = FileSystems.match([path])
-    return WeightsFile(path, match.metadata_list[0].size_in_bytes,
-                       lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    return WeightsFile(
+        path,
+        match.metadata_list[0].size_in_bytes,
+        lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED),
+    )
 
 
 def hub_file(path: str) -> WeightsFile:
@@ -77,9 +81,10 @@ def hub_file(path: str) -> WeightsFile:
             try:
                 hf_raise_for_status(answer)
             except HfHubHTTPError as e:
-                raise CheckpointError(f"model.path {path!r}: the Hub refused the weights' header: "
-                                      f"{str(e).splitlines()[0]}") from None
-            data = answer.content[:n] if answer.status_code == 206 else answer.content[self.position:][:n]
+                raise CheckpointError(
+                    f"model.path {path!r}: the Hub refused the weights' header: {str(e).splitlines()[0]}"
+                ) from None
+            data = answer.content[:n] if answer.status_code == 206 else answer.content[self.position :][:n]
             self.position += len(data)
             return data
 

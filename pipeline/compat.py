@@ -4,6 +4,7 @@ Import this before ``apache_beam.ml.inference.base``. A Beam release outside ``C
 or moved what a workaround patches: the process says so in its log (``check_beam_version``), and the
 workaround still only touches ``sys.modules`` entries Beam treats as optional.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,10 +34,12 @@ def beam_version_problem(version: str, checked: tuple = CHECKED_BEAM) -> str | N
     low, high = checked
     if low <= beam_minor(version) <= high:
         return None
-    return (f"apache-beam {version} is outside the versions pipeline/compat.py was checked for "
-            f"({'.'.join(map(str, low))}–{'.'.join(map(str, high))}): check that RunInference still imports "
-            f"{MODEL_MANAGER} optionally and that the DirectRunner's is_interactive() still keeps it off Prism, "
-            f"then widen CHECKED_BEAM (or pin apache-beam as pyproject.toml does)")
+    return (
+        f"apache-beam {version} is outside the versions pipeline/compat.py was checked for "
+        f"({'.'.join(map(str, low))}–{'.'.join(map(str, high))}): check that RunInference still imports "
+        f"{MODEL_MANAGER} optionally and that the DirectRunner's is_interactive() still keeps it off Prism, "
+        f"then widen CHECKED_BEAM (or pin apache-beam as pyproject.toml does)"
+    )
 
 
 def check_beam_version() -> None:

@@ -1,4 +1,5 @@
 """The elements that flow between stages. Plain frozen dataclasses: picklable, comparable in tests."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -86,14 +87,23 @@ class WindowRef(NamedTuple):
 
     @classmethod
     def of(cls, window: TokenWindow) -> "WindowRef":
-        return cls(window.doc_id, window.index, window.num_windows, window.doc_tokens, window.truncated,
-                   window.char_start, window.char_end)
+        return cls(
+            window.doc_id,
+            window.index,
+            window.num_windows,
+            window.doc_tokens,
+            window.truncated,
+            window.char_start,
+            window.char_end,
+        )
 
     @classmethod
     def chunks_of(cls, window: TokenWindow) -> list["WindowRef"]:
         """A context window's chunks, each referred to as window chunking refers to its window."""
-        return [cls(window.doc_id, s.index, s.num_chunks, window.doc_tokens, window.truncated, s.char_start,
-                    s.char_end) for s in window.spans]
+        return [
+            cls(window.doc_id, s.index, s.num_chunks, window.doc_tokens, window.truncated, s.char_start, s.char_end)
+            for s in window.spans
+        ]
 
 
 def batch_id(bucket_len: int, windows: Iterable[WindowRef | TokenWindow], packed: bool) -> str:

@@ -2,19 +2,25 @@
 known to every part that reads the declarations: each backend not declaring it is refused the cases that ask
 for it and its bound function refuses the argument, flash's kernels refuse it naming why, the kernel table grows
 its column, and a layer asking for it is named by it and probed with it."""
+
 import numpy as np
 import pytest
 
 from docbeam import attention
 from docbeam.attention import features, flash
+from docbeam.attention.dispatch import ask, probe_inputs
 from docbeam.attention.features import Feature
 from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
-from docbeam.attention.dispatch import ask, probe_inputs
 
-SOFTCAP = Feature("softcap", "softcap", "logit soft cap",
-                  "it takes no logit soft cap, which this model's layers apply (tanh at {case.softcap})",
-                  "{kernel} has no logit soft cap", describe=lambda cap: f"soft cap {cap}" if cap else "",
-                  default=None)
+SOFTCAP = Feature(
+    "softcap",
+    "softcap",
+    "logit soft cap",
+    "it takes no logit soft cap, which this model's layers apply (tanh at {case.softcap})",
+    "{kernel} has no logit soft cap",
+    describe=lambda cap: f"soft cap {cap}" if cap else "",
+    default=None,
+)
 
 
 def capped() -> AttentionCase:
@@ -51,6 +57,7 @@ def test_a_backend_declaring_it_is_asked_only_its_own_check():
         assert attention.get("capped_test").softcap
     finally:
         from docbeam.attention import registry
+
         del registry._REGISTRY["capped_test"]
 
 
@@ -60,7 +67,8 @@ def test_a_bound_function_refuses_the_argument_unless_declared():
     with pytest.raises(ValueError, match="'native' takes no softcap .*softcap=True"):
         attention.get("native").bind()(x, x, x, kv_lengths_B=np.array([4]), scale=1.0, softcap=30.0)
     out = Backend(name="capped", attend=lambda q, k, v, **kw: q, softcap=True).bind()(
-        x, x, x, kv_lengths_B=np.array([4]), scale=1.0, softcap=30.0)
+        x, x, x, kv_lengths_B=np.array([4]), scale=1.0, softcap=30.0
+    )
     assert out.shape == x.shape
 
 
@@ -99,8 +107,10 @@ def test_the_names_features_had_before_still_work_with_a_warning():
 
     def plain(q, k, v, *, kv_lengths_B, scale):
         return q
+
     plain.supports_relative = True
     from docbeam.attention.registry import from_callable
+
     with pytest.warns(DeprecationWarning, match="'relative' is now called 'relative_positions'"):
         assert from_callable("old_plain", plain).relative_positions
 

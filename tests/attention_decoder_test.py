@@ -1,6 +1,7 @@
 """Decoder attention: causal masks and grouped-query k/v (fewer key/value heads than query heads). Every
 registered backend that declares them matches softmax attention computed in numpy float64, alone and with
 packed windows, a local window and padding; a backend that does not declare them is refused."""
+
 import numpy as np
 import pytest
 
@@ -43,10 +44,13 @@ EXTRA_OPTIONS = {
     # several query and key chunks, so causal skipping and windows cross chunk edges; one head per step is
     # rounded up to the two query heads that share a k/v head
     # heads_per_step 0 puts both k/v heads in one step, so the query heads' grouping over them is exercised
-    "chunked": [{"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 8, "key_chunk": 16, "heads_per_step": 1},
-                {"query_chunk": 8, "key_chunk": 8, "heads_per_step": 0},
-                # the baseline benchmarks/long_context_decoder.py times the skipping against: masks alone
-                {"query_chunk": 8, "key_chunk": 8, "skip_causal_blocks": False}],
+    "chunked": [
+        {"query_chunk": 8, "key_chunk": 8},
+        {"query_chunk": 8, "key_chunk": 16, "heads_per_step": 1},
+        {"query_chunk": 8, "key_chunk": 8, "heads_per_step": 0},
+        # the baseline benchmarks/long_context_decoder.py times the skipping against: masks alone
+        {"query_chunk": 8, "key_chunk": 8, "skip_causal_blocks": False},
+    ],
     # flash on CPU runs chunked; tokamax takes is_causal and grouped k/v itself; the TPU kernel (interpret
     # mode) takes causal but not grouped heads, so it meets the scenarios with as many k/v heads as q heads
     "flash": [{"kernel": "tokamax_chunked"}, {"kernel": "pallas_tpu", "interpret": True}],
@@ -54,9 +58,12 @@ EXTRA_OPTIONS = {
 
 
 def variants():
-    return [pytest.param(name, options, id=f"{name}-{'-'.join(map(str, options.values())) or 'default'}")
-            for name in attention.names() if attention.get(name).causal and attention.get(name).grouped
-            for options in [{}, *EXTRA_OPTIONS.get(name, [])]]
+    return [
+        pytest.param(name, options, id=f"{name}-{'-'.join(map(str, options.values())) or 'default'}")
+        for name in attention.names()
+        if attention.get(name).causal and attention.get(name).grouped
+        for options in [{}, *EXTRA_OPTIONS.get(name, [])]
+    ]
 
 
 SCENARIOS = {
@@ -77,8 +84,17 @@ def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, op
 
     assert name in ("native", "chunked", "flash") or name.startswith("tests.")  # what the contract promises
     backend, kw = attention.get(name), SCENARIOS[scenario]
-    case = AttentionCase("cpu", "float32", T, N, H, segments=kw.get("segments") is not None,
-                         local_window=kw.get("window"), causal=kw["causal"], num_kv_heads=kw.get("kv_heads", K))
+    case = AttentionCase(
+        "cpu",
+        "float32",
+        T,
+        N,
+        H,
+        segments=kw.get("segments") is not None,
+        local_window=kw.get("window"),
+        causal=kw["causal"],
+        num_kv_heads=kw.get("kv_heads", K),
+    )
     support = backend.refusal(case) or backend.supports(case, backend.parse_options(options))
     if not support.ok:  # a kernel that cannot says why: that is its contract, checked below
         assert name == "flash" and options.get("kernel") == "pallas_tpu" and "k/v heads" in support.reason
@@ -88,10 +104,10 @@ def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, op
     extra = {"causal": kw["causal"], "local_window": kw.get("window")}
     if kw.get("segments") is not None:
         extra["segment_ids_BxT"] = kw["segments"]
-    got = np.asarray(jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=LENGTHS, scale=H ** -0.5, **extra))(q, k, v))
+    got = np.asarray(jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=LENGTHS, scale=H**-0.5, **extra))(q, k, v))
     want = reference(q, k, v, causal=kw["causal"], segments=kw.get("segments"), window=kw.get("window"))
     for b in range(B):
-        np.testing.assert_allclose(got[b, :LENGTHS[b]], want[b, :LENGTHS[b]], atol=1e-5)
+        np.testing.assert_allclose(got[b, : LENGTHS[b]], want[b, : LENGTHS[b]], atol=1e-5)
 
 
 def test_the_reference_moves_with_causality_and_grouping():
@@ -124,7 +140,13 @@ def test_chunked_says_whether_it_skips_the_blocks_past_the_diagonal():
 
 
 def test_a_causal_layer_on_cpu_runs_square_causal_chunks_unless_the_options_set_them():
-    from docbeam.attention.chunk_sizes import ACCELERATOR_CHUNKS, CAUSAL_CHUNK, TUNED_CHUNKS, ChunkedOptions, layer_chunk_sizes
+    from docbeam.attention.chunk_sizes import (
+        ACCELERATOR_CHUNKS,
+        CAUSAL_CHUNK,
+        TUNED_CHUNKS,
+        ChunkedOptions,
+        layer_chunk_sizes,
+    )
 
     chunk, heads = CAUSAL_CHUNK["cpu"], TUNED_CHUNKS[-1][3]
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "cpu", causal=True) == (chunk, chunk, heads)

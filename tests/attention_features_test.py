@@ -2,6 +2,7 @@
 and chunked with chunks smaller and larger than the window) that declares a feature matches softmax attention
 computed in numpy float64 with it, and one that does not declare it is refused by the plan and by its bound
 function."""
+
 import dataclasses
 
 import numpy as np
@@ -39,11 +40,13 @@ SCENARIOS = [
 ]
 
 VARIANTS = [
-    ("native", {}), ("native", {"implementation": "jax_nn"}),
+    ("native", {}),
+    ("native", {"implementation": "jax_nn"}),
     ("chunked", {}),
     ("chunked", {"query_chunk": 8, "key_chunk": 8}),  # several key chunks per window: the scan path
     ("chunked", {"query_chunk": 16, "key_chunk": 12, "heads_per_step": 2}),  # chunks dividing nothing; head groups
-    ("flash", {}), ("flash", {"kernel": "tokamax_chunked"}),
+    ("flash", {}),
+    ("flash", {"kernel": "tokamax_chunked"}),
     ("flash", {"kernel": "splash_tpu", "interpret": True}),
     ("flash", {"kernel": "pallas_tpu", "interpret": True}),
     ("flash", {"kernel": "pallas_gpu", "interpret": True, "block_q": 16, "block_k": 16}),
@@ -59,6 +62,7 @@ def relative_bias(table):
 
     def bias(q_index_T, k_index_S):
         return jnp.asarray(table)[:, (k_index_S[None, :] - q_index_T[:, None]) + T]
+
     return bias
 
 
@@ -83,8 +87,10 @@ def inputs(seed=0):
     """q, k, v with large garbage in padded positions: a padded key that got weight shows."""
     rng = np.random.default_rng(seed)
     valid = (np.arange(T)[None, :] < LENGTHS[:, None])[..., None, None]
-    return [np.where(valid, rng.standard_normal((B, T, N, H)), 30 * rng.standard_normal((B, T, N, H)))
-            .astype(np.float32) for _ in "qkv"]
+    return [
+        np.where(valid, rng.standard_normal((B, T, N, H)), 30 * rng.standard_normal((B, T, N, H))).astype(np.float32)
+        for _ in "qkv"
+    ]
 
 
 def params():
@@ -100,22 +106,27 @@ def test_backend_with_features_matches_softmax_reference(name, options, scenario
 
     backend = attention.get(name)
     opts = backend.parse_options(options)
-    case = AttentionCase("cpu", "float32", T, N, H, segments=scenario.packed, local_window=scenario.window,
-                         bias=scenario.with_bias)
+    case = AttentionCase(
+        "cpu", "float32", T, N, H, segments=scenario.packed, local_window=scenario.window, bias=scenario.with_bias
+    )
     support = backend.refusal(case) or backend.supports(case, opts)
     if not support.ok:
         pytest.skip(f"{name} {options} refuses {scenario.name}: {support.reason}")
     q, k, v = inputs()
     table = relative_table() if scenario.with_bias else None
-    features = {"local_window": scenario.window, "bias": None if table is None else relative_bias(table),
-                "segment_ids_BxT": SEGMENTS if scenario.packed else None}
+    features = {
+        "local_window": scenario.window,
+        "bias": None if table is None else relative_bias(table),
+        "segment_ids_BxT": SEGMENTS if scenario.packed else None,
+    }
     fn = backend.bind(opts)
-    got = np.asarray(jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=LENGTHS, scale=H ** -0.5, **features))(q, k, v))
+    got = np.asarray(jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=LENGTHS, scale=H**-0.5, **features))(q, k, v))
     want = reference(q, k, v, scenario.window, table, scenario.packed)
     assert np.isfinite(got).all(), "non-finite output (padded or fully padded rows included)"
     for b in range(B):
-        np.testing.assert_allclose(got[b, :LENGTHS[b]], want[b, :LENGTHS[b]], atol=1e-5,
-                                   err_msg=f"row {b} (length {LENGTHS[b]})")
+        np.testing.assert_allclose(
+            got[b, : LENGTHS[b]], want[b, : LENGTHS[b]], atol=1e-5, err_msg=f"row {b} (length {LENGTHS[b]})"
+        )
 
 
 def test_every_feature_changes_the_reference():
@@ -129,13 +140,16 @@ def test_every_feature_changes_the_reference():
     assert np.abs(reference(q, k, v, (50, 60), None, False) - plain).max() == 0  # wider than the row: global
 
 
-@pytest.mark.parametrize("kernel, case, reason", [
-    ("cudnn", AttentionCase("gpu", "bfloat16", 512, 12, 64, local_window=(64, 64)), "no symmetric window"),
-    ("cudnn", AttentionCase("gpu", "bfloat16", 512, 12, 64, bias=True), "no bias"),
-    ("splash_tpu", AttentionCase("tpu", "float32", 512, 12, 64, bias=True), "splash_tpu adds no per-head bias"),
-    ("pallas_tpu", AttentionCase("tpu", "float32", 512, 12, 64, local_window=(64, 64)), "splash_tpu runs it"),
-    ("pallas_gpu", AttentionCase("gpu", "float32", 512, 12, 64, local_window=(64, 64)), "no local-window mask"),
-])
+@pytest.mark.parametrize(
+    "kernel, case, reason",
+    [
+        ("cudnn", AttentionCase("gpu", "bfloat16", 512, 12, 64, local_window=(64, 64)), "no symmetric window"),
+        ("cudnn", AttentionCase("gpu", "bfloat16", 512, 12, 64, bias=True), "no bias"),
+        ("splash_tpu", AttentionCase("tpu", "float32", 512, 12, 64, bias=True), "splash_tpu adds no per-head bias"),
+        ("pallas_tpu", AttentionCase("tpu", "float32", 512, 12, 64, local_window=(64, 64)), "splash_tpu runs it"),
+        ("pallas_gpu", AttentionCase("gpu", "float32", 512, 12, 64, local_window=(64, 64)), "no local-window mask"),
+    ],
+)
 def test_flash_refuses_a_feature_its_kernel_cannot_take_naming_why(kernel, case, reason):
     from docbeam.attention.flash import pick_kernel
 
@@ -167,5 +181,11 @@ def test_undeclared_feature_is_refused_by_plan_and_by_the_bound_function():
     assert "local window" in plain.refusal(case).reason
     assert "bias" in plain.refusal(AttentionCase("cpu", "float32", 128, 2, 8, bias=True)).reason
     with pytest.raises(ValueError, match="takes no local_window"):
-        plain.bind()(np.zeros((1, 4, 2, 8)), np.zeros((1, 4, 2, 8)), np.zeros((1, 4, 2, 8)),
-                     kv_lengths_B=np.array([4]), scale=1.0, local_window=(1, 1))
+        plain.bind()(
+            np.zeros((1, 4, 2, 8)),
+            np.zeros((1, 4, 2, 8)),
+            np.zeros((1, 4, 2, 8)),
+            kv_lengths_B=np.array([4]),
+            scale=1.0,
+            local_window=(1, 1),
+        )

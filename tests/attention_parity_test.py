@@ -5,6 +5,7 @@ The backend sees inputs whose padded positions hold large garbage; the reference
 the numerics and that padded keys get zero weight. A case a backend's own check refuses is skipped, so every
 backend must also accept the float32 standard cases (padding alone): one that refuses them fails, not skips.
 """
+
 import dataclasses
 import functools
 import pathlib
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from docbeam import attention
+
 USER_BACKEND = "tests.fixtures_user_backend:attend"
 TOLERANCE = {"float32": 1e-5, "bfloat16": 2e-2}
 
@@ -38,19 +40,18 @@ CASES = [
     Case("bfloat16", 128, (128, 77), num_heads=2, head_dim=32),
 ]
 
-VARIANTS = (
-    [(name, {}) for name in attention.names()]
-    + [("native", {"implementation": "einsum"}),
-       ("native", {"implementation": "jax_nn"}),
-       ("flash", {"kernel": "tokamax_chunked"}),
-       ("flash", {"kernel": "chunked"}),
-       ("flash", {"kernel": "pallas_tpu", "interpret": True}),
-       ("flash", {"kernel": "pallas_gpu", "interpret": True}),
-       ("chunked", {"query_chunk": 64, "key_chunk": 48}),  # chunks that divide no sequence length
-       ("chunked", {"heads_per_step": 0}),  # all heads in one batched matmul
-       ("chunked", {"heads_per_step": 1, "query_chunk": 64, "key_chunk": 48}),  # one head per step, several chunks
-       (USER_BACKEND, {})]
-)
+VARIANTS = [(name, {}) for name in attention.names()] + [
+    ("native", {"implementation": "einsum"}),
+    ("native", {"implementation": "jax_nn"}),
+    ("flash", {"kernel": "tokamax_chunked"}),
+    ("flash", {"kernel": "chunked"}),
+    ("flash", {"kernel": "pallas_tpu", "interpret": True}),
+    ("flash", {"kernel": "pallas_gpu", "interpret": True}),
+    ("chunked", {"query_chunk": 64, "key_chunk": 48}),  # chunks that divide no sequence length
+    ("chunked", {"heads_per_step": 0}),  # all heads in one batched matmul
+    ("chunked", {"heads_per_step": 1, "query_chunk": 64, "key_chunk": 48}),  # one head per step, several chunks
+    (USER_BACKEND, {}),
+]
 
 
 def variant_id(variant):
@@ -92,14 +93,13 @@ def make_inputs(case: Case, seed: int = 0):
     shape = (len(case.kv_lengths), case.seq_len, case.num_heads, case.head_dim)
     valid_Bx1x1x1 = (np.arange(case.seq_len)[None, :] < np.array(case.kv_lengths)[:, None])[..., None, None]
     clean = [jnp.asarray(np.where(valid_Bx1x1x1, rng.standard_normal(shape), 0.0), case.dtype) for _ in "qkv"]
-    garbage = [jnp.where(valid_Bx1x1x1, x, jnp.asarray(10 * rng.standard_normal(shape), case.dtype))
-               for x in clean]
+    garbage = [jnp.where(valid_Bx1x1x1, x, jnp.asarray(10 * rng.standard_normal(shape), case.dtype)) for x in clean]
     kv_lengths_B = jnp.array(case.kv_lengths, jnp.int32)
     q, k, v = (np.asarray(x.astype(jnp.float32), np.float64) for x in clean)
     reference = np.zeros(shape)
     for row, length in enumerate(case.kv_lengths):
         if length:
-            scores_NxTxS = np.einsum("tnh,snh->nts", q[row], k[row, :length]) * case.head_dim ** -0.5
+            scores_NxTxS = np.einsum("tnh,snh->nts", q[row], k[row, :length]) * case.head_dim**-0.5
             weights_NxTxS = np.exp(scores_NxTxS - scores_NxTxS.max(axis=-1, keepdims=True))
             weights_NxTxS /= weights_NxTxS.sum(axis=-1, keepdims=True)
             reference[row] = np.einsum("nts,snh->tnh", weights_NxTxS, v[row, :length])
@@ -118,9 +118,16 @@ def test_backend_matches_native_on_valid_rows_and_ignores_padding(variant, case,
     name, raw_options = variant
     backend = attention.get(name)
     options = backend.parse_options(raw_options)
-    support = backend.supports(attention.AttentionCase(
-        platform=jax.default_backend(), dtype=case.dtype, seq_len=case.seq_len, num_heads=case.num_heads,
-        head_dim=case.head_dim), options)
+    support = backend.supports(
+        attention.AttentionCase(
+            platform=jax.default_backend(),
+            dtype=case.dtype,
+            seq_len=case.seq_len,
+            num_heads=case.num_heads,
+            head_dim=case.head_dim,
+        ),
+        options,
+    )
     if not support.ok:
         pytest.skip(f"{name} {raw_options} cannot run {case} here: {support.reason}")
 
@@ -129,16 +136,16 @@ def test_backend_matches_native_on_valid_rows_and_ignores_padding(variant, case,
     if jit:
         attend = jax.jit(attend, static_argnames="scale")
 
-    out_BxTxNxH = attend(q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim ** -0.5)
+    out_BxTxNxH = attend(q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim**-0.5)
 
     assert out_BxTxNxH.shape == q.shape and out_BxTxNxH.dtype == q.dtype
     assert bool(jnp.isfinite(out_BxTxNxH).all()), "non-finite output (padded or fully padded rows included)"
     for row, length in enumerate(case.kv_lengths):
-        error = float(jnp.abs(out_BxTxNxH[row, :length].astype(jnp.float32) - reference[row, :length]).max(
-            initial=0.0))
+        error = float(jnp.abs(out_BxTxNxH[row, :length].astype(jnp.float32) - reference[row, :length]).max(initial=0.0))
         assert error <= TOLERANCE[case.dtype], (
             f"row {row} (length {length}): max abs error {error:.2e} > {TOLERANCE[case.dtype]:.0e} against the float64 "
-            "reference; either the numerics differ or padded keys got weight")
+            "reference; either the numerics differ or padded keys got weight"
+        )
 
 
 def standard_refusals(name: str, raw_options: dict, platform: str) -> list[str]:
@@ -157,8 +164,10 @@ def standard_refusals(name: str, raw_options: dict, platform: str) -> list[str]:
 
 def assert_compared(name: str, raw_options: dict, platform: str) -> None:
     refused = standard_refusals(name, raw_options, platform)
-    assert not refused, (f"{name} {raw_options} refuses float32 standard cases on {platform}, so the parity test "
-                         f"would skip them and never compare it: {'; '.join(refused)}")
+    assert not refused, (
+        f"{name} {raw_options} refuses float32 standard cases on {platform}, so the parity test "
+        f"would skip them and never compare it: {'; '.join(refused)}"
+    )
 
 
 @pytest.mark.usefixtures("tests_package_importable")
@@ -184,7 +193,8 @@ def test_chunked_with_each_tuned_row_matches_reference(raw_options, case):
     (q, k, v), kv_lengths_B, reference = make_inputs(case)
 
     out_BxTxNxH = jax.jit(backend.bind(backend.parse_options(raw_options)), static_argnames="scale")(
-        q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim ** -0.5)
+        q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim**-0.5
+    )
 
     for row, length in enumerate(case.kv_lengths):
         error = float(jnp.abs(out_BxTxNxH[row, :length] - reference[row, :length]).max())
@@ -204,12 +214,14 @@ def relative_params():
     also with blocks smaller than the table (its gathered-rows path) and with two heads per step."""
     variants = [v for v in VARIANTS if v[0] != USER_BACKEND] + [
         ("chunked", {"query_chunk": 4, "key_chunk": 4}),  # Q + K − 1 = 7 offsets per block < 16 table rows
-        ("chunked", {"query_chunk": 16, "key_chunk": 8, "heads_per_step": 2})]
+        ("chunked", {"query_chunk": 16, "key_chunk": 8, "heads_per_step": 2}),
+    ]
     for variant in variants:
         for terms in RELATIVE_TERMS:
             for packed in (False, True):
-                yield pytest.param(variant, terms, packed,
-                                   id=f"{variant_id(variant)}-{'+'.join(terms)}{'-packed' if packed else ''}")
+                yield pytest.param(
+                    variant, terms, packed, id=f"{variant_id(variant)}-{'+'.join(terms)}{'-packed' if packed else ''}"
+                )
 
 
 def relative_reference(q, k, v, relative, case: Case, segments=None) -> np.ndarray:
@@ -217,8 +229,9 @@ def relative_reference(q, k, v, relative, case: Case, segments=None) -> np.ndarr
     sees (its row's valid keys, or its own window's)."""
     t = case.seq_len
     rows_TxT = np.asarray(relative.row(jnp.arange(t)[:, None] - jnp.arange(t)[None, :]))
-    key_table, query_table = (None if x is None else np.asarray(x, np.float64)
-                              for x in (relative.pos_key_RxNxH, relative.pos_query_RxNxH))
+    key_table, query_table = (
+        None if x is None else np.asarray(x, np.float64) for x in (relative.pos_key_RxNxH, relative.pos_query_RxNxH)
+    )
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     out = np.zeros(q.shape)
     for b, length in enumerate(case.kv_lengths):
@@ -230,7 +243,7 @@ def relative_reference(q, k, v, relative, case: Case, segments=None) -> np.ndarr
                     scores = scores + key_table[rows_TxT[i, keys], n] @ q[b, i, n]
                 if query_table is not None:
                     scores = scores + (query_table[rows_TxT[i, keys], n] * k[b, keys, n]).sum(-1)
-                weights = np.exp((scores - scores.max()) * case.head_dim ** -0.5)
+                weights = np.exp((scores - scores.max()) * case.head_dim**-0.5)
                 out[b, i, n] = weights / weights.sum() @ v[b, keys, n]
     return out
 
@@ -243,8 +256,9 @@ def test_backend_with_relative_positions_matches_float64_reference(variant, term
     backend = attention.get(name)
     options = backend.parse_options(raw_options)
     case = RELATIVE_CASE
-    asked = attention.AttentionCase("cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, segments=packed,
-                                    relative_positions=True)
+    asked = attention.AttentionCase(
+        "cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, segments=packed, relative_positions=True
+    )
     support = backend.refusal(asked) or backend.supports(asked, options)
     if not support.ok:
         pytest.skip(f"{name} {raw_options} refuses relative positions: {support.reason}")
@@ -254,8 +268,9 @@ def test_backend_with_relative_positions_matches_float64_reference(variant, term
     features = {"relative_positions": relative} | ({"segment_ids_BxT": jnp.asarray(segments)} if packed else {})
     fn = backend.bind(options)
 
-    got = np.asarray(jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim ** -0.5,
-                                                 **features))(q, k, v))
+    got = np.asarray(
+        jax.jit(lambda q, k, v: fn(q, k, v, kv_lengths_B=kv_lengths_B, scale=case.head_dim**-0.5, **features))(q, k, v)
+    )
 
     want = relative_reference(q, k, v, relative, case, segments)  # valid keys only: the garbage is unseen
     assert np.isfinite(got).all(), "non-finite output (padded or fully padded rows included)"
@@ -273,7 +288,10 @@ def test_the_relative_terms_move_the_reference():
     (q, k, v), _, plain = make_inputs(RELATIVE_CASE)
     both = random_relative(RELATIVE_CASE.num_heads, RELATIVE_CASE.head_dim, RELATIVE_CASE.seq_len, seed=3)
     want = relative_reference(q, k, v, both, RELATIVE_CASE)
-    for changed in (dc.replace(both, pos_key_RxNxH=None), dc.replace(both, pos_query_RxNxH=None),
-                    dc.replace(both, row=lambda offset: both.row(-offset))):
+    for changed in (
+        dc.replace(both, pos_key_RxNxH=None),
+        dc.replace(both, pos_query_RxNxH=None),
+        dc.replace(both, row=lambda offset: both.row(-offset)),
+    ):
         assert np.abs(relative_reference(q, k, v, changed, RELATIVE_CASE) - want)[:2, :41].max() > 0.1
     assert np.abs(want - np.asarray(plain))[:2, :41].max() > 0.1

@@ -2,6 +2,7 @@
 layers; MPNet: a relative-position bias): one case per bucket and kind of layer, one backend per bucket that
 takes every kind, a refusal of any kind sends the whole bucket to the fallback with the kind named, and the
 probes and the parity gate run each kind (windows and a random relative bias)."""
+
 import dataclasses
 
 import jax.numpy as jnp
@@ -9,10 +10,9 @@ import pytest
 
 from docbeam import attention
 from docbeam.attention import registry
-from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
 from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
-from docbeam.models.encoder import EncoderConfig
-from docbeam.models.encoder import attention_cases
+from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
+from docbeam.models.encoder import EncoderConfig, attention_cases
 
 GLOBAL, LOCAL, BIASED = AttentionFeatures(), AttentionFeatures(local_window=(4, 4)), AttentionFeatures(bias=True)
 
@@ -30,20 +30,29 @@ class LayerKindsConfig(EncoderConfig):
 
 
 def config(*kinds) -> LayerKindsConfig:
-    return LayerKindsConfig(vocab_size=100, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=32,
-                            max_position=512, kinds=kinds)
+    return LayerKindsConfig(
+        vocab_size=100, hidden_size=16, num_layers=3, num_heads=2, intermediate_size=32, max_position=512, kinds=kinds
+    )
 
 
 def spec(backend: str, fallback: str | None = None, **options) -> AttentionSpec:
-    return AttentionSpec(backend=backend, options=attention.get(backend).parse_options(options), fallback=fallback,
-                         fallback_options=attention.get(fallback).parse_options(None) if fallback else None)
+    return AttentionSpec(
+        backend=backend,
+        options=attention.get(backend).parse_options(options),
+        fallback=fallback,
+        fallback_options=attention.get(fallback).parse_options(None) if fallback else None,
+    )
 
 
 @pytest.fixture
 def global_only():
     """A backend that takes segment ids but no window and no bias, registered for the test's length."""
-    backend = Backend(name="global_only", attend=attention.get("native").attend, segments=True,
-                      options_type=attention.get("native").options_type)
+    backend = Backend(
+        name="global_only",
+        attend=attention.get("native").attend,
+        segments=True,
+        options_type=attention.get("native").options_type,
+    )
     registry._REGISTRY["global_only"] = backend
     yield backend
     del registry._REGISTRY["global_only"]
@@ -52,9 +61,14 @@ def global_only():
 def test_one_case_per_bucket_and_kind_of_layer():
     cases = attention_cases(config(GLOBAL, LOCAL), [16, 32], "cpu", packed=True)
     assert [(c.seq_len, c.local_window, c.segments) for c in cases] == [
-        (16, None, True), (16, (4, 4), True), (32, None, True), (32, (4, 4), True)]
-    plain = EncoderConfig(vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
-                          max_position=512)
+        (16, None, True),
+        (16, (4, 4), True),
+        (32, None, True),
+        (32, (4, 4), True),
+    ]
+    plain = EncoderConfig(
+        vocab_size=100, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32, max_position=512
+    )
     assert [c.features for c in attention_cases(plain, [16], "cpu")] == [GLOBAL]
 
 
@@ -64,13 +78,17 @@ def test_a_backend_that_takes_every_kind_runs_the_whole_bucket_and_names_each_ke
     assert "global: xla online softmax" in choices[0].kernel and "local window (4, 4): " in choices[0].kernel
 
 
-@pytest.mark.parametrize("kinds, named", [((GLOBAL, LOCAL), "local window (4, 4) layers: it takes no local window"),
-                                          ((BIASED,), "additive per-head bias")])
+@pytest.mark.parametrize(
+    "kinds, named",
+    [((GLOBAL, LOCAL), "local window (4, 4) layers: it takes no local window"), ((BIASED,), "additive per-head bias")],
+)
 def test_a_refusal_of_any_kind_falls_the_whole_bucket_back_naming_the_kind(global_only, kinds, named):
     cases = attention_cases(config(*kinds), [16], "cpu")
     [choice] = choose_backends(spec("global_only", fallback="native"), cases)
     assert choice.backend == "native" and choice.cases == tuple(cases) and named in choice.fallback_reason
-    with pytest.raises(AttentionPlanError, match="bucket 16.*" + named.split(":")[0].replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        AttentionPlanError, match="bucket 16.*" + named.split(":")[0].replace("(", r"\(").replace(")", r"\)")
+    ):
         choose_backends(spec("global_only"), cases)
 
 
@@ -98,8 +116,15 @@ def ignoring(feature: str):
     def attend(q, k, v, *, kv_lengths_B, scale, options, **features):
         features.pop(feature, None)
         return native.attend(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale, options=options, **features)
-    return Backend(name=f"ignores_{feature}", attend=attend, options_type=native.options_type, segments=True,
-                   local_window=True, bias=True)
+
+    return Backend(
+        name=f"ignores_{feature}",
+        attend=attend,
+        options_type=native.options_type,
+        segments=True,
+        local_window=True,
+        bias=True,
+    )
 
 
 @pytest.mark.parametrize("feature, kind", [("local_window", LOCAL), ("bias", BIASED)])
@@ -114,8 +139,9 @@ def test_the_parity_gate_catches_a_backend_that_drops_a_feature_of_one_kind(feat
         probe(job, choice)  # finite and the right shape: only parity can tell
         [gated] = gate(job, [choice])
         assert gated.backend == "native" and "parity gate" in gated.fallback_reason
-        [honest] = gate(spec("chunked"), choose_backends(spec("chunked"), attention_cases(config(GLOBAL, kind),
-                                                                                          [32], "cpu")))
+        [honest] = gate(
+            spec("chunked"), choose_backends(spec("chunked"), attention_cases(config(GLOBAL, kind), [32], "cpu"))
+        )
         assert honest.backend == "chunked"
     finally:
         del registry._REGISTRY[backend.name]

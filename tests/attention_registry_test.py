@@ -1,4 +1,5 @@
 """The attention registry and the backends' capability checks: names, options and refusals."""
+
 import json
 import pathlib
 import sys
@@ -61,17 +62,20 @@ def test_user_backend_that_cannot_be_imported_names_the_spec():
         attention.get("no_such_module:attend")
 
 
-@pytest.mark.parametrize("name,raw,bad_key", [
-    ("flash", {"blok_q": 1}, "blok_q"),
-    ("flash", {"block_q": 0}, "block_q"),
-    ("flash", {"kernel": "pallas"}, "kernel"),
-    ("chunked", {"key_chunk": -4}, "key_chunk"),
-    ("chunked", {"query_chunk": 0}, "query_chunk"),
-    ("chunked", {"heads_per_step": -1}, "heads_per_step"),
-    ("chunked", {"query_chunk": "big"}, "query_chunk"),
-    ("flash", {"kernel": "chunkd"}, "kernel"),
-    ("native", {"block_q": 128}, "block_q"),
-])
+@pytest.mark.parametrize(
+    "name,raw,bad_key",
+    [
+        ("flash", {"blok_q": 1}, "blok_q"),
+        ("flash", {"block_q": 0}, "block_q"),
+        ("flash", {"kernel": "pallas"}, "kernel"),
+        ("chunked", {"key_chunk": -4}, "key_chunk"),
+        ("chunked", {"query_chunk": 0}, "query_chunk"),
+        ("chunked", {"heads_per_step": -1}, "heads_per_step"),
+        ("chunked", {"query_chunk": "big"}, "query_chunk"),
+        ("flash", {"kernel": "chunkd"}, "kernel"),
+        ("native", {"block_q": 128}, "block_q"),
+    ],
+)
 def test_bad_option_is_refused_naming_the_key(name, raw, bad_key):
     with pytest.raises(pydantic.ValidationError, match=bad_key):
         attention.get(name).parse_options(raw)
@@ -89,8 +93,9 @@ def test_flash_auto_names_the_kernel_each_platform_runs():
 def test_flash_auto_on_cpu_picks_docbeam_chunked_before_tokamax(dtype, seq_len):
     # The order is measured: benchmarks/results/attention-flash-cpu.json holds the figures.
     assert flash.PLATFORM_KERNELS["cpu"] == ("chunked", "tokamax_chunked")
-    name, support = flash.pick_kernel(case("cpu", dtype, seq_len=seq_len, num_heads=12, head_dim=32),
-                                      flash.FlashOptions())
+    name, support = flash.pick_kernel(
+        case("cpu", dtype, seq_len=seq_len, num_heads=12, head_dim=32), flash.FlashOptions()
+    )
     assert name == "chunked" and support.ok
 
 
@@ -110,7 +115,8 @@ def test_the_cpu_table_is_the_committed_sweeps_choice():
     sweep = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chunk_sweep.json"
     chosen = json.loads(sweep.read_text())["chosen"]
     assert {str(row[0]): row[1:] for row in TUNED_CHUNKS} == {
-        length: (c["query_chunk"], c["key_chunk"], c["heads_per_step"]) for length, c in chosen.items()}
+        length: (c["query_chunk"], c["key_chunk"], c["heads_per_step"]) for length, c in chosen.items()
+    }
 
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
@@ -120,8 +126,9 @@ def test_chunked_sizes_on_accelerators_are_tokamaxs_chunks_not_the_cpu_sweep(pla
     for length in (1, 512, 2048, 8192, 100_000):  # one row, whatever the length: nothing measured per length
         assert chunk_sizes(ChunkedOptions(), length, platform) == (512, 1024, 0)
     assert chunk_sizes(ChunkedOptions(heads_per_step=2), 8192, platform) == (512, 1024, 2)
-    support = attention.get("chunked").supports(case(platform, "float32", seq_len=8192, num_heads=12, head_dim=32),
-                                                 attention.get("chunked").parse_options(None))
+    support = attention.get("chunked").supports(
+        case(platform, "float32", seq_len=8192, num_heads=12, head_dim=32), attention.get("chunked").parse_options(None)
+    )
     assert "chunks 512x1024" in support.kernel and "per step" not in support.kernel
 
 
@@ -173,8 +180,8 @@ def test_flash_refusal_at_run_time_says_why():
 
     with pytest.raises(ValueError, match="set flash.interpret: true"):
         backend.bind(backend.parse_options({"kernel": "pallas_tpu"}))(
-            q, q, q, kv_lengths_B=jnp.array([128], jnp.int32), scale=1.0)
-
+            q, q, q, kv_lengths_B=jnp.array([128], jnp.int32), scale=1.0
+        )
 
 
 def test_entry_point_backends_register_by_name_and_a_broken_one_disables_only_itself(tmp_path, monkeypatch):
@@ -185,7 +192,8 @@ def test_entry_point_backends_register_by_name_and_a_broken_one_disables_only_it
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-kernels\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[docbeam.attention]\nmy_kernel = fixtures_user_backend:attend\nbroken_kernel = no_such_module:attend\n")
+        "[docbeam.attention]\nmy_kernel = fixtures_user_backend:attend\nbroken_kernel = no_such_module:attend\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
@@ -197,7 +205,6 @@ def test_entry_point_backends_register_by_name_and_a_broken_one_disables_only_it
     broken = registry.get("broken_kernel")
     refusal = broken.supports(case, broken.parse_options(None))
     assert not refusal.ok and "no_such_module:attend failed to load: ModuleNotFoundError" in refusal.reason
-
 
 
 def test_current_platform_is_the_device_in_force_not_only_the_default_backend():

@@ -1,6 +1,7 @@
 """Content-dependent relative positions (attention/relative.py) beyond parity (tests/attention_parity_test.py):
 chunked computes them per block, never a [T, S] array; a backend that did not declare them is refused by the
 plan and by its bound function; flash's kernels that cannot take them say why; the plan's probes carry them."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -30,8 +31,9 @@ def traced(name: str, seq_len: int, heads: int = 2, head_dim: int = 16, **option
     fn = backend.bind(backend.parse_options(options))
     relative = random_relative(heads, head_dim, seq_len, buckets=256)  # DeBERTa-v3's 512 rows
     q = jax.ShapeDtypeStruct((1, seq_len, heads, head_dim), jnp.float32)
-    return jax.make_jaxpr(lambda q, k, v: fn(q, k, v, kv_lengths_B=jnp.array([seq_len]), scale=0.25,
-                                             relative_positions=relative))(q, q, q).jaxpr
+    return jax.make_jaxpr(
+        lambda q, k, v: fn(q, k, v, kv_lengths_B=jnp.array([seq_len]), scale=0.25, relative_positions=relative)
+    )(q, q, q).jaxpr
 
 
 @pytest.mark.parametrize("options", [{}, {"query_chunk": 64, "key_chunk": 64}, {"query_chunk": 256, "key_chunk": 1024}])
@@ -65,8 +67,10 @@ def test_flash_on_accelerators_refuses_relative_positions_naming_the_kernels_and
 def test_flash_on_cpu_runs_relative_positions_on_its_chunked_kernel():
     from docbeam.attention.flash import pick_kernel
 
-    name, support = pick_kernel(AttentionCase("cpu", "float32", 512, 12, 64, relative_positions=True),
-                                attention.get("flash").parse_options(None))
+    name, support = pick_kernel(
+        AttentionCase("cpu", "float32", 512, 12, 64, relative_positions=True),
+        attention.get("flash").parse_options(None),
+    )
     assert name == "chunked" and support.ok
 
 

@@ -1,6 +1,7 @@
 """docbeam's rows as Beam's own ``apache_beam.ml.rag.types.Chunk`` (pipeline/stages/beam_chunks.py): the mapping,
 ``EmbedDocuments(beam_chunks=True)`` and ``ReadBeamChunks`` on committed runs giving the same Chunks, and Beam's
 maintained writers taking them (tests/beam_writers_test.py)."""
+
 from __future__ import annotations
 
 import glob
@@ -19,8 +20,17 @@ def test_a_row_becomes_beams_chunk_holding_every_value_exactly():
     from apache_beam.ml.rag.types import Chunk
 
     dense, values = np.float32([0.1, -1 / 3, 2e-8]), np.float32([0.7, 1 / 7])
-    row = {"id": "doc-7", "embedding": dense.tolist(), "sparse_embedding": {"indices": [5, 900], "values": values},
-           "num_tokens": 9, "num_windows": 1, "truncated": False, "content_hash": "h", "lang": "en", "meta": '{"a": 1}'}
+    row = {
+        "id": "doc-7",
+        "embedding": dense.tolist(),
+        "sparse_embedding": {"indices": [5, 900], "values": values},
+        "num_tokens": 9,
+        "num_windows": 1,
+        "truncated": False,
+        "content_hash": "h",
+        "lang": "en",
+        "meta": '{"a": 1}',
+    }
     chunk = chunk_of_row(row, json_fields=("meta",), text="the text")
     assert isinstance(chunk, Chunk) and (chunk.id, chunk.index, chunk.content.text) == ("doc-7", 0, "the text")
     assert chunk.metadata == {"lang": "en", "meta": {"a": 1}, "document_id": "doc-7"}
@@ -30,8 +40,16 @@ def test_a_row_becomes_beams_chunk_holding_every_value_exactly():
 
 
 def test_a_chunk_row_carries_its_span_and_text_and_an_id_of_its_own():
-    row = {"document_id": "a#1", "chunk_index": 2, "char_start": 4, "char_end": 9, "chunk_text": "quick",
-           "embedding": [0.5, 0.5], "num_tokens": 3, "lang": "de"}
+    row = {
+        "document_id": "a#1",
+        "chunk_index": 2,
+        "char_start": 4,
+        "char_end": 9,
+        "chunk_text": "quick",
+        "embedding": [0.5, 0.5],
+        "num_tokens": 3,
+        "lang": "de",
+    }
     chunk = chunk_of_row(row)
     assert (chunk.id, chunk.index, chunk.content.text) == ("a#1#2", 2, "quick")
     assert chunk.metadata == {"lang": "de", "document_id": "a#1", "char_start": 4, "char_end": 9}
@@ -47,20 +65,31 @@ def test_as_beam_chunks_maps_rows_in_a_pipeline():
 
     import docbeam
 
-    rows = [{"id": "a", "embedding": [0.5, 0.25], "num_tokens": 2, "tags": '["x"]'},
-            {"id": "b", "sparse_embedding": {"indices": [1], "values": [2.0]}, "num_tokens": 2, "tags": None}]
+    rows = [
+        {"id": "a", "embedding": [0.5, 0.25], "num_tokens": 2, "tags": '["x"]'},
+        {"id": "b", "sparse_embedding": {"indices": [1], "values": [2.0]}, "num_tokens": 2, "tags": None},
+    ]
     with beam.Pipeline() as p:
         chunks = p | beam.Create(rows) | docbeam.AsBeamChunks(json_fields=("tags",))
-        assert_that(chunks, equal_to([
-            Chunk(Content(), "a", 0, {"tags": ["x"], "document_id": "a"}, Embedding([0.5, 0.25])),
-            Chunk(Content(), "b", 0, {"tags": None, "document_id": "b"}, Embedding(None, ([1], [2.0])))]))
+        assert_that(
+            chunks,
+            equal_to(
+                [
+                    Chunk(Content(), "a", 0, {"tags": ["x"], "document_id": "a"}, Embedding([0.5, 0.25])),
+                    Chunk(Content(), "b", 0, {"tags": None, "document_id": "b"}, Embedding(None, ([1], [2.0]))),
+                ]
+            ),
+        )
 
 
-@pytest.mark.parametrize("row, match", [
-    ({"id": "a", "multi_vector": [[0.1]]}, "'multi_vector' .* use a head that writes embedding"),
-    ({"id": "a", "label": "x", "scores": [0.5]}, "'scores'"),
-    ({"id": "a", "num_tokens": 3}, "neither embedding nor sparse_embedding"),
-])
+@pytest.mark.parametrize(
+    "row, match",
+    [
+        ({"id": "a", "multi_vector": [[0.1]]}, "'multi_vector' .* use a head that writes embedding"),
+        ({"id": "a", "label": "x", "scores": [0.5]}, "'scores'"),
+        ({"id": "a", "num_tokens": 3}, "neither embedding nor sparse_embedding"),
+    ],
+)
 def test_rows_a_chunk_cannot_hold_are_refused_naming_them(row, match):
     with pytest.raises(NotChunks, match=match):
         chunk_of_row(row)
@@ -85,48 +114,85 @@ def test_read_beam_chunks_refuses_what_is_not_a_committed_run_of_vectors(tmp_pat
 
 
 def test_embed_documents_refuses_beam_chunks_for_a_head_without_one_vector_per_document():
+    from docbeam.config import ConfigError
     from docbeam.models.heads.classifier import ClassifierHead
     from docbeam.models.heads.multivector import MultiVectorHead
     from docbeam.models.heads.sparse import SparseHead
-    from docbeam.config import ConfigError
     from docbeam.pipeline.driver.embed import beam_chunks_ids
 
     common = dict(pooling="cls", layers=(), width=4, folder="embeddings")
-    for head in (ClassifierHead(name="classifier", labels=("a",), function="softmax", windows="first", tensors=(),
-                                **{**common, "folder": "scores"}),
-                 MultiVectorHead(name="multi_vector", normalize=True, skip_ids=(), **common)):
+    for head in (
+        ClassifierHead(
+            name="classifier",
+            labels=("a",),
+            function="softmax",
+            windows="first",
+            tensors=(),
+            **{**common, "folder": "scores"},
+        ),
+        MultiVectorHead(name="multi_vector", normalize=True, skip_ids=(), **common),
+    ):
         with pytest.raises(ConfigError, match=f"beam_chunks=True\\): model.head resolved to {head.name}"):
             beam_chunks_ids(head, "docbeam")
-    sparse = SparseHead(name="sparse", activation="relu", windows="first", max_terms=None, threshold=None,
-                        layout=None, **common)
+    sparse = SparseHead(
+        name="sparse", activation="relu", windows="first", max_terms=None, threshold=None, layout=None, **common
+    )
     assert beam_chunks_ids(sparse, "uuid5") == "uuid5"
 
 
 def write_docs(path, texts: dict) -> None:
     """The documents, with a kept string (``lang``) and a field of no one type (``meta``: JSON text)."""
-    path.write_text("".join(json.dumps({"id": i, "text": t, "lang": LANGS[n % 2], "meta": n if n % 2 else str(n)})
-                            + "\n" for n, (i, t) in enumerate(texts.items())))
+    path.write_text(
+        "".join(
+            json.dumps({"id": i, "text": t, "lang": LANGS[n % 2], "meta": n if n % 2 else str(n)}) + "\n"
+            for n, (i, t) in enumerate(texts.items())
+        )
+    )
 
 
 @pytest.fixture(scope="session")
 def hybrid_runs(tmp_path_factory, tiny_checkpoint_dir):
     """A SPLADE run (with output.vertex_ai) and a dense run (granularity both) of the same documents."""
     from conftest import job_config
-    from docbeam.pipeline.driver.run import run_job
     from sparse_head_test import TEXTS, sparse_checkpoint
+
+    from docbeam.pipeline.driver.run import run_job
 
     root = tmp_path_factory.mktemp("hybrid")
     write_docs(root / "docs.jsonl", TEXTS)
     sparse_model = sparse_checkpoint(str(root / "splade"), "bert", "max")
     batching = {"buckets": [32, 64], "tokens_per_batch": 512}
     keep = {"keep_fields": ["lang", "meta"]}
-    run_job(job_config(str(root / "docs.jsonl"), str(root / "sparse"), sparse_model, batching=batching, input=keep,
-                       output={"vertex_ai": {"restricts": ["lang"]}}))
-    run_job(job_config(str(root / "docs.jsonl"), str(root / "dense"), tiny_checkpoint_dir, batching=batching,
-                       input=keep, output={"granularity": "both"}, model={"max_seq_len": 32},
-                       tokenize={"stride": 8}))
-    return {"sparse": str(root / "sparse"), "dense": str(root / "dense"), "texts": TEXTS, "docs": str(root / "docs.jsonl"),
-            "sparse_model": sparse_model, "batching": batching}
+    run_job(
+        job_config(
+            str(root / "docs.jsonl"),
+            str(root / "sparse"),
+            sparse_model,
+            batching=batching,
+            input=keep,
+            output={"vertex_ai": {"restricts": ["lang"]}},
+        )
+    )
+    run_job(
+        job_config(
+            str(root / "docs.jsonl"),
+            str(root / "dense"),
+            tiny_checkpoint_dir,
+            batching=batching,
+            input=keep,
+            output={"granularity": "both"},
+            model={"max_seq_len": 32},
+            tokenize={"stride": 8},
+        )
+    )
+    return {
+        "sparse": str(root / "sparse"),
+        "dense": str(root / "dense"),
+        "texts": TEXTS,
+        "docs": str(root / "docs.jsonl"),
+        "sparse_model": sparse_model,
+        "batching": batching,
+    }
 
 
 def rows_of(output: str, folder: str = "embeddings") -> list[dict]:
@@ -142,11 +208,20 @@ def expected_chunk(row: dict, text: str | None = None):
     meta = {"lang": row["lang"], "meta": json.loads(row["meta"])}
     sparse = row.get("sparse_embedding")
     if "chunk_index" in row:
-        return Chunk(Content(row["chunk_text"]), f"{row['document_id']}#{row['chunk_index']}", row["chunk_index"],
-                     {**meta, "document_id": row["document_id"], "char_start": row["char_start"],
-                      "char_end": row["char_end"]}, Embedding(row["embedding"]))
-    return Chunk(Content(text), row["id"], 0, {**meta, "document_id": row["id"]},
-                 Embedding(row.get("embedding"), sparse and (sparse["indices"], sparse["values"])))
+        return Chunk(
+            Content(row["chunk_text"]),
+            f"{row['document_id']}#{row['chunk_index']}",
+            row["chunk_index"],
+            {**meta, "document_id": row["document_id"], "char_start": row["char_start"], "char_end": row["char_end"]},
+            Embedding(row["embedding"]),
+        )
+    return Chunk(
+        Content(text),
+        row["id"],
+        0,
+        {**meta, "document_id": row["id"]},
+        Embedding(row.get("embedding"), sparse and (sparse["indices"], sparse["values"])),
+    )
 
 
 def collected(pcoll, label: str, check) -> None:
@@ -179,14 +254,19 @@ def test_embed_documents_gives_the_chunks_a_committed_run_reads_back_with_their_
     """The same documents through EmbedDocuments(beam_chunks=True): each Chunk is the committed row's, with the
     text, and the dict's other fields as metadata (``meta`` as the value itself, where the run kept JSON text)."""
     import apache_beam as beam
+    from conftest import job_config
 
     import docbeam
-    from conftest import job_config
 
     texts = hybrid_runs["texts"]
     committed = {r["id"]: r for r in rows_of(hybrid_runs["sparse"])}
-    config = job_config(hybrid_runs["docs"], "unused", hybrid_runs["sparse_model"], batching=hybrid_runs["batching"],
-                        input={"keep_fields": ["lang", "meta"]})
+    config = job_config(
+        hybrid_runs["docs"],
+        "unused",
+        hybrid_runs["sparse_model"],
+        batching=hybrid_runs["batching"],
+        input={"keep_fields": ["lang", "meta"]},
+    )
     embed = docbeam.EmbedDocuments(config, beam_chunks=True)
 
     def same(actual):

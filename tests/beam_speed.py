@@ -5,6 +5,7 @@ The suite builds over a hundred small pipelines, and on the 2-core machine Beam 
 translating each graph than the tiny model spends encoding it. Nothing here changes what a pipeline computes:
 each memo keys on the object whose answer it holds, and anything it cannot key safely is asked as Beam asks.
 `docbeam run` itself runs Beam unpatched, and so do the tests' child processes."""
+
 from __future__ import annotations
 
 import types

@@ -8,6 +8,7 @@ this machine cannot reach it (``~/.m2`` holds the Postgres JDBC driver but no Be
 (``ColumnSpecsBuilder``'s specs, the INSERT ``PostgresVectorWriterConfig``'s query builder makes, its row converter
 and the RowCoder records between Beam steps) and the statement executes against the real Postgres with psycopg
 (JDBC's ``?`` as psycopg's ``%s``); only the JdbcIO transport is not run here."""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,8 @@ import json
 import apache_beam as beam
 import numpy as np
 import pytest
-
 from beam_chunks_test import hybrid_runs, rows_of  # noqa: F401  the session's SPLADE and dense runs
+
 from docbeam.pipeline.stages.beam_chunks import chunk_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")]
@@ -29,25 +30,35 @@ def hybrid(item):
 
     [dense], [sparse] = item[1]["dense"], item[1]["sparse"]
     assert dense.metadata == sparse.metadata
-    return Chunk(dense.content, dense.id, dense.index, dense.metadata,
-                 Embedding(dense.dense_embedding, sparse.sparse_embedding))
+    return Chunk(
+        dense.content, dense.id, dense.index, dense.metadata, Embedding(dense.dense_embedding, sparse.sparse_embedding)
+    )
 
 
 def hybrid_chunks(p, runs: dict, ids: str):
     import docbeam
 
-    read = {name: p | f"Read{name}" >> docbeam.ReadBeamChunks(runs[name], ids=ids)
-            | f"Key{name}" >> beam.Map(lambda c: (c.id, c)) for name in ("dense", "sparse")}
+    read = {
+        name: p
+        | f"Read{name}" >> docbeam.ReadBeamChunks(runs[name], ids=ids)
+        | f"Key{name}" >> beam.Map(lambda c: (c.id, c))
+        for name in ("dense", "sparse")
+    }
     return read | "JoinById" >> beam.CoGroupByKey() | "Hybrid" >> beam.Map(hybrid)
 
 
 def committed(runs: dict) -> dict[str, dict]:
     """Each document's committed values: its dense vector, its sparse terms, its kept fields."""
     dense = {r["id"]: r for r in rows_of(runs["dense"])}
-    return {r["id"]: {"dense": np.float32(dense[r["id"]]["embedding"]), "indices": r["sparse_embedding"]["indices"],
-                      "values": np.float32(r["sparse_embedding"]["values"]),
-                      "payload": {"lang": r["lang"], "meta": json.loads(r["meta"]), "document_id": r["id"]}}
-            for r in rows_of(runs["sparse"])}
+    return {
+        r["id"]: {
+            "dense": np.float32(dense[r["id"]]["embedding"]),
+            "indices": r["sparse_embedding"]["indices"],
+            "values": np.float32(r["sparse_embedding"]["values"]),
+            "payload": {"lang": r["lang"], "meta": json.loads(r["meta"]), "document_id": r["id"]},
+        }
+        for r in rows_of(runs["sparse"])
+    }
 
 
 def ranked(values: dict, probe: str, score) -> list[str]:
@@ -68,12 +79,16 @@ def test_beams_qdrant_writer_stores_docbeams_hybrid_chunks(hybrid_runs, tmp_path
     values = committed(hybrid_runs)
     dim, path = len(next(iter(values.values()))["dense"]), str(tmp_path / "qdrant")
     client = QdrantClient(path=path)  # dot product: Qdrant keeps the vectors as given (cosine would normalise them)
-    client.create_collection("docs", vectors_config={"dense": models.VectorParams(size=dim, distance=models.Distance.DOT)},
-                             sparse_vectors_config={"sparse": models.SparseVectorParams()})
+    client.create_collection(
+        "docs",
+        vectors_config={"dense": models.VectorParams(size=dim, distance=models.Distance.DOT)},
+        sparse_vectors_config={"sparse": models.SparseVectorParams()},
+    )
     client.close()  # local mode: one client a folder at a time
     with beam.Pipeline() as p:
         hybrid_chunks(p, hybrid_runs, "uuid5") | VectorDatabaseWriteTransform(
-            QdrantWriteConfig(QdrantConnectionParameters.local(path), "docs"))
+            QdrantWriteConfig(QdrantConnectionParameters.local(path), "docs")
+        )
 
     client = QdrantClient(path=path)
     uuids = {chunk_id({"id": i}, "uuid5"): i for i in values}
@@ -86,8 +101,9 @@ def test_beams_qdrant_writer_stores_docbeams_hybrid_chunks(hybrid_runs, tmp_path
         assert np.array_equal(np.float32(point.vector["sparse"].values), want["values"])
         assert point.payload == want["payload"]
     probe = values["d5"]
-    found = client.query_points("docs", query=models.SparseVector(indices=probe["indices"], values=probe["values"]),
-                                using="sparse", limit=3).points
+    found = client.query_points(
+        "docs", query=models.SparseVector(indices=probe["indices"], values=probe["values"]), using="sparse", limit=3
+    ).points
     assert [uuids[str(p.id)] for p in found] == ranked(values, "d5", sparse_dot)[:3]
     found = client.query_points("docs", query=probe["dense"].tolist(), using="dense", limit=3).points
     assert [uuids[str(p.id)] for p in found] == ranked(values, "d5", lambda a, b: float(a["dense"] @ b["dense"]))[:3]
@@ -111,13 +127,23 @@ def postgres_config(dsn: str, table: str, embedding_convert=None):
     from apache_beam.ml.rag.ingestion.postgres import PostgresVectorWriterConfig
     from apache_beam.ml.rag.ingestion.postgres_common import ColumnSpec, ColumnSpecsBuilder, ConflictResolution
 
-    specs = (ColumnSpecsBuilder().with_id_spec().with_embedding_spec(convert_fn=embedding_convert)
-             .with_sparse_embedding_spec(column_name="sparse_terms").with_metadata_spec()
-             .add_custom_column_spec(ColumnSpec("sparse_embedding", str, lambda c: sparsevec(c.sparse_embedding),
-                                                "::sparsevec")).build())
-    return PostgresVectorWriterConfig(ConnectionConfig(jdbc_url=f"jdbc:postgresql://{dsn.split('@')[-1]}",
-                                                       username="postgres", password=""), table,
-                                      column_specs=specs, conflict_resolution=ConflictResolution("id", "UPDATE"))
+    specs = (
+        ColumnSpecsBuilder()
+        .with_id_spec()
+        .with_embedding_spec(convert_fn=embedding_convert)
+        .with_sparse_embedding_spec(column_name="sparse_terms")
+        .with_metadata_spec()
+        .add_custom_column_spec(
+            ColumnSpec("sparse_embedding", str, lambda c: sparsevec(c.sparse_embedding), "::sparsevec")
+        )
+        .build()
+    )
+    return PostgresVectorWriterConfig(
+        ConnectionConfig(jdbc_url=f"jdbc:postgresql://{dsn.split('@')[-1]}", username="postgres", password=""),
+        table,
+        column_specs=specs,
+        conflict_resolution=ConflictResolution("id", "UPDATE"),
+    )
 
 
 class ExecuteInsert(beam.DoFn):
@@ -141,23 +167,29 @@ class ExecuteInsert(beam.DoFn):
 
 @pytest.mark.extra
 @pytest.mark.parametrize("convert, exact", [(None, True), (four_decimals, False)], ids=["beams-default", "lossy"])
-def test_beams_postgres_writer_statement_loads_hybrid_chunks_into_the_real_postgres(hybrid_runs, postgres, convert,
-                                                                                    exact):
+def test_beams_postgres_writer_statement_loads_hybrid_chunks_into_the_real_postgres(
+    hybrid_runs, postgres, convert, exact
+):
     from pgvector_sparse_test import parse_sparsevec
     from pgvector_test import query
 
     values, table = committed(hybrid_runs), f"beam_hybrid_{'exact' if exact else 'lossy'}"
     dim = len(next(iter(values.values()))["dense"])
     query(postgres, "CREATE EXTENSION IF NOT EXISTS vector")
-    query(postgres, f"CREATE TABLE {table} (id text PRIMARY KEY, embedding vector({dim}), sparse_terms jsonb, "
-                    f"metadata jsonb, sparse_embedding sparsevec({VOCABULARY}))")
+    query(
+        postgres,
+        f"CREATE TABLE {table} (id text PRIMARY KEY, embedding vector({dim}), sparse_terms jsonb, "
+        f"metadata jsonb, sparse_embedding sparsevec({VOCABULARY}))",
+    )
     config = postgres_config(postgres, table, convert)
     statement = config.query_builder.build_insert()
     assert f"INSERT INTO {table}" in statement and "?::float[]" in statement and "?::sparsevec" in statement
     with beam.Pipeline() as p:
-        (hybrid_chunks(p, hybrid_runs, "docbeam")
-         | "ToRecords" >> beam.Map(config.query_builder.create_converter())
-         | "Insert" >> beam.ParDo(ExecuteInsert(postgres, statement)))
+        (
+            hybrid_chunks(p, hybrid_runs, "docbeam")
+            | "ToRecords" >> beam.Map(config.query_builder.create_converter())
+            | "Insert" >> beam.ParDo(ExecuteInsert(postgres, statement))
+        )
 
     loaded = query(postgres, f"SELECT id, embedding::text, sparse_terms, metadata, sparse_embedding::text FROM {table}")
     assert sorted(r[0] for r in loaded) == sorted(values)
@@ -172,12 +204,17 @@ def test_beams_postgres_writer_statement_loads_hybrid_chunks_into_the_real_postg
             differ.add(doc_id)
     assert differ == (set() if exact else set(values))  # the lossy converter is caught on every row
     if exact:  # a hybrid query: sparse inner product plus dense cosine similarity
+
         def score(a, b):
             return sparse_dot(a, b) + float(a["dense"] @ b["dense"]) / np.linalg.norm(a["dense"]) / np.linalg.norm(
-                b["dense"])
+                b["dense"]
+            )
 
         probe = values["d5"]
-        found = query(postgres, f"SELECT id FROM {table} WHERE id <> 'd5' ORDER BY (sparse_embedding <#> %s::sparsevec)"
-                                f" + (embedding <=> %s::vector) LIMIT 1",
-                      (sparsevec((probe["indices"], probe["values"].tolist())), json.dumps(probe["dense"].tolist())))
+        found = query(
+            postgres,
+            f"SELECT id FROM {table} WHERE id <> 'd5' ORDER BY (sparse_embedding <#> %s::sparsevec)"
+            f" + (embedding <=> %s::vector) LIMIT 1",
+            (sparsevec((probe["indices"], probe["values"].tolist())), json.dumps(probe["dense"].tolist())),
+        )
         assert found == [([i for i in ranked(values, "d5", score) if i != "d5"][0],)]

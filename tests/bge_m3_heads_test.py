@@ -2,6 +2,7 @@
 weights and ColBERT vectors equal FlagEmbedding's published formulas (BGEM3FlagModel.encode, in a torch reference
 of this file's own) on native and chunked attention, packed and unpacked; keeping special tokens or summing a token
 id's weights is caught; a sparse_linear.pt that holds anything but a linear layer's tensors is refused."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,15 +12,15 @@ import os
 import jax
 import numpy as np
 import pytest
-
 from bge_m3_test import bge_m3_checkpoint
-from docbeam import attention
-from docbeam.models import checkpoint, encoder
-from docbeam.models.heads import resolve
-from docbeam.config import ModelConfig
-from docbeam.pipeline.records import WindowEmbedding
 from family_fixtures import MIN_COSINE
 from multivector_head_test import TEXTS, WINDOW, first_windows
+
+from docbeam import attention
+from docbeam.config import ModelConfig
+from docbeam.models import checkpoint, encoder
+from docbeam.models.heads import resolve
+from docbeam.pipeline.records import WindowEmbedding
 
 SPARSE_TOLERANCE = 1e-5
 
@@ -74,8 +75,9 @@ def flag_embedding(model, colbert, sparse, folder: str, texts: list[str], combin
     return out
 
 
-def ours(folder: str, texts: list[str], *, backend: str = "native", packed: bool = False,
-         change=lambda head: head) -> list[dict]:
+def ours(
+    folder: str, texts: list[str], *, backend: str = "native", packed: bool = False, change=lambda head: head
+) -> list[dict]:
     """docbeam's forward, window cut and rows for each text's first window (``change`` edits the head)."""
     ck = checkpoint.open_checkpoint(folder, with_weights=True)
     head = change(resolve(ck, "bge_m3", ModelConfig(path=folder, head="bge_m3")))
@@ -83,11 +85,16 @@ def ours(folder: str, texts: list[str], *, backend: str = "native", packed: bool
     attend = attention.get(backend).bind(attention.get(backend).parse_options(None))
     forward = jax.jit(encoder.embed_fn(ck.config, attend, head.pooling, head.layers, head.reduce))
     batch = first_windows(ck.folder, texts, packed)
-    out = forward(params, batch.ids_BxT, batch.lengths_B, *((batch.segment_ids_BxT, batch.slot_lengths_BxK)
-                                                            if packed else ()))
+    out = forward(
+        params, batch.ids_BxT, batch.lengths_B, *((batch.segment_ids_BxT, batch.slot_lengths_BxK) if packed else ())
+    )
     tokens = head.window_vectors(np.asarray(out), batch)
-    return [head.document_row([WindowEmbedding(w.doc_id, 0, 1, len(t), len(t), False, head.compact_window(t),
-                                               WINDOW, backend)]) for w, t in zip(batch.windows, tokens)]
+    return [
+        head.document_row(
+            [WindowEmbedding(w.doc_id, 0, 1, len(t), len(t), False, head.compact_window(t), WINDOW, backend)]
+        )
+        for w, t in zip(batch.windows, tokens)
+    ]
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -102,14 +109,18 @@ def differences(rows: list[dict], expected: list[dict]) -> list[str]:
     for i, (row, want) in enumerate(zip(rows, expected, strict=True)):
         if cosines(row["embedding"], want["dense"]).min() < MIN_COSINE:
             found.append(f"d{i}: dense")
-        if len(row["multi_vector"]) != len(want["colbert"]) or cosines(row["multi_vector"],
-                                                                       want["colbert"]).min() < MIN_COSINE:
+        if (
+            len(row["multi_vector"]) != len(want["colbert"])
+            or cosines(row["multi_vector"], want["colbert"]).min() < MIN_COSINE
+        ):
             found.append(f"d{i}: colbert")
         sparse = row["sparse_embedding"]
         if sparse["indices"] != sorted(want["lexical"]):
             found.append(f"d{i}: sparse token ids")
-        elif np.abs(np.subtract(sparse["values"], [want["lexical"][t] for t in sparse["indices"]])).max(
-                initial=0) > SPARSE_TOLERANCE:
+        elif (
+            np.abs(np.subtract(sparse["values"], [want["lexical"][t] for t in sparse["indices"]])).max(initial=0)
+            > SPARSE_TOLERANCE
+        ):
             found.append(f"d{i}: sparse weights")
     return found
 
@@ -181,8 +192,12 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(
     folder = m3[0]
     native = attention.get("native")
     head = resolve(checkpoint.open_checkpoint(folder), "bge_m3", ModelConfig(path=folder, head="bge_m3"))
-    spec = dataclasses.replace(standalone_spec(folder, "float32", "mean", AttentionSpec(
-        "native", native.parse_options(None)), (16, 32), packing=True), head=head)
+    spec = dataclasses.replace(
+        standalone_spec(
+            folder, "float32", "mean", AttentionSpec("native", native.parse_options(None)), (16, 32), packing=True
+        ),
+        head=head,
+    )
     runtime = load_encoder(spec)
     good = TokenWindow("good", 0, 1, np.array([101, 2000, 1010, 2000, 1012, 102], np.int32), 4, False)
     bad = TokenWindow("bad", 0, 1, np.array([101, 7, 2003, 102], np.int32), 2, False)
@@ -195,24 +210,30 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(
     assert timing["reencoded_alone"] == 2 and not by_id["bad"].finite()
     again = head.compact_window(clean[0])
     assert again.colbert.shape == (5, 24) and again.sparse.indices.tolist() == sorted(set(again.sparse.indices))
-    for got, want in ((by_id["good"].dense, again.dense), (by_id["good"].colbert, again.colbert),
-                      (by_id["good"].sparse.values, again.sparse.values)):
+    for got, want in (
+        (by_id["good"].dense, again.dense),
+        (by_id["good"].colbert, again.colbert),
+        (by_id["good"].sparse.values, again.sparse.values),
+    ):
         np.testing.assert_allclose(got, want, atol=2e-6)
     window = WindowEmbedding("bad", 0, 1, 4, 4, False, by_id["bad"], 32, "native")
     assert head.document_row([window]).startswith("the bge-m3 output has NaN")
 
 
-@pytest.mark.parametrize("sets, match", [
-    ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to bge_m3"),
-    ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to bge_m3"),
-    ({"model": {"head": "bge_m3", "sparse": {"windows": "all"}}}, "model.sparse.windows: all: the bge_m3 head"),
-])
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to bge_m3"),
+        ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to bge_m3"),
+        ({"model": {"head": "bge_m3", "sparse": {"windows": "all"}}}, "model.sparse.windows: all: the bge_m3 head"),
+    ],
+)
 def test_what_the_bge_m3_head_does_not_write_is_refused_at_start(tmp_path, m3, sets, match):
     from conftest import job_config
+
     from docbeam.pipeline.driver.plan import make_plan
 
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
     sets = {"model": {"head": "bge_m3"}, **sets}
     with pytest.raises((checkpoint.CheckpointError, ValueError), match=match):
-        make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), m3[0], **sets),
-                  probe_backends=False)
+        make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), m3[0], **sets), probe_backends=False)

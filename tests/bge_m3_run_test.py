@@ -2,6 +2,7 @@
 representations, summary.json gives each one's size per document, an incremental run carries the rows over, and
 output.pgvector loads the dense and sparse columns into one table of the real Postgres, where a hybrid query
 (dense cosine plus sparse inner product in one ORDER BY) ranks as numpy ranks docbeam's own rows."""
+
 from __future__ import annotations
 
 import glob
@@ -10,11 +11,11 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from bge_m3_heads_test import differences, flag_embedding, m3_checkpoint
 from conftest import job_config
-from docbeam.pipeline.driver.run import run_job
 from multivector_head_test import TEXTS
+
+from docbeam.pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
 BATCHING = {"buckets": [16, 32, 48], "tokens_per_batch": 256, "packing": True}
@@ -44,9 +45,13 @@ def test_a_run_writes_the_three_representations_and_an_incremental_run_carries_t
     assert summary["representations"] == {
         "embedding": {"values_per_document": 32, "bytes_per_document": 128},
         "multi_vector": {"vectors_per_document": round(vectors, 2), "bytes_per_document": round(vectors * 24 * 4, 2)},
-        "sparse_embedding": {"nonzeros_per_document": round(terms, 2), "bytes_per_document": round(terms * 8, 2)}}
-    again = run_job(job_config(docs, str(tmp_path / "again"), folder,
-                               **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}))
+        "sparse_embedding": {"nonzeros_per_document": round(terms, 2), "bytes_per_document": round(terms * 8, 2)},
+    }
+    again = run_job(
+        job_config(
+            docs, str(tmp_path / "again"), folder, **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}
+        )
+    )
     assert again["docs_reused"] == len(TEXTS) and read_rows(tmp_path / "again") == rows
     assert again["representations"] == summary["representations"]
     assert_reads_back_as_hybrid_beam_chunks(str(tmp_path / "out"), rows)
@@ -65,8 +70,10 @@ def assert_reads_back_as_hybrid_beam_chunks(out: str, rows: dict) -> None:
         for c in chunks:
             row = rows[c.id]
             assert c.dense_embedding == [float(x) for x in np.float32(row["embedding"])]
-            assert c.sparse_embedding == (row["sparse_embedding"]["indices"],
-                                          [float(x) for x in np.float32(row["sparse_embedding"]["values"])])
+            assert c.sparse_embedding == (
+                row["sparse_embedding"]["indices"],
+                [float(x) for x in np.float32(row["sparse_embedding"]["values"])],
+            )
 
     with beam.Pipeline() as p:
         assert_that(p | docbeam.ReadBeamChunks(out), same)
@@ -79,14 +86,18 @@ def test_the_run_summary_line_names_the_heads_sizes():
     sizes = {"sparse_embedding": {"nonzeros_per_document": 41.5, "bytes_per_document": 332.0}}
     assert format_head(head, None) + format_sizes(sizes, head) == (
         "  head       bge_m3 (dense, sparse and ColBERT) → embeddings/; per document: sparse_embedding 41.5 "
-        "nonzeros 332.0 bytes")
+        "nonzeros 332.0 bytes"
+    )
 
 
 # The query shares its rare words with "lexical" only; the others are multivector_head_test's sentences, of
 # which the random model's dense vectors put another nearer the query than "lexical".
 QUERY = "zephyr quokka xylophone marmalade"
-HYBRID_TEXTS = {"query": QUERY, "lexical": "a quokka, a zephyr and marmalade on the xylophone",
-                **{f"d{i}": t for i, t in enumerate(TEXTS)}}
+HYBRID_TEXTS = {
+    "query": QUERY,
+    "lexical": "a quokka, a zephyr and marmalade on the xylophone",
+    **{f"d{i}": t for i, t in enumerate(TEXTS)},
+}
 WEIGHT = 0.5  # of the sparse inner product beside the dense cosine
 
 
@@ -114,8 +125,12 @@ def test_a_bge_m3_run_loads_dense_and_sparse_columns_and_a_hybrid_query_ranks_as
 
     folder, *_ = m3_checkpoint(str(tmp_path / "model"))
     docs = write_docs(tmp_path / "docs.jsonl", HYBRID_TEXTS)
-    sections = {"model": {"head": "bge_m3"}, "batching": BATCHING, "input": {"keep_fields": ["lang"]},
-                "output": {"pgvector": {"dsn": postgres, "table": "m3"}}}
+    sections = {
+        "model": {"head": "bge_m3"},
+        "batching": BATCHING,
+        "input": {"keep_fields": ["lang"]},
+        "output": {"pgvector": {"dsn": postgres, "table": "m3"}},
+    }
     summary = run_job(job_config(docs, str(tmp_path / "out"), folder, **sections))
     assert summary["pgvector"]["upserted"] == len(HYBRID_TEXTS)
     assert summary["pgvector"]["not_loaded"] == ["multi_vector"]
@@ -129,12 +144,21 @@ def test_a_bge_m3_run_loads_dense_and_sparse_columns_and_a_hybrid_query_ranks_as
         assert np.allclose(json.loads(dense), rows[doc_id]["embedding"], rtol=1e-6)
     probe = rows["query"]
     dense_literal = json.dumps(probe["embedding"])
-    sparse_literal = "{" + ",".join(f"{i + 1}:{v!r}" for i, v in zip(probe["sparse_embedding"]["indices"],
-                                                                      probe["sparse_embedding"]["values"])) + "}/30522"
+    sparse_literal = (
+        "{"
+        + ",".join(
+            f"{i + 1}:{v!r}" for i, v in zip(probe["sparse_embedding"]["indices"], probe["sparse_embedding"]["values"])
+        )
+        + "}/30522"
+    )
     dense_only = hybrid_scores(rows, "query", 0.0)
     expected = sorted((s, i) for i, s in hybrid_scores(rows, "query", WEIGHT).items())[::-1]
-    ranked = query(postgres, "SELECT id FROM m3 WHERE id <> 'query' ORDER BY (embedding <=> %s::vector) "
-                             "+ %s * (sparse_embedding <#> %s::sparsevec), id", (dense_literal, WEIGHT, sparse_literal))
+    ranked = query(
+        postgres,
+        "SELECT id FROM m3 WHERE id <> 'query' ORDER BY (embedding <=> %s::vector) "
+        "+ %s * (sparse_embedding <#> %s::sparsevec), id",
+        (dense_literal, WEIGHT, sparse_literal),
+    )
     assert [r[0] for r in ranked] == [i for _, i in expected]
     by_meaning = sorted(dense_only, key=lambda i: -dense_only[i])
     assert by_meaning[0] != "lexical" and ranked[0] == ("lexical",)  # the shared rare words put it first

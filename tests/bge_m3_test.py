@@ -1,6 +1,7 @@
 """bge-m3's ColBERT vectors through the multi-vector head (models/heads/multivector.py bge_m3_colbert): each
 token's vector equals FlagEmbedding's published formula, in a torch reference of its own, on native and chunked
 attention, packed and unpacked; colbert_linear.pt is read as plain tensors (models/torch_tensors.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,12 +9,12 @@ import os
 
 import numpy as np
 import pytest
-
-from docbeam.models import checkpoint
-from docbeam.models.heads import resolve
-from docbeam.config import ModelConfig
 from family_fixtures import MIN_COSINE, save_checkpoint, tiny_model
 from multivector_head_test import TEXTS, WINDOW, lowest_token_cosine, ours
+
+from docbeam.config import ModelConfig
+from docbeam.models import checkpoint
+from docbeam.models.heads import resolve
 
 
 def bge_m3_checkpoint(folder: str) -> str:
@@ -21,8 +22,14 @@ def bge_m3_checkpoint(folder: str) -> str:
     saved by torch.save as FlagEmbedding saves it; returned with that Linear, for the reference."""
     import torch
 
-    model = tiny_model("XLMRobertaModel", num_hidden_layers=2, intermediate_size=64, max_position_embeddings=130,
-                       type_vocab_size=1, pad_token_id=1)
+    model = tiny_model(
+        "XLMRobertaModel",
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        type_vocab_size=1,
+        pad_token_id=1,
+    )
     save_checkpoint(model, folder, max_seq_length=WINDOW)
     linear = torch.nn.Linear(32, 24)
     with torch.no_grad():

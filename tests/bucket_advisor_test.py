@@ -1,5 +1,6 @@
 """``docbeam propose-buckets``: a proposal on the shipped sample, and a reason (exit 2) when there is nothing to
 propose from."""
+
 from __future__ import annotations
 
 import json
@@ -7,11 +8,11 @@ import os
 import subprocess
 
 import pytest
-
 from cli_runner import run_docbeam
 from conftest import REPO
-from docbeam.pipeline.tools import bucket_advisor
+
 from docbeam import config
+from docbeam.pipeline.tools import bucket_advisor
 
 LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
@@ -51,7 +52,10 @@ def test_the_shipped_config_is_scored_beside_the_proposals_and_kept_when_none_be
     assert "| 1024 (this config) | [128, 256] |" in result.stdout
     assert result.stdout.strip().splitlines()[-4:] == [
         "# no proposal scores more than 0.005 above this config's own choice: keep it",
-        "batching:", "  buckets: [128, 256]", "  tokens_per_batch: 1024"]
+        "batching:",
+        "  buckets: [128, 256]",
+        "  tokens_per_batch: 1024",
+    ]
 
 
 def test_a_config_that_pads_badly_gets_a_better_proposal(tmp_path):
@@ -63,8 +67,13 @@ def test_a_config_that_pads_badly_gets_a_better_proposal(tmp_path):
 
 
 def test_rejects_are_counted_and_left_out_of_the_windows(tmp_path):
-    corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "text": "hello world"}, {"id": "b"},
-                   {"id": "a", "text": "a duplicate"}, {"id": "c", "text": "one more"})
+    corpus = jsonl(
+        tmp_path / "in.jsonl",
+        {"id": "a", "text": "hello world"},
+        {"id": "b"},
+        {"id": "a", "text": "a duplicate"},
+        {"id": "c", "text": "one more"},
+    )
     result = plan(tmp_path, f"input.path={corpus}")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("# 4 documents read, 2 kept (2 the job would reject) → 2 windows")
@@ -81,8 +90,10 @@ def test_an_input_whose_documents_are_all_rejected_says_why(tmp_path):
     corpus = jsonl(tmp_path / "in.jsonl", {"id": "a", "body": "hello"}, {"id": "b", "body": "world"})
     result = plan(tmp_path, f"input.path={corpus}")
     assert result.returncode == 2
-    assert (f"nothing to propose: read 2 document(s) from 1 file(s) matching input.path '{corpus}'; the job would "
-            "reject all of them (missing_text: 2)") in result.stderr
+    assert (
+        f"nothing to propose: read 2 document(s) from 1 file(s) matching input.path '{corpus}'; the job would "
+        "reject all of them (missing_text: 2)"
+    ) in result.stderr
     assert "field 'text' (input.text_field) is missing" in result.stderr and "Traceback" not in result.stderr
 
 
@@ -102,8 +113,11 @@ def _cfg(tmp_path, path: str) -> config.JobConfig:
 def test_empty_files_hold_no_documents(tmp_path):
     (tmp_path / "a.jsonl").write_text("\n\n")
     (tmp_path / "b.jsonl").write_text("")
-    with pytest.raises(config.ConfigError, match=r"the 2 file\(s\) matching input.path '.*\*.jsonl' \(e.g. .*a.jsonl\) "
-                                                 "hold no documents"):
+    with pytest.raises(
+        config.ConfigError,
+        match=r"the 2 file\(s\) matching input.path '.*\*.jsonl' \(e.g. .*a.jsonl\) "
+        "hold no documents",
+    ):
         bucket_advisor.proposal_report(_cfg(tmp_path, str(tmp_path / "*.jsonl")))
 
 
@@ -126,6 +140,7 @@ def test_a_packed_job_gets_packed_proposals_with_fewer_buckets(tmp_path):
 
 # --- the arithmetic behind the advice: the packer's own batches, counted -----------------------------------
 
+
 def test_padding_efficiency_is_real_over_padded_tokens():
     # Bucket 16 holds 2 rows per batch (32 tokens): 10 and 12 fill one batch; 16 and 20 are held to the end
     # and fill one batch of 32 (1 row) each, as the packer fills them across buckets: 64 + 32 padded tokens.
@@ -139,7 +154,10 @@ def test_batches_per_bucket_counts_what_is_held_at_the_end_filled_across_buckets
     # rows per batch at 128 tokens: 8 at 16, 4 at 32, 2 at 64. Eight 3s fill a batch at 16, four 20s one at 32;
     # the ninth 3 is held to the end and joins the 64 in one batch at 64.
     assert bucket_advisor.batches_per_bucket([3] * 9 + [20] * 4 + [64], (16, 32, 64), tokens_per_batch=128) == {
-        16: 1, 32: 1, 64: 1}
+        16: 1,
+        32: 1,
+        64: 1,
+    }
 
 
 def test_packed_rows_pad_less_than_one_window_per_row():

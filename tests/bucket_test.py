@@ -2,6 +2,7 @@
 padded to the smallest bucket that fits; ``Packer.add`` returns a bucket's batch the moment it has a batch's worth
 of windows, and nothing before; ``Packer.flush`` fills what is held across buckets, longest first. Every window
 lands in exactly one batch, of its bucket's one fixed shape."""
+
 from __future__ import annotations
 
 import collections
@@ -12,13 +13,20 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-
 from conftest import with_packing
+
 from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow, WindowRef
 from docbeam.pipeline.stages.batch import BucketBatches
-from docbeam.pipeline.stages.packer import (Packer, batch_windows, bucket_for, fill_across_buckets, padded_batch, rows_for,
-                                    shard_for)
+from docbeam.pipeline.stages.packer import (
+    Packer,
+    batch_windows,
+    bucket_for,
+    fill_across_buckets,
+    padded_batch,
+    rows_for,
+    shard_for,
+)
 
 BUCKETS = (16, 32, 64)
 CONFIG = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128)  # rows per batch: 8 at 16, 4 at 32, 2 at 64
@@ -35,6 +43,7 @@ def ids(batches) -> list[list[str]]:
 
 # --- arithmetic --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("length, bucket", [(1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)])
 def test_a_window_goes_to_the_smallest_bucket_that_fits(length, bucket):
     assert bucket_for(length, BUCKETS) == bucket
@@ -45,8 +54,9 @@ def test_a_window_longer_than_every_bucket_names_batching_buckets():
         bucket_for(65, BUCKETS)
 
 
-@pytest.mark.parametrize("bucket_len, tokens_per_batch, rows", [(16, 512, 32), (64, 512, 8), (96, 512, 5),
-                                                                 (512, 512, 1), (1024, 512, 1)])
+@pytest.mark.parametrize(
+    "bucket_len, tokens_per_batch, rows", [(16, 512, 32), (64, 512, 8), (96, 512, 5), (512, 512, 1), (1024, 512, 1)]
+)
 def test_rows_fill_the_token_budget_and_never_drop_below_one(bucket_len, tokens_per_batch, rows):
     assert rows_for(bucket_len, tokens_per_batch) == rows
 
@@ -66,14 +76,17 @@ def test_shard_depends_on_the_window_index():
 
 # --- one batch ---------------------------------------------------------------------------------------------
 
+
 def test_a_padded_batch_has_the_full_shape_with_zero_padding_rows_and_columns():
     batch = padded_batch([window("b", 0, 5), window("a", 1, 3, num_windows=2)], bucket_len=8, rows=4)
     assert batch.ids_BxT.shape == (4, 8) and batch.ids_BxT.dtype == np.int32 and not batch.packed
     assert batch.lengths_B.tolist() == [3, 5, 0, 0]
-    assert batch.ids_BxT.tolist() == [[101, 102, 103, 0, 0, 0, 0, 0],
-                                      [101, 102, 103, 104, 105, 0, 0, 0],
-                                      [0] * 8,
-                                      [0] * 8]
+    assert batch.ids_BxT.tolist() == [
+        [101, 102, 103, 0, 0, 0, 0, 0],
+        [101, 102, 103, 104, 105, 0, 0, 0],
+        [0] * 8,
+        [0] * 8,
+    ]
     assert batch.windows == (("a", 1, 2, 1, False, 0, 0), ("b", 0, 1, 3, False, 0, 0))  # ..., char_start, char_end
     assert (batch.bucket_len, batch.rows, batch.real_rows, batch.real_tokens) == (8, 4, 2, 8)
     assert batch.batch_id.startswith("b8-")
@@ -91,6 +104,7 @@ def test_a_padded_batch_refuses_more_windows_than_rows():
 
 
 # --- the state machine ---------------------------------------------------------------------------------------
+
 
 def test_add_returns_nothing_until_a_bucket_has_a_batch_of_windows_then_exactly_that_batch():
     packer = Packer(with_packing(CONFIG, False))
@@ -154,6 +168,7 @@ def test_no_window_is_lost_or_sent_twice_and_every_batch_has_its_buckets_shape()
 
 # --- filling across buckets ----------------------------------------------------------------------------------
 
+
 def test_held_windows_fill_the_empty_rows_of_a_longer_buckets_batch():
     # One window of 60 and one of 5 are held: one batch of 64 holds both (128 padded tokens) where a batch per
     # bucket would pad 256.
@@ -166,8 +181,11 @@ def test_filling_across_buckets_never_pads_more_than_a_partial_batch_per_bucket(
         buckets = tuple(sorted(rng.sample(range(8, 520, 8), rng.randint(1, 8))))
         config = BatchingConfig(buckets=buckets, tokens_per_batch=rng.choice([96, 128, 500, 2048, 8192]))
         lows = (0,) + buckets[:-1]
-        held = [rng.randint(lo + 1, b) for lo, b in zip(lows, buckets)
-                for _ in range(rng.randint(0, rows_for(b, config.tokens_per_batch) - 1))]
+        held = [
+            rng.randint(lo + 1, b)
+            for lo, b in zip(lows, buckets)
+            for _ in range(rng.randint(0, rows_for(b, config.tokens_per_batch) - 1))
+        ]
         groups = fill_across_buckets(held, config, length=int, order=lambda n: -n)
         assert sorted(it for _, _, group in groups for it in group) == sorted(held)
         assert all(len(group) <= rows and max(group) <= b for b, rows, group in groups)
@@ -177,22 +195,29 @@ def test_filling_across_buckets_never_pads_more_than_a_partial_batch_per_bucket(
 
 # --- in Beam -------------------------------------------------------------------------------------------------
 
+
 def per_key_counts(windows: list[TokenWindow], config: BatchingConfig) -> collections.Counter:
-    return collections.Counter((bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards))
-                               for w in windows)
+    return collections.Counter(
+        (bucket_for(w.length, config.buckets), shard_for(w.doc_id, w.index, config.shards)) for w in windows
+    )
 
 
 def full_batches(windows: list[TokenWindow], config: BatchingConfig) -> list[int]:
     """The bucket of each full batch of one bucket's own windows that every (bucket, shard) key must make."""
-    return sorted(b for (b, _), n in per_key_counts(windows, config).items()
-                  for _ in range(n // rows_for(b, config.tokens_per_batch)))
+    return sorted(
+        b
+        for (b, _), n in per_key_counts(windows, config).items()
+        for _ in range(n // rows_for(b, config.tokens_per_batch))
+    )
 
 
 def one_partial_batch_per_key_tokens(windows: list[TokenWindow], config: BatchingConfig) -> int:
     """Padded tokens if what each key holds at the end made its own partial batch (what filling across buckets
     must not exceed)."""
-    return sum(-(-n // rows_for(b, config.tokens_per_batch)) * rows_for(b, config.tokens_per_batch) * b
-               for (b, _), n in per_key_counts(windows, config).items())
+    return sum(
+        -(-n // rows_for(b, config.tokens_per_batch)) * rows_for(b, config.tokens_per_batch) * b
+        for (b, _), n in per_key_counts(windows, config).items()
+    )
 
 
 def problems(batch, by_id: dict, config: BatchingConfig) -> list[str]:
@@ -208,7 +233,7 @@ def problems(batch, by_id: dict, config: BatchingConfig) -> list[str]:
             out.append(f"{batch.batch_id}: row {row} is not {doc_id}#{index} padded with zeros")
         if batch.lengths_B[row] != w.length:
             out.append(f"{batch.batch_id}: row {row} has length {batch.lengths_B[row]}, not {w.length}")
-    if batch.lengths_B[batch.real_rows:].any() or batch.ids_BxT[batch.real_rows:].any():
+    if batch.lengths_B[batch.real_rows :].any() or batch.ids_BxT[batch.real_rows :].any():
         out.append(f"{batch.batch_id}: padding rows are not all zero with length 0")
     return out
 
@@ -224,20 +249,45 @@ def test_bucket_batches_put_every_window_once_in_full_then_padded_batches(shards
 
     with TestPipeline() as p:
         batches = p | beam.Create(windows) | BucketBatches(with_packing(config, False))
-        assert_that(batches | "Placed" >> beam.FlatMap(
-                        lambda b: [(d, i, b.bucket_len >= bucket_for(by_id[d, i].length, BUCKETS)) for d, i, *_ in b.windows]),
-                    equal_to([(w.doc_id, w.index, True) for w in windows]), label="EveryWindowOnceInABucketItFits")
-        assert_that(batches | "Problems" >> beam.FlatMap(problems, by_id, config), equal_to([]),
-                    label="FixedShapesZeroPadding")
+        assert_that(
+            batches
+            | "Placed"
+            >> beam.FlatMap(
+                lambda b: [(d, i, b.bucket_len >= bucket_for(by_id[d, i].length, BUCKETS)) for d, i, *_ in b.windows]
+            ),
+            equal_to([(w.doc_id, w.index, True) for w in windows]),
+            label="EveryWindowOnceInABucketItFits",
+        )
+        assert_that(
+            batches | "Problems" >> beam.FlatMap(problems, by_id, config), equal_to([]), label="FixedShapesZeroPadding"
+        )
         padded = batches | "Padded" >> beam.Map(lambda b: b.ids_BxT.size) | beam.CombineGlobally(sum)
-        assert_that(padded | beam.Map(lambda n: n <= one_partial_batch_per_key_tokens(windows, config)),
-                    equal_to([True]), label="NoMorePaddingThanOnePartialBatchPerKey")
-        fulls = (batches | beam.Filter(lambda b: b.real_rows == b.rows and all(
-                    bucket_for(by_id[d, i].length, BUCKETS) == b.bucket_len for d, i, *_ in b.windows))
-                 | beam.Map(lambda b: b.bucket_len))
-        assert_that(fulls | beam.combiners.ToList() | beam.Map(
-                        lambda got: all(got.count(b) >= n for b, n in collections.Counter(full_batches(windows, config)).items())),
-                    equal_to([True]), label="EveryKeyFillsItsFullBatches")
+        assert_that(
+            padded | beam.Map(lambda n: n <= one_partial_batch_per_key_tokens(windows, config)),
+            equal_to([True]),
+            label="NoMorePaddingThanOnePartialBatchPerKey",
+        )
+        fulls = (
+            batches
+            | beam.Filter(
+                lambda b: (
+                    b.real_rows == b.rows
+                    and all(bucket_for(by_id[d, i].length, BUCKETS) == b.bucket_len for d, i, *_ in b.windows)
+                )
+            )
+            | beam.Map(lambda b: b.bucket_len)
+        )
+        assert_that(
+            fulls
+            | beam.combiners.ToList()
+            | beam.Map(
+                lambda got: all(
+                    got.count(b) >= n for b, n in collections.Counter(full_batches(windows, config)).items()
+                )
+            ),
+            equal_to([True]),
+            label="EveryKeyFillsItsFullBatches",
+        )
 
 
 @pytest.mark.parametrize("shards", [1, 3])
@@ -250,7 +300,12 @@ def test_batch_windows_makes_the_batches_bucket_batches_makes(shards):
     assert sorted(w for b in batches for w in b.windows) == sorted(WindowRef.of(w) for w in windows)
     assert [p for b in batches for p in problems(b, by_id, config)] == []
     with TestPipeline() as p:
-        made = p | beam.Create(windows) | BucketBatches(with_packing(config, False)) | beam.Map(lambda b: (b.batch_id, b.windows))
+        made = (
+            p
+            | beam.Create(windows)
+            | BucketBatches(with_packing(config, False))
+            | beam.Map(lambda b: (b.batch_id, b.windows))
+        )
         assert_that(made, equal_to([(b.batch_id, b.windows) for b in batches]))
 
 
@@ -262,10 +317,12 @@ def test_windows_that_fill_no_batch_reach_a_later_group_by_key():
     windows = [window(f"doc{i}", 0, 5) for i in range(3)]
 
     with TestPipeline() as p:
-        doc_ids = (p
-                   | beam.Create(windows)
-                   | BucketBatches(with_packing(config, False))
-                   | beam.FlatMap(lambda b: [(doc_id, index) for doc_id, index, *_ in b.windows])
-                   | "GroupWindows" >> beam.GroupByKey()  # as PoolDocuments does
-                   | beam.Keys())
+        doc_ids = (
+            p
+            | beam.Create(windows)
+            | BucketBatches(with_packing(config, False))
+            | beam.FlatMap(lambda b: [(doc_id, index) for doc_id, index, *_ in b.windows])
+            | "GroupWindows" >> beam.GroupByKey()  # as PoolDocuments does
+            | beam.Keys()
+        )
         assert_that(doc_ids, equal_to(["doc0", "doc1", "doc2"]), label="EveryDocumentArrives")

@@ -2,6 +2,7 @@
 
 The expected spans are computed here, independently of the pipeline's windowing: the whole document is tokenized
 once with its offsets, and window k's own tokens are positions [k·(room − stride), … + room) of it."""
+
 from __future__ import annotations
 
 import glob
@@ -12,28 +13,32 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SAMPLE, job_config
+from pipeline_test import encode_alone, tokenizer_of, windows_by_hand
+
 from docbeam.config import ConfigError, TokenizeConfig
+from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, tokenize_documents
-from docbeam.pipeline.driver.run import run_job
-from pipeline_test import encode_alone, tokenizer_of, windows_by_hand
 
 pytestmark = pytest.mark.slow
 
-LONG = ("Grüße aus Köln! 😀🚀 Das ist ein Satz.\r\n東京は日本の首都です。 café naïve "
-        "e\u0301le\u0300ve Zoë's résumé — 한국어 텍스트도 있어요.\r\n") * 12
+LONG = (
+    "Grüße aus Köln! 😀🚀 Das ist ein Satz.\r\n東京は日本の首都です。 café naïve "
+    "e\u0301le\u0300ve Zoë's résumé — 한국어 텍스트도 있어요.\r\n"
+) * 12
 
 
 def own_corpus(folder) -> dict[str, str]:
     """Multi-byte text (emoji, CJK, Hangul, combining marks), CRLF, a long document of several windows, and a
     text file with a BOM; returns each document's text as a plain UTF-8 reader sees its source."""
-    docs = {"emoji": "Launch day 🚀🎉 — we shipped!\r\nThanks 🙏 to everyone.",
-            "cjk": "自然言語処理は面白い。\r\n中文分词也很有意思。한국어도 좋아요.",
-            "combining": "Cafe\u0301 de\u0301ja\u0300 vu; n\u0303 and a\u030a are combining marks.",
-            "long": LONG}
+    docs = {
+        "emoji": "Launch day 🚀🎉 — we shipped!\r\nThanks 🙏 to everyone.",
+        "cjk": "自然言語処理は面白い。\r\n中文分词也很有意思。한국어도 좋아요.",
+        "combining": "Cafe\u0301 de\u0301ja\u0300 vu; n\u0303 and a\u030a are combining marks.",
+        "long": LONG,
+    }
     with open(folder / "docs.jsonl", "w", encoding="utf-8") as f:
         for doc_id, text in docs.items():
             f.write(json.dumps({"id": doc_id, "text": text}, ensure_ascii=False) + "\n")
@@ -80,7 +85,7 @@ def check_spans(chunks: list[dict], sources: dict[str, str], checkpoint_dir: str
     for doc_id, rows in by_document(chunks).items():
         source = sources[doc_id]
         for row in rows:
-            assert source[row["char_start"]:row["char_end"]] == row["chunk_text"], (doc_id, row["chunk_index"])
+            assert source[row["char_start"] : row["char_end"]] == row["chunk_text"], (doc_id, row["chunk_index"])
         spans = [(r["char_start"], r["char_end"]) for r in rows]
         assert spans == expected_spans(tokenizer, source, window_len, 32), doc_id
 
@@ -88,8 +93,9 @@ def check_spans(chunks: list[dict], sources: dict[str, str], checkpoint_dir: str
 @pytest.mark.parametrize("prompt", [None, "passage: "])
 def test_a_prompt_before_every_window_is_not_part_of_its_span(prompt, real_checkpoint_dir):
     tokenizer = tokenizer_of(real_checkpoint_dir)
-    windows, _ = tokenize_documents([Document("d", LONG, "docs.jsonl", 1)], tokenizer, window_len=32,
-                                    config=TokenizeConfig(stride=8), prompt=prompt)
+    windows, _ = tokenize_documents(
+        [Document("d", LONG, "docs.jsonl", 1)], tokenizer, window_len=32, config=TokenizeConfig(stride=8), prompt=prompt
+    )
     prompt_tokens = len(prompt_token_ids(tokenizer, prompt))
     assert (prompt_tokens > 0) == bool(prompt) and len(windows) > 10
     spans = [(w.char_start, w.char_end) for w in windows]
@@ -103,12 +109,16 @@ def own_runs(tmp_path_factory, tiny_checkpoint_dir):
     sources = own_corpus(folder)
     root = tmp_path_factory.mktemp("chunk-runs")
     runs = {}
-    for name, output, model in (("both", {"granularity": "both"}, {"normalize": False}),
-                                ("chunk", {"granularity": "chunk", "chunk_text": False}, {"normalize": True}),
-                                ("document", {}, {"normalize": False}),
-                                ("int8", {"granularity": "both", "vector_dtype": "int8"}, {"normalize": False})):
-        runs[name] = (str(root / name), run_job(job_config(f"{folder}/*", str(root / name), tiny_checkpoint_dir,
-                                                           output=output, model=model)))
+    for name, output, model in (
+        ("both", {"granularity": "both"}, {"normalize": False}),
+        ("chunk", {"granularity": "chunk", "chunk_text": False}, {"normalize": True}),
+        ("document", {}, {"normalize": False}),
+        ("int8", {"granularity": "both", "vector_dtype": "int8"}, {"normalize": False}),
+    ):
+        runs[name] = (
+            str(root / name),
+            run_job(job_config(f"{folder}/*", str(root / name), tiny_checkpoint_dir, output=output, model=model)),
+        )
     return sources, runs, str(folder)
 
 
@@ -177,8 +187,13 @@ def test_each_granularity_writes_its_own_folders_all_in_the_manifest(own_runs):
 
 def test_an_incremental_run_that_writes_chunks_is_refused_with_the_reason(own_runs, tiny_checkpoint_dir, tmp_path):
     _, runs, folder = own_runs
-    cfg = job_config(f"{folder}/*", str(tmp_path / "out"), tiny_checkpoint_dir, output={"granularity": "both"},
-                     input={"reuse_from": runs["document"][0], "reuse_mismatch": "fail"})
+    cfg = job_config(
+        f"{folder}/*",
+        str(tmp_path / "out"),
+        tiny_checkpoint_dir,
+        output={"granularity": "both"},
+        input={"reuse_from": runs["document"][0], "reuse_mismatch": "fail"},
+    )
     with pytest.raises(ConfigError, match="output.granularity=both writes chunk rows"):
         run_job(cfg)
     key = json.load(open(f"{runs['document'][0]}/_manifest.json"))["reuse_key"]
@@ -196,6 +211,7 @@ def sample_sources() -> dict[str, str]:
 
 # The sample's checks run from pipeline_test.py, beside the sample run they read (one run per xdist worker, which
 # takes a whole file): test_sample_chunks_point_into_their_documents and the chunk-vector test there call these.
+
 
 def sample_chunks_point_into_their_documents(sample_run, real_checkpoint_dir):
     output, summary = sample_run

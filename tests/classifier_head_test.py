@@ -2,6 +2,7 @@
 transformers' text-classification pipeline does (top_k=None), for BERT, XLM-R and ModernBERT, single-label,
 multi-label and regression, packed and unpacked, native and chunked; a head broken on purpose no longer does;
 and what docbeam does not reproduce is refused at start."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,17 +12,19 @@ import os
 
 import numpy as np
 import pytest
+from family_fixtures import head_forward, save_checkpoint, tiny_model
 
+from docbeam.config import ModelConfig
 from docbeam.models import checkpoint
 from docbeam.models.heads import resolve
 from docbeam.models.heads.classifier import apply_function
-from docbeam.config import ModelConfig
-from family_fixtures import head_forward, save_checkpoint, tiny_model
 
 TOLERANCE = 1e-5  # the issue's bar on every score, float32
 WINDOW = 64
-TEXTS = {f"d{i}": " ".join(f"{w}{i % 4}" for w in ["river", "bank", "loan", "tide", "quay", "fund"] * (1 + 2 * i))
-         for i in range(8)}  # 7 to 88 words: the longest are cut at the window, as the pipeline truncates
+TEXTS = {
+    f"d{i}": " ".join(f"{w}{i % 4}" for w in ["river", "bank", "loan", "tide", "quay", "fund"] * (1 + 2 * i))
+    for i in range(8)
+}  # 7 to 88 words: the longest are cut at the window, as the pipeline truncates
 PROBLEMS = {  # problem_type → (num_labels, the pipeline's function)
     "single_label_classification": (3, "softmax"),
     "multi_label_classification": (4, "sigmoid"),
@@ -29,14 +32,28 @@ PROBLEMS = {  # problem_type → (num_labels, the pipeline's function)
 }
 FAMILIES = {
     "bert": ("BertForSequenceClassification", dict(num_hidden_layers=2, intermediate_size=64)),
-    "xlm-roberta": ("XLMRobertaForSequenceClassification",
-                    dict(num_hidden_layers=2, intermediate_size=64, max_position_embeddings=130, type_vocab_size=1,
-                         pad_token_id=1)),
-    "modernbert": ("ModernBertForSequenceClassification",
-                   dict(num_hidden_layers=4, intermediate_size=48, local_attention=8, global_attn_every_n_layers=2,
-                        global_rope_theta=160_000.0, local_rope_theta=10_000.0, pad_token_id=0, bos_token_id=101,
-                        cls_token_id=101, eos_token_id=102, sep_token_id=102, attn_implementation="eager",
-                        classifier_pooling="mean")),
+    "xlm-roberta": (
+        "XLMRobertaForSequenceClassification",
+        dict(num_hidden_layers=2, intermediate_size=64, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1),
+    ),
+    "modernbert": (
+        "ModernBertForSequenceClassification",
+        dict(
+            num_hidden_layers=4,
+            intermediate_size=48,
+            local_attention=8,
+            global_attn_every_n_layers=2,
+            global_rope_theta=160_000.0,
+            local_rope_theta=10_000.0,
+            pad_token_id=0,
+            bos_token_id=101,
+            cls_token_id=101,
+            eos_token_id=102,
+            sep_token_id=102,
+            attn_implementation="eager",
+            classifier_pooling="mean",
+        ),
+    ),
 }
 
 
@@ -44,15 +61,22 @@ def classifier_checkpoint(folder: str, family: str, problem: str, **extra) -> st
     model_class, settings = FAMILIES[family]
     num_labels, _ = PROBLEMS[problem]
     labels = {i: f"label_{chr(97 + i)}" for i in range(num_labels)}
-    model = tiny_model(model_class, num_labels=num_labels, problem_type=problem, id2label=labels,
-                       label2id={v: k for k, v in labels.items()}, **{**settings, **extra})
+    model = tiny_model(
+        model_class,
+        num_labels=num_labels,
+        problem_type=problem,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+        **{**settings, **extra},
+    )
     save_checkpoint(model, folder, max_seq_length=WINDOW)
     os.remove(os.path.join(folder, "sentence_bert_config.json"))  # a plain transformers classifier
     return folder
 
 
-@pytest.fixture(scope="module", params=[(f, p) for f in FAMILIES for p in PROBLEMS],
-                ids=lambda fp: f"{fp[0]}-{fp[1].split('_')[0]}")
+@pytest.fixture(
+    scope="module", params=[(f, p) for f in FAMILIES for p in PROBLEMS], ids=lambda fp: f"{fp[0]}-{fp[1].split('_')[0]}"
+)
 def classifier(request, tmp_path_factory):
     family, problem = request.param
     return classifier_checkpoint(str(tmp_path_factory.mktemp(f"{family}-{problem}")), family, problem), problem
@@ -74,8 +98,9 @@ def pipeline_scores(folder: str, texts: list[str]) -> np.ndarray:
     return np.asarray(out, np.float64)
 
 
-def our_scores(folder: str, texts: list[str], *, backend: str = "native", packed: bool = False,
-               change=lambda head: head) -> np.ndarray:
+def our_scores(
+    folder: str, texts: list[str], *, backend: str = "native", packed: bool = False, change=lambda head: head
+) -> np.ndarray:
     """docbeam's forward and the head's function on each text's first window (``change`` edits the resolved head:
     a test breaking it on purpose)."""
     head = change(resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder)))
@@ -104,8 +129,9 @@ def test_a_broken_head_is_no_longer_the_pipelines(tmp_path, family):
         return float(np.abs(our_scores(folder, texts, change=change) - reference).max())
 
     def first_activation(name):
-        return lambda head: dataclasses.replace(head, layers=(
-            dataclasses.replace(head.layers[0], activation=name), *head.layers[1:]))
+        return lambda head: dataclasses.replace(
+            head, layers=(dataclasses.replace(head.layers[0], activation=name), *head.layers[1:])
+        )
 
     other_pooling = {"cls": "mean", "mean": "cls"}
     assert moved(first_activation("relu" if family == "modernbert" else "identity")) > 1e-3
@@ -116,8 +142,9 @@ def test_a_broken_head_is_no_longer_the_pipelines(tmp_path, family):
 def test_modernberts_two_poolings_are_each_its_own(tmp_path):
     """classifier_pooling cls and mean are both read from config.json, not one assumed."""
     for pooling in ("cls", "mean"):
-        folder = classifier_checkpoint(str(tmp_path / pooling), "modernbert", "single_label_classification",
-                                       classifier_pooling=pooling)
+        folder = classifier_checkpoint(
+            str(tmp_path / pooling), "modernbert", "single_label_classification", classifier_pooling=pooling
+        )
         texts = list(TEXTS.values())[:4]
         assert np.abs(our_scores(folder, texts) - pipeline_scores(folder, texts)).max() < TOLERANCE
 
@@ -125,8 +152,17 @@ def test_modernberts_two_poolings_are_each_its_own(tmp_path):
 def window(doc_id, index, count, logits, length):
     from docbeam.pipeline.records import WindowEmbedding
 
-    return WindowEmbedding(doc_id=doc_id, index=index, num_windows=count, length=length, doc_tokens=90,
-                           truncated=False, vector=np.asarray(logits, np.float32), bucket_len=64, backend="native")
+    return WindowEmbedding(
+        doc_id=doc_id,
+        index=index,
+        num_windows=count,
+        length=length,
+        doc_tokens=90,
+        truncated=False,
+        vector=np.asarray(logits, np.float32),
+        bucket_len=64,
+        backend="native",
+    )
 
 
 def test_a_long_documents_score_is_its_first_window_or_the_token_weighted_mean_of_its_logits(tmp_path):
@@ -141,15 +177,25 @@ def test_a_long_documents_score_is_its_first_window_or_the_token_weighted_mean_o
     assert mean.document_row([window("d", 0, 1, [np.nan, 0, 0], 9)]).startswith("the score has NaN")
 
 
-@pytest.mark.parametrize("model_class, match", [
-    ("BertForTokenClassification", r"config.json sets architectures: \['BertForTokenClassification'\].*model.head: "
-                                   "embedding"),
-    ("MPNetForSequenceClassification", r"\['MPNetForSequenceClassification'\], whose classifier head docbeam does "
-                                       "not reproduce"),
-])
+@pytest.mark.parametrize(
+    "model_class, match",
+    [
+        (
+            "BertForTokenClassification",
+            r"config.json sets architectures: \['BertForTokenClassification'\].*model.head: "
+            "embedding",
+        ),
+        (
+            "MPNetForSequenceClassification",
+            r"\['MPNetForSequenceClassification'\], whose classifier head docbeam does "
+            "not reproduce",
+        ),
+    ],
+)
 def test_a_head_docbeam_does_not_reproduce_is_refused_naming_it(tmp_path, model_class, match):
-    from docbeam.pipeline.driver.plan import make_plan
     from conftest import job_config
+
+    from docbeam.pipeline.driver.plan import make_plan
 
     model = tiny_model(model_class, num_hidden_layers=1, intermediate_size=64, num_labels=2)
     folder = save_checkpoint(model, str(tmp_path / "model"))
@@ -163,24 +209,29 @@ def test_asking_for_a_classifier_from_an_embedder_is_refused(tiny_checkpoint_dir
         resolve(checkpoint.open_checkpoint(tiny_checkpoint_dir), "classifier", ModelConfig(path=tiny_checkpoint_dir))
 
 
-@pytest.mark.parametrize("sets, match", [
-    ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to classifier"),
-    ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to classifier"),
-    ({"output": {"vertex_ai": True}}, "output.vertex_ai: .*Vector Search loads vectors"),
-    ({"model": {"dtype": "bfloat16"}}, "precision gate .* measures embeddings only"),
-])
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to classifier"),
+        ({"output": {"granularity": "chunk"}}, "output.granularity: chunk: model.head resolved to classifier"),
+        ({"output": {"vertex_ai": True}}, "output.vertex_ai: .*Vector Search loads vectors"),
+        ({"model": {"dtype": "bfloat16"}}, "precision gate .* measures embeddings only"),
+    ],
+)
 def test_outputs_only_vectors_feed_are_refused_for_scores(tmp_path, sets, match):
+    from conftest import job_config
+
     from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
-    from conftest import job_config
 
     folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
     sections = {k: dict(v) for k, v in sets.items()}
     sections.setdefault("model", {})["max_seq_len"] = WINDOW
     with pytest.raises(ConfigError, match=match):
-        make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder, **sections),
-                  probe_backends=False)
+        make_plan(
+            job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder, **sections), probe_backends=False
+        )
 
 
 def read_scores(out) -> dict:
@@ -190,23 +241,30 @@ def read_scores(out) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, problem, packing, backend", [
-    ("bert", "single_label_classification", True, "native"),
-    ("xlm-roberta", "multi_label_classification", False, "chunked"),
-    ("modernbert", "regression", True, "chunked"),
-])
+@pytest.mark.parametrize(
+    "family, problem, packing, backend",
+    [
+        ("bert", "single_label_classification", True, "native"),
+        ("xlm-roberta", "multi_label_classification", False, "chunked"),
+        ("modernbert", "regression", True, "chunked"),
+    ],
+)
 def test_docbeam_run_writes_the_pipelines_scores(tmp_path, family, problem, packing, backend):
     """A whole run: scores/ rows (label, score, scores in id2label order) equal the pipeline's, the summary and
     manifest name the head and its labels, and an incremental run carries every row over unchanged."""
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     folder = classifier_checkpoint(str(tmp_path / "model"), family, problem)
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t, "lang": "en"}) + "\n" for i, t in TEXTS.items()))
-    sections = dict(model={"max_seq_len": WINDOW}, batching={"buckets": [32, 64], "tokens_per_batch": 512,
-                                                              "packing": packing},
-                    attention={"backend": backend}, input={"keep_fields": ["lang"]})
+    sections = dict(
+        model={"max_seq_len": WINDOW},
+        batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": packing},
+        attention={"backend": backend},
+        input={"keep_fields": ["lang"]},
+    )
     summary = run_job(job_config(str(docs), str(tmp_path / "out"), folder, **sections))
     rows = read_scores(tmp_path / "out")
     reference = pipeline_scores(folder, list(TEXTS.values()))
@@ -224,21 +282,29 @@ def test_docbeam_run_writes_the_pipelines_scores(tmp_path, family, problem, pack
     assert manifest["head"]["labels"] == labels and summary["head"]["name"] == "classifier"
     if problem != "regression":
         assert sum(summary["labels"].values()) == len(TEXTS) and set(summary["labels"]) <= set(labels)
-    again = run_job(job_config(str(docs), str(tmp_path / "again"), folder,
-                               **{**sections, "input": {"keep_fields": ["lang"], "reuse_from": str(tmp_path / "out")}}))
+    again = run_job(
+        job_config(
+            str(docs),
+            str(tmp_path / "again"),
+            folder,
+            **{**sections, "input": {"keep_fields": ["lang"], "reuse_from": str(tmp_path / "out")}},
+        )
+    )
     assert again["docs_reused"] == len(TEXTS) and read_scores(tmp_path / "again") == rows
 
 
 @pytest.mark.slow
 def test_an_embedding_run_of_a_classifier_checkpoint_says_which_head_ran(tmp_path):
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
     docs = tmp_path / "docs.jsonl"
     docs.write_text('{"id": "a", "text": "river bank"}\n')
-    summary = run_job(job_config(str(docs), str(tmp_path / "out"), folder,
-                                 model={"head": "embedding", "max_seq_len": WINDOW}))
+    summary = run_job(
+        job_config(str(docs), str(tmp_path / "out"), folder, model={"head": "embedding", "max_seq_len": WINDOW})
+    )
     assert summary["head"]["name"] == "embedding"
     assert summary["head"]["checkpoint_head"] == "BertForSequenceClassification"
     assert glob.glob(f"{tmp_path}/out/embeddings/*.parquet") and not glob.glob(f"{tmp_path}/out/scores/*")
@@ -247,24 +313,36 @@ def test_an_embedding_run_of_a_classifier_checkpoint_says_which_head_ran(tmp_pat
 def test_the_command_line_says_which_head_ran_and_what_did_not():
     from docbeam.pipeline.driver.cli import format_head, verb
 
-    scored = {"name": "classifier", "checkpoint_head": "BertForSequenceClassification", "function": "softmax",
-              "folder": "scores"}
+    scored = {
+        "name": "classifier",
+        "checkpoint_head": "BertForSequenceClassification",
+        "function": "softmax",
+        "folder": "scores",
+    }
     assert verb({"head": scored}) == "scored" and verb({}) == "embedded"
     assert format_head(scored, {"pos": 3}).endswith('→ scores/; top labels {"pos": 3}')
     embedded = {"name": "embedding", "checkpoint_head": "BertForSequenceClassification", "folder": "embeddings"}
     assert "BertForSequenceClassification did not run (model.head: classifier scores with it)" in format_head(
-        embedded, None)
+        embedded, None
+    )
 
 
 def test_a_classifier_in_bfloat16_under_a_warned_gate_runs_unmeasured_and_says_so(tmp_path):
     from conftest import job_config
+
     from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.driver.plan import make_plan
 
     folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
-    plan = make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder,
-                                model={"max_seq_len": WINDOW, "dtype": "bfloat16", "precision_gate": "warn"}),
-                     probe_backends=False)
+    plan = make_plan(
+        job_config(
+            str(tmp_path / "docs.jsonl"),
+            str(tmp_path / "out"),
+            folder,
+            model={"max_seq_len": WINDOW, "dtype": "bfloat16", "precision_gate": "warn"},
+        ),
+        probe_backends=False,
+    )
     record = precision_gate_at_start.gate_record(plan)
     assert record["status"] == "not run" and "classifier head writes scores/ rows" in record["reason"]

@@ -5,6 +5,7 @@ A test keeps a real subprocess only where a separate process is the thing on tri
 its exit status is read as a scheduler reads it, a library reads an environment variable at import time, or
 what a fresh process imports is checked.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -66,8 +67,9 @@ def _logging_restored():
             logging.getLogger(name).setLevel(own_level)
 
 
-def run_docbeam(*args: str, cwd: str | os.PathLike = REPO, env: dict[str, str] | None = None
-                ) -> subprocess.CompletedProcess:
+def run_docbeam(
+    *args: str, cwd: str | os.PathLike = REPO, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """``docbeam *args`` run by ``docbeam.pipeline.driver.cli.main`` here: its stdout, stderr and exit code as a
     subprocess would give them (an uncaught exception: its traceback on stderr and code 1, as Python's)."""
     from docbeam.pipeline.driver import cli
@@ -76,8 +78,13 @@ def run_docbeam(*args: str, cwd: str | os.PathLike = REPO, env: dict[str, str] |
     argv = list(sys.argv)
     sys.argv = ["docbeam", *args]
     try:
-        with (_environment(env), _folder(cwd), _logging_restored(), contextlib.redirect_stdout(stdout),
-              contextlib.redirect_stderr(stderr)):
+        with (
+            _environment(env),
+            _folder(cwd),
+            _logging_restored(),
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+        ):
             try:
                 code = cli.main(list(args)) or 0  # `sys.exit(main())`: None is 0
             except SystemExit as e:  # argparse's usage errors (2), --help (0), an explicit sys.exit

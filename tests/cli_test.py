@@ -1,4 +1,5 @@
 """The docbeam command as a scheduled job uses it: exit codes, overrides, messages for people."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-
 from cli_runner import run_docbeam
 from conftest import REPO, checkout_env
 
@@ -17,8 +17,14 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 def docbeam(*args, cwd=REPO) -> subprocess.CompletedProcess:
     """The real command in a fresh process: only for the end-to-end exit codes (0, 1, 2) a scheduler reads; every
     other test calls ``run_docbeam`` in this process."""
-    return subprocess.run([sys.executable, "-m", "docbeam", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env=checkout_env())
+    return subprocess.run(
+        [sys.executable, "-m", "docbeam", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=checkout_env(),
+    )
 
 
 def test_validate_prints_resolved_config_and_the_backend_for_every_bucket(tmp_path):
@@ -37,8 +43,15 @@ def test_run_docbeam_answers_as_the_command_and_leaves_this_process_as_it_was(tm
     root = logging.getLogger()
     handlers, folder, argv, env = list(root.handlers), os.getcwd(), list(sys.argv), dict(os.environ)
     for _ in range(2):  # a second call must not print through the first call's handlers
-        result = run_docbeam("validate", "--config", LOCAL, "--set", "batching.bucket_size=3", cwd=tmp_path,
-                             env={**os.environ, "DOCBEAM_RUNNER_PROBE": "1"})
+        result = run_docbeam(
+            "validate",
+            "--config",
+            LOCAL,
+            "--set",
+            "batching.bucket_size=3",
+            cwd=tmp_path,
+            env={**os.environ, "DOCBEAM_RUNNER_PROBE": "1"},
+        )
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr.count("batching.bucket_size: unknown key (got 3)") == 1
         assert (root.handlers, os.getcwd(), sys.argv, dict(os.environ)) == (handlers, folder, argv, env)
@@ -54,20 +67,31 @@ def test_validate_rejects_an_unknown_key_naming_it(tmp_path):
 
 
 def test_validate_fails_at_start_when_no_backend_can_run_a_bucket():
-    result = run_docbeam("validate", "--config", LOCAL, "--set", "attention.backend=flash",
-                         "--set", "attention.flash={kernel: cudnn}")
+    result = run_docbeam(
+        "validate", "--config", LOCAL, "--set", "attention.backend=flash", "--set", "attention.flash={kernel: cudnn}"
+    )
     assert result.returncode == 2
     assert "cannot run bucket 128 (cpu, float32" in result.stderr and "attention.fallback" in result.stderr
 
 
 @pytest.mark.slow
-def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fails_beyond_it(tmp_path,
-                                                                                          tiny_checkpoint_dir):
+def test_run_commits_with_rejected_documents_within_the_allowed_fraction_and_fails_beyond_it(
+    tmp_path, tiny_checkpoint_dir
+):
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"id": "a", "text": "hello world"}\n{"id": "b"}\n')
     out = tmp_path / "out"
-    common = ["run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
-              "--set", f"model.path={tiny_checkpoint_dir}"]
+    common = [
+        "run",
+        "--config",
+        LOCAL,
+        "--set",
+        f"input.path={corpus}",
+        "--set",
+        f"output.path={out}",
+        "--set",
+        f"model.path={tiny_checkpoint_dir}",
+    ]
     # `refused` runs in a subprocess on purpose: the end-to-end check that a failed run reaches the shell as exit
     # status 1 (a committed one reaching it as 0: transaction_test's live-run test, whose first run is a process).
     refused = docbeam(*common)  # 1 of 2 rejected: over the default input.max_rejected_fraction of 0.1
@@ -94,10 +118,14 @@ def test_a_stride_as_long_as_the_window_fails_at_start_naming_the_key():
 
 
 def test_validate_names_a_backend_whose_capability_check_crashes_and_exits_2():
-    result = run_docbeam("validate", "--config", LOCAL, "--set", "attention.backend=tests.fixtures_bad_backends:attend_check_raises")
+    result = run_docbeam(
+        "validate", "--config", LOCAL, "--set", "attention.backend=tests.fixtures_bad_backends:attend_check_raises"
+    )
     assert result.returncode == 2, result.stderr
-    assert ("attention backend 'tests.fixtures_bad_backends:attend_check_raises': its capability check raised "
-            "KeyError: 'sm_90'") in result.stderr
+    assert (
+        "attention backend 'tests.fixtures_bad_backends:attend_check_raises': its capability check raised "
+        "KeyError: 'sm_90'"
+    ) in result.stderr
 
 
 def test_validate_refuses_an_output_that_holds_someone_elses_files(tmp_path):
@@ -111,13 +139,16 @@ def test_validate_refuses_an_output_that_holds_someone_elses_files(tmp_path):
 def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatch):
     """With native packing (auto), a backend that takes no segment ids would simply run unpacked if chosen:
     validate must say so, not call it refused; with packing forced on it is refused, naming why."""
+    from docbeam import config
     from docbeam.attention import registry
     from docbeam.attention.interface import Backend
-    from docbeam import config
     from docbeam.pipeline.tools import validate
 
-    monkeypatch.setitem(registry._REGISTRY, "plain", Backend(name="plain", attend=lambda *a, **k: None,
-                                                             description="takes no segment ids"))
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "plain",
+        Backend(name="plain", attend=lambda *a, **k: None, description="takes no segment ids"),
+    )
 
     def line_of(name, *overrides):
         cfg = config.load(LOCAL, [f"output.path={tmp_path / 'out'}", *overrides])
@@ -131,9 +162,13 @@ def test_validate_says_what_each_backend_would_do_if_chosen(tmp_path, monkeypatc
 
 def folder_state(path) -> dict[str, bytes | None]:
     """Every entry under ``path``: a file's bytes, None for a folder."""
-    return {os.path.relpath(os.path.join(root, name), path): (None if name in dirs else
-                                                               open(os.path.join(root, name), "rb").read())
-            for root, dirs, files in os.walk(path) for name in dirs + files}
+    return {
+        os.path.relpath(os.path.join(root, name), path): (
+            None if name in dirs else open(os.path.join(root, name), "rb").read()
+        )
+        for root, dirs, files in os.walk(path)
+        for name in dirs + files
+    }
 
 
 def garbled_manifest(out):
@@ -168,8 +203,17 @@ def test_whatever_refuses_a_run_at_start_exits_2_naming_it_and_touches_nothing(c
     output_path = prepare(out) or str(out)
     before = folder_state(tmp_path)
 
-    result = run_docbeam("run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set",
-                         f"output.path={output_path}", "--set", f"model.path={tiny_checkpoint_dir}")
+    result = run_docbeam(
+        "run",
+        "--config",
+        LOCAL,
+        "--set",
+        f"input.path={corpus}",
+        "--set",
+        f"output.path={output_path}",
+        "--set",
+        f"model.path={tiny_checkpoint_dir}",
+    )
     assert result.returncode == 2, result.stderr
     [last] = result.stderr.strip().splitlines()[-1:]
     assert last.startswith("docbeam: cannot start: ") and message in last

@@ -1,12 +1,13 @@
 """pipeline/stages/commit.py and the pooling check: what makes a run fail instead of commit, and that no
 non-finite vector is ever written."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from docbeam.pipeline.stages.commit import run_problems, summarize
 from docbeam.pipeline.records import Rejected, WindowEmbedding
+from docbeam.pipeline.stages.commit import run_problems, summarize
 from docbeam.pipeline.stages.write import pool_windows
 
 
@@ -37,8 +38,14 @@ def test_counts_that_do_not_add_up_are_never_committed():
 
 def test_the_summary_is_built_from_the_stats_and_the_drivers_plan():
     base = {"run_id": "r1", "started": 100.0, "model": "m"}
-    stats = {"docs_read": 3, "docs_embedded": 2, "docs_rejected": 1, "real_tokens": 90, "padded_tokens": 120,
-             "rejected_by_kind": {"no_tokens": 1}}
+    stats = {
+        "docs_read": 3,
+        "docs_embedded": 2,
+        "docs_rejected": 1,
+        "real_tokens": 90,
+        "padded_tokens": 120,
+        "rejected_by_kind": {"no_tokens": 1},
+    }
     s = summarize(base, stats, finished=110.0)
     assert s["run_id"] == "r1" and "started" not in s and s["wall_seconds"] == 10.0
     assert s["padding_efficiency"] == 0.75 and s["docs_per_second"] == 0.2

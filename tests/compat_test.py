@@ -1,5 +1,6 @@
 """pipeline/compat.py: the Beam workaround says which versions it was checked for, and says so when Beam is
 outside them."""
+
 from __future__ import annotations
 
 import logging
@@ -32,9 +33,17 @@ def test_an_unchecked_beam_is_logged(monkeypatch, caplog):
     assert "apache-beam 2.99.1 is outside" in caplog.text
 
 
-@pytest.mark.parametrize("name, direct", [("DirectRunner", True), ("direct", True), ("DIRECTRUNNER", True),
-                                          ("apache_beam.runners.direct.direct_runner.DirectRunner", True),
-                                          ("DataflowRunner", False), ("PortableRunner", False)])
+@pytest.mark.parametrize(
+    "name, direct",
+    [
+        ("DirectRunner", True),
+        ("direct", True),
+        ("DIRECTRUNNER", True),
+        ("apache_beam.runners.direct.direct_runner.DirectRunner", True),
+        ("DataflowRunner", False),
+        ("PortableRunner", False),
+    ],
+)
 def test_every_spelling_beam_takes_for_the_direct_runner_gets_it_without_prism(name, direct):
     from apache_beam.runners.direct.direct_runner import DirectRunner
 
@@ -46,8 +55,8 @@ def test_every_spelling_beam_takes_for_the_direct_runner_gets_it_without_prism(n
 def test_a_job_on_the_direct_runner_never_hands_its_pipeline_to_prism(monkeypatch, tmp_path, tiny_checkpoint_dir):
     """Beam's DirectRunner would download Prism and run there; offline it tries, fails and falls back."""
     from apache_beam.runners.portability import prism_runner
-
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     tried = []

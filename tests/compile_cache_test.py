@@ -6,6 +6,7 @@ those it served as the encoder compiled every shape before its first batch. Each
 as a scheduled job's workers would be. A cache that cannot be reached costs only its time: the encoder
 compiles without it and says so.
 """
+
 from __future__ import annotations
 
 import glob
@@ -16,11 +17,11 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-
 from conftest import job_config
+
 from docbeam.models import vm_cache
-from docbeam.pipeline.stages.compile_cache import CompileCache
 from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.stages.compile_cache import CompileCache
 
 FRESH_PROCESS = {"direct_num_workers": 1, "direct_running_mode": "multi_processing"}
 
@@ -39,14 +40,21 @@ def corpus(tmp_path_factory) -> str:
 
 
 def job(corpus: str, tiny_checkpoint_dir, output: str, cache: str):
-    return job_config(corpus, output, tiny_checkpoint_dir, batching={"buckets": [64, 128], "tokens_per_batch": 512},
-                      runner={"compilation_cache": cache, "options": FRESH_PROCESS})
+    return job_config(
+        corpus,
+        output,
+        tiny_checkpoint_dir,
+        batching={"buckets": [64, 128], "tokens_per_batch": 512},
+        runner={"compilation_cache": cache, "options": FRESH_PROCESS},
+    )
 
 
 def compiled_and_hits(records: list[dict], summary: dict) -> tuple[int, int]:
     """Compilations and cache hits of a run: ahead of its first batch (the summary), then in its batches."""
-    return (summary["compiles_ahead"] + sum(r["compiled"] for r in records),
-            summary["compile_cache_hits_ahead"] + sum(r["compile_cache_hits"] for r in records))
+    return (
+        summary["compiles_ahead"] + sum(r["compiled"] for r in records),
+        summary["compile_cache_hits_ahead"] + sum(r["compile_cache_hits"] for r in records),
+    )
 
 
 @pytest.mark.slow
@@ -67,8 +75,9 @@ def test_a_local_cache_serves_the_second_jobs_compilations(corpus, tiny_checkpoi
 @pytest.mark.slow
 @pytest.mark.gcs
 @pytest.mark.extra
-def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(corpus, tiny_checkpoint_dir,
-                                                                                tmp_path, monkeypatch):
+def test_a_gcs_cache_is_filled_by_one_job_and_read_by_the_next_on_a_new_machine(
+    corpus, tiny_checkpoint_dir, tmp_path, monkeypatch
+):
     from gcs_emulator import gcs_emulator
 
     with gcs_emulator() as gcs:
@@ -140,11 +149,14 @@ def test_the_vms_other_processes_take_the_first_ones_word_instead_of_retrying(tm
 
 
 @pytest.mark.slow
-def test_a_job_whose_cache_cannot_be_reached_embeds_every_document_and_commits(corpus, tiny_checkpoint_dir,
-                                                                                tmp_path):
-    cfg = job_config(corpus, str(tmp_path / "out"), tiny_checkpoint_dir,
-                     batching={"buckets": [64, 128], "tokens_per_batch": 512},
-                     runner={"compilation_cache": uncreatable(tmp_path)})
+def test_a_job_whose_cache_cannot_be_reached_embeds_every_document_and_commits(corpus, tiny_checkpoint_dir, tmp_path):
+    cfg = job_config(
+        corpus,
+        str(tmp_path / "out"),
+        tiny_checkpoint_dir,
+        batching={"buckets": [64, 128], "tokens_per_batch": 512},
+        runner={"compilation_cache": uncreatable(tmp_path)},
+    )
     summary = run_job(cfg)
     assert summary["docs_embedded"] == summary["docs_read"] > 0 and summary["compiles"] > 0
     assert os.path.exists(tmp_path / "out" / "_SUCCESS")

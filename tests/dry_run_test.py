@@ -5,20 +5,20 @@ placeholders, it is refused.
 Beam's DataflowRunner with ``--dry_run=True`` translates the graph, pickles every DoFn and adds its own options
 without submitting; these tests assert what the job would ask Dataflow for.
 """
+
 from __future__ import annotations
 
 import os
 import re
 
 import pytest
-
 from gcs_emulator import gcs_emulator
-from docbeam import config
-from docbeam.pipeline.driver import cli
-from docbeam.pipeline.store import output
-from docbeam import placeholders
+
+from docbeam import config, placeholders
 from docbeam.config import ConfigError
+from docbeam.pipeline.driver import cli
 from docbeam.pipeline.driver.dry_run import dry_run
+from docbeam.pipeline.store import output
 
 pytestmark = pytest.mark.gcs
 
@@ -28,12 +28,24 @@ PROJECT = "acme-prod"
 IMAGES = f"us-central1-docker.pkg.dev/{PROJECT}/docbeam"
 EXPECTED = {
     "dataflow_cpu": ("cpu", f"{IMAGES}/worker-cpu:0.1.0", "n2-standard-8", None),
-    "dataflow_tpu": ("tpu", f"{IMAGES}/worker-tpu:0.1.0", "ct5lp-hightpu-1t",
-                     "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1"),
-    "dataflow_tpu_v6e": ("tpu", f"{IMAGES}/worker-tpu:0.1.0", "ct6e-standard-1t",
-                         "worker_accelerator=type:tpu-v6e-slice;topology:1x1"),
-    "dataflow_gpu": ("gpu", f"{IMAGES}/worker-gpu:0.1.0", "g2-standard-4",
-                     "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver"),
+    "dataflow_tpu": (
+        "tpu",
+        f"{IMAGES}/worker-tpu:0.1.0",
+        "ct5lp-hightpu-1t",
+        "worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1",
+    ),
+    "dataflow_tpu_v6e": (
+        "tpu",
+        f"{IMAGES}/worker-tpu:0.1.0",
+        "ct6e-standard-1t",
+        "worker_accelerator=type:tpu-v6e-slice;topology:1x1",
+    ),
+    "dataflow_gpu": (
+        "gpu",
+        f"{IMAGES}/worker-gpu:0.1.0",
+        "g2-standard-4",
+        "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver",
+    ),
 }
 # What Beam's DataflowRunner adds to every job (Runner v2): absent from the profile, present in the request.
 RUNNER_ADDS = ("beam_fn_api", "use_unified_worker", "use_runner_v2", "use_portable_job_submission")
@@ -51,13 +63,15 @@ def profile(name: str) -> str:
 
 def own_values(image: str, *, leave: str = "") -> list[str]:
     """--set values replacing every placeholder of a profile, as a user launching it would (except ``leave``)."""
-    values = {"runner.options.project": PROJECT,
-              "runner.options.temp_location": f"gs://{BUCKET}/dataflow/temp",
-              "runner.options.staging_location": f"gs://{BUCKET}/dataflow/staging",
-              "runner.options.sdk_container_image": image,
-              "input.path": f"gs://{BUCKET}/corpus/{{run_date}}/*.jsonl.gz",
-              "output.path": f"gs://{BUCKET}/runs/{{run_date}}",
-              "runner.compilation_cache": f"gs://{BUCKET}/jax-cache/x"}
+    values = {
+        "runner.options.project": PROJECT,
+        "runner.options.temp_location": f"gs://{BUCKET}/dataflow/temp",
+        "runner.options.staging_location": f"gs://{BUCKET}/dataflow/staging",
+        "runner.options.sdk_container_image": image,
+        "input.path": f"gs://{BUCKET}/corpus/{{run_date}}/*.jsonl.gz",
+        "output.path": f"gs://{BUCKET}/runs/{{run_date}}",
+        "runner.compilation_cache": f"gs://{BUCKET}/jax-cache/x",
+    }
     return [f"{k}={v}" for k, v in values.items() if k != leave]
 
 
@@ -92,39 +106,58 @@ def test_each_profile_with_the_users_values_builds_its_dataflow_job_and_touches_
 def test_each_profile_as_shipped_is_refused_naming_every_placeholder(name):
     with pytest.raises(ConfigError, match="would launch on placeholders") as refused:
         dry_run(config.load(profile(name)))
-    for key in ("runner.options.project", "runner.options.temp_location", "runner.options.staging_location",
-                "runner.options.sdk_container_image", "input.path", "output.path", "runner.compilation_cache"):
+    for key in (
+        "runner.options.project",
+        "runner.options.temp_location",
+        "runner.options.staging_location",
+        "runner.options.sdk_container_image",
+        "input.path",
+        "output.path",
+        "runner.compilation_cache",
+    ):
         assert f"\n  {key} is '" in str(refused.value), f"{key} not refused:\n{refused.value}"
 
 
 def test_every_value_the_profiles_mark_as_placeholder_is_one_the_check_knows():
-    marked = [m.group(1) for name in EXPECTED for m in re.finditer(r":\s*(\S+)\s*#\s*placeholder",
-                                                                   open(profile(name)).read())]
+    marked = [
+        m.group(1) for name in EXPECTED for m in re.finditer(r":\s*(\S+)\s*#\s*placeholder", open(profile(name)).read())
+    ]
     assert len(marked) >= 8, marked
     assert all(any(p in value for p in placeholders.PROFILE_PLACEHOLDERS) for value in marked), marked
 
 
 def test_the_command_prints_the_submitted_options_and_resolved_paths_and_exits_0(emulator, capsys):
-    code = cli.main(["run", "--config", profile("dataflow_tpu"), "--dry-run",
-                     *set_args(own_values(f"{IMAGES}/worker-tpu:0.1.0"))])
+    code = cli.main(
+        ["run", "--config", profile("dataflow_tpu"), "--dry-run", *set_args(own_values(f"{IMAGES}/worker-tpu:0.1.0"))]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     today = output.run_date()
     experiments = "['" + "', '".join([*RUNNER_ADDS, "use_multiple_sdk_containers"]) + "']"
-    for line in (f"  project: {PROJECT}", "  machine_type: ct5lp-hightpu-1t",
-                 f"  sdk_container_image: {IMAGES}/worker-tpu:0.1.0",
-                 "  dataflow_service_options: ['worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1']",
-                 f"  experiments: {experiments}",
-                 f"  input.path: gs://{BUCKET}/corpus/{today}/*.jsonl.gz",
-                 f"  output.path: gs://{BUCKET}/runs/{today}",
-                 f"  runner.compilation_cache: gs://{BUCKET}/jax-cache/x"):
+    for line in (
+        f"  project: {PROJECT}",
+        "  machine_type: ct5lp-hightpu-1t",
+        f"  sdk_container_image: {IMAGES}/worker-tpu:0.1.0",
+        "  dataflow_service_options: ['worker_accelerator=type:tpu-v5-lite-podslice;topology:1x1']",
+        f"  experiments: {experiments}",
+        f"  input.path: gs://{BUCKET}/corpus/{today}/*.jsonl.gz",
+        f"  output.path: gs://{BUCKET}/runs/{today}",
+        f"  runner.compilation_cache: gs://{BUCKET}/jax-cache/x",
+    ):
         assert line in out.splitlines(), f"{line!r} not in:\n{out}"
     assert "not submitted" in out and "pickled DoFns" in out
 
 
 def test_a_placeholder_project_alone_exits_2_naming_the_key_the_value_and_the_fix(emulator, capsys):
-    code = cli.main(["run", "--config", profile("dataflow_tpu"), "--dry-run",
-                     *set_args(own_values(f"{IMAGES}/worker-tpu:0.1.0", leave="runner.options.project"))])
+    code = cli.main(
+        [
+            "run",
+            "--config",
+            profile("dataflow_tpu"),
+            "--dry-run",
+            *set_args(own_values(f"{IMAGES}/worker-tpu:0.1.0", leave="runner.options.project")),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 2 and captured.out == ""
     (problem,) = [line for line in captured.err.splitlines() if line.startswith("  ")]
@@ -133,8 +166,7 @@ def test_a_placeholder_project_alone_exits_2_naming_the_key_the_value_and_the_fi
 
 
 def test_launch_options_after_the_profiles_replace_its_placeholders(emulator):
-    cfg = config.load(profile("dataflow_cpu"), own_values(f"{IMAGES}/worker-cpu:0.1.0",
-                                                          leave="runner.options.project"))
+    cfg = config.load(profile("dataflow_cpu"), own_values(f"{IMAGES}/worker-cpu:0.1.0", leave="runner.options.project"))
     assert dry_run(cfg, [f"--project={PROJECT}"]).options["project"] == PROJECT
 
 
@@ -142,8 +174,11 @@ def test_a_dataflow_job_without_a_worker_image_is_refused():
     cfg = config.load(profile("dataflow_cpu"), own_values("unused"))
     options = {k: v for k, v in cfg.runner.options.items() if k != "sdk_container_image"}
     cfg = cfg.model_copy(update={"runner": cfg.runner.model_copy(update={"options": options})})
-    with pytest.raises(ConfigError, match=r"\n  runner.options.sdk_container_image is not set: Dataflow workers "
-                                          r"would run Beam's default image"):
+    with pytest.raises(
+        ConfigError,
+        match=r"\n  runner.options.sdk_container_image is not set: Dataflow workers "
+        r"would run Beam's default image",
+    ):
         dry_run(cfg)
 
 
@@ -152,8 +187,15 @@ def test_validate_for_launch_refuses_placeholders_for_a_ci_step(capsys):
     captured = capsys.readouterr()
     assert code == 2 and "runner.options.project is 'my-docbeam-project'" in captured.err
     sample = os.path.join(REPO, "data", "sample", "*.jsonl.gz")
-    code = cli.main(["validate", "--config", profile("dataflow_cpu"), "--for-launch",
-                     *set_args([*own_values(f"{IMAGES}/worker-cpu:0.1.0"), f"input.path={sample}"])])
+    code = cli.main(
+        [
+            "validate",
+            "--config",
+            profile("dataflow_cpu"),
+            "--for-launch",
+            *set_args([*own_values(f"{IMAGES}/worker-cpu:0.1.0"), f"input.path={sample}"]),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "# launch: no placeholder in runner.options.project" in out
 
@@ -174,7 +216,10 @@ def test_a_dry_run_needs_the_dataflow_runner():
 
 
 def test_options_dataflow_refuses_are_a_config_error(emulator):
-    cfg = config.load(profile("dataflow_cpu"), [*own_values(f"{IMAGES}/worker-cpu:0.1.0"),
-                                                "runner.options.project=My Project"])
-    with pytest.raises(ConfigError, match=r"runner.options: Dataflow refuses these options: .*Invalid Project ID \(My Project\)"):
+    cfg = config.load(
+        profile("dataflow_cpu"), [*own_values(f"{IMAGES}/worker-cpu:0.1.0"), "runner.options.project=My Project"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"runner.options: Dataflow refuses these options: .*Invalid Project ID \(My Project\)"
+    ):
         dry_run(cfg)

@@ -1,5 +1,6 @@
 """The encoder as a worker runs it: attention planning at start, fallback, parity gate, and the
 memory/compile watch over many batches."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,11 +8,11 @@ import pytest
 
 from docbeam import attention
 from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate
-from docbeam.pipeline.stages.packer import padded_batch, rows_for
-from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
+from docbeam.models.checkpoint import open_checkpoint
 from docbeam.models.encoder import attention_cases
 from docbeam.pipeline.records import TokenWindow
-from docbeam.models.checkpoint import open_checkpoint
+from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
+from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
 
@@ -25,8 +26,9 @@ def attn(backend="native", options=None, fallback=None, **gate_settings) -> Atte
 
 def spec(model_dir, backend="native", options=None, fallback=None, **gate_settings) -> EncoderSpec:
     """Planned here, for buckets 16 and 32, as a standalone encoder is."""
-    return standalone_spec(model_dir, "float32", "mean", attn(backend, options, fallback, **gate_settings),
-                           buckets=(16, 32))
+    return standalone_spec(
+        model_dir, "float32", "mean", attn(backend, options, fallback, **gate_settings), buckets=(16, 32)
+    )
 
 
 def cases(model_dir, buckets=(16, 32)):
@@ -57,8 +59,7 @@ def test_parity_gate_refuses_a_backend_that_ignores_padding(tiny_checkpoint_dir)
 
 
 def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
-    s = attn(backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback",
-             fallback="native")
+    s = attn(backend="fixtures_broken_backend:attend", verify=True, on_mismatch="fallback", fallback="native")
     gated = gate(s, choose_backends(s, cases(tiny_checkpoint_dir)))
     assert [c.backend for c in gated] == ["native", "native"]
     assert all(c.fallback_reason.startswith("parity gate") for c in gated)
@@ -66,8 +67,7 @@ def test_parity_gate_can_fall_back_instead(tiny_checkpoint_dir):
 
 def test_parity_gate_passes_a_correct_backend(tiny_checkpoint_dir):
     s = attn(backend="chunked", verify=True)
-    assert [c.backend for c in gate(s, choose_backends(s, cases(tiny_checkpoint_dir)))] == [
-        "chunked", "chunked"]
+    assert [c.backend for c in gate(s, choose_backends(s, cases(tiny_checkpoint_dir)))] == ["chunked", "chunked"]
 
 
 def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(tiny_checkpoint_dir):
@@ -78,8 +78,12 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
         bucket = (16, 32)[i % 2]
         rows = rows_for(bucket, 256)
         n = int(rng.integers(1, rows + 1))  # full and partial batches share one shape
-        windows = [TokenWindow(f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)),
-                                                           dtype=np.int32), 1, False) for j in range(n)]
+        windows = [
+            TokenWindow(
+                f"d{i}-{j}", 0, 1, rng.integers(1000, 2000, int(rng.integers(3, bucket + 1)), dtype=np.int32), 1, False
+            )
+            for j in range(n)
+        ]
         records.append(runtime.encode(padded_batch(windows, bucket, rows))[1])
     assert [r["compiled"] for r in records[:2]] == [True, True]
     assert not any(r["compiled"] for r in records[2:])
@@ -88,8 +92,13 @@ def test_memory_stays_flat_and_compilation_stops_after_each_shapes_first_batch(t
 
 
 def test_parity_gate_never_falls_back_to_the_backend_that_failed(tiny_checkpoint_dir):
-    s = attn(backend="flash", options=TPU_ONLY, fallback="fixtures_broken_backend:attend",
-             verify=True, on_mismatch="fallback")
+    s = attn(
+        backend="flash",
+        options=TPU_ONLY,
+        fallback="fixtures_broken_backend:attend",
+        verify=True,
+        on_mismatch="fallback",
+    )
     choices = choose_backends(s, cases(tiny_checkpoint_dir))
     assert {c.backend for c in choices} == {"fixtures_broken_backend:attend"}  # flash refused on CPU
     with pytest.raises(AttentionPlanError, match="parity gate"):

@@ -1,13 +1,14 @@
 """The Flax encoder against the reference implementation in transformers, on random checkpoints that
 transformers itself wrote (no download): BERT with absolute positions and RoFormer with rotary ones."""
+
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
+from conftest import write_tiny_checkpoint
 
 from docbeam import attention
-from conftest import write_tiny_checkpoint
 from docbeam.models import checkpoint, encoder
 
 
@@ -48,8 +49,9 @@ def test_bert_matches_transformers(tiny_checkpoint_dir, use_jit):
     ids, lengths = inputs(3, 40)
     ours = ours_hidden(tiny_checkpoint_dir, ids, lengths, use_jit=use_jit)
     assert ours.shape == (3, 40, 32) and np.isfinite(ours).all()
-    np.testing.assert_allclose(valid_rows(ours, lengths), valid_rows(reference_hidden(tiny_checkpoint_dir, ids, lengths),
-                                                                     lengths), atol=2e-5)
+    np.testing.assert_allclose(
+        valid_rows(ours, lengths), valid_rows(reference_hidden(tiny_checkpoint_dir, ids, lengths), lengths), atol=2e-5
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +64,9 @@ def test_rotary_encoder_matches_transformers_roformer_beyond_512_tokens(tiny_rof
     assert checkpoint.open_checkpoint(tiny_roformer_dir).config.position == "rope"
     ids, lengths = inputs(2, 500)  # RoFormer's own table stops at max_position_embeddings (512 here)
     ours = ours_hidden(tiny_roformer_dir, ids, lengths, backend=backend)
-    np.testing.assert_allclose(valid_rows(ours, lengths), valid_rows(reference_hidden(tiny_roformer_dir, ids, lengths),
-                                                                     lengths), atol=5e-5)
+    np.testing.assert_allclose(
+        valid_rows(ours, lengths), valid_rows(reference_hidden(tiny_roformer_dir, ids, lengths), lengths), atol=5e-5
+    )
     long_ids, long_lengths = inputs(1, 2048)
     assert np.isfinite(ours_hidden(tiny_roformer_dir, long_ids, long_lengths, backend=backend)).all()
 

@@ -1,25 +1,33 @@
 """docbeam/errors.py: one base class decides exit 2, and a run that fails after it started leaves its summary."""
+
 from __future__ import annotations
 
 import glob
 import json
 
 import pytest
-
 from conftest import job_config
+
 from docbeam.errors import JobFailed, Refused, UnusablePath, refused_at_start
 
 
 def start_time_exceptions() -> list[type]:
     from docbeam.attention.dispatch import AttentionPlanError
     from docbeam.attention.registry import UnknownBackendError
-    from docbeam.models.checkpoint import CheckpointError
     from docbeam.config import ConfigError
+    from docbeam.models.checkpoint import CheckpointError
     from docbeam.pipeline.store.lock import LockHeld
     from docbeam.pipeline.store.output import OutputRefused
 
-    return [AttentionPlanError, UnknownBackendError, CheckpointError, ConfigError, LockHeld, OutputRefused,
-            UnusablePath]
+    return [
+        AttentionPlanError,
+        UnknownBackendError,
+        CheckpointError,
+        ConfigError,
+        LockHeld,
+        OutputRefused,
+        UnusablePath,
+    ]
 
 
 def test_every_start_time_refusal_is_a_refused_and_no_job_failure_is():
@@ -31,8 +39,11 @@ def test_every_start_time_refusal_is_a_refused_and_no_job_failure_is():
 
 
 def test_an_os_error_in_a_start_step_becomes_a_refusal_naming_the_step(tmp_path):
-    with pytest.raises(UnusablePath, match=r"^output.path x: taking its lock: IsADirectoryError: \[Errno 21\] .*"
-                                           r"; fix or remove it, or choose another path$"):
+    with pytest.raises(
+        UnusablePath,
+        match=r"^output.path x: taking its lock: IsADirectoryError: \[Errno 21\] .*"
+        r"; fix or remove it, or choose another path$",
+    ):
         with refused_at_start("output.path x: taking its lock"):
             open(tmp_path, "rb")
 
@@ -62,7 +73,8 @@ def _hash_that_raises(text: str, prompt: str | None = None) -> str:
 
 @pytest.mark.slow
 def test_a_run_that_fails_after_it_started_leaves_its_summary_in_staging_and_is_no_refusal(
-        tmp_path, tiny_checkpoint_dir, monkeypatch):
+    tmp_path, tiny_checkpoint_dir, monkeypatch
+):
     """A start-time error class raised by a worker (here a CheckpointError in a step of the job) is a failed
     job: exit 1, with summary.json in the run's staging folder saying why."""
     from docbeam.pipeline.driver import embed, run

@@ -2,14 +2,25 @@
 under DistilBERT's keys and tensor names, with learned positions or (``sinusoidal_pos_embds``) sinusoidal ones.
 From the checkpoint as transformers 5 writes it and as the Hub's masked-LM files have it (tensors under
 ``distilbert.`` beside the vocabulary head)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    assert_bfloat16_close_to_float32,
+    assert_matches_transformers,
+    assert_moves_output,
+    assert_native_run_matches,
+    assert_refused,
+    both_forms,
+    replace,
+    save_checkpoint,
+    tiny_model,
+    under_prefix,
+)
 
-from family_fixtures import (LENGTHS, assert_bfloat16_close_to_float32, assert_matches_transformers,
-                             assert_moves_output, assert_native_run_matches, assert_refused, both_forms, replace,
-                             save_checkpoint, tiny_model, under_prefix)
 from docbeam.models import checkpoint
 from docbeam.models.families.distilbert import sinusoidal_table
 
@@ -17,8 +28,9 @@ POSITIONS = "embeddings.position_embeddings.weight"
 
 
 def distilbert(**config):
-    return tiny_model("DistilBertModel", n_layers=2, hidden_dim=48, max_position_embeddings=128,
-                      attn_implementation="eager", **config)
+    return tiny_model(
+        "DistilBertModel", n_layers=2, hidden_dim=48, max_position_embeddings=128, attn_implementation="eager", **config
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +43,10 @@ def hub_config(config: dict) -> dict:
     return {**config, "architectures": ["DistilBertForMaskedLM"], "tie_weights_": True}
 
 
-hub_tensors = under_prefix("distilbert.", {"vocab_transform.weight": np.zeros((32, 32), np.float32),
-                                           "vocab_projector.bias": np.zeros(8, np.float32)})  # the MLM head
+hub_tensors = under_prefix(
+    "distilbert.",
+    {"vocab_transform.weight": np.zeros((32, 32), np.float32), "vocab_projector.bias": np.zeros(8, np.float32)},
+)  # the MLM head
 folder = both_forms("distilbert", hub_config, hub_tensors)
 
 
@@ -61,8 +75,9 @@ def test_the_sinusoidal_table_is_transformers(model):
 def test_a_sinusoidal_checkpoint_without_its_table_matches_transformers(tmp_path, packed):
     """transformers computes the table a sinusoidal checkpoint lacks; docbeam computes the same one."""
     sinusoidal = distilbert(sinusoidal_pos_embds=True)
-    folder = save_checkpoint(sinusoidal, str(tmp_path),
-                             tensor_rename=lambda tensors: {k: v for k, v in tensors.items() if k != POSITIONS})
+    folder = save_checkpoint(
+        sinusoidal, str(tmp_path), tensor_rename=lambda tensors: {k: v for k, v in tensors.items() if k != POSITIONS}
+    )
     assert checkpoint.open_checkpoint(folder).config.sinusoidal_positions
     assert assert_matches_transformers(sinusoidal, folder, LENGTHS, packed) == ["native", "chunked", "flash"]
 
@@ -77,21 +92,27 @@ def with_table(table: np.ndarray):
     return lambda tensors: {**tensors, POSITIONS: table}
 
 
-@pytest.mark.parametrize("sinusoidal, table", [
-    pytest.param(False, lambda: sinusoidal_table(128, 32), id="learned-read-as-sinusoidal"),
-    pytest.param(True, lambda: np.roll(sinusoidal_table(128, 32), 1, axis=0), id="sinusoidal-off-by-one"),
-    pytest.param(True, lambda: np.zeros((128, 32), np.float32), id="sinusoidal-dropped"),
-])
+@pytest.mark.parametrize(
+    "sinusoidal, table",
+    [
+        pytest.param(False, lambda: sinusoidal_table(128, 32), id="learned-read-as-sinusoidal"),
+        pytest.param(True, lambda: np.roll(sinusoidal_table(128, 32), 1, axis=0), id="sinusoidal-off-by-one"),
+        pytest.param(True, lambda: np.zeros((128, 32), np.float32), id="sinusoidal-dropped"),
+    ],
+)
 def test_positions_broken_on_purpose_move_the_output(tmp_path, sinusoidal, table):
     original = distilbert(sinusoidal_pos_embds=sinusoidal)
     folder = save_checkpoint(original, str(tmp_path), tensor_rename=with_table(table()))
     assert_moves_output(original, folder)
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(dict(change=replace(activation="relu")), id="relu-not-gelu"),
-    pytest.param(dict(pooling="cls"), id="first-token-pooled"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(dict(change=replace(activation="relu")), id="relu-not-gelu"),
+        pytest.param(dict(pooling="cls"), id="first-token-pooled"),
+    ],
+)
 def test_each_feature_moves_the_output(model, folder, broken):
     assert_moves_output(model, folder, **broken)
 

@@ -3,15 +3,25 @@ that multiply by w (not 1 + w), a weightless v norm, unscaled scores, full layer
 heads over 1 key/value head of 32, where sliding layers have 2 of 16), a sliding radius of ``sliding_window`` =
 4 tokens each side, inclusive, projection-only per-layer embeddings gating every layer, each layer's
 ``layer_scalar``, and ``embedding_projection`` to 24 dimensions; windows of 12-64 tokens."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
-                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
-                             assert_refused, replace, save_checkpoint)
+from family_fixtures import (
+    LENGTHS,
+    PACKED_BATCHING,
+    assert_bfloat16_close_to_float32,
+    assert_close_to_transformers,
+    assert_docbeam_run_matches,
+    assert_matches_transformers,
+    assert_moves_output,
+    assert_refused,
+    replace,
+    save_checkpoint,
+)
 from family_gemma3_test import LAYER_TYPES, ROPE  # the same layer kinds and RoPE bases as the Gemma3 tests'
+
 from docbeam.models import checkpoint
 
 
@@ -24,10 +34,23 @@ def model():
 
     torch.manual_seed(0)
     config = transformers.EmbeddingGemma2TextConfig(
-        vocab_size=30522, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1, sliding_window=4,
-        layer_types=LAYER_TYPES, rope_parameters=ROPE, hidden_size_per_layer_input=8, embedding_dim=24,
-        initializer_range=0.3, attn_implementation="eager")
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        sliding_window=4,
+        layer_types=LAYER_TYPES,
+        rope_parameters=ROPE,
+        hidden_size_per_layer_input=8,
+        embedding_dim=24,
+        initializer_range=0.3,
+        attn_implementation="eager",
+    )
     model = transformers.EmbeddingGemma2TextModel(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -73,26 +96,33 @@ def test_vectors_match_transformers_on_each_formulation(model, folder, packed, o
     assert_close_to_transformers(model, folder, backend=backend, packed=packed, options=options)
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(dict(change=replace(local_window=(3, 3))), id="window-radius-exclusive"),
-    pytest.param(dict(change=replace(local_window=(2, 2))), id="window-radius-sliding_window//2"),
-    pytest.param(dict(change=replace(local_window=(5, 5))), id="window-radius-one-too-wide"),
-    pytest.param(dict(change=replace(causal=True)), id="causal"),
-    pytest.param(dict(change=lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c)),
-                 id="rope-bases-swapped"),
-    pytest.param(dict(change=replace(norm_offset=1.0)), id="norms-times-1+w-not-w"),
-    pytest.param(dict(change=replace(v_norm=False)), id="no-v-norm"),
-    pytest.param(dict(change=replace(qk_norm=False)), id="no-qk-norm"),
-    pytest.param(dict(change=replace(query_scale=0.25)), id="scores-scaled"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(dict(change=replace(local_window=(3, 3))), id="window-radius-exclusive"),
+        pytest.param(dict(change=replace(local_window=(2, 2))), id="window-radius-sliding_window//2"),
+        pytest.param(dict(change=replace(local_window=(5, 5))), id="window-radius-one-too-wide"),
+        pytest.param(dict(change=replace(causal=True)), id="causal"),
+        pytest.param(
+            dict(change=lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c)),
+            id="rope-bases-swapped",
+        ),
+        pytest.param(dict(change=replace(norm_offset=1.0)), id="norms-times-1+w-not-w"),
+        pytest.param(dict(change=replace(v_norm=False)), id="no-v-norm"),
+        pytest.param(dict(change=replace(qk_norm=False)), id="no-qk-norm"),
+        pytest.param(dict(change=replace(query_scale=0.25)), id="scores-scaled"),
+    ],
+)
 def test_each_feature_moves_the_output(model, folder, broken):
     assert_moves_output(model, folder, **broken)
 
 
 def without_per_layer_embeddings(tensors: dict) -> dict:
     """The per-layer projection zeroed: every layer's gate multiplies zeros, so its third block adds nothing."""
-    return {**tensors, "ple.per_layer_model_projection.weight":
-            np.zeros_like(tensors["ple.per_layer_model_projection.weight"])}
+    return {
+        **tensors,
+        "ple.per_layer_model_projection.weight": np.zeros_like(tensors["ple.per_layer_model_projection.weight"]),
+    }
 
 
 def without_layer_scalars(tensors: dict) -> dict:
@@ -107,12 +137,15 @@ def test_checkpoints_without_per_layer_features_move_the_output(model, tmp_path,
     assert_moves_output(model, broken)
 
 
-@pytest.mark.parametrize("rewrite,match", [
-    (lambda c: {**c, "per_layer_config": {"0": {"head_dim": 32}}}, "per_layer_config.*full_attention"),
-    (lambda c: {**c, "per_layer_config": {"1": {"intermediate_size": 8}}}, "per_layer_config"),
-    (lambda c: {**c, "attention_bias": True}, "attention_bias: True"),
-    (lambda c: {**c, "sliding_window": -1}, "sliding_window: -1"),
-])
+@pytest.mark.parametrize(
+    "rewrite,match",
+    [
+        (lambda c: {**c, "per_layer_config": {"0": {"head_dim": 32}}}, "per_layer_config.*full_attention"),
+        (lambda c: {**c, "per_layer_config": {"1": {"intermediate_size": 8}}}, "per_layer_config"),
+        (lambda c: {**c, "attention_bias": True}, "attention_bias: True"),
+        (lambda c: {**c, "sliding_window": -1}, "sliding_window: -1"),
+    ],
+)
 def test_what_docbeam_does_not_reproduce_is_refused(tmp_path, model, rewrite, match):
     assert_refused(model, str(tmp_path), rewrite, match)
 
@@ -132,9 +165,9 @@ def test_full_layers_default_to_transformers_global_shape(tmp_path, model):
     assert checkpoint.encoder_config(folder).layer_heads(False) == (1, 512)
 
 
-
 def test_bfloat16_stays_close_to_float32(folder):
     assert_bfloat16_close_to_float32(folder)
+
 
 @pytest.mark.slow
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):

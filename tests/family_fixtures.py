@@ -2,6 +2,7 @@
 tiny random model of the family's own transformers class (weights large enough that each feature moves the
 output), its checkpoint as transformers 5 writes it and in the Hub's form (legacy config keys, tensor names),
 transformers' pooled vectors, and ours, unpacked and packed; and the assertions every family makes with them."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,8 +72,14 @@ def both_forms(family: str, hub_config: Callable[[dict], dict], hub_tensors: Cal
     return folder
 
 
-def save_checkpoint(model, folder: str, *, config_rewrite: Callable[[dict], dict] | None = None,
-                    tensor_rename: Callable[[str], str] | None = None, max_seq_length: int = 128) -> str:
+def save_checkpoint(
+    model,
+    folder: str,
+    *,
+    config_rewrite: Callable[[dict], dict] | None = None,
+    tensor_rename: Callable[[str], str] | None = None,
+    max_seq_length: int = 128,
+) -> str:
     """``model.save_pretrained`` (transformers 5's config keys and tensor names), the BERT tokenizer, and
     optionally the Hub's form: config.json rewritten, tensors renamed/fused."""
     from safetensors.numpy import load_file, save_file
@@ -109,10 +116,11 @@ def reference_vectors(model, ids: np.ndarray, lengths: np.ndarray, pooling: str 
     decoder's) taken at each right-padded row's last valid token."""
     import torch
 
-    mask = (np.arange(ids.shape[1])[None, :] < lengths[:, None])
+    mask = np.arange(ids.shape[1])[None, :] < lengths[:, None]
     with torch.no_grad():
-        hidden = model(input_ids=torch.tensor(ids, dtype=torch.long),
-                       attention_mask=torch.tensor(mask.astype(np.int64))).last_hidden_state.numpy()
+        hidden = model(
+            input_ids=torch.tensor(ids, dtype=torch.long), attention_mask=torch.tensor(mask.astype(np.int64))
+        ).last_hidden_state.numpy()
     if pooling == "lasttoken":
         return hidden[np.arange(len(lengths)), lengths - 1]
     return (hidden * mask[..., None]).sum(1) / lengths[:, None]
@@ -135,17 +143,28 @@ def pack(ids: np.ndarray, lengths: np.ndarray, row_len: int):
         start = 0
         for k, w in enumerate(windows):
             n = lengths[w]
-            ids_BxT[r, start:start + n] = ids[w, :n]
-            segment_ids_BxT[r, start:start + n] = k + 1
+            ids_BxT[r, start : start + n] = ids[w, :n]
+            segment_ids_BxT[r, start : start + n] = k + 1
             slot_lengths_BxK[r, k] = n
             where[w] = r * slots + k
             start += n
     return ids_BxT, slot_lengths_BxK.sum(1).astype(np.int32), segment_ids_BxT, slot_lengths_BxK, where
 
 
-def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: str = "native", packed: bool = False,
-                change: Callable | None = None, options: dict | None = None, dtype: str = "float32",
-                pooling: str = "mean", attend: Callable | None = None, task: str | None = None) -> np.ndarray:
+def our_vectors(
+    folder: str,
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    *,
+    backend: str = "native",
+    packed: bool = False,
+    change: Callable | None = None,
+    options: dict | None = None,
+    dtype: str = "float32",
+    pooling: str = "mean",
+    attend: Callable | None = None,
+    task: str | None = None,
+) -> np.ndarray:
     """Our pooled vectors from the checkpoint folder; ``change`` edits the config read from it, ``attend`` wraps
     the attention function (a test breaking one feature on purpose), the weights staying the checkpoint's;
     ``options`` are the backend's; ``task``: model.task (a multi-task checkpoint's adapter)."""
@@ -163,8 +182,9 @@ def our_vectors(folder: str, ids: np.ndarray, lengths: np.ndarray, *, backend: s
     return out.reshape(-1, out.shape[-1])[where]
 
 
-def head_forward(folder: str, head, texts: list[str], window: int, *, backend: str = "native",
-                 packed: bool = False) -> np.ndarray:
+def head_forward(
+    folder: str, head, texts: list[str], window: int, *, backend: str = "native", packed: bool = False
+) -> np.ndarray:
     """A head's per-window output (models/heads/: its layers, or its reduce) on each text's first ``window``
     tokens, in float64, unpacked or packed (then put back in text order)."""
     ck = checkpoint.open_checkpoint(folder, with_weights=True)
@@ -176,7 +196,7 @@ def head_forward(folder: str, head, texts: list[str], window: int, *, backend: s
     lengths = np.asarray([len(r) for r in rows], np.int32)
     ids = np.zeros((len(rows), window), np.int32)
     for i, r in enumerate(rows):
-        ids[i, :len(r)] = r
+        ids[i, : len(r)] = r
     if not packed:
         return np.asarray(forward(params, ids, lengths), np.float64)
     p_ids, p_lengths, segments, slots, where = pack(ids, lengths, int(lengths.sum() // 2 + window))
@@ -242,8 +262,9 @@ def assert_refused(model, folder: str, config_rewrite: Callable[[dict], dict], m
         checkpoint.open_checkpoint(folder)
 
 
-def assert_moves_output(model, folder: str, *, family_pooling: str = "mean", inputs: tuple | None = None,
-                        **broken) -> None:
+def assert_moves_output(
+    model, folder: str, *, family_pooling: str = "mean", inputs: tuple | None = None, **broken
+) -> None:
     """Our vectors with one feature broken (``broken``: our_vectors' change, attend, packed, or a pooling other
     than the family's) are no longer transformers': the feature is there, and the parity tests would see it
     go. ``inputs``: (ids, lengths) where the family's windows are not token_inputs'."""
@@ -252,8 +273,9 @@ def assert_moves_output(model, folder: str, *, family_pooling: str = "mean", inp
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths, family_pooling)) < MOVED
 
 
-def assert_docbeam_run_matches(model, folder: str, tmp_path, texts: dict[str, str], pooling: str = "mean",
-                               **sections) -> dict[str, np.ndarray]:
+def assert_docbeam_run_matches(
+    model, folder: str, tmp_path, texts: dict[str, str], pooling: str = "mean", **sections
+) -> dict[str, np.ndarray]:
     """``docbeam run`` on ``texts`` gives each document transformers' vector of its tokens (one window each);
     the token ids per document, for what a family asserts about them."""
     got = run_docbeam(folder, tmp_path, texts, **sections)
@@ -266,11 +288,19 @@ def assert_docbeam_run_matches(model, folder: str, tmp_path, texts: dict[str, st
     return tokens
 
 
-def assert_native_run_matches(model, folder: str, tmp_path, texts: dict[str, str], packing: bool,
-                              pooling: str = "mean") -> dict[str, np.ndarray]:
+def assert_native_run_matches(
+    model, folder: str, tmp_path, texts: dict[str, str], packing: bool, pooling: str = "mean"
+) -> dict[str, np.ndarray]:
     """assert_docbeam_run_matches on the native backend, packed (``packing``) or not."""
-    return assert_docbeam_run_matches(model, folder, tmp_path, texts, pooling, attention={"backend": "native"},
-                                      batching={**PACKED_BATCHING, "packing": packing})
+    return assert_docbeam_run_matches(
+        model,
+        folder,
+        tmp_path,
+        texts,
+        pooling,
+        attention={"backend": "native"},
+        batching={**PACKED_BATCHING, "packing": packing},
+    )
 
 
 def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> dict:
@@ -278,8 +308,8 @@ def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> 
     import glob
 
     import pyarrow.parquet as pq
-
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     docs = tmp_path / "docs.jsonl"

@@ -5,20 +5,37 @@ over 1 key/value head of 16, q/k RMSNorm, ``(1 + w)`` norms before and after att
 scale of ``query_pre_attn_scalar^-½`` = 24^-½, and RoPE bases 1e6 (full layers) and 1e3 (sliding ones); windows
 of 12-64 tokens, so each crosses the sliding window. From config.json as transformers 5 writes it and as
 EmbeddingGemma-300m's has it on the Hub (``rope_theta``, ``rope_local_base_freq``, a layer pattern)."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    MIN_COSINE,
+    PACKED_BATCHING,
+    assert_bfloat16_close_to_float32,
+    assert_close_to_transformers,
+    assert_docbeam_run_matches,
+    assert_matches_transformers,
+    assert_moves_output,
+    assert_refused,
+    both_forms,
+    lowest_cosine,
+    our_vectors,
+    reference_vectors,
+    replace,
+    save_checkpoint,
+    token_inputs,
+)
 
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_bfloat16_close_to_float32,
-                             assert_close_to_transformers, assert_docbeam_run_matches, assert_matches_transformers,
-                             assert_moves_output, assert_refused, both_forms, lowest_cosine, our_vectors,
-                             reference_vectors, replace, save_checkpoint, token_inputs)
 from docbeam.models import checkpoint
 
 LAYER_TYPES = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
-ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0},
-        "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}}
+ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 1_000.0},
+    "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+}
 
 
 def random_gemma3(bidirectional: bool, rope: dict = ROPE):
@@ -29,10 +46,22 @@ def random_gemma3(bidirectional: bool, rope: dict = ROPE):
 
     torch.manual_seed(0)
     config = transformers.Gemma3TextConfig(
-        vocab_size=30522, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=24, sliding_window=8, layer_types=LAYER_TYPES,
-        rope_parameters=rope, use_bidirectional_attention=bidirectional, initializer_range=0.3,
-        max_position_embeddings=512, attn_implementation="eager")
+        vocab_size=30522,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        query_pre_attn_scalar=24,
+        sliding_window=8,
+        layer_types=LAYER_TYPES,
+        rope_parameters=rope,
+        use_bidirectional_attention=bidirectional,
+        initializer_range=0.3,
+        max_position_embeddings=512,
+        attn_implementation="eager",
+    )
     model = transformers.Gemma3TextModel(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
@@ -55,8 +84,15 @@ def hub_config(config: dict) -> dict:
     """EmbeddingGemma-300m's config.json keys (transformers 4.56): RoPE bases as rope_theta and
     rope_local_base_freq, the layer kinds as a pattern (every 2nd layer full here; 6th there)."""
     config = {k: v for k, v in config.items() if k not in ("layer_types", "rope_parameters", "dtype")}
-    return {**config, "rope_theta": 1_000_000.0, "rope_local_base_freq": 1_000.0, "rope_scaling": None,
-            "_sliding_window_pattern": 2, "torch_dtype": "float32", "architectures": ["Gemma3TextModel"]}
+    return {
+        **config,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 1_000.0,
+        "rope_scaling": None,
+        "_sliding_window_pattern": 2,
+        "torch_dtype": "float32",
+        "architectures": ["Gemma3TextModel"],
+    }
 
 
 def hub_tensors(tensors: dict) -> dict:
@@ -76,7 +112,7 @@ def test_both_config_forms_read_as_the_same_model(folder):
     ck = checkpoint.open_checkpoint(folder)
     config = ck.config
     assert config.sliding_layers == (True, False, True, False) and not config.causal
-    assert (config.num_heads, config.kv_heads, config.head_dim, config.query_scale) == (4, 1, 16, 24 ** -0.5)
+    assert (config.num_heads, config.kv_heads, config.head_dim, config.query_scale) == (4, 1, 16, 24**-0.5)
     assert (config.rope_theta, config.local_rope_theta, config.norm_offset) == (1_000_000.0, 1_000.0, 1.0)
     assert config.local_window == (4, 4)  # sliding_window 8: |i - j| < 8 // 2 + 1
     assert {f.describe() for f in config.attention_features} == {"global", "local window (4, 4)"}
@@ -106,15 +142,17 @@ def test_vectors_match_transformers_on_each_formulation(model, folder, packed, o
     assert_close_to_transformers(model, folder, backend=backend, packed=packed, options=options)
 
 
-@pytest.mark.parametrize("backend,options", [("native", {}), ("chunked", {"query_chunk": 8, "key_chunk": 8}),
-                                             ("flash", {})])
+@pytest.mark.parametrize(
+    "backend,options", [("native", {}), ("chunked", {"query_chunk": 8, "key_chunk": 8}), ("flash", {})]
+)
 @pytest.mark.parametrize("packed", [False, True])
 def test_causal_gemma3_matches_transformers_at_the_last_token(causal_model, causal_folder, packed, backend, options):
     ck = checkpoint.open_checkpoint(causal_folder)
     assert ck.config.causal and ck.config.local_window == (7, 0) and ck.settings.pooling == "lasttoken"
     ids, lengths = token_inputs(LENGTHS)
-    ours = our_vectors(causal_folder, ids, lengths, backend=backend, packed=packed, options=options,
-                       pooling="lasttoken")
+    ours = our_vectors(
+        causal_folder, ids, lengths, backend=backend, packed=packed, options=options, pooling="lasttoken"
+    )
     assert lowest_cosine(ours, reference_vectors(causal_model, ids, lengths, "lasttoken")) >= MIN_COSINE
 
 
@@ -145,55 +183,83 @@ def without_norm_offset(config):
     return replace(norm_offset=0.0)(config)
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(dict(change=replace(causal=True)), id="causal-not-bidirectional"),
-    pytest.param(dict(change=replace(local_window=(5, 5))), id="window-radius-sliding_window//2+1"),
-    pytest.param(dict(change=replace(local_window=(8, 8))), id="window-radius-sliding_window"),
-    pytest.param(dict(change=replace(local_window=(3, 3))), id="window-radius-one-short"),
-    pytest.param(dict(change=lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c)),
-                 id="rope-bases-swapped"),
-    pytest.param(dict(change=replace(local_rope_theta=1_000_000.0)), id="one-rope-base"),
-    pytest.param(dict(change=without_norm_offset), id="norms-times-w-not-1+w"),
-    pytest.param(dict(change=replace(qk_norm=False)), id="no-qk-norm"),
-    pytest.param(dict(change=replace(query_scale=0.25)), id="scale-head_dim^-half"),
-    pytest.param(dict(change=replace(sliding_layers=(False,) * 4)), id="no-sliding-layers"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(dict(change=replace(causal=True)), id="causal-not-bidirectional"),
+        pytest.param(dict(change=replace(local_window=(5, 5))), id="window-radius-sliding_window//2+1"),
+        pytest.param(dict(change=replace(local_window=(8, 8))), id="window-radius-sliding_window"),
+        pytest.param(dict(change=replace(local_window=(3, 3))), id="window-radius-one-short"),
+        pytest.param(
+            dict(change=lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c)),
+            id="rope-bases-swapped",
+        ),
+        pytest.param(dict(change=replace(local_rope_theta=1_000_000.0)), id="one-rope-base"),
+        pytest.param(dict(change=without_norm_offset), id="norms-times-w-not-1+w"),
+        pytest.param(dict(change=replace(qk_norm=False)), id="no-qk-norm"),
+        pytest.param(dict(change=replace(query_scale=0.25)), id="scale-head_dim^-half"),
+        pytest.param(dict(change=replace(sliding_layers=(False,) * 4)), id="no-sliding-layers"),
+    ],
+)
 def test_each_feature_moves_the_output(model, folder, broken):
     assert_moves_output(model, folder, **broken)
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(dict(change=replace(causal=False)), id="bidirectional-not-causal"),
-    pytest.param(dict(change=replace(local_window=(8, 0))), id="causal-window-sliding_window"),
-    pytest.param(dict(pooling="mean"), id="mean-pooled"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(dict(change=replace(causal=False)), id="bidirectional-not-causal"),
+        pytest.param(dict(change=replace(local_window=(8, 0))), id="causal-window-sliding_window"),
+        pytest.param(dict(pooling="mean"), id="mean-pooled"),
+    ],
+)
 def test_each_causal_feature_moves_the_output(causal_model, causal_folder, broken):
     assert_moves_output(causal_model, causal_folder, family_pooling="lasttoken", **broken)
 
 
-@pytest.mark.parametrize("rewrite,match", [
-    (lambda c: {**c, "attn_logit_softcapping": 50.0}, "attn_logit_softcapping: 50.0.*soft-capped"),
-    (lambda c: {**c, "attention_bias": True}, "attention_bias: True"),
-    (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "sliding_attention": {
-        "rope_type": "linear", "factor": 8.0, "rope_theta": 1e3}}}, "sliding_attention.*RoPE scaling"),
-    (lambda c: {**c, "rope_parameters": {**c["rope_parameters"], "full_attention": {
-        "rope_type": "dynamic", "factor": 8.0, "rope_theta": 1e6}}}, "RoPE scaling"),
-    (lambda c: {**c, "sliding_window": None}, "sliding_window"),
-    (lambda c: {**c, "layer_types": ["sliding_attention"] * 3}, "layer_types"),
-])
+@pytest.mark.parametrize(
+    "rewrite,match",
+    [
+        (lambda c: {**c, "attn_logit_softcapping": 50.0}, "attn_logit_softcapping: 50.0.*soft-capped"),
+        (lambda c: {**c, "attention_bias": True}, "attention_bias: True"),
+        (
+            lambda c: {
+                **c,
+                "rope_parameters": {
+                    **c["rope_parameters"],
+                    "sliding_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e3},
+                },
+            },
+            "sliding_attention.*RoPE scaling",
+        ),
+        (
+            lambda c: {
+                **c,
+                "rope_parameters": {
+                    **c["rope_parameters"],
+                    "full_attention": {"rope_type": "dynamic", "factor": 8.0, "rope_theta": 1e6},
+                },
+            },
+            "RoPE scaling",
+        ),
+        (lambda c: {**c, "sliding_window": None}, "sliding_window"),
+        (lambda c: {**c, "layer_types": ["sliding_attention"] * 3}, "layer_types"),
+    ],
+)
 def test_what_docbeam_does_not_reproduce_is_refused(tmp_path, model, rewrite, match):
     assert_refused(model, str(tmp_path), rewrite, match)
-
 
 
 def test_bfloat16_stays_close_to_float32(folder):
     assert_bfloat16_close_to_float32(folder)
 
+
 @pytest.mark.slow
 def test_docbeam_run_gives_causal_gemma3_last_token_vectors(causal_model, causal_folder, tmp_path):
     texts = {"short": "A short note.", "long": " ".join(["Causal Gemma3 sees the tokens before it."] * 8)}
-    tokens = assert_docbeam_run_matches(causal_model, causal_folder, tmp_path, texts, "lasttoken",
-                                        batching=PACKED_BATCHING)
+    tokens = assert_docbeam_run_matches(
+        causal_model, causal_folder, tmp_path, texts, "lasttoken", batching=PACKED_BATCHING
+    )
     assert tokens["long"].shape[1] > 8
 
 
@@ -218,10 +284,13 @@ def save_embeddinggemma(model, folder: str, base: str) -> str:
 
     torch.manual_seed(2)
     identity = torch.nn.Identity()
-    modules = [Transformer(base, max_seq_length=128), Pooling(32, "mean"),
-               Dense(32, 64, bias=False, activation_function=identity, init_weight=torch.randn(64, 32) * 0.3),
-               Dense(64, 32, bias=False, activation_function=identity, init_weight=torch.randn(32, 64) * 0.3),
-               Normalize()]
+    modules = [
+        Transformer(base, max_seq_length=128),
+        Pooling(32, "mean"),
+        Dense(32, 64, bias=False, activation_function=identity, init_weight=torch.randn(64, 32) * 0.3),
+        Dense(64, 32, bias=False, activation_function=identity, init_weight=torch.randn(32, 64) * 0.3),
+        Normalize(),
+    ]
     SentenceTransformer(modules=modules, device="cpu", prompts=EMBEDDINGGEMMA_PROMPTS).save(folder)
     return folder
 
@@ -230,9 +299,8 @@ def save_embeddinggemma(model, folder: str, base: str) -> str:
 def test_docbeam_run_gives_embeddinggemma_sentence_transformers_vectors(model, tmp_path):
     """`docbeam run` on EmbeddingGemma's layout gives sentence-transformers' encode_document vectors: the
     document prompt, mean pooling, both Dense modules and the normalisation."""
-    from sentence_transformers import SentenceTransformer
-
     from family_fixtures import run_docbeam
+    from sentence_transformers import SentenceTransformer
 
     base = save_checkpoint(model, str(tmp_path / "base"))
     folder = save_embeddinggemma(model, str(tmp_path / "st"), base)

@@ -4,13 +4,22 @@ transformers has no rope_type for; it equals transformers' linear scaling with t
 (every frequency (θs)^(-2i/H)·s^(-2/H)), so one transformers model is the reference for both forms: linear in
 transformers 5's config.json, ``model_type: new`` with ``rope_scaling: {type: ntk}`` and fused tensors in the
 Hub's."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    assert_docbeam_run_matches,
+    assert_matches_transformers,
+    assert_moves_output,
+    assert_refused,
+    both_forms,
+    replace,
+    tiny_model,
+)
 
-from family_fixtures import (LENGTHS, assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
-                             assert_refused, both_forms, replace, tiny_model)
 from docbeam.models import checkpoint
 
 THETA, NTK_FACTOR, HEAD_DIM = 10_000.0, 4.0, 16
@@ -19,16 +28,30 @@ THETA, NTK_FACTOR, HEAD_DIM = 10_000.0, 4.0, 16
 @pytest.fixture(scope="module")
 def model():
     rope = {"rope_type": "linear", "rope_theta": THETA * NTK_FACTOR, "factor": NTK_FACTOR ** (2 / HEAD_DIM)}
-    return tiny_model("GteModel", num_hidden_layers=2, intermediate_size=48, type_vocab_size=1, rope_parameters=rope,
-                      attn_implementation="eager")
+    return tiny_model(
+        "GteModel",
+        num_hidden_layers=2,
+        intermediate_size=48,
+        type_vocab_size=1,
+        rope_parameters=rope,
+        attn_implementation="eager",
+    )
 
 
 def hub_config(config: dict) -> dict:
     config = {k: v for k, v in config.items() if k != "rope_parameters"}
-    return {**config, "model_type": "new", "architectures": ["NewModel"], "position_embedding_type": "rope",
-            "rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}, "pack_qkv": True,
-            "layer_norm_type": "layer_norm", "logn_attention_scale": False,
-            "auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"}}
+    return {
+        **config,
+        "model_type": "new",
+        "architectures": ["NewModel"],
+        "position_embedding_type": "rope",
+        "rope_theta": THETA,
+        "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR},
+        "pack_qkv": True,
+        "layer_norm_type": "layer_norm",
+        "logn_attention_scale": False,
+        "auto_map": {"AutoModel": "Alibaba-NLP/new-impl--modeling.NewModel"},
+    }
 
 
 def hub_tensors(tensors: dict) -> dict:
@@ -43,13 +66,18 @@ def hub_tensors(tensors: dict) -> dict:
         kind = rest.rsplit(".", 1)[-1]
         if rest.startswith("self_attn.q_proj"):
             out[f"{p}.attention.qkv_proj.{kind}"] = np.concatenate(
-                [tensors[f"layers.{i}.self_attn.{n}_proj.{kind}"] for n in "qkv"])
+                [tensors[f"layers.{i}.self_attn.{n}_proj.{kind}"] for n in "qkv"]
+            )
         elif rest.startswith("mlp.up_proj"):
             out[f"{p}.mlp.up_gate_proj.{kind}"] = np.concatenate(
-                [tensors[f"layers.{i}.mlp.up_proj.{kind}"], tensors[f"layers.{i}.mlp.gate_proj.{kind}"]])
+                [tensors[f"layers.{i}.mlp.up_proj.{kind}"], tensors[f"layers.{i}.mlp.gate_proj.{kind}"]]
+            )
         elif not rest.startswith(("self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj")):
-            rest = (rest.replace("self_attn.o_proj", "attention.o_proj")
-                    .replace("post_attention_layernorm", "attn_ln").replace("post_mlp_layernorm", "mlp_ln"))
+            rest = (
+                rest.replace("self_attn.o_proj", "attention.o_proj")
+                .replace("post_attention_layernorm", "attn_ln")
+                .replace("post_mlp_layernorm", "mlp_ln")
+            )
             out[f"{p}.{rest}"] = value
     return out
 
@@ -65,12 +93,13 @@ def test_hub_ntk_frequencies_are_the_remote_codes():
     from docbeam.models.families.encoder_config import HubConfig
 
     rope = HubConfig({"rope_theta": THETA, "rope_scaling": {"type": "ntk", "factor": NTK_FACTOR}}, "config.json").rope(
-        HEAD_DIM, 10_000.0)
+        HEAD_DIM, 10_000.0
+    )
     base = THETA * NTK_FACTOR
     want = 1.0 / base ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM) / NTK_FACTOR ** (2 / HEAD_DIM)
-    x = jnp.zeros((1, 2, 1, HEAD_DIM)).at[:, :, :, :HEAD_DIM // 2].set(1.0)  # cos and sin of each angle at position 1
+    x = jnp.zeros((1, 2, 1, HEAD_DIM)).at[:, :, :, : HEAD_DIM // 2].set(1.0)  # cos and sin of each angle at position 1
     got = np.asarray(rotary(x, rope.theta, positions_BxT=jnp.asarray([[0, 1]]), scale=rope.scale))[0, 1, 0]
-    np.testing.assert_allclose(np.arctan2(got[HEAD_DIM // 2:], got[:HEAD_DIM // 2]), want, rtol=1e-5)
+    np.testing.assert_allclose(np.arctan2(got[HEAD_DIM // 2 :], got[: HEAD_DIM // 2]), want, rtol=1e-5)
 
 
 def test_both_forms_read_as_the_same_rotary_positions(folder):
@@ -85,11 +114,14 @@ def test_vectors_match_transformers(model, folder, packed):
     assert backends == ["native", "chunked", "flash"]  # every built-in backend runs it, packed or not
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(replace(rope_scale=1.0), id="rope-scaling-ignored"),
-    pytest.param(replace(rope_theta=THETA), id="ntk-base-unscaled"),
-    pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(replace(rope_scale=1.0), id="rope-scaling-ignored"),
+        pytest.param(replace(rope_theta=THETA), id="ntk-base-unscaled"),
+        pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
+    ],
+)
 def test_each_feature_moves_the_output(model, folder, broken):
     assert_moves_output(model, folder, change=broken)
 

@@ -1,30 +1,57 @@
 """ModernBERT against transformers' ModernBertModel: pre-norm without biases, GeGLU, fused Wqkv, and rotary
 positions with a global and a local theta, on layers alternating global and local attention (window ±4 here,
 so documents of 12-64 tokens cross it), from config.json as transformers 5 writes it and as the Hub has it."""
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    PACKED_BATCHING,
+    assert_bfloat16_close_to_float32,
+    assert_close_to_transformers,
+    assert_docbeam_run_matches,
+    assert_matches_transformers,
+    assert_moves_output,
+    assert_refused,
+    both_forms,
+    replace,
+    tiny_model,
+)
 
-from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
-                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
-                             assert_refused, both_forms, replace, tiny_model)
 from docbeam.models import checkpoint
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model("ModernBertModel", num_hidden_layers=4, intermediate_size=48, local_attention=8,
-                      global_attn_every_n_layers=2, global_rope_theta=160_000.0, local_rope_theta=10_000.0,
-                      pad_token_id=0, bos_token_id=101, cls_token_id=101, eos_token_id=102, sep_token_id=102,
-                      attn_implementation="eager")
+    return tiny_model(
+        "ModernBertModel",
+        num_hidden_layers=4,
+        intermediate_size=48,
+        local_attention=8,
+        global_attn_every_n_layers=2,
+        global_rope_theta=160_000.0,
+        local_rope_theta=10_000.0,
+        pad_token_id=0,
+        bos_token_id=101,
+        cls_token_id=101,
+        eos_token_id=102,
+        sep_token_id=102,
+        attn_implementation="eager",
+    )
 
 
 def hub_config(config: dict) -> dict:
     """The keys ModernBERT's files on the Hub carry instead of transformers 5's layer_types/rope_parameters."""
     config = {k: v for k, v in config.items() if k not in ("layer_types", "rope_parameters")}
-    return {**config, "global_attn_every_n_layers": 2, "global_rope_theta": 160_000.0, "local_rope_theta": 10_000.0,
-            "architectures": ["ModernBertForMaskedLM"]}
+    return {
+        **config,
+        "global_attn_every_n_layers": 2,
+        "global_rope_theta": 160_000.0,
+        "local_rope_theta": 10_000.0,
+        "architectures": ["ModernBertForMaskedLM"],
+    }
 
 
 def hub_tensors(tensors: dict) -> dict:
@@ -56,14 +83,18 @@ def test_native_jax_nn_form_matches_too(model, folder, packed):
     assert_close_to_transformers(model, folder, packed=packed, options={"implementation": "jax_nn"})
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(replace(local_window=(64, 64)), id="local-layers-attend-globally"),
-    pytest.param(replace(local_window=(2, 2)), id="window-too-narrow"),
-    pytest.param(lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c),
-                 id="thetas-swapped"),
-    pytest.param(replace(global_layers=(False, True, False, True)), id="global-layers-shifted"),
-    pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(replace(local_window=(64, 64)), id="local-layers-attend-globally"),
+        pytest.param(replace(local_window=(2, 2)), id="window-too-narrow"),
+        pytest.param(
+            lambda c: replace(rope_theta=c.local_rope_theta, local_rope_theta=c.rope_theta)(c), id="thetas-swapped"
+        ),
+        pytest.param(replace(global_layers=(False, True, False, True)), id="global-layers-shifted"),
+        pytest.param(replace(activation="silu"), id="swiglu-not-geglu"),
+    ],
+)
 def test_each_feature_moves_the_output(model, folder, broken):
     assert_moves_output(model, folder, change=broken)
 

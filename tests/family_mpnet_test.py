@@ -1,14 +1,24 @@
 """MPNet against transformers' MPNetModel: RoBERTa-style positions plus the relative-position bucket bias
 added in every layer (documents up to 64 tokens reach the logarithmic buckets past 8)."""
+
 from __future__ import annotations
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    PACKED_BATCHING,
+    assert_bfloat16_close_to_float32,
+    assert_close_to_transformers,
+    assert_docbeam_run_matches,
+    assert_matches_transformers,
+    assert_moves_output,
+    both_forms,
+    replace,
+    tiny_model,
+)
 
-from family_fixtures import (LENGTHS, PACKED_BATCHING, assert_bfloat16_close_to_float32, assert_close_to_transformers,
-                             assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output, both_forms,
-                             replace, tiny_model)
 from docbeam.models import checkpoint
 from docbeam.models.families import mpnet
 
@@ -17,16 +27,25 @@ from docbeam.models.families import mpnet
 def model():
     import torch
 
-    model = tiny_model("MPNetModel", model_kwargs={"add_pooling_layer": False}, num_hidden_layers=2,
-                       intermediate_size=64, max_position_embeddings=130, layer_norm_eps=1e-5)
+    model = tiny_model(
+        "MPNetModel",
+        model_kwargs={"add_pooling_layer": False},
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        layer_norm_eps=1e-5,
+    )
     with torch.no_grad():  # the bias table gets the embedding initialiser; make it move scores visibly
         model.encoder.relative_attention_bias.weight.normal_(0.0, 2.0)
     return model
 
 
 def hub_config(config: dict) -> dict:
-    return {**{k: v for k, v in config.items() if k != "dtype"}, "torch_dtype": "float32",
-            "architectures": ["MPNetForMaskedLM"]}
+    return {
+        **{k: v for k, v in config.items() if k != "dtype"},
+        "torch_dtype": "float32",
+        "architectures": ["MPNetForMaskedLM"],
+    }
 
 
 def hub_tensors(tensors: dict) -> dict:
@@ -37,8 +56,8 @@ folder = both_forms("mpnet", hub_config, hub_tensors)
 
 
 def test_buckets_are_transformers_buckets_at_every_offset():
-    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
     import torch
+    from transformers.models.mpnet.modeling_mpnet import MPNetEncoder
 
     offsets = np.arange(-700, 701)
     want = MPNetEncoder.relative_position_bucket(torch.tensor(offsets)).numpy()
@@ -64,11 +83,14 @@ def test_positions_counted_from_zero_move_the_output(model, folder):
     assert_moves_output(model, folder, change=from_zero)
 
 
-@pytest.mark.parametrize("broken", [
-    pytest.param(lambda bucket: (lambda offset: bucket(-offset)), id="direction-flipped"),
-    pytest.param(lambda bucket: (lambda offset: bucket(jnp.clip(offset, -7, 7))), id="no-logarithmic-buckets"),
-    pytest.param(lambda bucket: (lambda offset: jnp.zeros_like(offset)), id="no-bias"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(lambda bucket: lambda offset: bucket(-offset), id="direction-flipped"),
+        pytest.param(lambda bucket: lambda offset: bucket(jnp.clip(offset, -7, 7)), id="no-logarithmic-buckets"),
+        pytest.param(lambda bucket: lambda offset: jnp.zeros_like(offset), id="no-bias"),
+    ],
+)
 def test_the_relative_bias_moves_the_output(model, folder, monkeypatch, broken):
     monkeypatch.setattr(mpnet, "relative_bucket", broken(mpnet.relative_bucket))
     assert_moves_output(model, folder)

@@ -3,6 +3,7 @@
 token of each window, right-padded and packed. Checkpoints in transformers 5's config form and the Hub's
 (``rope_theta``, ``torch_dtype``, tensors under ``model.``), with a tokenizer of our own that, like Qwen3's,
 appends ``<|endoftext|>`` and prepends nothing."""
+
 from __future__ import annotations
 
 import json
@@ -10,12 +11,22 @@ import os
 
 import numpy as np
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    MIN_COSINE,
+    PACKED_BATCHING,
+    assert_docbeam_run_matches,
+    assert_moves_output,
+    lowest_cosine,
+    our_vectors,
+    reference_vectors,
+    replace,
+    spread_norms_and_biases,
+)
 
 from docbeam import attention
-from family_fixtures import (LENGTHS, MIN_COSINE, PACKED_BATCHING, assert_docbeam_run_matches, assert_moves_output,
-                             lowest_cosine, our_vectors, reference_vectors, replace, spread_norms_and_biases)
-from docbeam.models import checkpoint
 from docbeam.config import TokenizeConfig
+from docbeam.models import checkpoint
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.tokenize import tokenize_documents
 
@@ -34,12 +45,20 @@ def write_tokenizer(folder: str) -> None:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.add_special_tokens(["<|endoftext|>"])
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
-                                                            special_tokens=[("<|endoftext|>", EOS)])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", EOS)]
+    )
     tokenizer.save(os.path.join(folder, "tokenizer.json"))
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>",
-                   "pad_token": "<|endoftext|>", "model_max_length": 32768}, f)
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|endoftext|>",
+                "pad_token": "<|endoftext|>",
+                "model_max_length": 32768,
+            },
+            f,
+        )
 
 
 def random_decoder(kind: str):
@@ -49,8 +68,17 @@ def random_decoder(kind: str):
     import transformers
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=96, initializer_range=0.3, rope_theta=1000.0, attn_implementation="eager")
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        initializer_range=0.3,
+        rope_theta=1000.0,
+        attn_implementation="eager",
+    )
     if kind == "qwen3":
         model = transformers.Qwen3Model(transformers.Qwen3Config(head_dim=16, **shape))
     else:
@@ -114,8 +142,16 @@ def last_token_vectors(folder: str, ids, lengths, **how) -> np.ndarray:
 def test_both_forms_read_as_the_same_decoder(folder):
     ck = checkpoint.open_checkpoint(folder)
     config = ck.config
-    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads, config.head_dim,
-            config.rope_theta, config.qk_norm, config.qkv_bias) == (64, 2, 4, 2, 16, 1000.0, True, False)
+    assert (
+        config.hidden_size,
+        config.num_layers,
+        config.num_heads,
+        config.num_kv_heads,
+        config.head_dim,
+        config.rope_theta,
+        config.qk_norm,
+        config.qkv_bias,
+    ) == (64, 2, 4, 2, 16, 1000.0, True, False)
     assert [f.describe() for f in config.attention_features] == ["global, causal"]
     assert ck.settings.pooling == "lasttoken"  # no Pooling module: a causal model's default
 
@@ -138,9 +174,11 @@ def test_last_token_vectors_match_transformers(model, folder, packed, implementa
     assert lowest_cosine(ours, reference_vectors(model, ids, lengths, LAST)) >= MIN_COSINE
 
 
-@pytest.mark.parametrize("options", [{}, {"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 16, "key_chunk": 8,
-                                                                            "heads_per_step": 1}],
-                         ids=["tuned", "small-chunks", "one-kv-group-per-step"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"query_chunk": 8, "key_chunk": 8}, {"query_chunk": 16, "key_chunk": 8, "heads_per_step": 1}],
+    ids=["tuned", "small-chunks", "one-kv-group-per-step"],
+)
 @pytest.mark.parametrize("packed", [False, True])
 def test_last_token_vectors_match_transformers_on_chunked(model, folder, packed, options):
     """chunked skips the key blocks past each query chunk's diagonal and reads each k/v head for its query heads:
@@ -169,19 +207,21 @@ def swapped_kv_heads(native):
 
 def repeated_kv_heads(native):
     """k/v repeated to one head per query head, as transformers' repeat_kv does: the same attention."""
-    return lambda q, k, v, **kwargs: native(q, *(x.repeat(q.shape[2] // x.shape[2], axis=2) for x in (k, v)),
-                                            **kwargs)
+    return lambda q, k, v, **kwargs: native(q, *(x.repeat(q.shape[2] // x.shape[2], axis=2) for x in (k, v)), **kwargs)
 
 
 @pytest.mark.parametrize("packed", [False, True])
-@pytest.mark.parametrize("broken", [
-    pytest.param(dict(attend=without_causality), id="not-causal"),
-    pytest.param(dict(attend=swapped_kv_heads), id="kv-heads-swapped"),
-    pytest.param(dict(pooling="cls"), id="first-token-pooled"),
-    pytest.param(dict(pooling="mean"), id="mean-pooled"),
-    pytest.param(dict(change=replace(qk_norm=False)), id="no-qk-norm"),
-    pytest.param(dict(change=replace(rope_theta=10_000.0)), id="theta-10000"),
-])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        pytest.param(dict(attend=without_causality), id="not-causal"),
+        pytest.param(dict(attend=swapped_kv_heads), id="kv-heads-swapped"),
+        pytest.param(dict(pooling="cls"), id="first-token-pooled"),
+        pytest.param(dict(pooling="mean"), id="mean-pooled"),
+        pytest.param(dict(change=replace(qk_norm=False)), id="no-qk-norm"),
+        pytest.param(dict(change=replace(rope_theta=10_000.0)), id="theta-10000"),
+    ],
+)
 def test_each_feature_moves_the_output(model, folder, packed, broken):
     assert_moves_output(model, folder, family_pooling=LAST, inputs=token_inputs(LENGTHS), packed=packed, **broken)
 
@@ -195,8 +235,13 @@ def test_bfloat16_stays_close_to_transformers(model, folder):
 def test_repeating_kv_heads_per_query_head_changes_nothing(model, folder):
     """The grouping itself, checked the other way: native on K heads equals native on K heads repeated."""
     ids, lengths = token_inputs(LENGTHS)
-    assert lowest_cosine(last_token_vectors(folder, ids, lengths, attend=repeated_kv_heads),
-                         reference_vectors(model, ids, lengths, LAST)) >= MIN_COSINE
+    assert (
+        lowest_cosine(
+            last_token_vectors(folder, ids, lengths, attend=repeated_kv_heads),
+            reference_vectors(model, ids, lengths, LAST),
+        )
+        >= MIN_COSINE
+    )
 
 
 def test_qwen2_biased_qkv_without_qk_norm_matches_transformers(tmp_path):
@@ -227,8 +272,9 @@ def test_every_window_of_a_long_document_ends_with_endoftext(tmp_path):
     tokenizer = checkpoint.load_tokenizer(str(tmp_path))
     assert tokenizer.num_special_tokens_to_add() == 1
     text = " ".join(f"w{i % WORDS + 1}" for i in range(50))
-    windows, _ = tokenize_documents([Document("d", text, "docs.jsonl", 1)], tokenizer, window_len=16,
-                                    config=TokenizeConfig(stride=4))
+    windows, _ = tokenize_documents(
+        [Document("d", text, "docs.jsonl", 1)], tokenizer, window_len=16, config=TokenizeConfig(stride=4)
+    )
     assert len(windows) == 5  # 15 content tokens each, 4 shared with the previous: 15 + 4 · 11 ≥ 50
     assert all(int(w.token_ids[-1]) == EOS and EOS not in w.token_ids[:-1].tolist() for w in windows)
     assert all(int(w.token_ids[0]) != EOS for w in windows)  # nothing prepended
@@ -251,8 +297,14 @@ def test_transformers_reads_the_test_tokenizer_as_docbeam_does(tmp_path):
 @pytest.mark.extra_for(folder="hub")  # the Hub form's vectors are checked above, without a whole run
 @pytest.mark.parametrize("packing", [False, True])
 def test_docbeam_run_gives_transformers_last_token_vectors(model, folder, tmp_path, packing):
-    texts = {"a": "w5 w9 w200", "b": " ".join(f"w{i % WORDS + 1}" for i in range(0, 700, 7)),
-             "c": "w17 " * 30}
-    tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, LAST, attention={"backend": "native"},
-                                        batching={**PACKED_BATCHING, "packing": packing})
+    texts = {"a": "w5 w9 w200", "b": " ".join(f"w{i % WORDS + 1}" for i in range(0, 700, 7)), "c": "w17 " * 30}
+    tokens = assert_docbeam_run_matches(
+        model,
+        folder,
+        tmp_path,
+        texts,
+        LAST,
+        attention={"backend": "native"},
+        batching={**PACKED_BATCHING, "packing": packing},
+    )
     assert all(ids[0, -1] == EOS for ids in tokens.values())

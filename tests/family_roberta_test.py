@@ -1,18 +1,34 @@
 """XLM-RoBERTa (and RoBERTa, CamemBERT: the same family) against transformers' XLMRobertaModel: BERT with
 position ids counted from pad_token_id + 1 and one token type."""
+
 from __future__ import annotations
 
 import pytest
+from family_fixtures import (
+    LENGTHS,
+    assert_docbeam_run_matches,
+    assert_matches_transformers,
+    assert_moves_output,
+    assert_refused,
+    both_forms,
+    replace,
+    tiny_model,
+)
 
-from family_fixtures import (LENGTHS, assert_docbeam_run_matches, assert_matches_transformers, assert_moves_output,
-                             assert_refused, both_forms, replace, tiny_model)
 from docbeam.models import checkpoint
 
 
 @pytest.fixture(scope="module")
 def model():
-    return tiny_model("XLMRobertaModel", model_kwargs={"add_pooling_layer": False}, num_hidden_layers=2,
-                      intermediate_size=64, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1)
+    return tiny_model(
+        "XLMRobertaModel",
+        model_kwargs={"add_pooling_layer": False},
+        num_hidden_layers=2,
+        intermediate_size=64,
+        max_position_embeddings=130,
+        type_vocab_size=1,
+        pad_token_id=1,
+    )
 
 
 def hub_config(config: dict) -> dict:

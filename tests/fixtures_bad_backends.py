@@ -5,6 +5,7 @@ length) and NaN only for rows of exactly 7 tokens, so only the per-document chec
 ``attend_refuses_everything`` is correct, but its check refuses every case: without a rule against that, the
 parity test would skip it everywhere and never compare it.
 """
+
 import jax.numpy as jnp
 
 from docbeam.attention import Support

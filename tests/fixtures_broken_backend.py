@@ -1,5 +1,6 @@
 """A backend with a classic bug — it ignores the padding — that capability checks cannot see and the
 parity gate must catch."""
+
 import jax
 import jax.numpy as jnp
 

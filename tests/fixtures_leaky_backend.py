@@ -1,5 +1,6 @@
 """A user backend that leaks: every call keeps 3 MB of host memory for good, through a host callback (as a
 kernel wrapper that caches per call would). ``attention.backend: tests.fixtures_leaky_backend:attend``."""
+
 import jax
 import numpy as np
 

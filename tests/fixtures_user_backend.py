@@ -3,6 +3,7 @@
 A plain AttentionFn: no registration, no options. Its optional ``supports`` attribute is its
 capability check.
 """
+
 import jax
 import jax.numpy as jnp
 
@@ -11,8 +12,7 @@ from docbeam.attention import AttentionCase, Support
 
 def attend(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale):
     """Textbook softmax attention with a key-length mask."""
-    logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxNxH,
-                                preferred_element_type=jnp.float32) * scale
+    logits_BxNxTxS = jnp.einsum("btnh,bsnh->bnts", q_BxTxNxH, k_BxSxNxH, preferred_element_type=jnp.float32) * scale
     valid_Bx1x1xS = (jnp.arange(k_BxSxNxH.shape[1])[None, :] < kv_lengths_B[:, None])[:, None, None, :]
     weights_BxNxTxS = jax.nn.softmax(jnp.where(valid_Bx1x1xS, logits_BxNxTxS, -1e30), axis=-1)
     out_BxTxNxH = jnp.einsum("bnts,bsnh->btnh", weights_BxNxTxS, v_BxSxNxH.astype(jnp.float32))

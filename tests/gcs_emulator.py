@@ -4,6 +4,7 @@ gcp-storage-emulator rather than fake-gcs-server because it answers the JSON bat
 uses to finalise writes (copy + delete of temp files); started through gcs_emulator_server.py, which adds
 GCS's generation preconditions (the output lock and the fenced commit rely on them).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,6 +22,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 
 from docbeam.pipeline.store.storage import EMULATOR_ENV
+
 LOOPBACK = "127.0.0.1"
 EMULATOR_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gcs_emulator_server.py")
 PROJECT = "docbeam-test"
@@ -49,8 +51,9 @@ def gcs_emulator(bucket: str = "docbeam-test") -> Iterator[GcsEmulator]:
         previous = os.environ.get(EMULATOR_ENV)
         os.environ[EMULATOR_ENV] = host
         try:
-            client = storage.Client(project=PROJECT, credentials=AnonymousCredentials(),
-                                    client_options={"api_endpoint": host})
+            client = storage.Client(
+                project=PROJECT, credentials=AnonymousCredentials(), client_options={"api_endpoint": host}
+            )
             client.create_bucket(bucket)
             yield GcsEmulator(host=host, bucket=bucket, client=client)
         finally:
@@ -74,9 +77,22 @@ def _start_server(work_dir: str) -> tuple[subprocess.Popen, str]:
         with open(log_path, "wb") as log:
             # --data-dir keeps the emulator's files, if any, out of the working tree despite --in-memory.
             server = subprocess.Popen(
-                [sys.executable, EMULATOR_SCRIPT, "--data-dir", work_dir,
-                 "start", "--host", LOOPBACK, "--port", str(port), "--in-memory"],
-                cwd=work_dir, stdout=log, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    EMULATOR_SCRIPT,
+                    "--data-dir",
+                    work_dir,
+                    "start",
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(port),
+                    "--in-memory",
+                ],
+                cwd=work_dir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         host = f"http://{LOOPBACK}:{port}"
         if _wait_until_healthy(server, port):
             return server, host
@@ -84,8 +100,9 @@ def _start_server(work_dir: str) -> tuple[subprocess.Popen, str]:
             server.kill()
         server.wait()
     with open(log_path, encoding="utf-8", errors="replace") as log:
-        raise RuntimeError(f"gcp-storage-emulator did not answer on {host} within {START_TIMEOUT_S} s; "
-                           f"its log:\n{log.read()}")
+        raise RuntimeError(
+            f"gcp-storage-emulator did not answer on {host} within {START_TIMEOUT_S} s; its log:\n{log.read()}"
+        )
 
 
 def _free_port() -> int:

@@ -5,6 +5,7 @@ deletes and which docbeam's output lock and fenced commit depend on (412 Precond
 generation differs; 0 means "must not exist"). This wraps those handlers to check it first. The emulator
 serves one request at a time (http.server.HTTPServer), so the check and the change cannot interleave.
 """
+
 from __future__ import annotations
 
 import sys
@@ -42,16 +43,30 @@ def with_precondition(handler):
             bucket, name = _target(request)
             if _generation(storage, bucket, name) != wanted[0]:
                 response.status = HTTPStatus.PRECONDITION_FAILED
-                response.json({"error": {"code": 412, "message": "conditionNotMet",
-                                         "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}]}})
+                response.json(
+                    {
+                        "error": {
+                            "code": 412,
+                            "message": "conditionNotMet",
+                            "errors": [{"reason": "conditionNotMet", "message": "Precondition Failed"}],
+                        }
+                    }
+                )
                 return None
         return handler(request, response, storage, *args, **kwargs)
 
     return checked
 
 
-CHECKED = {objects.insert, objects.upload_partial, objects.copy, objects.rewrite, objects.get, objects.download,
-           objects.delete}
+CHECKED = {
+    objects.insert,
+    objects.upload_partial,
+    objects.copy,
+    objects.rewrite,
+    objects.get,
+    objects.download,
+    objects.delete,
+}
 for _, handlers in server.HANDLERS:
     for method, handler in list(handlers.items()):
         if handler in CHECKED:

@@ -1,4 +1,5 @@
 """The job against real GCS calls: a local emulator serves input, model and output as gs:// URIs."""
+
 from __future__ import annotations
 
 import io
@@ -7,11 +8,11 @@ import os
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import job_config
 from gcs_emulator import gcs_emulator, matching
-from docbeam.pipeline.store import storage
+
 from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.store import storage
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -27,8 +28,9 @@ def upload_folder(emulator, local: str, prefix: str) -> None:
 def test_job_reads_corpus_and_model_from_gcs_and_writes_outputs_there(tiny_checkpoint_dir, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    docs = [{"id": f"d{i}", "text": f"Document number {i} talks about storage buckets. " * (i % 7 + 1)}
-            for i in range(30)]
+    docs = [
+        {"id": f"d{i}", "text": f"Document number {i} talks about storage buckets. " * (i % 7 + 1)} for i in range(30)
+    ]
     (corpus / "part-0.jsonl").write_text("\n".join(json.dumps(d) for d in docs[:20]) + "\n")
     (corpus / "part-1.jsonl").write_text("\n".join(json.dumps(d) for d in docs[20:]) + "\n{not json}\n")
     with gcs_emulator() as gcs:
@@ -69,9 +71,9 @@ def test_planning_from_gcs_fetches_no_weights_and_refuses_pickles_at_start(tiny_
     assert os.path.exists(os.path.join(loaded.folder, "model.safetensors"))
 
 
-
-def test_planning_from_gcs_holds_the_config_against_the_weights_header_without_fetching_them(tiny_checkpoint_dir,
-                                                                                          tmp_path):
+def test_planning_from_gcs_holds_the_config_against_the_weights_header_without_fetching_them(
+    tiny_checkpoint_dir, tmp_path
+):
     from docbeam.models.checkpoint import CheckpointError, open_checkpoint
 
     config = json.load(open(os.path.join(tiny_checkpoint_dir, "config.json")))
@@ -80,28 +82,39 @@ def test_planning_from_gcs_holds_the_config_against_the_weights_header_without_f
     with gcs_emulator() as gcs:
         upload_folder(gcs, tiny_checkpoint_dir, "models/one-layer")
         gcs.client.bucket(gcs.bucket).blob("models/one-layer/config.json").upload_from_filename(
-            str(tmp_path / "config.json"))
+            str(tmp_path / "config.json")
+        )
         with pytest.raises(CheckpointError) as refused:
             open_checkpoint(gcs.url("models", "one-layer"))
-    assert (f"model.path: {gcs.url('models', 'one-layer', 'model.safetensors')} holds tensors of 2 layers"
-            in str(refused.value)), str(refused.value)
+    assert f"model.path: {gcs.url('models', 'one-layer', 'model.safetensors')} holds tensors of 2 layers" in str(
+        refused.value
+    ), str(refused.value)
+
 
 def gcs_snapshot(gcs, prefix: str) -> dict[str, bytes]:
     """What a reader of the output sees on gs://, byte for byte (the staging prefix is the run's scratch)."""
     bucket = gcs.client.bucket(gcs.bucket)
-    return {b.name: bucket.blob(b.name).download_as_bytes()
-            for b in gcs.client.list_blobs(gcs.bucket, prefix=f"{prefix}/") if "/_staging/" not in b.name}
+    return {
+        b.name: bucket.blob(b.name).download_as_bytes()
+        for b in gcs.client.list_blobs(gcs.bucket, prefix=f"{prefix}/")
+        if "/_staging/" not in b.name
+    }
 
 
 @pytest.mark.extra
 def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_commit_replaces_it(
-        tiny_checkpoint_dir, tmp_path):
-    from docbeam.pipeline.stages.commit import RunFailed
+    tiny_checkpoint_dir, tmp_path
+):
     from docbeam.config import ConfigError
+    from docbeam.pipeline.stages.commit import RunFailed
 
     corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"Text {i} about object storage. " * (i % 5 + 1)})
-                              + "\n" for i in range(20)))
+    corpus.write_text(
+        "".join(
+            json.dumps({"id": f"d{i}", "text": f"Text {i} about object storage. " * (i % 5 + 1)}) + "\n"
+            for i in range(20)
+        )
+    )
     with gcs_emulator() as gcs:
         upload_folder(gcs, str(tmp_path), "in")
         upload_folder(gcs, tiny_checkpoint_dir, "models/tiny")
@@ -136,8 +149,10 @@ def test_on_gcs_a_failed_rerun_leaves_the_output_byte_identical_and_the_next_com
 
 @pytest.mark.extra
 def test_on_gcs_an_incremental_run_reuses_the_unchanged_documents_of_a_previous_run(tiny_checkpoint_dir, tmp_path):
-    docs = [{"id": f"d{i}", "text": f"Paragraph {i} on object stores and their consistency. " * (i % 4 + 1)}
-            for i in range(24)]
+    docs = [
+        {"id": f"d{i}", "text": f"Paragraph {i} on object stores and their consistency. " * (i % 4 + 1)}
+        for i in range(24)
+    ]
     changed = [{**d, "text": d["text"] + " Revised."} if i < 3 else d for i, d in enumerate(docs[:-2])]
     changed.append({"id": "fresh", "text": "A document that is new today."})
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
@@ -147,10 +162,16 @@ def test_on_gcs_an_incremental_run_reuses_the_unchanged_documents_of_a_previous_
         upload_folder(gcs, tiny_checkpoint_dir, "models/tiny")
         model = gcs.url("models", "tiny")
         run_job(job_config(gcs.url("in", "a.jsonl"), gcs.url("runs", "a"), model))
-        summary = run_job(job_config(gcs.url("in", "b.jsonl"), gcs.url("runs", "b"), model,
-                                     input={"reuse_from": gcs.url("runs", "a")}))
-        tables = {run: pq.read_table(io.BytesIO(storage.read_bytes(path)))
-                  for run in ("a", "b") for path in matching(gcs.url("runs", run, "embeddings", "*.parquet"))}
+        summary = run_job(
+            job_config(
+                gcs.url("in", "b.jsonl"), gcs.url("runs", "b"), model, input={"reuse_from": gcs.url("runs", "a")}
+            )
+        )
+        tables = {
+            run: pq.read_table(io.BytesIO(storage.read_bytes(path)))
+            for run in ("a", "b")
+            for path in matching(gcs.url("runs", run, "embeddings", "*.parquet"))
+        }
 
     assert summary["reuse_key"]["weights_digest"].startswith("crc32c:")
     assert (summary["docs_reused"], summary["docs_encoded"], summary["docs_embedded"]) == (19, 4, 23)

@@ -1,17 +1,20 @@
 """The house rules a newcomer relies on: every module short enough to read whole, and the rooms of pipeline/
 leaning on each other in one direction only, so the folder listing tells where a change belongs."""
+
 from __future__ import annotations
 
 import ast
 import os
 
 import pytest
-
 from conftest import REPO
 from import_graph_test import import_graph
 
-MAX_MODULE_LINES = 300
-MAX_CLASS_LINES = 120
+# In ruff's layout (a call that does not fit takes a line per argument): what was 300 and 120 lines in the denser
+# hand layout before the formatter, so a module still reads whole; a file is split where its concepts part, not
+# to meet this number.
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 160
 CODE_FOLDERS = ("docbeam", "pipeline", "models", "attention", "benchmarks", "data", "docker", "tests")
 
 # Who may import whom, room by room (``pipeline.<room>``, a top-level package, or a top-floor room of docbeam/).
@@ -20,9 +23,19 @@ CODE_FOLDERS = ("docbeam", "pipeline", "models", "attention", "benchmarks", "dat
 # may read; models/ and attention/ import nothing from pipeline/; the stages never reach into the driver; nothing
 # below the driver reaches into the tools.
 ALLOWED = {
-    "docbeam": {"docbeam.errors", "docbeam.config", "attention", "models", "pipeline.records", "pipeline.compat",
-                "pipeline.store", "pipeline.telemetry", "pipeline.stages", "pipeline.driver",
-                "pipeline.tools"},  # the public API, on top
+    "docbeam": {
+        "docbeam.errors",
+        "docbeam.config",
+        "attention",
+        "models",
+        "pipeline.records",
+        "pipeline.compat",
+        "pipeline.store",
+        "pipeline.telemetry",
+        "pipeline.stages",
+        "pipeline.driver",
+        "pipeline.tools",
+    },  # the public API, on top
     "docbeam.errors": set(),
     "docbeam.config": {"docbeam.errors", "attention", "pipeline.store"},
     "attention": {"docbeam.errors"},
@@ -31,17 +44,48 @@ ALLOWED = {
     "pipeline.compat": set(),
     "pipeline.store": {"docbeam.errors", "pipeline.records"},
     "pipeline.telemetry": {"docbeam.errors", "pipeline.records", "pipeline.store"},
-    "pipeline.stages": {"docbeam.errors", "docbeam.config", "attention", "models", "pipeline.records",
-                        "pipeline.compat", "pipeline.store", "pipeline.telemetry"},
-    "pipeline.driver": {"docbeam.errors", "docbeam.config", "attention", "models", "pipeline.records",
-                        "pipeline.compat", "pipeline.store", "pipeline.telemetry", "pipeline.stages"},
-    "pipeline.tools": {"docbeam.errors", "docbeam.config", "attention", "models", "pipeline.records",
-                       "pipeline.store", "pipeline.telemetry", "pipeline.stages", "pipeline.driver"},
+    "pipeline.stages": {
+        "docbeam.errors",
+        "docbeam.config",
+        "attention",
+        "models",
+        "pipeline.records",
+        "pipeline.compat",
+        "pipeline.store",
+        "pipeline.telemetry",
+    },
+    "pipeline.driver": {
+        "docbeam.errors",
+        "docbeam.config",
+        "attention",
+        "models",
+        "pipeline.records",
+        "pipeline.compat",
+        "pipeline.store",
+        "pipeline.telemetry",
+        "pipeline.stages",
+    },
+    "pipeline.tools": {
+        "docbeam.errors",
+        "docbeam.config",
+        "attention",
+        "models",
+        "pipeline.records",
+        "pipeline.store",
+        "pipeline.telemetry",
+        "pipeline.stages",
+        "pipeline.driver",
+    },
 }
 # The top floor's modules, in docbeam/ beside the public API.
-TOP_FLOOR = {"docbeam.errors": "docbeam.errors", "docbeam.config": "docbeam.config",
-             "docbeam.config_io": "docbeam.config", "docbeam.config_files": "docbeam.config",
-             "docbeam.placeholders": "docbeam.config", "docbeam.selection": "docbeam.config"}
+TOP_FLOOR = {
+    "docbeam.errors": "docbeam.errors",
+    "docbeam.config": "docbeam.config",
+    "docbeam.config_io": "docbeam.config",
+    "docbeam.config_files": "docbeam.config",
+    "docbeam.placeholders": "docbeam.config",
+    "docbeam.selection": "docbeam.config",
+}
 COMMAND_LINE = "pipeline.driver.cli"  # the one driver module that dispatches to the tools' commands
 
 
@@ -63,22 +107,27 @@ def too_long(path: str) -> list[str]:
         text = f.read()
     name, lines = os.path.relpath(path, REPO), len(text.splitlines())
     found = [f"{name}: {lines} lines"] if lines > MAX_MODULE_LINES else []
-    return found + [f"{name}: class {node.name} {node.end_lineno - node.lineno + 1} lines"
-                    for node in ast.walk(ast.parse(text)) if isinstance(node, ast.ClassDef)
-                    and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES]
+    return found + [
+        f"{name}: class {node.name} {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > MAX_CLASS_LINES
+    ]
 
 
 def test_every_module_and_class_is_short_enough_to_read_whole():
     found = [problem for path in python_files() for problem in too_long(path)]
-    assert found == [], f"split by what each holds (at most {MAX_MODULE_LINES} lines a module, " \
-                        f"{MAX_CLASS_LINES} a class): {found}"
+    assert found == [], (
+        f"split by what each holds (at most {MAX_MODULE_LINES} lines a module, {MAX_CLASS_LINES} a class): {found}"
+    )
 
 
 def test_the_size_rule_sees_a_long_module_and_a_long_class(tmp_path):
     path = tmp_path / "long.py"
     path.write_text("class Big:\n" + "    x = 1\n" * MAX_CLASS_LINES + "y = 2\n" * (MAX_MODULE_LINES - MAX_CLASS_LINES))
-    assert [p.split(": ", 1)[1] for p in too_long(str(path))] == [f"{MAX_MODULE_LINES + 1} lines",
-                                                                  f"class Big {MAX_CLASS_LINES + 1} lines"]
+    assert [p.split(": ", 1)[1] for p in too_long(str(path))] == [
+        f"{MAX_MODULE_LINES + 1} lines",
+        f"class Big {MAX_CLASS_LINES + 1} lines",
+    ]
 
 
 def crossings(graph: dict[str, set[str]]) -> list[str]:
@@ -106,12 +155,17 @@ def test_the_rooms_lean_on_each_other_in_one_direction():
     assert crossings(import_graph()) == []
 
 
-@pytest.mark.parametrize("module, target", [("pipeline.stages.encode", "pipeline.driver.plan"),
-                                            ("pipeline.store.lock", "pipeline.stages.commit"),
-                                            ("models.runtime", "pipeline.telemetry.observe"),
-                                            ("attention.registry", "pipeline.records"),
-                                            ("docbeam.errors", "docbeam.config"),
-                                            ("docbeam.config", "pipeline.driver.plan"),
-                                            ("pipeline.driver.run", "pipeline.tools.report")])
+@pytest.mark.parametrize(
+    "module, target",
+    [
+        ("pipeline.stages.encode", "pipeline.driver.plan"),
+        ("pipeline.store.lock", "pipeline.stages.commit"),
+        ("models.runtime", "pipeline.telemetry.observe"),
+        ("attention.registry", "pipeline.records"),
+        ("docbeam.errors", "docbeam.config"),
+        ("docbeam.config", "pipeline.driver.plan"),
+        ("pipeline.driver.run", "pipeline.tools.report"),
+    ],
+)
 def test_the_layering_rule_refuses_an_import_against_the_grain(module, target):
     assert crossings({module: {target}}) == [f"{module} -> {target}"]

@@ -7,6 +7,7 @@ real Hub. Every request is logged, so tests can say which files were downloaded 
 - ``HEAD|GET /<repo>/resolve/<rev>/<path>``: hf_hub_download (X-Repo-Commit, ETag, the bytes); a GET with a
   ``Range: bytes=a-b`` header gets those bytes (206), logged as ``RANGE``, not as a download.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,8 +60,11 @@ class HubServer:
 
     def downloads(self, filename: str) -> int:
         """GETs of ``filename``'s bytes, any repository and revision."""
-        return sum(1 for method, path in self.requests if method == "GET" and "/resolve/" in path
-                   and path.endswith("/" + filename))
+        return sum(
+            1
+            for method, path in self.requests
+            if method == "GET" and "/resolve/" in path and path.endswith("/" + filename)
+        )
 
 
 def _handler(hub: HubServer):
@@ -101,17 +105,31 @@ def _handler(hub: HubServer):
             if repo is None:
                 return
             if kind == "revision":
-                return self._json(200, {"id": name, "sha": repo.commit,
-                                        "siblings": [{"rfilename": p} for p in sorted(repo.files)]})
+                return self._json(
+                    200, {"id": name, "sha": repo.commit, "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
+                )
             if kind == "tree":
                 recursive = "recursive=true" in self.path.lower()
                 prefix = f"{rest}/" if rest else ""
-                paths = sorted(p for p in repo.files if p.startswith(prefix)
-                               and (recursive or "/" not in p[len(prefix):]))
-                folders = sorted({prefix + p[len(prefix):].split("/")[0] for p in repo.files
-                                  if p.startswith(prefix) and "/" in p[len(prefix):]}) if not recursive else []
-                return self._json(200, [repo.entry(p) for p in paths]
-                                  + [{"type": "directory", "path": f, "oid": "0" * 40, "size": 0} for f in folders])
+                paths = sorted(
+                    p for p in repo.files if p.startswith(prefix) and (recursive or "/" not in p[len(prefix) :])
+                )
+                folders = (
+                    sorted(
+                        {
+                            prefix + p[len(prefix) :].split("/")[0]
+                            for p in repo.files
+                            if p.startswith(prefix) and "/" in p[len(prefix) :]
+                        }
+                    )
+                    if not recursive
+                    else []
+                )
+                return self._json(
+                    200,
+                    [repo.entry(p) for p in paths]
+                    + [{"type": "directory", "path": f, "oid": "0" * 40, "size": 0} for f in folders],
+                )
             self._json(404, {"error": "not found"})
 
         def _file(self, name: str, revision: str, path: str, body: bool):
@@ -119,12 +137,13 @@ def _handler(hub: HubServer):
             if repo is None:
                 return
             if path not in repo.files:
-                return self._json(404, {"error": f"{path} not found"}, {"X-Error-Code": "EntryNotFound",
-                                                                       "X-Repo-Commit": repo.commit})
+                return self._json(
+                    404, {"error": f"{path} not found"}, {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": repo.commit}
+                )
             data, status = repo.files[path], 200
             if body and (self.headers.get("Range") or "").startswith("bytes="):
-                first, _, last = self.headers["Range"][len("bytes="):].partition("-")
-                data, status = data[int(first):int(last) + 1 if last else None], 206
+                first, _, last = self.headers["Range"][len("bytes=") :].partition("-")
+                data, status = data[int(first) : int(last) + 1 if last else None], 206
             self.send_response(status)
             self.send_header("X-Repo-Commit", repo.commit)
             self.send_header("ETag", f'"{repo.etag(path)}"')

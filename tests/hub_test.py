@@ -1,6 +1,7 @@
 """model.path as a Hub id (hf://org/name@revision): resolved through huggingface_hub into its cache, online
 against a Hub of our own on loopback (tests/hub_server.py, never the real Hub) and offline from the cache;
 only the files docbeam needs are downloaded, once per VM; a pickle-only repository is refused."""
+
 from __future__ import annotations
 
 import glob
@@ -14,9 +15,9 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import REPO, SAMPLE, checkout_env
 from hub_server import Repo, hub_server, repo_from_folder
+
 from docbeam.models.checkpoint import CheckpointError, HubId, parse_hub_id, pinned_path
 
 COMMIT = hashlib.sha1(b"docbeam/tiny").hexdigest()
@@ -43,9 +44,8 @@ def repos(prompted_checkpoint) -> dict[str, Repo]:
 
 @pytest.fixture(scope="module")
 def prompted_checkpoint(tmp_path_factory, real_checkpoint_dir) -> str:
-    from prompts_test import PROMPTS, add_sentence_transformers_files
-
     from conftest import write_tiny_checkpoint
+    from prompts_test import PROMPTS, add_sentence_transformers_files
 
     folder = write_tiny_checkpoint(str(tmp_path_factory.mktemp("hub-tiny")), real_checkpoint_dir)
     return add_sentence_transformers_files(folder, {"prompts": PROMPTS})
@@ -64,16 +64,30 @@ def job_config(tmp_path, model: str, out: str = "out") -> str:
     docs, config = tmp_path / "docs.jsonl", tmp_path / "job.yaml"
     with gzip.open(SAMPLE, "rt") as f:
         docs.write_text("".join(line for _, line in zip(range(DOCS), f)))
-    config.write_text(json.dumps({"input": {"path": str(docs)}, "output": {"path": str(tmp_path / out)},
-                                  "model": {"path": model}, "tokenize": {"long_documents": "truncate"},
-                                  "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048}}))
+    config.write_text(
+        json.dumps(
+            {
+                "input": {"path": str(docs)},
+                "output": {"path": str(tmp_path / out)},
+                "model": {"path": model},
+                "tokenize": {"long_documents": "truncate"},
+                "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048},
+            }
+        )
+    )
     return str(config)
 
 
 def docbeam_run(tmp_path, model: str, env: dict, out: str = "out") -> subprocess.CompletedProcess:
     config = job_config(tmp_path, model, out)
-    return subprocess.run([sys.executable, "-m", "docbeam", "run", "--config", config], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "docbeam", "run", "--config", config],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
 
 
 def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys, out: str = "out") -> tuple[int, str]:
@@ -105,12 +119,15 @@ def embeddings(output: str) -> dict[str, np.ndarray]:
     return {r["id"]: np.asarray(r["embedding"], np.float32) for r in rows}
 
 
-@pytest.mark.parametrize("path, expected", [
-    ("hf://org/name", HubId("org/name", "main")),
-    ("hf://org/name@v1.0", HubId("org/name", "v1.0")),
-    (f"hf://org/name@{COMMIT}", HubId("org/name", COMMIT)),
-    ("hf://bert-base-uncased", HubId("bert-base-uncased", "main")),  # the Hub's early ids have no org
-])
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("hf://org/name", HubId("org/name", "main")),
+        ("hf://org/name@v1.0", HubId("org/name", "v1.0")),
+        (f"hf://org/name@{COMMIT}", HubId("org/name", COMMIT)),
+        ("hf://bert-base-uncased", HubId("bert-base-uncased", "main")),  # the Hub's early ids have no org
+    ],
+)
 def test_a_hub_id_names_a_repository_and_a_revision(path, expected):
     assert parse_hub_id(path) == expected
     assert parse_hub_id(path).pinned == (expected.revision == COMMIT)
@@ -123,20 +140,23 @@ def test_a_malformed_hub_id_is_refused_with_the_form_to_write(path):
 
 
 def test_a_branch_is_pinned_to_the_commit_its_snapshot_came_from():
-    assert pinned_path("hf://org/name@main", f"/cache/models--org--name/snapshots/{COMMIT}") == \
-        f"hf://org/name@{COMMIT}"
+    assert (
+        pinned_path("hf://org/name@main", f"/cache/models--org--name/snapshots/{COMMIT}") == f"hf://org/name@{COMMIT}"
+    )
     assert pinned_path("/models/tiny", "/models/tiny") == "/models/tiny"
 
 
 @pytest.mark.slow
 @pytest.mark.extra
-def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos, prompted_checkpoint, tmp_path,
-                                                                         monkeypatch, capsys):
+def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(
+    repos, prompted_checkpoint, tmp_path, monkeypatch, capsys
+):
     from sentence_transformers import SentenceTransformer
 
     with hub_server(repos) as hub:
-        code, stderr = docbeam_run_online_here(tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys,
-                                               "online")
+        code, stderr = docbeam_run_online_here(
+            tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys, "online"
+        )
         assert code == 0, stderr[-3000:]
         requests = list(hub.requests)
     # Offline: the server is gone, and HF_HUB_OFFLINE keeps huggingface_hub from trying.
@@ -150,8 +170,11 @@ def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos,
     assert summary["reuse_key"]["weights_digest"] == f"sha256:{local}"  # the Hub's LFS sha256, not downloaded
     assert json.load(open(tmp_path / "offline" / "summary.json"))["reuse_key"] == summary["reuse_key"]
 
-    downloaded = {path.split(f"/resolve/{COMMIT}/")[-1].split("/resolve/main/")[-1]
-                  for method, path in requests if method == "GET" and "/resolve/" in path}
+    downloaded = {
+        path.split(f"/resolve/{COMMIT}/")[-1].split("/resolve/main/")[-1]
+        for method, path in requests
+        if method == "GET" and "/resolve/" in path
+    }
     assert "model.safetensors" in downloaded and "config_sentence_transformers.json" in downloaded
     assert not downloaded & set(NOT_NEEDED)  # README, ONNX and pickle weights are never fetched
     assert sum(1 for m, p in requests if m == "GET" and p.endswith("/model.safetensors")) == 1
@@ -167,14 +190,21 @@ def test_docbeam_run_resolves_a_hub_id_online_then_offline_from_the_cache(repos,
     assert ((got * expected).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(expected, axis=1)).min() >= 0.99999
 
 
-@pytest.mark.parametrize("model, online, named", [
-    ("hf://docbeam/pickled", True, f"hf://docbeam/pickled@{hashlib.sha1(b'pickled').hexdigest()}/pytorch_model.bin "
-                                   "is a pickle checkpoint"),
-    ("hf://docbeam/tiny@main", False, "HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it"),
-    ("hf://docbeam/missing", True, "the Hub refused it"),
-])
-def test_a_pickle_only_repository_or_one_not_cached_offline_exits_2_naming_why(repos, tmp_path, model, online, named,
-                                                                            monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "model, online, named",
+    [
+        (
+            "hf://docbeam/pickled",
+            True,
+            f"hf://docbeam/pickled@{hashlib.sha1(b'pickled').hexdigest()}/pytorch_model.bin is a pickle checkpoint",
+        ),
+        ("hf://docbeam/tiny@main", False, "HF_HUB_OFFLINE is set and huggingface_hub's cache does not hold it"),
+        ("hf://docbeam/missing", True, "the Hub refused it"),
+    ],
+)
+def test_a_pickle_only_repository_or_one_not_cached_offline_exits_2_naming_why(
+    repos, tmp_path, model, online, named, monkeypatch, capsys
+):
     with hub_server(repos) as hub:
         if online:
             code, stderr = docbeam_run_online_here(tmp_path, model, hub.url, monkeypatch, capsys)
@@ -187,20 +217,28 @@ def test_a_pickle_only_repository_or_one_not_cached_offline_exits_2_naming_why(r
     assert not (tmp_path / "out").exists()
 
 
-
 @pytest.mark.parametrize("filled_by", ["a-driver", "a-worker-then-weights-deleted"])
 def test_an_offline_cache_without_the_weights_exits_2_naming_them(repos, tmp_path, filled_by):
     """The cache holds the small files (a driver fetched them, or a cleanup removed the weights after a worker
     fetched them, leaving this VM's marker in place): refused at start naming model.safetensors, never a
     FileNotFoundError of a failed job."""
-    resolve = ("import sys; from docbeam.models import checkpoint as c; f = c.resolve_dir(sys.argv[1]); "
-               "c.resolve_dir(c.pinned_path(sys.argv[1], f), with_weights=sys.argv[2] == 'a-worker')")
+    resolve = (
+        "import sys; from docbeam.models import checkpoint as c; f = c.resolve_dir(sys.argv[1]); "
+        "c.resolve_dir(c.pinned_path(sys.argv[1], f), with_weights=sys.argv[2] == 'a-worker')"
+    )
     with hub_server(repos) as hub:
-        filled = subprocess.run([sys.executable, "-c", resolve, "hf://docbeam/tiny@main", filled_by.split("-then")[0]],
-                                cwd=REPO, env=hub_env(tmp_path, hub.url), capture_output=True, text=True, timeout=300)
+        filled = subprocess.run(
+            [sys.executable, "-c", resolve, "hf://docbeam/tiny@main", filled_by.split("-then")[0]],
+            cwd=REPO,
+            env=hub_env(tmp_path, hub.url),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert filled.returncode == 0, filled.stderr[-3000:]
-    for weights in glob.glob(str(tmp_path / "hf-cache" / "models--docbeam--tiny" / "snapshots" / "*" /
-                                 "model.safetensors")):
+    for weights in glob.glob(
+        str(tmp_path / "hf-cache" / "models--docbeam--tiny" / "snapshots" / "*" / "model.safetensors")
+    ):
         os.remove(weights)
     assert glob.glob(str(tmp_path / "hf-cache" / "models--docbeam--tiny" / "snapshots" / "*" / "config.json"))
     result = docbeam_run(tmp_path, "hf://docbeam/tiny@main", hub_env(tmp_path, None))
@@ -211,25 +249,38 @@ def test_an_offline_cache_without_the_weights_exits_2_naming_them(repos, tmp_pat
 
 
 def test_online_the_driver_holds_config_json_against_the_weights_header_without_downloading_them(
-        prompted_checkpoint, tmp_path, monkeypatch, capsys):
+    prompted_checkpoint, tmp_path, monkeypatch, capsys
+):
     one_layer = repo_from_folder(prompted_checkpoint, COMMIT)
-    one_layer.files["config.json"] = json.dumps({**json.loads(one_layer.files["config.json"]),
-                                                  "num_hidden_layers": 1}).encode()
+    one_layer.files["config.json"] = json.dumps(
+        {**json.loads(one_layer.files["config.json"]), "num_hidden_layers": 1}
+    ).encode()
     with hub_server({"docbeam/tiny": one_layer}) as hub:
         code, stderr = docbeam_run_online_here(tmp_path, "hf://docbeam/tiny@main", hub.url, monkeypatch, capsys)
         assert hub.downloads("model.safetensors") == 0
         ranged = [p for m, p in hub.requests if m == "RANGE"]
     assert code == 2, stderr[-3000:]
-    assert (f"docbeam: cannot start: model.path: hf://docbeam/tiny@{COMMIT}/model.safetensors holds tensors of 2 "
-            "layers") in stderr
+    assert (
+        f"docbeam: cannot start: model.path: hf://docbeam/tiny@{COMMIT}/model.safetensors holds tensors of 2 layers"
+    ) in stderr
     assert ranged and all(p.endswith("/model.safetensors") for p in ranged)
     assert not (tmp_path / "out").exists()
+
 
 def test_workers_fetch_a_pinned_hub_id_once_per_vm(repos, tmp_path):
     with hub_server(repos) as hub:
         env = hub_env(tmp_path, hub.url)
-        procs = [subprocess.Popen([sys.executable, "-c", RESOLVE, f"hf://docbeam/tiny@{COMMIT}"], cwd=REPO, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RESOLVE, f"hf://docbeam/tiny@{COMMIT}"],
+                cwd=REPO,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
         results = []
         for p in procs:
             out, err = p.communicate(timeout=300)

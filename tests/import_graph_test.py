@@ -2,6 +2,7 @@
 (a deferred import is still a dependency: it only hides the loop until the function runs). Modules are named by
 their folder (``pipeline.driver.run``); the code imports them under the installed name ``docbeam.pipeline.driver.run``,
 which the scan reads back to the folder's name."""
+
 from __future__ import annotations
 
 import ast
@@ -15,7 +16,7 @@ INSTALLED = "docbeam."
 
 def folder_name(module: str) -> str:
     """``docbeam.pipeline.x`` → ``pipeline.x``: the three folders install under ``docbeam`` (pyproject maps them)."""
-    rest = module[len(INSTALLED):] if module.startswith(INSTALLED) else module
+    rest = module[len(INSTALLED) :] if module.startswith(INSTALLED) else module
     return rest if rest.split(".")[0] in PACKAGES[:3] else module
 
 
@@ -43,8 +44,12 @@ def import_graph() -> dict[str, set[str]]:
                 targets = [folder_name(alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
                 module = folder_name(node.module)
-                targets = [folder_name(f"{node.module}.{a.name}") if folder_name(f"{node.module}.{a.name}") in known
-                           else module for a in node.names]
+                targets = [
+                    folder_name(f"{node.module}.{a.name}")
+                    if folder_name(f"{node.module}.{a.name}") in known
+                    else module
+                    for a in node.names
+                ]
             else:
                 continue
             graph[name] |= {t for t in targets if t in known and t != name}
@@ -59,7 +64,7 @@ def loops(graph: dict[str, set[str]]) -> list[list[str]]:
         state[node] = "open"
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                found.append(path[path.index(nxt):] + [nxt])
+                found.append(path[path.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = "done"
@@ -75,8 +80,12 @@ def test_the_loop_finder_finds_a_loop():
 
 
 def test_the_installed_name_reads_back_to_the_folder():
-    assert [folder_name(m) for m in ("docbeam.pipeline.driver.run", "docbeam.attention", "docbeam", "numpy")] == \
-        ["pipeline.driver.run", "attention", "docbeam", "numpy"]
+    assert [folder_name(m) for m in ("docbeam.pipeline.driver.run", "docbeam.attention", "docbeam", "numpy")] == [
+        "pipeline.driver.run",
+        "attention",
+        "docbeam",
+        "numpy",
+    ]
 
 
 def test_no_module_imports_itself_back():

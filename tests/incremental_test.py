@@ -1,5 +1,6 @@
 """Incremental runs (input.reuse_from): only new and changed documents are encoded, and the result equals
 a full run — reused vectors bit for bit."""
+
 from __future__ import annotations
 
 import glob
@@ -10,12 +11,12 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SAMPLE, job_config, write_tiny_checkpoint
+
 from docbeam.config import ConfigError
+from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import KEY_FIELDS, check_key, content_hash, key_differences, reusable_row
-from docbeam.pipeline.driver.run import run_job
 
 
 def write_corpus(path, docs: list[dict]) -> str:
@@ -41,10 +42,16 @@ def corpora(tmp_path_factory):
     a = sample[:100]
     changed = {d["id"] for d in a[:10]}
     deleted = {d["id"] for d in a[10:15]}
-    b = ([{**d, "text": d["text"] + " (revised)"} if d["id"] in changed else d for d in a if d["id"] not in deleted]
-         + sample[100:105])
-    return (write_corpus(folder / "a.jsonl", a), write_corpus(folder / "b.jsonl", b), changed,
-            {d["id"] for d in sample[100:105]}, [d["id"] for d in b])
+    b = [
+        {**d, "text": d["text"] + " (revised)"} if d["id"] in changed else d for d in a if d["id"] not in deleted
+    ] + sample[100:105]
+    return (
+        write_corpus(folder / "a.jsonl", a),
+        write_corpus(folder / "b.jsonl", b),
+        changed,
+        {d["id"] for d in sample[100:105]},
+        [d["id"] for d in b],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +59,9 @@ def runs(corpora, tiny_checkpoint_dir, tmp_path_factory):
     a_path, b_path, *_ = corpora
     root = tmp_path_factory.mktemp("incremental")
     full_a = run_job(job_config(a_path, str(root / "a"), tiny_checkpoint_dir))
-    incremental = run_job(job_config(b_path, str(root / "b"), tiny_checkpoint_dir,
-                                     input={"reuse_from": str(root / "a")}))
+    incremental = run_job(
+        job_config(b_path, str(root / "b"), tiny_checkpoint_dir, input={"reuse_from": str(root / "a")})
+    )
     full_b = run_job(job_config(b_path, str(root / "b-full"), tiny_checkpoint_dir))
     return root, full_a, incremental, full_b
 
@@ -91,26 +99,39 @@ def test_the_incremental_output_equals_a_full_run_and_reused_vectors_are_bit_ide
 
 @pytest.mark.slow
 @pytest.mark.parametrize("change, field", [("model", "weights_digest"), ("window", "window_len")])
-def test_a_changed_model_or_window_encodes_everything_and_says_why(change, field, runs, corpora, tmp_path,
-                                                                     real_checkpoint_dir, tiny_checkpoint_dir):
+def test_a_changed_model_or_window_encodes_everything_and_says_why(
+    change, field, runs, corpora, tmp_path, real_checkpoint_dir, tiny_checkpoint_dir
+):
     root, *_ = runs
     _, b_path, *_ = corpora
-    model = (write_tiny_checkpoint(str(tmp_path / "other-model"), real_checkpoint_dir, seed=1) if change == "model"
-             else tiny_checkpoint_dir)
+    model = (
+        write_tiny_checkpoint(str(tmp_path / "other-model"), real_checkpoint_dir, seed=1)
+        if change == "model"
+        else tiny_checkpoint_dir
+    )
     sections = {"model": {"max_seq_len": 64}} if change == "window" else {}
-    summary = run_job(job_config(b_path, str(tmp_path / "out"), model, input={"reuse_from": str(root / "a")},
-                                 **sections))
+    summary = run_job(
+        job_config(b_path, str(tmp_path / "out"), model, input={"reuse_from": str(root / "a")}, **sections)
+    )
     assert summary["docs_reused"] == 0 and summary["docs_encoded"] == 100
     assert f"{field}: " in summary["reuse"]["reason"] and "used other settings" in summary["reuse"]["reason"]
     with pytest.raises(ConfigError, match=f"cannot be reused: .*{field}"):
-        run_job(job_config(b_path, str(tmp_path / "refused"), model,
-                           input={"reuse_from": str(root / "a"), "reuse_mismatch": "fail"}, **sections))
+        run_job(
+            job_config(
+                b_path,
+                str(tmp_path / "refused"),
+                model,
+                input={"reuse_from": str(root / "a"), "reuse_mismatch": "fail"},
+                **sections,
+            )
+        )
     assert not os.path.exists(tmp_path / "refused")
 
 
 @pytest.mark.slow
-def test_a_previous_run_without_a_complete_manifest_or_with_a_damaged_file_is_never_used(runs, corpora, tmp_path,
-                                                                                       tiny_checkpoint_dir):
+def test_a_previous_run_without_a_complete_manifest_or_with_a_damaged_file_is_never_used(
+    runs, corpora, tmp_path, tiny_checkpoint_dir
+):
     root, *_ = runs
     _, b_path, changed, new, _ = corpora
     # Ten of B's documents that A holds unchanged: each would be reused if a broken previous run were trusted, and
@@ -135,11 +156,16 @@ def test_a_previous_run_without_a_complete_manifest_or_with_a_damaged_file_is_ne
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x40]))
-    for previous, reason in ((partial, "holds no committed docbeam run"),
-                             (damaged, "is missing or not the size its manifest says"),
-                             (flipped, "does not match the checksum its manifest lists")):
-        summary = run_job(job_config(b_path, str(tmp_path / f"out-{previous.name}"), tiny_checkpoint_dir,
-                                     input={"reuse_from": str(previous)}))
+    for previous, reason in (
+        (partial, "holds no committed docbeam run"),
+        (damaged, "is missing or not the size its manifest says"),
+        (flipped, "does not match the checksum its manifest lists"),
+    ):
+        summary = run_job(
+            job_config(
+                b_path, str(tmp_path / f"out-{previous.name}"), tiny_checkpoint_dir, input={"reuse_from": str(previous)}
+            )
+        )
         assert summary["docs_reused"] == 0 and reason in summary["reuse"]["reason"]
 
 
@@ -148,15 +174,22 @@ def doc(text: str) -> Document:
 
 
 def previous_row(text: str, vector) -> dict:
-    return {"id": "d", "embedding": vector, "num_tokens": 3, "num_windows": 1, "truncated": False,
-            "content_hash": content_hash(text)}
+    return {
+        "id": "d",
+        "embedding": vector,
+        "num_tokens": 3,
+        "num_windows": 1,
+        "truncated": False,
+        "content_hash": content_hash(text),
+    }
 
 
 def test_a_row_is_reused_only_for_the_same_text_and_a_sound_vector():
     from docbeam.models.heads.embedding import EmbeddingHead
 
-    head = EmbeddingHead(name="embedding", pooling="mean", layers=(), width=2, folder="embeddings", normalize=True,
-                         truncate_dim=None)
+    head = EmbeddingHead(
+        name="embedding", pooling="mean", layers=(), width=2, folder="embeddings", normalize=True, truncate_dim=None
+    )
     assert reusable_row(doc("same"), [previous_row("same", [0.6, 0.8])], head)["embedding"] == [0.6, 0.8]
     assert reusable_row(doc("same "), [previous_row("same", [0.6, 0.8])], head) is None
     assert reusable_row(doc("same"), [previous_row("same", [0.6, float("nan")])], head) is None
@@ -170,8 +203,16 @@ def test_the_content_hash_sees_every_character():
 
 
 def test_key_differences_name_each_field_with_both_values():
-    key = {"weights_digest": "a", "tokenizer_digest": "t", "window_len": 128, "stride": 32, "long_documents": "window",
-           "pooling": "mean", "normalize": True, "dtype": "float32"}
+    key = {
+        "weights_digest": "a",
+        "tokenizer_digest": "t",
+        "window_len": 128,
+        "stride": 32,
+        "long_documents": "window",
+        "pooling": "mean",
+        "normalize": True,
+        "dtype": "float32",
+    }
     assert key_differences(key, key) == []
     assert key_differences({**key, "stride": 16}, key) == ["stride: 16 then, 32 now"]
 
@@ -183,7 +224,9 @@ def test_the_plans_reuse_key_holds_exactly_the_fields_reuse_compares(tiny_checkp
     plan = make_plan(job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir), probe_backends=False)
     assert tuple(plan.reuse_key) == KEY_FIELDS
     assert check_key(plan.reuse_key) is plan.reuse_key
-    with pytest.raises(ValueError, match=r"fields \['attention'\] are not in .*KEY_FIELDS and \['stride'\] are missing"):
+    with pytest.raises(
+        ValueError, match=r"fields \['attention'\] are not in .*KEY_FIELDS and \['stride'\] are missing"
+    ):
         check_key({**{k: v for k, v in plan.reuse_key.items() if k != "stride"}, "attention": "flash"})
 
 
@@ -237,6 +280,8 @@ def test_a_previous_file_damaged_at_its_size_is_not_reused_and_fail_mode_refuses
         f.write(damaged)
     decision = decide(str(tmp_path / "previous"), key, "encode_all")
     assert decision.source is None and "does not match the checksum its manifest lists" in decision.reason
-    with pytest.raises(ConfigError, match="cannot be reused: its file embeddings/part-r1-00000-of-00001.parquet "
-                                          "does not match the checksum"):
+    with pytest.raises(
+        ConfigError,
+        match="cannot be reused: its file embeddings/part-r1-00000-of-00001.parquet does not match the checksum",
+    ):
         decide(str(tmp_path / "previous"), key, "fail")

@@ -5,25 +5,28 @@ length, over the model-length window that holds the chunk; its offsets and text 
 The reference cuts chunks and context windows here, from one tokenization of the text: chunk k's own tokens are
 [k·(room − stride), … + room) of the document's tokens, and context windows take chunks from the first while
 their tokens fit the checkpoint's length."""
+
 from __future__ import annotations
 
 import jax
 import numpy as np
 import pytest
+from family_fixtures import MIN_COSINE, save_checkpoint, spread_norms_and_biases, tiny_model
 
 from docbeam import attention
-from docbeam.models import checkpoint, encoder
 from docbeam.config import TokenizeConfig
+from docbeam.models import checkpoint, encoder
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.late_chunks import context_batch, group_chunks
 from docbeam.pipeline.stages.tokenize import tokenize_documents
-from family_fixtures import MIN_COSINE, save_checkpoint, spread_norms_and_biases, tiny_model
 
 WINDOW, STRIDE, CONTEXT = 24, 6, 96  # chunks of 22 own tokens, 6 shared; context windows of 94 own tokens
 WORDS = "river bank loan tide quay fund harbour ledger storm credit anchor bond".split()
-TEXTS = {"short": " ".join(WORDS[:5]),  # one chunk
-         "fits": " ".join(WORDS * 5),  # several chunks, one context window
-         "long": " ".join(f"{w}{i % 7}" for i, w in enumerate(WORDS * 12))}  # past CONTEXT: several context windows
+TEXTS = {
+    "short": " ".join(WORDS[:5]),  # one chunk
+    "fits": " ".join(WORDS * 5),  # several chunks, one context window
+    "long": " ".join(f"{w}{i % 7}" for i, w in enumerate(WORDS * 12)),
+}  # past CONTEXT: several context windows
 
 
 @pytest.fixture(scope="module")
@@ -55,21 +58,23 @@ def reference_chunks(model, tokenizer, text: str, prompt: str = "") -> list[np.n
             with torch.no_grad():
                 hidden = model(input_ids=torch.tensor([framed])).last_hidden_state[0].numpy().astype(np.float64)
         shift = 1 + len(prompt_ids)
-        out.append(hidden[shift + a - first:shift + b - first].mean(0))
+        out.append(hidden[shift + a - first : shift + b - first].mean(0))
     return out
 
 
 def windows_of(folder: str, context_len: int | None, prompt: str | None = None):
     tokenizer = checkpoint.load_tokenizer(folder)
     docs = [Document(doc_id, text, "docs.jsonl", i + 1) for i, (doc_id, text) in enumerate(TEXTS.items())]
-    windows, rejected = tokenize_documents(docs, tokenizer, window_len=WINDOW, config=TokenizeConfig(stride=STRIDE),
-                                           prompt=prompt, context_len=context_len)
+    windows, rejected = tokenize_documents(
+        docs, tokenizer, window_len=WINDOW, config=TokenizeConfig(stride=STRIDE), prompt=prompt, context_len=context_len
+    )
     assert not rejected
     return windows
 
 
-def late_vectors(folder: str, backend: str = "native", shift: int = 0,
-                 prompt: str | None = None) -> dict[tuple[str, int], np.ndarray]:
+def late_vectors(
+    folder: str, backend: str = "native", shift: int = 0, prompt: str | None = None
+) -> dict[tuple[str, int], np.ndarray]:
     """Our late chunk vectors, by (document, chunk), from the pipeline's own windows and batch; ``shift`` moves
     every span by that many tokens (a broken variant)."""
     ck = checkpoint.open_checkpoint(folder)
@@ -129,8 +134,9 @@ def test_late_chunks_differ_from_window_chunks_with_the_same_offsets(bert):
     _, folder = bert
     plain = windows_of(folder, None)
     late = windows_of(folder, CONTEXT)
-    assert [(w.doc_id, w.index, w.char_start, w.char_end, list(w.token_ids)) for w in plain] == \
-        [(w.doc_id, w.index, w.char_start, w.char_end, list(w.token_ids)) for w in late if not w.spans]
+    assert [(w.doc_id, w.index, w.char_start, w.char_end, list(w.token_ids)) for w in plain] == [
+        (w.doc_id, w.index, w.char_start, w.char_end, list(w.token_ids)) for w in late if not w.spans
+    ]
     spans = {(w.doc_id, s.index): (s.char_start, s.char_end, s.length) for w in late for s in w.spans}
     assert spans == {(w.doc_id, w.index): (w.char_start, w.char_end, w.length) for w in plain}
     ck = checkpoint.open_checkpoint(folder)
@@ -140,7 +146,7 @@ def test_late_chunks_differ_from_window_chunks_with_the_same_offsets(bert):
     windowed = [w for w in plain if w.doc_id == "fits"]
     ids = np.zeros((len(windowed), WINDOW), np.int32)
     for r, w in enumerate(windowed):
-        ids[r, :w.length] = w.token_ids
+        ids[r, : w.length] = w.token_ids
     by_window = np.asarray(embed(params, ids, np.asarray([w.length for w in windowed], np.int32)))
     ours = late_vectors(folder)
     assert max(cosine(ours["fits", w.index], by_window[r]) for r, w in enumerate(windowed)) < 0.999
@@ -159,17 +165,25 @@ def run_chunks(folder: str, tmp_path, name: str, chunking: str, packing: bool, b
     import json
 
     import pyarrow.parquet as pq
-
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
     out = tmp_path / name
-    summary = run_job(job_config(str(docs), str(out), folder, model={"max_seq_len": WINDOW},
-                                 tokenize={"stride": STRIDE}, attention={"backend": backend},
-                                 batching={"buckets": [32, 64, 128], "tokens_per_batch": 512, "packing": packing},
-                                 output={"granularity": "both", "chunking": chunking}))
+    summary = run_job(
+        job_config(
+            str(docs),
+            str(out),
+            folder,
+            model={"max_seq_len": WINDOW},
+            tokenize={"stride": STRIDE},
+            attention={"backend": backend},
+            batching={"buckets": [32, 64, 128], "tokens_per_batch": 512, "packing": packing},
+            output={"granularity": "both", "chunking": chunking},
+        )
+    )
     assert summary["chunking"] == chunking and summary.get("context_len") == (CONTEXT if chunking == "late" else None)
 
     def read(folder_name):
@@ -190,8 +204,9 @@ def test_docbeam_run_writes_late_chunks_beside_unchanged_document_vectors(bert, 
     assert late_docs == window_docs
     assert late.keys() == window.keys()
     for key, row in late.items():
-        assert {k: v for k, v in row.items() if k != "embedding"} == \
-            {k: v for k, v in window[key].items() if k != "embedding"}
+        assert {k: v for k, v in row.items() if k != "embedding"} == {
+            k: v for k, v in window[key].items() if k != "embedding"
+        }
     for doc_id, text in TEXTS.items():
         for k, want in enumerate(reference_chunks(model, tokenizer, text)):
             assert cosine(late[doc_id, k]["embedding"], want) >= MIN_COSINE, (doc_id, k)
@@ -200,6 +215,7 @@ def test_docbeam_run_writes_late_chunks_beside_unchanged_document_vectors(bert, 
 
 def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
     from conftest import job_config
+
     from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
@@ -207,9 +223,17 @@ def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
 
     def plan(**sections):
-        return make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder,
-                                    model={"max_seq_len": WINDOW}, tokenize={"stride": STRIDE}, **sections),
-                         probe_backends=False)
+        return make_plan(
+            job_config(
+                str(tmp_path / "docs.jsonl"),
+                str(tmp_path / "out"),
+                folder,
+                model={"max_seq_len": WINDOW},
+                tokenize={"stride": STRIDE},
+                **sections,
+            ),
+            probe_backends=False,
+        )
 
     with pytest.raises(ConfigError, match="output.chunking: late makes chunk rows, but output.granularity: document"):
         plan(output={"chunking": "late"})

@@ -1,4 +1,5 @@
 """pipeline/store/lock.py: one writer per output; a dead owner's lock is taken over, a live one's never."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,12 +7,11 @@ import os
 import subprocess
 import sys
 import time
-
 import uuid
 
 import pytest
-
 from gcs_emulator import gcs_emulator
+
 from docbeam.pipeline.store import lock, output, storage, transaction
 
 

@@ -1,4 +1,5 @@
 """data/make_sample.py: the length quotas, and the held-out corpus a benchmark draws with --fill-short-bins."""
+
 from __future__ import annotations
 
 import functools
@@ -8,7 +9,6 @@ import json
 import os
 
 import pytest
-
 from conftest import REPO
 
 

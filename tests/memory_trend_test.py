@@ -3,6 +3,7 @@
 The rule is tested on synthetic series first (warm-up, a step, noise, slow and fast leaks), then on real runs:
 a backend that keeps 3 MB per call is flagged and named, native over the same documents is not, and the
 optional limit fails the run and leaves the output as it was."""
+
 from __future__ import annotations
 
 import json
@@ -69,8 +70,10 @@ def test_too_few_batches_are_not_judged_and_the_summary_says_so():
 
 
 def test_summary_block_names_the_worst_worker_and_projects_it():
-    calm, leaky = verdict(series(noise_mb=1)), trend("host:7 cpu", list(series(leak_mb_per_batch=2)),
-                                                     list(series(leak_mb_per_batch=2)))
+    calm, leaky = (
+        verdict(series(noise_mb=1)),
+        trend("host:7 cpu", list(series(leak_mb_per_batch=2)), list(series(leak_mb_per_batch=2))),
+    )
     block = memory_trend.summary_block([calm, leaky], limit_mb_per_1k_batches=500)
     assert block["leak_suspected"] and block["worst_worker"] == "host:7 cpu"
     assert block["projected_bytes_at_10x"] > block["peak_bytes"] + 9 * 200 * 2 * MB * 0.9
@@ -91,8 +94,9 @@ def test_only_the_start_up_compilations_extend_warm_up_so_a_leak_after_them_is_f
     values = series(warmup_mb=300, leak_mb_per_batch=3, noise_mb=5)
     t = trend("w", list(values), list(values), warming=[k < 10 for k in range(len(values))])
     assert t.leak_suspected and t.growth_mb_per_1k_batches == pytest.approx(3000, rel=0.05)
-    late = memory_trend.trend_from_samples("w", [(f"2026-12-01T00:{k // 60:02d}:{k % 60:02d}", v, v, int(k < 10))
-                                                 for k, v in enumerate(values)])
+    late = memory_trend.trend_from_samples(
+        "w", [(f"2026-12-01T00:{k // 60:02d}:{k % 60:02d}", v, v, int(k < 10)) for k, v in enumerate(values)]
+    )
     assert late == t  # timing records, in any order, say the same through trend_from_samples
 
 
@@ -104,6 +108,7 @@ def test_steady_growth_ignores_missing_figures():
 
 
 # --- real runs ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> str:
@@ -117,6 +122,7 @@ def corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_checkpoint_dir, corpus):
     from conftest import job_config
+
     from docbeam.pipeline.driver.embed import encoder_spec
     from docbeam.pipeline.driver.plan import make_plan
     from docbeam.pipeline.driver.run import run_job
@@ -125,8 +131,13 @@ def runs(tmp_path_factory, tiny_checkpoint_dir, corpus):
     summaries = {}
     for backend in ("native", "tests.fixtures_leaky_backend:attend"):
         output = str(tmp_path_factory.mktemp("memory"))
-        cfg = job_config(corpus, output, tiny_checkpoint_dir, attention={"backend": backend},
-                         batching={"buckets": [32, 64, 128], "tokens_per_batch": 256, "packing": False})
+        cfg = job_config(
+            corpus,
+            output,
+            tiny_checkpoint_dir,
+            attention={"backend": backend},
+            batching={"buckets": [32, 64, 128], "tokens_per_batch": 256, "packing": False},
+        )
         # Its encoder loaded and every shape compiled before the job, as a worker's is once warm: from a cold cache
         # the compilations run into a job this short, and the batches beside them (warm-up) leave too few to judge.
         runtime_for(encoder_spec(make_plan(cfg, for_output=False))).take_startup_report(wait=True)
@@ -157,14 +168,21 @@ def test_native_over_the_same_documents_is_not_flagged(runs):
 @pytest.mark.slow
 def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, tiny_checkpoint_dir, corpus):
     from conftest import job_config
-    from docbeam.pipeline.stages.commit import RunFailed
+
     from docbeam.pipeline.driver.run import run_job
+    from docbeam.pipeline.stages.commit import RunFailed
 
     output, _ = runs["native"]
     before = {name: open(os.path.join(output, name), "rb").read() for name in ("_manifest.json", "summary.json")}
-    cfg = job_config(corpus, output, tiny_checkpoint_dir, attention={"backend": "tests.fixtures_leaky_backend:attend"},
-                     batching={"buckets": [32, 64, 128], "tokens_per_batch": 256, "packing": False},
-                     runner={"max_memory_growth_mb_per_1k_batches": 500}, output={"path": output, "mode": "replace"})
+    cfg = job_config(
+        corpus,
+        output,
+        tiny_checkpoint_dir,
+        attention={"backend": "tests.fixtures_leaky_backend:attend"},
+        batching={"buckets": [32, 64, 128], "tokens_per_batch": 256, "packing": False},
+        runner={"max_memory_growth_mb_per_1k_batches": 500},
+        output={"path": output, "mode": "replace"},
+    )
     with pytest.raises(RunFailed, match="max_memory_growth_mb_per_1k_batches=500"):
         run_job(cfg)
     assert {name: open(os.path.join(output, name), "rb").read() for name in before} == before
@@ -185,8 +203,10 @@ def test_the_report_shows_the_trend_and_the_baseline_comparison_exits_1_for_a_ne
     regression = report.write_report(report.load_run(leaky), report.load_run(native), dest=str(tmp_path / "r.html"))
     assert [r.what for r in regression.regressions] == ["memory growth"]
     # The same leak against itself is no regression; native against the leak is none either.
-    assert not report.write_report(report.load_run(leaky), report.load_run(leaky),
-                                   dest=str(tmp_path / "same.html")).regressions
-    assert not report.write_report(report.load_run(native), report.load_run(leaky),
-                                   dest=str(tmp_path / "better.html")).regressions
+    assert not report.write_report(
+        report.load_run(leaky), report.load_run(leaky), dest=str(tmp_path / "same.html")
+    ).regressions
+    assert not report.write_report(
+        report.load_run(native), report.load_run(leaky), dest=str(tmp_path / "better.html")
+    ).regressions
     assert "Memory leak suspected" not in (tmp_path / "better.html").read_text()

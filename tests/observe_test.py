@@ -1,5 +1,6 @@
 """What a run shows about itself: profiler traces naming the kernel, Beam metrics in the summary,
 progress lines."""
+
 from __future__ import annotations
 
 import glob
@@ -8,17 +9,18 @@ import json
 import os
 
 import pytest
-
 from conftest import SAMPLE, job_config
-from docbeam.pipeline.telemetry.observe import Progress
+
 from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.telemetry.observe import Progress
 
 
 @pytest.fixture(scope="module")
 def profiled_run(tmp_path_factory, tiny_checkpoint_dir):
     output = str(tmp_path_factory.mktemp("profiled"))
-    summary = run_job(job_config(SAMPLE, output, tiny_checkpoint_dir, profile={"batches": 2},
-                                 attention={"backend": "chunked"}))
+    summary = run_job(
+        job_config(SAMPLE, output, tiny_checkpoint_dir, profile={"batches": 2}, attention={"backend": "chunked"})
+    )
     return output, summary
 
 
@@ -51,15 +53,29 @@ def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
 
 
 def test_summary_and_report_name_a_fallback_the_same_way():
+    from docbeam.pipeline.stages.write import timing_stats
     from docbeam.pipeline.tools.report_data import fallbacks
     from docbeam.pipeline.tools.report_load import Run, batch_columns
-    from docbeam.pipeline.stages.write import timing_stats
 
-    record = {"batch_id": "b16-x", "bucket_len": 16, "rows": 4, "real_rows": 1, "real_tokens": 10,
-              "padded_tokens": 64, "attention_backend": "native", "attention_requested": "flash",
-              "attention_kernel": "", "fallback_reason": "pallas_tpu runs on TPU, not cpu", "compiled": False,
-              "compile_ms": 0.0, "compute_ms": 1.0, "total_ms": 1.0, "device": "cpu:0", "worker": "h:1",
-              "started_at": "2026-11-29T00:00:00+00:00"}
+    record = {
+        "batch_id": "b16-x",
+        "bucket_len": 16,
+        "rows": 4,
+        "real_rows": 1,
+        "real_tokens": 10,
+        "padded_tokens": 64,
+        "attention_backend": "native",
+        "attention_requested": "flash",
+        "attention_kernel": "",
+        "fallback_reason": "pallas_tpu runs on TPU, not cpu",
+        "compiled": False,
+        "compile_ms": 0.0,
+        "compute_ms": 1.0,
+        "total_ms": 1.0,
+        "device": "cpu:0",
+        "worker": "h:1",
+        "started_at": "2026-11-29T00:00:00+00:00",
+    }
     from_summary = timing_stats(record)["fallbacks"]
     from_batches = fallbacks(Run(path="", summary={}, batches=batch_columns([record]), errors=[]))
     assert from_summary == from_batches == {"flash->native: pallas_tpu runs on TPU, not cpu": 1}
@@ -71,8 +87,10 @@ def test_progress_lines_are_rate_limited_and_give_an_eta(monkeypatch):
     progress = Progress(every_s=10, total_windows=40)
     lines = [progress.update(2, 4, 100) for _ in range(4)]
     assert lines[:2] == [None, None] and lines[3] is None
-    assert lines[2] == ("progress: 6 documents, 12 windows, 300 tokens in 12 s (25 tokens/s); "
-                        "30% of the job's 40 windows, ETA 28 s at this worker's rate")
+    assert lines[2] == (
+        "progress: 6 documents, 12 windows, 300 tokens in 12 s (25 tokens/s); "
+        "30% of the job's 40 windows, ETA 28 s at this worker's rate"
+    )
 
 
 def test_progress_off_when_interval_is_zero():

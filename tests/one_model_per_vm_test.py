@@ -4,6 +4,7 @@ Two worker processes on the DirectRunner (multi_processing) stand in for the SDK
 Every timing record names the process that encoded the batch (``worker``) and the one that sent it
 (``requested_by``).
 """
+
 from __future__ import annotations
 
 import glob
@@ -11,10 +12,10 @@ import json
 import os
 
 import pytest
-
 from conftest import SAMPLE, job_config
-from docbeam.pipeline.stages.encode import EncoderHandler
+
 from docbeam.pipeline.driver.run import encoder_spec, run_job
+from docbeam.pipeline.stages.encode import EncoderHandler
 
 pytestmark = pytest.mark.slow
 TWO_PROCESSES = {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}
@@ -41,9 +42,13 @@ CORPUS_DOCS = 60
 
 
 def two_process_job(corpus: str, tiny_checkpoint_dir, output: str, share: bool):
-    return job_config(corpus, output, tiny_checkpoint_dir, batching={"buckets": [32, 64, 128], "shards": 4,
-                                                                     "tokens_per_batch": 512},
-                      runner={"one_model_per_vm": share, "options": TWO_PROCESSES})
+    return job_config(
+        corpus,
+        output,
+        tiny_checkpoint_dir,
+        batching={"buckets": [32, 64, 128], "shards": 4, "tokens_per_batch": 512},
+        runner={"one_model_per_vm": share, "options": TWO_PROCESSES},
+    )
 
 
 @pytest.mark.extra
@@ -64,17 +69,25 @@ def test_without_sharing_each_worker_process_builds_its_own_runtime(corpus, tiny
     assert all(r["worker"] == r["requested_by"] for r in records)
 
 
-def test_the_handler_asks_runinference_for_one_shared_copy_and_sets_the_worker_env(tiny_checkpoint_dir, tmp_path,
-                                                                                   monkeypatch):
+def test_the_handler_asks_runinference_for_one_shared_copy_and_sets_the_worker_env(
+    tiny_checkpoint_dir, tmp_path, monkeypatch
+):
     from docbeam.pipeline.driver.plan import make_plan
 
     monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
-    cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir,
-                     runner={"one_model_per_vm": True, "worker_env": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}})
+    cfg = job_config(
+        SAMPLE,
+        str(tmp_path / "out"),
+        tiny_checkpoint_dir,
+        runner={"one_model_per_vm": True, "worker_env": {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}},
+    )
     handler = EncoderHandler(encoder_spec(make_plan(cfg), str(tmp_path / "staging"), "run"))
     assert handler.share_model_across_processes() and handler.model_copies() == 1
     handler.set_environment_vars()  # what RunInference's setup() calls before load_model()
     assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    default = EncoderHandler(encoder_spec(make_plan(job_config(SAMPLE, str(tmp_path / "o2"), tiny_checkpoint_dir)),
-                                          str(tmp_path / "staging"), "run"))
+    default = EncoderHandler(
+        encoder_spec(
+            make_plan(job_config(SAMPLE, str(tmp_path / "o2"), tiny_checkpoint_dir)), str(tmp_path / "staging"), "run"
+        )
+    )
     assert not default.share_model_across_processes()

@@ -2,6 +2,7 @@
 
 The same scenarios run on local disk and on gs:// (the emulator), since GCS has no rename.
 """
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,8 @@ import os
 import uuid
 
 import pytest
-
 from gcs_emulator import gcs_emulator
+
 from docbeam.pipeline.store import lock, output, storage, transaction
 
 
@@ -48,12 +49,16 @@ def commit_run(out: str, run_id: str, files: dict[str, bytes]) -> dict:
 def snapshot(out: str) -> dict[str, bytes]:
     """Every file outside _staging/, with its bytes: what a reader of the output can see."""
     staging = f"{out}/{output.STAGING}/"
-    return {output.relative(out, p): storage.read_bytes(p) for p in storage.list_files(out) if not p.startswith(staging)}
+    return {
+        output.relative(out, p): storage.read_bytes(p) for p in storage.list_files(out) if not p.startswith(staging)
+    }
 
 
 def run_files(run_id: str, rows: bytes = b"rows") -> dict[str, bytes]:
-    return {f"embeddings/part-{run_id}-00000-of-00001.parquet": rows,
-            f"timing/part-{run_id}-00000-of-00001.jsonl": b"{}\n"}
+    return {
+        f"embeddings/part-{run_id}-00000-of-00001.parquet": rows,
+        f"timing/part-{run_id}-00000-of-00001.jsonl": b"{}\n",
+    }
 
 
 def test_a_commit_places_the_files_then_summary_manifest_and_success_and_removes_staging(out):
@@ -119,9 +124,19 @@ def test_a_stray_or_forged_intent_deletes_nothing_its_run_did_not_write(tmp_path
     storage.write_bytes(f"{out}/report.html", b"<html>")  # the user's, listed nowhere
     if marked:
         output.mark_staging(out, "evil", 1)
-    storage.write_bytes(f"{output.staging_dir(out, 'evil')}/{output.INTENT}", json.dumps(
-        {"format": output.INTENT_FORMAT, "run_id": "evil", "files": ["../precious.txt", "report.html"],
-         "replaces": [], "manifest": {}, "summary": {}}).encode())
+    storage.write_bytes(
+        f"{output.staging_dir(out, 'evil')}/{output.INTENT}",
+        json.dumps(
+            {
+                "format": output.INTENT_FORMAT,
+                "run_id": "evil",
+                "files": ["../precious.txt", "report.html"],
+                "replaces": [],
+                "manifest": {},
+                "summary": {},
+            }
+        ).encode(),
+    )
     commit_run(out, "r2", run_files("r2"))
     assert victim.read_text() == "keep" and storage.read_bytes(f"{out}/report.html") == b"<html>"
     assert storage.exists(f"{output.staging_dir(out, 'evil')}/{output.INTENT}") != marked  # unmarked: foreign
@@ -160,9 +175,15 @@ def test_run_ids_sort_by_start_time_and_do_not_collide():
     assert all(len(i) == len("20261130T114500Z-3f9a1c") and i[8] == "T" for i in ids)
 
 
-@pytest.mark.parametrize("spelled, normal", [
-    ("/data//runs/./today/", "/data/runs/today"), ("//data/x/../runs/today", "/data/runs/today"),
-    ("out//local/.", "out/local"), ("gs://bucket/runs//./x/../today/", "gs://bucket/runs/today")])
+@pytest.mark.parametrize(
+    "spelled, normal",
+    [
+        ("/data//runs/./today/", "/data/runs/today"),
+        ("//data/x/../runs/today", "/data/runs/today"),
+        ("out//local/.", "out/local"),
+        ("gs://bucket/runs//./x/../today/", "gs://bucket/runs/today"),
+    ],
+)
 def test_an_output_path_is_spelled_one_way_once_the_config_is_read(spelled, normal):
     from docbeam.config import OutputConfig
 

@@ -1,6 +1,7 @@
 """Packed rows in the encoder and the attention plan: the encoder gives a packed window the vector it gives it
 alone; attention stays within a segment; backends that take no segment ids are refused for packed rows, and
 ``batching.packing: auto`` packs only when every backend the job may run takes them."""
+
 from __future__ import annotations
 
 import os
@@ -11,8 +12,8 @@ import numpy as np
 import pytest
 
 from docbeam import attention
-from docbeam.attention.interface import AttentionCase
 from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends
+from docbeam.attention.interface import AttentionCase
 from docbeam.attention.registry import from_callable
 from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
@@ -26,28 +27,45 @@ def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int
 
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
 
-@pytest.mark.parametrize("pooling, position, backend", [
-    ("mean", "absolute", "native"), ("cls", "absolute", "native"), ("lasttoken", "absolute", "native"),
-    ("mean", "rope", "native"), ("cls", "rope", "native"), ("lasttoken", "rope", "native"),
-    ("mean", "rope", "chunked"), ("lasttoken", "rope", "chunked"),
-    ("cls", "absolute", "flash")])  # every built-in backend takes segment ids
+
+@pytest.mark.parametrize(
+    "pooling, position, backend",
+    [
+        ("mean", "absolute", "native"),
+        ("cls", "absolute", "native"),
+        ("lasttoken", "absolute", "native"),
+        ("mean", "rope", "native"),
+        ("cls", "rope", "native"),
+        ("lasttoken", "rope", "native"),
+        ("mean", "rope", "chunked"),
+        ("lasttoken", "rope", "chunked"),
+        ("cls", "absolute", "flash"),
+    ],
+)  # every built-in backend takes segment ids
 def test_a_packed_window_gets_the_vector_it_gets_alone(pooling, position, backend):
     from docbeam.models.encoder import Encoder, EncoderConfig, embed_fn
 
-    config = EncoderConfig(vocab_size=100, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                           max_position=64, position=position)
+    config = EncoderConfig(
+        vocab_size=100,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position=64,
+        position=position,
+    )
     attend = attention.get(backend).bind()
-    params = Encoder(config, attend).init(jax.random.PRNGKey(0), jnp.zeros((1, 32), jnp.int32),
-                                          jnp.ones((1,), jnp.int32))["params"]
+    params = Encoder(config, attend).init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 32), jnp.int32), jnp.ones((1,), jnp.int32)
+    )["params"]
     embed = jax.jit(embed_fn(config, attend, pooling))
     windows = [window("a", 0, 9), window("b", 0, 14), window("c", 0, 5), window("d", 0, 30), window("e", 0, 3)]
     packed = packed_batch([[windows[0], windows[1], windows[2]], [windows[3]], [windows[4]]], bucket_len=32, rows=4)
-    out = np.asarray(embed(params, packed.ids_BxT, packed.lengths_B, packed.segment_ids_BxT,
-                           packed.slot_lengths_BxK))
+    out = np.asarray(embed(params, packed.ids_BxT, packed.lengths_B, packed.segment_ids_BxT, packed.slot_lengths_BxK))
     got = out.reshape(-1, out.shape[-1])[packed.window_slots()]
     alone_ids = np.zeros((5, 32), np.int32)
     for r, w in enumerate(windows):
-        alone_ids[r, :w.length] = w.token_ids
+        alone_ids[r, : w.length] = w.token_ids
     alone = np.asarray(embed(params, alone_ids, np.array([w.length for w in windows], np.int32)))
     np.testing.assert_allclose(got, alone, atol=2e-6)
 
@@ -68,6 +86,7 @@ def test_native_attends_only_within_a_segment(implementation):
 
 # --- the capability check -------------------------------------------------------------------------------
 
+
 def _case(packed: bool) -> AttentionCase:
     return AttentionCase(platform="cpu", dtype="float32", seq_len=32, num_heads=4, head_dim=8, segments=packed)
 
@@ -84,8 +103,12 @@ def test_a_backend_without_segment_ids_is_refused_for_packed_rows_and_names_the_
     with pytest.raises(AttentionPlanError, match="batching.packing"):
         choose_backends(spec, [_case(True)])
     native = attention.get("native")
-    with_fallback = AttentionSpec(backend="plain_user", options=backend.parse_options(None), fallback="native",
-                                  fallback_options=native.parse_options(None))
+    with_fallback = AttentionSpec(
+        backend="plain_user",
+        options=backend.parse_options(None),
+        fallback="native",
+        fallback_options=native.parse_options(None),
+    )
     [choice] = choose_backends(with_fallback, [_case(True)])
     assert choice.backend == "native" and "segment ids" in choice.fallback_reason
 
@@ -119,17 +142,30 @@ def test_packed_probes_run_native_with_two_windows_in_a_row():
 USER_BACKEND = "tests.fixtures_user_backend:attend"  # a plain AttentionFn: takes no segment ids
 
 
-@pytest.mark.parametrize("backend, fallback, packs", [("native", None, True), ("chunked", None, True),
-                                                      ("flash", "native", True), (USER_BACKEND, None, False),
-                                                      ("chunked", USER_BACKEND, False)])
+@pytest.mark.parametrize(
+    "backend, fallback, packs",
+    [
+        ("native", None, True),
+        ("chunked", None, True),
+        ("flash", "native", True),
+        (USER_BACKEND, None, False),
+        ("chunked", USER_BACKEND, False),
+    ],
+)
 def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(backend, fallback, packs, monkeypatch):
     from docbeam.config import JobConfig
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from docbeam.pipeline.driver.plan import resolved_packing
 
-    cfg = JobConfig.model_validate({"input": {"path": "x"}, "output": {"path": "y"}, "model": {"path": "m"},
-                                    "attention": {"backend": backend, "fallback": fallback}})
+    cfg = JobConfig.model_validate(
+        {
+            "input": {"path": "x"},
+            "output": {"path": "y"},
+            "model": {"path": "m"},
+            "attention": {"backend": backend, "fallback": fallback},
+        }
+    )
     assert cfg.batching.packing == "auto"
     assert resolved_packing(cfg) is packs
     explicit = cfg.model_copy(update={"batching": BatchingConfig(packing=False)})
@@ -142,8 +178,16 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_che
     from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
 
     native = attention.get("native")
-    runtime = load_encoder(standalone_spec(tiny_checkpoint_dir, "float32", "mean",
-                                           AttentionSpec("native", native.parse_options(None)), (16, 32), packing=True))
+    runtime = load_encoder(
+        standalone_spec(
+            tiny_checkpoint_dir,
+            "float32",
+            "mean",
+            AttentionSpec("native", native.parse_options(None)),
+            (16, 32),
+            packing=True,
+        )
+    )
     good = TokenWindow("good", 0, 1, np.arange(20, 30, dtype=np.int32), 8, False)
     bad = TokenWindow("bad", 0, 1, np.array([20, 7, 21, 22], np.int32), 2, False)
     other = TokenWindow("other", 0, 1, np.arange(40, 52, dtype=np.int32), 10, False)

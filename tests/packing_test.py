@@ -3,6 +3,7 @@
 batches only, holding back what waits (bounded); ``Packer.flush`` packs everything held. Every window lands
 once, whole, in a row of a configured bucket; packed rows pad less than one window per row. What the encoder
 and the attention backends do with packed rows: tests/packed_encoding_test.py."""
+
 from __future__ import annotations
 
 import random
@@ -12,13 +13,22 @@ import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-
 from conftest import with_packing
+
 from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.batch import BucketBatches
-from docbeam.pipeline.stages.packer import (HELD_BATCHES, Packer, batch_windows, final_packing, max_windows_per_row,
-                                    pack_rows, packed_batch, packing_round, round_tokens)
+from docbeam.pipeline.stages.packer import (
+    HELD_BATCHES,
+    Packer,
+    batch_windows,
+    final_packing,
+    max_windows_per_row,
+    pack_rows,
+    packed_batch,
+    packing_round,
+    round_tokens,
+)
 from docbeam.pipeline.tools.bucket_advisor import padding_efficiency
 
 BUCKETS = (16, 32, 64)
@@ -71,8 +81,11 @@ def test_packed_batch_lays_windows_out_with_segment_ids_and_slot_lengths():
     assert batch.segment_ids_BxT[0].tolist() == [1] * 5 + [2] * 7 + [0] * 20
     assert batch.lengths_B.tolist() == [12, 20, 0, 0]
     assert batch.window_lengths().tolist() == [5, 7, 20]
-    assert unpack(batch) == {("a", 0): a.token_ids.tolist(), ("b", 0): b.token_ids.tolist(),
-                             ("c", 0): c.token_ids.tolist()}
+    assert unpack(batch) == {
+        ("a", 0): a.token_ids.tolist(),
+        ("b", 0): b.token_ids.tolist(),
+        ("c", 0): c.token_ids.tolist(),
+    }
     assert batch.window_slots().tolist() == [0, 1, max_windows_per_row(32)]  # row 1, slot 0
     assert packed_batch([[c], [a, b]], 32, 4).batch_id == batch.batch_id
 
@@ -89,11 +102,16 @@ def test_packing_never_pads_more_than_bucketing_and_keeps_every_window_whole(see
     windows = [window(f"d{i:03d}", 0, n) for i, n in enumerate(lengths)]
     for shards in (1, 2):
         config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=128, shards=shards)
-        packed, plain = batch_windows(windows, with_packing(config, True)), batch_windows(windows, with_packing(config, False))
+        packed, plain = (
+            batch_windows(windows, with_packing(config, True)),
+            batch_windows(windows, with_packing(config, False)),
+        )
         held = {}
         for b in packed:
             assert b.ids_BxT.shape == (128 // b.bucket_len, b.bucket_len)
-            assert (b.lengths_B <= b.bucket_len).all() and (b.segment_ids_BxT.max(axis=1) <= b.slot_lengths_BxK.shape[1]).all()
+            assert (b.lengths_B <= b.bucket_len).all() and (
+                b.segment_ids_BxT.max(axis=1) <= b.slot_lengths_BxK.shape[1]
+            ).all()
             contents = unpack(b)
             assert not contents.keys() & held.keys()
             held.update(contents)
@@ -105,13 +123,19 @@ def test_packing_never_pads_more_than_bucketing_and_keeps_every_window_whole(see
 def test_bucket_batches_packs_as_batch_windows_does():
     """Fewer tokens than a packing round: all is packed at the end of input, whatever the arrival order."""
     config = BatchingConfig(buckets=BUCKETS, tokens_per_batch=512)
-    windows = [window(f"doc{i // 3}", i % 3, n, num_windows=3) for i, n in enumerate(
-        [3, 16, 17, 40, 64, 5, 30, 9, 12, 33, 2, 15, 16, 31, 50, 8, 7, 6, 60, 20, 11, 4])]
+    windows = [
+        window(f"doc{i // 3}", i % 3, n, num_windows=3)
+        for i, n in enumerate([3, 16, 17, 40, 64, 5, 30, 9, 12, 33, 2, 15, 16, 31, 50, 8, 7, 6, 60, 20, 11, 4])
+    ]
     assert sum(w.length for w in windows) < round_tokens(config)
     batches = batch_windows(windows, with_packing(config, True))
     with TestPipeline() as p:
-        made = (p | beam.Create(windows[::-1]) | BucketBatches(with_packing(config, True))
-                | beam.Map(lambda b: (b.batch_id, b.windows, b.segment_ids_BxT.tolist())))
+        made = (
+            p
+            | beam.Create(windows[::-1])
+            | BucketBatches(with_packing(config, True))
+            | beam.Map(lambda b: (b.batch_id, b.windows, b.segment_ids_BxT.tolist()))
+        )
         assert_that(made, equal_to([(b.batch_id, b.windows, b.segment_ids_BxT.tolist()) for b in batches]))
 
 
@@ -162,5 +186,10 @@ def test_bucket_batches_puts_every_window_of_a_large_input_in_one_batch():
     windows = [window(f"d{i:04d}", 0, 5 + i % 60) for i in range(400)]
     assert sum(w.length for w in windows) > 10 * round_tokens(config)  # many rounds, then the end of input
     with TestPipeline() as p:
-        made = p | beam.Create(windows) | BucketBatches(with_packing(config, True)) | beam.FlatMap(lambda b: [w[:2] for w in b.windows])
+        made = (
+            p
+            | beam.Create(windows)
+            | BucketBatches(with_packing(config, True))
+            | beam.FlatMap(lambda b: [w[:2] for w in b.windows])
+        )
         assert_that(made, equal_to([(w.doc_id, w.index) for w in windows]))

@@ -1,14 +1,15 @@
 """output.pgvector with a classifier's run: scores/ rows loaded beside their ids into the real Postgres."""
+
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
-
 from conftest import job_config
-from docbeam.pipeline.driver.run import run_job
 from pgvector_test import query
+
+from docbeam.pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
 
@@ -23,8 +24,12 @@ def test_a_classifiers_run_loads_its_scores_beside_the_ids_and_an_incremental_ru
     folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t, "lang": "en"}) + "\n" for i, t in TEXTS.items()))
-    sections = dict(model={"max_seq_len": WINDOW}, batching={"buckets": [32, 64], "tokens_per_batch": 512},
-                    input={"keep_fields": ["lang"]}, output={"pgvector": {"dsn": postgres, "table": "scored"}})
+    sections = dict(
+        model={"max_seq_len": WINDOW},
+        batching={"buckets": [32, 64], "tokens_per_batch": 512},
+        input={"keep_fields": ["lang"]},
+        output={"pgvector": {"dsn": postgres, "table": "scored"}},
+    )
     summary = run_job(job_config(str(docs), str(tmp_path / "a"), folder, **sections))
     assert summary["pgvector"]["upserted"] == len(TEXTS)
     rows = read_scores(tmp_path / "a")
@@ -35,7 +40,13 @@ def test_a_classifiers_run_loads_its_scores_beside_the_ids_and_an_incremental_ru
         assert np.allclose(scores, rows[doc_id]["scores"], atol=1e-7) and score == pytest.approx(rows[doc_id]["score"])
     top = max(rows, key=lambda i: rows[i]["score"])
     assert query(postgres, "SELECT id FROM scored ORDER BY score DESC LIMIT 1") == [(top,)]
-    again = run_job(job_config(str(docs), str(tmp_path / "b"), folder,
-                               **{**sections, "input": {"keep_fields": ["lang"], "reuse_from": str(tmp_path / "a")}}))
+    again = run_job(
+        job_config(
+            str(docs),
+            str(tmp_path / "b"),
+            folder,
+            **{**sections, "input": {"keep_fields": ["lang"], "reuse_from": str(tmp_path / "a")}},
+        )
+    )
     assert again["docs_reused"] == len(TEXTS) and again["pgvector"]["applied"]
     assert query(postgres, "SELECT count(*) FROM scored") == [(len(TEXTS),)]

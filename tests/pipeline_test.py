@@ -1,4 +1,5 @@
 """The whole job, end to end: real model on the sample corpus, tiny model for the variations."""
+
 from __future__ import annotations
 
 import functools
@@ -10,15 +11,29 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SAMPLE, job_config
+
 from docbeam.pipeline.driver.run import run_job
 
 pytestmark = pytest.mark.slow
 
-TIMING_FIELDS = {"batch_id", "bucket_len", "rows", "real_tokens", "padded_tokens", "attention_backend", "compiled",
-                 "compiling_ahead", "compute_ms", "total_ms", "device", "worker", "started_at",
-                 "memory_in_use_bytes", "memory_peak_bytes"}
+TIMING_FIELDS = {
+    "batch_id",
+    "bucket_len",
+    "rows",
+    "real_tokens",
+    "padded_tokens",
+    "attention_backend",
+    "compiled",
+    "compiling_ahead",
+    "compute_ms",
+    "total_ms",
+    "device",
+    "worker",
+    "started_at",
+    "memory_in_use_bytes",
+    "memory_peak_bytes",
+}
 
 
 def read_embeddings(output: str) -> dict[str, dict]:
@@ -55,7 +70,13 @@ def test_sample_run_writes_embeddings_timing_errors_and_summary(sample_run):
     assert summary["docs_read"] == 134 == summary["docs_embedded"] + summary["docs_rejected"]
     assert summary["attention_backends"] == {"native": summary["batches"]}
     assert pq.read_schema(glob.glob(f"{output}/embeddings/*.parquet")[0]).names == [
-        "id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash"]
+        "id",
+        "embedding",
+        "num_tokens",
+        "num_windows",
+        "truncated",
+        "content_hash",
+    ]
 
 
 def test_every_batch_has_a_timing_record_naming_the_kernel_that_ran(sample_run):
@@ -106,7 +127,7 @@ def windows_by_hand(ids: list[int], cls: int, sep: int, window_len: int, stride:
     the first ``stride`` of them repeated from the previous window."""
     content, windows, start = window_len - 2, [], 0
     while True:
-        windows.append([cls] + ids[start:start + content] + [sep])
+        windows.append([cls] + ids[start : start + content] + [sep])
         if start + content >= len(ids):
             return windows
         start += content - stride
@@ -131,8 +152,9 @@ def encode_alone(checkpoint_dir: str, windows: list[list[int]]) -> np.ndarray:
     import jax.numpy as jnp
 
     params, embed = jitted_encoder(checkpoint_dir)
-    return np.stack([np.asarray(embed(params, jnp.asarray([w], jnp.int32), jnp.asarray([len(w)], jnp.int32))[0])
-                     for w in windows])
+    return np.stack(
+        [np.asarray(embed(params, jnp.asarray([w], jnp.int32), jnp.asarray([len(w)], jnp.int32))[0]) for w in windows]
+    )
 
 
 def test_a_long_document_is_the_token_weighted_mean_of_its_windows(sample_run, real_checkpoint_dir):
@@ -183,8 +205,9 @@ def test_bad_input_is_rejected_with_reasons_and_the_job_completes(tiny_corpus, t
 
 def test_truncate_embeds_only_the_first_window_of_a_long_document(tiny_corpus, tiny_checkpoint_dir, tmp_path):
     folder, ids = tiny_corpus
-    summary = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path), tiny_checkpoint_dir,
-                                 tokenize={"long_documents": "truncate"}))
+    summary = run_job(
+        job_config(f"{folder}/good.jsonl", str(tmp_path), tiny_checkpoint_dir, tokenize={"long_documents": "truncate"})
+    )
     rows, texts = read_embeddings(str(tmp_path)), sample_texts()
     assert sorted(rows) == sorted(ids) and summary["windows"] == len(ids)  # one window per document
     truncated = 0
@@ -195,8 +218,9 @@ def test_truncate_embeds_only_the_first_window_of_a_long_document(tiny_corpus, t
         if is_long:
             truncated += 1
             (first,) = encode_alone(tiny_checkpoint_dir, [[cls] + content[:126] + [sep]])
-            np.testing.assert_allclose(np.asarray(row["embedding"], np.float32), first, rtol=1e-5, atol=1e-5,
-                                       err_msg=doc_id)
+            np.testing.assert_allclose(
+                np.asarray(row["embedding"], np.float32), first, rtol=1e-5, atol=1e-5, err_msg=doc_id
+            )
     assert truncated >= 5
 
 
@@ -215,12 +239,14 @@ def native_run(tiny_corpus, tiny_checkpoint_dir, tmp_path_factory) -> tuple[str,
 
 
 @pytest.mark.parametrize("backend", ["chunked", "flash"])
-def test_switching_attention_backend_in_yaml_keeps_embeddings(backend, native_run, tiny_corpus, tiny_checkpoint_dir,
-                                                              tmp_path):
+def test_switching_attention_backend_in_yaml_keeps_embeddings(
+    backend, native_run, tiny_corpus, tiny_checkpoint_dir, tmp_path
+):
     folder, ids = tiny_corpus
     native_output, native = native_run
-    other = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / backend), tiny_checkpoint_dir,
-                               attention={"backend": backend}))
+    other = run_job(
+        job_config(f"{folder}/good.jsonl", str(tmp_path / backend), tiny_checkpoint_dir, attention={"backend": backend})
+    )
     assert other["attention_backends"] == {backend: other["batches"]}
     assert native["attention_backends"] == {"native": native["batches"]}
     diff = np.abs(embeddings_matrix(native_output, ids) - embeddings_matrix(str(tmp_path / backend), ids))
@@ -231,44 +257,72 @@ def test_switching_attention_backend_in_yaml_keeps_embeddings(backend, native_ru
 def test_two_worker_processes_give_the_same_embeddings(native_run, tiny_corpus, tiny_checkpoint_dir, tmp_path):
     folder, ids = tiny_corpus
     one_worker, _ = native_run
-    two = job_config(f"{folder}/good.jsonl", str(tmp_path / "two"), tiny_checkpoint_dir, batching={"shards": 2},
-                     runner={"options": {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}})
+    two = job_config(
+        f"{folder}/good.jsonl",
+        str(tmp_path / "two"),
+        tiny_checkpoint_dir,
+        batching={"shards": 2},
+        runner={"options": {"direct_num_workers": 2, "direct_running_mode": "multi_processing"}},
+    )
     summary = run_job(two)
     worker_pids = {t["worker"].rsplit(":", 1)[1] for t in read_jsonl(str(tmp_path / "two"), "timing")}
     assert summary["docs_embedded"] == len(ids)
     assert str(os.getpid()) not in worker_pids, "the encoder ran in the test process, not in worker processes"
     assert len(worker_pids) == 2, f"batches were encoded by worker process(es) {sorted(worker_pids)}, not two"
-    np.testing.assert_allclose(embeddings_matrix(one_worker, ids),
-                               embeddings_matrix(str(tmp_path / "two"), ids), atol=1e-5)
+    np.testing.assert_allclose(
+        embeddings_matrix(one_worker, ids), embeddings_matrix(str(tmp_path / "two"), ids), atol=1e-5
+    )
 
 
 def test_packed_rows_give_the_embeddings_of_unpacked_ones_with_less_padding(tiny_corpus, tiny_checkpoint_dir, tmp_path):
     folder, ids = tiny_corpus
     batching = {"buckets": [16, 32, 64, 128], "tokens_per_batch": 512}
-    plain = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "plain"), tiny_checkpoint_dir,
-                               batching={**batching, "packing": False}))
-    packed = run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "packed"), tiny_checkpoint_dir,
-                                batching={**batching, "packing": True}))
+    plain = run_job(
+        job_config(
+            f"{folder}/good.jsonl",
+            str(tmp_path / "plain"),
+            tiny_checkpoint_dir,
+            batching={**batching, "packing": False},
+        )
+    )
+    packed = run_job(
+        job_config(
+            f"{folder}/good.jsonl",
+            str(tmp_path / "packed"),
+            tiny_checkpoint_dir,
+            batching={**batching, "packing": True},
+        )
+    )
     assert packed["docs_embedded"] == plain["docs_embedded"] == len(ids)
     assert packed["windows"] == plain["windows"]
     timing = read_jsonl(str(tmp_path / "packed"), "timing")
     assert all(t["packed"] for t in timing) and sum(t["real_rows"] for t in timing) == packed["windows"]
-    padded = {name: sum(t["padded_tokens"] for t in read_jsonl(str(tmp_path / name), "timing"))
-              for name in ("plain", "packed")}
+    padded = {
+        name: sum(t["padded_tokens"] for t in read_jsonl(str(tmp_path / name), "timing"))
+        for name in ("plain", "packed")
+    }
     assert padded["packed"] < padded["plain"]
-    np.testing.assert_allclose(embeddings_matrix(str(tmp_path / "plain"), ids),
-                               embeddings_matrix(str(tmp_path / "packed"), ids), atol=1e-5)
+    np.testing.assert_allclose(
+        embeddings_matrix(str(tmp_path / "plain"), ids), embeddings_matrix(str(tmp_path / "packed"), ids), atol=1e-5
+    )
 
 
-def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(tiny_corpus, tiny_checkpoint_dir,
-                                                                                 tmp_path, monkeypatch):
-    from docbeam.config import ConfigError
+def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(
+    tiny_corpus, tiny_checkpoint_dir, tmp_path, monkeypatch
+):
     from docbeam.attention.dispatch import AttentionPlanError
+    from docbeam.config import ConfigError
 
     monkeypatch.syspath_prepend(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests.… importable
     folder, _ = tiny_corpus
     with pytest.raises((AttentionPlanError, ConfigError), match="batching.packing"):
-        run_job(job_config(f"{folder}/good.jsonl", str(tmp_path / "out"), tiny_checkpoint_dir,
-                           batching={"packing": True},
-                           attention={"backend": "tests.fixtures_user_backend:attend"}))
+        run_job(
+            job_config(
+                f"{folder}/good.jsonl",
+                str(tmp_path / "out"),
+                tiny_checkpoint_dir,
+                batching={"packing": True},
+                attention={"backend": "tests.fixtures_user_backend:attend"},
+            )
+        )
     assert not os.path.exists(tmp_path / "out" / "embeddings")

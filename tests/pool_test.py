@@ -1,4 +1,5 @@
 """pipeline/stages/write.py pool_windows: a document's window embeddings become one token-weighted, normalised vector."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,16 +9,31 @@ from docbeam.pipeline.records import WindowEmbedding
 from docbeam.pipeline.stages.write import pool_windows
 
 
-def embedding(index: int, num_windows: int, vector, *, length: int = 4, doc_tokens: int = 10,
-              truncated: bool = False) -> WindowEmbedding:
-    return WindowEmbedding("doc", index, num_windows, length, doc_tokens, truncated, np.asarray(vector, np.float32),
-                           bucket_len=32, backend="native")
+def embedding(
+    index: int, num_windows: int, vector, *, length: int = 4, doc_tokens: int = 10, truncated: bool = False
+) -> WindowEmbedding:
+    return WindowEmbedding(
+        "doc",
+        index,
+        num_windows,
+        length,
+        doc_tokens,
+        truncated,
+        np.asarray(vector, np.float32),
+        bucket_len=32,
+        backend="native",
+    )
 
 
 def test_one_window_gives_its_own_vector_normalised():
     pooled = pool_windows([embedding(0, 1, [3.0, 4.0], doc_tokens=7)], normalize=True)
-    assert pooled == {"id": "doc", "embedding": pytest.approx([0.6, 0.8]), "num_tokens": 7, "num_windows": 1,
-                      "truncated": False}
+    assert pooled == {
+        "id": "doc",
+        "embedding": pytest.approx([0.6, 0.8]),
+        "num_tokens": 7,
+        "num_windows": 1,
+        "truncated": False,
+    }
 
 
 def test_token_weighted_mean_of_window_means_is_the_mean_over_every_window_token():
@@ -46,8 +62,10 @@ def test_a_zero_vector_stays_zero_when_normalised():
 
 
 def test_document_fields_come_from_the_windows():
-    windows = [embedding(0, 2, [1.0], doc_tokens=50, truncated=False),
-               embedding(1, 2, [1.0], doc_tokens=50, truncated=False)]
+    windows = [
+        embedding(0, 2, [1.0], doc_tokens=50, truncated=False),
+        embedding(1, 2, [1.0], doc_tokens=50, truncated=False),
+    ]
     pooled = pool_windows(windows, normalize=True)
     assert (pooled["num_tokens"], pooled["num_windows"], pooled["truncated"]) == (50, 2, False)
     assert pool_windows([embedding(0, 1, [1.0], truncated=True)], normalize=True)["truncated"] is True

@@ -2,6 +2,7 @@
 and DoFns run in separate SDK worker processes. Beam's own local job service and an external worker pool
 play Dataflow's parts here, on loopback ports, so nothing in the job may rely on sharing the driver's process.
 """
+
 from __future__ import annotations
 
 import glob
@@ -14,8 +15,8 @@ import time
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import REPO, job_config
+
 from docbeam.pipeline.driver.run import run_job
 
 pytestmark = [pytest.mark.slow, pytest.mark.extra]
@@ -47,14 +48,21 @@ def wait_for_port(port: int, process: subprocess.Popen, log_path: str) -> None:
 def portable_services(tmp_path_factory):
     """Beam's job service and an external SDK worker pool, started with this venv's Python and this checkout."""
     logs = tmp_path_factory.mktemp("portable")
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-           "PYTHONPATH": REPO}
+    env = {
+        **os.environ,
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONPATH": REPO,
+    }
     job_port, pool_port = free_port(), free_port()
     commands = {
-        "job-service": ([sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
-                         "--port", str(job_port)], job_port),
-        "worker-pool": ([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                         "--service_port", str(pool_port)], pool_port),
+        "job-service": (
+            [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", "--port", str(job_port)],
+            job_port,
+        ),
+        "worker-pool": (
+            [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main", "--service_port", str(pool_port)],
+            pool_port,
+        ),
     }
     processes = []
     try:
@@ -64,8 +72,11 @@ def portable_services(tmp_path_factory):
                 process = subprocess.Popen(command, cwd=str(logs), env=env, stdout=log, stderr=subprocess.STDOUT)
             processes.append(process)
             wait_for_port(port, process, log_path)
-        yield {"job_endpoint": f"{LOOPBACK}:{job_port}", "environment_type": "EXTERNAL",
-               "environment_config": f"{LOOPBACK}:{pool_port}"}
+        yield {
+            "job_endpoint": f"{LOOPBACK}:{job_port}",
+            "environment_type": "EXTERNAL",
+            "environment_config": f"{LOOPBACK}:{pool_port}",
+        }
     finally:
         for process in processes:
             process.terminate()
@@ -77,15 +88,22 @@ def portable_services(tmp_path_factory):
                 process.wait()
 
 
-def test_a_job_through_the_portable_runner_commits_its_outputs_and_summary(portable_services, tiny_checkpoint_dir,
-                                                                           tmp_path):
-    docs = [{"id": f"d{i:02d}", "text": f"Document {i} is about worker pools and job services. " * (1 + i % 5)}
-            for i in range(30)]
+def test_a_job_through_the_portable_runner_commits_its_outputs_and_summary(
+    portable_services, tiny_checkpoint_dir, tmp_path
+):
+    docs = [
+        {"id": f"d{i:02d}", "text": f"Document {i} is about worker pools and job services. " * (1 + i % 5)}
+        for i in range(30)
+    ]
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in docs))
     out = str(tmp_path / "out")
-    cfg = job_config(str(corpus), out, tiny_checkpoint_dir,
-                     runner={"name": "PortableRunner", "progress_seconds": 0, "options": portable_services})
+    cfg = job_config(
+        str(corpus),
+        out,
+        tiny_checkpoint_dir,
+        runner={"name": "PortableRunner", "progress_seconds": 0, "options": portable_services},
+    )
     summary = run_job(cfg)
 
     with open(os.path.join(out, "summary.json")) as f:

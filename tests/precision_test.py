@@ -1,6 +1,7 @@
 """Reduced precision (models/precision.py) and its precision gate (models/precision_gate.py), on the tiny
 checkpoint: where bfloat16 is spent (the compiled HLO), int8 weights per channel, and a gate that refuses a
 precision that fails it, naming the gate."""
+
 from __future__ import annotations
 
 import collections
@@ -11,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import TEST_BATCHING
+
 from docbeam import attention
 from docbeam.models import checkpoint, encoder, precision, precision_gate
 
@@ -100,8 +101,9 @@ def test_reduced_precisions_stay_close_to_float32_on_the_tiny_model(tiny_checkpo
     ids, lengths = inputs(3, 24)
     f32 = valid_rows(ours_hidden(tiny_checkpoint_dir, ids, lengths), lengths)
     for dtype in ("bfloat16", "int8"):
-        cos = precision_gate.cosines(valid_rows(ours_hidden(tiny_checkpoint_dir, ids, lengths, dtype=dtype), lengths),
-                                     f32)
+        cos = precision_gate.cosines(
+            valid_rows(ours_hidden(tiny_checkpoint_dir, ids, lengths, dtype=dtype), lengths), f32
+        )
         assert cos.min() > 0.99, dtype
 
 
@@ -186,13 +188,19 @@ def outlier_checkpoint(tiny_checkpoint_dir, tmp_path_factory):
 def gate_run(gate_input, output, checkpoint_dir, **model):
     """``docbeam run`` on the gate's input, the tiny model's batching, ``model`` keys set, from a YAML file."""
     import yaml
-
     from cli_runner import run_docbeam
 
     config = output.parent / "job.yaml"
-    config.write_text(yaml.safe_dump({"input": {"path": gate_input}, "output": {"path": str(output)},
-                                      "model": {"path": checkpoint_dir, **model},
-                                      "batching": TEST_BATCHING}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "input": {"path": gate_input},
+                "output": {"path": str(output)},
+                "model": {"path": checkpoint_dir, **model},
+                "batching": TEST_BATCHING,
+            }
+        )
+    )
     return run_docbeam("run", "--config", str(config))
 
 
@@ -207,16 +215,18 @@ def test_a_run_in_bfloat16_that_passes_its_gate_records_the_figures(gate_input, 
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
-def test_a_run_in_a_precision_that_fails_its_gate_is_refused_naming_the_gate(gate_input, outlier_checkpoint,
-                                                                              tmp_path, dtype):
+def test_a_run_in_a_precision_that_fails_its_gate_is_refused_naming_the_gate(
+    gate_input, outlier_checkpoint, tmp_path, dtype
+):
     result = gate_run(gate_input, tmp_path / "out", outlier_checkpoint, dtype=dtype)
     assert result.returncode == 2, result.stderr
     assert re.search(rf"model.dtype: {dtype} fails the precision gate \(recall@10 0.9[0-7]\d+ < 0.98", result.stderr)
     assert not (tmp_path / "out").exists()  # refused at start: nothing written, no lock taken
 
 
-def test_under_warn_a_failing_precision_runs_and_the_summary_says_which_gate_failed(gate_input, outlier_checkpoint,
-                                                                                    tmp_path):
+def test_under_warn_a_failing_precision_runs_and_the_summary_says_which_gate_failed(
+    gate_input, outlier_checkpoint, tmp_path
+):
     result = gate_run(gate_input, tmp_path / "out", outlier_checkpoint, dtype="int8", precision_gate="warn")
     assert result.returncode == 0, result.stderr
     summary = json.load(open(tmp_path / "out" / "summary.json"))
@@ -227,9 +237,11 @@ def test_under_warn_a_failing_precision_runs_and_the_summary_says_which_gate_fai
     assert summary["docs_embedded"] == 60
 
 
-def test_validate_verify_says_what_run_would_and_off_is_recorded_as_not_run(gate_input, outlier_checkpoint,
-                                                                           tiny_checkpoint_dir, tmp_path):
+def test_validate_verify_says_what_run_would_and_off_is_recorded_as_not_run(
+    gate_input, outlier_checkpoint, tiny_checkpoint_dir, tmp_path
+):
     from conftest import job_config
+
     from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.driver.plan import make_plan
     from docbeam.pipeline.tools.validate import validation_report
@@ -238,14 +250,22 @@ def test_validate_verify_says_what_run_would_and_off_is_recorded_as_not_run(gate
     with pytest.raises(precision.PrecisionRefused, match=r"int8 fails the precision gate \(recall@10"):
         validation_report(cfg, verify=True)
     assert "precision gate" not in validation_report(cfg)  # only --verify measures
-    warn = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
-                      model={"dtype": "int8", "precision_gate": "warn"})
-    assert re.search(r"# precision gate \(60 documents\): int8 vs float32 over \d+ vectors: .*FAILS recall@10",
-                     validation_report(warn, verify=True))
-    off = job_config(gate_input, str(tmp_path / "out"), outlier_checkpoint,
-                     model={"dtype": "int8", "precision_gate": "off"})
-    assert precision_gate_at_start.gate_record(make_plan(off)) == {"dtype": "int8", "mode": "off", "status": "not run",
-                                                        "reason": "model.precision_gate: off"}
+    warn = job_config(
+        gate_input, str(tmp_path / "out"), outlier_checkpoint, model={"dtype": "int8", "precision_gate": "warn"}
+    )
+    assert re.search(
+        r"# precision gate \(60 documents\): int8 vs float32 over \d+ vectors: .*FAILS recall@10",
+        validation_report(warn, verify=True),
+    )
+    off = job_config(
+        gate_input, str(tmp_path / "out"), outlier_checkpoint, model={"dtype": "int8", "precision_gate": "off"}
+    )
+    assert precision_gate_at_start.gate_record(make_plan(off)) == {
+        "dtype": "int8",
+        "mode": "off",
+        "status": "not run",
+        "reason": "model.precision_gate: off",
+    }
     f32 = job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir)
     assert precision_gate_at_start.checked(make_plan(f32)).precision_gate is None  # float32 is the reference
 
@@ -254,6 +274,7 @@ def test_the_gate_is_not_run_where_the_encoder_runs_elsewhere_and_says_so(gate_i
     import dataclasses
 
     from conftest import job_config
+
     from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.driver.plan import make_plan
 
@@ -261,15 +282,17 @@ def test_the_gate_is_not_run_where_the_encoder_runs_elsewhere_and_says_so(gate_i
     plan = dataclasses.replace(make_plan(cfg), platform="tpu", checked=False)
     record = precision_gate_at_start.gate_record(plan)
     assert record["status"] == "not run"
-    assert record["reason"] == ("the encoder runs on tpu, not on this machine; run `docbeam validate --verify` on a "
-                                "tpu machine")
+    assert record["reason"] == (
+        "the encoder runs on tpu, not on this machine; run `docbeam validate --verify` on a tpu machine"
+    )
 
 
 def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_checkpoint_dir):
     config = checkpoint.open_checkpoint(tiny_checkpoint_dir, "int8").config
     assert {case.dtype for case in encoder.attention_cases(config, [32], "cpu")} == {"float32"}
-    with pytest.raises(precision.PrecisionRefused, match="model.dtype: int8 is refused on gpu: .*use one of float32, "
-                                                         "bfloat16$"):
+    with pytest.raises(
+        precision.PrecisionRefused, match="model.dtype: int8 is refused on gpu: .*use one of float32, bfloat16$"
+    ):
         encoder.attention_cases(config, [32], "gpu")
     bf16 = checkpoint.open_checkpoint(tiny_checkpoint_dir, "bfloat16").config
     assert {case.dtype for case in encoder.attention_cases(bf16, [32], "gpu")} == {"bfloat16"}
@@ -277,6 +300,7 @@ def test_int8_is_refused_off_cpu_naming_the_platform_and_what_runs_there(tiny_ch
 
 def test_the_gate_reads_the_first_documents_of_the_input_and_no_further(gate_input, tmp_path, monkeypatch):
     from conftest import job_config
+
     from docbeam.pipeline.driver import precision_gate_at_start
     from docbeam.pipeline.records import Document
     from docbeam.pipeline.stages import read

@@ -3,6 +3,7 @@ buckets and the backend and kernel of every bucket. The plan the driver resolves
 line, so a comment cannot outlive a change of the code under it (a kernel that starts taking segment ids turns
 packing on and can move a bucket to another kernel); the README's backend table names the kernels the
 accelerator profiles run. Each profile also plans, without refusal, on each of cpu, gpu and tpu."""
+
 from __future__ import annotations
 
 import os
@@ -15,19 +16,28 @@ from docbeam.pipeline.driver.plan import make_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROFILES = ("local", "dataflow_cpu", "dataflow_gpu", "dataflow_tpu", "dataflow_tpu_v6e")
-PLAN_LINE = re.compile(r"^# plan: (?P<device>\w+), (?P<rows>packed|unpacked), buckets \[(?P<buckets>[\d, ]+)\] "
-                       r"-> (?P<backend>\w+): (?P<kernel>.+)$", re.M)
+PLAN_LINE = re.compile(
+    r"^# plan: (?P<device>\w+), (?P<rows>packed|unpacked), buckets \[(?P<buckets>[\d, ]+)\] "
+    r"-> (?P<backend>\w+): (?P<kernel>.+)$",
+    re.M,
+)
 # How the README's backend table spells the kernels the accelerator profiles run.
 README_NAMES = {"jax.nn.dot_product_attention[cudnn]": "cuDNN", "pallas.tpu.flash_attention": "Pallas flash"}
 
 
 def stated_plan(text: str) -> dict:
     found = PLAN_LINE.findall(text)
-    assert len(found) == 1, "a profile has exactly one '# plan: <device>, packed|unpacked, buckets [..] -> " \
-                            "<backend>: <kernel>' line"
+    assert len(found) == 1, (
+        "a profile has exactly one '# plan: <device>, packed|unpacked, buckets [..] -> <backend>: <kernel>' line"
+    )
     device, rows, buckets, backend, kernel = found[0]
-    return {"device": device, "packed": rows == "packed", "buckets": [int(b) for b in buckets.split(",")],
-            "backend": backend, "kernel": kernel.strip()}
+    return {
+        "device": device,
+        "packed": rows == "packed",
+        "buckets": [int(b) for b in buckets.split(",")],
+        "backend": backend,
+        "kernel": kernel.strip(),
+    }
 
 
 def resolved_plan(path: str, sets: list[str] = ()) -> dict:
@@ -35,9 +45,15 @@ def resolved_plan(path: str, sets: list[str] = ()) -> dict:
     plan = make_plan(cfg, probe_backends=False, for_input=False, for_output=False)
     kernels = {(c.backend, c.kernel) for c in plan.choices}
     assert len(kernels) == 1, f"{path}: its buckets run different kernels {sorted(kernels)}; one plan line per profile"
-    (backend, kernel), = kernels
-    return {"device": cfg.runner.device, "packed": plan.packing, "buckets": [c.case.seq_len for c in plan.choices],
-            "backend": backend, "kernel": kernel, "platform": plan.platform}
+    ((backend, kernel),) = kernels
+    return {
+        "device": cfg.runner.device,
+        "packed": plan.packing,
+        "buckets": [c.case.seq_len for c in plan.choices],
+        "backend": backend,
+        "kernel": kernel,
+        "platform": plan.platform,
+    }
 
 
 def profile(name: str) -> str:

@@ -1,6 +1,7 @@
 """Prompts: a checkpoint's config_sentence_transformers.json prompts reach every window, as sentence-transformers
 applies them (held to its vectors through `docbeam run`); model.prompt picks another, a literal or none; the
 prompt is part of the reuse key and the content hash; what docbeam cannot reproduce is refused (exit 2)."""
+
 from __future__ import annotations
 
 import glob
@@ -12,19 +13,21 @@ import subprocess
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from cli_runner import run_docbeam
 from conftest import SAMPLE, write_tiny_checkpoint
+
+from docbeam.config import ModelConfig, TokenizeConfig
 from docbeam.models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
 from docbeam.models.st_settings import document_prompt
-from docbeam.config import ModelConfig, TokenizeConfig
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import content_hash, key_differences
 from docbeam.pipeline.stages.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents
 
 PROMPTS = {"query": "query: ", "document": "passage: "}
-MODULES = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-           {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+]
 DOCS = 120  # of the sample corpus, some longer than the window (truncated as sentence-transformers truncates)
 LONG = " ".join(f"Sentence {i} talks about beams, batches and buckets." for i in range(30))
 
@@ -65,14 +68,23 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def docbeam_run(tmp_path, model: str, *sets: str) -> subprocess.CompletedProcess:
     config, docs = tmp_path / "job.yaml", tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in sample_texts(DOCS).items()))
-    config.write_text(json.dumps({"input": {"path": str(docs)}, "output": {"path": str(tmp_path / "out")},
-                                  "model": {"path": model}, "tokenize": {"long_documents": "truncate"},
-                                  "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048}}))
+    config.write_text(
+        json.dumps(
+            {
+                "input": {"path": str(docs)},
+                "output": {"path": str(tmp_path / "out")},
+                "model": {"path": model},
+                "tokenize": {"long_documents": "truncate"},
+                "batching": {"buckets": [32, 64, 128], "tokens_per_batch": 2048},
+            }
+        )
+    )
     args = [a for s in sets for a in ("--set", s)]
     return run_docbeam("run", "--config", str(config), *args, cwd=tmp_path)
 
 
 # --- which prompt ---------------------------------------------------------------------------------------------
+
 
 def test_auto_is_the_prompt_sentence_transformers_encode_document_applies(prompted_checkpoint):
     from sentence_transformers import SentenceTransformer
@@ -84,23 +96,37 @@ def test_auto_is_the_prompt_sentence_transformers_encode_document_applies(prompt
     np.testing.assert_allclose(model.encode_document(texts), model.encode(texts, prompt="passage: "), atol=1e-6)
 
 
-@pytest.mark.parametrize("prompts, default, expected", [
-    ({"query": "q: ", "passage": "p: "}, None, "p: "),       # e5: passage
-    ({"query": "q: ", "corpus": "c: "}, "query", "c: "),     # a named document prompt wins over the default
-    ({"query": "q: ", "classification": "k: "}, "classification", "k: "),  # else default_prompt_name
-    ({"query": "q: "}, None, None),                           # a query prompt alone is not for documents
-    ({"document": ""}, "document", None),                     # an empty prompt is none
-])
+@pytest.mark.parametrize(
+    "prompts, default, expected",
+    [
+        ({"query": "q: ", "passage": "p: "}, None, "p: "),  # e5: passage
+        ({"query": "q: ", "corpus": "c: "}, "query", "c: "),  # a named document prompt wins over the default
+        ({"query": "q: ", "classification": "k: "}, "classification", "k: "),  # else default_prompt_name
+        ({"query": "q: "}, None, None),  # a query prompt alone is not for documents
+        ({"document": ""}, "document", None),  # an empty prompt is none
+    ],
+)
 def test_auto_follows_encode_documents_rule(tmp_path, prompts, default, expected):
     folder = add_sentence_transformers_files(str(tmp_path), {"prompts": prompts, "default_prompt_name": default})
     with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump({"model_type": "bert", "vocab_size": 100, "hidden_size": 32, "num_hidden_layers": 1,
-                   "num_attention_heads": 2, "intermediate_size": 64}, f)
+        json.dump(
+            {
+                "model_type": "bert",
+                "vocab_size": 100,
+                "hidden_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 64,
+            },
+            f,
+        )
     assert document_prompt(open_checkpoint(folder).settings, "auto", folder) == expected
 
 
-@pytest.mark.parametrize("choice, expected", [
-    ("query", "query: "), ({"text": "search_document: "}, "search_document: "), (None, None), ("auto", "passage: ")])
+@pytest.mark.parametrize(
+    "choice, expected",
+    [("query", "query: "), ({"text": "search_document: "}, "search_document: "), (None, None), ("auto", "passage: ")],
+)
 def test_model_prompt_names_a_prompt_gives_a_text_or_none(prompted_checkpoint, choice, expected):
     settings = open_checkpoint(prompted_checkpoint).settings
     assert document_prompt(settings, ModelConfig(prompt=choice).prompt, prompted_checkpoint) == expected
@@ -118,8 +144,9 @@ def test_include_prompt_false_is_refused_when_a_prompt_applies(tmp_path, tiny_ch
 
     folder = str(tmp_path / "instructor")
     shutil.copytree(tiny_checkpoint_dir, folder)
-    add_sentence_transformers_files(folder, {"prompts": PROMPTS},
-                                    {"embedding_dimension": 32, "pooling_mode": "mean", "include_prompt": False})
+    add_sentence_transformers_files(
+        folder, {"prompts": PROMPTS}, {"embedding_dimension": 32, "pooling_mode": "mean", "include_prompt": False}
+    )
     settings = open_checkpoint(folder).settings
     with pytest.raises(CheckpointError, match="sets include_prompt: false"):
         document_prompt(settings, "auto", folder)
@@ -128,26 +155,35 @@ def test_include_prompt_false_is_refused_when_a_prompt_applies(tmp_path, tiny_ch
 
 # --- where it goes --------------------------------------------------------------------------------------------
 
+
 def doc(doc_id: str, text: str) -> Document:
     return Document(id=doc_id, text=text, source="in.jsonl", line=1)
 
 
 def test_the_first_window_is_exactly_the_prompted_text_as_sentence_transformers_truncates_it(tokenizer):
     for text, window_len in ((LONG, 32), ("A short text.", 32)):
-        first = tokenize_documents([doc("d", text)], tokenizer, window_len=window_len,
-                                   config=TokenizeConfig(stride=8), prompt="passage: ")[0][0]
-        assert first.token_ids.tolist() == tokenizer("passage: " + text, max_length=window_len,
-                                                      truncation=True)["input_ids"]
+        first = tokenize_documents(
+            [doc("d", text)], tokenizer, window_len=window_len, config=TokenizeConfig(stride=8), prompt="passage: "
+        )[0][0]
+        assert (
+            first.token_ids.tolist()
+            == tokenizer("passage: " + text, max_length=window_len, truncation=True)["input_ids"]
+        )
 
 
 def test_every_window_starts_with_the_prompt_and_counts_only_the_documents_tokens(tokenizer):
     prompt = prompt_token_ids(tokenizer, "passage: ")
     assert len(prompt) == 2
-    windows, _ = tokenize_documents([doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=8),
-                                    prompt="passage: ")
+    windows, _ = tokenize_documents(
+        [doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=8), prompt="passage: "
+    )
     assert len(windows) > 2 and all(w.length <= 32 for w in windows)
-    assert all(tuple(w.token_ids[1:3]) == prompt and w.token_ids[0] == tokenizer.cls_token_id
-               and w.token_ids[-1] == tokenizer.sep_token_id for w in windows)
+    assert all(
+        tuple(w.token_ids[1:3]) == prompt
+        and w.token_ids[0] == tokenizer.cls_token_id
+        and w.token_ids[-1] == tokenizer.sep_token_id
+        for w in windows
+    )
     own = tokenizer(LONG, add_special_tokens=False)["input_ids"]
     contents = [w.token_ids[3:-1].tolist() for w in windows]
     assert contents[0] + [t for c in contents[1:] for t in c[8:]] == own  # overlap by stride, nothing lost
@@ -168,20 +204,23 @@ def test_windows_are_cut_as_the_tokenizers_own_overflow_cuts_them(tokenizer, win
 
 def test_a_prompt_that_merges_with_the_text_is_kept_in_the_first_window_only(tokenizer):
     # "pass" + "age ..." tokenizes as "passage": the prompt's tokens cannot be repeated apart from the text.
-    windows, _ = tokenize_documents([doc("d", "age " + LONG)], tokenizer, window_len=32,
-                                    config=TokenizeConfig(stride=8), prompt="pass")
+    windows, _ = tokenize_documents(
+        [doc("d", "age " + LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=8), prompt="pass"
+    )
     assert windows[0].token_ids.tolist() == tokenizer("passage " + LONG, max_length=32, truncation=True)["input_ids"]
     contents = [w.token_ids[1:-1].tolist() for w in windows]
     assert len(windows) > 2 and all(w.length <= 32 for w in windows)
-    assert contents[0] + [t for c in contents[1:] for t in c[8:]] == tokenizer(
-        "passage " + LONG, add_special_tokens=False)["input_ids"]  # the later windows are the text's alone
+    assert (
+        contents[0] + [t for c in contents[1:] for t in c[8:]]
+        == tokenizer("passage " + LONG, add_special_tokens=False)["input_ids"]
+    )  # the later windows are the text's alone
 
 
 def test_the_prompts_tokens_count_against_the_stride_check(tokenizer):
     with pytest.raises(ValueError, match=r"tokenize\.stride=28 .* \(28 tokens for window 32\)"):
-        tokenize_documents([doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=28),
-                           prompt="passage: ")
-
+        tokenize_documents(
+            [doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=28), prompt="passage: "
+        )
 
 
 LONG_PROMPT = "Represent this passage, with all of its many words, for retrieval: " * 8  # > 32 tokens
@@ -189,8 +228,9 @@ LONG_PROMPT = "Represent this passage, with all of its many words, for retrieval
 
 def test_a_prompt_that_fills_the_window_is_refused_naming_the_prompt_and_the_window(tokenizer):
     with pytest.raises(ValueError) as refused:
-        tokenize_documents([doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=8),
-                           prompt=LONG_PROMPT)
+        tokenize_documents(
+            [doc("d", LONG)], tokenizer, window_len=32, config=TokenizeConfig(stride=8), prompt=LONG_PROMPT
+        )
     message = str(refused.value)
     assert "model.prompt" in message and "window of 32 tokens" in message and "model.max_seq_len" in message
     assert "tokenize.stride" not in message
@@ -198,17 +238,24 @@ def test_a_prompt_that_fills_the_window_is_refused_naming_the_prompt_and_the_win
 
 def test_a_job_whose_prompt_fills_the_window_is_refused_at_start_about_the_prompt(tiny_checkpoint_dir, tmp_path):
     from conftest import job_config
+
     from docbeam.config import ConfigError
     from docbeam.pipeline.driver.run import run_job
 
     (tmp_path / "in.jsonl").write_text('{"id": "a", "text": "hello"}\n')
-    cfg = job_config(str(tmp_path / "in.jsonl"), str(tmp_path / "out"), tiny_checkpoint_dir,
-                     model={"prompt": {"text": LONG_PROMPT * 3}})  # ~ 390 tokens for a window of 128
+    cfg = job_config(
+        str(tmp_path / "in.jsonl"),
+        str(tmp_path / "out"),
+        tiny_checkpoint_dir,
+        model={"prompt": {"text": LONG_PROMPT * 3}},
+    )  # ~ 390 tokens for a window of 128
     with pytest.raises(ConfigError, match=r"model\.prompt.*window of 128 tokens") as refused:
         run_job(cfg)
     assert "stride" not in str(refused.value) and not (tmp_path / "out").exists()
 
+
 # --- what it changes ------------------------------------------------------------------------------------------
+
 
 def test_the_prompt_is_part_of_the_content_hash_and_no_prompt_hashes_as_before():
     import hashlib
@@ -219,26 +266,41 @@ def test_the_prompt_is_part_of_the_content_hash_and_no_prompt_hashes_as_before()
 
 
 def test_a_changed_prompt_is_a_reuse_key_difference():
-    before = {"weights_digest": "w", "tokenizer_digest": "t", "window_len": 128, "stride": 32,
-              "long_documents": "window", "pooling": "mean", "normalize": False, "dtype": "float32"}
+    before = {
+        "weights_digest": "w",
+        "tokenizer_digest": "t",
+        "window_len": 128,
+        "stride": 32,
+        "long_documents": "window",
+        "pooling": "mean",
+        "normalize": False,
+        "dtype": "float32",
+    }
     assert key_differences(before, {**before, "prompt": None}) == []  # a run before prompts embedded with none
     assert key_differences({**before, "prompt": None}, {**before, "prompt": "passage: "}) == [
-        "prompt: None then, 'passage: ' now"]
+        "prompt: None then, 'passage: ' now"
+    ]
 
 
 # --- through docbeam run --------------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sets, reference", [
-    ((), {"prompt_name": "document"}),
-    # A named prompt and a text reach the run as the text the tests above resolve them to; each whole run again:
-    pytest.param(("model.prompt=query",), {"prompt_name": "query"}, marks=pytest.mark.extra),
-    pytest.param(('model.prompt={text: "search_document: "}',), {"prompt": "search_document: "},
-                 marks=pytest.mark.extra),
-    (("model.prompt=null",), {"prompt": ""}),
-])
-def test_docbeam_run_gives_sentence_transformers_vectors_with_the_prompt(prompted_checkpoint, tmp_path, sets,
-                                                                          reference):
+@pytest.mark.parametrize(
+    "sets, reference",
+    [
+        ((), {"prompt_name": "document"}),
+        # A named prompt and a text reach the run as the text the tests above resolve them to; each whole run again:
+        pytest.param(("model.prompt=query",), {"prompt_name": "query"}, marks=pytest.mark.extra),
+        pytest.param(
+            ('model.prompt={text: "search_document: "}',), {"prompt": "search_document: "}, marks=pytest.mark.extra
+        ),
+        (("model.prompt=null",), {"prompt": ""}),
+    ],
+)
+def test_docbeam_run_gives_sentence_transformers_vectors_with_the_prompt(
+    prompted_checkpoint, tmp_path, sets, reference
+):
     from sentence_transformers import SentenceTransformer
 
     result = docbeam_run(tmp_path, prompted_checkpoint, *sets)
@@ -252,16 +314,20 @@ def test_docbeam_run_gives_sentence_transformers_vectors_with_the_prompt(prompte
     ours = np.array([rows[i]["embedding"] for i in ids], np.float32)
     assert cosines(ours, expected).min() >= 0.99999
     # The test can fail: without (or with another) prompt the vectors are measurably other vectors.
-    other = model.encode([texts[i] for i in ids[:50]], batch_size=64, prompt="" if sets != ("model.prompt=null",)
-                         else "passage: ")
+    other = model.encode(
+        [texts[i] for i in ids[:50]], batch_size=64, prompt="" if sets != ("model.prompt=null",) else "passage: "
+    )
     assert cosines(ours[:50], other).min() < 0.9999
 
 
-@pytest.mark.parametrize("change, named", [
-    ({"sets": ("model.prompt=passage",)}, "model.prompt: 'passage' is not a prompt of this checkpoint"),
-    ({"st": {"prompts": PROMPTS, "truncate_dim": 64}}, "model.truncate_dim: 64 (auto, from"),
-    ({"pooling": {"pooling_mode": "mean", "include_prompt": False}}, "config.json sets include_prompt: false"),
-])
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"sets": ("model.prompt=passage",)}, "model.prompt: 'passage' is not a prompt of this checkpoint"),
+        ({"st": {"prompts": PROMPTS, "truncate_dim": 64}}, "model.truncate_dim: 64 (auto, from"),
+        ({"pooling": {"pooling_mode": "mean", "include_prompt": False}}, "config.json sets include_prompt: false"),
+    ],
+)
 def test_an_unknown_prompt_or_an_unsupported_setting_exits_2_naming_it(prompted_checkpoint, tmp_path, change, named):
     import shutil
 

@@ -2,6 +2,7 @@
 exactly once per Python (3.11 keeps the last jax for it, 3.12 and 3.13 take the lent GPU image's), and every pin
 of pyproject.toml (the extras' too) resolves to wheels for 3.12 and 3.13, which these machines can only ask the
 registry about (``pip install --dry-run --python-version``), not install."""
+
 from __future__ import annotations
 
 import json
@@ -11,10 +12,9 @@ import sys
 import tomllib
 
 import pytest
+from conftest import REPO
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-
-from conftest import REPO
 
 PYTHONS = ("3.11", "3.12", "3.13")
 # apache-beam[gcp] 2.77 pins google-apitools below 0.5.32, and 0.5.31 is published as a source archive only:
@@ -31,8 +31,11 @@ def requirements(python: str) -> list[Requirement]:
     """The dependencies and the extras that hold on ``python`` (their environment markers evaluated for it)."""
     lines = project()["dependencies"] + [r for extra in project()["optional-dependencies"].values() for r in extra]
     found = [Requirement(line) for line in lines]
-    return [r for r in found if r.marker is None or r.marker.evaluate({"python_version": python,
-                                                                        "python_full_version": f"{python}.0"})]
+    return [
+        r
+        for r in found
+        if r.marker is None or r.marker.evaluate({"python_version": python, "python_full_version": f"{python}.0"})
+    ]
 
 
 def exact_pins(python: str = "3.11") -> dict[str, str]:
@@ -42,8 +45,9 @@ def exact_pins(python: str = "3.11") -> dict[str, str]:
         [spec] = requirement.specifier
         assert spec.operator == "==", f"pyproject.toml: {requirement} is not an exact pin; pin it with =="
         name = requirement.name.lower().replace("_", "-")
-        assert found.get(name, spec.version) == spec.version, \
+        assert found.get(name, spec.version) == spec.version, (
             f"pyproject.toml: {name} is pinned to {found[name]} and {spec.version} for Python {python}; keep one"
+        )
         found[name] = spec.version
     return found
 
@@ -71,11 +75,14 @@ def test_the_classifiers_name_each_admitted_python():
 def wheel_tags_fit(filename: str, python: str) -> bool:
     """Whether a wheel's file name says it runs on CPython ``python`` (its own cpXY, the stable ABI from an
     earlier one, or pure Python)."""
-    python_tag, abi_tag = filename[:-len(".whl")].split("-")[-3:-1]
+    python_tag, abi_tag = filename[: -len(".whl")].split("-")[-3:-1]
     minor = int(python.split(".")[1])
     tags = python_tag.split(".")
-    return f"cp3{minor}" in tags or "py3" in tags or (
-        abi_tag == "abi3" and any(t.startswith("cp3") and int(t[3:]) <= minor for t in tags))
+    return (
+        f"cp3{minor}" in tags
+        or "py3" in tags
+        or (abi_tag == "abi3" and any(t.startswith("cp3") and int(t[3:]) <= minor for t in tags))
+    )
 
 
 def test_the_tag_check_tells_a_wheel_for_another_python():
@@ -91,17 +98,51 @@ def wheels(tmp_path_factory) -> str:
     """docbeam's own wheel and the source-only pins built into wheels, in one folder pip is pointed at."""
     folder = str(tmp_path_factory.mktemp("wheels"))
     for what in (REPO, *SOURCE_ONLY):
-        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-                                "--wheel-dir", folder, what], capture_output=True, text=True, timeout=600)
+        built = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--quiet",
+                "--wheel-dir",
+                folder,
+                what,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert built.returncode == 0, built.stderr[-3000:]
     return folder
 
 
 def pip_dry_run(python: str, wheels: str, report, *requirements: str, no_deps: bool = False):
-    return subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed",
-                           "--only-binary=:all:", "--python-version", python, "--find-links", wheels, "--quiet",
-                           "--report", str(report), *(["--no-deps"] if no_deps else []), *requirements],
-                          capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--find-links",
+            wheels,
+            "--quiet",
+            "--report",
+            str(report),
+            *(["--no-deps"] if no_deps else []),
+            *requirements,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow
@@ -116,9 +157,15 @@ def test_every_pin_resolves_to_wheels_for(python, wheels, tmp_path):
     admitted = pip_dry_run(python, wheels, tmp_path / "ours.json", os.path.join(wheels, ours), no_deps=True)
     assert admitted.returncode == 0, admitted.stderr[-4000:]
     report = tmp_path / "report.json"
-    result = pip_dry_run(python, wheels, report, *(f"{r.name}{r.specifier}" if not r.extras else
-                                                   f"{r.name}[{','.join(sorted(r.extras))}]{r.specifier}"
-                                                   for r in requirements(python)))
+    result = pip_dry_run(
+        python,
+        wheels,
+        report,
+        *(
+            f"{r.name}{r.specifier}" if not r.extras else f"{r.name}[{','.join(sorted(r.extras))}]{r.specifier}"
+            for r in requirements(python)
+        ),
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     install = json.loads(report.read_text())["install"]
     resolved = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in install}

@@ -1,4 +1,5 @@
 """pipeline/stages/decompress.py: every compression Beam knows is read whole, and a file cut short keeps the lines before the cut and becomes one truncated record."""
+
 from __future__ import annotations
 
 import bz2
@@ -8,9 +9,9 @@ import random
 import zlib
 
 import zstandard
+from read_inputs_test import jsonl, read_and_check
 
 from docbeam.config import InputConfig
-from read_inputs_test import jsonl, read_and_check
 
 
 def test_a_truncated_gzip_keeps_every_complete_line_before_the_damage_and_reports_it_once(tmp_path):
@@ -22,18 +23,26 @@ def test_a_truncated_gzip_keeps_every_complete_line_before_the_damage_and_report
     complete = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(cut).count(b"\n")  # lines fully before the cut
     assert 3 <= complete < 10
 
-    read_and_check(InputConfig(path=str(tmp_path / "cut.jsonl.gz")), ids=[f"t{i}" for i in range(complete)],
-                   rejected=[("cut.jsonl.gz", None, "truncated_file",
-                              f"breaks after line {complete}; the records before it were kept")],
-                   docs_read=complete + 1)
+    read_and_check(
+        InputConfig(path=str(tmp_path / "cut.jsonl.gz")),
+        ids=[f"t{i}" for i in range(complete)],
+        rejected=[
+            ("cut.jsonl.gz", None, "truncated_file", f"breaks after line {complete}; the records before it were kept")
+        ],
+        docs_read=complete + 1,
+    )
 
 
 def test_a_truncated_gzip_text_file_is_one_truncated_record(tmp_path):
     data = gzip.compress(random.Random(0).randbytes(200_000).hex().encode())
     (tmp_path / "cut.txt.gz").write_bytes(data[: len(data) // 2])
 
-    read_and_check(InputConfig(path=str(tmp_path / "cut.txt.gz")), ids=[], rejected=[
-        ("cut.txt.gz", None, "truncated_file", "the text is incomplete and was not kept")], docs_read=1)
+    read_and_check(
+        InputConfig(path=str(tmp_path / "cut.txt.gz")),
+        ids=[],
+        rejected=[("cut.txt.gz", None, "truncated_file", "the text is incomplete and was not kept")],
+        docs_read=1,
+    )
 
 
 # Every compression Beam reads (apache_beam.io.filesystem.CompressionTypes): suffix → (compress, a decompressor
@@ -42,8 +51,10 @@ COMPRESSIONS = {
     ".gz": (gzip.compress, lambda: zlib.decompressobj(16 + zlib.MAX_WBITS)),
     ".bz2": (bz2.compress, bz2.BZ2Decompressor),
     ".deflate": (zlib.compress, zlib.decompressobj),
-    ".zst": (lambda data: zstandard.ZstdCompressor().compress(data),
-             lambda: zstandard.ZstdDecompressor().decompressobj()),
+    ".zst": (
+        lambda data: zstandard.ZstdCompressor().compress(data),
+        lambda: zstandard.ZstdDecompressor().decompressobj(),
+    ),
     ".xz": (lzma.compress, lzma.LZMADecompressor),
     ".lzma": (lambda data: lzma.compress(data, format=lzma.FORMAT_ALONE), lzma.LZMADecompressor),
 }
@@ -52,8 +63,10 @@ COMPRESSIONS = {
 def test_every_compression_beam_knows_is_covered():
     from apache_beam.io.filesystem import CompressionTypes
 
-    known = {CompressionTypes.detect_compression_type(f"a{suffix}") for suffix in (".bz2", ".deflate", ".gz", ".zst",
-                                                                                    ".zstd", ".xz", ".lzma")}
+    known = {
+        CompressionTypes.detect_compression_type(f"a{suffix}")
+        for suffix in (".bz2", ".deflate", ".gz", ".zst", ".zstd", ".xz", ".lzma")
+    }
     assert known == {CompressionTypes.detect_compression_type(f"a{suffix}") for suffix in COMPRESSIONS}
 
 
@@ -62,18 +75,28 @@ def test_a_truncated_file_in_every_compression_keeps_the_lines_before_the_cut_an
     ids, rejected = [], []
     for n, (suffix, (compress, partial)) in enumerate(COMPRESSIONS.items()):
         # Incompressible 8 kB lines: the cut at 60 % falls inside the data (for bz2, inside its first block).
-        stored = compress(b"".join(b'{"id": "%d-t%d", "text": "%s"}\n' % (n, i, rng.randbytes(4_000).hex().encode())
-                                   for i in range(25)))
+        stored = compress(
+            b"".join(
+                b'{"id": "%d-t%d", "text": "%s"}\n' % (n, i, rng.randbytes(4_000).hex().encode()) for i in range(25)
+            )
+        )
         cut = stored[: len(stored) * 6 // 10]
         (tmp_path / f"cut.jsonl{suffix}").write_bytes(cut)
         complete = partial().decompress(cut).count(b"\n")
         assert complete < 25
         ids += [f"{n}-t{i}" for i in range(complete)]
-        rejected.append((f"cut.jsonl{suffix}", None, "truncated_file",
-                         f"breaks after line {complete}; the records before it were kept"))
+        rejected.append(
+            (
+                f"cut.jsonl{suffix}",
+                None,
+                "truncated_file",
+                f"breaks after line {complete}; the records before it were kept",
+            )
+        )
 
-    read_and_check(InputConfig(path=f"{tmp_path}/*"), ids=ids, rejected=rejected,
-                   docs_read=len(ids) + len(COMPRESSIONS))
+    read_and_check(
+        InputConfig(path=f"{tmp_path}/*"), ids=ids, rejected=rejected, docs_read=len(ids) + len(COMPRESSIONS)
+    )
 
 
 def test_whole_files_and_streams_one_after_another_are_read_whole_in_every_compression(tmp_path):

@@ -1,4 +1,5 @@
 """pipeline/stages/read.py: every path the input patterns match is read once or becomes one Rejected, and never hangs."""
+
 from __future__ import annotations
 
 import bz2
@@ -37,8 +38,11 @@ def read_and_check(config: InputConfig, *, ids: list[str], rejected: list[tuple]
     with TestPipeline() as p:
         out = p | ReadDocuments(config)
         assert_that(out["documents"] | beam.Map(lambda d: d.id), equal_to(ids), label="DocumentIds")
-        assert_that(out["rejected"] | beam.Map(checked),
-                    equal_to([(name, line, kind, True) for name, line, kind, _ in rejected]), label="Rejected")
+        assert_that(
+            out["rejected"] | beam.Map(checked),
+            equal_to([(name, line, kind, True) for name, line, kind, _ in rejected]),
+            label="Rejected",
+        )
         assert_that(out["docs_read"], equal_to([docs_read]), label="DocsRead")
 
 
@@ -67,14 +71,19 @@ def run_unless_blocked_on(fifo: str, run, seconds: float = 30):
 
 # Files that must not be opened
 
+
 def test_a_fifo_matched_by_a_glob_becomes_a_record_and_the_job_ends(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(jsonl("a1"))
     fifo = str(tmp_path / "pipe.jsonl")
     os.mkfifo(fifo)
     config = InputConfig(path=f"{tmp_path}/*.jsonl")
 
-    run_unless_blocked_on(fifo, lambda: read_and_check(
-        config, ids=["a1"], rejected=[("pipe.jsonl", None, "not_regular_file", f"{fifo} is a FIFO")], docs_read=2))
+    run_unless_blocked_on(
+        fifo,
+        lambda: read_and_check(
+            config, ids=["a1"], rejected=[("pipe.jsonl", None, "not_regular_file", f"{fifo} is a FIFO")], docs_read=2
+        ),
+    )
 
 
 def test_broken_symlinks_and_symlink_loops_matched_by_a_glob_become_records(tmp_path):
@@ -84,12 +93,17 @@ def test_broken_symlinks_and_symlink_loops_matched_by_a_glob_become_records(tmp_
     os.symlink(tmp_path / "ping.jsonl", tmp_path / "pong.jsonl")
     os.symlink(tmp_path / "pong.jsonl", tmp_path / "ping.jsonl")
 
-    read_and_check(InputConfig(path=f"{tmp_path}/*.jsonl"), ids=["a1"], rejected=[
-        ("gone.jsonl", None, "broken_symlink", f"{tmp_path}/gone.jsonl is a symlink to"),
-        ("loop.jsonl", None, "symlink_loop", f"{tmp_path}/loop.jsonl is a symlink"),
-        ("ping.jsonl", None, "symlink_loop", f"{tmp_path}/ping.jsonl is a symlink"),
-        ("pong.jsonl", None, "symlink_loop", f"{tmp_path}/pong.jsonl is a symlink"),
-    ], docs_read=5)
+    read_and_check(
+        InputConfig(path=f"{tmp_path}/*.jsonl"),
+        ids=["a1"],
+        rejected=[
+            ("gone.jsonl", None, "broken_symlink", f"{tmp_path}/gone.jsonl is a symlink to"),
+            ("loop.jsonl", None, "symlink_loop", f"{tmp_path}/loop.jsonl is a symlink"),
+            ("ping.jsonl", None, "symlink_loop", f"{tmp_path}/ping.jsonl is a symlink"),
+            ("pong.jsonl", None, "symlink_loop", f"{tmp_path}/pong.jsonl is a symlink"),
+        ],
+        docs_read=5,
+    )
 
 
 def test_a_symlink_to_a_regular_file_is_read_and_a_folder_matched_by_a_glob_is_skipped(tmp_path):
@@ -110,8 +124,10 @@ def test_special_files_are_named_for_what_they_are(tmp_path):
     os.symlink("/dev/null", device)
     (tmp_path / "regular").write_text("x")
     try:
-        assert unopenable(str(fifo)) == ("not_regular_file", f"{fifo} is a FIFO (named pipe), not a regular file; "
-                                                              "it was not opened")
+        assert unopenable(str(fifo)) == (
+            "not_regular_file",
+            f"{fifo} is a FIFO (named pipe), not a regular file; it was not opened",
+        )
         assert unopenable(str(sock))[1].startswith(f"{sock} is a socket")
         assert unopenable(str(device))[1].startswith(f"{device} is a character device")
         assert unopenable(str(tmp_path / "regular")) is None
@@ -122,6 +138,7 @@ def test_special_files_are_named_for_what_they_are(tmp_path):
 
 # Matching
 
+
 def test_a_file_matched_by_overlapping_patterns_is_read_once(tmp_path):
     (tmp_path / "a.jsonl").write_bytes(jsonl("a1", "a2"))
     (tmp_path / "b.jsonl").write_bytes(jsonl("b1"))
@@ -130,8 +147,23 @@ def test_a_file_matched_by_overlapping_patterns_is_read_once(tmp_path):
     read_and_check(config, ids=["a1", "a2", "b1"], rejected=[], docs_read=3)
 
 
-@pytest.mark.parametrize("pattern", ["*", "*.jsonl", "**", "**.jsonl", "sub/*", "sub/**", "?.jsonl", "[ab].jsonl",
-                                     "a.jsonl", "sub/", "s*/c.jsonl", "nothing*"])
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "*",
+        "*.jsonl",
+        "**",
+        "**.jsonl",
+        "sub/*",
+        "sub/**",
+        "?.jsonl",
+        "[ab].jsonl",
+        "a.jsonl",
+        "sub/",
+        "s*/c.jsonl",
+        "nothing*",
+    ],
+)
 def test_local_matching_agrees_with_beams_on_regular_files(tmp_path, pattern):
     for name in ("a.jsonl", "b.txt", "sub/c.jsonl", "sub/deep/d.jsonl"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -142,24 +174,41 @@ def test_local_matching_agrees_with_beams_on_regular_files(tmp_path, pattern):
 
 # Damaged and marked files
 
-def test_a_line_json_cannot_parse_costs_that_line_and_never_the_rest_of_its_file(tmp_path):
-    (tmp_path / "a.jsonl").write_bytes(jsonl("a1") + b'{"id": "big", "n": ' + b"7" * 5000 + b"}\n" + jsonl("a2")
-                                       + b"[" * 200_000 + b"]" * 200_000 + b"\n" + jsonl("a3"))
 
-    read_and_check(InputConfig(path=str(tmp_path / "a.jsonl")), ids=["a1", "a2", "a3"], rejected=[
-        ("a.jsonl", 2, "malformed_json", "not parsed"), ("a.jsonl", 4, "malformed_json", "not parsed")],
-        docs_read=5)
+def test_a_line_json_cannot_parse_costs_that_line_and_never_the_rest_of_its_file(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(
+        jsonl("a1")
+        + b'{"id": "big", "n": '
+        + b"7" * 5000
+        + b"}\n"
+        + jsonl("a2")
+        + b"[" * 200_000
+        + b"]" * 200_000
+        + b"\n"
+        + jsonl("a3")
+    )
+
+    read_and_check(
+        InputConfig(path=str(tmp_path / "a.jsonl")),
+        ids=["a1", "a2", "a3"],
+        rejected=[("a.jsonl", 2, "malformed_json", "not parsed"), ("a.jsonl", 4, "malformed_json", "not parsed")],
+        docs_read=5,
+    )
 
 
 def test_lone_surrogates_in_ids_and_texts_are_rejected_as_invalid_text(tmp_path):
-    (tmp_path / "a.jsonl").write_bytes(jsonl("a1") + b'{"id": "s", "text": "x \\ud800 y"}\n'
-                                       + b'{"id": "\\udfff", "text": "fine"}\n' + jsonl("a2"))
+    (tmp_path / "a.jsonl").write_bytes(
+        jsonl("a1") + b'{"id": "s", "text": "x \\ud800 y"}\n' + b'{"id": "\\udfff", "text": "fine"}\n' + jsonl("a2")
+    )
 
     with TestPipeline() as p:
         out = p | ReadDocuments(InputConfig(path=str(tmp_path / "a.jsonl")))
         assert_that(out["documents"] | beam.Map(lambda d: d.id), equal_to(["a1", "a2"]), label="DocumentIds")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r.line, r.id, r.kind)),
-                    equal_to([(2, "s", "invalid_text"), (3, None, "invalid_text")]), label="Rejected")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r.line, r.id, r.kind)),
+            equal_to([(2, "s", "invalid_text"), (3, None, "invalid_text")]),
+            label="Rejected",
+        )
 
 
 def test_a_file_name_that_is_not_utf8_is_one_bad_path_record_and_the_other_files_are_read(tmp_path):
@@ -167,8 +216,12 @@ def test_a_file_name_that_is_not_utf8_is_one_bad_path_record_and_the_other_files
     with open(os.fsencode(tmp_path) + b"/caf\xe9.jsonl", "wb") as f:  # Latin-1, as an old system names it
         f.write(jsonl("lost"))
 
-    read_and_check(InputConfig(path=f"{tmp_path}/*.jsonl"), ids=["a1"], rejected=[
-        ("caf\\xe9.jsonl", None, "bad_path", f"the file name {tmp_path}/caf\\xe9.jsonl is not UTF-8")], docs_read=2)
+    read_and_check(
+        InputConfig(path=f"{tmp_path}/*.jsonl"),
+        ids=["a1"],
+        rejected=[("caf\\xe9.jsonl", None, "bad_path", f"the file name {tmp_path}/caf\\xe9.jsonl is not UTF-8")],
+        docs_read=2,
+    )
 
 
 def test_a_utf8_bom_at_the_start_of_a_file_is_skipped(tmp_path):
@@ -181,13 +234,23 @@ def test_a_utf8_bom_at_the_start_of_a_file_is_skipped(tmp_path):
 
     with TestPipeline() as p:
         out = p | ReadDocuments(InputConfig(path=f"{tmp_path}/*"))
-        assert_that(out["documents"] | beam.Map(lambda d: (d.id, d.text)), equal_to([
-            ("a1", "text of a1"), ("a2", "text of a2"), ("b1", "text of b1"), (str(tmp_path / "c.txt"), "héllo"),
-            ("d1", "text of d1")]))
+        assert_that(
+            out["documents"] | beam.Map(lambda d: (d.id, d.text)),
+            equal_to(
+                [
+                    ("a1", "text of a1"),
+                    ("a2", "text of a2"),
+                    ("b1", "text of b1"),
+                    (str(tmp_path / "c.txt"), "héllo"),
+                    ("d1", "text of d1"),
+                ]
+            ),
+        )
         assert_that(out["rejected"], equal_to([]), label="NoneRejected")
 
 
 # Transient errors on gs://
+
 
 class _ResetMidway(io.RawIOBase):
     """A response body that breaks like a dropped connection halfway through."""
@@ -202,7 +265,7 @@ class _ResetMidway(io.RawIOBase):
         if self._pos >= len(self._data) // 2:
             raise ConnectionResetError(104, "Connection reset by peer")
         n = min(len(buffer), len(self._data) // 2 - self._pos)
-        buffer[:n] = self._data[self._pos:self._pos + n]
+        buffer[:n] = self._data[self._pos : self._pos + n]
         self._pos += n
         return n
 
@@ -220,8 +283,12 @@ class _FlakyGcs(requests.Session):
         response = requests.Response()
         response.url, response.request = url, requests.Request(method, url).prepare()
         if "alt=media" not in url:  # the metadata Beam's reader loads first
-            response.status_code, response._content = 200, json.dumps(
-                {"name": "docs.jsonl.gz", "bucket": "b", "size": str(len(self.data)), "generation": "1"}).encode()
+            response.status_code, response._content = (
+                200,
+                json.dumps(
+                    {"name": "docs.jsonl.gz", "bucket": "b", "size": str(len(self.data)), "generation": "1"}
+                ).encode(),
+            )
             return response
         start = int(re.match(r"bytes=(\d+)-", headers["range"]).group(1))
         if start >= len(self.data):  # how GCS answers a read at the end

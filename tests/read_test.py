@@ -1,4 +1,5 @@
 """pipeline/stages/read.py: every JSONL line and every text file becomes exactly one Document or one Rejected."""
+
 from __future__ import annotations
 
 import gzip
@@ -11,9 +12,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from docbeam.config import InputConfig
+from docbeam.pipeline.records import Document, Rejected
 from docbeam.pipeline.stages.parse import file_format, parse_jsonl_line, parse_text_file, read_capped_lines
 from docbeam.pipeline.stages.read import ReadDocuments
-from docbeam.pipeline.records import Document, Rejected
 
 BLOCK_SIZES = [1, 2, 3, 5, 1 << 20]  # tiny blocks put every line boundary on a block boundary somewhere
 
@@ -23,6 +24,7 @@ def lines(data: bytes, cap: int, block: int) -> list:
 
 
 # read_capped_lines
+
 
 @pytest.mark.parametrize("block", BLOCK_SIZES)
 def test_lines_are_numbered_from_one_and_keep_blank_lines(block):
@@ -62,13 +64,15 @@ def test_an_empty_stream_has_no_lines():
 
 # parse_jsonl_line
 
+
 def parse(raw: bytes | None, cap: int = 1000) -> Document | Rejected:
     return parse_jsonl_line(raw, source="in.jsonl", line=7, id_field="id", text_field="text", cap=cap)
 
 
 def test_a_good_line_is_a_document_with_its_source_and_line():
-    assert parse(b'{"id": "a", "text": "hello", "extra": 1}') == Document(id="a", text="hello", source="in.jsonl",
-                                                                          line=7)
+    assert parse(b'{"id": "a", "text": "hello", "extra": 1}') == Document(
+        id="a", text="hello", source="in.jsonl", line=7
+    )
 
 
 def test_an_integer_id_becomes_a_string():
@@ -85,33 +89,35 @@ def test_crlf_line_parses():
 
 
 def test_custom_field_names_are_used():
-    doc = parse_jsonl_line(b'{"key": "k", "body": "b"}', source="s", line=1, id_field="key", text_field="body",
-                           cap=100)
+    doc = parse_jsonl_line(b'{"key": "k", "body": "b"}', source="s", line=1, id_field="key", text_field="body", cap=100)
     assert (doc.id, doc.text) == ("k", "b")
 
 
-@pytest.mark.parametrize("raw, kind, rejected_id", [
-    (b"{not json", "malformed_json", None),
-    (b'["id", "text"]', "malformed_json", None),
-    (b'"just a string"', "malformed_json", None),
-    (b'{"text": "no id"}', "missing_id", None),
-    (b'{"id": "", "text": "empty id"}', "missing_id", None),
-    (b'{"id": null, "text": "null id"}', "missing_id", None),
-    (b'{"id": true, "text": "bool id"}', "missing_id", None),
-    (b'{"id": 1.5, "text": "float id"}', "missing_id", None),
-    (b'{"id": "a"}', "missing_text", "a"),
-    (b'{"id": "a", "text": null}', "missing_text", "a"),
-    (b'{"id": "a", "text": 42}', "non_string_text", "a"),
-    (b'{"id": "a", "text": ["x"]}', "non_string_text", "a"),
-    (b'{"id": "a", "text": ""}', "empty_text", "a"),
-    (b'{"id": "a", "text": " \\n\\t "}', "empty_text", "a"),
-    (b'{"id": "a", "text": "\xff\xfe"}', "invalid_utf8", None),
-    (None, "line_too_large", None),
-    (b'{"id": "a", "text": "t", "n": ' + b"9" * 5000 + b"}", "malformed_json", None),  # ValueError, not decode
-    (b"[" * 200_000 + b"]" * 200_000, "malformed_json", None),  # RecursionError
-    (b'{"id": "a", "text": "half a pair \\ud83d here"}', "invalid_text", "a"),
-    (b'{"id": "\\udc80", "text": "fine"}', "invalid_text", None),
-])
+@pytest.mark.parametrize(
+    "raw, kind, rejected_id",
+    [
+        (b"{not json", "malformed_json", None),
+        (b'["id", "text"]', "malformed_json", None),
+        (b'"just a string"', "malformed_json", None),
+        (b'{"text": "no id"}', "missing_id", None),
+        (b'{"id": "", "text": "empty id"}', "missing_id", None),
+        (b'{"id": null, "text": "null id"}', "missing_id", None),
+        (b'{"id": true, "text": "bool id"}', "missing_id", None),
+        (b'{"id": 1.5, "text": "float id"}', "missing_id", None),
+        (b'{"id": "a"}', "missing_text", "a"),
+        (b'{"id": "a", "text": null}', "missing_text", "a"),
+        (b'{"id": "a", "text": 42}', "non_string_text", "a"),
+        (b'{"id": "a", "text": ["x"]}', "non_string_text", "a"),
+        (b'{"id": "a", "text": ""}', "empty_text", "a"),
+        (b'{"id": "a", "text": " \\n\\t "}', "empty_text", "a"),
+        (b'{"id": "a", "text": "\xff\xfe"}', "invalid_utf8", None),
+        (None, "line_too_large", None),
+        (b'{"id": "a", "text": "t", "n": ' + b"9" * 5000 + b"}", "malformed_json", None),  # ValueError, not decode
+        (b"[" * 200_000 + b"]" * 200_000, "malformed_json", None),  # RecursionError
+        (b'{"id": "a", "text": "half a pair \\ud83d here"}', "invalid_text", "a"),
+        (b'{"id": "\\udc80", "text": "fine"}', "invalid_text", None),
+    ],
+)
 def test_each_bad_line_is_rejected_with_its_kind_place_and_known_id(raw, kind, rejected_id):
     rejected = parse(raw)
     assert isinstance(rejected, Rejected)
@@ -135,32 +141,38 @@ def test_lines_json_cannot_parse_say_why():
 def test_a_lone_surrogate_is_named_escaped_with_its_field_and_position():
     assert parse(b'{"id": "a", "text": "ab\\ud800"}').reason == (
         "field 'text' holds a lone UTF-16 surrogate ('\\ud800' at character 2), which is not text: the producer "
-        "split or damaged a character")
+        "split or damaged a character"
+    )
     assert parse(b'{"id": "x\\udfff", "text": "t"}').reason.startswith("field 'id' (input.id_field) 'x\\udfff' holds")
 
 
 def test_a_surrogate_pair_is_one_character_and_stays_text():
-    assert parse(b'{"id": "a", "text": "smile \\ud83d\\ude00"}').text == "smile \U0001F600"
+    assert parse(b'{"id": "a", "text": "smile \\ud83d\\ude00"}').text == "smile \U0001f600"
 
 
 # parse_text_file
 
+
 def test_a_text_file_is_one_document_named_by_its_path():
     assert parse_text_file("héllo\n".encode(), source="/d/a.txt", cap=100) == Document(
-        id="/d/a.txt", text="héllo\n", source="/d/a.txt", line=None)
+        id="/d/a.txt", text="héllo\n", source="/d/a.txt", line=None
+    )
 
 
 def test_a_utf8_bom_at_the_start_of_a_text_file_is_not_part_of_the_text():
     assert parse_text_file("\ufeffhéllo\n".encode(), source="/d/a.txt", cap=100).text == "héllo\n"
 
 
-@pytest.mark.parametrize("data, kind", [
-    (None, "line_too_large"),
-    (b"\xef\xbb\xbf \n", "empty_text"),
-    (b"\xff\xfe", "invalid_utf8"),
-    (b"", "empty_text"),
-    (b" \n\t", "empty_text"),
-])
+@pytest.mark.parametrize(
+    "data, kind",
+    [
+        (None, "line_too_large"),
+        (b"\xef\xbb\xbf \n", "empty_text"),
+        (b"\xff\xfe", "invalid_utf8"),
+        (b"", "empty_text"),
+        (b" \n\t", "empty_text"),
+    ],
+)
 def test_a_bad_text_file_is_rejected_under_its_path(data, kind):
     rejected = parse_text_file(data, source="/d/a.txt", cap=100)
     assert isinstance(rejected, Rejected)
@@ -169,12 +181,28 @@ def test_a_bad_text_file_is_rejected_under_its_path(data, kind):
 
 # file_format
 
-@pytest.mark.parametrize("path, expected", [
-    ("a.jsonl", "jsonl"), ("a.jsonl.gz", "jsonl"), ("a.ndjson", "jsonl"), ("a.ndjson.gz", "jsonl"),
-    ("a.json.gz", "text"), ("a.jsonl.bz2", "jsonl"), ("gs://b/A.JSONL", "jsonl"), ("a.jsonl.zst", "jsonl"),
-    ("a.ndjson.xz", "jsonl"), ("a.jsonl.deflate", "jsonl"), ("a.jsonl.lzma", "jsonl"), ("a.txt.zstd", "text"),
-    ("a.txt", "text"), ("a.json", "text"), ("a.md", "text"), ("jsonl", "text"),
-])
+
+@pytest.mark.parametrize(
+    "path, expected",
+    [
+        ("a.jsonl", "jsonl"),
+        ("a.jsonl.gz", "jsonl"),
+        ("a.ndjson", "jsonl"),
+        ("a.ndjson.gz", "jsonl"),
+        ("a.json.gz", "text"),
+        ("a.jsonl.bz2", "jsonl"),
+        ("gs://b/A.JSONL", "jsonl"),
+        ("a.jsonl.zst", "jsonl"),
+        ("a.ndjson.xz", "jsonl"),
+        ("a.jsonl.deflate", "jsonl"),
+        ("a.jsonl.lzma", "jsonl"),
+        ("a.txt.zstd", "text"),
+        ("a.txt", "text"),
+        ("a.json", "text"),
+        ("a.md", "text"),
+        ("jsonl", "text"),
+    ],
+)
 def test_auto_format_follows_the_suffix(path, expected):
     assert file_format(path, "auto") == expected
 
@@ -187,6 +215,7 @@ def test_a_configured_format_wins_over_the_suffix(configured):
 
 # ReadDocuments
 
+
 def write_lines(path, lines_: list[bytes], compress=False):
     data = b"".join(line + b"\n" for line in lines_)
     with open(path, "wb") as f:
@@ -195,26 +224,39 @@ def write_lines(path, lines_: list[bytes], compress=False):
 
 def test_read_documents_keeps_good_documents_and_rejects_everything_else_once(tmp_path):
     cap = 64
-    write_lines(tmp_path / "a_good.jsonl", [b'{"id": "g1", "text": "first"}', b"", b'{"id": "dup", "text": "kept"}',
-                                            b'{"id": 7, "text": "int id"}'])
-    write_lines(tmp_path / "b_zipped.jsonl.gz", [b'{"id": "z1", "text": "zipped"}', b"   ",
-                                                 b'{"id": "z2", "text": "zipped too"}\r'], compress=True)
-    write_lines(tmp_path / "c_dup.jsonl", [b'{"id": "dup", "text": "a duplicate from a later file"}',
-                                           b'{"id": "c2", "text": "twice in one file"}',
-                                           b'{"id": "c2", "text": "the later line is the duplicate"}'])
-    write_lines(tmp_path / "d_bad.jsonl", [
-        b'{"id": "m1", "text": "the only good line here"}',
-        b"{not json",
-        b"[1, 2]",
-        b'{"text": "no id"}',
-        b'{"id": "m5"}',
-        b'{"id": "m6", "text": null}',
-        b'{"id": "m7", "text": 42}',
-        b'{"id": "m8", "text": "   "}',
-        b'{"id": "m9", "text": "\xff"}',
-        b"",
-        b'{"id": "m11", "text": "' + b"x" * cap + b'"}',
-    ])
+    write_lines(
+        tmp_path / "a_good.jsonl",
+        [b'{"id": "g1", "text": "first"}', b"", b'{"id": "dup", "text": "kept"}', b'{"id": 7, "text": "int id"}'],
+    )
+    write_lines(
+        tmp_path / "b_zipped.jsonl.gz",
+        [b'{"id": "z1", "text": "zipped"}', b"   ", b'{"id": "z2", "text": "zipped too"}\r'],
+        compress=True,
+    )
+    write_lines(
+        tmp_path / "c_dup.jsonl",
+        [
+            b'{"id": "dup", "text": "a duplicate from a later file"}',
+            b'{"id": "c2", "text": "twice in one file"}',
+            b'{"id": "c2", "text": "the later line is the duplicate"}',
+        ],
+    )
+    write_lines(
+        tmp_path / "d_bad.jsonl",
+        [
+            b'{"id": "m1", "text": "the only good line here"}',
+            b"{not json",
+            b"[1, 2]",
+            b'{"text": "no id"}',
+            b'{"id": "m5"}',
+            b'{"id": "m6", "text": null}',
+            b'{"id": "m7", "text": 42}',
+            b'{"id": "m8", "text": "   "}',
+            b'{"id": "m9", "text": "\xff"}',
+            b"",
+            b'{"id": "m11", "text": "' + b"x" * cap + b'"}',
+        ],
+    )
     (tmp_path / "e_note.txt").write_text("A plain text file is one document.\n")
     (tmp_path / "f_empty.txt").write_text("\n")
     (tmp_path / "g_corrupt.jsonl.gz").write_bytes(b"this is not gzip\n")
@@ -240,6 +282,9 @@ def test_read_documents_keeps_good_documents_and_rejects_everything_else_once(tm
     with TestPipeline() as p:
         out = p | ReadDocuments(config)
         assert_that(out["documents"] | beam.Map(lambda d: d.id), equal_to(expected_ids), label="DocumentIds")
-        assert_that(out["rejected"] | beam.Map(lambda r: (os.path.basename(r.source), r.line, r.kind)),
-                    equal_to(expected_rejected), label="RejectedKinds")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (os.path.basename(r.source), r.line, r.kind)),
+            equal_to(expected_rejected),
+            label="RejectedKinds",
+        )
         assert_that(out["docs_read"], equal_to([len(expected_ids) + len(expected_rejected)]), label="DocsRead")

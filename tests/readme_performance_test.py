@@ -1,4 +1,5 @@
 """The README's performance tables are the committed results files' own, rendered, never retyped."""
+
 from benchmarks import readme
 
 
@@ -10,7 +11,8 @@ def test_a_section_names_the_command_date_machine_and_file(tmp_path, monkeypatch
     (tmp_path / readme.RESULTS).mkdir(parents=True)
     (tmp_path / readme.RESULTS / "x.json").write_text(
         '{"command": "python benchmarks/x.py", "date": "2026-11-30T15:00:00+00:00", "tables": "## Speed\\n\\n| a |\\n|---|\\n| 1 |",'
-        ' "machine": {"cpu_model": "Some CPU", "cpu_flags": ["avx2", "avx512f"], "cpus_usable": 2, "load_avg_1m": 0.1}}')
+        ' "machine": {"cpu_model": "Some CPU", "cpu_flags": ["avx2", "avx512f"], "cpus_usable": 2, "load_avg_1m": 0.1}}'
+    )
     monkeypatch.setattr(readme, "REPO", str(tmp_path))
     text = readme.section("x.json", "X")
     assert text.startswith("#### X\n\n`python benchmarks/x.py` — 2026-11-30, Some CPU (avx2, avx512f), 2 cores")
@@ -32,11 +34,17 @@ def test_the_readme_sets_the_five_precisions_side_by_side_with_the_command_and_t
     record = json.load(open(f"{readme.REPO}/{readme.RESULTS}/{readme.PRECISION}"))
     table = readme.render_readme().split("Reduced precision on CPU")[1]
     head = next(r for r in table.splitlines() if r.startswith("| encoder (CPU)"))
-    assert head.split(" | ")[1:] == ["docbeam float32", "docbeam bfloat16", "docbeam int8", "ONNX Runtime float32",
-                                     "ONNX Runtime int8 |"]
+    assert head.split(" | ")[1:] == [
+        "docbeam float32",
+        "docbeam bfloat16",
+        "docbeam int8",
+        "ONNX Runtime float32",
+        "ONNX Runtime int8 |",
+    ]
     speeds = next(r for r in table.splitlines() if r.startswith("| tokens/s"))
     assert speeds.split(" | ")[1:] == [f"{s['tokens_per_s']:,.0f}" for s in record["sides"]][:-1] + [
-        f"{record['sides'][-1]['tokens_per_s']:,.0f} |"]
+        f"{record['sides'][-1]['tokens_per_s']:,.0f} |"
+    ]
     gates = next(r for r in table.splitlines() if r.startswith("| precision gate"))
     for side in record["sides"][1:]:  # each verdict is the file's: a failing one names its gate
         assert ("passes" if side["gate"]["passed"] else "; ".join(side["gate"]["failures"])) in gates
@@ -50,11 +58,15 @@ def test_the_same_command_on_two_machines_is_set_side_by_side(tmp_path, monkeypa
             f'{{"command": "python benchmarks/encoder.py", "tables": "| t |", "docbeam_over_st": {ratio},'
             f' "docbeam": {{"tokens_per_s": 1}}, "sentence_transformers": {{"tokens_per_s": 1}},'
             f' "lowest_cosine": 1.0, "docs": 4, "pipeline": {{"wall_after_first_batch_tokens_per_s": 1}},'
-            f' "machine": {{"cpu_model": "{cpu}"}}}}')
+            f' "machine": {{"cpu_model": "{cpu}"}}}}'
+        )
+
     monkeypatch.setattr(readme, "REPO", str(tmp_path))
     write("", 1.34, "Xeon")
     assert readme.machines_table() == ""  # one machine: nothing to set beside it
     write("amd-epyc", 1.61, "EPYC")
-    (row,) = [r for r in readme.machines_table().splitlines() if r.startswith("| encoder ÷ sentence-transformers, sample")]
+    (row,) = [
+        r for r in readme.machines_table().splitlines() if r.startswith("| encoder ÷ sentence-transformers, sample")
+    ]
     assert "**1.34** Xeon" in row and "**1.61** EPYC" in row
     assert "(../benchmarks/results/amd-epyc/encoder-float32.json)" in row

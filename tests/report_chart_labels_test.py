@@ -1,6 +1,6 @@
 """The report's charts keep their labels readable: padding labels fit their bars, latency ticks never collide, and compilations made ahead of time are counted."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import pytest
 
@@ -8,15 +8,31 @@ from docbeam.pipeline.tools import report_charts, report_load
 
 
 def _records(efficiency: dict[int, float], backends=("native",)) -> list[dict]:
-    return [{"batch_id": f"{bucket}/{backend}/{i}", "bucket_len": bucket, "rows": 8, "padded_tokens": 8 * bucket,
-             "real_tokens": int(8 * bucket * e), "compute_ms": 5.0 + i, "compiled": i == 0,
-             "attention_backend": backend, "started_at": f"2026-05-01T12:00:{i:02d}+00:00"}
-            for bucket, e in efficiency.items() for backend in backends for i in range(1234 if bucket == 48 else 3)]
+    return [
+        {
+            "batch_id": f"{bucket}/{backend}/{i}",
+            "bucket_len": bucket,
+            "rows": 8,
+            "padded_tokens": 8 * bucket,
+            "real_tokens": int(8 * bucket * e),
+            "compute_ms": 5.0 + i,
+            "compiled": i == 0,
+            "attention_backend": backend,
+            "started_at": f"2026-05-01T12:00:{i:02d}+00:00",
+        }
+        for bucket, e in efficiency.items()
+        for backend in backends
+        for i in range(1234 if bucket == 48 else 3)
+    ]
 
 
 def _inside(inner, outer, slack=1.0) -> bool:
-    return (inner.x0 >= outer.x0 - slack and inner.x1 <= outer.x1 + slack and inner.y0 >= outer.y0 - slack
-            and inner.y1 <= outer.y1 + slack)
+    return (
+        inner.x0 >= outer.x0 - slack
+        and inner.x1 <= outer.x1 + slack
+        and inner.y0 >= outer.y0 - slack
+        and inner.y1 <= outer.y1 + slack
+    )
 
 
 @pytest.mark.parametrize("count", [4, 8, 12])
@@ -37,7 +53,7 @@ def test_padding_chart_labels_fit(count):
         assert bar.x0 <= label.x0 and label.x1 <= bar.x1, (bar, label)
         assert _inside(label, ax.get_window_extent(renderer)), label
     ticks = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
-    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1:])
+    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
     assert all(_inside(t, fig.bbox) for t in ticks)
 
 
@@ -48,8 +64,7 @@ def test_latency_chart_tick_labels_do_not_collide_with_many_buckets():
     fig.canvas.draw()
     ticks = [t.get_window_extent() for t in fig.axes[0].get_xticklabels() if t.get_text()]
     assert len(ticks) == 18
-    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1:])
-
+    assert not any(a.overlaps(b) for i, a in enumerate(ticks) for b in ticks[i + 1 :])
 
 
 def test_the_compile_chart_counts_compilations_made_ahead_of_the_first_batch():
@@ -58,6 +73,9 @@ def test_the_compile_chart_counts_compilations_made_ahead_of_the_first_batch():
     from docbeam.pipeline.tools.report_charts import compile_title
 
     assert compile_title({"compiles": 2, "compiles_ahead": 2}, in_batches=0, recompiled=0).startswith(
-        "XLA compilations: 2 compilations (2 ahead of time, 0 in a batch)")
-    assert compile_title({}, in_batches=3, recompiled=1) == \
-        "XLA compilations: 3 compilations (0 ahead of time, 3 in a batch), 1 recompilation"
+        "XLA compilations: 2 compilations (2 ahead of time, 0 in a batch)"
+    )
+    assert (
+        compile_title({}, in_batches=3, recompiled=1)
+        == "XLA compilations: 3 compilations (0 ahead of time, 3 in a batch), 1 recompilation"
+    )

@@ -1,4 +1,5 @@
 """docbeam report on the files of a run: the manifest decides which shards are the run's, a real run's report shows what it did, and the data modules never import the rendering ones."""
+
 from __future__ import annotations
 
 import base64
@@ -11,13 +12,13 @@ import re
 
 import matplotlib.image
 import pytest
-
-from docbeam.pipeline.tools import report, report_charts, report_data, report_load
 from report_fixtures import write_run
 from report_test import CHARTS, _cli, _Page
 
+from docbeam.pipeline.tools import report, report_charts, report_data, report_load
 
 # ---------------------------------------------------------------- the manifest of a committed run
+
 
 @pytest.fixture
 def committed_among_others(tmp_path):
@@ -37,7 +38,8 @@ def test_a_manifest_limits_the_run_to_its_own_files_and_without_one_every_shard_
     run = report_load.load_run(str(committed_among_others))
     assert run.batch_count == 300 and len(run.errors) == 6
     assert report_load.run_files(str(committed_among_others), "timing") == [
-        str(committed_among_others / "timing" / f"part-r2-0000{i}-of-00002.jsonl") for i in (0, 1)]
+        str(committed_among_others / "timing" / f"part-r2-0000{i}-of-00002.jsonl") for i in (0, 1)
+    ]
     (committed_among_others / "_manifest.json").unlink()  # a run from before manifests: read by glob
     run = report_load.load_run(str(committed_among_others))
     assert run.batch_count == 600 and len(run.errors) == 15
@@ -62,21 +64,29 @@ def test_the_data_modules_do_not_import_the_rendering_modules():
 
 # ---------------------------------------------------------------- a real run
 
+
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory, tiny_checkpoint_dir):
     """A small job through the real pipeline: the tiny model, bad records, and flash refused on CPU so every
     batch falls back to native."""
     from conftest import SAMPLE, job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     root = tmp_path_factory.mktemp("real-run")
     lines = gzip.open(SAMPLE, "rt").read().splitlines()[:30]
-    (root / "docs.jsonl").write_text("\n".join(lines + ['{"id": "broken", "text": ', '{"id": "empty", "text": ""}'])
-                                     + "\n")
+    (root / "docs.jsonl").write_text(
+        "\n".join(lines + ['{"id": "broken", "text": ', '{"id": "empty", "text": ""}']) + "\n"
+    )
     output = str(root / "out")
-    summary = run_job(job_config(str(root / "docs.jsonl"), output, tiny_checkpoint_dir,
-                                 attention={"backend": "flash", "fallback": "native",
-                                            "flash": {"kernel": "pallas_tpu"}}))
+    summary = run_job(
+        job_config(
+            str(root / "docs.jsonl"),
+            output,
+            tiny_checkpoint_dir,
+            attention={"backend": "flash", "fallback": "native", "flash": {"kernel": "pallas_tpu"}},
+        )
+    )
     return output, summary
 
 
@@ -90,15 +100,25 @@ def test_report_of_a_real_run_shows_what_the_run_did(real_run):
     for alt, uri in page.images.items():
         pixels = matplotlib.image.imread(io.BytesIO(base64.b64decode(uri.split(",", 1)[1])), format="png")
         assert pixels[..., :3].std() > 0.05, f"{alt} is blank"
-    assert {"Per bucket", "Charts", "Rejected documents", "Summary", "Attention plan per bucket",
-            "Batches per bucket", "Versions", "Metrics"} <= set(page.headings)
+    assert {
+        "Per bucket",
+        "Charts",
+        "Rejected documents",
+        "Summary",
+        "Attention plan per bucket",
+        "Batches per bucket",
+        "Versions",
+        "Metrics",
+    } <= set(page.headings)
     assert "{'" not in html.unescape(text) and not re.search(r"\bnan\b", re.sub(r"data:image\S+", "", text), re.I)
     cards = dict(re.findall(r"<div class=card>([^<]+)<b>([^<]*)</b></div>", text))
     assert (cards["documents embedded"], cards["rejected"]) == (str(summary["docs_embedded"]), "2")
     assert cards["batches"] == str(summary["batches"]) and cards["fallback batches"] == str(summary["batches"])
     run = report_load.load_run(output)
     assert run.batch_count == summary["batches"] and report_data.rejected_by_kind(run) == {
-        "empty_text": 1, "malformed_json": 1}
+        "empty_text": 1,
+        "malformed_json": 1,
+    }
     stats = report_data.bucket_stats(run.batches)
     assert {s.bucket_len for s in stats} == {int(b) for b in summary["buckets"]}
     assert {s.backend for s in stats} == {"native"} and sum(s.batches for s in stats) == summary["batches"]

@@ -1,5 +1,6 @@
 """docbeam report on synthetic runs (tests/report_fixtures.py): the page, its charts, compare(), the manifest,
 runs in which no batch ran, and the CLI."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,16 +15,24 @@ import subprocess
 import matplotlib.image
 import numpy as np
 import pytest
-
-from docbeam.pipeline.tools import report, report_data, report_load
 from report_fixtures import RECOMPILE_AT, write_empty_run, write_run
 
-CHARTS = {"batch latency by bucket and backend", "throughput over the run", "padding efficiency per bucket",
-          "memory over the run", "XLA compile events", "rejected documents by kind"}
+from docbeam.pipeline.tools import report, report_data, report_load
+
+CHARTS = {
+    "batch latency by bucket and backend",
+    "throughput over the run",
+    "padding efficiency per bucket",
+    "memory over the run",
+    "XLA compile events",
+    "rejected documents by kind",
+}
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 # Hive-style partitions and a content hash: no hyphen or space where a browser could break the line.
-LONG_SOURCE = ("gs://acme_ml_corpora_europe_west4/crawl/snapshot=20260501T000000Z/lang=en/source=forums/"
-               "dedup=minhash_0.8/part_00017_of_01024_3f9a1c0d5b7e4a2c9d8f1e6b0a4c7d2e9f8a7b6c5d4e3f2a.jsonl.gz")
+LONG_SOURCE = (
+    "gs://acme_ml_corpora_europe_west4/crawl/snapshot=20260501T000000Z/lang=en/source=forums/"
+    "dedup=minhash_0.8/part_00017_of_01024_3f9a1c0d5b7e4a2c9d8f1e6b0a4c7d2e9f8a7b6c5d4e3f2a.jsonl.gz"
+)
 
 
 class _Page(html.parser.HTMLParser):
@@ -54,10 +63,12 @@ class _Page(html.parser.HTMLParser):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
-    return {"baseline": write_run(root / "baseline", seed=0),
-            "slow": write_run(root / "slow", seed=1, slowdown={128: 1.3}, extra_errors=3, error_source=LONG_SOURCE),
-            "drift": write_run(root / "drift", seed=1, slowdown=1.02),
-            "fallbacks": write_run(root / "fallbacks", seed=1, extra_fallbacks=5)}
+    return {
+        "baseline": write_run(root / "baseline", seed=0),
+        "slow": write_run(root / "slow", seed=1, slowdown={128: 1.3}, extra_errors=3, error_source=LONG_SOURCE),
+        "drift": write_run(root / "drift", seed=1, slowdown=1.02),
+        "fallbacks": write_run(root / "fallbacks", seed=1, extra_fallbacks=5),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +85,7 @@ def test_report_is_written_beside_the_run_never_inside_it_and_is_self_contained(
     assert page.links and all(link.startswith("data:image/png;base64,") for link in page.links)
     assert not {"script", "link", "iframe", "object", "embed"} & set(page.tags)
     without_images = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)
-    for external in ("http:", "https:", "url(", "@import", "src=\"//"):
+    for external in ("http:", "https:", "url(", "@import", 'src="//'):
         assert external not in without_images
 
 
@@ -107,14 +118,21 @@ def test_pure_functions_on_the_loaded_run(runs):
     assert set(stats) == {(32, "native"), (64, "flash"), (128, "flash"), (256, "flash")}
     assert stats[(128, "flash")].compiles == 3 and stats[(64, "flash")].compiles == 2
     assert all(0 < s.padding_efficiency <= 1 and s.median_ms <= s.p90_ms < 100 for s in stats.values())
-    assert report_data.rejected_by_kind(run) == {"duplicate_id": 2, "empty_text": 1, "invalid_utf8": 1,
-                                            "malformed_json": 1, "missing_text": 1}
+    assert report_data.rejected_by_kind(run) == {
+        "duplicate_id": 2,
+        "empty_text": 1,
+        "invalid_utf8": 1,
+        "malformed_json": 1,
+        "missing_text": 1,
+    }
 
 
 def test_compare_flags_a_30_percent_slowdown_and_more_rejects(runs, slow_report):
     regressions = slow_report[0].regressions
-    assert [(r.what, r.where) for r in regressions] == [("latency", "bucket 128 / flash"),
-                                                        ("rejected documents", "all")]
+    assert [(r.what, r.where) for r in regressions] == [
+        ("latency", "bucket 128 / flash"),
+        ("rejected documents", "all"),
+    ]
     assert 1.2 < regressions[0].current / regressions[0].baseline < 1.4
     assert (regressions[1].baseline, regressions[1].current) == (6, 9)
     assert "class=flag" in slow_report[1] and "regressions bad" in slow_report[1]
@@ -167,22 +185,41 @@ def test_cli_exit_status(runs, tmp_path, capsys):
     assert report.main(args) == 0
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium "
-                                                  "(apt-get install -y chromium)")
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="needs Debian chromium at /usr/bin/chromium (apt-get install -y chromium)"
+)
 def test_report_renders_in_headless_chromium(slow_report, tmp_path):
     # The probe script lives only in this copy; the report itself carries no scripts.
-    probe = ("<script>window.addEventListener('load', () => { const p = document.createElement('pre'); "
-             "p.id = 'decoded'; p.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth, "
-             "images: [...document.images].map(i => [i.alt, i.naturalWidth, i.naturalHeight])}); "
-             "document.body.appendChild(p); });</script>")
+    probe = (
+        "<script>window.addEventListener('load', () => { const p = document.createElement('pre'); "
+        "p.id = 'decoded'; p.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth, "
+        "images: [...document.images].map(i => [i.alt, i.naturalWidth, i.naturalHeight])}); "
+        "document.body.appendChild(p); });</script>"
+    )
     page = tmp_path / "probe.html"
     page.write_text(slow_report[1].replace("</body>", probe + "</body>"), encoding="utf-8")
     screenshot = tmp_path / "screenshot.png"
     browser = subprocess.run(
-        [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={screenshot}", "--window-size=1280,3000",
-         "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=90)
+        [
+            str(CHROMIUM),
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={screenshot}",
+            "--window-size=1280,3000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     decoded = re.search(r'<pre id="decoded">(.*?)</pre>', browser.stdout)
     assert decoded, f"chromium exited {browser.returncode}; stderr tail: {browser.stderr[-2000:]}"
     probed = json.loads(html.unescape(decoded.group(1)))
@@ -196,6 +233,7 @@ def test_report_renders_in_headless_chromium(slow_report, tmp_path):
 
 
 # ---------------------------------------------------------------- runs in which no batch ran
+
 
 def _cli(*args) -> int:
     parser = argparse.ArgumentParser(prog="docbeam report")
@@ -253,12 +291,13 @@ def test_a_run_that_was_not_committed_is_found_and_says_so(tmp_path, capsys):
 
 # ---------------------------------------------------------------- what the page shows
 
+
 def test_nested_summary_fields_are_tables_not_python_dicts(slow_report):
     text = slow_report[1]
     assert "{'" not in html.unescape(text)
     headings = _Page(text).headings
     assert {"Attention plan per bucket", "Batches per bucket", "Versions"} <= set(headings)
-    assert ("<tr><td>32</td><td>native</td><td>xla</td><td>flash needs bucket_len &gt;= 64</td></tr>" in text)
+    assert "<tr><td>32</td><td>native</td><td>xla</td><td>flash needs bucket_len &gt;= 64</td></tr>" in text
     assert "<tr><td>jax</td><td>0.10.2</td></tr>" in text
     output = pathlib.Path(slow_report[0].path.removesuffix(".report.html"))
     buckets = json.loads((output / "summary.json").read_text())["buckets"]

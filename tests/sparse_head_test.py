@@ -3,6 +3,7 @@ saved by sentence-transformers' own classes gives docbeam the vectors of ``Spars
 BERT, DistilBERT and ModernBERT, max and sum pooling, native and chunked, packed and unpacked; a head broken on
 purpose no longer does; the vocabulary-wide logits never exist whole; and what docbeam does not reproduce is
 refused at start. Rows and runs: sparse_run_test.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,32 +13,51 @@ import os
 import jax
 import numpy as np
 import pytest
+from family_fixtures import head_forward, save_checkpoint, spread_norms_and_biases, tiny_model
 
 from docbeam import attention
+from docbeam.config import ModelConfig
 from docbeam.models import checkpoint, encoder
 from docbeam.models.heads import resolve
 from docbeam.models.heads.sparse import prune
-from docbeam.config import ModelConfig
-from family_fixtures import head_forward, save_checkpoint, spread_norms_and_biases, tiny_model
 
 MIN_COSINE = 0.99999  # the issue's bar, float32
 WINDOW = 64
-TEXTS = {f"d{i}": " ".join(f"{w}{i % 4}" for w in ["river", "bank", "loan", "tide", "quay", "fund"] * (1 + 2 * i))
-         for i in range(8)}  # 7 to 88 words: the longest are cut at the window, as SparseEncoder truncates
+TEXTS = {
+    f"d{i}": " ".join(f"{w}{i % 4}" for w in ["river", "bank", "loan", "tide", "quay", "fund"] * (1 + 2 * i))
+    for i in range(8)
+}  # 7 to 88 words: the longest are cut at the window, as SparseEncoder truncates
 FAMILIES = {  # transformers' masked-LM class, its config, the output bias's tensor (negative: most terms zero)
     "bert": ("BertForMaskedLM", dict(num_hidden_layers=2, intermediate_size=64), "cls.predictions.bias"),
-    "distilbert": ("DistilBertForMaskedLM", dict(n_layers=2, hidden_dim=48, max_position_embeddings=128),
-                   "vocab_projector.bias"),
-    "modernbert": ("ModernBertForMaskedLM", dict(num_hidden_layers=4, intermediate_size=48, local_attention=8,
-                                                 global_attn_every_n_layers=2, global_rope_theta=160_000.0,
-                                                 local_rope_theta=10_000.0, pad_token_id=0, bos_token_id=101,
-                                                 cls_token_id=101, eos_token_id=102, sep_token_id=102,
-                                                 attn_implementation="eager"), "decoder.bias"),
+    "distilbert": (
+        "DistilBertForMaskedLM",
+        dict(n_layers=2, hidden_dim=48, max_position_embeddings=128),
+        "vocab_projector.bias",
+    ),
+    "modernbert": (
+        "ModernBertForMaskedLM",
+        dict(
+            num_hidden_layers=4,
+            intermediate_size=48,
+            local_attention=8,
+            global_attn_every_n_layers=2,
+            global_rope_theta=160_000.0,
+            local_rope_theta=10_000.0,
+            pad_token_id=0,
+            bos_token_id=101,
+            cls_token_id=101,
+            eos_token_id=102,
+            sep_token_id=102,
+            attn_implementation="eager",
+        ),
+        "decoder.bias",
+    ),
 }
 
 
-def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation: str = "relu",
-                      fill_mask_transformer: bool = False) -> str:
+def sparse_checkpoint(
+    folder: str, family: str, pooling: str = "max", activation: str = "relu", fill_mask_transformer: bool = False
+) -> str:
     """A random masked-LM (std 0.3, norms and biases spread, the output bias around -6 so most terms are zero)
     saved by SparseEncoder.save."""
     import torch
@@ -61,8 +81,11 @@ def sparse_checkpoint(folder: str, family: str, pooling: str = "max", activation
     return f"{folder}/st"
 
 
-@pytest.fixture(scope="module", params=[("bert", "max"), ("bert", "sum"), ("distilbert", "max"), ("modernbert", "max")],
-                ids=lambda fp: "-".join(fp))
+@pytest.fixture(
+    scope="module",
+    params=[("bert", "max"), ("bert", "sum"), ("distilbert", "max"), ("modernbert", "max")],
+    ids=lambda fp: "-".join(fp),
+)
 def splade(request, tmp_path_factory):
     family, pooling = request.param
     return sparse_checkpoint(str(tmp_path_factory.mktemp(f"{family}-{pooling}")), family, pooling)
@@ -75,8 +98,16 @@ def reference_vectors(folder: str, texts: list[str]) -> np.ndarray:
     return model.encode_document(texts, convert_to_tensor=True).to_dense().numpy().astype(np.float64)
 
 
-def our_vectors(folder: str, texts: list[str], *, backend: str = "native", packed: bool = False,
-                change=lambda head: head, block: int | None = None, choice: str = "auto") -> np.ndarray:
+def our_vectors(
+    folder: str,
+    texts: list[str],
+    *,
+    backend: str = "native",
+    packed: bool = False,
+    change=lambda head: head,
+    block: int | None = None,
+    choice: str = "auto",
+) -> np.ndarray:
     """docbeam's forward on each text's first window (``change`` edits the resolved head: a test breaking it)."""
     head = change(resolve(checkpoint.open_checkpoint(folder), choice, ModelConfig(path=folder)))
     if block is not None:
@@ -96,8 +127,9 @@ def test_vectors_are_sparse_encoders_on_native_and_chunked_packed_and_unpacked(s
     assert 0 < (reference > 0).sum(1).max() < reference.shape[1] // 4  # sparse, yet not empty
     for backend in ("native", "chunked"):
         for packed in (False, True):
-            assert_same_sparse_vectors(our_vectors(splade, texts, backend=backend, packed=packed), reference,
-                                       (backend, packed))
+            assert_same_sparse_vectors(
+                our_vectors(splade, texts, backend=backend, packed=packed), reference, (backend, packed)
+            )
 
 
 def test_the_vocabulary_blocks_do_not_change_the_vectors(splade):
@@ -132,8 +164,14 @@ def test_a_broken_head_is_no_longer_sparse_encoders(tmp_path):
         ours = our_vectors(folder, texts, change=change)
         return float(np.abs(ours - reference).max() / np.abs(reference).max())
 
-    assert moved(lambda head: dataclasses.replace(head, layers=(
-        dataclasses.replace(head.layers[0], activation="relu"), *head.layers[1:]))) > 1e-3
+    assert (
+        moved(
+            lambda head: dataclasses.replace(
+                head, layers=(dataclasses.replace(head.layers[0], activation="relu"), *head.layers[1:])
+            )
+        )
+        > 1e-3
+    )
     assert moved(lambda head: dataclasses.replace(head, pooling="sum")) > 1e-3
     assert moved(lambda head: dataclasses.replace(head, activation="log1p_relu")) > 1e-3
 
@@ -151,13 +189,21 @@ def test_the_forwards_largest_buffer_does_not_grow_with_vocabulary_times_tokens(
         forward = jax.jit(encoder.embed_fn(ck.config, attend, small.pooling, small.layers, small.reduce))
         encoder_params = jax.eval_shape(lambda: checkpoint.load_params(ck.folder, ck.config))
         blocks = -(-vocab // small.block)
-        head_params = (*[{k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in p.items()}
-                         for p in head.load_params(ck.folder)[:-1]],
-                       {"kernel": jax.ShapeDtypeStruct((blocks, small.block, dim), np.float32),
-                        "bias": jax.ShapeDtypeStruct((blocks, small.block), np.float32)})
-        compiled = forward.lower({"encoder": encoder_params, "head": head_params},
-                                 jax.ShapeDtypeStruct((rows, tokens), np.int32),
-                                 jax.ShapeDtypeStruct((rows,), np.int32)).compile()
+        head_params = (
+            *[
+                {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in p.items()}
+                for p in head.load_params(ck.folder)[:-1]
+            ],
+            {
+                "kernel": jax.ShapeDtypeStruct((blocks, small.block, dim), np.float32),
+                "bias": jax.ShapeDtypeStruct((blocks, small.block), np.float32),
+            },
+        )
+        compiled = forward.lower(
+            {"encoder": encoder_params, "head": head_params},
+            jax.ShapeDtypeStruct((rows, tokens), np.int32),
+            jax.ShapeDtypeStruct((rows,), np.int32),
+        ).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
     grown = temp_bytes(16 * 4096) - temp_bytes(4 * 4096)
@@ -181,19 +227,42 @@ def rewrite(folder: str, name: str, change) -> None:
         json.dump(change(content), f)
 
 
-@pytest.mark.parametrize("edit, match", [
-    (("modules.json", lambda m: [*m, {"idx": 2, "name": "2", "path": "2_Idf", "type":
-                                      "sentence_transformers.sparse_encoder.modules.SparseStaticEmbedding"}]),
-     "SparseStaticEmbedding.*inference-free SPLADE's per-token IDF"),
-    (("1_SpladePooling/config.json", lambda c: {**c, "pooling_strategy": "mean"}),
-     r"1_SpladePooling/config.json sets pooling_strategy: \"mean\""),
-    (("config_sentence_transformers.json", lambda c: {**c, "model_type": "SentenceTransformer"}),
-     "model_type: 'SentenceTransformer', but its modules.json makes a SparseEncoder"),
-    (("config_sentence_transformers.json", lambda c: {**c, "max_active_dims": 64}),
-     "config_sentence_transformers.json sets max_active_dims: 64, which docbeam does not honour"),
-    (("config.json", lambda c: {**c, "architectures": ["BertModel"]}),
-     r"architectures: \[\"BertModel\"\]; docbeam runs SPLADE on the masked-LM head of BertForMaskedLM"),
-])
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            (
+                "modules.json",
+                lambda m: [
+                    *m,
+                    {
+                        "idx": 2,
+                        "name": "2",
+                        "path": "2_Idf",
+                        "type": "sentence_transformers.sparse_encoder.modules.SparseStaticEmbedding",
+                    },
+                ],
+            ),
+            "SparseStaticEmbedding.*inference-free SPLADE's per-token IDF",
+        ),
+        (
+            ("1_SpladePooling/config.json", lambda c: {**c, "pooling_strategy": "mean"}),
+            r"1_SpladePooling/config.json sets pooling_strategy: \"mean\"",
+        ),
+        (
+            ("config_sentence_transformers.json", lambda c: {**c, "model_type": "SentenceTransformer"}),
+            "model_type: 'SentenceTransformer', but its modules.json makes a SparseEncoder",
+        ),
+        (
+            ("config_sentence_transformers.json", lambda c: {**c, "max_active_dims": 64}),
+            "config_sentence_transformers.json sets max_active_dims: 64, which docbeam does not honour",
+        ),
+        (
+            ("config.json", lambda c: {**c, "architectures": ["BertModel"]}),
+            r"architectures: \[\"BertModel\"\]; docbeam runs SPLADE on the masked-LM head of BertForMaskedLM",
+        ),
+    ],
+)
 def test_what_docbeam_does_not_reproduce_is_refused_naming_it(tmp_path, edit, match):
     folder = sparse_checkpoint(str(tmp_path), "bert")
     rewrite(folder, *edit)

@@ -1,6 +1,7 @@
 """The sparse head's rows and runs (models/heads/sparse.py): a long document's vector from its windows, pruning
 into rows, the outputs a sparse head refuses, and whole `docbeam run`s whose embeddings/ rows equal
 ``SparseEncoder.encode_document`` (first window) or the max over its vectors of every window docbeam cut."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,11 +9,11 @@ import json
 
 import numpy as np
 import pytest
+from sparse_head_test import TEXTS, assert_same_sparse_vectors, reference_vectors, sparse_checkpoint
 
+from docbeam.config import ModelConfig
 from docbeam.models import checkpoint
 from docbeam.models.heads import resolve
-from docbeam.config import ModelConfig
-from sparse_head_test import TEXTS, assert_same_sparse_vectors, reference_vectors, sparse_checkpoint
 
 
 def window(index, count, vector, length=30):
@@ -21,8 +22,17 @@ def window(index, count, vector, length=30):
     from docbeam.pipeline.records import WindowEmbedding
 
     terms = SparseHead.compact_window(None, np.asarray(vector, np.float32))
-    return WindowEmbedding(doc_id="d", index=index, num_windows=count, length=length, doc_tokens=90, truncated=False,
-                           vector=terms, bucket_len=64, backend="native")
+    return WindowEmbedding(
+        doc_id="d",
+        index=index,
+        num_windows=count,
+        length=length,
+        doc_tokens=90,
+        truncated=False,
+        vector=terms,
+        bucket_len=64,
+        backend="native",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,19 +63,27 @@ def test_a_sparse_encoder_is_not_embedded_as_a_dense_model(bert_max):
         resolve(checkpoint.open_checkpoint(bert_max), "embedding", ModelConfig(path=bert_max))
 
 
-@pytest.mark.parametrize("sets, match", [
-    ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to sparse"),
-    ({"output": {"granularity": "chunk", "chunking": "late"}}, "output.chunking: late: model.head resolved to sparse"),
-])
+@pytest.mark.parametrize(
+    "sets, match",
+    [
+        ({"output": {"vector_dtype": "int8"}}, "output.vector_dtype: int8: model.head resolved to sparse"),
+        (
+            {"output": {"granularity": "chunk", "chunking": "late"}},
+            "output.chunking: late: model.head resolved to sparse",
+        ),
+    ],
+)
 def test_outputs_that_take_dense_vectors_are_refused_for_sparse_rows(tmp_path, bert_max, sets, match):
     from conftest import job_config
+
     from docbeam.config import ConfigError
     from docbeam.pipeline.driver.plan import make_plan
 
     (tmp_path / "docs.jsonl").write_text('{"id": "a", "text": "a b c"}\n')
     with pytest.raises(ConfigError, match=match):
-        make_plan(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), bert_max, **sets),
-                  probe_backends=False)
+        make_plan(
+            job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), bert_max, **sets), probe_backends=False
+        )
 
 
 @pytest.mark.slow
@@ -76,18 +94,21 @@ def test_docbeam_run_writes_sparse_encoders_vectors(tmp_path, bert_max, packing,
     import glob
 
     import pyarrow.parquet as pq
-
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
-    sections = dict(batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": packing},
-                    attention={"backend": backend})
+    sections = dict(
+        batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": packing}, attention={"backend": backend}
+    )
     summary = run_job(job_config(str(docs), str(tmp_path / "out"), bert_max, **sections))
 
     def read(out):
-        return {r["id"]: r for f in sorted(glob.glob(f"{out}/embeddings/*.parquet")) for r in pq.read_table(f).to_pylist()}
+        return {
+            r["id"]: r for f in sorted(glob.glob(f"{out}/embeddings/*.parquet")) for r in pq.read_table(f).to_pylist()
+        }
 
     rows = read(tmp_path / "out")
     reference = reference_vectors(bert_max, list(TEXTS.values()))
@@ -99,11 +120,16 @@ def test_docbeam_run_writes_sparse_encoders_vectors(tmp_path, bert_max, packing,
     assert_same_sparse_vectors(ours, reference, (packing, backend))
     assert summary["head"]["name"] == "sparse" and summary["head"]["pooling"] == "max"
     terms = (reference > 0).sum(1).mean()
-    sizes = {"nonzeros_per_document": pytest.approx(terms, abs=0.01),
-             "bytes_per_document": pytest.approx(8 * terms, abs=0.01)}
+    sizes = {
+        "nonzeros_per_document": pytest.approx(terms, abs=0.01),
+        "bytes_per_document": pytest.approx(8 * terms, abs=0.01),
+    }
     assert summary["representations"] == {"sparse_embedding": sizes}
-    again = run_job(job_config(str(docs), str(tmp_path / "again"), bert_max,
-                               **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}))
+    again = run_job(
+        job_config(
+            str(docs), str(tmp_path / "again"), bert_max, **{**sections, "input": {"reuse_from": str(tmp_path / "out")}}
+        )
+    )
     assert again["docs_reused"] == len(TEXTS) and read(tmp_path / "again") == rows
 
 
@@ -122,9 +148,9 @@ def test_a_run_of_every_window_gives_the_max_of_sparse_encoders_vectors_of_its_w
 
     import pyarrow.parquet as pq
     import torch
+    from conftest import job_config
     from sentence_transformers import SparseEncoder
 
-    from conftest import job_config
     from docbeam.pipeline.driver.plan import make_plan
     from docbeam.pipeline.driver.run import run_job
     from docbeam.pipeline.records import Document
@@ -132,13 +158,22 @@ def test_a_run_of_every_window_gives_the_max_of_sparse_encoders_vectors_of_its_w
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
-    cfg = job_config(str(docs), str(tmp_path / "out"), bert_max, model={"sparse": {"windows": "all"}},
-                     batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": True})
+    cfg = job_config(
+        str(docs),
+        str(tmp_path / "out"),
+        bert_max,
+        model={"sparse": {"windows": "all"}},
+        batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": True},
+    )
     summary = run_job(cfg)
     rows = {r["id"]: r for f in glob.glob(f"{tmp_path}/out/embeddings/*.parquet") for r in pq.read_table(f).to_pylist()}
     plan = make_plan(cfg, probe_backends=False)
-    windows = windows_for([Document(i, t, "docs.jsonl", n) for n, (i, t) in enumerate(TEXTS.items())],
-                          checkpoint.load_tokenizer(bert_max), window_len=plan.window_len, config=plan.tokenize)
+    windows = windows_for(
+        [Document(i, t, "docs.jsonl", n) for n, (i, t) in enumerate(TEXTS.items())],
+        checkpoint.load_tokenizer(bert_max),
+        window_len=plan.window_len,
+        config=plan.tokenize,
+    )
     assert max(w.num_windows for w in windows) > 1  # some documents are longer than one window
     model = SparseEncoder(bert_max, device="cpu")
     reference = np.zeros((len(TEXTS), 30522))
@@ -163,19 +198,29 @@ def test_chunk_rows_carry_each_windows_sparse_vector_pruned_as_documents_are(tmp
     import glob
 
     import pyarrow.parquet as pq
-
     from conftest import job_config
+
     from docbeam.pipeline.driver.run import run_job
 
     docs = tmp_path / "docs.jsonl"
     docs.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in TEXTS.items()))
 
     def run(name, **sparse):
-        run_job(job_config(str(docs), str(tmp_path / name), bert_max, model={"sparse": {"windows": "all", **sparse}},
-                           output={"granularity": "both"},
-                           batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": True}))
-        read = lambda folder: [r for f in sorted(glob.glob(f"{tmp_path}/{name}/{folder}/*.parquet"))  # noqa: E731
-                               for r in pq.read_table(f).to_pylist()]
+        run_job(
+            job_config(
+                str(docs),
+                str(tmp_path / name),
+                bert_max,
+                model={"sparse": {"windows": "all", **sparse}},
+                output={"granularity": "both"},
+                batching={"buckets": [32, 64], "tokens_per_batch": 512, "packing": True},
+            )
+        )
+        read = lambda folder: [
+            r
+            for f in sorted(glob.glob(f"{tmp_path}/{name}/{folder}/*.parquet"))  # noqa: E731
+            for r in pq.read_table(f).to_pylist()
+        ]
         return {r["id"]: r for r in read("embeddings")}, read("chunks")
 
     rows, chunks = run("out")

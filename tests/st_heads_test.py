@@ -2,6 +2,7 @@
 Matryoshka's truncate_dim cuts each document's vector before it is normalised; both held to sentence-transformers'
 own vectors (the checkpoint saved by sentence-transformers itself) through `docbeam run`. What docbeam cannot
 reproduce (another activation, a residual Dense, a truncate_dim wider than the vector) is refused naming the key."""
+
 from __future__ import annotations
 
 import glob
@@ -12,10 +13,10 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import write_tiny_checkpoint
-from docbeam.models.checkpoint import CheckpointError, dense_digest, load_dense, open_checkpoint
 from prompts_test import DOCS, cosines, docbeam_run, sample_texts
+
+from docbeam.models.checkpoint import CheckpointError, dense_digest, load_dense, open_checkpoint
 
 HIDDEN, MIDDLE, OUT = 32, 24, 16
 
@@ -28,12 +29,25 @@ def save_with_heads(folder: str, base: str, truncate_dim: int | None = None) -> 
     from sentence_transformers.sentence_transformer.modules import Dense, Normalize, Pooling, Transformer
 
     torch.manual_seed(1)
-    modules = [Transformer(base, max_seq_length=128), Pooling(HIDDEN, "mean"),
-               Dense(HIDDEN, MIDDLE, activation_function=torch.nn.Tanh(), init_weight=torch.randn(MIDDLE, HIDDEN) * 0.3,
-                     init_bias=torch.randn(MIDDLE) * 0.5),
-               Dense(MIDDLE, OUT, activation_function=torch.nn.Identity(), init_weight=torch.randn(OUT, MIDDLE) * 0.3,
-                     init_bias=torch.randn(OUT)),
-               Normalize()]
+    modules = [
+        Transformer(base, max_seq_length=128),
+        Pooling(HIDDEN, "mean"),
+        Dense(
+            HIDDEN,
+            MIDDLE,
+            activation_function=torch.nn.Tanh(),
+            init_weight=torch.randn(MIDDLE, HIDDEN) * 0.3,
+            init_bias=torch.randn(MIDDLE) * 0.5,
+        ),
+        Dense(
+            MIDDLE,
+            OUT,
+            activation_function=torch.nn.Identity(),
+            init_weight=torch.randn(OUT, MIDDLE) * 0.3,
+            init_bias=torch.randn(OUT),
+        ),
+        Normalize(),
+    ]
     SentenceTransformer(modules=modules, device="cpu", truncate_dim=truncate_dim).save(folder)
     return folder
 
@@ -61,10 +75,13 @@ def docbeam_vectors(tmp_path, model: str, *sets: str) -> tuple[list[str], np.nda
 
 # --- what the checkpoint says ---------------------------------------------------------------------------------
 
+
 def test_the_dense_modules_are_read_in_order_with_their_shapes_and_activations(headed_checkpoint):
     settings = open_checkpoint(headed_checkpoint).settings
     assert [(d.in_features, d.out_features, d.bias, d.activation) for d in settings.dense] == [
-        (HIDDEN, MIDDLE, True, "tanh"), (MIDDLE, OUT, True, "identity")]
+        (HIDDEN, MIDDLE, True, "tanh"),
+        (MIDDLE, OUT, True, "identity"),
+    ]
     assert settings.width(HIDDEN) == OUT and settings.normalize and settings.truncate_dim is None
     layers = load_dense(headed_checkpoint, settings)
     assert [layer["kernel"].shape for layer in layers] == [(HIDDEN, MIDDLE), (MIDDLE, OUT)]
@@ -81,14 +98,18 @@ def with_dense_config(tmp_path, headed_checkpoint, **changes) -> str:
     return model
 
 
-@pytest.mark.parametrize("changes, named", [
-    ({"activation_function": "torch.nn.modules.activation.ReLU"},
-     'sets activation_function: "torch.nn.modules.activation.ReLU"'),
-    ({"use_residual": True}, "sets use_residual: true"),
-    ({"in_features": 48}, "sets in_features: 48"),
-])
-def test_a_dense_module_docbeam_cannot_reproduce_is_refused_naming_the_key(tmp_path, headed_checkpoint, changes,
-                                                                           named):
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        (
+            {"activation_function": "torch.nn.modules.activation.ReLU"},
+            'sets activation_function: "torch.nn.modules.activation.ReLU"',
+        ),
+        ({"use_residual": True}, "sets use_residual: true"),
+        ({"in_features": 48}, "sets in_features: 48"),
+    ],
+)
+def test_a_dense_module_docbeam_cannot_reproduce_is_refused_naming_the_key(tmp_path, headed_checkpoint, changes, named):
     with pytest.raises(CheckpointError, match=named.replace("(", r"\(")):
         open_checkpoint(with_dense_config(tmp_path, headed_checkpoint, **changes))
 
@@ -130,6 +151,7 @@ def test_a_changed_dense_weight_changes_the_reuse_keys_digest(tmp_path, headed_c
 
 # --- the vectors ----------------------------------------------------------------------------------------------
 
+
 def jitted_vectors(folder: str, texts: list[str], activations=None) -> np.ndarray:
     """docbeam's embed_fn on unpadded single windows (truncated to the model's window), normalised."""
     import jax
@@ -140,8 +162,10 @@ def jitted_vectors(folder: str, texts: list[str], activations=None) -> np.ndarra
     ck = checkpoint.open_checkpoint(folder, with_weights=True)
     from docbeam.models.heads import HeadLayer
 
-    params = {"encoder": checkpoint.load_params(ck.folder, ck.config),
-              "head": checkpoint.load_dense(ck.folder, ck.settings)}
+    params = {
+        "encoder": checkpoint.load_params(ck.folder, ck.config),
+        "head": checkpoint.load_dense(ck.folder, ck.settings),
+    }
     activations = activations or tuple(d.activation for d in ck.settings.dense)
     layers = tuple(HeadLayer("dense", a) for a in activations)
     embed = jax.jit(encoder.embed_fn(ck.config, registry.get("native").bind(), "mean", layers))
@@ -174,8 +198,9 @@ def test_docbeam_run_gives_sentence_transformers_vectors_through_the_dense_modul
     assert summary["embedding_dim"] == OUT and summary["reuse_key"]["dense_digest"].startswith("sha256:")
     # An incremental run reuses these vectors: they are checked against the output's width (16), not the
     # encoder's hidden size (32).
-    again = docbeam_run(tmp_path, headed_checkpoint, f"input.reuse_from={tmp_path / 'out'}",
-                        f"output.path={tmp_path / 'again'}")
+    again = docbeam_run(
+        tmp_path, headed_checkpoint, f"input.reuse_from={tmp_path / 'out'}", f"output.path={tmp_path / 'again'}"
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((tmp_path / "again" / "summary.json").read_text())["docs_reused"] == DOCS
 
@@ -186,7 +211,8 @@ def test_truncate_dim_and_the_dense_modules_are_reuse_key_fields():
     key = {"truncate_dim": None, "dense_digest": "sha256:aa"}
     assert key_differences(key, {**key, "truncate_dim": 8}) == ["truncate_dim: None then, 8 now"]
     assert key_differences(key, {**key, "dense_digest": "sha256:bb"}) == [
-        "dense_digest: 'sha256:aa' then, 'sha256:bb' now"]
+        "dense_digest: 'sha256:aa' then, 'sha256:bb' now"
+    ]
 
 
 @pytest.mark.slow
@@ -201,8 +227,8 @@ def test_model_truncate_dim_gives_sentence_transformers_matryoshka_vectors(heade
 
 
 def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint):
-    from docbeam.models.heads import resolve
     from docbeam.config import ModelConfig
+    from docbeam.models.heads import resolve
 
     model = str(tmp_path / "model")
     shutil.copytree(headed_checkpoint, model)
@@ -222,12 +248,16 @@ def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint
     assert widths(truncate_dim=None) == (None, OUT)
 
 
-@pytest.mark.parametrize("sets, st_truncate_dim, named", [
-    (("model.truncate_dim=17",), None, "model.truncate_dim: 17 is larger than the model's 16-dimensional"),
-    ((), 40, "model.truncate_dim: 40 (auto, from"),
-])
-def test_a_truncate_dim_wider_than_the_vector_exits_2_naming_the_key(tmp_path, headed_checkpoint, sets,
-                                                                     st_truncate_dim, named):
+@pytest.mark.parametrize(
+    "sets, st_truncate_dim, named",
+    [
+        (("model.truncate_dim=17",), None, "model.truncate_dim: 17 is larger than the model's 16-dimensional"),
+        ((), 40, "model.truncate_dim: 40 (auto, from"),
+    ],
+)
+def test_a_truncate_dim_wider_than_the_vector_exits_2_naming_the_key(
+    tmp_path, headed_checkpoint, sets, st_truncate_dim, named
+):
     model = str(tmp_path / "model")
     shutil.copytree(headed_checkpoint, model)
     if st_truncate_dim:
@@ -244,6 +274,7 @@ def test_a_truncate_dim_wider_than_the_vector_exits_2_naming_the_key(tmp_path, h
 
 # --- fetched with the checkpoint ------------------------------------------------------------------------------
 
+
 def dense_files(folder: str) -> list[str]:
     return sorted(os.path.relpath(p, folder) for p in glob.glob(os.path.join(folder, "*_Dense*", "*")))
 
@@ -254,6 +285,7 @@ def dense_files(folder: str) -> list[str]:
 def test_the_dense_modules_are_fetched_from_gcs_with_the_metadata(headed_checkpoint):
     from gcs_emulator import gcs_emulator
     from gcs_pipeline_test import upload_folder
+
     from docbeam.pipeline.store import storage
 
     storage.pipeline_options([])
@@ -276,12 +308,19 @@ def test_the_dense_modules_are_fetched_from_the_hub(headed_checkpoint, tmp_path)
     from hub_test import hub_env
 
     commit = hashlib.sha1(b"docbeam/headed").hexdigest()
-    script = ("import json, sys; from models.checkpoint import open_checkpoint; ck = open_checkpoint(sys.argv[1]); "
-              "print(json.dumps([ck.folder, [d.out_features for d in ck.settings.dense]]))")
+    script = (
+        "import json, sys; from models.checkpoint import open_checkpoint; ck = open_checkpoint(sys.argv[1]); "
+        "print(json.dumps([ck.folder, [d.out_features for d in ck.settings.dense]]))"
+    )
     with hub_server({"docbeam/headed": repo_from_folder(headed_checkpoint, commit)}) as hub:
         # A subprocess on purpose: huggingface_hub reads HF_HUB_OFFLINE and HF_ENDPOINT when it is imported.
-        result = subprocess.run([sys.executable, "-c", script, "hf://docbeam/headed@main"], capture_output=True,
-                                text=True, timeout=300, env=hub_env(tmp_path, hub.url))
+        result = subprocess.run(
+            [sys.executable, "-c", script, "hf://docbeam/headed@main"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=hub_env(tmp_path, hub.url),
+        )
     assert result.returncode == 0, result.stderr[-3000:]
     folder, widths = json.loads(result.stdout.splitlines()[-1])
     assert widths == [MIDDLE, OUT] and dense_files(folder) == dense_files(headed_checkpoint) != []

@@ -1,5 +1,6 @@
 """Start-up: summary.json says where the time to the first batch went and what share of the wall time
 each stage took; the encoder compiles every shape before its first batch; `docbeam run` stays light."""
+
 from __future__ import annotations
 
 import glob
@@ -13,8 +14,8 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO, SAMPLE, TEST_BATCHING, checkout_env, job_config
+
 from docbeam.pipeline.telemetry.observe import STAGES
 
 BUCKETS = TEST_BATCHING["buckets"]  # the tiny run's, as job_config gives them
@@ -36,8 +37,10 @@ def tiny_run(tmp_path_factory, small_corpus, tiny_checkpoint_dir):
     drop_warm_encoder()  # a cold start is under test: not one warm from an earlier test's job
     output = str(tmp_path_factory.mktemp("startup-run"))
     process_started = time.time()
-    summary = run_job(job_config(small_corpus, output, tiny_checkpoint_dir,
-                                 runner={"progress_seconds": 0}), process_started=process_started)
+    summary = run_job(
+        job_config(small_corpus, output, tiny_checkpoint_dir, runner={"progress_seconds": 0}),
+        process_started=process_started,
+    )
     timing = [json.loads(line) for path in sorted(glob.glob(f"{output}/timing/*.jsonl")) for line in open(path)]
     return output, summary, timing
 
@@ -73,8 +76,7 @@ def test_stage_shares_are_measured_and_sum_to_at_most_one_on_one_worker(tiny_run
     assert all(0 <= v <= 1 for v in shares.values())
     assert sum(shares[s] for s in STAGES) <= 1
     assert sum(shares.values()) == pytest.approx(1, abs=1e-3)  # "other" is the rest
-    assert stages["wall_s"] <= summary["wall_seconds"] + summary["startup"]["since_process_start_s"][
-        "pipeline_started"]
+    assert stages["wall_s"] <= summary["wall_seconds"] + summary["startup"]["since_process_start_s"]["pipeline_started"]
 
 
 def test_every_shape_compiles_once_ahead_or_at_its_first_batch_and_never_after(tiny_run):
@@ -101,16 +103,17 @@ def test_the_summary_file_holds_the_breakdown_and_the_manifest_still_matches_the
 
 
 @pytest.mark.slow
-def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads_afresh(small_corpus,
-                                                                                       real_checkpoint_dir, tmp_path):
+def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads_afresh(
+    small_corpus, real_checkpoint_dir, tmp_path
+):
     """One encoder kept per process, keyed by what the driver read of the checkpoint: a second job with the same
     spec reuses it and says so, one whose weights changed in place loads them, and the old encoder is let go."""
     import gc
     import weakref
 
     import pyarrow.parquet as pq
-
     from conftest import write_tiny_checkpoint
+
     from docbeam.pipeline.driver.cli import format_startup
     from docbeam.pipeline.driver.run import run_job
     from docbeam.pipeline.stages import encode
@@ -129,8 +132,9 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
     assert set(first["startup"]["encoder_s"]) == {"checkpoint", "probes"} and first["compiles"] == len(BUCKETS)
     assert second["startup"]["encoder_s"] == {"reused": 0.0} and second["compiles"] == 0
     assert "encoder warm from an earlier job in this process" in format_startup(second)  # what the CLI prints
-    timing = [json.loads(line) for path in glob.glob(str(tmp_path / "second" / "timing" / "*.jsonl"))
-              for line in open(path)]
+    timing = [
+        json.loads(line) for path in glob.glob(str(tmp_path / "second" / "timing" / "*.jsonl")) for line in open(path)
+    ]
     assert timing and not any(t["compiled"] for t in timing)
     assert second_vectors == first_vectors
     write_tiny_checkpoint(model, real_checkpoint_dir, seed=4)  # the same path, other weights
@@ -144,13 +148,18 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
-    from docbeam.pipeline.stages.packer import padded_batch, rows_for
-    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
     from docbeam.pipeline.records import TokenWindow
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
-    spec = standalone_spec(tiny_checkpoint_dir, "float32", "mean",
-                           AttentionSpec("native", attention.get("native").parse_options(None)), buckets=(16, 32),
-                           tokens_per_batch=256)
+    spec = standalone_spec(
+        tiny_checkpoint_dir,
+        "float32",
+        "mean",
+        AttentionSpec("native", attention.get("native").parse_options(None)),
+        buckets=(16, 32),
+        tokens_per_batch=256,
+    )
     runtime = load_encoder(spec)
     report = runtime.take_startup_report(wait=True)  # once every shape has compiled in the background
     assert report["checkpoint_s"] > 0 and report["probes_s"] >= 0
@@ -183,24 +192,28 @@ def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpo
 
 
 def test_docbeam_run_imports_neither_torch_nor_transformers():
-    code = ("import sys; import docbeam.pipeline.driver.cli, docbeam.pipeline.driver.run; "
-            "from apache_beam.ml.inference import base; "
-            "print(sorted(m for m in ('torch', 'transformers', 'tokamax') if m in sys.modules), "
-            "base.resource is not None)")  # RunInference still reports the process's memory
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True,
-                         check=True).stdout
+    code = (
+        "import sys; import docbeam.pipeline.driver.cli, docbeam.pipeline.driver.run; "
+        "from apache_beam.ml.inference import base; "
+        "print(sorted(m for m in ('torch', 'transformers', 'tokamax') if m in sys.modules), "
+        "base.resource is not None)"
+    )  # RunInference still reports the process's memory
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[] True"
 
 
 def test_a_refused_config_answers_without_importing_beam():
     """A typo in the YAML is answered in about two seconds, not five: loading and refusing a config, and building
     the command's parser (the report's arguments too), import no part of Beam."""
-    code = ("import sys; from docbeam.pipeline.driver.cli import main; "
-            f"code = main(['validate', '--config', {os.path.join(REPO, 'configs', 'local.yaml')!r}, "
-            "'--set', 'batching.bucket_size=3']); "
-            "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'pyarrow', 'pandas'}))")
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True,
-                            text=True)
+    code = (
+        "import sys; from docbeam.pipeline.driver.cli import main; "
+        f"code = main(['validate', '--config', {os.path.join(REPO, 'configs', 'local.yaml')!r}, "
+        "'--set', 'batching.bucket_size=3']); "
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'apache_beam', 'pyarrow', 'pandas'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True)
     assert result.stdout.strip() == "2 []", result.stderr
     assert "batching.bucket_size: unknown key (got 3)" in result.stderr
 
@@ -228,14 +241,21 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
-    from docbeam.pipeline.stages.packer import padded_batch, rows_for
-    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
     from docbeam.pipeline.records import TokenWindow
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
     buckets = (16, 32, 64, 128)
-    runtime = load_encoder(standalone_spec(
-        tiny_checkpoint_dir, "float32", "mean", AttentionSpec("native", attention.get("native").parse_options(None)),
-        buckets=buckets, tokens_per_batch=512))
+    runtime = load_encoder(
+        standalone_spec(
+            tiny_checkpoint_dir,
+            "float32",
+            "mean",
+            AttentionSpec("native", attention.get("native").parse_options(None)),
+            buckets=buckets,
+            tokens_per_batch=512,
+        )
+    )
     window = TokenWindow("d", 0, 1, np.arange(1, 11, dtype=np.int32), 8, False)
     _, first = runtime.encode(padded_batch([window], 16, rows_for(16, 512)))  # bucket 16 is compiled last
     _, again = runtime.encode(padded_batch([window], 16, rows_for(16, 512)))

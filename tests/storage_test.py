@@ -1,4 +1,5 @@
 """pipeline/store/storage.py on local paths and on gs:// via the emulator, alone and inside real Beam pipelines."""
+
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +13,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.parquetio import ReadFromParquet, WriteToParquet
 from apache_beam.testing.util import assert_that, equal_to
-
 from gcs_emulator import gcs_emulator, matching
+
 from docbeam.pipeline.store import storage
 
 
@@ -66,7 +67,8 @@ def test_match_glob_on_gcs(gcs_dir):
     (match,) = FileSystems.match([storage.join(gcs_dir, "*.txt")])
     assert sorted(m.path for m in match.metadata_list) == [storage.join(gcs_dir, n) for n in ("a.txt", "b.txt")]
     assert matching(storage.join(gcs_dir, "**.txt")) == [
-        storage.join(gcs_dir, n) for n in ("a.txt", "b.txt", "deeper/d.txt")]
+        storage.join(gcs_dir, n) for n in ("a.txt", "b.txt", "deeper/d.txt")
+    ]
     assert matching(storage.join(gcs_dir, "missing-*")) == []
 
 
@@ -90,8 +92,11 @@ def test_parquet_pipeline_round_trip(gcs_dir):
     schema = pa.schema([("doc_id", pa.string()), ("embedding", pa.list_(pa.float32()))])
     prefix = storage.join(gcs_dir, "embeddings")
     with beam.Pipeline(options=storage.pipeline_options()) as p:
-        _ = (p | "CreateRows" >> beam.Create(rows)
-             | "WriteEmbeddings" >> WriteToParquet(prefix, schema, file_name_suffix=".parquet"))
+        _ = (
+            p
+            | "CreateRows" >> beam.Create(rows)
+            | "WriteEmbeddings" >> WriteToParquet(prefix, schema, file_name_suffix=".parquet")
+        )
     (path,) = matching(prefix + "*.parquet")
     assert storage.read_bytes(path)[:4] == b"PAR1"
     with beam.Pipeline(options=storage.pipeline_options()) as p:
@@ -103,8 +108,10 @@ def test_parquet_pipeline_round_trip(gcs_dir):
 def test_subprocess_reaches_emulator_through_env(gcs_dir):
     path = storage.join(gcs_dir, "from-parent.txt")
     storage.write_bytes(path, b"hello child")
-    child = ("import sys; from pipeline.store import storage; storage.pipeline_options(); "
-             "sys.stdout.write(storage.read_bytes(sys.argv[1]).decode())")
+    child = (
+        "import sys; from pipeline.store import storage; storage.pipeline_options(); "
+        "sys.stdout.write(storage.read_bytes(sys.argv[1]).decode())"
+    )
     result = subprocess.run([sys.executable, "-c", child, path], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "hello child"

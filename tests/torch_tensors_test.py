@@ -1,5 +1,6 @@
 """models/torch_tensors.py: the tensors of a ``torch.save`` state dict, read without torch and without running
 the pickle's code; anything but a dict of tensors is refused, naming the file, before any of its code runs."""
+
 from __future__ import annotations
 
 import os
@@ -59,12 +60,15 @@ def test_a_pickle_that_would_run_code_is_refused_and_does_not_run(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("obj, match", [
-    (lambda torch: torch.nn.Linear(3, 2), "torch.nn.modules.linear.Linear"),  # a whole module, not its state dict
-    (lambda torch: [torch.ones(2)], "holds a list, not a dict of tensors"),
-    (lambda torch: {"n": 3}, "holds a _StateDict, not a dict of tensors|holds a dict, not a dict of tensors"),
-    (lambda torch: {"i": torch.ones(2, dtype=torch.int64)}, "torch.LongStorage"),
-])
+@pytest.mark.parametrize(
+    "obj, match",
+    [
+        (lambda torch: torch.nn.Linear(3, 2), "torch.nn.modules.linear.Linear"),  # a whole module, not its state dict
+        (lambda torch: [torch.ones(2)], "holds a list, not a dict of tensors"),
+        (lambda torch: {"n": 3}, "holds a _StateDict, not a dict of tensors|holds a dict, not a dict of tensors"),
+        (lambda torch: {"i": torch.ones(2, dtype=torch.int64)}, "torch.LongStorage"),
+    ],
+)
 def test_anything_but_a_dict_of_float_tensors_is_refused_naming_it(tmp_path, obj, match):
     import torch
 

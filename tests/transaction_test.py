@@ -2,6 +2,7 @@
 a killed run, two runs at once, odd output paths, a kernel that returns NaN. Every run goes through the
 ``docbeam`` command's ``main`` (in this process: cli_test checks the real command's exit status end to end); a run
 that is killed, or must be alive while another starts, is a real subprocess."""
+
 from __future__ import annotations
 
 import glob
@@ -18,7 +19,6 @@ import time
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from cli_runner import run_docbeam
 from conftest import REPO, SAMPLE, TEST_BATCHING
 
@@ -28,14 +28,27 @@ LOCAL = os.path.join(REPO, "configs", "local.yaml")
 
 def docbeam(*args: str) -> subprocess.Popen:
     """A run in its own process: for the runs a test kills, or keeps alive while another run starts."""
-    return subprocess.Popen([sys.executable, "-m", "docbeam", *args], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "docbeam", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def run_args(corpus: str, out: str, model: str, *sets: str) -> list[str]:
-    args = ["run", "--config", LOCAL, "--set", f"input.path={corpus}", "--set", f"output.path={out}",
-            "--set", f"model.path={model}", "--set", f"batching.buckets={TEST_BATCHING['buckets']}",
-            "--set", f"batching.tokens_per_batch={TEST_BATCHING['tokens_per_batch']}"]
+    args = [
+        "run",
+        "--config",
+        LOCAL,
+        "--set",
+        f"input.path={corpus}",
+        "--set",
+        f"output.path={out}",
+        "--set",
+        f"model.path={model}",
+        "--set",
+        f"batching.buckets={TEST_BATCHING['buckets']}",
+        "--set",
+        f"batching.tokens_per_batch={TEST_BATCHING['tokens_per_batch']}",
+    ]
     for s in sets:
         args += ["--set", s]
     return args
@@ -85,13 +98,22 @@ FAILED_RERUNS = {
     "input glob matches nothing": (2, ["input.path={missing}/*.jsonl"], "matches no file"),
     "input is a folder": (2, ["input.path={missing_parent}"], "it is a folder"),
     "backend raises": (2, ["attention.backend=tests.fixtures_bad_backends:attend_raises"], "failed on a probe batch"),
-    "backend returns B,N,T,H": (2, ["attention.backend=tests.fixtures_bad_backends:attend_wrong_layout"],
-                                "it must return q's shape, layout and dtype"),
+    "backend returns B,N,T,H": (
+        2,
+        ["attention.backend=tests.fixtures_bad_backends:attend_wrong_layout"],
+        "it must return q's shape, layout and dtype",
+    ),
     "backend returns NaN": (2, ["attention.backend=tests.fixtures_bad_backends:attend_nan"], "non-finite values"),
-    "capability check raises": (2, ["attention.backend=tests.fixtures_bad_backends:attend_check_raises"],
-                                "its capability check raised KeyError"),
-    "bucket past the position table": (2, ["batching.buckets=[64, 1024]"],
-                                       "bucket 1024 is longer than the checkpoint's 512 position embeddings"),
+    "capability check raises": (
+        2,
+        ["attention.backend=tests.fixtures_bad_backends:attend_check_raises"],
+        "its capability check raised KeyError",
+    ),
+    "bucket past the position table": (
+        2,
+        ["batching.buckets=[64, 1024]"],
+        "bucket 1024 is longer than the checkpoint's 512 position embeddings",
+    ),
     "fail_if_exists": (2, ["output.mode=fail_if_exists"], "already holds run"),
     "text_field typo rejects everything": (1, ["input.text_field=body"], "nothing was embedded from 30 documents"),
     "too many rejected": (1, ["input.max_line_bytes=600"], "more than input.max_rejected_fraction=0.1"),
@@ -99,8 +121,7 @@ FAILED_RERUNS = {
 
 
 @pytest.mark.parametrize("case", FAILED_RERUNS)
-def test_a_failed_rerun_leaves_yesterdays_output_byte_identical(case, yesterday, corpus, tiny_checkpoint_dir,
-                                                                  tmp_path):
+def test_a_failed_rerun_leaves_yesterdays_output_byte_identical(case, yesterday, corpus, tiny_checkpoint_dir, tmp_path):
     out, before = yesterday
     code, sets, message = FAILED_RERUNS[case]
     sets = [s.format(missing=tmp_path / "none", missing_parent=tmp_path) for s in sets]
@@ -135,8 +156,9 @@ def wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 120.
 def big_corpus(tmp_path, copies: int = 4) -> str:
     """Long enough (~30 s with the tiny model) that the run still works when the test kills it."""
     path = tmp_path / "big.jsonl"
-    path.write_text("".join(json.dumps({**d, "id": f"{d['id']}#{i}"}) + "\n"
-                            for i in range(copies) for d in sample_docs(400)))
+    path.write_text(
+        "".join(json.dumps({**d, "id": f"{d['id']}#{i}"}) + "\n" for i in range(copies) for d in sample_docs(400))
+    )
     return str(path)
 
 
@@ -144,8 +166,9 @@ def staged_files(out: str) -> list[str]:
     return [p for p in glob.glob(f"{out}/_staging/**", recursive=True) if os.path.isfile(p)]
 
 
-def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(committed, tmp_path, corpus,
-                                                                            tiny_checkpoint_dir):
+def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(
+    committed, tmp_path, corpus, tiny_checkpoint_dir
+):
     out, before = committed
     proc = docbeam(*run_args(big_corpus(tmp_path), out, tiny_checkpoint_dir))
     wait_for(lambda: staged_files(out), proc, "the run started writing")
@@ -160,13 +183,14 @@ def test_a_killed_run_leaves_the_previous_output_and_the_next_run_cleans_up(comm
     assert "is no longer running" in rerun.stdout and "cleaned up the staging folder of dead run" in rerun.stdout
     assert not os.path.exists(f"{out}/_staging") and not os.path.exists(f"{out}/_lock.json")
     manifest = json.load(open(f"{out}/_manifest.json"))
-    assert sorted(os.path.relpath(p, out) for p in glob.glob(f"{out}/*/*")) == sorted(f["path"] for f in manifest["files"])
+    assert sorted(os.path.relpath(p, out) for p in glob.glob(f"{out}/*/*")) == sorted(
+        f["path"] for f in manifest["files"]
+    )
     assert manifest["counts"]["docs_embedded"] == 30
     assert manifest["run_id"] not in (json.loads(before["_manifest.json"])["run_id"], None)
 
 
-def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tmp_path, tiny_checkpoint_dir,
-                                                                   corpus):
+def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tmp_path, tiny_checkpoint_dir, corpus):
     out, _ = committed
     first = docbeam(*run_args(corpus, out, tiny_checkpoint_dir))
     wait_for(lambda: os.path.exists(f"{out}/_lock.json"), first, "the first run took the lock")
@@ -185,14 +209,18 @@ def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tm
     assert json.load(open(f"{out}/summary.json"))["docs_embedded"] == 30
 
 
-@pytest.mark.parametrize("output_path, message", [
-    ("{root}/run*", "without glob characters or commas (found *)"),
-    ("{root}/runA,{root}/runB", "without glob characters or commas (found ,)"),
-    ("~", "must name a folder for this job's output"),
-    ("{root}", "holds 2 file(s) that no docbeam run wrote"),
-])
-def test_odd_output_paths_are_refused_and_nothing_is_deleted(output_path, message, tmp_path, corpus,
-                                                             tiny_checkpoint_dir):
+@pytest.mark.parametrize(
+    "output_path, message",
+    [
+        ("{root}/run*", "without glob characters or commas (found *)"),
+        ("{root}/runA,{root}/runB", "without glob characters or commas (found ,)"),
+        ("~", "must name a folder for this job's output"),
+        ("{root}", "holds 2 file(s) that no docbeam run wrote"),
+    ],
+)
+def test_odd_output_paths_are_refused_and_nothing_is_deleted(
+    output_path, message, tmp_path, corpus, tiny_checkpoint_dir
+):
     for name in ("runA", "runB"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "embeddings.parquet").write_bytes(b"someone's data")
@@ -219,14 +247,20 @@ def test_a_kernel_that_returns_nan_for_some_rows_never_gets_them_written(tmp_pat
     seven_tokens = tmp_path / "extra.jsonl"
     seven_tokens.write_text(json.dumps({"id": "seven", "text": "alpha beta gamma delta epsilon"}) + "\n")
     out = str(tmp_path / "out")
-    result = run(f"{corpus},{seven_tokens}", out, tiny_checkpoint_dir,
-                 "attention.backend=tests.fixtures_bad_backends:attend_nan_at_length_7")
+    result = run(
+        f"{corpus},{seven_tokens}",
+        out,
+        tiny_checkpoint_dir,
+        "attention.backend=tests.fixtures_bad_backends:attend_nan_at_length_7",
+    )
     assert result.returncode == 0, result.stderr
     errors = [json.loads(line) for path in glob.glob(f"{out}/errors/*.jsonl") for line in open(path)]
     assert [(e["id"], e["kind"]) for e in errors] == [("seven", "non_finite")]
     # The 7-token window fits bucket 16; as a leftover it may ride in a longer bucket's batch, which the reason names.
-    named = re.search(r"computed at bucket (\d+) with attention tests\.fixtures_bad_backends:attend_nan_at_length_7",
-                      errors[0]["reason"])
+    named = re.search(
+        r"computed at bucket (\d+) with attention tests\.fixtures_bad_backends:attend_nan_at_length_7",
+        errors[0]["reason"],
+    )
     assert named and int(named.group(1)) >= 16, errors[0]["reason"]
     table = pq.read_table(glob.glob(f"{out}/embeddings/*.parquet"))
     assert "seven" not in table.column("id").to_pylist() and table.num_rows == 30

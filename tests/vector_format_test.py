@@ -2,6 +2,7 @@
 from the manifest's file list by pyarrow, pandas and DuckDB; ``output.vector_dtype`` quantized exactly as
 sentence-transformers' ``quantize_embeddings`` does, with the run-wide calibration recorded; reuse never mixes
 dtypes or scales."""
+
 from __future__ import annotations
 
 import gzip
@@ -14,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
-
 from conftest import SAMPLE, job_config
+
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import KEY_FIELDS, key_differences
@@ -74,19 +75,22 @@ def test_the_calibration_is_the_min_and_max_over_every_bundle():
     rows_NxD = rng.normal(size=(40, 4)).astype(np.float32)
     expected = {"ranges": [rows_NxD.min(0).tolist(), rows_NxD.max(0).tolist()], "vectors": 40, "run_id": "r"}
     with TestPipeline() as p:
-        got = (p | beam.Create([list(r) for r in rows_NxD], reshuffle=True)
-               | beam.CombineGlobally(vectors.RangesFn("r")))
+        got = p | beam.Create([list(r) for r in rows_NxD], reshuffle=True) | beam.CombineGlobally(vectors.RangesFn("r"))
         assert_that(got, equal_to([expected]))
 
 
 def test_a_vector_beyond_float16s_range_is_rejected_not_written_as_inf():
     row = {"id": "big", "embedding": [1.0, 70000.0], "num_tokens": 3}
     with TestPipeline() as p:
-        out = (p | beam.Create([{"id": "ok", "embedding": [0.5, -2.0], "num_tokens": 3}, row])
-               | vectors.QuantizeVectors("float16", "r"))
+        out = (
+            p
+            | beam.Create([{"id": "ok", "embedding": [0.5, -2.0], "num_tokens": 3}, row])
+            | vectors.QuantizeVectors("float16", "r")
+        )
         assert_that(out["rows"], equal_to([{"id": "ok", "embedding": [0.5, -2.0], "num_tokens": 3}]), label="rows")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r.id, r.kind)), equal_to([("big", "non_finite")]),
-                    label="rejected")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r.id, r.kind)), equal_to([("big", "non_finite")]), label="rejected"
+        )
     assert "float16's range (largest magnitude 70000)" in vectors.quantize_row(row, "float16").reason
 
 
@@ -161,8 +165,9 @@ def test_each_dtype_equals_quantize_embeddings_of_the_float32_run(runs, dtype):
         assert np.array_equal(bits, float32_NxD > 0)
     if dtype in vectors.CALIBRATED:
         calibration = block["calibration"]
-        assert np.array_equal(np.asarray(calibration["ranges"], np.float32),
-                              np.vstack([float32_NxD.min(0), float32_NxD.max(0)]))
+        assert np.array_equal(
+            np.asarray(calibration["ranges"], np.float32), np.vstack([float32_NxD.min(0), float32_NxD.max(0)])
+        )
         assert calibration["vectors"] == 30 and calibration["run_id"] == manifest(output)["run_id"]
         assert json.load(open(f"{output}/summary.json"))["embedding"] == block
     else:
@@ -173,24 +178,43 @@ def test_each_dtype_equals_quantize_embeddings_of_the_float32_run(runs, dtype):
 def test_reuse_keeps_the_previous_calibration_and_never_mixes_dtypes(runs, corpora, tiny_checkpoint_dir, tmp_path):
     previous = str(runs / "int8")
     kept = manifest(previous)["embedding"]["calibration"]
-    summary = run_job(job_config(corpora[1], str(tmp_path / "int8"), tiny_checkpoint_dir,
-                                 input={"reuse_from": previous}, output={"vector_dtype": "int8"}))
+    summary = run_job(
+        job_config(
+            corpora[1],
+            str(tmp_path / "int8"),
+            tiny_checkpoint_dir,
+            input={"reuse_from": previous},
+            output={"vector_dtype": "int8"},
+        )
+    )
     assert (summary["docs_reused"], summary["docs_encoded"]) == (20, 5)
     assert summary["embedding"]["calibration"] == kept  # one output, one scale: the previous run's
     got, before = by_id(str(tmp_path / "int8")), by_id(previous)
     new = sorted(set(got) - set(before))
     assert len(new) == 5 and all(np.array_equal(got[i], before[i]) for i in set(got) & set(before))
     # The same five documents encoded the same way (a float32 run reusing the float32 run of A): the reference.
-    run_job(job_config(corpora[1], str(tmp_path / "float32"), tiny_checkpoint_dir,
-                       input={"reuse_from": str(runs / "float32")}))
+    run_job(
+        job_config(
+            corpora[1], str(tmp_path / "float32"), tiny_checkpoint_dir, input={"reuse_from": str(runs / "float32")}
+        )
+    )
     new_NxD = np.stack([by_id(str(tmp_path / "float32"))[i] for i in new])
-    assert np.array_equal(np.stack([got[i] for i in new]),
-                          st_quantize(new_NxD, "int8", np.asarray(kept["ranges"], np.float32)))
-    other = run_job(job_config(corpora[1], str(tmp_path / "float16"), tiny_checkpoint_dir,
-                               input={"reuse_from": previous}, output={"vector_dtype": "float16"}))
+    assert np.array_equal(
+        np.stack([got[i] for i in new]), st_quantize(new_NxD, "int8", np.asarray(kept["ranges"], np.float32))
+    )
+    other = run_job(
+        job_config(
+            corpora[1],
+            str(tmp_path / "float16"),
+            tiny_checkpoint_dir,
+            input={"reuse_from": previous},
+            output={"vector_dtype": "float16"},
+        )
+    )
     assert other["docs_reused"] == 0 and "vector_dtype: 'int8' then, 'float16' now" in other["reuse"]["reason"]
-    assert pq.read_schema(embedding_files(str(tmp_path / "float16"))[0]).field("embedding").type == \
-        pa.list_(pa.float16(), DIM)
+    assert pq.read_schema(embedding_files(str(tmp_path / "float16"))[0]).field("embedding").type == pa.list_(
+        pa.float16(), DIM
+    )
 
 
 @pytest.mark.slow
@@ -214,10 +238,12 @@ def test_an_output_of_the_previous_format_is_still_reused(runs, corpora, tiny_ch
     del record["embedding"], record["reuse_key"]["vector_dtype"]
     (old / "_manifest.json").write_text(json.dumps(record))
     assert pq.read_schema(embedding_files(str(old))[0]).field("embedding").type == pa.list_(pa.float32())
-    summary = run_job(job_config(corpora[1], str(tmp_path / "new"), tiny_checkpoint_dir,
-                                 input={"reuse_from": str(old)}))
+    summary = run_job(
+        job_config(corpora[1], str(tmp_path / "new"), tiny_checkpoint_dir, input={"reuse_from": str(old)})
+    )
     assert (summary["docs_reused"], summary["docs_encoded"]) == (20, 5), summary["reuse"]
     got, before = by_id(str(tmp_path / "new")), by_id(str(old))
     assert all(np.array_equal(got[i], before[i]) for i in set(got) & set(before))
-    assert pq.read_schema(embedding_files(str(tmp_path / "new"))[0]).field("embedding").type == \
-        pa.list_(pa.float32(), DIM)
+    assert pq.read_schema(embedding_files(str(tmp_path / "new"))[0]).field("embedding").type == pa.list_(
+        pa.float32(), DIM
+    )

@@ -1,5 +1,6 @@
 """output.vertex_ai: Vector Search's batch layout (JSON lines under vertex_ai/, removed ids under
 vertex_ai/delete/), committed with the run."""
+
 from __future__ import annotations
 
 import glob
@@ -9,8 +10,8 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import SAMPLE, job_config
+
 from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.stages.sinks import removed_ids, restrict_values, vertex_record
@@ -36,7 +37,9 @@ def test_a_vertex_record_carries_the_float32_vector_exactly_and_a_restrict_per_f
 def test_a_kept_field_of_json_text_gives_the_values_it_holds():
     row = {"id": "d1", "embedding": [0.5], "tags": '["a", 2]', "title": '["not", "json"]'}
     assert vertex_record(row, ("tags", "title"), json_fields=("tags",))["restricts"] == [
-        {"namespace": "tags", "allow": ["a", "2"]}, {"namespace": "title", "allow": ['["not", "json"]']}]
+        {"namespace": "tags", "allow": ["a", "2"]},
+        {"namespace": "title", "allow": ['["not", "json"]']},
+    ]
 
 
 def test_an_id_is_removed_only_when_the_source_had_it_and_this_run_read_nothing_under_it():
@@ -48,10 +51,20 @@ def test_an_id_is_removed_only_when_the_source_had_it_and_this_run_read_nothing_
 def test_a_restrict_on_a_field_not_kept_is_refused_at_start(tmp_path):
     with pytest.raises(ConfigError, match=r"output.vertex_ai.restricts names \['lang'\].*input.keep_fields"):
         job_config("in.jsonl", str(tmp_path / "out"), "model", output={"vertex_ai": {"restricts": ["lang"]}})
-    job_config("in.jsonl", str(tmp_path / "out"), "model", output={"vertex_ai": {"restricts": ["lang"]}},
-               input={"keep_fields": ["lang"]})
-    job_config("in.jsonl", str(tmp_path / "out"), "model", output={"vertex_ai": {"restricts": ["lang"]}},
-               input={"keep_fields": "*"})
+    job_config(
+        "in.jsonl",
+        str(tmp_path / "out"),
+        "model",
+        output={"vertex_ai": {"restricts": ["lang"]}},
+        input={"keep_fields": ["lang"]},
+    )
+    job_config(
+        "in.jsonl",
+        str(tmp_path / "out"),
+        "model",
+        output={"vertex_ai": {"restricts": ["lang"]}},
+        input={"keep_fields": "*"},
+    )
 
 
 def test_sinks_refuse_vectors_that_are_not_floats(tmp_path):
@@ -76,11 +89,24 @@ def runs(tiny_checkpoint_dir, tmp_path_factory):
     for name, docs in (("a.jsonl", a), ("b.jsonl", b)):
         (root / name).write_text("".join(json.dumps(d) + "\n" for d in docs))
     kept, vertex = ["lang", "tags"], {"restricts": ["lang", "tags"]}
-    full = run_job(job_config(str(root / "a.jsonl"), str(root / "a"), tiny_checkpoint_dir,
-                              input={"keep_fields": kept}, output={"vertex_ai": vertex}))
-    incremental = run_job(job_config(str(root / "b.jsonl"), str(root / "b"), tiny_checkpoint_dir,
-                                     input={"reuse_from": str(root / "a"), "keep_fields": kept},
-                                     output={"vertex_ai": vertex}))
+    full = run_job(
+        job_config(
+            str(root / "a.jsonl"),
+            str(root / "a"),
+            tiny_checkpoint_dir,
+            input={"keep_fields": kept},
+            output={"vertex_ai": vertex},
+        )
+    )
+    incremental = run_job(
+        job_config(
+            str(root / "b.jsonl"),
+            str(root / "b"),
+            tiny_checkpoint_dir,
+            input={"reuse_from": str(root / "a"), "keep_fields": kept},
+            output={"vertex_ai": vertex},
+        )
+    )
     return root, full, incremental, gone, rejected
 
 
@@ -88,15 +114,16 @@ def runs(tiny_checkpoint_dir, tmp_path_factory):
 def test_the_vertex_files_hold_exactly_the_committed_rows(runs):
     root, *_ = runs
     for out in ("a", "b"):
-        parquet = {r["id"]: r["embedding"] for r in pq.read_table(glob.glob(f"{root}/{out}/embeddings/*.parquet"))
-                   .to_pylist()}
+        parquet = {
+            r["id"]: r["embedding"] for r in pq.read_table(glob.glob(f"{root}/{out}/embeddings/*.parquet")).to_pylist()
+        }
         records = [json.loads(line) for line in lines(f"{root}/{out}/vertex_ai/*.json")]
         assert sorted(r["id"] for r in records) == sorted(parquet)
         for r in records:
             assert np.array_equal(np.asarray(r["embedding"], np.float32), np.asarray(parquet[r["id"]], np.float32))
         manifest = json.load(open(f"{root}/{out}/_manifest.json"))
         listed = {f["path"] for f in manifest["files"]}
-        on_disk = {p[len(f"{root}/{out}/"):] for p in glob.glob(f"{root}/{out}/vertex_ai/**/*.*", recursive=True)}
+        on_disk = {p[len(f"{root}/{out}/") :] for p in glob.glob(f"{root}/{out}/vertex_ai/**/*.*", recursive=True)}
         assert on_disk and on_disk <= listed
 
 
@@ -109,8 +136,10 @@ def test_restricts_come_from_the_kept_fields_of_each_document_reused_or_encoded(
     assert records
     for r in records:
         doc = source[r["id"]]
-        assert r["restricts"] == [{"namespace": "lang", "allow": [doc["lang"]]},
-                                  {"namespace": "tags", "allow": doc["tags"]}], r["id"]
+        assert r["restricts"] == [
+            {"namespace": "lang", "allow": [doc["lang"]]},
+            {"namespace": "tags", "allow": doc["tags"]},
+        ], r["id"]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """Vertex AI Vector Search's dense, sparse and hybrid JSON lines (pipeline/stages/sinks.py ``vertex_record``): each
 line is held to the input schema Google documents and parsed into aiplatform's own ``IndexDatapoint``, and a whole
 sparse run with ``output.vertex_ai`` writes such lines for its rows."""
+
 from __future__ import annotations
 
 import glob
@@ -8,8 +9,8 @@ import json
 
 import numpy as np
 import pytest
-
 from beam_chunks_test import hybrid_runs  # noqa: F401  the session's SPLADE and dense runs
+
 from docbeam.pipeline.stages.sinks import vertex_record
 
 # The JSON record of https://cloud.google.com/vertex-ai/docs/vector-search/setup/format-structure ("Data file
@@ -24,14 +25,27 @@ VERTEX_RECORD = {
         "id": {"type": "string", "minLength": 1},
         "embedding": {"type": "array", "items": {"type": "number"}, "minItems": 1},
         "sparse_embedding": {
-            "type": "object", "required": ["values", "dimensions"], "additionalProperties": False,
-            "properties": {"values": {"type": "array", "items": {"type": "number"}},
-                           "dimensions": {"type": "array", "items": {"type": "integer", "minimum": 0}}}},
-        "restricts": {"type": "array", "items": {
-            "type": "object", "required": ["namespace"], "additionalProperties": False,
-            "properties": {"namespace": {"type": "string"},
-                           "allow": {"type": "array", "items": {"type": "string"}},
-                           "deny": {"type": "array", "items": {"type": "string"}}}}},
+            "type": "object",
+            "required": ["values", "dimensions"],
+            "additionalProperties": False,
+            "properties": {
+                "values": {"type": "array", "items": {"type": "number"}},
+                "dimensions": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+            },
+        },
+        "restricts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["namespace"],
+                "additionalProperties": False,
+                "properties": {
+                    "namespace": {"type": "string"},
+                    "allow": {"type": "array", "items": {"type": "string"}},
+                    "deny": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
         "numeric_restricts": {"type": "array"},
         "crowding_tag": {"type": "string"},
     },
@@ -53,20 +67,30 @@ def as_datapoint(record: dict):
 
     sparse = record.get("sparse_embedding")
     return IndexDatapoint(
-        datapoint_id=record["id"], feature_vector=record.get("embedding", []),
+        datapoint_id=record["id"],
+        feature_vector=record.get("embedding", []),
         sparse_embedding=IndexDatapoint.SparseEmbedding(**sparse) if sparse else None,
-        restricts=[IndexDatapoint.Restriction(namespace=r["namespace"], allow_list=r["allow"])
-                   for r in record.get("restricts", [])])
+        restricts=[
+            IndexDatapoint.Restriction(namespace=r["namespace"], allow_list=r["allow"])
+            for r in record.get("restricts", [])
+        ],
+    )
 
 
 DENSE = [0.1, -0.25, 1 / 3]
 SPARSE = {"indices": [3, 1017, 29999], "values": [0.7, 1 / 7, 2.5]}
 
 
-@pytest.mark.parametrize("columns", [{"embedding": DENSE}, {"sparse_embedding": SPARSE},
-                                     {"embedding": DENSE, "sparse_embedding": SPARSE},
-                                     {"embedding": DENSE, "sparse_embedding": SPARSE, "multi_vector": [[0.6, 0.8]]}],
-                         ids=["dense", "sparse", "hybrid", "bge-m3"])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"embedding": DENSE},
+        {"sparse_embedding": SPARSE},
+        {"embedding": DENSE, "sparse_embedding": SPARSE},
+        {"embedding": DENSE, "sparse_embedding": SPARSE, "multi_vector": [[0.6, 0.8]]},
+    ],
+    ids=["dense", "sparse", "hybrid", "bge-m3"],
+)
 def test_a_rows_vectors_become_vertex_json_by_its_columns(columns):
     row = {"id": "doc-7", **columns, "num_tokens": 9, "lang": "en", "tags": '["a", 3]'}
     record = json.loads(json.dumps(vertex_record(row, ("lang", "tags"), json_fields=("tags",))))
@@ -84,12 +108,18 @@ def test_a_rows_vectors_become_vertex_json_by_its_columns(columns):
         assert "sparse_embedding" not in record
 
 
-@pytest.mark.parametrize("broken", [
-    lambda r: r["sparse_embedding"].update(indices=r["sparse_embedding"].pop("dimensions")),  # docbeam's own names
-    lambda r: r["sparse_embedding"].update(dimensions=[float(d) + 0.5 for d in r["sparse_embedding"]["dimensions"]]),
-    lambda r: r.pop("sparse_embedding"),  # no vector at all
-    lambda r: r.update(sparse=r.pop("sparse_embedding")),
-], ids=["indices-not-dimensions", "float-dimensions", "no-vector", "misnamed"])
+@pytest.mark.parametrize(
+    "broken",
+    [
+        lambda r: r["sparse_embedding"].update(indices=r["sparse_embedding"].pop("dimensions")),  # docbeam's own names
+        lambda r: r["sparse_embedding"].update(
+            dimensions=[float(d) + 0.5 for d in r["sparse_embedding"]["dimensions"]]
+        ),
+        lambda r: r.pop("sparse_embedding"),  # no vector at all
+        lambda r: r.update(sparse=r.pop("sparse_embedding")),
+    ],
+    ids=["indices-not-dimensions", "float-dimensions", "no-vector", "misnamed"],
+)
 def test_the_schema_catches_a_record_written_wrong(broken):
     import jsonschema
 
@@ -109,8 +139,9 @@ def test_a_sparse_run_writes_vertex_lines_of_its_rows(hybrid_runs):
     rows = {r["id"]: r for f in glob.glob(f"{out}/embeddings/*.parquet") for r in pq.read_table(f).to_pylist()}
     lines = [json.loads(line) for f in sorted(glob.glob(f"{out}/vertex_ai/*.json")) for line in open(f)]
     manifest = json.load(open(f"{out}/_manifest.json"))
-    assert sorted(f"{out}/{f['path']}" for f in manifest["files"] if f["path"].startswith("vertex_ai/")) == \
-        sorted(glob.glob(f"{out}/vertex_ai/*.json"))
+    assert sorted(f"{out}/{f['path']}" for f in manifest["files"] if f["path"].startswith("vertex_ai/")) == sorted(
+        glob.glob(f"{out}/vertex_ai/*.json")
+    )
     assert sorted(r["id"] for r in lines) == sorted(rows) and len(rows) == len(hybrid_runs["texts"])
     for record in lines:
         check_record(record)

@@ -1,4 +1,5 @@
 """models/vm_cache.py and its users: a checkpoint on gs:// is copied once per VM, not once per process."""
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,12 @@ print(json.dumps({"pid": os.getpid(), "folder": folder, "filled_by": vm_cache.fi
 
 
 def run_together(code: str, env: dict, n: int = 2) -> list[dict]:
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(n)
+    ]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=120)

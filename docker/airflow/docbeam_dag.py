@@ -6,6 +6,7 @@ Every value the profile holds as a placeholder is passed here explicitly (projec
 locations, worker image, input, output, compilation cache): the launcher refuses a launch that leaves one.
 Each run embeds the day's corpus into its own folder, so a rerun of one day replaces only that day.
 """
+
 from __future__ import annotations
 
 import pendulum

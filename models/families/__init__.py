@@ -6,11 +6,26 @@ the config and an AttentionFn), ``PREFIXES`` (model prefixes a task head's tenso
 ``read_config(HubConfig, dtype)`` and ``read_params(Tensors, config)``; a family with task adapters (Jina v3)
 also ``with_task(config, task, where)``, which takes model.task.
 """
+
 from __future__ import annotations
 
 from types import ModuleType
 
-from docbeam.models.families import (bert, deberta, distilbert, embedding_gemma2, eurobert, gemma3, gte, jina, modernbert, mpnet, nomic, qwen3, roberta)
+from docbeam.models.families import (
+    bert,
+    deberta,
+    distilbert,
+    embedding_gemma2,
+    eurobert,
+    gemma3,
+    gte,
+    jina,
+    modernbert,
+    mpnet,
+    nomic,
+    qwen3,
+    roberta,
+)
 from docbeam.models.families.encoder_config import CheckpointError
 
 MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
@@ -40,8 +55,9 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
 
 def family_for(model_type: str, where: str) -> ModuleType:
     if model_type not in MODEL_TYPES:
-        raise CheckpointError(f"model.path: model_type {model_type!r} in {where} is not supported; supported: "
-                              f"{', '.join(MODEL_TYPES)}")
+        raise CheckpointError(
+            f"model.path: model_type {model_type!r} in {where} is not supported; supported: {', '.join(MODEL_TYPES)}"
+        )
     return MODEL_TYPES[model_type]
 
 

@@ -6,6 +6,7 @@ post-norm families vary, and ``FamilyModel``, the shell each family's model fill
 A family file states only how it differs: which blocks, in which order, with which options. No block knows
 a kernel, and none knows a family.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,14 @@ from docbeam.models.families.encoder_config import ACTIVATIONS, EncoderConfig, R
 from docbeam.models.precision import Linear, Precision, precision_of
 
 
-def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_BxT: jax.Array | None = None,
-           scale: float = 1.0, bands: tuple[float, float, float, float] | None = None) -> jax.Array:
+def rotary(
+    x_BxTxNxH: jax.Array,
+    theta: float,
+    style: str = "half",
+    positions_BxT: jax.Array | None = None,
+    scale: float = 1.0,
+    bands: tuple[float, float, float, float] | None = None,
+) -> jax.Array:
     """Rotary position embedding; computed per position, so sequences have no length limit.
 
     ``half`` rotates (x[:H/2], x[H/2:]) pairs (Llama, ModernBERT); ``interleaved`` rotates (x[2i], x[2i+1])
@@ -50,8 +57,9 @@ def rotary(x_BxTxNxH: jax.Array, theta: float, style: str = "half", positions_Bx
 
 def segment_starts(segment_ids_BxT: jax.Array) -> jax.Array:
     """True where a packed row's segment id changes: each window's first token."""
-    return jnp.concatenate([jnp.ones_like(segment_ids_BxT[:, :1], bool),
-                            segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1)
+    return jnp.concatenate(
+        [jnp.ones_like(segment_ids_BxT[:, :1], bool), segment_ids_BxT[:, 1:] != segment_ids_BxT[:, :-1]], axis=1
+    )
 
 
 def segment_positions(segment_ids_BxT: jax.Array) -> jax.Array:
@@ -106,10 +114,15 @@ class Embeddings(nn.Module):
         x_BxTxD = nn.Embed(self.vocab_size, self.hidden_size, dtype=self.dtype, name="word")(ids_BxT)
         if self.position_table:
             x_BxTxD = x_BxTxD + nn.Embed(self.position_table, self.hidden_size, dtype=self.dtype, name="position")(
-                rows.positions_BxT + self.position_offset)
+                rows.positions_BxT + self.position_offset
+            )
         if self.type_vocab_size:  # one segment per window: token type 0 everywhere
-            x_BxTxD = x_BxTxD + nn.Embed(self.type_vocab_size, self.hidden_size, dtype=self.dtype,
-                                         name="token_type")(jnp.zeros((1,), jnp.int32))[0]
+            x_BxTxD = (
+                x_BxTxD
+                + nn.Embed(self.type_vocab_size, self.hidden_size, dtype=self.dtype, name="token_type")(
+                    jnp.zeros((1,), jnp.int32)
+                )[0]
+            )
         return layer_norm(self.eps, self.dtype, "norm", self.norm_bias)(x_BxTxD)
 
 
@@ -131,12 +144,19 @@ class SelfAttention(nn.Module):
         qkv_BxTx3D = Linear(3 * D, self.precision, self.use_bias, name="qkv")(x_BxTxD).astype(self.precision.attention)
         q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv_BxTx3D.reshape(B, T, 3 * N, H), 3, axis=2)
         if self.rope is not None:
-            q_BxTxNxH, k_BxTxNxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
-                                    for t in (q_BxTxNxH, k_BxTxNxH))
+            q_BxTxNxH, k_BxTxNxH = (
+                rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale)
+                for t in (q_BxTxNxH, k_BxTxNxH)
+            )
         features = {"segment_ids_BxT": rows.segment_ids_BxT, "local_window": self.local_window, "bias": bias}
-        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=rows.lengths_B,
-                                      scale=1.0 / math.sqrt(H),
-                                      **{key: value for key, value in features.items() if value is not None})
+        attn_BxTxNxH = self.attention(
+            q_BxTxNxH,
+            k_BxTxNxH,
+            v_BxTxNxH,
+            kv_lengths_B=rows.lengths_B,
+            scale=1.0 / math.sqrt(H),
+            **{key: value for key, value in features.items() if value is not None},
+        )
         return Linear(D, self.precision, self.use_bias, name="out")(attn_BxTxNxH.reshape(B, T, D))
 
 
@@ -225,19 +245,31 @@ class GroupedSelfAttention(nn.Module):
             k_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "k_norm", self.norm_offset)(k_BxTxKxH)
             if self.v_norm:
                 v_BxTxKxH = rms_norm(self.qk_norm_eps, jnp.float32, "v_norm", use_scale=False)(v_BxTxKxH)
-        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (t.astype(self.precision.attention)
-                                           for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH))
-        q_BxTxNxH, k_BxTxKxH = (rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale,
-                                       self.rope.bands) for t in (q_BxTxNxH, k_BxTxKxH))
-        features = {"segment_ids_BxT": rows.segment_ids_BxT, "local_window": self.local_window,
-                    "causal": self.causal or None}
-        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxKxH, v_BxTxKxH, kv_lengths_B=rows.lengths_B,
-                                      scale=self.scale or 1.0 / math.sqrt(H),
-                                      **{key: value for key, value in features.items() if value is not None})
+        q_BxTxNxH, k_BxTxKxH, v_BxTxKxH = (
+            t.astype(self.precision.attention) for t in (q_BxTxNxH, k_BxTxKxH, v_BxTxKxH)
+        )
+        q_BxTxNxH, k_BxTxKxH = (
+            rotary(t, self.rope.theta, self.rope.style, rows.positions_BxT, self.rope.scale, self.rope.bands)
+            for t in (q_BxTxNxH, k_BxTxKxH)
+        )
+        features = {
+            "segment_ids_BxT": rows.segment_ids_BxT,
+            "local_window": self.local_window,
+            "causal": self.causal or None,
+        }
+        attn_BxTxNxH = self.attention(
+            q_BxTxNxH,
+            k_BxTxKxH,
+            v_BxTxKxH,
+            kv_lengths_B=rows.lengths_B,
+            scale=self.scale or 1.0 / math.sqrt(H),
+            **{key: value for key, value in features.items() if value is not None},
+        )
         return Linear(D, self.precision, self.out_bias, name="out")(attn_BxTxNxH.reshape(B, T, N * H))
 
 
 # --- what a family's model is made of -------------------------------------------------------------------------
+
 
 class FamilyModel(nn.Module):
     """Every family's model, seen from outside: token ids [B, T], valid lengths [B] and (packed rows) segment ids
@@ -271,11 +303,15 @@ class PostNormLayer(nn.Module):
     @nn.compact
     def __call__(self, x_BxTxD, rows: Rows, bias: Callable | None = None):
         cfg, precision = self.config, precision_of(self.config.dtype)
-        attn_BxTxD = SelfAttention(cfg.num_heads, self.attention, precision, use_bias=self.biases, rope=self.rope,
-                                   name="attn")(x_BxTxD, rows, bias)
+        attn_BxTxD = SelfAttention(
+            cfg.num_heads, self.attention, precision, use_bias=self.biases, rope=self.rope, name="attn"
+        )(x_BxTxD, rows, bias)
         x_BxTxD = layer_norm(cfg.layer_norm_eps, jnp.float32, "attn_norm")(x_BxTxD + attn_BxTxD)
-        mlp = (GatedMlp(cfg.intermediate_size, cfg.activation, precision, out_bias=self.biases, name="mlp")
-               if self.gated else Mlp(cfg.intermediate_size, cfg.activation, precision, name="mlp"))
+        mlp = (
+            GatedMlp(cfg.intermediate_size, cfg.activation, precision, out_bias=self.biases, name="mlp")
+            if self.gated
+            else Mlp(cfg.intermediate_size, cfg.activation, precision, name="mlp")
+        )
         return layer_norm(cfg.layer_norm_eps, jnp.float32, "mlp_norm")(x_BxTxD + mlp(x_BxTxD))
 
 
@@ -289,12 +325,19 @@ class PostNormEncoder(FamilyModel):
     def encode(self, ids_BxT, rows: Rows, dtype) -> jax.Array:
         cfg = self.config
         absolute = cfg.position == "absolute"
-        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
-                             position_table=cfg.max_position + cfg.position_offset if absolute else 0,
-                             position_offset=cfg.position_offset, type_vocab_size=cfg.type_vocab_size,
-                             name="embed")(ids_BxT, rows)
+        x_BxTxD = Embeddings(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.layer_norm_eps,
+            dtype,
+            position_table=cfg.max_position + cfg.position_offset if absolute else 0,
+            position_offset=cfg.position_offset,
+            type_vocab_size=cfg.type_vocab_size,
+            name="embed",
+        )(ids_BxT, rows)
         rope = None if absolute else cfg.rope
         for i in range(cfg.num_layers):
-            x_BxTxD = PostNormLayer(cfg, self.attention, rope, self.gated, self.biases, name=f"layer_{i}")(x_BxTxD,
-                                                                                                         rows)
+            x_BxTxD = PostNormLayer(cfg, self.attention, rope, self.gated, self.biases, name=f"layer_{i}")(
+                x_BxTxD, rows
+            )
         return x_BxTxD

@@ -6,6 +6,7 @@ past ``position_buckets / 2`` and clipped to the table. The scores are scaled by
 v3 puts no positions in the input (``position_biased_input: false``). The terms go to attention as
 ``relative_positions`` (attention/relative.py): the backend computes them per block. NeMo Curator's quality
 and domain classifiers, mDeBERTa."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -56,8 +57,12 @@ def log_bucket(offset, buckets: int, max_position: int):
     mid = buckets // 2
     near = (offset < mid) & (offset > -mid)
     magnitude = jnp.where(near, mid - 1, jnp.abs(offset))
-    far = jnp.ceil(jnp.log(magnitude.astype(jnp.float32) / mid) / jnp.log(jnp.float32((max_position - 1) / mid))
-                   * (mid - 1)) + mid
+    far = (
+        jnp.ceil(
+            jnp.log(magnitude.astype(jnp.float32) / mid) / jnp.log(jnp.float32((max_position - 1) / mid)) * (mid - 1)
+        )
+        + mid
+    )
     return jnp.where(magnitude <= mid, offset, (far * jnp.sign(offset)).astype(offset.dtype))
 
 
@@ -84,8 +89,9 @@ class DisentangledAttention(nn.Module):
         B, T, D = x_BxTxD.shape
         N, H = cfg.num_heads, cfg.head_dim
         qkv = Linear(3 * D, precision, name="qkv")
-        q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(qkv(x_BxTxD).astype(precision.attention).reshape(B, T, 3 * N, H),
-                                                    3, axis=2)
+        q_BxTxNxH, k_BxTxNxH, v_BxTxNxH = jnp.split(
+            qkv(x_BxTxD).astype(precision.attention).reshape(B, T, 3 * N, H), 3, axis=2
+        )
         features = {} if rows.segment_ids_BxT is None else {"segment_ids_BxT": rows.segment_ids_BxT}
         terms = cfg.relative_terms
         if terms:
@@ -94,11 +100,20 @@ class DisentangledAttention(nn.Module):
             else:
                 pos_q_RxD = Linear(D, precision, name="pos_query")(rel_RxD) if "p2c" in terms else None
                 pos_k_RxD = Linear(D, precision, name="pos_key")(rel_RxD) if "c2p" in terms else None
-            tables = {term: t_RxD.astype(precision.attention).reshape(-1, N, H)
-                      for term, t_RxD in (("c2p", pos_k_RxD), ("p2c", pos_q_RxD)) if term in terms}
+            tables = {
+                term: t_RxD.astype(precision.attention).reshape(-1, N, H)
+                for term, t_RxD in (("c2p", pos_k_RxD), ("p2c", pos_q_RxD))
+                if term in terms
+            }
             features["relative_positions"] = RelativePositions(relative_row(cfg), tables.get("c2p"), tables.get("p2c"))
-        attn_BxTxNxH = self.attention(q_BxTxNxH, k_BxTxNxH, v_BxTxNxH, kv_lengths_B=rows.lengths_B,
-                                      scale=1.0 / math.sqrt(H * (1 + len(cfg.pos_att_type))), **features)
+        attn_BxTxNxH = self.attention(
+            q_BxTxNxH,
+            k_BxTxNxH,
+            v_BxTxNxH,
+            kv_lengths_B=rows.lengths_B,
+            scale=1.0 / math.sqrt(H * (1 + len(cfg.pos_att_type))),
+            **features,
+        )
         return Linear(D, precision, name="out")(attn_BxTxNxH.reshape(B, T, D))
 
 
@@ -123,9 +138,15 @@ class Model(FamilyModel):
 
     def encode(self, ids_BxT, rows, dtype):
         cfg = self.config
-        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
-                             position_table=cfg.max_position if cfg.position == "absolute" else 0,
-                             type_vocab_size=cfg.type_vocab_size, name="embed")(ids_BxT, rows)
+        x_BxTxD = Embeddings(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.layer_norm_eps,
+            dtype,
+            position_table=cfg.max_position if cfg.position == "absolute" else 0,
+            type_vocab_size=cfg.type_vocab_size,
+            name="embed",
+        )(ids_BxT, rows)
         if rows.segment_ids_BxT is None:
             valid_BxT = jnp.arange(ids_BxT.shape[1])[None, :] < rows.lengths_B[:, None]
         else:
@@ -143,32 +164,50 @@ class Model(FamilyModel):
 
 def read_config(hub: HubConfig, dtype: str) -> Config:
     hidden = hub.get("hidden_size")
-    for key, default, why in (("embedding_size", hidden, "an embedding projection (embed_proj)"),
-                              ("attention_head_size", hidden // hub.get("num_attention_heads"),
-                               "heads of another size than hidden_size / num_attention_heads")):
+    for key, default, why in (
+        ("embedding_size", hidden, "an embedding projection (embed_proj)"),
+        (
+            "attention_head_size",
+            hidden // hub.get("num_attention_heads"),
+            "heads of another size than hidden_size / num_attention_heads",
+        ),
+    ):
         if hub.get(key, default=default) != default:
-            raise hub.error(f"sets {key}: {hub.raw[key]!r}, which needs {why} docbeam does not build; "
-                            f"supported: {default} (or the key left out)")
+            raise hub.error(
+                f"sets {key}: {hub.raw[key]!r}, which needs {why} docbeam does not build; "
+                f"supported: {default} (or the key left out)"
+            )
     if hub.get("conv_kernel_size", default=0) > 0:
-        raise hub.error(f"sets conv_kernel_size: {hub.raw['conv_kernel_size']!r}, DeBERTa-v2's convolution beside "
-                        "the first layer, which docbeam does not build; supported: 0 (DeBERTa-v3 has none)")
+        raise hub.error(
+            f"sets conv_kernel_size: {hub.raw['conv_kernel_size']!r}, DeBERTa-v2's convolution beside "
+            "the first layer, which docbeam does not build; supported: 0 (DeBERTa-v3 has none)"
+        )
     raw_terms = hub.get("pos_att_type", default=[])
     terms = [t.strip() for t in (raw_terms.lower().split("|") if isinstance(raw_terms, str) else raw_terms)]
     if set(terms) - set(TERMS):
-        raise hub.error(f"sets pos_att_type: {raw_terms!r}; docbeam runs {', '.join(TERMS)} (content→position and "
-                        "position→content), alone or both")
+        raise hub.error(
+            f"sets pos_att_type: {raw_terms!r}; docbeam runs {', '.join(TERMS)} (content→position and "
+            "position→content), alone or both"
+        )
     norm = [x.strip() for x in str(hub.get("norm_rel_ebd", default="none")).lower().split("|")]
     if set(norm) - {"none", "layer_norm"}:
         raise hub.error(f"sets norm_rel_ebd: {hub.raw['norm_rel_ebd']!r}; supported: none, layer_norm")
-    fields = {**bert.common_fields(hub, dtype), "type_vocab_size": hub.get("type_vocab_size", default=0),
-              "layer_norm_eps": hub.get("layer_norm_eps", default=1e-7)}
+    fields = {
+        **bert.common_fields(hub, dtype),
+        "type_vocab_size": hub.get("type_vocab_size", default=0),
+        "layer_norm_eps": hub.get("layer_norm_eps", default=1e-7),
+    }
     max_relative = int(hub.get("max_relative_positions", default=-1))
-    return Config(**fields, position="absolute" if hub.get("position_biased_input", default=True) else "relative",
-                  relative_attention=bool(hub.get("relative_attention", default=False)),
-                  position_buckets=int(hub.get("position_buckets", default=-1)),
-                  max_relative_positions=max_relative if max_relative >= 1 else fields["max_position"],
-                  share_att_key=bool(hub.get("share_att_key", default=False)),
-                  pos_att_type=tuple(dict.fromkeys(t for t in terms if t)), norm_rel_ebd="layer_norm" in norm)
+    return Config(
+        **fields,
+        position="absolute" if hub.get("position_biased_input", default=True) else "relative",
+        relative_attention=bool(hub.get("relative_attention", default=False)),
+        position_buckets=int(hub.get("position_buckets", default=-1)),
+        max_relative_positions=max_relative if max_relative >= 1 else fields["max_position"],
+        share_att_key=bool(hub.get("share_att_key", default=False)),
+        pos_att_type=tuple(dict.fromkeys(t for t in terms if t)),
+        norm_rel_ebd="layer_norm" in norm,
+    )
 
 
 def read_params(t: Tensors, config: Config) -> dict:
@@ -180,13 +219,21 @@ def read_params(t: Tensors, config: Config) -> dict:
             params["rel_norm"] = t.norm("encoder.LayerNorm")
     for i in range(config.num_layers):
         p = f"encoder.layer.{i}"
-        attn = {"qkv": t.dense(*(f"{p}.attention.self.{n}_proj" for n in ("query", "key", "value"))),
-                "out": t.dense(f"{p}.attention.output.dense")}
+        attn = {
+            "qkv": t.dense(*(f"{p}.attention.self.{n}_proj" for n in ("query", "key", "value"))),
+            "out": t.dense(f"{p}.attention.output.dense"),
+        }
         if terms and not config.share_att_key:
-            attn.update({f"pos_{name}": t.dense(f"{p}.attention.self.pos_{name}_proj")
-                         for name, term in (("key", "c2p"), ("query", "p2c")) if term in terms})
+            attn.update(
+                {
+                    f"pos_{name}": t.dense(f"{p}.attention.self.pos_{name}_proj")
+                    for name, term in (("key", "c2p"), ("query", "p2c"))
+                    if term in terms
+                }
+            )
         params[f"layer_{i}"] = {
-            "attn": attn, "attn_norm": t.norm(f"{p}.attention.output.LayerNorm"),
+            "attn": attn,
+            "attn_norm": t.norm(f"{p}.attention.output.LayerNorm"),
             "mlp": {"wi": t.dense(f"{p}.intermediate.dense"), "wo": t.dense(f"{p}.output.dense")},
             "mlp_norm": t.norm(f"{p}.output.LayerNorm"),
         }

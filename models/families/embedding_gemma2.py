@@ -11,6 +11,7 @@ what transformers' EmbeddingGemma2TextModel changes:
   by its ``layer_scalar``;
 - after the final norm, ``embedding_projection`` to ``embedding_dim``: the hidden states pooling sees.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +56,9 @@ class Config(gemma3.Config):
     def check_heads(self) -> None:
         super().check_heads()
         if self.num_heads % self.full_kv_heads:
-            raise ValueError(f"num_heads {self.num_heads} is not a multiple of the full layers' key/value heads "
-                             f"{self.full_kv_heads}")
+            raise ValueError(
+                f"num_heads {self.num_heads} is not a multiple of the full layers' key/value heads {self.full_kv_heads}"
+            )
 
 
 class Model(FamilyModel):
@@ -113,15 +115,24 @@ def full_layer_heads(hub: HubConfig, sliding: tuple[bool, ...]) -> tuple[int, in
     by_layer = {int(i): dict(v) for i, v in overrides.items()}
     unknown = {key for v in by_layer.values() for key in v} - set(PER_LAYER_KEYS)
     if unknown or any(sliding[i] for i in by_layer if i < len(sliding)) or max(by_layer, default=0) >= len(sliding):
-        raise hub.error(f"sets per_layer_config {overrides}; docbeam reproduces only {', '.join(PER_LAYER_KEYS)} "
-                        "overridden alike on every full_attention layer")
-    base = {"head_dim": hub.get("head_dim", default=256),
-            "num_key_value_heads": hub.get("num_key_value_heads", default=hub.get("num_attention_heads"))}
-    shapes = {tuple({**base, **by_layer.get(i, {})}[key] for key in PER_LAYER_KEYS)
-              for i, is_sliding in enumerate(sliding) if not is_sliding}
+        raise hub.error(
+            f"sets per_layer_config {overrides}; docbeam reproduces only {', '.join(PER_LAYER_KEYS)} "
+            "overridden alike on every full_attention layer"
+        )
+    base = {
+        "head_dim": hub.get("head_dim", default=256),
+        "num_key_value_heads": hub.get("num_key_value_heads", default=hub.get("num_attention_heads")),
+    }
+    shapes = {
+        tuple({**base, **by_layer.get(i, {})}[key] for key in PER_LAYER_KEYS)
+        for i, is_sliding in enumerate(sliding)
+        if not is_sliding
+    }
     if len(shapes) != 1:
-        raise hub.error(f"sets per_layer_config {overrides}, which gives the full layers different shapes "
-                        f"{sorted(shapes)}; docbeam runs one shape per kind of layer")
+        raise hub.error(
+            f"sets per_layer_config {overrides}, which gives the full layers different shapes "
+            f"{sorted(shapes)}; docbeam runs one shape per kind of layer"
+        )
     return shapes.pop()
 
 
@@ -133,22 +144,34 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     if not isinstance(radius, int) or isinstance(radius, bool) or radius < 0:
         raise hub.error(f"sets sliding_window: {radius!r}; expected a radius in tokens (0 or more)")
     head_dim, kv_heads = full_layer_heads(hub, sliding)
-    return Config(**fields, max_position=hub.get("max_position_embeddings", default=262_144),
-                  local_window=(radius, radius), full_head_dim=head_dim, full_kv_heads=kv_heads,
-                  per_layer_size=hub.get("hidden_size_per_layer_input", default=512),
-                  embedding_dim=hub.get("embedding_dim", default=768))
+    return Config(
+        **fields,
+        max_position=hub.get("max_position_embeddings", default=262_144),
+        local_window=(radius, radius),
+        full_head_dim=head_dim,
+        full_kv_heads=kv_heads,
+        per_layer_size=hub.get("hidden_size_per_layer_input", default=512),
+        embedding_dim=hub.get("embedding_dim", default=768),
+    )
 
 
 def read_params(t: Tensors, config: Config) -> dict:
-    params = {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False),
-              "projection": t.dense("embedding_projection", bias=False),
-              "per_layer": {"projection": t.dense("ple.per_layer_model_projection", bias=False),
-                            "norm": t.norm("ple.per_layer_projection_norm", bias=False)}}
+    params = {
+        "embed": t.embedding("embed_tokens.weight"),
+        "final_norm": t.norm("norm", bias=False),
+        "projection": t.dense("embedding_projection", bias=False),
+        "per_layer": {
+            "projection": t.dense("ple.per_layer_model_projection", bias=False),
+            "norm": t.norm("ple.per_layer_projection_norm", bias=False),
+        },
+    }
     for i in range(config.num_layers):
         p = f"layers.{i}"
-        params[f"layer_{i}"] = {"block": gemma3.layer_params(t, p, config),
-                                "gate": t.dense(f"{p}.ple_block.per_layer_input_gate", bias=False),
-                                "out": t.dense(f"{p}.ple_block.per_layer_projection", bias=False),
-                                "per_layer_norm": t.norm(f"{p}.ple_block.post_per_layer_input_norm", bias=False),
-                                "scalar": t(f"{p}.layer_scalar")}
+        params[f"layer_{i}"] = {
+            "block": gemma3.layer_params(t, p, config),
+            "gate": t.dense(f"{p}.ple_block.per_layer_input_gate", bias=False),
+            "out": t.dense(f"{p}.ple_block.per_layer_projection", bias=False),
+            "per_layer_norm": t.norm(f"{p}.ple_block.post_per_layer_input_norm", bias=False),
+            "scalar": t(f"{p}.layer_scalar"),
+        }
     return params

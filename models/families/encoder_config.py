@@ -4,6 +4,7 @@ which reads a Hub ``config.json`` in either of its forms and refuses, naming fil
 family does not reproduce. models/families/blocks.py builds the layers; models/families/tensors.py maps
 the weights; models/encoder.py re-exports the config and the arithmetic.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,8 +15,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from docbeam.models.precision import PRECISIONS
 from docbeam.errors import Refused
+from docbeam.models.precision import PRECISIONS
 
 
 class CheckpointError(Refused, ValueError):
@@ -54,8 +55,9 @@ class Rope:
     bands: tuple[float, float, float, float] | None = None
 
 
-def llama3_frequencies(inv_freq_H2: jax.Array, factor: float, low_freq_factor: float, high_freq_factor: float,
-                       original_max_position: float) -> jax.Array:
+def llama3_frequencies(
+    inv_freq_H2: jax.Array, factor: float, low_freq_factor: float, high_freq_factor: float, original_max_position: float
+) -> jax.Array:
     """Llama 3's RoPE scaling, as transformers' _compute_llama3_parameters: wavelengths shorter than
     ``original / high_freq_factor`` keep their frequency, those longer than ``original / low_freq_factor`` are
     divided by ``factor``, and the band between blends the two linearly in ``original / wavelength``."""
@@ -63,8 +65,9 @@ def llama3_frequencies(inv_freq_H2: jax.Array, factor: float, low_freq_factor: f
     scaled_H2 = jnp.where(wavelen_H2 > original_max_position / low_freq_factor, inv_freq_H2 / factor, inv_freq_H2)
     smooth_H2 = (original_max_position / wavelen_H2 - low_freq_factor) / (high_freq_factor - low_freq_factor)
     smoothed_H2 = (1 - smooth_H2) * scaled_H2 / factor + smooth_H2 * scaled_H2
-    medium_H2 = (wavelen_H2 >= original_max_position / high_freq_factor) & \
-        (wavelen_H2 <= original_max_position / low_freq_factor)
+    medium_H2 = (wavelen_H2 >= original_max_position / high_freq_factor) & (
+        wavelen_H2 <= original_max_position / low_freq_factor
+    )
     return jnp.where(medium_H2, smoothed_H2, scaled_H2)
 
 
@@ -133,10 +136,28 @@ class EncoderConfig:
 
 
 _MISSING = object()
-SIZES = {key: 1 for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                            "intermediate_size", "max_position_embeddings", "num_key_value_heads", "head_dim",
-                            "n_layer", "n_layers", "n_head", "n_heads", "n_embd", "n_inner", "n_positions", "dim",
-                            "hidden_dim")} | {"type_vocab_size": 0}
+SIZES = {
+    key: 1
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "num_key_value_heads",
+        "head_dim",
+        "n_layer",
+        "n_layers",
+        "n_head",
+        "n_heads",
+        "n_embd",
+        "n_inner",
+        "n_positions",
+        "dim",
+        "hidden_dim",
+    )
+} | {"type_vocab_size": 0}
 EPSILONS = ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps", "norm_eps")
 
 
@@ -176,8 +197,10 @@ class HubConfig:
         """A key whose other values change the model in a way this family does not reproduce."""
         value = self.raw.get(key, allowed[0])
         if value not in allowed:
-            raise self.error(f"sets {key}: {value!r}, which docbeam does not run ({why}); supported: "
-                             f"{', '.join(repr(a) for a in allowed)}")
+            raise self.error(
+                f"sets {key}: {value!r}, which docbeam does not run ({why}); supported: "
+                f"{', '.join(repr(a) for a in allowed)}"
+            )
 
     def activation(self, *keys: str, default: str) -> str:
         value = self.get(*keys, default=default)
@@ -185,8 +208,14 @@ class HubConfig:
             raise self.error(f"sets {keys[0]}: {value!r}; supported: {sorted(ACTIVATIONS)}")
         return value
 
-    def rope(self, head_dim: int, default_theta: float, layer_type: str | None = None,
-             legacy_theta: tuple[str, ...] = ("rope_theta",), llama3: bool = False) -> Rope:
+    def rope(
+        self,
+        head_dim: int,
+        default_theta: float,
+        layer_type: str | None = None,
+        legacy_theta: tuple[str, ...] = ("rope_theta",),
+        llama3: bool = False,
+    ) -> Rope:
         """Half-style rotary positions from transformers 5's ``rope_parameters`` (flat, or nested per layer
         type) or the Hub's ``rope_theta`` / ``rope_scaling``: default, linear, fixed NTK (GTE's ``ntk``), and
         Llama 3's frequency bands where the family's layers apply them (``llama3``)."""
@@ -195,8 +224,13 @@ class HubConfig:
             params = params.get(layer_type) or {}
         scaling = dict(self.raw.get("rope_scaling") or {}) if not params else {}
         theta = float(params.get("rope_theta") or self.get(*legacy_theta, default=default_theta))
-        kind = params.get("rope_type") or params.get("type") or scaling.get("rope_type") or scaling.get("type") \
+        kind = (
+            params.get("rope_type")
+            or params.get("type")
+            or scaling.get("rope_type")
+            or scaling.get("type")
             or "default"
+        )
         factor = float(params.get("factor") or scaling.get("factor") or 1.0)
         key = "rope_parameters" if params else "rope_scaling"
         if kind == "default":
@@ -212,5 +246,7 @@ class HubConfig:
         if kind == "ntk" and scaling.get("mixed_b") is None:
             # The Hub's NTKScalingRotaryEmbedding (GTE): base·factor, every frequency divided by factor^(2/H).
             return Rope(theta * factor, scale=factor ** (-2.0 / head_dim))
-        raise self.error(f"sets {key} {params or scaling}, a RoPE scaling docbeam does not reproduce; supported: "
-                         "none, linear, ntk (fixed, without mixed_b)")
+        raise self.error(
+            f"sets {key} {params or scaling}, a RoPE scaling docbeam does not reproduce; supported: "
+            "none, linear, ntk (fixed, without mixed_b)"
+        )

@@ -3,6 +3,7 @@
 ``attention_bias``), every layer attending over the whole window: transformers' EuroBertModel hands its Llama
 layers a bidirectional padding mask whatever the config says. Pooled mean unless its sentence-transformers files
 say otherwise. EuroBERT-210m/610m/2.1b, jina-embeddings-v5-nano's backbone."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,5 +28,12 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     hub.refuse_unless("mlp_bias", (False,), "biased MLP projections")
     biased = bool(hub.get("attention_bias", default=False))  # Llama's: q, k, v and o alike
     fields = qwen3.decoder_fields(hub, dtype)
-    return Config(**{**fields, "max_position": hub.get("max_position_embeddings", default=8192),
-                     "layer_norm_eps": hub.get("rms_norm_eps", default=1e-5)}, qkv_bias=biased, out_bias=biased)
+    return Config(
+        **{
+            **fields,
+            "max_position": hub.get("max_position_embeddings", default=8192),
+            "layer_norm_eps": hub.get("rms_norm_eps", default=1e-5),
+        },
+        qkv_bias=biased,
+        out_bias=biased,
+    )

@@ -5,6 +5,7 @@ scaled by √hidden, ``query_pre_attn_scalar^-½`` as the score scale, and ``lay
 (a local window, RoPE base ``rope_local_base_freq``) with full ones (their own base). EmbeddingGemma-300m
 sets ``use_bidirectional_attention``: every layer attends both ways and the sliding window becomes a radius
 (below); the causal Gemma3 checkpoints attend to earlier tokens only and are pooled at the last token."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,8 +39,10 @@ class Config(qwen3.Config):
     def attention_features(self) -> tuple:
         from docbeam.attention.interface import AttentionFeatures
 
-        kinds = [AttentionFeatures(local_window=self.local_window if sliding else None, causal=self.causal)
-                 for sliding in self.sliding_layers]
+        kinds = [
+            AttentionFeatures(local_window=self.local_window if sliding else None, causal=self.causal)
+            for sliding in self.sliding_layers
+        ]
         return tuple(dict.fromkeys(kinds))
 
     def layer_heads(self, sliding: bool) -> tuple[int, int]:
@@ -82,10 +85,20 @@ class Layer(nn.Module):
         kv_heads, head_dim = cfg.layer_heads(self.sliding)
         rope = Rope(cfg.local_rope_theta) if self.sliding else cfg.rope
         attention = GroupedSelfAttention(
-            cfg.num_heads, kv_heads, head_dim, self.attention, precision, rope,
-            qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, norm_offset=cfg.norm_offset, v_norm=cfg.v_norm,
-            causal=cfg.causal, local_window=cfg.local_window if self.sliding else None, scale=cfg.query_scale,
-            name="attn")
+            cfg.num_heads,
+            kv_heads,
+            head_dim,
+            self.attention,
+            precision,
+            rope,
+            qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None,
+            norm_offset=cfg.norm_offset,
+            v_norm=cfg.v_norm,
+            causal=cfg.causal,
+            local_window=cfg.local_window if self.sliding else None,
+            scale=cfg.query_scale,
+            name="attn",
+        )
         x_BxTxD = x_BxTxD + norm("post_attn_norm")(attention(norm("attn_norm")(x_BxTxD), rows))
         mlp = GatedMlp(cfg.intermediate_size, cfg.activation, precision, name="mlp")
         return x_BxTxD + norm("post_mlp_norm")(mlp(norm("mlp_norm")(x_BxTxD)))
@@ -117,8 +130,10 @@ def local_theta(hub: HubConfig) -> float:
     (Gemma3TextConfig applies a legacy ``rope_scaling`` to the full layers only)."""
     params = (hub.raw.get("rope_parameters") or {}).get("sliding_attention") or {}
     if params.get("rope_type", "default") != "default":
-        raise hub.error(f"sets rope_parameters.sliding_attention {params}, a RoPE scaling docbeam does not reproduce "
-                        "on sliding layers; supported: default")
+        raise hub.error(
+            f"sets rope_parameters.sliding_attention {params}, a RoPE scaling docbeam does not reproduce "
+            "on sliding layers; supported: default"
+        )
     return float(params.get("rope_theta") or hub.get("rope_local_base_freq", default=10_000.0))
 
 
@@ -128,13 +143,24 @@ def common_fields(hub: HubConfig, dtype: str) -> dict:
     layers, heads, hidden = hub.get("num_hidden_layers"), hub.get("num_attention_heads"), hub.get("hidden_size")
     head_dim = hub.get("head_dim", default=256)
     full_rope = hub.rope(head_dim, 1_000_000.0, "full_attention")  # linear scaling (the larger Gemma3s') too
-    return dict(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=layers, num_heads=heads,
-                intermediate_size=hub.get("intermediate_size"), type_vocab_size=0,
-                layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
-                activation=hub.activation("hidden_activation", default="gelu_pytorch_tanh"), position="rope",
-                rope_theta=full_rope.theta, rope_scale=full_rope.scale, local_rope_theta=local_theta(hub),
-                num_kv_heads=hub.get("num_key_value_heads", default=heads), attention_head_dim=head_dim,
-                sliding_layers=sliding_layers(hub, layers), dtype=dtype)
+    return dict(
+        vocab_size=hub.get("vocab_size"),
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=hub.get("intermediate_size"),
+        type_vocab_size=0,
+        layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
+        activation=hub.activation("hidden_activation", default="gelu_pytorch_tanh"),
+        position="rope",
+        rope_theta=full_rope.theta,
+        rope_scale=full_rope.scale,
+        local_rope_theta=local_theta(hub),
+        num_kv_heads=hub.get("num_key_value_heads", default=heads),
+        attention_head_dim=head_dim,
+        sliding_layers=sliding_layers(hub, layers),
+        dtype=dtype,
+    )
 
 
 def read_config(hub: HubConfig, dtype: str) -> Config:
@@ -142,20 +168,30 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     bidirectional = bool(hub.get("use_bidirectional_attention", default=False))
     fields = common_fields(hub, dtype)
     window = window_of(hub, bidirectional) if any(fields["sliding_layers"]) else (0, 0)
-    return Config(**fields, max_position=hub.get("max_position_embeddings", default=131_072),
-                  local_window=window, causal=not bidirectional,
-                  query_scale=float(hub.get("query_pre_attn_scalar", default=256)) ** -0.5)
+    return Config(
+        **fields,
+        max_position=hub.get("max_position_embeddings", default=131_072),
+        local_window=window,
+        causal=not bidirectional,
+        query_scale=float(hub.get("query_pre_attn_scalar", default=256)) ** -0.5,
+    )
 
 
 def layer_params(t: Tensors, p: str, config: Config) -> dict:
     """One sandwich layer's tensors (``p``: its prefix, ``layers.<i>``): Qwen3's, but Gemma's
     post_attention_layernorm follows attention, and pre_feedforward_layernorm is the one before the MLP."""
     params = qwen3.layer_params(t, p, config)
-    return {**params, "post_attn_norm": t.norm(f"{p}.post_attention_layernorm", bias=False),
-            "mlp_norm": t.norm(f"{p}.pre_feedforward_layernorm", bias=False),
-            "post_mlp_norm": t.norm(f"{p}.post_feedforward_layernorm", bias=False)}
+    return {
+        **params,
+        "post_attn_norm": t.norm(f"{p}.post_attention_layernorm", bias=False),
+        "mlp_norm": t.norm(f"{p}.pre_feedforward_layernorm", bias=False),
+        "post_mlp_norm": t.norm(f"{p}.post_feedforward_layernorm", bias=False),
+    }
 
 
 def read_params(t: Tensors, config: Config) -> dict:
-    return {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False),
-            **{f"layer_{i}": layer_params(t, f"layers.{i}", config) for i in range(config.num_layers)}}
+    return {
+        "embed": t.embedding("embed_tokens.weight"),
+        "final_norm": t.norm("norm", bias=False),
+        **{f"layer_{i}": layer_params(t, f"layers.{i}", config) for i in range(config.num_layers)},
+    }

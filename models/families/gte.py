@@ -2,6 +2,7 @@
 post-norm layers with rotary positions (and the RoPE scaling a checkpoint ships: gte-*-en-v1.5 carry a
 fixed NTK ``rope_scaling``), a fused qkv with biases, and GeGLU (one ``up_gate_proj``; transformers 5 splits
 it in two). gte-base/large-en-v1.5, gte-multilingual-base, arctic-embed-m-v2.0."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,13 +33,21 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     hub.refuse_unless("pack_qkv", (True,), "only the fused qkv_proj")
     hidden, heads = hub.get("hidden_size"), hub.get("num_attention_heads")
     rope = hub.rope(hidden // heads, 10_000.0 if hub_form else 160_000.0)
-    return Config(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("num_hidden_layers"),
-                  num_heads=heads, intermediate_size=hub.get("intermediate_size"),
-                  max_position=hub.get("max_position_embeddings", default=8192),
-                  type_vocab_size=hub.get("type_vocab_size", default=0 if hub_form else 1),
-                  layer_norm_eps=hub.get("layer_norm_eps", default=1e-12),
-                  activation=hub.activation("hidden_act", default="gelu"), position="rope",
-                  rope_theta=rope.theta, rope_scale=rope.scale, dtype=dtype)
+    return Config(
+        vocab_size=hub.get("vocab_size"),
+        hidden_size=hidden,
+        num_layers=hub.get("num_hidden_layers"),
+        num_heads=heads,
+        intermediate_size=hub.get("intermediate_size"),
+        max_position=hub.get("max_position_embeddings", default=8192),
+        type_vocab_size=hub.get("type_vocab_size", default=0 if hub_form else 1),
+        layer_norm_eps=hub.get("layer_norm_eps", default=1e-12),
+        activation=hub.activation("hidden_act", default="gelu"),
+        position="rope",
+        rope_theta=rope.theta,
+        rope_scale=rope.scale,
+        dtype=dtype,
+    )
 
 
 def read_params(t: Tensors, config: Config) -> dict:
@@ -62,8 +71,15 @@ def read_params(t: Tensors, config: Config) -> dict:
 def transformers_layer(t: Tensors, p: str, biases: bool) -> dict:
     """One layer's parameters under the names transformers 5 gives GTE's layers, which its NomicBERT port
     shares: separate q/k/v projections, post-attention and post-MLP norms, gate_proj the activated half."""
-    return {"attn": {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=biases),
-                     "out": t.dense(f"{p}.self_attn.o_proj", bias=biases)},
-            "attn_norm": t.norm(f"{p}.post_attention_layernorm"), "mlp_norm": t.norm(f"{p}.post_mlp_layernorm"),
-            "mlp": {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
-                    "wo": t.dense(f"{p}.mlp.down_proj", bias=biases)}}
+    return {
+        "attn": {
+            "qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=biases),
+            "out": t.dense(f"{p}.self_attn.o_proj", bias=biases),
+        },
+        "attn_norm": t.norm(f"{p}.post_attention_layernorm"),
+        "mlp_norm": t.norm(f"{p}.post_mlp_layernorm"),
+        "mlp": {
+            "wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
+            "wo": t.dense(f"{p}.mlp.down_proj", bias=biases),
+        },
+    }

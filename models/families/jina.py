@@ -6,6 +6,7 @@ token type. The Hub's checkpoint carries LoRA adapters on every Linear and Embed
 base weights, as the checkpoint's own code runs without a task) is merged into the weights here, once, as
 ``W + B·A·lora_alpha/lora_rank``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -51,27 +52,41 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
         hub.refuse_unless("rotary_emb_scale_base", (None,), "xPos-scaled rotary positions")
     hidden, heads = hub.get("hidden_size"), hub.get("num_attention_heads")
     if hub.get("rotary_emb_dim", default=hidden // heads) != hidden // heads:
-        raise hub.error(f"sets rotary_emb_dim: {hub.raw['rotary_emb_dim']}, rotary positions on part of each head, "
-                        f"which docbeam does not run; supported: the whole head ({hidden // heads})")
+        raise hub.error(
+            f"sets rotary_emb_dim: {hub.raw['rotary_emb_dim']}, rotary positions on part of each head, "
+            f"which docbeam does not run; supported: the whole head ({hidden // heads})"
+        )
     # jinaai's config class defaults rotary_emb_base to 10,000 (its checkpoint sets 20,000); transformers 20,000.
     rope = hub.rope(hidden // heads, 20_000.0 if transformers_form else 10_000.0, legacy_theta=("rotary_emb_base",))
     tasks = tuple(hub.get("lora_adaptations", default=()))
     instructions = hub.get("task_instructions", default={})
     if not isinstance(instructions, dict) or not set(instructions) <= set(tasks):
-        raise hub.error(f"sets task_instructions: {instructions!r}; expected a text for some of its "
-                        f"lora_adaptations {list(tasks)}")
+        raise hub.error(
+            f"sets task_instructions: {instructions!r}; expected a text for some of its lora_adaptations {list(tasks)}"
+        )
     default = hub.get("default_lora_task", default=None)
     if default is not None and default not in tasks:
         raise hub.error(f"sets default_lora_task: {default!r}, which is not among its lora_adaptations {list(tasks)}")
-    return Config(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("num_hidden_layers"),
-                  num_heads=heads, intermediate_size=hub.get("intermediate_size"),
-                  max_position=hub.get("max_position_embeddings", default=8194),
-                  type_vocab_size=hub.get("type_vocab_size", default=1),
-                  layer_norm_eps=hub.get("layer_norm_eps", default=1e-5),
-                  activation=hub.activation("hidden_act", default="gelu"), position="rope",
-                  rope_theta=rope.theta, rope_scale=rope.scale, dtype=dtype, tasks=tasks,
-                  task=default, instructions=tuple(instructions.items()),
-                  lora_rank=int(hub.get("lora_rank", default=4)), lora_alpha=float(hub.get("lora_alpha", default=1)))
+    return Config(
+        vocab_size=hub.get("vocab_size"),
+        hidden_size=hidden,
+        num_layers=hub.get("num_hidden_layers"),
+        num_heads=heads,
+        intermediate_size=hub.get("intermediate_size"),
+        max_position=hub.get("max_position_embeddings", default=8194),
+        type_vocab_size=hub.get("type_vocab_size", default=1),
+        layer_norm_eps=hub.get("layer_norm_eps", default=1e-5),
+        activation=hub.activation("hidden_act", default="gelu"),
+        position="rope",
+        rope_theta=rope.theta,
+        rope_scale=rope.scale,
+        dtype=dtype,
+        tasks=tasks,
+        task=default,
+        instructions=tuple(instructions.items()),
+        lora_rank=int(hub.get("lora_rank", default=4)),
+        lora_alpha=float(hub.get("lora_alpha", default=1)),
+    )
 
 
 def with_task(config: Config, task: str | None, where: str) -> Config:
@@ -79,16 +94,18 @@ def with_task(config: Config, task: str | None, where: str) -> Config:
     if task is None:
         return config
     if task not in config.tasks:
-        have = (f"its lora_adaptations are {', '.join(config.tasks)}; set model.task to one of those"
-                if config.tasks else "it sets no lora_adaptations (no task adapters); leave model.task out")
+        have = (
+            f"its lora_adaptations are {', '.join(config.tasks)}; set model.task to one of those"
+            if config.tasks
+            else "it sets no lora_adaptations (no task adapters); leave model.task out"
+        )
         raise CheckpointError(f"model.task: {task!r} is not a task of {where}: {have}")
     return dataclasses.replace(config, task=task)
 
 
 def read_params(t: Tensors, config: Config) -> dict:
     merged = Merged(t, config)
-    embed = {"word": {"embedding": merged.embedding("embeddings.word_embeddings")},
-             "norm": t.norm("emb_ln")}
+    embed = {"word": {"embedding": merged.embedding("embeddings.word_embeddings")}, "norm": t.norm("emb_ln")}
     if config.type_vocab_size:
         embed["token_type"] = {"embedding": merged.embedding("embeddings.token_type_embeddings")}
     params = {"embed": embed}
@@ -126,17 +143,24 @@ class Merged:
         """The chosen task's (A, B), checked against lora_adaptations and lora_rank."""
         cfg, t = self.config, self.t
         if not t.has(f"{name}{LORA}.0.lora_A"):
-            raise self.error(f"has no tensor {name}{LORA}.0.lora_A for model.task: {cfg.task!r}; the checkpoint "
-                             "carries no adapters (leave model.task out for its base weights)")
+            raise self.error(
+                f"has no tensor {name}{LORA}.0.lora_A for model.task: {cfg.task!r}; the checkpoint "
+                "carries no adapters (leave model.task out for its base weights)"
+            )
         a, b = t(f"{name}{LORA}.0.lora_A"), t(f"{name}{LORA}.0.lora_B")
         tasks, rank = len(cfg.tasks), cfg.lora_rank
-        expected = (((tasks, shape[0], rank), (tasks, rank, shape[1])) if embedding
-                    else ((tasks, rank, shape[1]), (tasks, shape[0], rank)))
+        expected = (
+            ((tasks, shape[0], rank), (tasks, rank, shape[1]))
+            if embedding
+            else ((tasks, rank, shape[1]), (tasks, shape[0], rank))
+        )
         if (a.shape, b.shape) != expected:
-            raise self.error(f"holds {name}{LORA}.0.lora_A {list(a.shape)} and lora_B {list(b.shape)}, but "
-                             f"config.json's lora_adaptations ({len(cfg.tasks)} tasks) and lora_rank "
-                             f"({cfg.lora_rank}) say one slice per task of rank {cfg.lora_rank} for a weight of "
-                             f"shape {list(shape)}; the adapters belong to another config")
+            raise self.error(
+                f"holds {name}{LORA}.0.lora_A {list(a.shape)} and lora_B {list(b.shape)}, but "
+                f"config.json's lora_adaptations ({len(cfg.tasks)} tasks) and lora_rank "
+                f"({cfg.lora_rank}) say one slice per task of rank {cfg.lora_rank} for a weight of "
+                f"shape {list(shape)}; the adapters belong to another config"
+            )
         return a[self.index].astype(np.float64), b[self.index].astype(np.float64)
 
     def error(self, message: str):

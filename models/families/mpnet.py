@@ -1,10 +1,12 @@
 """MPNet: BERT's post-norm layers with RoBERTa-style positions (MPNet's padding index is always 1, so
 positions start at 2) and no token types, plus a relative-position bias: one table of 32 buckets × heads,
 looked up by the bucket of (key − query) and added to every layer's scores. all-mpnet-base-v2."""
+
 from __future__ import annotations
 
 import dataclasses
 import math
+
 import flax.linen as nn
 import jax.numpy as jnp
 
@@ -37,8 +39,11 @@ def relative_bucket(offset):
     n = -offset
     bucket = jnp.where(n < 0, half, 0)
     n = jnp.abs(n)
-    large = max_exact + (jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
-                         / math.log(MAX_DISTANCE / max_exact) * (half - max_exact)).astype(jnp.int32)
+    large = max_exact + (
+        jnp.log(jnp.maximum(n, 1).astype(jnp.float32) / max_exact)
+        / math.log(MAX_DISTANCE / max_exact)
+        * (half - max_exact)
+    ).astype(jnp.int32)
     return bucket + jnp.where(n < max_exact, n, jnp.minimum(large, half - 1))
 
 
@@ -58,9 +63,15 @@ class Model(FamilyModel):
 
     def encode(self, ids_BxT, rows, dtype):
         cfg = self.config
-        x_BxTxD = Embeddings(cfg.vocab_size, cfg.hidden_size, cfg.layer_norm_eps, dtype,
-                             position_table=cfg.max_position + cfg.position_offset,
-                             position_offset=cfg.position_offset, name="embed")(ids_BxT, rows)
+        x_BxTxD = Embeddings(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.layer_norm_eps,
+            dtype,
+            position_table=cfg.max_position + cfg.position_offset,
+            position_offset=cfg.position_offset,
+            name="embed",
+        )(ids_BxT, rows)
         table_KxN = self.param("relative_bias", nn.initializers.normal(0.02), (NUM_BUCKETS, cfg.num_heads))
         bias = relative_bias(table_KxN)
         for i in range(cfg.num_layers):
@@ -75,14 +86,22 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
 
 
 def read_params(t: Tensors, config: Config) -> dict:
-    params = {"embed": {"word": t.embedding("embeddings.word_embeddings.weight"),
-                        "position": t.embedding("embeddings.position_embeddings.weight"),
-                        "norm": t.norm("embeddings.LayerNorm")},
-              "relative_bias": t("encoder.relative_attention_bias.weight")}
+    params = {
+        "embed": {
+            "word": t.embedding("embeddings.word_embeddings.weight"),
+            "position": t.embedding("embeddings.position_embeddings.weight"),
+            "norm": t.norm("embeddings.LayerNorm"),
+        },
+        "relative_bias": t("encoder.relative_attention_bias.weight"),
+    }
     for i in range(config.num_layers):
         p = f"encoder.layer.{i}"
-        params[f"layer_{i}"] = t.post_norm_layer(tuple(f"{p}.attention.attn.{n}" for n in "qkv"),
-                                                 f"{p}.attention.attn.o", f"{p}.attention.LayerNorm",
-                                                 f"{p}.intermediate.dense", f"{p}.output.dense",
-                                                 f"{p}.output.LayerNorm")
+        params[f"layer_{i}"] = t.post_norm_layer(
+            tuple(f"{p}.attention.attn.{n}" for n in "qkv"),
+            f"{p}.attention.attn.o",
+            f"{p}.attention.LayerNorm",
+            f"{p}.intermediate.dense",
+            f"{p}.output.dense",
+            f"{p}.output.LayerNorm",
+        )
     return params

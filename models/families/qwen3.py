@@ -11,6 +11,7 @@ A checkpoint trained to read both ways says so in config.json (``use_bidirection
 it pools as its sentence-transformers files say (mean when they say nothing). pplx-embed, llama-embed-nemotron
 (voyage-4-nano's output projection is refused). Llama 3's RoPE scaling (``rope_type: llama3``) is reproduced;
 other scalings are refused."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,8 +22,8 @@ import jax.numpy as jnp
 
 from docbeam.models.families.blocks import FamilyModel, GatedMlp, GroupedSelfAttention, rms_norm
 from docbeam.models.families.encoder_config import CheckpointError, EncoderConfig, HubConfig, Rope
-from docbeam.models.precision import precision_of
 from docbeam.models.families.tensors import Tensors
+from docbeam.models.precision import precision_of
 
 PREFIXES = ("model.",)  # Qwen3ForCausalLM's tensors; Qwen3Model (Qwen3-Embedding) saves them bare
 LLAMA_BIDIRECTIONAL = "llama_bidirec"  # NVIDIA's LlamaBidirectionalModel (llama-embed-nemotron): never causal
@@ -90,9 +91,19 @@ class Layer(nn.Module):
         cfg, precision = self.config, precision_of(self.config.dtype)
         h_BxTxD = rms_norm(cfg.layer_norm_eps, jnp.float32, "attn_norm")(x_BxTxD)
         x_BxTxD = x_BxTxD + GroupedSelfAttention(
-            cfg.num_heads, cfg.kv_heads, cfg.head_dim, self.attention, precision, self.rope, qkv_bias=cfg.qkv_bias,
-            out_bias=cfg.out_bias, qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None, causal=cfg.causal,
-            local_window=cfg.local_window, name="attn")(h_BxTxD, rows)
+            cfg.num_heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            self.attention,
+            precision,
+            self.rope,
+            qkv_bias=cfg.qkv_bias,
+            out_bias=cfg.out_bias,
+            qk_norm_eps=cfg.layer_norm_eps if cfg.qk_norm else None,
+            causal=cfg.causal,
+            local_window=cfg.local_window,
+            name="attn",
+        )(h_BxTxD, rows)
         h_BxTxD = rms_norm(cfg.layer_norm_eps, jnp.float32, "mlp_norm")(x_BxTxD)
         return x_BxTxD + GatedMlp(cfg.intermediate_size, cfg.activation, precision, name="mlp")(h_BxTxD)
 
@@ -108,8 +119,10 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
     window = hub.raw.get("sliding_window") if model_type == "mistral" else None
     causal = model_type != LLAMA_BIDIRECTIONAL and not bidirectional(hub)
     if window is not None and (not causal or not isinstance(window, int) or window < 1):
-        raise hub.error(f"sets sliding_window: {window!r} on a {'causal' if causal else 'bidirectional'} Mistral; "
-                        "supported: null, or a positive number of tokens on a causal one")
+        raise hub.error(
+            f"sets sliding_window: {window!r} on a {'causal' if causal else 'bidirectional'} Mistral; "
+            "supported: null, or a positive number of tokens on a causal one"
+        )
     kinds = set(hub.raw.get("layer_types") or ())
     if kinds - {"full_attention"}:
         raise hub.error(f"has layer_types {sorted(kinds)}; docbeam runs only full_attention decoder layers")
@@ -120,8 +133,14 @@ def read_config(hub: HubConfig, dtype: str) -> Config:
         hub.refuse_unless("pooling", ("avg",), "docbeam pools a bidirectional Llama by the mean")
     # Qwen2 always biases q/k/v and never o; Mistral biases nothing; Qwen3 and Llama all four if attention_bias.
     biased = (model_type == "qwen3" or llama) and bool(hub.get("attention_bias", default=False))
-    return Config(**decoder_fields(hub, dtype), qk_norm=model_type == "qwen3",
-                  qkv_bias=biased or model_type == "qwen2", out_bias=biased, causal=causal, sliding_window=window)
+    return Config(
+        **decoder_fields(hub, dtype),
+        qk_norm=model_type == "qwen3",
+        qkv_bias=biased or model_type == "qwen2",
+        out_bias=biased,
+        causal=causal,
+        sliding_window=window,
+    )
 
 
 def bidirectional(hub: HubConfig) -> bool:
@@ -132,8 +151,10 @@ def bidirectional(hub: HubConfig) -> bool:
         if value not in (None, True, False):
             raise hub.error(f"sets {key}: {value!r}; supported: true, false")
     if flag is not None and is_causal is not None and flag == is_causal:
-        raise hub.error(f"sets use_bidirectional_attention: {flag} and is_causal: {is_causal}, which contradict "
-                        "each other; keep one")
+        raise hub.error(
+            f"sets use_bidirectional_attention: {flag} and is_causal: {is_causal}, which contradict "
+            "each other; keep one"
+        )
     return flag is True or is_causal is False
 
 
@@ -145,34 +166,55 @@ def decoder_fields(hub: HubConfig, dtype: str) -> dict:
     rope = hub.rope(head_dim, 10_000.0, llama3=True)
     if rope.scale != 1.0:
         raise hub.error(f"sets a RoPE scaling, which docbeam does not reproduce for {hub.get('model_type')}")
-    return dict(vocab_size=hub.get("vocab_size"), hidden_size=hidden, num_layers=hub.get("num_hidden_layers"),
-                num_heads=heads, intermediate_size=hub.get("intermediate_size"),
-                max_position=hub.get("max_position_embeddings", default=32768), type_vocab_size=0,
-                layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
-                activation=hub.activation("hidden_act", default="silu"), position="rope", rope_theta=rope.theta,
-                rope_bands=rope.bands, num_kv_heads=hub.get("num_key_value_heads", default=heads),
-                attention_head_dim=head_dim, dtype=dtype)
+    return dict(
+        vocab_size=hub.get("vocab_size"),
+        hidden_size=hidden,
+        num_layers=hub.get("num_hidden_layers"),
+        num_heads=heads,
+        intermediate_size=hub.get("intermediate_size"),
+        max_position=hub.get("max_position_embeddings", default=32768),
+        type_vocab_size=0,
+        layer_norm_eps=hub.get("rms_norm_eps", default=1e-6),
+        activation=hub.activation("hidden_act", default="silu"),
+        position="rope",
+        rope_theta=rope.theta,
+        rope_bands=rope.bands,
+        num_kv_heads=hub.get("num_key_value_heads", default=heads),
+        attention_head_dim=head_dim,
+        dtype=dtype,
+    )
 
 
 def layer_params(t: Tensors, p: str, config: Config) -> dict:
     """One layer's tensors (``p``: its prefix, ``layers.<i>``)."""
-    attn = {"qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=config.qkv_bias),
-            "out": t.dense(f"{p}.self_attn.o_proj", bias=config.out_bias)}
+    attn = {
+        "qkv": t.dense(*(f"{p}.self_attn.{n}_proj" for n in "qkv"), bias=config.qkv_bias),
+        "out": t.dense(f"{p}.self_attn.o_proj", bias=config.out_bias),
+    }
     if config.qk_norm:
-        attn |= {"q_norm": t.norm(f"{p}.self_attn.q_norm", bias=False),
-                 "k_norm": t.norm(f"{p}.self_attn.k_norm", bias=False)}
-    return {"attn_norm": t.norm(f"{p}.input_layernorm", bias=False), "attn": attn,
-            "mlp_norm": t.norm(f"{p}.post_attention_layernorm", bias=False),
-            # gate_proj is the activated half: GatedMlp's order.
-            "mlp": {"wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
-                    "wo": t.dense(f"{p}.mlp.down_proj", bias=False)}}
+        attn |= {
+            "q_norm": t.norm(f"{p}.self_attn.q_norm", bias=False),
+            "k_norm": t.norm(f"{p}.self_attn.k_norm", bias=False),
+        }
+    return {
+        "attn_norm": t.norm(f"{p}.input_layernorm", bias=False),
+        "attn": attn,
+        "mlp_norm": t.norm(f"{p}.post_attention_layernorm", bias=False),
+        # gate_proj is the activated half: GatedMlp's order.
+        "mlp": {
+            "wi": t.dense(f"{p}.mlp.gate_proj", f"{p}.mlp.up_proj", bias=False),
+            "wo": t.dense(f"{p}.mlp.down_proj", bias=False),
+        },
+    }
 
 
 def read_params(t: Tensors, config: Config) -> dict:
     if t.has("linear.weight"):  # voyage-4-nano's: TEI applies it after the final norm; no reference here checks that
-        raise CheckpointError(f"model.path: {t.where} has a tensor 'linear.weight' (an output projection after the "
-                              "decoder, sized by config.json's num_labels), which docbeam does not run; supported: "
-                              "decoders whose vectors are their hidden states")
+        raise CheckpointError(
+            f"model.path: {t.where} has a tensor 'linear.weight' (an output projection after the "
+            "decoder, sized by config.json's num_labels), which docbeam does not run; supported: "
+            "decoders whose vectors are their hidden states"
+        )
     params = {"embed": t.embedding("embed_tokens.weight"), "final_norm": t.norm("norm", bias=False)}
     for i in range(config.num_layers):
         params[f"layer_{i}"] = layer_params(t, f"layers.{i}", config)

@@ -1,6 +1,7 @@
 """A checkpoint's safetensors as a family's ``read_params`` reads them: tensors by Hugging Face name (torch
 [out, in] layout) with a task head's model prefix stripped, and shaped for models/families/blocks.py's
 parameters (Dense kernels [in, out], fused projections side by side, norms, embeddings)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +19,7 @@ class Tensors:
         for name, value in raw.items():
             for prefix in prefixes:
                 if name.startswith(prefix):
-                    name = name[len(prefix):]
+                    name = name[len(prefix) :]
                     break
             self.tensors[name] = value
 
@@ -30,8 +31,10 @@ class Tensors:
         for candidate in (name, name.replace(".weight", ".gamma"), name.replace(".bias", ".beta")):
             if candidate in self.tensors:
                 return np.asarray(self.tensors[candidate], np.float32)
-        raise CheckpointError(f"model.path: {self.where} has no tensor {name!r}, which this model type needs "
-                              f"(first names: {sorted(self.tensors)[:5]})")
+        raise CheckpointError(
+            f"model.path: {self.where} has no tensor {name!r}, which this model type needs "
+            f"(first names: {sorted(self.tensors)[:5]})"
+        )
 
     def dense(self, *prefixes: str, bias: bool = True) -> dict:
         """One Flax Dense from one or more torch Linears side by side (fused projections)."""
@@ -48,8 +51,12 @@ class Tensors:
     def post_norm_layer(self, qkv: tuple[str, ...], out: str, attn_norm: str, wi: str, wo: str, mlp_norm: str) -> dict:
         """One blocks.PostNormLayer's parameters (biased projections, LayerNorms with bias, a plain MLP) from the
         torch names of its parts: MPNet and DistilBERT (and BERT) differ only in those names."""
-        return {"attn": {"qkv": self.dense(*qkv), "out": self.dense(out)}, "attn_norm": self.norm(attn_norm),
-                "mlp": {"wi": self.dense(wi), "wo": self.dense(wo)}, "mlp_norm": self.norm(mlp_norm)}
+        return {
+            "attn": {"qkv": self.dense(*qkv), "out": self.dense(out)},
+            "attn_norm": self.norm(attn_norm),
+            "mlp": {"wi": self.dense(wi), "wo": self.dense(wo)},
+            "mlp_norm": self.norm(mlp_norm),
+        }
 
     def norm(self, prefix: str, bias: bool = True) -> dict:
         out = {"scale": self(f"{prefix}.weight")}

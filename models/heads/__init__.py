@@ -12,6 +12,7 @@ Which head runs is decided once, at start (``resolve``), from the checkpoint's o
 ``architectures``, sentence-transformers' modules.json) or ``model.head``; a checkpoint whose head docbeam
 cannot reproduce is refused there, naming the file and key.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,13 @@ from docbeam.models.families.encoder_config import ACTIVATIONS, CheckpointError
 LAYER_ACTIVATIONS = {"identity": lambda x: x, "tanh": jnp.tanh, **ACTIVATIONS}
 # The registry: a head's name (``model.head``) → its module, which exposes ``resolve(checkpoint, hf_config,
 # carried, where, model_cfg)`` returning its Head. Imported on use (a head module imports this one).
-HEADS = {"embedding": "docbeam.models.heads.embedding", "classifier": "docbeam.models.heads.classifier",
-         "multi_vector": "docbeam.models.heads.multivector", "sparse": "docbeam.models.heads.sparse",
-         "bge_m3": "docbeam.models.heads.bge_m3"}
+HEADS = {
+    "embedding": "docbeam.models.heads.embedding",
+    "classifier": "docbeam.models.heads.classifier",
+    "multi_vector": "docbeam.models.heads.multivector",
+    "sparse": "docbeam.models.heads.sparse",
+    "bge_m3": "docbeam.models.heads.bge_m3",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,8 +102,13 @@ class Head:
 
     def describe(self) -> dict:
         """What summary.json and the manifest say of the head and its columns."""
-        return {"name": self.name, "pooling": self.pooling, "folder": self.folder, "width": self.width,
-                "checkpoint_head": self.carried}
+        return {
+            "name": self.name,
+            "pooling": self.pooling,
+            "folder": self.folder,
+            "width": self.width,
+            "checkpoint_head": self.carried,
+        }
 
 
 def apply_layers(pooled_xD: jax.Array, params: tuple[dict, ...], layers: tuple[HeadLayer, ...]) -> jax.Array:
@@ -107,7 +117,8 @@ def apply_layers(pooled_xD: jax.Array, params: tuple[dict, ...], layers: tuple[H
     for layer, p in zip(layers, params, strict=True):
         if layer.kind == "dense":
             pooled_xD = LAYER_ACTIVATIONS[layer.activation](
-                jnp.einsum("...d,de->...e", pooled_xD, p["kernel"], precision=jax.lax.Precision.HIGHEST) + p["bias"])
+                jnp.einsum("...d,de->...e", pooled_xD, p["kernel"], precision=jax.lax.Precision.HIGHEST) + p["bias"]
+            )
         elif layer.kind == "l2":
             pooled_xD = pooled_xD / jnp.maximum(jnp.linalg.norm(pooled_xD, axis=-1, keepdims=True), 1e-12)
         else:
@@ -128,8 +139,7 @@ def task_head(hf_config: dict) -> str | None:
 
 # Task heads a checkpoint may carry. SequenceClassification is the classifier head's (models/heads/classifier.py);
 # the others give one output per token or per choice, which no docbeam head writes.
-TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering",
-                 "ForMultipleChoice")
+TASK_SUFFIXES = ("ForSequenceClassification", "ForTokenClassification", "ForQuestionAnswering", "ForMultipleChoice")
 
 
 def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -> Head:
@@ -148,23 +158,33 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
     if choice == "auto" and checkpoint.settings.token_mask is not None:
         choice = "multi_vector"  # a sentence-transformers MultiVectorEncoder (models/st_multivector.py)
     elif checkpoint.settings.token_mask is not None and choice in HEADS and choice != "multi_vector":
-        raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/config_sentence_transformers.json sets "
-                              "model_type: MultiVectorEncoder, whose output is one vector per token; use model.head: "
-                              "auto or multi_vector")
+        raise CheckpointError(
+            f"model.head: {choice}, but {checkpoint.folder}/config_sentence_transformers.json sets "
+            "model_type: MultiVectorEncoder, whose output is one vector per token; use model.head: "
+            "auto or multi_vector"
+        )
     sparse = checkpoint.settings.splade is not None
     if choice == "auto":
         has_st = read_json(checkpoint.folder, "modules.json") is not None
-        choice = "sparse" if sparse else "classifier" if carried and carried.endswith("ForSequenceClassification") \
-            and not has_st else "embedding"
+        choice = (
+            "sparse"
+            if sparse
+            else "classifier"
+            if carried and carried.endswith("ForSequenceClassification") and not has_st
+            else "embedding"
+        )
         if carried and choice == "embedding" and not has_st:
             raise CheckpointError(
                 f"model.path: {where} sets architectures: [{carried!r}], a head that gives one output per token or "
                 "per answer, which docbeam does not write; set model.head: embedding to embed with its backbone "
-                "(the head is then not run), or use a sequence classification or embedding checkpoint")
+                "(the head is then not run), or use a sequence classification or embedding checkpoint"
+            )
     if sparse and choice != "sparse":
-        raise CheckpointError(f"model.head: {choice}, but {checkpoint.folder}/modules.json makes a SparseEncoder "
-                              "(MLMTransformer + SpladePooling), whose output is a sparse vector; set model.head: "
-                              "auto or sparse")
+        raise CheckpointError(
+            f"model.head: {choice}, but {checkpoint.folder}/modules.json makes a SparseEncoder "
+            "(MLMTransformer + SpladePooling), whose output is a sparse vector; set model.head: "
+            "auto or sparse"
+        )
     if choice not in HEADS:
         raise CheckpointError(f"model.head: {choice!r} is not a head; use one of auto, {', '.join(HEADS)}")
     head = importlib.import_module(HEADS[choice]).resolve(checkpoint, hf, carried, where, model_cfg)

@@ -11,6 +11,7 @@ sparse one is, per token id, the max of its weights, the ids of cls/eos/pad/unk 
 at max_length). Columns: ``embedding``, ``sparse_embedding`` (as the sparse head's), ``multi_vector`` (as the
 multi-vector head's; float32 or float16 with ``output.vector_dtype``, which types the dense vector too).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,15 +25,14 @@ from docbeam.models.families.blocks import segment_starts
 from docbeam.models.families.encoder_config import CheckpointError
 from docbeam.models.heads import Head, HeadLayer, NonFinite, apply_layers
 from docbeam.models.heads.embedding import non_finite, window_facts
-from docbeam.models.heads.multivector import (BGE_M3_COLBERT, VECTOR_DTYPES, file_digest, torch_linear,
-                                              window_slices)
+from docbeam.models.heads.multivector import BGE_M3_COLBERT, VECTOR_DTYPES, file_digest, torch_linear, window_slices
 from docbeam.models.heads.sparse import SparseTerms, prune
 
 FOLDER = "embeddings"
 SPARSE_LINEAR = "sparse_linear.pt"
 # The tokens FlagEmbedding leaves out of the lexical weights (its special_tokens_map keys).
 UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
-ID_LIMIT = 2 ** 24  # token ids travel beside the float32 outputs: exact below this
+ID_LIMIT = 2**24  # token ids travel beside the float32 outputs: exact below this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +65,10 @@ class BgeM3Head(Head):
         return self.hidden
 
     def load_params(self, folder: str) -> tuple[dict, ...]:
-        return tuple({"kernel": t["weight"].T, "bias": t["bias"]}
-                     for t in (torch_linear(folder, SPARSE_LINEAR), torch_linear(folder, BGE_M3_COLBERT)))
+        return tuple(
+            {"kernel": t["weight"].T, "bias": t["bias"]}
+            for t in (torch_linear(folder, SPARSE_LINEAR), torch_linear(folder, BGE_M3_COLBERT))
+        )
 
     def reduce(self, hidden_BxTxD, lengths_B, segment_ids_BxT, slot_lengths_BxK, params):
         """Token states → [B, T, 1 + max(D, W)]: each token's lexical weight, then the dense vector at a window's
@@ -89,8 +91,10 @@ class BgeM3Head(Head):
     def window_vectors(self, out_BxTxV: np.ndarray, batch) -> list[np.ndarray]:
         """Each window's tokens [n, 2 + max(D, W)] in ``batch.windows``' order: the token id, then the forward's
         values (a window's tokens as the multi-vector head cuts them)."""
-        return [np.concatenate([batch.ids_BxT[r, at, None].astype(np.float32), out_BxTxV[r, at]], axis=1)
-                for r, at in window_slices(batch)]
+        return [
+            np.concatenate([batch.ids_BxT[r, at, None].astype(np.float32), out_BxTxV[r, at]], axis=1)
+            for r, at in window_slices(batch)
+        ]
 
     def compact_window(self, tokens_NxV: np.ndarray) -> M3Window:
         return m3_window(tokens_NxV, self.hidden, self.width, self.unused_ids)
@@ -100,10 +104,13 @@ class BgeM3Head(Head):
 
         from docbeam.models.heads.vector_types import VALUE_TYPES, embedding_type
 
-        return [pa.field("embedding", embedding_type(self.hidden, self.vector_dtype)),
-                pa.field("sparse_embedding", pa.struct([("indices", pa.list_(pa.int32())),
-                                                        ("values", pa.list_(pa.float32()))])),
-                pa.field("multi_vector", pa.list_(pa.list_(VALUE_TYPES[self.vector_dtype], self.width)))]
+        return [
+            pa.field("embedding", embedding_type(self.hidden, self.vector_dtype)),
+            pa.field(
+                "sparse_embedding", pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float32()))])
+            ),
+            pa.field("multi_vector", pa.list_(pa.list_(VALUE_TYPES[self.vector_dtype], self.width))),
+        ]
 
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)
@@ -113,20 +120,35 @@ class BgeM3Head(Head):
         vector_V = np.zeros(self.vocab_size, np.float32)
         vector_V[first.sparse.indices] = first.sparse.values
         indices, values = prune(vector_V, self.threshold, self.max_terms)
-        return {"id": windows[0].doc_id, "embedding": first.dense.astype(self.vector_dtype).tolist(),
-                "sparse_embedding": {"indices": indices.tolist(), "values": values.tolist()},
-                "multi_vector": first.colbert.astype(self.vector_dtype).tolist(), **window_facts(windows)}
+        return {
+            "id": windows[0].doc_id,
+            "embedding": first.dense.astype(self.vector_dtype).tolist(),
+            "sparse_embedding": {"indices": indices.tolist(), "values": values.tolist()},
+            "multi_vector": first.colbert.astype(self.vector_dtype).tolist(),
+            **window_facts(windows),
+        }
 
     def row_stats(self, row: dict) -> dict:
         from docbeam.models.heads.vector_types import dense_stats, multi_vector_stats, sparse_stats
 
-        return {"representations": {**dense_stats(self.hidden, self.vector_dtype), **sparse_stats(row),
-                                    **multi_vector_stats(row, self.width, self.vector_dtype)}}
+        return {
+            "representations": {
+                **dense_stats(self.hidden, self.vector_dtype),
+                **sparse_stats(row),
+                **multi_vector_stats(row, self.width, self.vector_dtype),
+            }
+        }
 
     def reuse_key(self) -> dict:
-        return {"name": self.name, "sparse_linear": self.digests[0], "colbert_linear": self.digests[1],
-                "unused_ids": list(self.unused_ids), "max_terms": self.max_terms, "threshold": self.threshold,
-                "windows": self.windows}
+        return {
+            "name": self.name,
+            "sparse_linear": self.digests[0],
+            "colbert_linear": self.digests[1],
+            "unused_ids": list(self.unused_ids),
+            "max_terms": self.max_terms,
+            "threshold": self.threshold,
+            "windows": self.windows,
+        }
 
     def reusable(self, row: dict) -> bool:
         dense = np.asarray(row.get("embedding") or [], np.float32)
@@ -134,16 +156,28 @@ class BgeM3Head(Head):
         indices = np.asarray(sparse.get("indices") or [], np.int64)
         values = np.asarray(sparse.get("values") or [], np.float32)
         colbert = row.get("multi_vector") or []
-        return (dense.shape == (self.hidden,) and bool(np.all(np.isfinite(dense)))
-                and indices.shape == values.shape and bool(np.all(np.diff(indices) > 0))
-                and bool(np.all((indices >= 0) & (indices < self.vocab_size))) and bool(np.all(np.isfinite(values)))
-                and all(len(v) == self.width for v in colbert)
-                and bool(np.all(np.isfinite(np.asarray(colbert, np.float32)))))
+        return (
+            dense.shape == (self.hidden,)
+            and bool(np.all(np.isfinite(dense)))
+            and indices.shape == values.shape
+            and bool(np.all(np.diff(indices) > 0))
+            and bool(np.all((indices >= 0) & (indices < self.vocab_size)))
+            and bool(np.all(np.isfinite(values)))
+            and all(len(v) == self.width for v in colbert)
+            and bool(np.all(np.isfinite(np.asarray(colbert, np.float32))))
+        )
 
     def describe(self) -> dict:
-        return {**super().describe(), "dense_dim": self.hidden, "colbert_dim": self.width,
-                "vocab_size": self.vocab_size, "max_terms": self.max_terms, "threshold": self.threshold,
-                "windows": self.windows, "vector_dtype": self.vector_dtype}
+        return {
+            **super().describe(),
+            "dense_dim": self.hidden,
+            "colbert_dim": self.width,
+            "vocab_size": self.vocab_size,
+            "max_terms": self.max_terms,
+            "threshold": self.threshold,
+            "windows": self.windows,
+            "vector_dtype": self.vector_dtype,
+        }
 
 
 def m3_window(tokens_NxV: np.ndarray, hidden: int, width: int, unused_ids: tuple[int, ...]) -> M3Window:
@@ -156,9 +190,11 @@ def m3_window(tokens_NxV: np.ndarray, hidden: int, width: int, unused_ids: tuple
     values = np.full(len(indices), -np.inf, np.float32)
     with np.errstate(invalid="ignore"):  # a NaN weight stays NaN, and the row is refused
         np.maximum.at(values, where, weight_N[keep])
-    return M3Window(dense=tokens_NxV[0, 2:2 + hidden].astype(np.float32),
-                    sparse=SparseTerms(indices.astype(np.int32), values),
-                    colbert=tokens_NxV[1:, 2:2 + width].astype(np.float32))
+    return M3Window(
+        dense=tokens_NxV[0, 2 : 2 + hidden].astype(np.float32),
+        sparse=SparseTerms(indices.astype(np.int32), values),
+        colbert=tokens_NxV[1:, 2 : 2 + width].astype(np.float32),
+    )
 
 
 def unused_token_ids(folder: str) -> tuple[int, ...]:
@@ -183,24 +219,41 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
     folder, hidden = checkpoint.folder, checkpoint.config.output_size
     missing = [n for n in (SPARSE_LINEAR, BGE_M3_COLBERT) if not os.path.exists(os.path.join(folder, n))]
     if missing:
-        raise CheckpointError(f"model.head: bge_m3, but {folder} has no {' or '.join(missing)}; the head runs "
-                              "bge-m3's sparse and ColBERT heads as FlagEmbedding saves them beside the model; use "
-                              "model.head: auto (its dense vector) or a bge-m3 checkpoint with both files")
+        raise CheckpointError(
+            f"model.head: bge_m3, but {folder} has no {' or '.join(missing)}; the head runs "
+            "bge-m3's sparse and ColBERT heads as FlagEmbedding saves them beside the model; use "
+            "model.head: auto (its dense vector) or a bge-m3 checkpoint with both files"
+        )
     sparse, colbert = torch_linear(folder, SPARSE_LINEAR)["weight"], torch_linear(folder, BGE_M3_COLBERT)["weight"]
     for name, weight, rows in ((SPARSE_LINEAR, sparse, 1), (BGE_M3_COLBERT, colbert, colbert.shape[0])):
         if weight.shape != (rows, hidden):
-            raise CheckpointError(f"model.path: {folder}/{name} holds a weight of shape {list(weight.shape)}, but "
-                                  f"bge-m3's is [{rows}, {hidden}] (hidden_size {hidden}); it belongs to another model")
+            raise CheckpointError(
+                f"model.path: {folder}/{name} holds a weight of shape {list(weight.shape)}, but "
+                f"bge-m3's is [{rows}, {hidden}] (hidden_size {hidden}); it belongs to another model"
+            )
     vocab_size = int(hf.get("vocab_size", 0))
     if not 0 < vocab_size <= ID_LIMIT:
-        raise CheckpointError(f"model.path: {where} sets vocab_size: {hf.get('vocab_size')}; the bge_m3 head needs "
-                              f"1 to {ID_LIMIT} token ids")
+        raise CheckpointError(
+            f"model.path: {where} sets vocab_size: {hf.get('vocab_size')}; the bge_m3 head needs "
+            f"1 to {ID_LIMIT} token ids"
+        )
     options = model_cfg.sparse
     if options.windows != "first":
-        raise CheckpointError(f"model.sparse.windows: {options.windows}: the bge_m3 head writes a document's first "
-                              "window (FlagEmbedding truncates at max_length); set model.sparse.windows: first")
-    return BgeM3Head(name="bge_m3", pooling="tokens", layers=(), width=int(colbert.shape[0]), folder=FOLDER,
-                     carried=carried, hidden=hidden, vocab_size=vocab_size, unused_ids=unused_token_ids(folder),
-                     max_terms=options.max_terms, threshold=options.threshold,
-                     digests=(file_digest(os.path.join(folder, SPARSE_LINEAR)),
-                              file_digest(os.path.join(folder, BGE_M3_COLBERT))))
+        raise CheckpointError(
+            f"model.sparse.windows: {options.windows}: the bge_m3 head writes a document's first "
+            "window (FlagEmbedding truncates at max_length); set model.sparse.windows: first"
+        )
+    return BgeM3Head(
+        name="bge_m3",
+        pooling="tokens",
+        layers=(),
+        width=int(colbert.shape[0]),
+        folder=FOLDER,
+        carried=carried,
+        hidden=hidden,
+        vocab_size=vocab_size,
+        unused_ids=unused_token_ids(folder),
+        max_terms=options.max_terms,
+        threshold=options.threshold,
+        digests=(file_digest(os.path.join(folder, SPARSE_LINEAR)), file_digest(os.path.join(folder, BGE_M3_COLBERT))),
+    )

@@ -4,6 +4,7 @@ Per window: the Pooling module's mode, then the Dense modules (inside the forwar
 token-weighted mean of its windows' vectors, cut to ``truncate_dim`` (Matryoshka), then L2-normalised when
 the checkpoint ends in Normalize. Its rows go to ``embeddings/``; ``output.vector_dtype`` quantizes them after.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -84,14 +85,19 @@ def document_vector(windows: list, normalize: bool, truncate_dim: int | None = N
 
 def window_facts(windows: list) -> dict:
     """The columns every head's row has about the document's tokens and windows."""
-    return {"num_tokens": int(windows[0].doc_tokens), "num_windows": len(windows),
-            "truncated": bool(windows[0].truncated)}
+    return {
+        "num_tokens": int(windows[0].doc_tokens),
+        "num_windows": len(windows),
+        "truncated": bool(windows[0].truncated),
+    }
 
 
 def non_finite(windows: list, broken: list, what: str) -> NonFinite:
     where = ", ".join(sorted({f"bucket {w.bucket_len} with attention {w.backend}" for w in broken or windows}))
-    return NonFinite(f"the {what} has NaN or inf values ({len(broken)} of {len(windows)} window(s) non-finite; "
-                     f"computed at {where}); not written")
+    return NonFinite(
+        f"the {what} has NaN or inf values ({len(broken)} of {len(windows)} window(s) non-finite; "
+        f"computed at {where}); not written"
+    )
 
 
 def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) -> EmbeddingHead:
@@ -104,21 +110,40 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
     choice = model_cfg.truncate_dim
     truncate_dim = settings.truncate_dim if choice == "auto" else choice
     if truncate_dim is not None and truncate_dim > full:
-        where = (f" (auto, from {checkpoint.folder}/config_sentence_transformers.json's truncate_dim)"
-                 if choice == "auto" else "")
-        raise CheckpointError(f"model.truncate_dim: {truncate_dim}{where} is larger than the model's {full}-"
-                              f"dimensional vectors; set it to at most {full}, or null for the full vector")
+        where = (
+            f" (auto, from {checkpoint.folder}/config_sentence_transformers.json's truncate_dim)"
+            if choice == "auto"
+            else ""
+        )
+        raise CheckpointError(
+            f"model.truncate_dim: {truncate_dim}{where} is larger than the model's {full}-"
+            f"dimensional vectors; set it to at most {full}, or null for the full vector"
+        )
     layers = tuple(HeadLayer("dense", d.activation) for d in settings.dense)
-    return EmbeddingHead(name="embedding", pooling=pooling, layers=layers, width=full, folder=FOLDER,
-                         carried=carried, normalize=normalize, truncate_dim=truncate_dim,
-                         dense=settings.dense)
+    return EmbeddingHead(
+        name="embedding",
+        pooling=pooling,
+        layers=layers,
+        width=full,
+        folder=FOLDER,
+        carried=carried,
+        normalize=normalize,
+        truncate_dim=truncate_dim,
+        dense=settings.dense,
+    )
 
 
 def standalone(checkpoint, pooling: str) -> EmbeddingHead:
     """The embedding head with ``pooling`` and the checkpoint's Dense modules, not normalised (benchmarks and
     tests that compare window vectors)."""
     settings = checkpoint.settings
-    return EmbeddingHead(name="embedding", pooling=pooling,
-                         layers=tuple(HeadLayer("dense", d.activation) for d in settings.dense),
-                         width=settings.width(checkpoint.config.output_size), folder=FOLDER, normalize=False,
-                         truncate_dim=None, dense=settings.dense)
+    return EmbeddingHead(
+        name="embedding",
+        pooling=pooling,
+        layers=tuple(HeadLayer("dense", d.activation) for d in settings.dense),
+        width=settings.width(checkpoint.config.output_size),
+        folder=FOLDER,
+        normalize=False,
+        truncate_dim=None,
+        dense=settings.dense,
+    )

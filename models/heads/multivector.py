@@ -9,6 +9,7 @@ window's vectors: encode_document truncates at the window, and so does this head
 set to truncate). Its rows go to ``embeddings/``, column ``multi_vector``: a list of fixed-size lists, float32
 or float16 (``output.vector_dtype``). bge-m3's ColBERT head (``colbert_linear.pt``) runs here too (bge_m3_colbert).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,17 +79,26 @@ class MultiVectorHead(Head):
         return {"representations": multi_vector_stats(row, self.width, self.vector_dtype)}
 
     def reuse_key(self) -> dict:
-        return {"name": self.name, "skip_ids": list(self.skip_ids), "windows": self.windows,
-                "drop_first": self.drop_first, "torch_linear": self.linear_digest}
+        return {
+            "name": self.name,
+            "skip_ids": list(self.skip_ids),
+            "windows": self.windows,
+            "drop_first": self.drop_first,
+            "torch_linear": self.linear_digest,
+        }
 
     def reusable(self, row: dict) -> bool:
         vectors = row["multi_vector"]
-        return all(len(v) == self.width for v in vectors) and bool(
-            np.all(np.isfinite(np.asarray(vectors, np.float32))))
+        return all(len(v) == self.width for v in vectors) and bool(np.all(np.isfinite(np.asarray(vectors, np.float32))))
 
     def describe(self) -> dict:
-        return {**super().describe(), "normalize": self.normalize, "skiplist_tokens": len(self.skip_ids),
-                "windows": self.windows, "vector_dtype": self.vector_dtype}
+        return {
+            **super().describe(),
+            "normalize": self.normalize,
+            "skiplist_tokens": len(self.skip_ids),
+            "windows": self.windows,
+            "vector_dtype": self.vector_dtype,
+        }
 
 
 def window_slices(batch) -> list[tuple[int, slice | np.ndarray]]:
@@ -97,8 +107,9 @@ def window_slices(batch) -> list[tuple[int, slice | np.ndarray]]:
     if not batch.packed:
         return [(r, slice(0, int(n))) for r, n in enumerate(batch.lengths_B[: batch.real_rows])]
     slots = batch.slot_lengths_BxK.shape[1]
-    return [(row, batch.segment_ids_BxT[row] == k + 1) for row, k in (divmod(int(s), slots)
-                                                                       for s in batch.window_slots())]
+    return [
+        (row, batch.segment_ids_BxT[row] == k + 1) for row, k in (divmod(int(s), slots) for s in batch.window_slots())
+    ]
 
 
 def skiplist_ids(folder: str, words: tuple[str, ...]) -> tuple[int, ...]:
@@ -121,8 +132,10 @@ def torch_linear(folder: str, name: str) -> dict:
     tensors = load_tensors(path)
     weight, bias = tensors.get("weight"), tensors.get("bias")
     if weight is None or weight.ndim != 2 or bias is None or bias.shape != weight.shape[:1] or len(tensors) != 2:
-        raise CheckpointError(f"model.path: {path} holds {sorted(tensors)}, not a linear layer's weight [out, in] "
-                              "and bias [out]; it belongs to another model")
+        raise CheckpointError(
+            f"model.path: {path} holds {sorted(tensors)}, not a linear layer's weight [out, in] "
+            "and bias [out]; it belongs to another model"
+        )
     return tensors
 
 
@@ -131,15 +144,24 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
     if settings.token_mask is None and os.path.exists(os.path.join(checkpoint.folder, BGE_M3_COLBERT)):
         return bge_m3_colbert(checkpoint, carried)
     if settings.token_mask is None:
-        raise CheckpointError(f"model.head: multi_vector, but {checkpoint.folder}/config_sentence_transformers.json "
-                              f"does not set model_type: MultiVectorEncoder, nor is there a {BGE_M3_COLBERT} (bge-m3); "
-                              "the head reproduces those multi-vector encoders only; use model.head: auto or embedding")
+        raise CheckpointError(
+            f"model.head: multi_vector, but {checkpoint.folder}/config_sentence_transformers.json "
+            f"does not set model_type: MultiVectorEncoder, nor is there a {BGE_M3_COLBERT} (bge-m3); "
+            "the head reproduces those multi-vector encoders only; use model.head: auto or embedding"
+        )
     layers = tuple(HeadLayer("dense", d.activation) for d in settings.dense)
     layers += (HeadLayer("l2"),) if settings.normalize else ()
-    return MultiVectorHead(name="multi_vector", pooling=TOKENS, layers=layers,
-                           width=settings.width(checkpoint.config.output_size), folder=FOLDER, carried=carried,
-                           normalize=settings.normalize, dense=settings.dense,
-                           skip_ids=skiplist_ids(checkpoint.folder, settings.token_mask.skiplist_words))
+    return MultiVectorHead(
+        name="multi_vector",
+        pooling=TOKENS,
+        layers=layers,
+        width=settings.width(checkpoint.config.output_size),
+        folder=FOLDER,
+        carried=carried,
+        normalize=settings.normalize,
+        dense=settings.dense,
+        skip_ids=skiplist_ids(checkpoint.folder, settings.token_mask.skiplist_words),
+    )
 
 
 def bge_m3_colbert(checkpoint, carried: str | None) -> MultiVectorHead:
@@ -148,12 +170,23 @@ def bge_m3_colbert(checkpoint, carried: str | None) -> MultiVectorHead:
     make the dense vector, not these."""
     weight = torch_linear(checkpoint.folder, BGE_M3_COLBERT)["weight"]
     if weight.shape[1] != checkpoint.config.output_size:
-        raise CheckpointError(f"model.path: {checkpoint.folder}/{BGE_M3_COLBERT} projects {weight.shape[1]} values, "
-                              f"but the model's hidden_size is {checkpoint.config.output_size}")
-    return MultiVectorHead(name="multi_vector", pooling=TOKENS, layers=(HeadLayer("dense"), HeadLayer("l2")),
-                           width=int(weight.shape[0]), folder=FOLDER, carried=carried, normalize=True, skip_ids=(),
-                           drop_first=True, torch_linear=BGE_M3_COLBERT,
-                           linear_digest=file_digest(os.path.join(checkpoint.folder, BGE_M3_COLBERT)))
+        raise CheckpointError(
+            f"model.path: {checkpoint.folder}/{BGE_M3_COLBERT} projects {weight.shape[1]} values, "
+            f"but the model's hidden_size is {checkpoint.config.output_size}"
+        )
+    return MultiVectorHead(
+        name="multi_vector",
+        pooling=TOKENS,
+        layers=(HeadLayer("dense"), HeadLayer("l2")),
+        width=int(weight.shape[0]),
+        folder=FOLDER,
+        carried=carried,
+        normalize=True,
+        skip_ids=(),
+        drop_first=True,
+        torch_linear=BGE_M3_COLBERT,
+        linear_digest=file_digest(os.path.join(checkpoint.folder, BGE_M3_COLBERT)),
+    )
 
 
 def file_digest(path: str) -> str:

@@ -10,6 +10,7 @@ truncates; the default) or every window's combined as the pooling says (``model.
 over windows for max, the sum for sum), then the optional lossy pruning (``threshold``, ``max_terms``). Its rows
 go to ``embeddings/`` as ``sparse_embedding``: ascending ``indices`` (token ids) and their ``values``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,32 +43,52 @@ class MlmLayout:
 def _activation(hf: dict, key: str, default: str, where: str) -> str:
     name = hf.get(key, default)
     if name not in ACTIVATIONS:
-        raise CheckpointError(f"model.path: {where} sets {key}: {json.dumps(name)}, which docbeam does not run in "
-                              f"the masked-LM head (it runs {', '.join(ACTIVATIONS)})")
+        raise CheckpointError(
+            f"model.path: {where} sets {key}: {json.dumps(name)}, which docbeam does not run in "
+            f"the masked-LM head (it runs {', '.join(ACTIVATIONS)})"
+        )
     return name
 
 
 def _bert(hf: dict, where: str) -> MlmLayout:
-    return MlmLayout((("cls.predictions.transform.dense", HeadLayer("dense", _activation(hf, "hidden_act", "gelu",
-                                                                                           where)), True),
-                      ("cls.predictions.transform.LayerNorm",
-                       HeadLayer("norm", eps=float(hf.get("layer_norm_eps", 1e-12))), True)),
-                     "cls.predictions.decoder", "cls.predictions.bias", "embeddings.word_embeddings.weight")
+    return MlmLayout(
+        (
+            ("cls.predictions.transform.dense", HeadLayer("dense", _activation(hf, "hidden_act", "gelu", where)), True),
+            (
+                "cls.predictions.transform.LayerNorm",
+                HeadLayer("norm", eps=float(hf.get("layer_norm_eps", 1e-12))),
+                True,
+            ),
+        ),
+        "cls.predictions.decoder",
+        "cls.predictions.bias",
+        "embeddings.word_embeddings.weight",
+    )
 
 
 def _distilbert(hf: dict, where: str) -> MlmLayout:
-    return MlmLayout((("vocab_transform", HeadLayer("dense", _activation(hf, "activation", "gelu", where)), True),
-                      ("vocab_layer_norm", HeadLayer("norm", eps=1e-12), True)),
-                     "vocab_projector", "vocab_projector.bias", "embeddings.word_embeddings.weight")
+    return MlmLayout(
+        (
+            ("vocab_transform", HeadLayer("dense", _activation(hf, "activation", "gelu", where)), True),
+            ("vocab_layer_norm", HeadLayer("norm", eps=1e-12), True),
+        ),
+        "vocab_projector",
+        "vocab_projector.bias",
+        "embeddings.word_embeddings.weight",
+    )
 
 
 def _modernbert(hf: dict, where: str) -> MlmLayout:
     act = _activation(hf, "classifier_activation", "gelu", where)
-    return MlmLayout((("head.dense", HeadLayer("dense", act), bool(hf.get("classifier_bias", False))),
-                      ("head.norm", HeadLayer("norm", eps=float(hf.get("norm_eps", 1e-5))),
-                       bool(hf.get("norm_bias", False)))),
-                     "decoder", "decoder.bias" if hf.get("decoder_bias", True) else None,
-                     "embeddings.tok_embeddings.weight")
+    return MlmLayout(
+        (
+            ("head.dense", HeadLayer("dense", act), bool(hf.get("classifier_bias", False))),
+            ("head.norm", HeadLayer("norm", eps=float(hf.get("norm_eps", 1e-5))), bool(hf.get("norm_bias", False))),
+        ),
+        "decoder",
+        "decoder.bias" if hf.get("decoder_bias", True) else None,
+        "embeddings.tok_embeddings.weight",
+    )
 
 
 # The masked-LM heads docbeam reproduces (each checked against transformers' own class), by architecture.
@@ -111,8 +132,10 @@ class SparseHead(Head):
         own = f"{self.layout.decoder}.weight"
         weight_VxD = tensors(own if tensors.has(own) or not self.tied else self.layout.embeddings)
         if weight_VxD.shape[0] != self.width:
-            raise CheckpointError(f"model.path: {path}'s decoder gives {weight_VxD.shape[0]} logits, but config.json "
-                                  f"sets vocab_size: {self.width}; they must agree")
+            raise CheckpointError(
+                f"model.path: {path}'s decoder gives {weight_VxD.shape[0]} logits, but config.json "
+                f"sets vocab_size: {self.width}; they must agree"
+            )
         bias_V = tensors(self.layout.bias) if self.layout.bias else np.zeros(self.width, np.float32)
         block = min(self.block, self.width)
         pad = -self.width % block
@@ -137,15 +160,16 @@ class SparseHead(Head):
 
         def one_block(block):
             kernel_VbxD, bias_Vb = block
-            logits_NxVb = jnp.einsum("nd,vd->nv", states_NxD, kernel_VbxD,
-                                     precision=jax.lax.Precision.HIGHEST) + bias_Vb
+            logits_NxVb = (
+                jnp.einsum("nd,vd->nv", states_NxD, kernel_VbxD, precision=jax.lax.Precision.HIGHEST) + bias_Vb
+            )
             weights_NxVb = jnp.log1p(jax.nn.relu(logits_NxVb))
             if self.activation == "log1p_relu":
                 weights_NxVb = jnp.log1p(weights_NxVb)
-            return pooled_by(weights_NxVb, segment_N, num_segments=B * K + 1)[:B * K]
+            return pooled_by(weights_NxVb, segment_N, num_segments=B * K + 1)[: B * K]
 
         pooled_NBxSxVb = jax.lax.map(one_block, (decoder["kernel"], decoder["bias"]))
-        vectors_SxV = jnp.moveaxis(pooled_NBxSxVb, 0, 1).reshape(B * K, -1)[:, :self.width]
+        vectors_SxV = jnp.moveaxis(pooled_NBxSxVb, 0, 1).reshape(B * K, -1)[:, : self.width]
         vectors_SxV = jnp.maximum(vectors_SxV, 0.0)  # an empty slot's max is -inf; every weight is >= 0
         return vectors_SxV.reshape(B, self.width) if segment_ids_BxT is None else vectors_SxV.reshape(B, K, -1)
 
@@ -157,8 +181,11 @@ class SparseHead(Head):
     def columns(self) -> list:
         import pyarrow as pa
 
-        return [pa.field("sparse_embedding", pa.struct([("indices", pa.list_(pa.int32())),
-                                                        ("values", pa.list_(pa.float32()))]))]
+        return [
+            pa.field(
+                "sparse_embedding", pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float32()))])
+            )
+        ]
 
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)
@@ -172,8 +199,11 @@ class SparseHead(Head):
         indices, values = prune(vector, self.threshold, self.max_terms)
         if not np.all(np.isfinite(values)):
             return non_finite(used, [], "sparse vector")
-        return {"id": windows[0].doc_id, "sparse_embedding": {"indices": indices.tolist(), "values": values.tolist()},
-                **window_facts(windows)}
+        return {
+            "id": windows[0].doc_id,
+            "sparse_embedding": {"indices": indices.tolist(), "values": values.tolist()},
+            **window_facts(windows),
+        }
 
     def row_stats(self, row: dict) -> dict:
         from docbeam.models.heads.vector_types import sparse_stats
@@ -181,21 +211,37 @@ class SparseHead(Head):
         return {"representations": sparse_stats(row)}
 
     def reuse_key(self) -> dict:
-        return {"name": self.name, "architecture": self.carried, "pooling": self.pooling,
-                "activation": self.activation, "windows": self.windows, "max_terms": self.max_terms,
-                "threshold": self.threshold, "vocab_size": self.width}
+        return {
+            "name": self.name,
+            "architecture": self.carried,
+            "pooling": self.pooling,
+            "activation": self.activation,
+            "windows": self.windows,
+            "max_terms": self.max_terms,
+            "threshold": self.threshold,
+            "vocab_size": self.width,
+        }
 
     def reusable(self, row: dict) -> bool:
         sparse = row.get("sparse_embedding") or {}
         indices = np.asarray(sparse.get("indices") or [], np.int64)
         values = np.asarray(sparse.get("values") or [], np.float32)
-        return (indices.shape == values.shape and bool(np.all(np.diff(indices) > 0))
-                and bool(np.all((indices >= 0) & (indices < self.width))) and bool(np.all(np.isfinite(values)))
-                and (self.max_terms is None or len(indices) <= self.max_terms))
+        return (
+            indices.shape == values.shape
+            and bool(np.all(np.diff(indices) > 0))
+            and bool(np.all((indices >= 0) & (indices < self.width)))
+            and bool(np.all(np.isfinite(values)))
+            and (self.max_terms is None or len(indices) <= self.max_terms)
+        )
 
     def describe(self) -> dict:
-        return {**super().describe(), "activation": self.activation, "windows": self.windows,
-                "max_terms": self.max_terms, "threshold": self.threshold}
+        return {
+            **super().describe(),
+            "activation": self.activation,
+            "windows": self.windows,
+            "max_terms": self.max_terms,
+            "threshold": self.threshold,
+        }
 
 
 def prune(vector_V: np.ndarray, threshold: float | None, max_terms: int | None) -> tuple[np.ndarray, np.ndarray]:
@@ -218,12 +264,24 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
     architectures = hf.get("architectures") or []
     arch = next((a for a in architectures if a in LAYOUTS), None)
     if arch is None:
-        raise CheckpointError(f"model.head: sparse, but {where} sets architectures: {json.dumps(architectures)}; "
-                              f"docbeam runs SPLADE on the masked-LM head of {', '.join(LAYOUTS)} only")
+        raise CheckpointError(
+            f"model.head: sparse, but {where} sets architectures: {json.dumps(architectures)}; "
+            f"docbeam runs SPLADE on the masked-LM head of {', '.join(LAYOUTS)} only"
+        )
     options = model_cfg.sparse
     layout = LAYOUTS[arch](hf, where)
-    return SparseHead(name="sparse", pooling=strategy, layers=tuple(layer for _, layer, _ in layout.steps),
-                      width=int(hf["vocab_size"]), folder=FOLDER, carried=arch, activation=activation,
-                      windows=options.windows, max_terms=options.max_terms, threshold=options.threshold,
-                      layout=layout, prefixes=family_of(checkpoint.config).PREFIXES,
-                      tied=bool(hf.get("tie_word_embeddings", True)))
+    return SparseHead(
+        name="sparse",
+        pooling=strategy,
+        layers=tuple(layer for _, layer, _ in layout.steps),
+        width=int(hf["vocab_size"]),
+        folder=FOLDER,
+        carried=arch,
+        activation=activation,
+        windows=options.windows,
+        max_terms=options.max_terms,
+        threshold=options.threshold,
+        layout=layout,
+        prefixes=family_of(checkpoint.config).PREFIXES,
+        tied=bool(hf.get("tie_word_embeddings", True)),
+    )

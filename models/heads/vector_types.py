@@ -4,13 +4,19 @@ rows, chunk rows and the manifest share (pipeline/stages/vectors.py quantizes in
 Every row of a run has the same length, so the column is a ``fixed_size_list``: pyarrow gives it back as one,
 Parquet stores it as a plain LIST (which DuckDB, pandas and BigQuery read), and the manifest says its dimension.
 """
+
 from __future__ import annotations
 
 import pyarrow as pa
 
 VECTOR_DTYPES = ("float32", "float16", "int8", "uint8", "binary")
-VALUE_TYPES = {"float32": pa.float32(), "float16": pa.float16(), "int8": pa.int8(), "uint8": pa.uint8(),
-               "binary": pa.int8()}  # binary: 8 signs per byte, packed as sentence-transformers' "binary" (int8)
+VALUE_TYPES = {
+    "float32": pa.float32(),
+    "float16": pa.float16(),
+    "int8": pa.int8(),
+    "uint8": pa.uint8(),
+    "binary": pa.int8(),
+}  # binary: 8 signs per byte, packed as sentence-transformers' "binary" (int8)
 
 
 def known(vector_dtype: str) -> str:
@@ -31,8 +37,12 @@ def embedding_type(dim: int, vector_dtype: str = "float32") -> pa.DataType:
 
 def describe(dim: int, vector_dtype: str) -> dict:
     """The manifest's ``embedding`` block before calibration: what a reader needs to interpret the column."""
-    return {"dim": dim, "dtype": vector_dtype, "list_size": list_size(dim, vector_dtype),
-            "value_type": str(VALUE_TYPES[known(vector_dtype)])}
+    return {
+        "dim": dim,
+        "dtype": vector_dtype,
+        "list_size": list_size(dim, vector_dtype),
+        "value_type": str(VALUE_TYPES[known(vector_dtype)]),
+    }
 
 
 # What each representation of a row costs, for summary.json's ``representations`` (pipeline/stages/commit.py sums

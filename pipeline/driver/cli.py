@@ -4,6 +4,7 @@ Exit codes: 0 the run committed its output (some documents may have been rejecte
 job ran but failed, nothing was committed and the previous output is unchanged; 2 refused at start
 (config, checkpoint, attention, input or output: any ``docbeam.errors.Refused``), nothing was touched.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,10 @@ from docbeam.errors import Refused
 log = logging.getLogger("docbeam")
 
 
-VERBOSE_HELP = ("stream the whole log (Beam's and JAX's records, tracebacks) to stderr; without it they go only to "
-                "a log file, which a failure names")
+VERBOSE_HELP = (
+    "stream the whole log (Beam's and JAX's records, tracebacks) to stderr; without it they go only to "
+    "a log file, which a failure names"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,35 +33,60 @@ def _parser() -> argparse.ArgumentParser:
     for name, help_text in (("run", "run the pipeline"), ("validate", "check a config and show what would run")):
         p = sub.add_parser(name, help=help_text)
         p.add_argument("--config", required=True, help="YAML job config, e.g. configs/local.yaml")
-        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key, e.g. --set attention.backend=flash (repeatable); a relative path "
-                            "is relative to the current folder (the file's own paths: to the file)")
+        p.add_argument(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="override a config key, e.g. --set attention.backend=flash (repeatable); a relative path "
+            "is relative to the current folder (the file's own paths: to the file)",
+        )
         p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
         if name == "run":
-            p.add_argument("--force", action="store_true",
-                           help="take over the output's lock even if another run seems alive")
-            p.add_argument("--no-wait", action="store_true",
-                           help="return once the job is submitted (a Flex Template launcher); the job commits "
-                                "its output and releases the lock itself")
-            p.add_argument("--dry-run", action="store_true",
-                           help="build the Dataflow job (graph, pickled DoFns, environment), print the options "
-                                "Dataflow would receive, submit nothing; no lock, no input or output touched")
-            p.add_argument("beam_args", nargs=argparse.REMAINDER,
-                           help="after --: extra Beam pipeline options, e.g. -- --direct_num_workers=2")
+            p.add_argument(
+                "--force", action="store_true", help="take over the output's lock even if another run seems alive"
+            )
+            p.add_argument(
+                "--no-wait",
+                action="store_true",
+                help="return once the job is submitted (a Flex Template launcher); the job commits "
+                "its output and releases the lock itself",
+            )
+            p.add_argument(
+                "--dry-run",
+                action="store_true",
+                help="build the Dataflow job (graph, pickled DoFns, environment), print the options "
+                "Dataflow would receive, submit nothing; no lock, no input or output touched",
+            )
+            p.add_argument(
+                "beam_args",
+                nargs=argparse.REMAINDER,
+                help="after --: extra Beam pipeline options, e.g. -- --direct_num_workers=2",
+            )
         else:
-            p.add_argument("--verify", action="store_true",
-                           help="also run each bucket's backend against native on a probe batch here, and hold a "
-                                "model.dtype other than float32 to the precision gate on the input's first documents")
-            p.add_argument("--for-launch", action="store_true",
-                           help="first refuse (exit 2) the profiles' placeholder project, buckets and image, as "
-                                "run --dry-run and the Flex Template launcher do: a CI step before a launch")
+            p.add_argument(
+                "--verify",
+                action="store_true",
+                help="also run each bucket's backend against native on a probe batch here, and hold a "
+                "model.dtype other than float32 to the precision gate on the input's first documents",
+            )
+            p.add_argument(
+                "--for-launch",
+                action="store_true",
+                help="first refuse (exit 2) the profiles' placeholder project, buckets and image, as "
+                "run --dry-run and the Flex Template launcher do: a CI step before a launch",
+            )
     p = sub.add_parser("propose-buckets", help="propose bucket lengths and token budget from the corpus")
     p.add_argument("--config", required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    p = sub.add_parser("sync-pgvector", help="load an output's committed run into Postgres, as output.pgvector "
-                                             "does after a run (safe to repeat: an applied run changes nothing)")
+    p = sub.add_parser(
+        "sync-pgvector",
+        help="load an output's committed run into Postgres, as output.pgvector "
+        "does after a run (safe to repeat: an applied run changes nothing)",
+    )
     p.add_argument("output", help="the output folder (output.path) whose committed run to load")
     p.add_argument("--table", required=True, help="output.pgvector.table, e.g. docbeam_embeddings")
     p.add_argument("--dsn", default="", help="output.pgvector.dsn (default: libpq's PG* environment variables)")
@@ -151,11 +179,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(dry_run(cfg, beam_args).describe())
             return 0
-        from docbeam.pipeline.telemetry.observe import process_started
         from docbeam.pipeline.driver.job import run
+        from docbeam.pipeline.telemetry.observe import process_started
 
-        summary = run(cfg, beam_args=beam_args, force=args.force, wait=not args.no_wait,
-                      process_started=process_started())
+        summary = run(
+            cfg, beam_args=beam_args, force=args.force, wait=not args.no_wait, process_started=process_started()
+        )
         if args.no_wait:
             print(f"docbeam: submitted run {summary['run_id']}; the job commits its output to {summary['output']}")
             return 0
@@ -166,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("job failed", exc_info=True, extra={"log_file_only": True})
         from docbeam.pipeline.store.pgvector import PostgresBehind
 
-        what = ("job failed, nothing committed (the previous output is unchanged)"
-                if args.command == "run" and not isinstance(e, PostgresBehind) else f"{args.command} failed")
+        what = (
+            "job failed, nothing committed (the previous output is unchanged)"
+            if args.command == "run" and not isinstance(e, PostgresBehind)
+            else f"{args.command} failed"
+        )
         print(f"docbeam: {what}: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
         return 1
     print(format_summary(summary, cfg.output.path))
@@ -178,7 +210,8 @@ def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
     import pydantic
 
     from docbeam.config_io import PgvectorConfig
-    from docbeam.pipeline.store import output as output_lib, paths, pgvector
+    from docbeam.pipeline.store import output as output_lib
+    from docbeam.pipeline.store import paths, pgvector
 
     try:
         try:
@@ -198,9 +231,14 @@ def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
         log.error("sync-pgvector failed", exc_info=True, extra={"log_file_only": True})
         print(f"docbeam: sync-pgvector failed: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
         return 1
-    print(f"docbeam: run {done['run_id']} of {output} "
-          + (f"loaded into {table}: {done['upserted']} rows upserted, {done['deleted']} deleted" if done["applied"]
-             else f"was already in {table}: nothing changed"))
+    print(
+        f"docbeam: run {done['run_id']} of {output} "
+        + (
+            f"loaded into {table}: {done['upserted']} rows upserted, {done['deleted']} deleted"
+            if done["applied"]
+            else f"was already in {table}: nothing changed"
+        )
+    )
     return 0
 
 
@@ -211,12 +249,24 @@ def format_summary(s: dict, output: str) -> str:
         f"docbeam: done in {s['wall_seconds']:.1f} s → {output}",
         f"  documents  read {s['docs_read']}, {verb(s)} {s['docs_embedded']}, rejected {s['docs_rejected']}"
         + (f" {json.dumps(s['rejected_by_kind'])}" if s["rejected_by_kind"] else ""),
-        *([format_head(s["head"], s.get("labels")) + format_sizes(s.get("representations"), s["head"])]
-          if notable_head(s.get("head")) else []),
-        *([f"  selected   {s['docs_selected']} documents where {s['select']['where']} (selected/)"]
-          if "docs_selected" in s else []),
-        *([f"  reused     {s['docs_reused']} documents ({s['reused_token_share']:.1%} of tokens) from run "
-           f"{s['reuse']['run_id']}; encoded {s['docs_encoded']}"] if s.get("docs_reused") else []),
+        *(
+            [format_head(s["head"], s.get("labels")) + format_sizes(s.get("representations"), s["head"])]
+            if notable_head(s.get("head"))
+            else []
+        ),
+        *(
+            [f"  selected   {s['docs_selected']} documents where {s['select']['where']} (selected/)"]
+            if "docs_selected" in s
+            else []
+        ),
+        *(
+            [
+                f"  reused     {s['docs_reused']} documents ({s['reused_token_share']:.1%} of tokens) from run "
+                f"{s['reuse']['run_id']}; encoded {s['docs_encoded']}"
+            ]
+            if s.get("docs_reused")
+            else []
+        ),
         *([f"  reuse      none: {s['reuse']['reason']}"] if s.get("reuse", {}).get("reason") else []),
         f"  windows    {s['windows']} in {s['batches']} batches ({s['compiles']} compilations)",
         f"  tokens     {s['real_tokens']} real / {s['padded_tokens']} padded "
@@ -224,8 +274,11 @@ def format_summary(s: dict, output: str) -> str:
         f"  speed      {s['docs_per_second']} docs/s, {s['tokens_per_second']} tokens/s",
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
-        *([f"  precision  {s['dtype']}: {precision_gate_at_start.describe(s['precision_gate'])}"] if s.get("precision_gate")
-          else []),
+        *(
+            [f"  precision  {s['dtype']}: {precision_gate_at_start.describe(s['precision_gate'])}"]
+            if s.get("precision_gate")
+            else []
+        ),
         *([format_startup(s)] if s.get("startup") else []),
         *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),
     ]
@@ -252,7 +305,8 @@ def format_head(head: dict, labels: dict | None) -> str:
         return f"  head       sparse ({head['checkpoint_head']}, {head['pooling']} pooling) → {head['folder']}/"
     carried = head.get("checkpoint_head")
     return f"  head       embedding → {head['folder']}/" + (
-        f"; the checkpoint's {carried} did not run (model.head: classifier scores with it)" if carried else "")
+        f"; the checkpoint's {carried} did not run (model.head: classifier scores with it)" if carried else ""
+    )
 
 
 def format_sizes(representations: dict | None, head: dict) -> str:
@@ -261,7 +315,8 @@ def format_sizes(representations: dict | None, head: dict) -> str:
         return ""
     return "; per document: " + ", ".join(
         f"{name} " + " ".join(f"{v} {k.removesuffix('_per_document')}" for k, v in sizes.items())
-        for name, sizes in representations.items())
+        for name, sizes in representations.items()
+    )
 
 
 def format_pgvector(done: dict) -> str:
@@ -276,10 +331,11 @@ def format_startup(s: dict) -> str:
 
     startup, since = s["startup"], s["startup"]["since_process_start_s"]
     parts = [f"{name} {startup['steps_s'][name]:.1f} s" for name in ("imports", "plan", "lock_and_checks", "graph")]
-    parts += ["encoder warm from an earlier job in this process" if name == "reused"
-              else f"encoder {name} {seconds:.1f} s" for name, seconds in sorted(startup["encoder_s"].items())]
-    first = (f"first batch after {since['first_batch_started']:.1f} s" if "first_batch_started" in since
-             else "no batch")
+    parts += [
+        "encoder warm from an earlier job in this process" if name == "reused" else f"encoder {name} {seconds:.1f} s"
+        for name, seconds in sorted(startup["encoder_s"].items())
+    ]
+    first = f"first batch after {since['first_batch_started']:.1f} s" if "first_batch_started" in since else "no batch"
     shares = s.get("stages", {}).get("share_of_wall", {})
     shares = ", ".join(f"{k} {shares[k]:.1%}" for k in (*STAGES, "other") if k in shares)
     return f"  start-up   {first} ({', '.join(parts)})" + (f"\n  stages     {shares}" if shares else "")

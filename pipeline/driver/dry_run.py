@@ -8,6 +8,7 @@ runner's own ``Job``: what is printed is what the request would carry. The resol
 and the compilation cache are printed beside it, and the profiles' placeholders are refused (exit 2). No
 lock is taken and neither input nor output is read or written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,16 +17,32 @@ import time
 import apache_beam as beam
 
 from docbeam import placeholders
+from docbeam.config import ConfigError, JobConfig
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
-from docbeam.config import ConfigError, JobConfig
 from docbeam.pipeline.store.lock import Fence
 
 # Options a reader checks before a submission, by Beam's names, in this order.
-SHOWN_OPTIONS = ("project", "region", "job_name", "temp_location", "staging_location", "sdk_container_image",
-                 "machine_type", "dataflow_service_options", "experiments", "num_workers", "max_num_workers",
-                 "autoscaling_algorithm", "disk_size_gb", "number_of_worker_harness_threads",
-                 "service_account_email", "network", "subnetwork", "use_public_ips")
+SHOWN_OPTIONS = (
+    "project",
+    "region",
+    "job_name",
+    "temp_location",
+    "staging_location",
+    "sdk_container_image",
+    "machine_type",
+    "dataflow_service_options",
+    "experiments",
+    "num_workers",
+    "max_num_workers",
+    "autoscaling_algorithm",
+    "disk_size_gb",
+    "number_of_worker_harness_threads",
+    "service_account_email",
+    "network",
+    "subnetwork",
+    "use_public_ips",
+)
 PARDO_URN = "beam:transform:pardo:v1"
 PICKLED_DOFN_URN = "beam:dofn:pickled_python_info:v1"
 
@@ -44,9 +61,11 @@ class DryRun:
     pickled_dofns: int
 
     def describe(self) -> str:
-        lines = [f"# dry run {self.run_id}: the Dataflow job was built (graph translated, every DoFn pickled, "
-                 "environment resolved) and not submitted",
-                 "# paths (resolved for this run)"]
+        lines = [
+            f"# dry run {self.run_id}: the Dataflow job was built (graph translated, every DoFn pickled, "
+            "environment resolved) and not submitted",
+            "# paths (resolved for this run)",
+        ]
         lines += [f"  {key}: {value}" for key, value in self.paths.items()]
         lines.append(f"# attention planned for {self.platform}:")
         lines += [f"  bucket {bucket:>5} -> {choice}" for bucket, choice in self.attention.items()]
@@ -54,8 +73,11 @@ class DryRun:
         lines += [f"  {key}: {value}" for key, value in self.options.items()]
         lines.append("# job environment (what Dataflow would create)")
         lines += [f"  {key}: {value}" for key, value in self.worker_pool.items()]
-        lines += [f"  service_options: {list(self.service_options)}", f"  experiments: {list(self.experiments)}",
-                  f"# graph: {self.steps} transforms, {self.pickled_dofns} pickled DoFns (each unpickled again)"]
+        lines += [
+            f"  service_options: {list(self.service_options)}",
+            f"  experiments: {list(self.experiments)}",
+            f"# graph: {self.steps} transforms, {self.pickled_dofns} pickled DoFns (each unpickled again)",
+        ]
         return "\n".join(lines)
 
 
@@ -66,9 +88,11 @@ def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
     from docbeam.pipeline.driver.run import build
 
     if cfg.runner.name != placeholders.DATAFLOW:
-        raise ConfigError(f"--dry-run builds a Dataflow job, but runner.name is {cfg.runner.name!r}; use a "
-                          "Dataflow profile (e.g. --config configs/dataflow_tpu.yaml) or --set "
-                          "runner.name=DataflowRunner")
+        raise ConfigError(
+            f"--dry-run builds a Dataflow job, but runner.name is {cfg.runner.name!r}; use a "
+            "Dataflow profile (e.g. --config configs/dataflow_tpu.yaml) or --set "
+            "runner.name=DataflowRunner"
+        )
     run_id = output_lib.new_run_id()
     cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
     plan = make_plan(cfg, for_output=False, for_input=False)
@@ -84,25 +108,40 @@ def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
         raise ConfigError(f"runner.options: Dataflow refuses these options: {' '.join(str(e).split())}") from None
     job = result.job  # the runner's Job: its options are the pipeline's copy, with the runner's additions
     proto = job.proto_pipeline
-    env = apiclient.Environment([], job.options, apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION, None,
-                                proto_pipeline=proto).proto
+    env = apiclient.Environment(
+        [], job.options, apiclient._FNAPI_ENVIRONMENT_MAJOR_VERSION, None, proto_pipeline=proto
+    ).proto
     submitted = dict(env.sdk_pipeline_options["options"])
     pool = env.worker_pools[0]
     return DryRun(
-        run_id=run_id, platform=plan.platform,
-        paths={"input.path": cfg.input.path, "output.path": cfg.output.path,
-               "runner.compilation_cache": cfg.runner.compilation_cache or "(none: every job compiles afresh)"},
-        attention={c.case.seq_len: f"{c.backend}" + (f" [{c.kernel}]" if c.kernel else "")
-                   + (f" ({c.fallback_reason})" if c.fallback_reason else "") for c in plan.choices},
+        run_id=run_id,
+        platform=plan.platform,
+        paths={
+            "input.path": cfg.input.path,
+            "output.path": cfg.output.path,
+            "runner.compilation_cache": cfg.runner.compilation_cache or "(none: every job compiles afresh)",
+        },
+        attention={
+            c.case.seq_len: f"{c.backend}"
+            + (f" [{c.kernel}]" if c.kernel else "")
+            + (f" ({c.fallback_reason})" if c.fallback_reason else "")
+            for c in plan.choices
+        },
         options={k: plain(submitted[k]) for k in SHOWN_OPTIONS if submitted.get(k) not in (None, [], False)},
-        worker_pool={"machine_type": pool.machine_type, "disk_size_gb": pool.disk_size_gb,
-                     "num_workers": pool.num_workers or "(Dataflow's default)",
-                     "max_num_workers": pool.autoscaling_settings.max_num_workers,
-                     "worker_harness_container_image": pool.worker_harness_container_image,
-                     "sdk_harness_container_images": [i.container_image for i in pool.sdk_harness_container_images],
-                     "region": submitted["region"]},
-        service_options=tuple(env.service_options), experiments=tuple(env.experiments),
-        steps=len(proto.components.transforms), pickled_dofns=unpickle_dofns(proto))
+        worker_pool={
+            "machine_type": pool.machine_type,
+            "disk_size_gb": pool.disk_size_gb,
+            "num_workers": pool.num_workers or "(Dataflow's default)",
+            "max_num_workers": pool.autoscaling_settings.max_num_workers,
+            "worker_harness_container_image": pool.worker_harness_container_image,
+            "sdk_harness_container_images": [i.container_image for i in pool.sdk_harness_container_images],
+            "region": submitted["region"],
+        },
+        service_options=tuple(env.service_options),
+        experiments=tuple(env.experiments),
+        steps=len(proto.components.transforms),
+        pickled_dofns=unpickle_dofns(proto),
+    )
 
 
 def plain(value):

@@ -6,6 +6,7 @@ tokenize, bucket, encode, pool), and ``EmbedDocuments``, the same steps for a pi
 (pipeline/driver/plan.py) is made once, where the transform is constructed: a config that cannot run fails
 there, on the driver, as ``docbeam run`` fails at start.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,8 @@ import apache_beam as beam
 
 from docbeam import config as config_lib
 from docbeam import config_files
-from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.config import ConfigError, EmbedConfig, JobConfig
+from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
@@ -30,8 +31,10 @@ from docbeam.pipeline.stages.reuse import content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
 from docbeam.pipeline.stages.write import PoolDocuments
 
-CONFIG_FORMS = ("a JobConfig or EmbedConfig, the path of a YAML job file, or a dict of its sections "
-                "(model, tokenize, batching, attention, runner; input and output are optional)")
+CONFIG_FORMS = (
+    "a JobConfig or EmbedConfig, the path of a YAML job file, or a dict of its sections "
+    "(model, tokenize, batching, attention, runner; input and output are optional)"
+)
 
 
 def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | None = None, job: str = "") -> EncoderSpec:
@@ -40,13 +43,25 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
     encoder; the others may find the process's warm one)."""
     cfg = plan.config
     return EncoderSpec(
-        model_path=plan.model_path, dtype=cfg.model.dtype, head=plan.head, attention=plan.attention,
-        choices=plan.choices, platform=plan.platform, checked=plan.checked, profile_batches=profile_batches,
-        profile_dir=profile_dir if profile_batches else None, progress_seconds=cfg.runner.progress_seconds,
-        one_model_per_vm=cfg.runner.one_model_per_vm, compilation_cache=cfg.runner.compilation_cache,
-        worker_env=tuple(sorted(cfg.runner.worker_env.items())), tokens_per_batch=cfg.batching.tokens_per_batch,
-        packing=plan.packing, task=cfg.model.task, checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"],
-                                              plan.encoder), job=job)
+        model_path=plan.model_path,
+        dtype=cfg.model.dtype,
+        head=plan.head,
+        attention=plan.attention,
+        choices=plan.choices,
+        platform=plan.platform,
+        checked=plan.checked,
+        profile_batches=profile_batches,
+        profile_dir=profile_dir if profile_batches else None,
+        progress_seconds=cfg.runner.progress_seconds,
+        one_model_per_vm=cfg.runner.one_model_per_vm,
+        compilation_cache=cfg.runner.compilation_cache,
+        worker_env=tuple(sorted(cfg.runner.worker_env.items())),
+        tokens_per_batch=cfg.batching.tokens_per_batch,
+        packing=plan.packing,
+        task=cfg.model.task,
+        checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"], plan.encoder),
+        job=job,
+    )
 
 
 class EncodeDocuments(beam.PTransform):
@@ -60,28 +75,37 @@ class EncodeDocuments(beam.PTransform):
 
     def expand(self, documents):
         plan = self._plan
-        hashes = documents | "HashContents" >> beam.Map(lambda d, prompt: (d.id, content_hash(d.text, prompt)),
-                                                        plan.prompt)
-        tokenized = documents | "Tokenize" >> Tokenize(plan.model_path, plan.window_len, plan.tokenize, plan.prompt,
-                                                       plan.context_len)
+        hashes = documents | "HashContents" >> beam.Map(
+            lambda d, prompt: (d.id, content_hash(d.text, prompt)), plan.prompt
+        )
+        tokenized = documents | "Tokenize" >> Tokenize(
+            plan.model_path, plan.window_len, plan.tokenize, plan.prompt, plan.context_len
+        )
         windows = tokenized["windows"]
         if plan.context_len:  # late chunking's context windows: batched unpacked, apart (late_chunks.py)
             windows, contexts = windows | "SplitContexts" >> beam.Partition(lambda w, _: int(bool(w.spans)), 2)
         batches = windows | "BucketByLength" >> BucketBatches(plan.batching())
         if plan.context_len:
-            batches = ((batches, contexts | "BatchContexts" >> BatchContexts(plan.batching()))
-                       | "AllBatches" >> beam.Flatten())
+            batches = (
+                batches,
+                contexts | "BatchContexts" >> BatchContexts(plan.batching()),
+            ) | "AllBatches" >> beam.Flatten()
         total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
         encoded = batches | "Encode" >> Encode(self._spec, total_windows)
         windows = chunks = encoded["windows"]
         if plan.context_len:
             windows, chunks = encoded["windows"] | "SplitLateChunks" >> beam.Partition(lambda w, _: int(w.late), 2)
         kept = {"kept": documents | "KeptFields" >> beam.Map(lambda d: (d.id, d.kept))} if plan.kept.columns else {}
-        pooled = ({"windows": windows, "hashes": hashes, **kept}
-                  | "PoolDocuments" >> PoolDocuments(plan.head))
+        pooled = {"windows": windows, "hashes": hashes, **kept} | "PoolDocuments" >> PoolDocuments(plan.head)
         rejected = (tokenized["rejected"], pooled["rejected"]) | "Rejected" >> beam.Flatten()
-        return {"embeddings": pooled["embeddings"], "rejected": rejected, "windows": windows, "chunks": chunks,
-                "timing": encoded["timing"], "startup": encoded["startup"]}
+        return {
+            "embeddings": pooled["embeddings"],
+            "rejected": rejected,
+            "windows": windows,
+            "chunks": chunks,
+            "timing": encoded["timing"],
+            "startup": encoded["startup"],
+        }
 
 
 def embed_config(config) -> tuple[EmbedConfig, str, str]:
@@ -114,20 +138,27 @@ def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
     JSONL reader rejects a line: an id that is a string or an integer, a text that is a non-empty string).
     A ``docbeam.Document`` gets the same check on its ``id`` and ``text`` (its fields are the user's to fill,
     not typed by anyone), and an integer id becomes its string, as a dict's does."""
+
     def reject(kind, reason, doc_id=None):
         return Rejected(source="", line=None, id=doc_id, kind=kind, reason=reason)
 
     if isinstance(item, Document):
         line_ok = item.line is None or isinstance(item.line, int) and not isinstance(item.line, bool)
         if not isinstance(item.source, str) or not line_ok:
-            return reject("not_a_document", f"a docbeam.Document's source must be a string and its line an integer "
-                                            f"or None; got source {item.source!r}, line {item.line!r}")
-        record = document_of_record({"id": item.id, "text": item.text}, source=item.source, line=item.line,
-                                    id_field="id", text_field="text")
+            return reject(
+                "not_a_document",
+                f"a docbeam.Document's source must be a string and its line an integer "
+                f"or None; got source {item.source!r}, line {item.line!r}",
+            )
+        record = document_of_record(
+            {"id": item.id, "text": item.text}, source=item.source, line=item.line, id_field="id", text_field="text"
+        )
         return dataclasses.replace(item, id=record.id) if isinstance(record, Document) else record
     if not isinstance(item, Mapping):
-        return reject("not_a_document", f"expected a dict with {id_field!r} and {text_field!r} or a "
-                                        f"docbeam.Document, got a {type(item).__name__}")
+        return reject(
+            "not_a_document",
+            f"expected a dict with {id_field!r} and {text_field!r} or a docbeam.Document, got a {type(item).__name__}",
+        )
     return document_of_record(item, source="", line=None, id_field=id_field, text_field=text_field)
 
 
@@ -143,8 +174,12 @@ def keep_one_of_duplicates(item):
     ordered = sorted(docs, key=lambda d: (d.source, d.line or 0, d.text))
     yield ordered[0]
     for dup in ordered[1:]:
-        yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(
-            dup.source, dup.line, doc_id, "duplicate_id", f"id {doc_id!r} is given more than once; one was embedded"))
+        yield beam.pvalue.TaggedOutput(
+            REJECTED_TAG,
+            Rejected(
+                dup.source, dup.line, doc_id, "duplicate_id", f"id {doc_id!r} is given more than once; one was embedded"
+            ),
+        )
 
 
 class EmbedDocuments(beam.PTransform):
@@ -166,8 +201,15 @@ class EmbedDocuments(beam.PTransform):
     made from the ids.
     """
 
-    def __init__(self, config, *, id_field: str | None = None, text_field: str | None = None,
-                 beam_chunks: bool = False, beam_chunk_ids: str = "docbeam"):
+    def __init__(
+        self,
+        config,
+        *,
+        id_field: str | None = None,
+        text_field: str | None = None,
+        beam_chunks: bool = False,
+        beam_chunk_ids: str = "docbeam",
+    ):
         super().__init__()
         cfg, default_id, default_text = embed_config(config)
         self._fields = (id_field or default_id, text_field or default_text)
@@ -183,28 +225,34 @@ class EmbedDocuments(beam.PTransform):
 
     def expand(self, items):
         checked = items | "CheckDocuments" >> beam.FlatMap(_checked, *self._fields).with_outputs(
-            REJECTED_TAG, main="documents")
-        unique = (checked.documents
-                  | "KeyById" >> beam.Map(lambda d: (d.id, d))
-                  | "GroupById" >> beam.GroupByKey()
-                  | "DropDuplicates" >> beam.FlatMap(keep_one_of_duplicates).with_outputs(REJECTED_TAG,
-                                                                                            main="documents"))
+            REJECTED_TAG, main="documents"
+        )
+        unique = (
+            checked.documents
+            | "KeyById" >> beam.Map(lambda d: (d.id, d))
+            | "GroupById" >> beam.GroupByKey()
+            | "DropDuplicates" >> beam.FlatMap(keep_one_of_duplicates).with_outputs(REJECTED_TAG, main="documents")
+        )
         embedded = unique.documents | "Encode" >> EncodeDocuments(self.plan, self._spec)
-        errors = ((checked[REJECTED_TAG], unique[REJECTED_TAG], embedded["rejected"])
-                  | "AllErrors" >> beam.Flatten())
+        errors = (checked[REJECTED_TAG], unique[REJECTED_TAG], embedded["rejected"]) | "AllErrors" >> beam.Flatten()
         out = {"embeddings": embedded["embeddings"], "errors": errors, "timing": embedded["timing"]}
         if self._chunk_ids is not None:
             texts = unique.documents | "TextById" >> beam.Map(lambda d: (d.id, d.text))
             fields = items | "OtherFields" >> beam.FlatMap(other_fields, *self._fields)
-            out["chunks"] = ({"rows": embedded["embeddings"], "texts": texts, "fields": fields}
-                             | "BeamChunks" >> ChunksWithTexts(self._chunk_ids))
+            out["chunks"] = {
+                "rows": embedded["embeddings"],
+                "texts": texts,
+                "fields": fields,
+            } | "BeamChunks" >> ChunksWithTexts(self._chunk_ids)
         return out
 
 
 def beam_chunks_ids(head, ids: str) -> str:
     """``ids`` when the head's rows become Beam Chunks (a dense or sparse vector each); else a refusal naming it."""
     if not {c.name for c in head.columns()} & {"embedding", "sparse_embedding"}:
-        raise ConfigError(f"EmbedDocuments(beam_chunks=True): model.head resolved to {head.name}, whose rows hold "
-                          "neither embedding nor sparse_embedding, and a Beam Chunk holds those; set model.head: "
-                          "embedding or sparse, or leave beam_chunks out")
+        raise ConfigError(
+            f"EmbedDocuments(beam_chunks=True): model.head resolved to {head.name}, whose rows hold "
+            "neither embedding nor sparse_embedding, and a Beam Chunk holds those; set model.head: "
+            "embedding or sparse, or leave beam_chunks out"
+        )
     return check_ids(ids)

@@ -9,6 +9,7 @@ output, compilation cache) is refused before anything is submitted: its workers 
 built and write to a bucket nobody owns. The launcher must not wait for the job: the job commits its own
 output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,8 @@ def profile_path(config: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from docbeam.pipeline.driver import cli
     from docbeam.errors import Refused
+    from docbeam.pipeline.driver import cli
 
     launch = parse(sys.argv[1:] if argv is None else argv)
     try:

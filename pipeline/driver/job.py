@@ -2,6 +2,7 @@
 
 The command line loads its YAML and calls ``run`` with the JobConfig, so the two cannot differ.
 """
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,15 @@ def job_config(config, overrides: Sequence[str] = ()) -> JobConfig:
     raise TypeError(f"docbeam.run(config): config must be {JOB_FORMS}; got a {type(config).__name__}")
 
 
-def run(config, *, overrides: Sequence[str] = (), beam_args: Sequence[str] = (), force: bool = False,
-        wait: bool = True, process_started: float | None = None) -> dict:
+def run(
+    config,
+    *,
+    overrides: Sequence[str] = (),
+    beam_args: Sequence[str] = (),
+    force: bool = False,
+    wait: bool = True,
+    process_started: float | None = None,
+) -> dict:
     """Runs the job to completion and returns its summary (summary.json's content), as ``docbeam run``.
 
     ``beam_args``: extra Beam pipeline options (``["--direct_num_workers=2"]``); ``force``: take over the output's
@@ -40,5 +48,6 @@ def run(config, *, overrides: Sequence[str] = (), beam_args: Sequence[str] = (),
     (nothing was committed: the previous output is unchanged)."""
     from docbeam.pipeline.driver.run import run_job
 
-    return run_job(job_config(config, overrides), list(beam_args), force=force, wait=wait,
-                   process_started=process_started)
+    return run_job(
+        job_config(config, overrides), list(beam_args), force=force, wait=wait, process_started=process_started
+    )

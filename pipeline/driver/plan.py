@@ -3,6 +3,7 @@
 ``run``, ``validate`` and ``propose-buckets`` all start here, so a config that ``validate`` approves is one
 ``run`` starts, and a refused one touches nothing (exit 2).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -13,25 +14,43 @@ import os
 
 from docbeam.attention.dispatch import AttentionSpec, Choice, choose_backends, gate
 from docbeam.attention.probe_once import probe_all
-from docbeam.models.checkpoint import (dense_digest, hub_revision, load_tokenizer, open_checkpoint, pinned_path,
-                               tokenizer_digest, weights_digest)
+from docbeam.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
+from docbeam.errors import refused_at_start
+from docbeam.models.checkpoint import (
+    dense_digest,
+    hub_revision,
+    load_tokenizer,
+    open_checkpoint,
+    pinned_path,
+    tokenizer_digest,
+    weights_digest,
+)
 from docbeam.models.encoder import EncoderConfig, attention_cases
-from docbeam.models.heads import Head, resolve as resolve_head
+from docbeam.models.heads import Head
+from docbeam.models.heads import resolve as resolve_head
 from docbeam.models.st_settings import document_prompt
+from docbeam.pipeline.driver.head_plan import check_head_fits_output, check_selection, tokenize_for, vector_dtype
+from docbeam.pipeline.stages.keep import KeptFields, plan_columns
+from docbeam.pipeline.stages.packer import bucket_for
+from docbeam.pipeline.stages.read import sample_records
+from docbeam.pipeline.stages.reuse import ReuseDecision, decide
+from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store.paths import is_remote
-from docbeam.pipeline.stages.keep import KeptFields, plan_columns
-from docbeam.pipeline.stages.read import sample_records
-from docbeam.pipeline.stages.packer import bucket_for
-from docbeam.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
-from docbeam.errors import refused_at_start
-from docbeam.pipeline.stages.reuse import ReuseDecision, decide
-from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
-from docbeam.pipeline.driver.head_plan import check_head_fits_output, check_selection, tokenize_for, vector_dtype
 
-VERSIONED = ("docbeam", "apache-beam", "jax", "jaxlib", "flax", "transformers", "tokenizers", "tokamax", "numpy",
-             "pyarrow")
+VERSIONED = (
+    "docbeam",
+    "apache-beam",
+    "jax",
+    "jaxlib",
+    "flax",
+    "transformers",
+    "tokenizers",
+    "tokamax",
+    "numpy",
+    "pyarrow",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +74,9 @@ class JobPlan:
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
-    precision_gate: dict | None = None  # model.dtype's precision gate at start (pipeline/driver/precision_gate_at_start.py)
+    precision_gate: dict | None = (
+        None  # model.dtype's precision gate at start (pipeline/driver/precision_gate_at_start.py)
+    )
     context_len: int | None = None  # output.chunking: late: the context windows' length; None: window chunking
 
     @property
@@ -99,9 +120,15 @@ class JobPlan:
 
 def attention_spec(cfg: JobConfig) -> AttentionSpec:
     a = cfg.attention
-    return AttentionSpec(backend=a.backend, options=a.options_for(a.backend), fallback=a.fallback,
-                         fallback_options=a.options_for(a.fallback) if a.fallback else None,
-                         verify=a.verify, verify_tolerance=a.verify_tolerance, on_mismatch=a.on_mismatch)
+    return AttentionSpec(
+        backend=a.backend,
+        options=a.options_for(a.backend),
+        fallback=a.fallback,
+        fallback_options=a.options_for(a.fallback) if a.fallback else None,
+        verify=a.verify,
+        verify_tolerance=a.verify_tolerance,
+        on_mismatch=a.on_mismatch,
+    )
 
 
 def target_platform(cfg: JobConfig) -> str:
@@ -117,11 +144,15 @@ def _local_platform() -> str:
 def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, special_tokens: int) -> list[int]:
     """The buckets that can receive a batch, after the checks on window, positions and stride."""
     if encoder.position == "absolute" and window_len > encoder.max_position:
-        raise ConfigError(f"model.max_seq_len={window_len} exceeds the checkpoint's {encoder.max_position} "
-                          "position embeddings; lower it or leave it unset")
+        raise ConfigError(
+            f"model.max_seq_len={window_len} exceeds the checkpoint's {encoder.max_position} "
+            "position embeddings; lower it or leave it unset"
+        )
     if cfg.batching.buckets[-1] < window_len:
-        raise ConfigError(f"batching.buckets={list(cfg.batching.buckets)}: the largest bucket is below the model's "
-                          f"window of {window_len} tokens; add {window_len} (or set model.max_seq_len lower)")
+        raise ConfigError(
+            f"batching.buckets={list(cfg.batching.buckets)}: the largest bucket is below the model's "
+            f"window of {window_len} tokens; add {window_len} (or set model.max_seq_len lower)"
+        )
     problem = stride_problem(cfg.tokenize.stride, window_len, special_tokens)
     if problem:
         raise ConfigError(problem)
@@ -129,9 +160,11 @@ def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, specia
     used = [b for b in cfg.batching.buckets if b <= bucket_for(window_len, cfg.batching.buckets)]
     if encoder.position == "absolute" and used[-1] > encoder.max_position:
         # Padding past the position table reads positions that do not exist: NaN embeddings.
-        raise ConfigError(f"batching.buckets: bucket {used[-1]} is longer than the checkpoint's "
-                          f"{encoder.max_position} position embeddings; use buckets up to {encoder.max_position}, "
-                          f"e.g. end them at {window_len}")
+        raise ConfigError(
+            f"batching.buckets: bucket {used[-1]} is longer than the checkpoint's "
+            f"{encoder.max_position} position embeddings; use buckets up to {encoder.max_position}, "
+            f"e.g. end them at {window_len}"
+        )
     return used
 
 
@@ -145,27 +178,36 @@ def check_inputs(cfg: JobConfig) -> list[str]:
     matched = []
     for pattern in cfg.input.patterns:
         if output_lib.inside(out, pattern) or pattern.rstrip("/") == out:
-            raise ConfigError(f"input.path {pattern!r} lies inside output.path {out!r}; a run replaces its output, "
-                              "so keep the input elsewhere")
+            raise ConfigError(
+                f"input.path {pattern!r} lies inside output.path {out!r}; a run replaces its output, "
+                "so keep the input elsewhere"
+            )
         try:
             paths = match_paths(pattern)
         except FileNotFoundError:
-            hint = (f"it is a folder: use {pattern.rstrip('/')}/*.jsonl (or another glob)"
-                    if not is_remote(pattern) and os.path.isdir(pattern) else "check the path and the glob")
+            hint = (
+                f"it is a folder: use {pattern.rstrip('/')}/*.jsonl (or another glob)"
+                if not is_remote(pattern) and os.path.isdir(pattern)
+                else "check the path and the glob"
+            )
             raise ConfigError(f"input.path {pattern!r} matches no file; {hint}") from None
         inside = [p for p in paths if output_lib.inside(out, p)]
         if inside:
-            raise ConfigError(f"input.path {pattern!r} matches {inside[0]}, inside output.path {out!r}; keep the "
-                              "input outside the output")
+            raise ConfigError(
+                f"input.path {pattern!r} matches {inside[0]}, inside output.path {out!r}; keep the "
+                "input outside the output"
+            )
         matched += paths
     return list(dict.fromkeys(matched))
 
 
 def check_output(cfg: JobConfig) -> output_lib.OutputState:
     try:
-        with refused_at_start(f"output.path {cfg.output.path} cannot be checked (a damaged "
-                              f"{output_lib.MANIFEST}, {output_lib.LOCK} or {output_lib.STAGING}/ entry, or a folder "
-                              "that cannot be read)"):
+        with refused_at_start(
+            f"output.path {cfg.output.path} cannot be checked (a damaged "
+            f"{output_lib.MANIFEST}, {output_lib.LOCK} or {output_lib.STAGING}/ entry, or a folder "
+            "that cannot be read)"
+        ):
             state = output_lib.inspect(cfg.output.path)
             output_lib.check_writable(cfg.output.path, state, cfg.output.mode)
     except output_lib.OutputRefused as e:
@@ -184,8 +226,9 @@ def resolved_packing(cfg: JobConfig) -> bool:
     return all(registry.get(name).segments for name in names)
 
 
-def make_plan(cfg: JobConfig | EmbedConfig, *, probe_backends: bool = True, for_output: bool = True,
-              for_input: bool = True) -> JobPlan:
+def make_plan(
+    cfg: JobConfig | EmbedConfig, *, probe_backends: bool = True, for_output: bool = True, for_input: bool = True
+) -> JobPlan:
     """Everything that can fail before the job starts fails here, with the key to change. Tools that write
     no output (propose-buckets) leave out the output's checks (``for_output=False``); a dry run, which reads
     and writes nothing, leaves out both (its placeholders name buckets that need not exist), as does
@@ -200,8 +243,15 @@ def make_plan(cfg: JobConfig | EmbedConfig, *, probe_backends: bool = True, for_
         return _checked_plan(cfg, pinned, checkpoint, weights, probe_backends, for_output, for_input)
 
 
-def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.futures.Future, probe_backends: bool,
-                  for_output: bool, for_input: bool) -> JobPlan:
+def _checked_plan(
+    cfg: JobConfig,
+    pinned: str,
+    checkpoint,
+    weights: concurrent.futures.Future,
+    probe_backends: bool,
+    for_output: bool,
+    for_input: bool,
+) -> JobPlan:
     """``make_plan`` once the checkpoint is open (``pinned``: its path) and its weights are being hashed."""
     settings = checkpoint.settings
     window_len = cfg.model.max_seq_len or settings.max_seq_len
@@ -216,8 +266,11 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     # A dry run reads no input: its kept columns are untyped (pipeline/stages/keep.py plan_columns). An
     # EmbedConfig keeps no fields: the user's own pipeline carries its records' other fields.
     paths = check_inputs(cfg) if for_input and isinstance(cfg, JobConfig) else None
-    kept = (plan_columns(cfg.input, None if paths is None else functools.partial(sample_records, cfg.input, paths))
-            if isinstance(cfg, JobConfig) else KeptFields())
+    kept = (
+        plan_columns(cfg.input, None if paths is None else functools.partial(sample_records, cfg.input, paths))
+        if isinstance(cfg, JobConfig)
+        else KeptFields()
+    )
     if for_output:
         check_output(cfg)
     platform = target_platform(cfg)
@@ -236,17 +289,45 @@ def _checked_plan(cfg: JobConfig, pinned: str, checkpoint, weights: concurrent.f
     for sink, _ in sinks.active(cfg):
         sink.check(cfg, head, kept)
     tokenize = tokenize_for(cfg, head)
-    key = {"weights_digest": weights.result(), "tokenizer_digest": tokenizer_digest(checkpoint.folder),
-           "window_len": window_len, "stride": tokenize.stride, "long_documents": tokenize.long_documents,
-           "pooling": head.pooling, "normalize": getattr(head, "normalize", False), "dtype": cfg.model.dtype,
-           "prompt": prompt, "model_revision": hub_revision(pinned), "truncate_dim": getattr(head, "truncate_dim", None),
-           "dense_digest": dense_digest(checkpoint.folder, settings), "vector_dtype": vector_dtype(cfg),
-           "head": head.reuse_key()}
+    key = {
+        "weights_digest": weights.result(),
+        "tokenizer_digest": tokenizer_digest(checkpoint.folder),
+        "window_len": window_len,
+        "stride": tokenize.stride,
+        "long_documents": tokenize.long_documents,
+        "pooling": head.pooling,
+        "normalize": getattr(head, "normalize", False),
+        "dtype": cfg.model.dtype,
+        "prompt": prompt,
+        "model_revision": hub_revision(pinned),
+        "truncate_dim": getattr(head, "truncate_dim", None),
+        "dense_digest": dense_digest(checkpoint.folder, settings),
+        "vector_dtype": vector_dtype(cfg),
+        "head": head.reuse_key(),
+    }
     key["task"] = getattr(checkpoint.config, "task", None)  # the adapter merged in (Jina v3), the default's too
-    reuse = (decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity, head.folder)
-             if for_output else ReuseDecision(None, ""))
-    return JobPlan(cfg, pinned, window_len, head, prompt, platform, packing, tuple(choices), checked,
-                   checkpoint.config, spec, key, reuse, kept, context_len=context_len)
+    reuse = (
+        decide(cfg.input.reuse_from, key, cfg.input.reuse_mismatch, cfg.output.granularity, head.folder)
+        if for_output
+        else ReuseDecision(None, "")
+    )
+    return JobPlan(
+        cfg,
+        pinned,
+        window_len,
+        head,
+        prompt,
+        platform,
+        packing,
+        tuple(choices),
+        checked,
+        checkpoint.config,
+        spec,
+        key,
+        reuse,
+        kept,
+        context_len=context_len,
+    )
 
 
 def late_context(cfg: JobConfig | EmbedConfig, encoder: EncoderConfig, window_len: int, model_len: int) -> int | None:
@@ -254,12 +335,13 @@ def late_context(cfg: JobConfig | EmbedConfig, encoder: EncoderConfig, window_le
     its positions) and never below a chunk's window; None for window chunking. Its batches need a bucket."""
     if not isinstance(cfg, JobConfig) or cfg.output.chunking != "late":
         return None
-    context_len = max(window_len, min(model_len, encoder.max_position) if encoder.position == "absolute"
-                      else model_len)
+    context_len = max(window_len, min(model_len, encoder.max_position) if encoder.position == "absolute" else model_len)
     if cfg.batching.buckets[-1] < context_len:
-        raise ConfigError(f"output.chunking: late encodes each document in context windows of up to {context_len} "
-                          f"tokens (the checkpoint's length), but batching.buckets ends at "
-                          f"{cfg.batching.buckets[-1]}; add {context_len}, or use output.chunking: window")
+        raise ConfigError(
+            f"output.chunking: late encodes each document in context windows of up to {context_len} "
+            f"tokens (the checkpoint's length), but batching.buckets ends at "
+            f"{cfg.batching.buckets[-1]}; add {context_len}, or use output.chunking: window"
+        )
     return context_len
 
 
@@ -279,4 +361,3 @@ def installed_versions(names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
         except importlib.metadata.PackageNotFoundError:
             pass
     return tuple(out)
-

@@ -6,14 +6,15 @@ precision that fails its gate is never chosen silently. ``docbeam run`` and ``va
 ``warn`` runs and records the failure, ``off`` does not measure. Every run records what happened in
 summary.json's ``precision_gate``, also where the gate could not run (and why).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import logging
 
-from docbeam.models import precision_gate as gate
 from docbeam.config import JobConfig
+from docbeam.models import precision_gate as gate
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +42,18 @@ def window_vectors(plan, dtype: str, windows, batches):
 
     from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 
-    runtime = load_encoder(EncoderSpec(plan.model_path, dtype, plan.head, plan.attention, plan.choices,
-                                       plan.platform, packing=plan.packing, task=plan.config.model.task))
+    runtime = load_encoder(
+        EncoderSpec(
+            plan.model_path,
+            dtype,
+            plan.head,
+            plan.attention,
+            plan.choices,
+            plan.platform,
+            packing=plan.packing,
+            task=plan.config.model.task,
+        )
+    )
     by_window = {}
     for batch in batches:
         vectors, _ = runtime.encode(batch)
@@ -59,8 +70,13 @@ def measure(plan, limit: int = DOCUMENTS) -> tuple[int, int, gate.GateResult | N
 
     cfg = plan.config
     docs = first_documents(cfg, limit)
-    windows = windows_for(docs, load_tokenizer(resolve_dir(plan.model_path)), window_len=plan.window_len,
-                          config=cfg.tokenize, prompt=plan.prompt)
+    windows = windows_for(
+        docs,
+        load_tokenizer(resolve_dir(plan.model_path)),
+        window_len=plan.window_len,
+        config=cfg.tokenize,
+        prompt=plan.prompt,
+    )
     if len(windows) <= gate.K:
         return len(docs), len(windows), None
     batches = batch_windows(windows, plan.batching())
@@ -83,27 +99,49 @@ def gate_record(plan, limit: int = DOCUMENTS) -> dict | None:
     if mode == "off":
         return _not_run(dtype, mode, "model.precision_gate: off")
     if plan.head.name != "embedding":  # under enforce such a run was refused at plan (pipeline/driver/head_plan.py)
-        return _not_run(dtype, mode, f"the gate measures embeddings, and the {plan.head.name} head writes "
-                                     f"{plan.head.folder}/ rows")
+        return _not_run(
+            dtype, mode, f"the gate measures embeddings, and the {plan.head.name} head writes {plan.head.folder}/ rows"
+        )
     if not isinstance(cfg, JobConfig):
-        return _not_run(dtype, mode, "docbeam.EmbedDocuments has no input to measure it on; run `docbeam validate "
-                                     "--verify` on a sample of your documents")
+        return _not_run(
+            dtype,
+            mode,
+            "docbeam.EmbedDocuments has no input to measure it on; run `docbeam validate "
+            "--verify` on a sample of your documents",
+        )
     if not plan.checked:
-        return _not_run(dtype, mode, f"the encoder runs on {plan.platform}, not on this machine; run `docbeam "
-                                     f"validate --verify` on a {plan.platform} machine")
+        return _not_run(
+            dtype,
+            mode,
+            f"the encoder runs on {plan.platform}, not on this machine; run `docbeam "
+            f"validate --verify` on a {plan.platform} machine",
+        )
     documents, windows, result = measure(plan, limit)
     if result is None:
-        return _not_run(dtype, mode, f"{windows} windows in the input's first {documents} documents; recall@{gate.K} "
-                                     f"needs more than {gate.K}")
+        return _not_run(
+            dtype,
+            mode,
+            f"{windows} windows in the input's first {documents} documents; recall@{gate.K} needs more than {gate.K}",
+        )
     if mode == "enforce":
         gate.require(result)
     elif not result.passed:
-        log.warning("docbeam: model.dtype %s FAILS its precision gate (%s) and runs anyway (model.precision_gate: "
-                    "warn)", dtype, "; ".join(result.failures))
-    return {"dtype": dtype, "mode": mode, "status": "passed" if result.passed else "failed",
-            "failures": result.failures, "documents": documents, "windows": windows,
-            "lowest_cosine": result.lowest_cosine, "mean_cosine": result.mean_cosine,
-            "recall_at_10": result.recall_at_10}
+        log.warning(
+            "docbeam: model.dtype %s FAILS its precision gate (%s) and runs anyway (model.precision_gate: warn)",
+            dtype,
+            "; ".join(result.failures),
+        )
+    return {
+        "dtype": dtype,
+        "mode": mode,
+        "status": "passed" if result.passed else "failed",
+        "failures": result.failures,
+        "documents": documents,
+        "windows": windows,
+        "lowest_cosine": result.lowest_cosine,
+        "mean_cosine": result.mean_cosine,
+        "recall_at_10": result.recall_at_10,
+    }
 
 
 def checked(plan, limit: int = DOCUMENTS):
@@ -118,6 +156,7 @@ def describe(record: dict) -> str:
     """One line for ``validate``, the run's log and its printed summary."""
     if record["status"] == "not run":
         return f"precision gate: not run ({record['reason']})"
-    result = gate.GateResult(record["dtype"], record["windows"], record["lowest_cosine"], record["mean_cosine"],
-                             record["recall_at_10"])
+    result = gate.GateResult(
+        record["dtype"], record["windows"], record["lowest_cosine"], record["mean_cosine"], record["recall_at_10"]
+    )
     return f"precision gate ({record['documents']} documents): {result.describe()}"

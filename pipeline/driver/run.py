@@ -4,6 +4,7 @@ The driver plans (pipeline/driver/plan.py: every check that must fail at start),
 up after dead runs, and runs the pipeline, whose last step commits the output (pipeline/stages/commit.py). A
 run that fails commits nothing: the previous output stays as it was.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,27 +15,25 @@ import time
 
 import apache_beam as beam
 
+from docbeam import placeholders
+from docbeam.errors import JobFailed, Refused, refused_at_start
 from docbeam.pipeline import compat
-from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import storage
-from docbeam.pipeline.store import pgvector, transaction
-from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
+from docbeam.pipeline.driver import embed, precision_gate_at_start, sinks
+from docbeam.pipeline.driver.embed import EncodeDocuments
+from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
+from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
+from docbeam.pipeline.driver.selected import select_documents
+from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
-from docbeam import placeholders
-from docbeam.pipeline.driver import embed, precision_gate_at_start
-from docbeam.pipeline.driver.embed import EncodeDocuments
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
-from docbeam.errors import JobFailed, Refused, refused_at_start
-from docbeam.pipeline.store.lock import Fence, OutputLock
-from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
-from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.stages.read import ReadDocuments
-from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import SplitByReuse
-from docbeam.pipeline.driver import sinks
-from docbeam.pipeline.driver.selected import select_documents
 from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import pgvector, storage, transaction
+from docbeam.pipeline.store.lock import Fence, OutputLock
+from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,9 @@ def in_process_worker(cfg, options) -> bool:
     from apache_beam.options.pipeline_options import DirectOptions
 
     return compat.is_direct_runner(cfg.runner.name) and options.view_as(DirectOptions).direct_running_mode in (
-        None, "in_memory")
+        None,
+        "in_memory",
+    )
 
 
 def load_encoder_early(plan: JobPlan, spec: EncoderSpec, options) -> threading.Thread | None:
@@ -59,8 +60,12 @@ def load_encoder_early(plan: JobPlan, spec: EncoderSpec, options) -> threading.T
     ones that set the worker's environment or share the encoder between processes: those load it as the
     worker starts."""
     cfg = plan.config
-    if (not in_process_worker(cfg, options) or plan.reuse.source is not None or cfg.runner.worker_env
-            or cfg.runner.one_model_per_vm):
+    if (
+        not in_process_worker(cfg, options)
+        or plan.reuse.source is not None
+        or cfg.runner.worker_env
+        or cfg.runner.one_model_per_vm
+    ):
         return None
 
     def load():
@@ -78,18 +83,34 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
     """What summary.json says that the driver knows before the job starts."""
     cfg = plan.config
     return {
-        "run_id": run_id, "started": started, "output": cfg.output.path,
+        "run_id": run_id,
+        "started": started,
+        "output": cfg.output.path,
         "attention_requested": cfg.attention.backend,
-        "attention_plan": {str(c.case.seq_len): {"backend": c.backend, "kernel": c.kernel,
-                                                 "fallback_reason": c.fallback_reason} for c in plan.choices},
-        "model": plan.model_path, "window_len": plan.window_len, "pooling": plan.pooling, "normalize": plan.normalize,
-        "embedding_dim": plan.width, "truncate_dim": plan.truncate_dim, "head": plan.head.describe(),
-        **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.name == "embedding"
-           else {}),
-        "dtype": cfg.model.dtype, "platform": plan.platform, "runner": cfg.runner.name,
-        "packing": plan.packing, "batch_shards": plan.batching().shards,
+        "attention_plan": {
+            str(c.case.seq_len): {"backend": c.backend, "kernel": c.kernel, "fallback_reason": c.fallback_reason}
+            for c in plan.choices
+        },
+        "model": plan.model_path,
+        "window_len": plan.window_len,
+        "pooling": plan.pooling,
+        "normalize": plan.normalize,
+        "embedding_dim": plan.width,
+        "truncate_dim": plan.truncate_dim,
+        "head": plan.head.describe(),
+        **(
+            {"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)}
+            if plan.head.name == "embedding"
+            else {}
+        ),
+        "dtype": cfg.model.dtype,
+        "platform": plan.platform,
+        "runner": cfg.runner.name,
+        "packing": plan.packing,
+        "batch_shards": plan.batching().shards,
         "granularity": cfg.output.granularity,
-        "chunking": cfg.output.chunking, **({"context_len": plan.context_len} if plan.context_len else {}),
+        "chunking": cfg.output.chunking,
+        **({"context_len": plan.context_len} if plan.context_len else {}),
         "config_digest": cfg.digest(),
         "versions": versions(),
         "reuse_key": plan.reuse_key,
@@ -107,8 +128,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     staging = output_lib.staging_dir(cfg.output.path, run_id)
     read = p | "ReadDocuments" >> ReadDocuments(cfg.input, plan.kept)
     if plan.reuse.source is not None:
-        split = read["documents"] | "SplitByReuse" >> SplitByReuse(
-            plan.reuse.source, plan.head, plan.prompt)
+        split = read["documents"] | "SplitByReuse" >> SplitByReuse(plan.reuse.source, plan.head, plan.prompt)
         to_encode, reused = split["to_encode"], split["reused"]
     else:
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
@@ -116,36 +136,63 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
     # A multi-vector head writes its own dtype (models/heads/multivector.py): its rows have no embedding column.
     quantized = embedded["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
-        cfg.output.vector_dtype if plan.head.name == "embedding" else "float32", run_id,
-        plan.reuse.source.calibration if plan.reuse.source else None)
+        cfg.output.vector_dtype if plan.head.name == "embedding" else "float32",
+        run_id,
+        plan.reuse.source.calibration if plan.reuse.source else None,
+    )
     rejected = (read["rejected"], embedded["rejected"], quantized["rejected"]) | "AllRejected" >> beam.Flatten()
     calibration = {"calibration": quantized["calibration"]} if "calibration" in quantized else {}
     selection = select_documents(plan, staging, run_id, read, quantized["rows"], reused)
     selected = {"selected": selection["selected"]} if selection else {}
-    written = ({"encoded": quantized["rows"], "reused": reused, "timing": embedded["timing"],
-                "startup": embedded["startup"], "rejected": rejected, "docs_read": read["docs_read"], **calibration,
-                **selected}
-               | "WriteOutputs" >> WriteOutputs(staging, run_id, cfg.output.num_shards,
-                                                schema=rows_schema(plan.head), kept_columns=plan.kept.fields(),
-                                                write_embeddings=cfg.output.granularity != "chunk",
-                                                folder=plan.head.folder,
-                                                labels=bool(getattr(plan.head, "labels", None))
-                                                and not plan.head.regression,
-                                                row_stats=getattr(plan.head, "row_stats", None)))
+    written = {
+        "encoded": quantized["rows"],
+        "reused": reused,
+        "timing": embedded["timing"],
+        "startup": embedded["startup"],
+        "rejected": rejected,
+        "docs_read": read["docs_read"],
+        **calibration,
+        **selected,
+    } | "WriteOutputs" >> WriteOutputs(
+        staging,
+        run_id,
+        cfg.output.num_shards,
+        schema=rows_schema(plan.head),
+        kept_columns=plan.kept.fields(),
+        write_embeddings=cfg.output.granularity != "chunk",
+        folder=plan.head.folder,
+        labels=bool(getattr(plan.head, "labels", None)) and not plan.head.regression,
+        row_stats=getattr(plan.head, "row_stats", None),
+    )
     if cfg.output.granularity != "document":
         # Chunk rows are quantized with the documents' calibration (one scale per output).
-        chunks = ({"windows": embedded["chunks"], "documents": to_encode, "embedded": quantized["rows"],
-                   **calibration}
-                  | "WriteChunks" >> WriteChunks(staging, run_id, cfg.output.num_shards, normalize=plan.normalize,
-                                                 truncate_dim=plan.truncate_dim, with_text=cfg.output.chunk_text,
-                                                 width=plan.width, vector_dtype=cfg.output.vector_dtype,
-                                                 kept_columns=plan.kept.fields(),
-                                                 sparse=plan.head if plan.head.name == "sparse" else None))
+        chunks = {
+            "windows": embedded["chunks"],
+            "documents": to_encode,
+            "embedded": quantized["rows"],
+            **calibration,
+        } | "WriteChunks" >> WriteChunks(
+            staging,
+            run_id,
+            cfg.output.num_shards,
+            normalize=plan.normalize,
+            truncate_dim=plan.truncate_dim,
+            with_text=cfg.output.chunk_text,
+            width=plan.width,
+            vector_dtype=cfg.output.vector_dtype,
+            kept_columns=plan.kept.fields(),
+            sparse=plan.head if plan.head.name == "sparse" else None,
+        )
         written = {**written, "written": (*written["written"], chunks)}
-    written = {**written, "written": written["written"] + sinks.sink_files(plan, staging, run_id, read, quantized["rows"],
-                                                                     reused) + selection.get("written", ())}
-    written | "CommitRun" >> CommitRun(fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction,
-                                       release_lock)
+    written = {
+        **written,
+        "written": written["written"]
+        + sinks.sink_files(plan, staging, run_id, read, quantized["rows"], reused)
+        + selection.get("written", ()),
+    }
+    written | "CommitRun" >> CommitRun(
+        fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction, release_lock
+    )
 
 
 @dataclasses.dataclass
@@ -158,8 +205,14 @@ class Run:
     phase: str = "planned"  # planned → locked → prepared → running → finished (or handed_over)
 
 
-def run_job(cfg, extra_beam_args: list[str] = (), *, force: bool = False, wait: bool = True,
-            process_started: float | None = None) -> dict:
+def run_job(
+    cfg,
+    extra_beam_args: list[str] = (),
+    *,
+    force: bool = False,
+    wait: bool = True,
+    process_started: float | None = None,
+) -> dict:
     """Runs the job to completion; returns the committed summary (also in ``summary.json``).
 
     Phases: plan (every refusal, exit 2, before anything is touched), lock the output, prepare it (clean up
@@ -205,7 +258,9 @@ def plan_run(cfg, extra_beam_args, wait: bool, process_started: float | None) ->
     cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
-    plan = precision_gate_at_start.checked(make_plan(cfg))  # a reduced precision that fails its gate stops here (exit 2)
+    plan = precision_gate_at_start.checked(
+        make_plan(cfg)
+    )  # a reduced precision that fails its gate stops here (exit 2)
     for sink, section in sinks.active(cfg):  # e.g. pgvector's load needs a driver that waits
         sink.preflight(section, wait)
     marks["plan"] = time.time()
@@ -223,9 +278,13 @@ def prepare_output(run: Run, lock: OutputLock) -> None:
     output_lib.mark_staging(out, run.run_id, lock.fence.token)
     run.marks["checks"] = time.time()
     run.phase = "prepared"
-    log.info("docbeam: run %s on %s with attention %s%s", run.run_id, cfg.runner.name,
-             {c.case.seq_len: c.backend for c in run.plan.choices},
-             f"; cleaned up dead run(s) {cleaned}" if cleaned else "")
+    log.info(
+        "docbeam: run %s on %s with attention %s%s",
+        run.run_id,
+        cfg.runner.name,
+        {c.case.seq_len: c.backend for c in run.plan.choices},
+        f"; cleaned up dead run(s) {cleaned}" if cleaned else "",
+    )
 
 
 def submit(run: Run, lock: OutputLock, extra_beam_args, wait: bool):
@@ -250,8 +309,10 @@ def finish(run: Run, lock: OutputLock, result) -> dict:
     run.marks["finished"] = time.time()
     manifest = output_lib.read_manifest(out)
     if manifest is None or manifest["run_id"] != run.run_id:
-        raise RunFailed(f"the job finished but the output's manifest names run "
-                        f"{manifest and manifest['run_id']}, not this run {run.run_id}")
+        raise RunFailed(
+            f"the job finished but the output's manifest names run "
+            f"{manifest and manifest['run_id']}, not this run {run.run_id}"
+        )
     summary = json.loads(storage.read_bytes(storage.join(out, output_lib.SUMMARY)))
     # Only a driver that waited has these; summary.json is not among the files the manifest sizes.
     summary["metrics"] = metrics_dict(result)

@@ -1,5 +1,6 @@
 """What the driver adds to a run's summary.json around the job: Beam's metrics and the start-up breakdown of a
 run that finished, or the reason of one that failed."""
+
 from __future__ import annotations
 
 import datetime
@@ -30,8 +31,13 @@ def metrics_dict(result) -> dict:
         v = d.committed
         if v is None or not v.count:
             continue
-        distributions[d.key.metric.name] = {"count": v.count, "sum": v.sum, "min": v.min, "max": v.max,
-                                            "mean": v.sum / v.count}
+        distributions[d.key.metric.name] = {
+            "count": v.count,
+            "sum": v.sum,
+            "min": v.min,
+            "max": v.max,
+            "mean": v.sum / v.count,
+        }
     return {"counters": counters, "distributions": distributions}
 
 
@@ -43,8 +49,9 @@ def leave_failed_summary(output: str, run_id: str, base: dict, error: BaseExcept
         if storage.exists(path):
             return
         summary = {key: value for key, value in base.items() if key != "started"}
-        summary.update(started_at=_iso(base["started"]), finished_at=_iso(time.time()),
-                       failed=[f"{type(error).__name__}: {error}"])
+        summary.update(
+            started_at=_iso(base["started"]), finished_at=_iso(time.time()), failed=[f"{type(error).__name__}: {error}"]
+        )
         storage.write_bytes(path, json.dumps(summary, indent=2, sort_keys=True).encode())
     except Exception as e:  # noqa: BLE001  the job's own error is the one to report
         log.warning("could not leave the failed run's summary at %s: %s: %s", path, type(e).__name__, e)

@@ -1,5 +1,6 @@
 """selected/ (pipeline/stages/selected.py), written beside the head's rows into the run's staging folder for the
 commit to wait on (the sinks' files: pipeline/driver/sinks.py)."""
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -14,9 +15,12 @@ def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, re
     if select is None:
         return {}
     rows = (encoded, reused) | "SelectableRows" >> beam.Flatten()
-    selected = ({"rows": rows, "documents": read["documents"]}
-                | "SelectDocuments" >> SelectDocuments(staging, run_id, select.where,
-                                                       labels=tuple(getattr(plan.head, "labels", ())),
-                                                       with_text=select.with_text,
-                                                       num_shards=plan.config.output.num_shards))
+    selected = {"rows": rows, "documents": read["documents"]} | "SelectDocuments" >> SelectDocuments(
+        staging,
+        run_id,
+        select.where,
+        labels=tuple(getattr(plan.head, "labels", ())),
+        with_text=select.with_text,
+        num_shards=plan.config.output.num_shards,
+    )
     return {"written": (selected["written"],), "selected": selected["selected"]}

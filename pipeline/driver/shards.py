@@ -8,6 +8,7 @@ processes per worker (one per vCPU of ``machine_type``, or one with ``runner.one
 DirectRunner's ``direct_num_workers``. Each process gets ``KEYS_PER_PROCESS`` keys, so a crc32 spread of the
 windows leaves none idle; a number stays the number it is.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,8 +32,9 @@ def encoding_processes(runner: str, options: dict, one_model_per_vm: bool) -> in
     """How many processes may encode at once on ``runner`` with these Beam ``options``."""
     if runner.endswith("DataflowRunner"):
         workers = int(options.get("max_num_workers") or options.get("num_workers") or DATAFLOW_MAX_WORKERS)
-        per_worker = 1 if one_model_per_vm else machine_vcpus(options.get("machine_type")
-                                                              or options.get("worker_machine_type"))
+        per_worker = (
+            1 if one_model_per_vm else machine_vcpus(options.get("machine_type") or options.get("worker_machine_type"))
+        )
         return workers * per_worker
     return int(options.get("direct_num_workers") or 1)
 

@@ -6,6 +6,7 @@ The driver asks only this registry (``active``): the plan runs every active sink
 committed with the run or not at all), and after the commit its ``after_commit``, whose record summary.json keeps
 under the sink's key. Adding a sink is its section in config_io.py, its writer or loader, and one entry here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,8 +42,11 @@ def register(sink: Sink) -> Sink:
 def active(cfg) -> list[tuple[Sink, Any]]:
     """(sink, its typed section) for every sink the job's output section turns on, in registry order."""
     output = getattr(cfg, "output", None)
-    return [(sink, getattr(output, key)) for key, sink in SINKS.items()
-            if output is not None and getattr(output, key) is not None]
+    return [
+        (sink, getattr(output, key))
+        for key, sink in SINKS.items()
+        if output is not None and getattr(output, key) is not None
+    ]
 
 
 VERTEX_VECTORS = {"embedding", "sparse_embedding"}  # the row columns a Vector Search datapoint carries
@@ -51,23 +55,30 @@ VERTEX_VECTORS = {"embedding", "sparse_embedding"}  # the row columns a Vector S
 def _check_vertex_ai(cfg: JobConfig, head, kept) -> None:
     """At plan, against the resolved head and the typed kept fields (the section's ``fits`` ran with the config)."""
     if not {c.name for c in head.columns()} & VERTEX_VECTORS:
-        raise ConfigError(f"output.vertex_ai: model.head resolved to {head.name} ({head.carried}), whose "
-                          f"{head.folder}/ rows hold neither embedding nor sparse_embedding, and Vector Search loads "
-                          "vectors, a dense or a sparse one per document; remove output.vertex_ai, or set "
-                          "model.head: embedding or sparse")
+        raise ConfigError(
+            f"output.vertex_ai: model.head resolved to {head.name} ({head.carried}), whose "
+            f"{head.folder}/ rows hold neither embedding nor sparse_embedding, and Vector Search loads "
+            "vectors, a dense or a sparse one per document; remove output.vertex_ai, or set "
+            "model.head: embedding or sparse"
+        )
     # With keep_fields "*" the kept fields are known once the sample is typed (a dry run has none yet).
     names = {c.name for c in kept.columns}
     missing = [f for f in cfg.output.vertex_ai.restricts if f not in names]
     if cfg.input.keep_fields == "*" and kept.columns and missing:
-        raise ConfigError(f"output.vertex_ai.restricts names {missing}, which no sampled document of the input has "
-                          f"(input.keep_fields: \"*\" keeps {sorted(names)}); check the spelling")
+        raise ConfigError(
+            f"output.vertex_ai.restricts names {missing}, which no sampled document of the input has "
+            f'(input.keep_fields: "*" keeps {sorted(names)}); check the spelling'
+        )
 
 
 def _vertex_files(section, rows, removed, staging: str, run_id: str, plan) -> tuple:
     json_fields = tuple(c.name for c in plan.kept.columns if c.arrow is None)
-    return ({"rows": rows, **({"removed": removed} if removed is not None else {})}
-            | "WriteVertexAI" >> sink_writers.WriteVertexAI(staging, run_id, section.restricts,
-                                                            plan.config.output.num_shards, json_fields))
+    return {
+        "rows": rows,
+        **({"removed": removed} if removed is not None else {}),
+    } | "WriteVertexAI" >> sink_writers.WriteVertexAI(
+        staging, run_id, section.restricts, plan.config.output.num_shards, json_fields
+    )
 
 
 def _pgvector_load(output: str, manifest: dict, section) -> dict:
@@ -76,15 +87,24 @@ def _pgvector_load(output: str, manifest: dict, section) -> dict:
 
 def _check_pgvector(cfg: JobConfig, head, kept) -> None:
     if head.name == "multi_vector":  # its loader writes a vector or a score per row, not a list of vectors
-        raise ConfigError(f"output.pgvector: model.head resolved to multi_vector, whose {head.folder}/ rows hold a "
-                          "list of token vectors per document, which the pgvector sink does not load; remove "
-                          "output.pgvector")
+        raise ConfigError(
+            f"output.pgvector: model.head resolved to multi_vector, whose {head.folder}/ rows hold a "
+            "list of token vectors per document, which the pgvector sink does not load; remove "
+            "output.pgvector"
+        )
 
 
 register(Sink("vertex_ai", _check_vertex_ai, _vertex_files, needs_removed=True))
 # pgvector adds no files: its load sweeps the output's rows that the committed run no longer holds.
-register(Sink("pgvector", _check_pgvector, lambda *inputs: (),
-              preflight=lambda section, wait: pgvector.check_can_load(wait), after_commit=_pgvector_load))
+register(
+    Sink(
+        "pgvector",
+        _check_pgvector,
+        lambda *inputs: (),
+        preflight=lambda section, wait: pgvector.check_can_load(wait),
+        after_commit=_pgvector_load,
+    )
+)
 
 
 def sink_files(plan, staging: str, run_id: str, read, encoded, reused) -> tuple:
@@ -95,6 +115,8 @@ def sink_files(plan, staging: str, run_id: str, read, encoded, reused) -> tuple:
     rows = (encoded, reused) | "SinkRows" >> beam.Flatten()
     removed = None
     if plan.reuse.source is not None and any(sink.needs_removed for sink, _ in on):
-        removed = ({"documents": read["documents"], "rejected": read["rejected"]}
-                   | "RemovedIds" >> sink_writers.RemovedIds(plan.reuse.source.files))
+        removed = {
+            "documents": read["documents"],
+            "rejected": read["rejected"],
+        } | "RemovedIds" >> sink_writers.RemovedIds(plan.reuse.source.files)
     return tuple(f for sink, section in on for f in sink.files(section, rows, removed, staging, run_id, plan))

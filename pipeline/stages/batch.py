@@ -7,6 +7,7 @@ shards. What each key holds at the end goes, per shard, through one GroupByKey t
 across buckets. Packing needs windows of every length together, so it keys by shard alone and the end of
 input is flushed per key directly.
 """
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -38,8 +39,14 @@ class _DriveThePacker(beam.DoFn):
         self._config = config
         self._packing = check_packing(config)
 
-    def process(self, element, window=beam.DoFn.WindowParam, held=beam.DoFn.StateParam(HELD_STATE),
-                gathered=beam.DoFn.StateParam(GATHERED_STATE), end=beam.DoFn.TimerParam(END)):
+    def process(
+        self,
+        element,
+        window=beam.DoFn.WindowParam,
+        held=beam.DoFn.StateParam(HELD_STATE),
+        gathered=beam.DoFn.StateParam(GATHERED_STATE),
+        end=beam.DoFn.TimerParam(END),
+    ):
         _, token_window = element
         end.set(window.max_timestamp())
         packer = Packer(self._config, held=held.read(), gathered=gathered.read())
@@ -77,19 +84,20 @@ class BucketBatches(beam.PTransform):
     def expand(self, windows):
         cfg, packing = self._config, self._packing
         if packing:
-            keyed = (windows | "KeyByShard" >> beam.Map(lambda w: (window_shard(w, cfg), w))
-                     .with_output_types(tuple[int, TokenWindow]))  # a deterministic key coder for state
+            keyed = windows | "KeyByShard" >> beam.Map(lambda w: (window_shard(w, cfg), w)).with_output_types(
+                tuple[int, TokenWindow]
+            )  # a deterministic key coder for state
         else:
-            keyed = (windows | "KeyByBucketAndShard" >> beam.Map(
-                lambda w: ((bucket_for(w.length, cfg.buckets), window_shard(w, cfg)), w))
-                     .with_output_types(tuple[tuple[int, int], TokenWindow]))
-        batched = keyed | "Batch" >> beam.ParDo(_DriveThePacker(cfg)).with_outputs(
-            _DriveThePacker.HELD, main="full")
+            keyed = windows | "KeyByBucketAndShard" >> beam.Map(
+                lambda w: ((bucket_for(w.length, cfg.buckets), window_shard(w, cfg)), w)
+            ).with_output_types(tuple[tuple[int, int], TokenWindow])
+        batched = keyed | "Batch" >> beam.ParDo(_DriveThePacker(cfg)).with_outputs(_DriveThePacker.HELD, main="full")
         if packing:
             return batched.full | "SpreadBatches" >> beam.Reshuffle()
-        filled = (batched[_DriveThePacker.HELD]
-                     | "HeldByShard" >> beam.GroupByKey()
-                     | "FillAcrossBuckets" >> beam.FlatMap(lambda shard_windows: Packer(
-                         cfg, held=list(shard_windows[1])).flush()))
-        return ((batched.full, filled) | "AllBatches" >> beam.Flatten()
-                | "SpreadBatches" >> beam.Reshuffle())
+        filled = (
+            batched[_DriveThePacker.HELD]
+            | "HeldByShard" >> beam.GroupByKey()
+            | "FillAcrossBuckets"
+            >> beam.FlatMap(lambda shard_windows: Packer(cfg, held=list(shard_windows[1])).flush())
+        )
+        return (batched.full, filled) | "AllBatches" >> beam.Flatten() | "SpreadBatches" >> beam.Reshuffle()

@@ -9,6 +9,7 @@ one (``sparse_embedding`` as Beam's ``(indices, values)``) as float lists holdin
 text where it is known, and ``metadata``: the kept fields (a JSON-text column as the JSON it holds), the
 ``document_id``, and a chunk's ``char_start``/``char_end``.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,22 @@ from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 
 # A row's columns that are docbeam's own (pipeline/stages/write.py, chunks.py); every other column is a kept field.
-OWN_COLUMNS = frozenset({"id", "embedding", "sparse_embedding", "num_tokens", "num_windows", "truncated",
-                         "content_hash", "document_id", "chunk_index", "char_start", "char_end", "chunk_text"})
+OWN_COLUMNS = frozenset(
+    {
+        "id",
+        "embedding",
+        "sparse_embedding",
+        "num_tokens",
+        "num_windows",
+        "truncated",
+        "content_hash",
+        "document_id",
+        "chunk_index",
+        "char_start",
+        "char_end",
+        "chunk_text",
+    }
+)
 NOT_CHUNKS = ("multi_vector", "scores")  # rows a Chunk has no place for: one vector per token, a classifier's scores
 IDS = ("docbeam", "uuid5")  # a Chunk's id: docbeam's own, or a UUID made from it (for Qdrant and Milvus)
 FLOAT_DTYPES = ("float32", "float16")
@@ -52,24 +67,36 @@ def chunk_of_row(row: dict, json_fields: tuple[str, ...] = (), text: str | None 
     # bge-m3's rows hold dense and sparse vectors beside their ColBERT ones: a hybrid Chunk, without the tokens'.
     refused = [c for c in NOT_CHUNKS if c in row and not (c == "multi_vector" and has_vectors(row))]
     if refused:
-        raise NotChunks(f"a row with {refused[0]!r} (id {row.get('id')!r}) is not one vector per document or "
-                        "chunk, which a Beam Chunk holds; use a head that writes embedding or sparse_embedding")
+        raise NotChunks(
+            f"a row with {refused[0]!r} (id {row.get('id')!r}) is not one vector per document or "
+            "chunk, which a Beam Chunk holds; use a head that writes embedding or sparse_embedding"
+        )
     if row.get("embedding") is None and row.get("sparse_embedding") is None:
-        raise NotChunks(f"row {row.get('id', row.get('document_id'))!r} has neither embedding nor sparse_embedding; "
-                        f"its columns are {sorted(row)}")
+        raise NotChunks(
+            f"row {row.get('id', row.get('document_id'))!r} has neither embedding nor sparse_embedding; "
+            f"its columns are {sorted(row)}"
+        )
     sparse = row.get("sparse_embedding")
     embedding = Embedding(
         dense_embedding=None if row.get("embedding") is None else float32_list(row["embedding"]),
-        sparse_embedding=None if sparse is None else ([int(i) for i in sparse["indices"]],
-                                                      float32_list(sparse["values"])))
+        sparse_embedding=None
+        if sparse is None
+        else ([int(i) for i in sparse["indices"]], float32_list(sparse["values"])),
+    )
     document_id = row.get("document_id", row.get("id"))
-    metadata = {k: json.loads(v) if k in json_fields and v is not None else v
-                for k, v in row.items() if k not in OWN_COLUMNS}
+    metadata = {
+        k: json.loads(v) if k in json_fields and v is not None else v for k, v in row.items() if k not in OWN_COLUMNS
+    }
     metadata["document_id"] = document_id
     if "char_start" in row:
         metadata.update(char_start=row["char_start"], char_end=row["char_end"])
-    return Chunk(content=Content(text=row.get("chunk_text", text)), id=chunk_id(row, ids),
-                 index=int(row.get("chunk_index", 0)), metadata=metadata, embedding=embedding)
+    return Chunk(
+        content=Content(text=row.get("chunk_text", text)),
+        id=chunk_id(row, ids),
+        index=int(row.get("chunk_index", 0)),
+        metadata=metadata,
+        embedding=embedding,
+    )
 
 
 def float32_list(values) -> list[float]:
@@ -119,15 +146,20 @@ class ChunksWithTexts(beam.PTransform):
 
     def expand(self, inputs):
         keyed = inputs["rows"] | "KeyRowsById" >> beam.Map(lambda r: (r["id"], r))
-        return ({**inputs, "rows": keyed}
-                | "JoinTexts" >> beam.CoGroupByKey()
-                | "ToBeamChunks" >> beam.FlatMap(with_texts, self._ids))
+        return (
+            {**inputs, "rows": keyed}
+            | "JoinTexts" >> beam.CoGroupByKey()
+            | "ToBeamChunks" >> beam.FlatMap(with_texts, self._ids)
+        )
 
 
 def other_fields(item, id_field: str, text_field: str) -> list[tuple[str, tuple]]:
     """A user's dict → ``(its id as docbeam spells it, (its text, its other fields))``; nothing for anything else."""
-    if not isinstance(item, Mapping) or isinstance(item.get(id_field), bool) or \
-            not isinstance(item.get(id_field), (str, int)):
+    if (
+        not isinstance(item, Mapping)
+        or isinstance(item.get(id_field), bool)
+        or not isinstance(item.get(id_field), (str, int))
+    ):
         return []
     rest = {k: v for k, v in item.items() if k not in (id_field, text_field) and k not in OWN_COLUMNS}
     return [(str(item[id_field]), (item.get(text_field), rest))]
@@ -136,26 +168,35 @@ def other_fields(item, id_field: str, text_field: str) -> list[tuple[str, tuple]
 def committed_files(output: str, manifest: dict | None, rows: str | None) -> tuple[str, tuple[str, ...]]:
     """(the folder, its files) of the committed run that ReadBeamChunks reads, or NotChunks naming why not."""
     if manifest is None:
-        raise NotChunks(f"{output} holds no committed docbeam run ({output_lib.MANIFEST} is missing); "
-                        "point ReadBeamChunks at a run's output.path")
+        raise NotChunks(
+            f"{output} holds no committed docbeam run ({output_lib.MANIFEST} is missing); "
+            "point ReadBeamChunks at a run's output.path"
+        )
     head = manifest.get("head") or {}
     folder = head.get("folder", output_lib.EMBEDDINGS)
     if folder != output_lib.EMBEDDINGS or head.get("name") == "multi_vector":
-        raise NotChunks(f"{output}'s run has model.head {head.get('name')!r}, whose {folder}/ rows are not one "
-                        "vector per document; only embedding and sparse runs become Beam Chunks")
+        raise NotChunks(
+            f"{output}'s run has model.head {head.get('name')!r}, whose {folder}/ rows are not one "
+            "vector per document; only embedding and sparse runs become Beam Chunks"
+        )
     dtype = (manifest.get("embedding") or {}).get("dtype", "float32")
     if dtype not in FLOAT_DTYPES:
-        raise NotChunks(f"{output}'s run wrote output.vector_dtype {dtype!r}; Beam's Embedding holds floats, so "
-                        f"read a run written as {' or '.join(FLOAT_DTYPES)}")
+        raise NotChunks(
+            f"{output}'s run wrote output.vector_dtype {dtype!r}; Beam's Embedding holds floats, so "
+            f"read a run written as {' or '.join(FLOAT_DTYPES)}"
+        )
     granularity = manifest.get("granularity", "document")
     rows = rows or (output_lib.CHUNKS if granularity == "chunk" else output_lib.EMBEDDINGS)
     if rows not in (output_lib.EMBEDDINGS, output_lib.CHUNKS):
         raise NotChunks(f"ReadBeamChunks(rows={rows!r}): rows is {output_lib.EMBEDDINGS!r} or {output_lib.CHUNKS!r}")
     wrote = {"document": (output_lib.EMBEDDINGS,), "chunk": (output_lib.CHUNKS,)}.get(
-        granularity, (output_lib.EMBEDDINGS, output_lib.CHUNKS))
+        granularity, (output_lib.EMBEDDINGS, output_lib.CHUNKS)
+    )
     if rows not in wrote:
-        raise NotChunks(f"{output}'s run has output.granularity {granularity!r}, so it wrote no {rows}/ rows; "
-                        f"read its {wrote[0]}/ (rows={wrote[0]!r})")
+        raise NotChunks(
+            f"{output}'s run has output.granularity {granularity!r}, so it wrote no {rows}/ rows; "
+            f"read its {wrote[0]}/ (rows={wrote[0]!r})"
+        )
     files = tuple(storage.join(output, f["path"]) for f in manifest["files"] if output_lib.in_folder(f["path"], rows))
     return rows, files
 
@@ -178,7 +219,9 @@ class ReadBeamChunks(beam.PTransform):
     def expand(self, pipeline):
         from apache_beam.io.parquetio import ReadAllFromParquet
 
-        return (pipeline
-                | "CommittedFiles" >> beam.Create(self.files)
-                | "ReadRows" >> ReadAllFromParquet()
-                | "ToBeamChunks" >> beam.Map(chunk_of_row, self._json_fields, None, self._ids))
+        return (
+            pipeline
+            | "CommittedFiles" >> beam.Create(self.files)
+            | "ReadRows" >> ReadAllFromParquet()
+            | "ToBeamChunks" >> beam.Map(chunk_of_row, self._json_fields, None, self._ids)
+        )

@@ -13,6 +13,7 @@ first`` a long document is cut at its first window, so it has that one chunk. La
 (``output.chunking: late``) hands this stage its chunks' late vectors (pipeline/stages/late_chunks.py) in place
 of its windows', with the same indexes, offsets and lengths.
 """
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -29,16 +30,18 @@ def chunk_schema(vector: pa.Field, with_text: bool, kept_columns: tuple[pa.Field
     """The chunks/ columns; ``vector`` is the embeddings/ file's own column (``embedding``, write.py, or the
     sparse head's ``sparse_embedding``), so the two never differ, and the kept fields' columns are theirs too
     (pipeline/stages/keep.py)."""
-    return pa.schema([
-        ("document_id", pa.string()),
-        ("chunk_index", pa.int32()),
-        ("char_start", pa.int64()),  # [char_start, char_end) of the source text, in code points (Python str)
-        ("char_end", pa.int64()),
-        *([("chunk_text", pa.string())] if with_text else []),
-        vector,
-        ("num_tokens", pa.int32()),  # tokens the model saw (special and prompt tokens included): its pooling weight
-        *kept_columns,
-    ])
+    return pa.schema(
+        [
+            ("document_id", pa.string()),
+            ("chunk_index", pa.int32()),
+            ("char_start", pa.int64()),  # [char_start, char_end) of the source text, in code points (Python str)
+            ("char_end", pa.int64()),
+            *([("chunk_text", pa.string())] if with_text else []),
+            vector,
+            ("num_tokens", pa.int32()),  # tokens the model saw (special and prompt tokens included): its pooling weight
+            *kept_columns,
+        ]
+    )
 
 
 def chunk_vector(vector: np.ndarray, normalize: bool, truncate_dim: int | None) -> np.ndarray:
@@ -60,8 +63,9 @@ def sparse_chunk(terms, head) -> dict:
     return {"indices": indices.tolist(), "values": values.tolist()}
 
 
-def chunk_rows(windows: list[WindowEmbedding], document: Document | None, *, normalize: bool,
-               truncate_dim: int | None, sparse=None) -> list[dict]:
+def chunk_rows(
+    windows: list[WindowEmbedding], document: Document | None, *, normalize: bool, truncate_dim: int | None, sparse=None
+) -> list[dict]:
     """One document's chunk rows in window order; ``document`` (None: no ``chunk_text`` column) gives their
     text: its source is ``text_offset`` characters longer than its text (a BOM) and the offsets count them;
     ``sparse``: the sparse head, whose rows carry ``sparse_embedding``."""
@@ -69,7 +73,7 @@ def chunk_rows(windows: list[WindowEmbedding], document: Document | None, *, nor
     for w in sorted(windows, key=lambda w: w.index):
         row = {"document_id": w.doc_id, "chunk_index": w.index, "char_start": w.char_start, "char_end": w.char_end}
         if document is not None:
-            row["chunk_text"] = document.text[w.char_start - document.text_offset:w.char_end - document.text_offset]
+            row["chunk_text"] = document.text[w.char_start - document.text_offset : w.char_end - document.text_offset]
         if sparse is not None:
             row["sparse_embedding"] = sparse_chunk(w.vector, sparse)
         else:
@@ -86,14 +90,28 @@ class WriteChunks(beam.PTransform):
     run's staging folder and outputs the file names (for CommitRun's ``written``). ``sparse``: the sparse
     head, whose chunk rows carry ``sparse_embedding`` (float32 only: the plan refuses other dtypes for it)."""
 
-    def __init__(self, staging_path: str, run_id: str, num_shards: int, *, normalize: bool,
-                 truncate_dim: int | None, with_text: bool, width: int, vector_dtype: str = "float32",
-                 kept_columns: tuple[pa.Field, ...] = (), sparse=None):
+    def __init__(
+        self,
+        staging_path: str,
+        run_id: str,
+        num_shards: int,
+        *,
+        normalize: bool,
+        truncate_dim: int | None,
+        with_text: bool,
+        width: int,
+        vector_dtype: str = "float32",
+        kept_columns: tuple[pa.Field, ...] = (),
+        sparse=None,
+    ):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._normalize, self._truncate_dim, self._with_text = normalize, truncate_dim, with_text
-        column = sparse.columns()[0] if sparse is not None else pa.field(
-            "embedding", vectors.embedding_type(width, vector_dtype))
+        column = (
+            sparse.columns()[0]
+            if sparse is not None
+            else pa.field("embedding", vectors.embedding_type(width, vector_dtype))
+        )
         self._schema, self._sparse = chunk_schema(column, with_text, kept_columns), sparse
         self._dtype = vector_dtype
         self._documents = with_text or bool(kept_columns)  # the texts and kept fields travel only when rows use them
@@ -109,8 +127,9 @@ class WriteChunks(beam.PTransform):
             if not list(grouped["embedded"]):  # rejected at pooling, or never encoded
                 return []
             document = next(iter(grouped["document"]), None) if "document" in grouped else None
-            rows = chunk_rows(list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim,
-                              sparse=sparse)
+            rows = chunk_rows(
+                list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim, sparse=sparse
+            )
             rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
             # A late chunk whose context window gave NaN or inf is not written, though its document's row (from
             # its windows) was: an embedding written is always finite.
@@ -121,14 +140,25 @@ class WriteChunks(beam.PTransform):
             quantized = [vectors.quantize_row({**r, "id": r["document_id"]}, dtype, calibration) for r in rows]
             return [{k: v for k, v in q.items() if k != "id"} for q in quantized if not isinstance(q, Rejected)]
 
-        joined = {"windows": inputs["windows"] | "KeyWindows" >> beam.Map(lambda w: (w.doc_id, w)),
-                  "embedded": inputs["embedded"] | "KeyEmbedded" >> beam.Map(lambda row: (row["id"], True))}
+        joined = {
+            "windows": inputs["windows"] | "KeyWindows" >> beam.Map(lambda w: (w.doc_id, w)),
+            "embedded": inputs["embedded"] | "KeyEmbedded" >> beam.Map(lambda row: (row["id"], True)),
+        }
         if self._documents:
             joined["document"] = inputs["documents"] | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
-        return (joined
-                | "GroupChunks" >> beam.CoGroupByKey()
-                | "ChunkRows" >> beam.FlatMap(rows, *([beam.pvalue.AsSingleton(inputs["calibration"])]
-                                                      if "calibration" in inputs else []))
-                | "WriteParquet" >> WriteToParquet(part_prefix(self._out, CHUNKS, self._run_id), self._schema,
-                                                   file_name_suffix=".parquet", num_shards=self._shards,
-                                                   use_compliant_nested_type=True))
+        return (
+            joined
+            | "GroupChunks" >> beam.CoGroupByKey()
+            | "ChunkRows"
+            >> beam.FlatMap(
+                rows, *([beam.pvalue.AsSingleton(inputs["calibration"])] if "calibration" in inputs else [])
+            )
+            | "WriteParquet"
+            >> WriteToParquet(
+                part_prefix(self._out, CHUNKS, self._run_id),
+                self._schema,
+                file_name_suffix=".parquet",
+                num_shards=self._shards,
+                use_compliant_nested_type=True,
+            )
+        )

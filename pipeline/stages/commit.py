@@ -2,6 +2,7 @@
 commits the staged output (pipeline/store/output.py), so a launcher that does not wait for the job (a Dataflow
 template) still gets a committed output with its summary, or a failed job and yesterday's output.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -12,11 +13,10 @@ import time
 
 import apache_beam as beam
 
-from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import storage
-from docbeam.pipeline.store import transaction
+from docbeam.pipeline.store import storage, transaction
 from docbeam.pipeline.store.lock import Fence
+from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.telemetry.observe import StageClock
 
 log = logging.getLogger(__name__)
@@ -37,23 +37,35 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
     summary = {key: value for key, value in base.items() if key not in ("started", MEMORY_LIMIT)}
     trends = [memory_trend.Trend(**t) for _, t in sorted(stats.get("memory_trends", {}).items())]
     doc_tokens = stats.get("doc_tokens", 0)
-    summary.update({
-        "docs_read": stats.get("docs_read", 0), "docs_embedded": embedded,
-        "docs_reused": stats.get("docs_reused", 0), "docs_encoded": stats.get("docs_encoded", 0),
-        "reused_token_share": round(stats.get("tokens_reused", 0) / doc_tokens, 4) if doc_tokens else None,
-        "docs_rejected": stats.get("docs_rejected", 0), "windows": stats.get("windows", 0),
-        "real_tokens": real, "padded_tokens": padded,
-        "padding_efficiency": round(real / padded, 4) if padded else None,
-        "batches": stats.get("batches", 0), "compiles": stats.get("compiles", 0),
-        "compiles_ahead": stats.get("compiles_ahead", 0),
-        "compile_cache_hits_ahead": stats.get("compile_cache_hits_ahead", 0),
-        "wall_seconds": round(wall, 3), "docs_per_second": round(embedded / wall, 2),
-        "tokens_per_second": round(real / wall, 1),
-        "attention_backends": stats.get("attention_backends", {}), "fallbacks": stats.get("fallbacks", {}),
-        "rejected_by_kind": stats.get("rejected_by_kind", {}), "buckets": stats.get("buckets", {}),
-        "started_at": _iso(base["started"]), "finished_at": _iso(finished), "metrics": {},
-        "memory": memory_trend.summary_block(trends, base.get(MEMORY_LIMIT)),
-    })
+    summary.update(
+        {
+            "docs_read": stats.get("docs_read", 0),
+            "docs_embedded": embedded,
+            "docs_reused": stats.get("docs_reused", 0),
+            "docs_encoded": stats.get("docs_encoded", 0),
+            "reused_token_share": round(stats.get("tokens_reused", 0) / doc_tokens, 4) if doc_tokens else None,
+            "docs_rejected": stats.get("docs_rejected", 0),
+            "windows": stats.get("windows", 0),
+            "real_tokens": real,
+            "padded_tokens": padded,
+            "padding_efficiency": round(real / padded, 4) if padded else None,
+            "batches": stats.get("batches", 0),
+            "compiles": stats.get("compiles", 0),
+            "compiles_ahead": stats.get("compiles_ahead", 0),
+            "compile_cache_hits_ahead": stats.get("compile_cache_hits_ahead", 0),
+            "wall_seconds": round(wall, 3),
+            "docs_per_second": round(embedded / wall, 2),
+            "tokens_per_second": round(real / wall, 1),
+            "attention_backends": stats.get("attention_backends", {}),
+            "fallbacks": stats.get("fallbacks", {}),
+            "rejected_by_kind": stats.get("rejected_by_kind", {}),
+            "buckets": stats.get("buckets", {}),
+            "started_at": _iso(base["started"]),
+            "finished_at": _iso(finished),
+            "metrics": {},
+            "memory": memory_trend.summary_block(trends, base.get(MEMORY_LIMIT)),
+        }
+    )
     if "select" in summary:  # output.select: how many documents selected/ lists
         summary["docs_selected"] = stats.get("docs_selected", 0)
     if "labels" in stats:  # a classifier's rows: how many documents got each top label
@@ -68,8 +80,10 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
 def per_document(sums: dict, documents: int) -> dict:
     """``{"sparse_embedding": {"nonzeros": 900, "bytes": 7200}}`` summed over 3 rows → ``{"sparse_embedding":
     {"nonzeros_per_document": 300.0, "bytes_per_document": 2400.0}}`` (what models/heads/vector_types.py counts)."""
-    return {name: {f"{k}_per_document": round(v / max(documents, 1), 2) for k, v in counts.items()}
-            for name, counts in sorted(sums.items())}
+    return {
+        name: {f"{k}_per_document": round(v / max(documents, 1), 2) for k, v in counts.items()}
+        for name, counts in sorted(sums.items())
+    }
 
 
 def _iso(epoch: float) -> str:
@@ -86,12 +100,16 @@ def run_problems(summary: dict, max_rejected_fraction: float) -> list[str]:
     if embedded != reused + encoded:
         problems.append(f"embedded documents do not add up: {embedded} != reused {reused} + encoded {encoded}")
     if read and not embedded:
-        problems.append(f"nothing was embedded from {read} documents read (rejected by kind: "
-                        f"{json.dumps(summary['rejected_by_kind'], sort_keys=True)})")
+        problems.append(
+            f"nothing was embedded from {read} documents read (rejected by kind: "
+            f"{json.dumps(summary['rejected_by_kind'], sort_keys=True)})"
+        )
     elif read and rejected / read > max_rejected_fraction:
-        problems.append(f"{rejected} of {read} documents were rejected ({rejected / read:.1%}), more than "
-                        f"input.max_rejected_fraction={max_rejected_fraction} (by kind: "
-                        f"{json.dumps(summary['rejected_by_kind'], sort_keys=True)})")
+        problems.append(
+            f"{rejected} of {read} documents were rejected ({rejected / read:.1%}), more than "
+            f"input.max_rejected_fraction={max_rejected_fraction} (by kind: "
+            f"{json.dumps(summary['rejected_by_kind'], sort_keys=True)})"
+        )
     memory = memory_trend.over_limit(summary.get("memory", {}))
     if memory:
         problems.append(memory)
@@ -100,11 +118,27 @@ def run_problems(summary: dict, max_rejected_fraction: float) -> list[str]:
 
 def manifest_fields(summary: dict) -> dict:
     counts = ("docs_read", "docs_embedded", "docs_reused", "docs_encoded", "docs_rejected", "windows", "batches")
-    return {"counts": {k: summary[k] for k in counts}, "summary": output_lib.SUMMARY, "reused_from": summary["reuse"],
-            **{k: summary[k] for k in ("config_digest", "model", "window_len", "pooling", "normalize", "dtype",
-                                       "versions", "reuse_key", "kept_fields")},
-            "granularity": summary.get("granularity", "document"),
-            **{k: summary[k] for k in ("embedding", "head") if k in summary}}
+    return {
+        "counts": {k: summary[k] for k in counts},
+        "summary": output_lib.SUMMARY,
+        "reused_from": summary["reuse"],
+        **{
+            k: summary[k]
+            for k in (
+                "config_digest",
+                "model",
+                "window_len",
+                "pooling",
+                "normalize",
+                "dtype",
+                "versions",
+                "reuse_key",
+                "kept_fields",
+            )
+        },
+        "granularity": summary.get("granularity", "document"),
+        **{k: summary[k] for k in ("embedding", "head") if k in summary},
+    }
 
 
 _SHARD = re.compile(r"^(?P<prefix>.*-)(?P<index>\d{5})-of-(?P<count>\d{5})(?P<suffix>[^/]*)$")
@@ -154,12 +188,15 @@ class _Commit(beam.DoFn):
             summary["failed"] = problems
             fence.prove()
             storage.write_bytes(f"{staging}/{output_lib.SUMMARY}", json.dumps(summary, indent=2).encode())
-            raise RunFailed(f"run {run_id} not committed: {'; '.join(problems)}. Its errors and summary are "
-                            f"in {staging}; the previous output is unchanged")
+            raise RunFailed(
+                f"run {run_id} not committed: {'; '.join(problems)}. Its errors and summary are "
+                f"in {staging}; the previous output is unchanged"
+            )
         # The commit's file list is what the sinks wrote, never a listing of the staging folder.
         with fence.failing_as_lost():
-            transaction.commit(output, fence, every_shard(written) + profile_files(output, run_id), summary,
-                               manifest_fields(summary))
+            transaction.commit(
+                output, fence, every_shard(written) + profile_files(output, run_id), summary, manifest_fields(summary)
+            )
         if self._release:
             fence.release()
         log.info("committed run %s to %s", run_id, output)
@@ -176,7 +213,13 @@ class CommitRun(beam.PTransform):
 
     def expand(self, inputs):
         written = tuple(inputs["written"]) | "AllWritten" >> beam.Flatten()
-        return (inputs["stats"].pipeline
-                | "Once" >> beam.Create([None])
-                | "Commit" >> beam.ParDo(_Commit(*self._args), stats=beam.pvalue.AsSingleton(inputs["stats"]),
-                                         written=beam.pvalue.AsList(written)))
+        return (
+            inputs["stats"].pipeline
+            | "Once" >> beam.Create([None])
+            | "Commit"
+            >> beam.ParDo(
+                _Commit(*self._args),
+                stats=beam.pvalue.AsSingleton(inputs["stats"]),
+                written=beam.pvalue.AsList(written),
+            )
+        )

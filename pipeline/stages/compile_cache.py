@@ -13,6 +13,7 @@ without it, as it would with no cache configured. A gs:// endpoint that does not
 retries (about two minutes) once per VM: the first process to give up leaves a note beside the VM's copy,
 and the VM's other processes, which waited for it on the same lock, read the note instead of retrying.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,12 @@ class CompileCache:
         try:
             self.local = self._open()
         except Exception as e:  # noqa: BLE001  whatever keeps the cache out of reach, the encoder can still run
-            log.warning("compilation cache %s cannot be reached (%s: %s); compiling without it", self.location,
-                        type(e).__name__, " ".join(str(e).split())[:300])
+            log.warning(
+                "compilation cache %s cannot be reached (%s: %s); compiling without it",
+                self.location,
+                type(e).__name__,
+                " ".join(str(e).split())[:300],
+            )
             return
         _use(self.local)
 
@@ -89,8 +94,12 @@ class CompileCache:
                 self._pushed.add(name)
                 uploaded += 1
         except Exception as e:  # noqa: BLE001  the executables are in the local cache already
-            log.warning("compilation cache %s: upload failed (%s: %s); this job's compilations stay local",
-                        self.location, type(e).__name__, " ".join(str(e).split())[:300])
+            log.warning(
+                "compilation cache %s: upload failed (%s: %s); this job's compilations stay local",
+                self.location,
+                type(e).__name__,
+                " ".join(str(e).split())[:300],
+            )
         return uploaded
 
 

@@ -3,6 +3,7 @@
 Kept apart from parsing: what bytes a file holds (this module) changes with Beam's compression types;
 what a line of those bytes means (pipeline/stages/parse.py) changes with the product's input formats.
 """
+
 from __future__ import annotations
 
 import bz2

@@ -6,6 +6,7 @@ platform is not the planned one chooses again, for its own platform, and each of
 (``replanned``). Shapes compile ahead in background threads when the spec says how many rows a bucket's
 batches have (``tokens_per_batch``); otherwise each at its first batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,10 +26,24 @@ from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInf
 from docbeam.attention.dispatch import AttentionSpec, Choice, replan  # noqa: E402
 from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
 from docbeam.pipeline.records import Batch, WindowEmbedding  # noqa: E402
-from docbeam.pipeline.telemetry.observe import (COMPILE_MS, COMPUTE_MS, ENCODER_FN_NAME, FALLBACKS,  # noqa: E402
-                                        METRICS_NAMESPACE, STARTUP_MS, STARTUP_PARTS, CompileWatch, Progress,
-                                        StageClock, describe_device, fallback_key, memory, metric_name,
-                                        shape_label, worker_name)
+from docbeam.pipeline.telemetry.observe import (  # noqa: E402
+    COMPILE_MS,
+    COMPUTE_MS,
+    ENCODER_FN_NAME,
+    FALLBACKS,
+    METRICS_NAMESPACE,
+    STARTUP_MS,
+    STARTUP_PARTS,
+    CompileWatch,
+    Progress,
+    StageClock,
+    describe_device,
+    fallback_key,
+    memory,
+    metric_name,
+    shape_label,
+    worker_name,
+)
 
 TIMING_TAG = "timing"
 log = logging.getLogger(__name__)
@@ -62,12 +77,21 @@ class EncoderSpec:
 
     def __post_init__(self):
         if not self.choices:
-            raise ValueError("EncoderSpec.choices is empty: pass the job plan's choices (JobPlan.choices), one per "
-                             "bucket; a worker does not choose backends itself")
+            raise ValueError(
+                "EncoderSpec.choices is empty: pass the job plan's choices (JobPlan.choices), one per "
+                "bucket; a worker does not choose backends itself"
+            )
 
 
-def standalone_spec(model_path: str, dtype: str, pooling: str, attention: AttentionSpec, buckets: Sequence[int],
-                    packing: bool = False, **settings) -> EncoderSpec:
+def standalone_spec(
+    model_path: str,
+    dtype: str,
+    pooling: str,
+    attention: AttentionSpec,
+    buckets: Sequence[int],
+    packing: bool = False,
+    **settings,
+) -> EncoderSpec:
     """The spec of an encoder used without a job (benchmarks, tests): planned here, for this machine's platform,
     as the driver plans a job, with the embedding head pooling by ``pooling`` and running the checkpoint's Dense
     modules, unnormalised (``settings``: the other EncoderSpec fields)."""
@@ -81,8 +105,16 @@ def standalone_spec(model_path: str, dtype: str, pooling: str, attention: Attent
     platform = jax.default_backend()
     checkpoint = open_checkpoint(model_path, dtype)
     cases = attention_cases(checkpoint.config, buckets, platform, packing)
-    return EncoderSpec(model_path, dtype, embedding.standalone(checkpoint, pooling), attention,
-                       tuple(choose_backends(attention, cases)), platform, packing=packing, **settings)
+    return EncoderSpec(
+        model_path,
+        dtype,
+        embedding.standalone(checkpoint, pooling),
+        attention,
+        tuple(choose_backends(attention, cases)),
+        platform,
+        packing=packing,
+        **settings,
+    )
 
 
 def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...], str | None]:
@@ -92,8 +124,9 @@ def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...]
     from docbeam.attention.dispatch import gate
 
     if platform != spec.platform:
-        log.warning("job was planned for %s but this worker has %s; re-planning attention here", spec.platform,
-                    platform)
+        log.warning(
+            "job was planned for %s but this worker has %s; re-planning attention here", spec.platform, platform
+        )
         return replan(spec.attention, spec.choices, platform), f"planned {spec.platform}, worker {platform}"
     if spec.attention.verify and not spec.checked:
         return tuple(gate(spec.attention, list(spec.choices))), None
@@ -105,8 +138,8 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     once per process (a broken backend fails the job here), then the runtime loaded."""
     import jax
 
-    from docbeam.pipeline.stages.compile_cache import CompileCache
     from docbeam.attention.probe_once import probe_all
+    from docbeam.pipeline.stages.compile_cache import CompileCache
     from docbeam.pipeline.stages.packer import max_windows_per_row, rows_for
     from docbeam.pipeline.store import storage
 
@@ -117,15 +150,30 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     probe_all(spec.attention, choices)  # on the DirectRunner the driver has probed them already: no cost
     buckets = sorted(c.case.seq_len for c in choices)
     runtime_spec = RuntimeSpec(
-        spec.model_path, spec.dtype, spec.head, spec.attention, choices, spec.packing,
+        spec.model_path,
+        spec.dtype,
+        spec.head,
+        spec.attention,
+        choices,
+        spec.packing,
         compile_ahead=tuple((rows_for(b, spec.tokens_per_batch), b) for b in buckets) if spec.tokens_per_batch else (),
-        slots=tuple((b, max_windows_per_row(b)) for b in buckets), replanned=replanned, task=spec.task)
-    publish = (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}")
-               ) if spec.profile_dir else None
-    hooks = RuntimeHooks(CompileWatch.get(), ENCODER_FN_NAME, cache.push if cache is not None else (lambda: None),
-                         batch_facts=lambda device: {"device": describe_device(device), "worker": worker_name(),
-                                                     **memory(device)},
-                         publish_trace=publish, profile_batches=spec.profile_batches)
+        slots=tuple((b, max_windows_per_row(b)) for b in buckets),
+        replanned=replanned,
+        task=spec.task,
+    )
+    publish = (
+        (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}"))
+        if spec.profile_dir
+        else None
+    )
+    hooks = RuntimeHooks(
+        CompileWatch.get(),
+        ENCODER_FN_NAME,
+        cache.push if cache is not None else (lambda: None),
+        batch_facts=lambda device: {"device": describe_device(device), "worker": worker_name(), **memory(device)},
+        publish_trace=publish,
+        profile_batches=spec.profile_batches,
+    )
     return EncoderRuntime(runtime_spec, hooks, startup={"probes_s": time.perf_counter() - t0}, job=spec.job)
 
 
@@ -189,8 +237,9 @@ class EncoderHandler(ModelHandler[Batch, PredictionResult, EncoderRuntime]):
     def model_copies(self) -> int:
         return 1  # one device per VM: a second copy would fight the first for it
 
-    def run_inference(self, batch: Sequence[Batch], model: EncoderRuntime,
-                      inference_args: dict[str, Any] | None = None) -> Iterable[PredictionResult]:
+    def run_inference(
+        self, batch: Sequence[Batch], model: EncoderRuntime, inference_args: dict[str, Any] | None = None
+    ) -> Iterable[PredictionResult]:
         from docbeam.pipeline.telemetry.observe import worker_name
 
         results = []
@@ -238,15 +287,27 @@ class _SplitResults(beam.DoFn):
             name = metric_name(COMPUTE_MS, f"{timing['bucket_len']},{timing['attention_backend']}")
             Metrics.distribution(METRICS_NAMESPACE, name).update(int(round(timing["compute_ms"])))
         if timing["fallback_reason"]:
-            key = fallback_key(timing["attention_requested"], timing["attention_backend"],
-                               timing["fallback_reason"][:80])
+            key = fallback_key(
+                timing["attention_requested"], timing["attention_backend"], timing["fallback_reason"][:80]
+            )
             Metrics.counter(METRICS_NAMESPACE, metric_name(FALLBACKS, key)).inc()
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for w, length, vector in zip(batch.windows, batch.window_lengths(), vectors):
             vector = self._spec.head.compact_window(vector)  # the sparse head's: its nonzero terms only
-            yield WindowEmbedding(w.doc_id, w.index, w.num_windows, int(length), w.doc_tokens, w.truncated, vector,
-                                  batch.bucket_len, timing["attention_backend"], w.char_start, w.char_end,
-                                  late=late)
+            yield WindowEmbedding(
+                w.doc_id,
+                w.index,
+                w.num_windows,
+                int(length),
+                w.doc_tokens,
+                w.truncated,
+                vector,
+                batch.bucket_len,
+                timing["attention_backend"],
+                w.char_start,
+                w.char_end,
+                late=late,
+            )
 
     def _report_startup(self, startup: dict) -> dict:
         """Beam metrics (startup_ms[...] and compile_ms[<rows>x<bucket>,<backend>]) and one record for
@@ -254,11 +315,13 @@ class _SplitResults(beam.DoFn):
         for part in STARTUP_PARTS:
             if f"{part}_s" in startup:
                 Metrics.distribution(METRICS_NAMESPACE, metric_name(STARTUP_MS, part)).update(
-                    int(round(startup[f"{part}_s"] * 1e3)))
+                    int(round(startup[f"{part}_s"] * 1e3))
+                )
         for c in startup["compiles"]:
             label = shape_label(c["rows"], c["bucket_len"], c["backend"])
             Metrics.distribution(METRICS_NAMESPACE, metric_name(COMPILE_MS, label)).update(
-                int(round(c["seconds"] * 1e3)))
+                int(round(c["seconds"] * 1e3))
+            )
         self._compiles.inc(len(startup["compiles"]))
         return {**startup, "worker": worker_name()}
 
@@ -273,8 +336,10 @@ class _SplitResults(beam.DoFn):
             from apache_beam.transforms.window import GlobalWindow
             from apache_beam.utils.windowed_value import WindowedValue
 
-            yield beam.pvalue.TaggedOutput(STARTUP_TAG, WindowedValue(
-                self._report_startup(report), GlobalWindow().max_timestamp(), [GlobalWindow()]))
+            yield beam.pvalue.TaggedOutput(
+                STARTUP_TAG,
+                WindowedValue(self._report_startup(report), GlobalWindow().max_timestamp(), [GlobalWindow()]),
+            )
 
 
 class Encode(beam.PTransform):
@@ -291,9 +356,12 @@ class Encode(beam.PTransform):
         self._total_windows = total_windows
 
     def expand(self, batches):
-        results = (batches
-                   | "RunInference" >> RunInference(EncoderHandler(self._spec))
-                   | "Split" >> beam.ParDo(_SplitResults(self._spec),
-                                           total_windows=beam.pvalue.AsSingleton(self._total_windows))
-                   .with_outputs(TIMING_TAG, STARTUP_TAG, main="windows"))
+        results = (
+            batches
+            | "RunInference" >> RunInference(EncoderHandler(self._spec))
+            | "Split"
+            >> beam.ParDo(
+                _SplitResults(self._spec), total_windows=beam.pvalue.AsSingleton(self._total_windows)
+            ).with_outputs(TIMING_TAG, STARTUP_TAG, main="windows")
+        )
         return {"windows": results.windows, "timing": results[TIMING_TAG], "startup": results[STARTUP_TAG]}

@@ -6,6 +6,7 @@ holds every sampled value exactly (``infer_type``), or JSON text where none does
 value is checked against its column (``value_problem``): a value that does not fit is never converted into
 something else; its document is a ``kept_field_type`` rejection naming the field. docs/outputs.md explains it.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,11 +24,22 @@ SAMPLE_RECORDS = 1000  # documents the driver reads to type the kept columns
 # a handful of levels.
 MAX_DEPTH = 64
 JSON = "json"  # a column of JSON text: what a field gets when no one Arrow type holds every sampled value
-EXACT_FLOAT_INT = 2 ** 53  # integers up to this size are exact in a float64 column
+EXACT_FLOAT_INT = 2**53  # integers up to this size are exact in a float64 column
 # Every column docbeam writes itself (document rows, and chunk rows of output.granularity: chunk); a kept field
 # of one of these names would overwrite it.
-OUTPUT_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash",
-                  "document_id", "chunk_index", "char_start", "char_end", "chunk_text")
+OUTPUT_COLUMNS = (
+    "id",
+    "embedding",
+    "num_tokens",
+    "num_windows",
+    "truncated",
+    "content_hash",
+    "document_id",
+    "chunk_index",
+    "char_start",
+    "char_end",
+    "chunk_text",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,9 +80,11 @@ class KeptFields:
                 return f"field {column.name!r} (input.keep_fields) {unkept}; the document is not embedded"
             problem = value_problem(value, column.arrow)
             if problem:
-                return (f"field {column.name!r} (input.keep_fields) {problem}, but its column is "
-                        f"{column.describe()}, typed from the first {self.sampled} documents; it is not changed "
-                        "to fit: make the field's type the same in every record")
+                return (
+                    f"field {column.name!r} (input.keep_fields) {problem}, but its column is "
+                    f"{column.describe()}, typed from the first {self.sampled} documents; it is not changed "
+                    "to fit: make the field's type the same in every record"
+                )
             if column.arrow is None and value is not None:
                 value = json.dumps(value, ensure_ascii=False)
             taken.append((column.name, value))
@@ -99,8 +113,10 @@ def name_problems(names: Iterable[str], id_field: str, text_field: str) -> list[
     problems = []
     for name in names:
         if name in OUTPUT_COLUMNS:
-            problems.append(f"{name!r} is the name of an output column, which it would overwrite (docbeam writes "
-                            f"{', '.join(OUTPUT_COLUMNS)})")
+            problems.append(
+                f"{name!r} is the name of an output column, which it would overwrite (docbeam writes "
+                f"{', '.join(OUTPUT_COLUMNS)})"
+            )
         elif name == id_field:
             problems.append(f"{name!r} is input.id_field: every row holds it already, as the column id")
         elif name == text_field:
@@ -121,7 +137,7 @@ def infer_type(values: list) -> pa.DataType | None:
     if kinds == {"str"}:
         return pa.string()
     if kinds == {"int"}:
-        return pa.int64() if all(-2 ** 63 <= v < 2 ** 63 for v in present) else None
+        return pa.int64() if all(-(2**63) <= v < 2**63 for v in present) else None
     if kinds == {"float"}:
         return pa.float64()
     if kinds == {"int", "float"}:
@@ -166,8 +182,7 @@ def value_problem(value, arrow: pa.DataType | None) -> str | None:
     kind = _kind(value)
     fits = _FITS[kind](value, arrow)
     if fits and kind == "list":
-        return next((f"holds an item that {p}" for p in (value_problem(v, arrow.value_type) for v in value) if p),
-                    None)
+        return next((f"holds an item that {p}" for p in (value_problem(v, arrow.value_type) for v in value) if p), None)
     if fits and kind == "dict":
         names = [arrow.field(i).name for i in range(arrow.num_fields)]
         if set(value) != set(names):
@@ -178,24 +193,33 @@ def value_problem(value, arrow: pa.DataType | None) -> str | None:
 
 
 _FITS = {  # kind → whether a value of that kind reads back equal from the column (lists and objects: their shape)
-    "bool": lambda v, arrow: pa.types.is_boolean(arrow), "str": lambda v, arrow: pa.types.is_string(arrow),
-    "int": lambda v, arrow: (pa.types.is_int64(arrow) and -2 ** 63 <= v < 2 ** 63
-                             or pa.types.is_float64(arrow) and abs(v) <= EXACT_FLOAT_INT),
-    "float": lambda v, arrow: pa.types.is_float64(arrow), "list": lambda v, arrow: pa.types.is_list(arrow),
-    "dict": lambda v, arrow: pa.types.is_struct(arrow)}
+    "bool": lambda v, arrow: pa.types.is_boolean(arrow),
+    "str": lambda v, arrow: pa.types.is_string(arrow),
+    "int": lambda v, arrow: (
+        pa.types.is_int64(arrow) and -(2**63) <= v < 2**63 or pa.types.is_float64(arrow) and abs(v) <= EXACT_FLOAT_INT
+    ),
+    "float": lambda v, arrow: pa.types.is_float64(arrow),
+    "list": lambda v, arrow: pa.types.is_list(arrow),
+    "dict": lambda v, arrow: pa.types.is_struct(arrow),
+}
 
 
 def _kind(value) -> str:
     # bool before int: JSON's true is not the number 1
-    for kind, types in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", list),
-                        ("dict", dict)):
+    for kind, types in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", list), ("dict", dict)):
         if isinstance(value, types):
             return kind
     raise TypeError(f"not a JSON value: {type(value).__name__}")
 
 
-KIND_NAMES = {"bool": "a boolean", "int": "an integer", "float": "a fraction", "str": "a string", "list": "a list",
-              "dict": "an object"}
+KIND_NAMES = {
+    "bool": "a boolean",
+    "int": "an integer",
+    "float": "a fraction",
+    "str": "a string",
+    "list": "a list",
+    "dict": "an object",
+}
 
 
 def _shown(value) -> str:
@@ -226,24 +250,30 @@ def plan_columns(config: InputConfig, sample: Callable[[], list[dict]] | None) -
     if not wanted:
         return KeptFields()
     if config.format == "text":
-        raise ConfigError(f"input.keep_fields={_listed(wanted)} with input.format: text: a text file has no "
-                          "fields to keep; use JSONL input, or remove input.keep_fields")
+        raise ConfigError(
+            f"input.keep_fields={_listed(wanted)} with input.format: text: a text file has no "
+            "fields to keep; use JSONL input, or remove input.keep_fields"
+        )
     every_field = wanted == "*"
     problems = [] if every_field else name_problems(wanted, config.id_field, config.text_field)
     if problems:
-        raise ConfigError(f"input.keep_fields: {'; '.join(problems)}. Remove it from the list (or rename the "
-                          "field in the input)")
+        raise ConfigError(
+            f"input.keep_fields: {'; '.join(problems)}. Remove it from the list (or rename the field in the input)"
+        )
     if sample is None:
         return KeptFields(tuple(KeptColumn(name, None) for name in (() if every_field else wanted)), 0, every_field)
     sample = sample()
     names = list(dict.fromkeys(k for r in sample for k in r)) if every_field else list(wanted)
     problems = name_problems(names, config.id_field, config.text_field)
     if problems:
-        raise ConfigError(f"input.keep_fields: \"*\" takes every field of the input, but {'; '.join(problems)}. "
-                          "List the fields to keep instead of \"*\"")
+        raise ConfigError(
+            f'input.keep_fields: "*" takes every field of the input, but {"; ".join(problems)}. '
+            'List the fields to keep instead of "*"'
+        )
     # A value the workers will reject (unkeepable) types nothing: the column is what the kept values need.
-    columns = tuple(KeptColumn(n, infer_type([v for v in (r.get(n) for r in sample) if not unkeepable(v)]))
-                    for n in names)
+    columns = tuple(
+        KeptColumn(n, infer_type([v for v in (r.get(n) for r in sample) if not unkeepable(v)])) for n in names
+    )
     return KeptFields(columns, len(sample), every_field)
 
 

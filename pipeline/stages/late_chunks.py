@@ -9,6 +9,7 @@ its chunks' token spans (``ChunkSpan``); the forward mean-pools each span (model
 after attention over the whole context window, so only one vector per chunk leaves the device. Context windows
 are batched unpacked, apart from ordinary windows, whatever ``batching.packing`` says (``BatchContexts``).
 """
+
 from __future__ import annotations
 
 import apache_beam as beam
@@ -28,8 +29,10 @@ def group_chunks(positions: list[tuple[int, int]], room: int) -> list[tuple[int,
     while i < len(positions):
         first, j = positions[i][0], i
         if positions[i][1] - first > room:
-            raise ValueError(f"a chunk of {positions[i][1] - first} tokens does not fit a context window's "
-                             f"{room}: the context window must be at least the chunks' window")
+            raise ValueError(
+                f"a chunk of {positions[i][1] - first} tokens does not fit a context window's "
+                f"{room}: the context window must be at least the chunks' window"
+            )
         while j + 1 < len(positions) and positions[j + 1][1] - first <= room:
             j += 1
         groups.append((first, positions[j][1], list(range(i, j + 1))))
@@ -37,24 +40,50 @@ def group_chunks(positions: list[tuple[int, int]], room: int) -> list[tuple[int,
     return groups
 
 
-def context_windows(chunks: list[TokenWindow], ids: list[int], positions: list[tuple[int, int]],
-                    leading: tuple[int, ...], prompt: tuple[int, ...], trailing: tuple[int, ...],
-                    context_len: int) -> list[TokenWindow]:
+def context_windows(
+    chunks: list[TokenWindow],
+    ids: list[int],
+    positions: list[tuple[int, int]],
+    leading: tuple[int, ...],
+    prompt: tuple[int, ...],
+    trailing: tuple[int, ...],
+    context_len: int,
+) -> list[TokenWindow]:
     """One document's context windows: ``chunks`` are its windows (with their character offsets), ``ids`` its
     tokens (the prompt's first, when it has separable tokens: ``prompt``), ``positions`` each chunk's own tokens
     in ``ids``; each context window is ``leading + prompt + ids[first:end] + trailing``."""
     room = context_len - len(leading) - len(prompt) - len(trailing)
     shift = len(leading) + len(prompt)
-    groups = group_chunks(positions[:len(chunks)], room)
+    groups = group_chunks(positions[: len(chunks)], room)
     out = []
     for number, (first, end, members) in enumerate(groups):
-        spans = tuple(ChunkSpan(k, shift + positions[k][0] - first, shift + positions[k][1] - first,
-                                chunks[k].char_start, chunks[k].char_end, chunks[k].length, len(chunks))
-                      for k in members)
+        spans = tuple(
+            ChunkSpan(
+                k,
+                shift + positions[k][0] - first,
+                shift + positions[k][1] - first,
+                chunks[k].char_start,
+                chunks[k].char_end,
+                chunks[k].length,
+                len(chunks),
+            )
+            for k in members
+        )
         token_ids = np.asarray([*leading, *prompt, *ids[first:end], *trailing], np.int32)
         first_chunk = chunks[0]
-        out.append(TokenWindow(first_chunk.doc_id, number, len(groups), token_ids, first_chunk.doc_tokens,
-                               first_chunk.truncated, spans[0].char_start, spans[-1].char_end, spans))
+        out.append(
+            TokenWindow(
+                first_chunk.doc_id,
+                number,
+                len(groups),
+                token_ids,
+                first_chunk.doc_tokens,
+                first_chunk.truncated,
+                spans[0].char_start,
+                spans[-1].char_end,
+                spans,
+            )
+        )
     return out
 
 
@@ -75,12 +104,18 @@ def context_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Bat
     spans_BxKx3 = np.zeros((rows, spans_per_row(bucket_len, windows), 3), np.int32)
     chunks = []
     for row, w in enumerate(windows):
-        ids_BxT[row, :w.length] = w.token_ids
+        ids_BxT[row, : w.length] = w.token_ids
         lengths_B[row] = w.length
-        spans_BxKx3[row, :len(w.spans)] = [(s.start, s.end, s.length) for s in w.spans]
+        spans_BxKx3[row, : len(w.spans)] = [(s.start, s.end, s.length) for s in w.spans]
         chunks += WindowRef.chunks_of(w)
-    return Batch(batch_id=batch_id(bucket_len, windows, packed=False).replace("b", "l", 1), bucket_len=bucket_len,
-                 ids_BxT=ids_BxT, lengths_B=lengths_B, windows=tuple(chunks), spans_BxKx3=spans_BxKx3)
+    return Batch(
+        batch_id=batch_id(bucket_len, windows, packed=False).replace("b", "l", 1),
+        bucket_len=bucket_len,
+        ids_BxT=ids_BxT,
+        lengths_B=lengths_B,
+        windows=tuple(chunks),
+        spans_BxKx3=spans_BxKx3,
+    )
 
 
 def context_batches(keyed: tuple, config: BatchingConfig):
@@ -111,8 +146,10 @@ class BatchContexts(beam.PTransform):
 
     def expand(self, contexts):
         cfg = self._config
-        return (contexts
-                | "KeyByBucketAndShard" >> beam.Map(lambda w: ((bucket_for(w.length, cfg.buckets),
-                                                                window_shard(w, cfg)), w))
-                | "GroupContexts" >> beam.GroupByKey()
-                | "ContextBatches" >> beam.FlatMap(context_batches, cfg))
+        return (
+            contexts
+            | "KeyByBucketAndShard"
+            >> beam.Map(lambda w: ((bucket_for(w.length, cfg.buckets), window_shard(w, cfg)), w))
+            | "GroupContexts" >> beam.GroupByKey()
+            | "ContextBatches" >> beam.FlatMap(context_batches, cfg)
+        )

@@ -19,6 +19,7 @@ under-filled rows for later windows; the end of input packs what is held (``fina
 pipeline/stages/batch.py drives it from Beam state (the pipeline). Neither resolves ``batching.packing:
 auto``: the job's plan does (pipeline.driver.plan.resolved_packing), and hands the packer a bool.
 """
+
 from __future__ import annotations
 
 import collections
@@ -42,8 +43,10 @@ def bucket_for(length: int, buckets: tuple[int, ...]) -> int:
     for b in buckets:
         if length <= b:
             return b
-    raise ValueError(f"a window of {length} tokens fits no bucket (largest {buckets[-1]}); "
-                     "batching.buckets must end at or above the model's window length")
+    raise ValueError(
+        f"a window of {length} tokens fits no bucket (largest {buckets[-1]}); "
+        "batching.buckets must end at or above the model's window length"
+    )
 
 
 def rows_for(bucket_len: int, tokens_per_batch: int) -> int:
@@ -101,8 +104,9 @@ def pack_rows(windows: list[TokenWindow], buckets: tuple[int, ...]) -> list[tupl
     rows: list[list] = []  # [bucket_len, free tokens, windows]
     open_by_free: dict[int, list[int]] = collections.defaultdict(list)  # free tokens → open rows' indexes
     for w in sorted(windows, key=window_order):
-        index = next((open_by_free[free].pop() for free in range(w.length, buckets[-1] + 1)
-                      if open_by_free.get(free)), None)
+        index = next(
+            (open_by_free[free].pop() for free in range(w.length, buckets[-1] + 1) if open_by_free.get(free)), None
+        )
         if index is None:
             bucket_len = bucket_for(w.length, buckets)
             rows.append([bucket_len, bucket_len, []])
@@ -134,10 +138,10 @@ def packing_round(windows: list[TokenWindow], config: BatchingConfig) -> tuple[l
     groups, held_rows = [], []
     for bucket_len, bucket_rows in _rows_by_bucket(windows, config.buckets).items():
         rows = rows_for(bucket_len, config.tokens_per_batch)
-        full = lambda row: _used(row) == bucket_len or len(row) == max_windows_per_row(bucket_len)  # noqa: E731
+        full = lambda row, n=bucket_len: _used(row) == n or len(row) == max_windows_per_row(n)
         bucket_rows = sorted(bucket_rows, key=lambda row: (not full(row), -_used(row)))  # fullest first
         send = max(sum(map(full, bucket_rows)), len(bucket_rows) - HELD_BATCHES * rows) // rows * rows
-        groups += [(bucket_len, rows, bucket_rows[i:i + rows]) for i in range(0, send, rows)]
+        groups += [(bucket_len, rows, bucket_rows[i : i + rows]) for i in range(0, send, rows)]
         held_rows += bucket_rows[send:]
     return groups, [w for row in held_rows for w in row]
 
@@ -155,10 +159,9 @@ def final_packing(windows: list[TokenWindow], config: BatchingConfig) -> list[Gr
         for bucket_len, bucket_rows in _rows_by_bucket(windows, buckets).items():
             rows = rows_for(bucket_len, config.tokens_per_batch)
             whole = len(bucket_rows) // rows * rows
-            groups += [(bucket_len, rows, bucket_rows[i:i + rows]) for i in range(0, whole, rows)]
+            groups += [(bucket_len, rows, bucket_rows[i : i + rows]) for i in range(0, whole, rows)]
             left += bucket_rows[whole:]
-        groups += fill_across_buckets(left, config, length=_used,
-                                      order=lambda row: (-_used(row), window_order(row[0])))
+        groups += fill_across_buckets(left, config, length=_used, order=lambda row: (-_used(row), window_order(row[0])))
         ways.append((sum(rows * bucket_len for bucket_len, rows, _ in groups), len(buckets) == 1, groups))
     return min(ways, key=lambda way: way[:2])[2]
 
@@ -172,10 +175,15 @@ def padded_batch(windows: list[TokenWindow], bucket_len: int, rows: int) -> Batc
     lengths_B = np.zeros((rows,), np.int32)
     windows = sorted(windows, key=lambda w: (w.doc_id, w.index))  # deterministic batch contents
     for row, w in enumerate(windows):
-        ids_BxT[row, :w.length] = w.token_ids
+        ids_BxT[row, : w.length] = w.token_ids
         lengths_B[row] = w.length
-    return Batch(batch_id=batch_id(bucket_len, windows, packed=False), bucket_len=bucket_len, ids_BxT=ids_BxT,
-                 lengths_B=lengths_B, windows=tuple(map(WindowRef.of, windows)))
+    return Batch(
+        batch_id=batch_id(bucket_len, windows, packed=False),
+        bucket_len=bucket_len,
+        ids_BxT=ids_BxT,
+        lengths_B=lengths_B,
+        windows=tuple(map(WindowRef.of, windows)),
+    )
 
 
 def packed_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows: int) -> Batch:
@@ -192,25 +200,35 @@ def packed_batch(rows_of_windows: list[list[TokenWindow]], bucket_len: int, rows
     slot_lengths_BxK = np.zeros((rows, slots), np.int32)
     for r, row in enumerate(ordered):
         if len(row) > slots or _used(row) > bucket_len:
-            raise ValueError(f"a packed row of {len(row)} windows, {_used(row)} tokens, does not "
-                             f"fit bucket {bucket_len} ({slots} windows at most)")
+            raise ValueError(
+                f"a packed row of {len(row)} windows, {_used(row)} tokens, does not "
+                f"fit bucket {bucket_len} ({slots} windows at most)"
+            )
         start = 0
         for k, w in enumerate(row):
-            ids_BxT[r, start:start + w.length] = w.token_ids
-            segment_ids_BxT[r, start:start + w.length] = k + 1
+            ids_BxT[r, start : start + w.length] = w.token_ids
+            segment_ids_BxT[r, start : start + w.length] = k + 1
             slot_lengths_BxK[r, k] = w.length
             start += w.length
     windows = [w for row in ordered for w in row]
-    return Batch(batch_id=batch_id(bucket_len, windows, packed=True), bucket_len=bucket_len, ids_BxT=ids_BxT,
-                 lengths_B=slot_lengths_BxK.sum(axis=1, dtype=np.int32), windows=tuple(map(WindowRef.of, windows)),
-                 segment_ids_BxT=segment_ids_BxT, slot_lengths_BxK=slot_lengths_BxK)
+    return Batch(
+        batch_id=batch_id(bucket_len, windows, packed=True),
+        bucket_len=bucket_len,
+        ids_BxT=ids_BxT,
+        lengths_B=slot_lengths_BxK.sum(axis=1, dtype=np.int32),
+        windows=tuple(map(WindowRef.of, windows)),
+        segment_ids_BxT=segment_ids_BxT,
+        slot_lengths_BxK=slot_lengths_BxK,
+    )
 
 
 def check_packing(config: BatchingConfig) -> bool:
     """The config's ``packing``, which the packer takes only resolved: the plan's ``batching()`` is such a config."""
     if not isinstance(config.packing, bool):
-        raise ValueError(f"the packer takes batching.packing true or false, not {config.packing!r}: the job's plan "
-                         "resolves auto (pipeline.driver.plan.resolved_packing; JobPlan.batching() is that config)")
+        raise ValueError(
+            f"the packer takes batching.packing true or false, not {config.packing!r}: the job's plan "
+            "resolves auto (pipeline.driver.plan.resolved_packing; JobPlan.batching() is that config)"
+        )
     return config.packing
 
 
@@ -223,8 +241,9 @@ class Packer:
     state and resume a Packer per element. ``held`` may be a lazy iterable: it is read only when a batch or
     a round needs it, since reading Beam state per element would cost O(held) each time."""
 
-    def __init__(self, config: BatchingConfig, held: Iterable[TokenWindow] = (),
-                 gathered: Mapping[int, int] | None = None):
+    def __init__(
+        self, config: BatchingConfig, held: Iterable[TokenWindow] = (), gathered: Mapping[int, int] | None = None
+    ):
         self.config = config
         self.packing = check_packing(config)
         self._earlier: Iterable[TokenWindow] | None = held
@@ -262,8 +281,10 @@ class Packer:
         self.gathered.clear()
         if self.packing:
             return [packed_batch(rows, b, n) for b, n, rows in final_packing(held, self.config)]
-        return [padded_batch(windows, b, n) for b, n, windows in fill_across_buckets(
-            held, self.config, length=lambda w: w.length, order=window_order)]
+        return [
+            padded_batch(windows, b, n)
+            for b, n, windows in fill_across_buckets(held, self.config, length=lambda w: w.length, order=window_order)
+        ]
 
 
 def batch_windows(windows: Iterable[TokenWindow], config: BatchingConfig) -> list[Batch]:

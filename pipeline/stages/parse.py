@@ -3,6 +3,7 @@
 Pure functions over bytes (no Beam, no storage), so each rejection kind is tested directly; the file's
 bytes come decompressed from pipeline/stages/decompress.py.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -14,8 +15,8 @@ from apache_beam.io.filesystem import CompressionTypes
 
 from docbeam.config import InputConfig
 from docbeam.pipeline.records import Document, Rejected, writable
-from docbeam.pipeline.stages.keep import EveryField, KeptFields
 from docbeam.pipeline.stages.decompress import open_decompressed
+from docbeam.pipeline.stages.keep import EveryField, KeptFields
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")  # README lists these, each also with any compression suffix Beam knows
 
@@ -61,10 +62,19 @@ def read_capped_lines(stream, cap: int, block: int = 1 << 20) -> Iterator[tuple[
         yield number + 1, None if oversized else bytes(pending)
 
 
-def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_field: str,
-                     cap: int, keep: KeptFields | EveryField | None = None) -> Document | Rejected:
+def parse_jsonl_line(
+    raw: bytes,
+    *,
+    source: str,
+    line: int,
+    id_field: str,
+    text_field: str,
+    cap: int,
+    keep: KeptFields | EveryField | None = None,
+) -> Document | Rejected:
     """One JSONL line → a Document (with the fields ``keep.take`` keeps, pipeline/stages/keep.py) or a
     Rejected saying why not."""
+
     def reject(kind, reason, doc_id=None):
         return Rejected(source=source, line=line, id=doc_id, kind=kind, reason=reason)
 
@@ -87,18 +97,27 @@ def parse_jsonl_line(raw: bytes, *, source: str, line: int, id_field: str, text_
     return document_of_record(obj, source=source, line=line, id_field=id_field, text_field=text_field, keep=keep)
 
 
-def document_of_record(obj: Mapping, *, source: str, line: int | None, id_field: str, text_field: str,
-                       keep: KeptFields | EveryField | None = None) -> Document | Rejected:
+def document_of_record(
+    obj: Mapping,
+    *,
+    source: str,
+    line: int | None,
+    id_field: str,
+    text_field: str,
+    keep: KeptFields | EveryField | None = None,
+) -> Document | Rejected:
     """A decoded record → a Document, or the Rejected saying why not: an id that is a string or an integer, a
     text that is a non-empty string, both writable as UTF-8. The JSONL reader's checks, which
     docbeam.EmbedDocuments also runs on the dicts of a user's own pipeline."""
+
     def reject(kind, reason, doc_id=None):
         return Rejected(source=source, line=line, id=doc_id, kind=kind, reason=reason)
 
     doc_id = obj.get(id_field)
     if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)) or doc_id == "":
-        return reject("missing_id", f"field {id_field!r} (input.id_field) is missing or not a string/integer: "
-                                    f"{doc_id!r}")
+        return reject(
+            "missing_id", f"field {id_field!r} (input.id_field) is missing or not a string/integer: {doc_id!r}"
+        )
     doc_id = str(doc_id)
     if not_utf8(doc_id):
         return reject("invalid_text", f"field {id_field!r} (input.id_field) {ascii(doc_id)} {not_utf8(doc_id)}")
@@ -123,8 +142,10 @@ def not_utf8(value: str) -> str | None:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
-        return (f"holds a lone UTF-16 surrogate ({ascii(value[e.start])} at character {e.start}), which is not "
-                "text: the producer split or damaged a character")
+        return (
+            f"holds a lone UTF-16 surrogate ({ascii(value[e.start])} at character {e.start}), which is not "
+            "text: the producer split or damaged a character"
+        )
     return None
 
 
@@ -138,12 +159,12 @@ def parse_text_file(data: bytes | None, *, source: str, cap: int) -> Document | 
     if not text.strip():
         return Rejected(source, None, source, "empty_text", "file is empty")
     # Chunk offsets count the BOM: they index the file as a plain UTF-8 reader (Python's open()) returns it.
-    return Document(id=source, text=text, source=source, line=None,
-                    text_offset=int(data.startswith(codecs.BOM_UTF8)))
+    return Document(id=source, text=text, source=source, line=None, text_offset=int(data.startswith(codecs.BOM_UTF8)))
 
 
-def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfig,
-                 keep: KeptFields | EveryField | None = None) -> Iterator[Document | Rejected]:
+def file_records(
+    open_raw: Callable[[], BinaryIO], path: str, config: InputConfig, keep: KeptFields | EveryField | None = None
+) -> Iterator[Document | Rejected]:
     """Every record of one file, in order: a Document or a Rejected per JSONL line, one per text file, and a
     ``truncated_file`` Rejected where compressed data ends early. ``open_raw`` opens the bytes as stored; ``keep``
     takes each JSONL record's kept fields (a text file has none)."""
@@ -157,20 +178,32 @@ def file_records(open_raw: Callable[[], BinaryIO], path: str, config: InputConfi
                     yield guarded_line(raw, source=path, line=lines_read, config=config, keep=keep)
             else:
                 data = stream.read(config.max_line_bytes + 1)
-                yield parse_text_file(data if len(data) <= config.max_line_bytes else None, source=path,
-                                      cap=config.max_line_bytes)
+                yield parse_text_file(
+                    data if len(data) <= config.max_line_bytes else None, source=path, cap=config.max_line_bytes
+                )
     except EOFError as e:  # a compressed stream cut short; the incomplete last line was never parsed
-        kept = (f"it breaks after line {lines_read}; the records before it were kept" if jsonl
-                else "the text is incomplete and was not kept")
+        kept = (
+            f"it breaks after line {lines_read}; the records before it were kept"
+            if jsonl
+            else "the text is incomplete and was not kept"
+        )
         yield Rejected(path, None, None, "truncated_file", f"compressed data ends early ({e}): {kept}")
 
 
-def guarded_line(raw: bytes | None, *, source: str, line: int, config: InputConfig,
-                 keep: KeptFields | EveryField | None = None) -> Document | Rejected:
+def guarded_line(
+    raw: bytes | None, *, source: str, line: int, config: InputConfig, keep: KeptFields | EveryField | None = None
+) -> Document | Rejected:
     """``parse_jsonl_line``, where a failure no check there foresaw still costs one line, never the rest of
     its file."""
     try:
-        return parse_jsonl_line(raw, source=source, line=line, id_field=config.id_field,
-                                text_field=config.text_field, cap=config.max_line_bytes, keep=keep)
+        return parse_jsonl_line(
+            raw,
+            source=source,
+            line=line,
+            id_field=config.id_field,
+            text_field=config.text_field,
+            cap=config.max_line_bytes,
+            keep=keep,
+        )
     except Exception as e:  # noqa: BLE001  one line's rejection, with the reason
         return Rejected(source, line, None, "malformed_json", writable(f"not parsed: {type(e).__name__}: {e}"))

@@ -4,6 +4,7 @@ Nothing is dropped silently: each matched path is read once, and every JSONL lin
 path that is not a readable file becomes exactly one Document or one Rejected, so
 ``docs_read == docs_embedded + docs_rejected`` holds by construction downstream.
 """
+
 from __future__ import annotations
 
 import errno
@@ -37,8 +38,12 @@ def match_local(pattern: str) -> list[str]:
         return [pattern] if os.path.lexists(pattern) and not os.path.isdir(pattern) else []
     is_match = re.compile(FileSystem.translate_pattern(pattern)).match
     # os.walk lists FIFOs, sockets, broken symlinks and loops among the files, symlinked folders among the folders.
-    return sorted(path for folder, _, names in os.walk(os.path.dirname(prefix))
-                  for path in (os.path.join(folder, name) for name in names) if is_match(path))
+    return sorted(
+        path
+        for folder, _, names in os.walk(os.path.dirname(prefix))
+        for path in (os.path.join(folder, name) for name in names)
+        if is_match(path)
+    )
 
 
 def match_paths(pattern: str) -> list[str]:
@@ -65,13 +70,20 @@ def named_path(path: str) -> tuple[str, str]:
         path.encode("utf-8")
     except UnicodeEncodeError:
         shown = os.fsencode(path).decode("utf-8", "backslashreplace")
-        return shown, (f"the file name {shown} is not UTF-8 (shown with \\x escapes), so its documents could not be "
-                       "named in the output; it was not read. Rename it in UTF-8 and the next run reads it")
+        return shown, (
+            f"the file name {shown} is not UTF-8 (shown with \\x escapes), so its documents could not be "
+            "named in the output; it was not read. Rename it in UTF-8 and the next run reads it"
+        )
     return path, ""
 
 
-_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"))
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
+)
 
 
 def unopenable(path: str) -> tuple[str, str] | None:
@@ -95,8 +107,9 @@ def unopenable(path: str) -> tuple[str, str] | None:
     return "not_regular_file", f"{path} is {what}, not a regular file; it was not opened"
 
 
-def path_records(path: str, config: InputConfig, keep: KeptFields | EveryField | None = None
-                 ) -> Iterator[Document | Rejected]:
+def path_records(
+    path: str, config: InputConfig, keep: KeptFields | EveryField | None = None
+) -> Iterator[Document | Rejected]:
     """The records of one matched path: one Rejected for a path that must not be opened, else ``file_records``.
 
     No retry here: on gs:// ``FileSystems.open`` reads through ``BeamBlobReader`` (apache_beam/io/gcp/gcsio.py:
@@ -109,8 +122,9 @@ def path_records(path: str, config: InputConfig, keep: KeptFields | EveryField |
     if problem:
         yield Rejected(path, None, None, *problem)
         return
-    yield from file_records(lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED),
-                            path, config, keep)
+    yield from file_records(
+        lambda: FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED), path, config, keep
+    )
 
 
 class _ParseFile(beam.DoFn):
@@ -131,9 +145,16 @@ class _ParseFile(beam.DoFn):
                 yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
         except Exception as e:  # an unreadable or corrupt file is one rejection, not a crashed job
             self._read.inc()
-            yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(
-                path, None, None, "unreadable_file",
-                writable(f"{type(e).__name__}: {e} (records before the failure were kept)")))
+            yield beam.pvalue.TaggedOutput(
+                REJECTED_TAG,
+                Rejected(
+                    path,
+                    None,
+                    None,
+                    "unreadable_file",
+                    writable(f"{type(e).__name__}: {e} (records before the failure were kept)"),
+                ),
+            )
 
 
 def keep_first_of_duplicates(item) -> Iterator:
@@ -142,9 +163,16 @@ def keep_first_of_duplicates(item) -> Iterator:
     ordered = sorted(docs, key=lambda d: (d.source, d.line or 0))
     yield ordered[0]
     for dup in ordered[1:]:
-        yield beam.pvalue.TaggedOutput(REJECTED_TAG, Rejected(
-            dup.source, dup.line, doc_id, "duplicate_id",
-            f"id {doc_id!r} already used at {ordered[0].source}:{ordered[0].line}"))
+        yield beam.pvalue.TaggedOutput(
+            REJECTED_TAG,
+            Rejected(
+                dup.source,
+                dup.line,
+                doc_id,
+                "duplicate_id",
+                f"id {doc_id!r} already used at {ordered[0].source}:{ordered[0].line}",
+            ),
+        )
 
 
 class ReadDocuments(beam.PTransform):
@@ -163,16 +191,21 @@ class ReadDocuments(beam.PTransform):
             | "KeyByFile" >> beam.Map(lambda named: ((same_file_key(named[0]), named[1]), named))
             | "ReadEachFileOnce" >> beam.CombinePerKey(min)  # overlapping patterns; also spreads files over workers
             | "Paths" >> beam.Values()
-            | "Parse" >> beam.ParDo(_ParseFile(self._config, self._keep)).with_outputs(REJECTED_TAG, main="documents"))
+            | "Parse" >> beam.ParDo(_ParseFile(self._config, self._keep)).with_outputs(REJECTED_TAG, main="documents")
+        )
         unique = (
             parsed.documents
             | "KeyById" >> beam.Map(lambda d: (d.id, d))
             | "GroupById" >> beam.GroupByKey()
-            | "DropDuplicates" >> beam.FlatMap(keep_first_of_duplicates).with_outputs(REJECTED_TAG, main="documents"))
+            | "DropDuplicates" >> beam.FlatMap(keep_first_of_duplicates).with_outputs(REJECTED_TAG, main="documents")
+        )
         rejected = (parsed[REJECTED_TAG], unique[REJECTED_TAG]) | "AllRejected" >> beam.Flatten()
         # Counted before de-duplication, independently of what later stages emit: the check on them.
-        docs_read = ((parsed.documents, parsed[REJECTED_TAG]) | "AllParsed" >> beam.Flatten()
-                     | "CountRead" >> beam.combiners.Count.Globally())
+        docs_read = (
+            (parsed.documents, parsed[REJECTED_TAG])
+            | "AllParsed" >> beam.Flatten()
+            | "CountRead" >> beam.combiners.Count.Globally()
+        )
         return {"documents": unique.documents, "rejected": rejected, "docs_read": docs_read}
 
 

@@ -6,6 +6,7 @@ the one list of what must match) equals this run's; the attention backend is not
 every backend is held to native's result. Then each document is joined by id with the previous rows (a Beam CoGroupByKey, so it scales with the corpus): the same content
 hash carries the previous vector over byte for byte, anything else is encoded.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,21 +16,35 @@ import logging
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import storage
 from docbeam.config import ConfigError
-from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.keep import with_kept
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store import storage
+from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 
 # A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
 # "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
 # vector without Dense modules, which None matches. A run before output.vector_dtype wrote float32, and one before
 # heads embedded (KEY_DEFAULTS). ``head`` is the head's own part (models/heads/: Head.reuse_key). A run before
 # model.task merged no task adapter ("task": None): vectors of another task are other vectors.
-KEY_FIELDS = ("weights_digest", "tokenizer_digest", "window_len", "stride", "long_documents", "pooling",
-              "normalize", "dtype", "prompt", "model_revision", "truncate_dim", "dense_digest", "vector_dtype", "head",
-              "task")
+KEY_FIELDS = (
+    "weights_digest",
+    "tokenizer_digest",
+    "window_len",
+    "stride",
+    "long_documents",
+    "pooling",
+    "normalize",
+    "dtype",
+    "prompt",
+    "model_revision",
+    "truncate_dim",
+    "dense_digest",
+    "vector_dtype",
+    "head",
+    "task",
+)
 KEY_DEFAULTS = {"vector_dtype": "float32", "head": "embedding"}
 log = logging.getLogger(__name__)
 
@@ -58,8 +73,11 @@ class ReuseDecision:
     reason: str  # why nothing is reused ("" when something may be)
 
     def describe(self) -> dict:
-        return {"from": self.source.path if self.source else None,
-                "run_id": self.source.run_id if self.source else None, "reason": self.reason}
+        return {
+            "from": self.source.path if self.source else None,
+            "run_id": self.source.run_id if self.source else None,
+            "reason": self.reason,
+        }
 
 
 def check_key(key: dict) -> dict:
@@ -67,23 +85,34 @@ def check_key(key: dict) -> dict:
     plan adds but KEY_FIELDS lacks would never be compared, and a change to it would reuse stale vectors."""
     extra, missing = sorted(set(key) - set(KEY_FIELDS)), sorted(set(KEY_FIELDS) - set(key))
     if extra or missing:
-        raise ValueError(f"reuse key fields {extra} are not in pipeline/stages/reuse.py KEY_FIELDS and {missing} "
-                         "are missing from the key: add each field to KEY_FIELDS and to the plan's key together")
+        raise ValueError(
+            f"reuse key fields {extra} are not in pipeline/stages/reuse.py KEY_FIELDS and {missing} "
+            "are missing from the key: add each field to KEY_FIELDS and to the plan's key together"
+        )
     return key
 
 
 def key_differences(previous: dict, current: dict) -> list[str]:
     """A field a key does not hold is what a run before that field existed used: its KEY_DEFAULTS entry, else
     None (no prompt, no Hub id)."""
+
     def value(key: dict, name: str):
         return key.get(name, KEY_DEFAULTS.get(name))
 
-    return [f"{name}: {value(previous, name)!r} then, {value(current, name)!r} now" for name in KEY_FIELDS
-            if value(previous, name) != value(current, name)]
+    return [
+        f"{name}: {value(previous, name)!r} then, {value(current, name)!r} now"
+        for name in KEY_FIELDS
+        if value(previous, name) != value(current, name)
+    ]
 
 
-def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str = "document",
-           folder: str = output_lib.EMBEDDINGS) -> ReuseDecision:
+def decide(
+    reuse_from: str | None,
+    key: dict,
+    on_mismatch: str,
+    granularity: str = "document",
+    folder: str = output_lib.EMBEDDINGS,
+) -> ReuseDecision:
     """Whether ``reuse_from`` can be reused, checked on the driver before the job starts. With
     ``on_mismatch: fail`` anything but a usable source stops the run at start (exit 2). Only document rows
     are carried over, so a run that writes chunk rows (``granularity``) reuses nothing: a reused document
@@ -92,19 +121,27 @@ def decide(reuse_from: str | None, key: dict, on_mismatch: str, granularity: str
     if not reuse_from:
         return ReuseDecision(None, "")
     if granularity != "document":
-        manifest, reason = None, (f"output.granularity={granularity} writes chunk rows, and an incremental run "
-                                  "carries over only document vectors (set output.granularity: document to reuse)")
+        manifest, reason = (
+            None,
+            (
+                f"output.granularity={granularity} writes chunk rows, and an incremental run "
+                "carries over only document vectors (set output.granularity: document to reuse)"
+            ),
+        )
     else:
         manifest, reason = _read_reusable(reuse_from, key, folder)
     if reason is None:
-        files = tuple(storage.join(reuse_from, f["path"]) for f in manifest["files"]
-                      if output_lib.in_folder(f["path"], folder))
+        files = tuple(
+            storage.join(reuse_from, f["path"]) for f in manifest["files"] if output_lib.in_folder(f["path"], folder)
+        )
         log.info("reusing vectors of run %s from %s", manifest["run_id"], reuse_from)
         calibration = (manifest.get("embedding") or {}).get("calibration")
         return ReuseDecision(ReuseSource(reuse_from, manifest["run_id"], files, calibration), "")
     if on_mismatch == "fail":
-        raise ConfigError(f"input.reuse_from={reuse_from!r} cannot be reused: {reason} "
-                          "(input.reuse_mismatch is fail; set it to encode_all to encode everything instead)")
+        raise ConfigError(
+            f"input.reuse_from={reuse_from!r} cannot be reused: {reason} "
+            "(input.reuse_mismatch is fail; set it to encode_all to encode everything instead)"
+        )
     log.warning("input.reuse_from=%s is not reused, encoding everything: %s", reuse_from, reason)
     return ReuseDecision(None, reason)
 
@@ -136,8 +173,10 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict, folder: str) -> 
         if sizes.get(path) != f["size"]:
             return f"its file {f['path']} is missing or not the size its manifest says ({f['size']} bytes)"
         if "checksum" not in f:
-            return f"run {manifest['run_id']} recorded no checksums (written before they were), so its files " \
-                   "cannot be checked"
+            return (
+                f"run {manifest['run_id']} recorded no checksums (written before they were), so its files "
+                "cannot be checked"
+            )
         if storage.checksum(path) != f["checksum"]:
             return f"its file {f['path']} does not match the checksum its manifest lists ({f['checksum']}): damaged"
     return None
@@ -154,15 +193,19 @@ class SplitByReuse(beam.PTransform):
     def expand(self, documents):
         from apache_beam.io.parquetio import ReadAllFromParquet
 
-        previous = (documents.pipeline
-                    | "PreviousFiles" >> beam.Create(self._source.files)
-                    | "ReadPrevious" >> ReadAllFromParquet(columns=row_fields(self._head))
-                    | "KeyPrevious" >> beam.Map(lambda row: (row["id"], row)))
+        previous = (
+            documents.pipeline
+            | "PreviousFiles" >> beam.Create(self._source.files)
+            | "ReadPrevious" >> ReadAllFromParquet(columns=row_fields(self._head))
+            | "KeyPrevious" >> beam.Map(lambda row: (row["id"], row))
+        )
         current = documents | "KeyDocuments" >> beam.Map(lambda d: (d.id, d))
-        split = ({"document": current, "previous": previous}
-                 | "JoinById" >> beam.CoGroupByKey()
-                 | "ReuseOrEncode" >> beam.FlatMap(_reuse_or_encode, self._head, self._prompt).with_outputs(
-                     "reused", main="to_encode"))
+        split = (
+            {"document": current, "previous": previous}
+            | "JoinById" >> beam.CoGroupByKey()
+            | "ReuseOrEncode"
+            >> beam.FlatMap(_reuse_or_encode, self._head, self._prompt).with_outputs("reused", main="to_encode")
+        )
         return {"to_encode": split.to_encode, "reused": split.reused}
 
 
@@ -195,7 +238,10 @@ def reusable_row(doc: Document, previous: list[dict], head, prompt: str | None =
         return None
     row = previous[0]
     if not head.reusable(row):
-        log.warning("document %r: its previous %s row is not of this run's shape or not finite; encoding it again",
-                    doc.id, head.name)
+        log.warning(
+            "document %r: its previous %s row is not of this run's shape or not finite; encoding it again",
+            doc.id,
+            head.name,
+        )
         return None
     return with_kept({name: row[name] for name in row_fields(head)}, doc.kept)

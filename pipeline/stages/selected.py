@@ -1,14 +1,15 @@
 """SelectDocuments: ``selected/``, the documents whose row meets ``output.select.where`` (a curation job's kept
 set), one JSON line each (``{"id"}``, with ``"text"`` under ``with_text``), written through a Beam sink into the
 run's staging folder and committed with it or not at all."""
+
 from __future__ import annotations
 
 import json
 
 import apache_beam as beam
 
-from docbeam.selection import evaluate, parse
 from docbeam.pipeline.store.output import SELECTED, part_prefix
+from docbeam.selection import evaluate, parse
 
 
 def _meets(row: dict, tree: tuple, labels: tuple[str, ...]) -> bool:
@@ -28,8 +29,16 @@ class SelectDocuments(beam.PTransform):
     """Input ``{"rows": the head's rows (encoded and reused), "documents": Documents (read only with_text)}``;
     outputs ``written`` (the files) and ``selected`` (one element per selected document, for the count)."""
 
-    def __init__(self, staging_path: str, run_id: str, where: str, *, labels: tuple[str, ...] = (),
-                 with_text: bool = False, num_shards: int = 0):
+    def __init__(
+        self,
+        staging_path: str,
+        run_id: str,
+        where: str,
+        *,
+        labels: tuple[str, ...] = (),
+        with_text: bool = False,
+        num_shards: int = 0,
+    ):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._tree, self._labels, self._with_text = parse(where), labels, with_text
@@ -39,10 +48,14 @@ class SelectDocuments(beam.PTransform):
         ids = selected | "SelectedIds" >> beam.Map(lambda row: row["id"])
         if self._with_text:
             texts = inputs["documents"] | "Texts" >> beam.Map(lambda d: (d.id, d.text))
-            lines = ({"selected": ids | "KeyIds" >> beam.Map(lambda i: (i, None)), "text": texts}
-                     | "JoinTexts" >> beam.CoGroupByKey() | "WithText" >> beam.FlatMap(_line))
+            lines = (
+                {"selected": ids | "KeyIds" >> beam.Map(lambda i: (i, None)), "text": texts}
+                | "JoinTexts" >> beam.CoGroupByKey()
+                | "WithText" >> beam.FlatMap(_line)
+            )
         else:
             lines = ids | "IdLines" >> beam.Map(lambda i: json.dumps({"id": i}, ensure_ascii=False))
         written = lines | "WriteSelected" >> beam.io.WriteToText(
-            part_prefix(self._out, SELECTED, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards)
+            part_prefix(self._out, SELECTED, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards
+        )
         return {"written": written, "selected": ids}

@@ -11,6 +11,7 @@ embeds it or it leaves the input, since a rejection (a line too long, a non-fini
 whether the document still exists; a run that rejected a record without an id removes nothing at all. An id
 holding a line break is never written to ``delete/`` (it would read back as two ids): its datapoint stays.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,10 @@ def vertex_record(row: dict, restricts: tuple[str, ...], json_fields: tuple[str,
         record["embedding"] = shortest_floats(row["embedding"])
     if row.get("sparse_embedding") is not None:
         sparse = row["sparse_embedding"]
-        record["sparse_embedding"] = {"values": shortest_floats(sparse["values"]),
-                                      "dimensions": [int(i) for i in sparse["indices"]]}
+        record["sparse_embedding"] = {
+            "values": shortest_floats(sparse["values"]),
+            "dimensions": [int(i) for i in sparse["indices"]],
+        }
     namespaces = [{"namespace": f, "allow": restrict_values(value(f))} for f in restricts]
     namespaces = [n for n in namespaces if n["allow"]]
     if namespaces:
@@ -86,25 +89,37 @@ class RemovedIds(beam.PTransform):
     def expand(self, inputs):
         from apache_beam.io.parquetio import ReadAllFromParquet
 
-        previous = (inputs["documents"].pipeline
-                    | "PreviousIdFiles" >> beam.Create(self._files)
-                    | "ReadPreviousIds" >> ReadAllFromParquet(columns=["id"])
-                    | "KeyPreviousIds" >> beam.Map(lambda row: (row["id"], None)))
-        present = ((inputs["documents"] | "ReadIds" >> beam.Map(lambda d: d.id),
-                    inputs["rejected"] | "RejectedIds" >> beam.FlatMap(lambda r: [r.id] if r.id is not None else []))
-                   | "PresentIds" >> beam.Flatten()
-                   | "KeyPresentIds" >> beam.Map(lambda i: (i, None)))
-        unnamed = (inputs["rejected"] | "UnnamedRejections" >> beam.Filter(lambda r: r.id is None)
-                   | "CountUnnamed" >> beam.combiners.Count.Globally())
-        return ({"previous": previous, "present": present}
-                | "JoinIds" >> beam.CoGroupByKey()
-                | "Removed" >> beam.FlatMap(removed_ids, beam.pvalue.AsSingleton(unnamed)))
+        previous = (
+            inputs["documents"].pipeline
+            | "PreviousIdFiles" >> beam.Create(self._files)
+            | "ReadPreviousIds" >> ReadAllFromParquet(columns=["id"])
+            | "KeyPreviousIds" >> beam.Map(lambda row: (row["id"], None))
+        )
+        present = (
+            (
+                inputs["documents"] | "ReadIds" >> beam.Map(lambda d: d.id),
+                inputs["rejected"] | "RejectedIds" >> beam.FlatMap(lambda r: [r.id] if r.id is not None else []),
+            )
+            | "PresentIds" >> beam.Flatten()
+            | "KeyPresentIds" >> beam.Map(lambda i: (i, None))
+        )
+        unnamed = (
+            inputs["rejected"]
+            | "UnnamedRejections" >> beam.Filter(lambda r: r.id is None)
+            | "CountUnnamed" >> beam.combiners.Count.Globally()
+        )
+        return (
+            {"previous": previous, "present": present}
+            | "JoinIds" >> beam.CoGroupByKey()
+            | "Removed" >> beam.FlatMap(removed_ids, beam.pvalue.AsSingleton(unnamed))
+        )
 
 
 def write_ids(staging_path: str, run_id: str, folder: str, num_shards: int = 0) -> beam.io.WriteToText:
     """One id a line into ``folder`` of the run's staging folder (``vertex_ai/delete/``)."""
-    return beam.io.WriteToText(part_prefix(staging_path.rstrip("/"), folder, run_id), file_name_suffix=".txt",
-                               num_shards=num_shards)
+    return beam.io.WriteToText(
+        part_prefix(staging_path.rstrip("/"), folder, run_id), file_name_suffix=".txt", num_shards=num_shards
+    )
 
 
 class WriteVertexAI(beam.PTransform):
@@ -112,19 +127,32 @@ class WriteVertexAI(beam.PTransform):
     written files' names (a tuple of PCollections): Vector Search's batch root under ``vertex_ai/`` and, for the
     removed ids, its ``delete/`` folder."""
 
-    def __init__(self, staging_path: str, run_id: str, restricts: tuple[str, ...], num_shards: int = 0,
-                 json_fields: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        staging_path: str,
+        run_id: str,
+        restricts: tuple[str, ...],
+        num_shards: int = 0,
+        json_fields: tuple[str, ...] = (),
+    ):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._restricts, self._json_fields = restricts, json_fields
 
     def expand(self, inputs):
         restricts, json_fields = self._restricts, self._json_fields
-        written = [inputs["rows"]
-                   | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
-                   | "WriteVertexJson" >> beam.io.WriteToText(part_prefix(self._out, VERTEX_AI, self._run_id),
-                                                              file_name_suffix=".json", num_shards=self._shards)]
+        written = [
+            inputs["rows"]
+            | "VertexJson" >> beam.Map(lambda r: json.dumps(vertex_record(r, restricts, json_fields)))
+            | "WriteVertexJson"
+            >> beam.io.WriteToText(
+                part_prefix(self._out, VERTEX_AI, self._run_id), file_name_suffix=".json", num_shards=self._shards
+            )
+        ]
         if inputs.get("removed") is not None:  # an id with a line break stays in the index (never a wrong delete)
-            written.append(inputs["removed"] | "OneLineIds" >> beam.Filter(one_line)
-                           | "WriteVertexDelete" >> write_ids(self._out, self._run_id, VERTEX_DELETE, self._shards))
+            written.append(
+                inputs["removed"]
+                | "OneLineIds" >> beam.Filter(one_line)
+                | "WriteVertexDelete" >> write_ids(self._out, self._run_id, VERTEX_DELETE, self._shards)
+            )
         return tuple(written)

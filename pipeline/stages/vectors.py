@@ -6,13 +6,13 @@ dimension's range onto 256 steps; the ranges (the per-dimension min and max) com
 (one global combine), because ranges from a bundle would give two documents different scales. They
 are recorded in the manifest so a query can be quantized (or a vector restored) the same way.
 """
+
 from __future__ import annotations
 
 import apache_beam as beam
 import numpy as np
 
-from docbeam.models.heads.vector_types import (VALUE_TYPES, VECTOR_DTYPES, describe, embedding_type,  # noqa: F401
-                                               known, list_size)
+from docbeam.models.heads.vector_types import VALUE_TYPES, VECTOR_DTYPES, describe, embedding_type, known, list_size  # noqa: F401
 from docbeam.pipeline.records import REJECTED_TAG, Rejected
 
 CALIBRATED = ("int8", "uint8")  # the dtypes whose values depend on per-dimension ranges
@@ -56,8 +56,11 @@ class RangesFn(beam.CombineFn):
 
     def add_input(self, acc, vector):
         vector = np.asarray(vector, np.float32)
-        return (vector, vector.copy(), 1) if acc is None else (
-            np.minimum(acc[0], vector), np.maximum(acc[1], vector), acc[2] + 1)
+        return (
+            (vector, vector.copy(), 1)
+            if acc is None
+            else (np.minimum(acc[0], vector), np.maximum(acc[1], vector), acc[2] + 1)
+        )
 
     def merge_accumulators(self, accs):
         out = None
@@ -77,9 +80,14 @@ def quantize_row(row: dict, vector_dtype: str, calibration: dict | None = None) 
     an embedding written is always finite."""
     (vector,) = quantize(np.asarray([row["embedding"]], np.float32), vector_dtype, ranges_of(calibration))
     if not np.all(np.isfinite(vector)):
-        return Rejected(source="", line=None, id=row["id"], kind="non_finite",
-                        reason=f"the embedding has values beyond {vector_dtype}'s range (largest magnitude "
-                               f"{np.abs(np.asarray(row['embedding'])).max():.6g}); not written: choose float32")
+        return Rejected(
+            source="",
+            line=None,
+            id=row["id"],
+            kind="non_finite",
+            reason=f"the embedding has values beyond {vector_dtype}'s range (largest magnitude "
+            f"{np.abs(np.asarray(row['embedding'])).max():.6g}); not written: choose float32",
+        )
     return {**row, "embedding": vector.tolist()}
 
 
@@ -105,11 +113,15 @@ class QuantizeVectors(beam.PTransform):
         if self._dtype in CALIBRATED and self._keep is not None:
             calibration = rows.pipeline | "KeepCalibration" >> beam.Create([self._keep])
         elif self._dtype in CALIBRATED:
-            calibration = (rows | "Vectors" >> beam.Map(lambda row: row["embedding"])
-                           | "Calibrate" >> beam.CombineGlobally(RangesFn(self._run_id)))
+            calibration = (
+                rows
+                | "Vectors" >> beam.Map(lambda row: row["embedding"])
+                | "Calibrate" >> beam.CombineGlobally(RangesFn(self._run_id))
+            )
         if calibration is not None:
             out["calibration"] = calibration
             calibration = beam.pvalue.AsSingleton(calibration)
         quantized = rows | "Quantize" >> beam.FlatMap(_quantized, self._dtype, calibration).with_outputs(
-            REJECTED_TAG, main="rows")
+            REJECTED_TAG, main="rows"
+        )
         return {"rows": quantized.rows, "rejected": quantized[REJECTED_TAG], **out}

@@ -3,6 +3,7 @@
 Everything is written through Beam sinks (temporary files finalised once), so a retried bundle leaves
 no duplicates.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -10,37 +11,49 @@ import json
 import time
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from docbeam.pipeline.telemetry import memory_trend
-from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
-from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
-from docbeam.pipeline.stages.keep import with_kept
 from docbeam.models.heads import NonFinite
 from docbeam.models.heads.embedding import document_vector
+from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
+from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
+from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE, StageClock, fallback_key, metric_name
+
 
 def rows_schema(head) -> pa.Schema:
     """The schema of a head's row files (embeddings/, scores/): the id, the head's own columns (models/heads/),
     then what every row says of the document's tokens, windows and content."""
-    return pa.schema([
-        ("id", pa.string()),
-        *head.columns(),
-        ("num_tokens", pa.int32()),
-        ("num_windows", pa.int32()),
-        ("truncated", pa.bool_()),
-        ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
-    ])
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            *head.columns(),
+            ("num_tokens", pa.int32()),
+            ("num_windows", pa.int32()),
+            ("truncated", pa.bool_()),
+            ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
+        ]
+    )
 
 
 def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
     """The embeddings files' schema: ``embedding`` is a fixed_size_list of ``dim`` values (models/heads/vector_types.py)."""
     from docbeam.models.heads.embedding import EmbeddingHead
 
-    return rows_schema(EmbeddingHead(name="embedding", pooling="mean", layers=(), width=dim, folder=EMBEDDINGS,
-                                     normalize=False, truncate_dim=None, vector_dtype=vector_dtype))
+    return rows_schema(
+        EmbeddingHead(
+            name="embedding",
+            pooling="mean",
+            layers=(),
+            width=dim,
+            folder=EMBEDDINGS,
+            normalize=False,
+            truncate_dim=None,
+            vector_dtype=vector_dtype,
+        )
+    )
 
 
 def document_row(head, windows: list[WindowEmbedding]) -> dict | Rejected:
@@ -49,8 +62,7 @@ def document_row(head, windows: list[WindowEmbedding]) -> dict | Rejected:
     return _written(head.document_row(windows), windows)
 
 
-def pool_windows(windows: list[WindowEmbedding], normalize: bool,
-                 truncate_dim: int | None = None) -> dict | Rejected:
+def pool_windows(windows: list[WindowEmbedding], normalize: bool, truncate_dim: int | None = None) -> dict | Rejected:
     """The embedding head's document vector (models/heads/embedding.py document_vector): token-weighted mean of
     the windows, truncated, normalised; a ``non_finite`` rejection naming the bucket and backend otherwise."""
     return _written(document_vector(windows, normalize, truncate_dim), windows)
@@ -90,9 +102,11 @@ class PoolDocuments(beam.PTransform):
 
         keyed = windows["windows"] | "KeyByDocument" >> beam.Map(lambda w: (w.doc_id, w))
         kept = {"kept": windows["kept"]} if "kept" in windows else {}
-        pooled = ({"windows": keyed, "hash": windows["hashes"], **kept}
-                  | "GroupWindows" >> beam.CoGroupByKey()
-                  | "Pool" >> beam.FlatMap(pool).with_outputs(REJECTED_TAG, main="embeddings"))
+        pooled = (
+            {"windows": keyed, "hash": windows["hashes"], **kept}
+            | "GroupWindows" >> beam.CoGroupByKey()
+            | "Pool" >> beam.FlatMap(pool).with_outputs(REJECTED_TAG, main="embeddings")
+        )
         return {"embeddings": pooled.embeddings, "rejected": pooled[REJECTED_TAG]}
 
 
@@ -127,11 +141,17 @@ def _merge(a: dict, b: dict) -> dict:
 
 
 def timing_stats(t: dict) -> dict:
-    stats = {"batches": 1, "windows": t["real_rows"], "real_tokens": t["real_tokens"],
-             "padded_tokens": t["padded_tokens"],
-             "compiles": int(t["compiled"]), "attention_backends": {t["attention_backend"]: 1},
-             "buckets": {str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"],
-                                                "padded_tokens": t["padded_tokens"]}}}
+    stats = {
+        "batches": 1,
+        "windows": t["real_rows"],
+        "real_tokens": t["real_tokens"],
+        "padded_tokens": t["padded_tokens"],
+        "compiles": int(t["compiled"]),
+        "attention_backends": {t["attention_backend"]: 1},
+        "buckets": {
+            str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"], "padded_tokens": t["padded_tokens"]}
+        },
+    }
     if t["fallback_reason"]:
         key = fallback_key(t["attention_requested"], t["attention_backend"], t["fallback_reason"])
         stats["fallbacks"] = {key: 1}
@@ -140,8 +160,12 @@ def timing_stats(t: dict) -> dict:
 
 def memory_sample(t: dict) -> tuple[str, tuple[str, float, float, int]]:
     nan = float("nan")
-    return memory_trend.worker_key(t), (t.get("started_at", ""), t.get("memory_in_use_bytes", nan),
-                                        t.get("memory_peak_bytes", nan), t.get("compiling_ahead", 0))
+    return memory_trend.worker_key(t), (
+        t.get("started_at", ""),
+        t.get("memory_in_use_bytes", nan),
+        t.get("memory_peak_bytes", nan),
+        t.get("compiling_ahead", 0),
+    )
 
 
 def memory_trend_stats(worker: str, samples) -> dict:
@@ -152,8 +176,11 @@ def memory_trend_stats(worker: str, samples) -> dict:
 
 def startup_stats(startup: dict) -> dict:
     """An encoder's compilations ahead of its first batch count among the run's compilations."""
-    return {"compiles": len(startup["compiles"]), "compiles_ahead": len(startup["compiles"]),
-            "compile_cache_hits_ahead": sum(c["cache_hits"] for c in startup["compiles"])}
+    return {
+        "compiles": len(startup["compiles"]),
+        "compiles_ahead": len(startup["compiles"]),
+        "compile_cache_hits_ahead": sum(c["cache_hits"] for c in startup["compiles"]),
+    }
 
 
 class WriteOutputs(beam.PTransform):
@@ -164,9 +191,19 @@ class WriteOutputs(beam.PTransform):
     names: waiting on them is waiting for every file to be final). ``schema``: embeddings_schema(dim, dtype);
     ``calibration`` (optional input): the int8/uint8 ranges, which summary.json and the manifest record."""
 
-    def __init__(self, staging_path: str, run_id: str, num_shards: int = 0, *, schema: pa.Schema,
-                 kept_columns: tuple[pa.Field, ...] = (), write_embeddings: bool = True, folder: str = EMBEDDINGS,
-                 labels: bool = False, row_stats=None):
+    def __init__(
+        self,
+        staging_path: str,
+        run_id: str,
+        num_shards: int = 0,
+        *,
+        schema: pa.Schema,
+        kept_columns: tuple[pa.Field, ...] = (),
+        write_embeddings: bool = True,
+        folder: str = EMBEDDINGS,
+        labels: bool = False,
+        row_stats=None,
+    ):
         super().__init__()
         self._schema = pa.schema([*schema, *kept_columns])  # kept columns: pipeline/stages/keep.py
         self._out = staging_path.rstrip("/")
@@ -179,8 +216,13 @@ class WriteOutputs(beam.PTransform):
     def expand(self, outputs):
         from apache_beam.io.parquetio import WriteToParquet
 
-        encoded, reused, timing, rejected, docs_read = (outputs["encoded"], outputs["reused"], outputs["timing"],
-                                                        outputs["rejected"], outputs["docs_read"])
+        encoded, reused, timing, rejected, docs_read = (
+            outputs["encoded"],
+            outputs["reused"],
+            outputs["timing"],
+            outputs["rejected"],
+            outputs["docs_read"],
+        )
         embeddings = (encoded, reused) | "AllEmbeddings" >> beam.Flatten()
         rejected_counter = {}
         embedded_counter = Metrics.counter(METRICS_NAMESPACE, "docs_embedded")
@@ -188,8 +230,12 @@ class WriteOutputs(beam.PTransform):
         def embedded_stats(row):
             embedded_counter.inc()
             labels = {"labels": {str(row["label"]): 1}} if self._labels else {}  # "None": regression
-            return {"docs_embedded": 1, "doc_tokens": row["num_tokens"], **labels,
-                    **(self._row_stats(row) if self._row_stats else {})}
+            return {
+                "docs_embedded": 1,
+                "doc_tokens": row["num_tokens"],
+                **labels,
+                **(self._row_stats(row) if self._row_stats else {}),
+            }
 
         def rejected_json(r):
             name = metric_name(DOCS_REJECTED, r.kind)
@@ -197,28 +243,59 @@ class WriteOutputs(beam.PTransform):
             return json.dumps(r.to_json(), ensure_ascii=False)
 
         written = (
-            *([embeddings | "WriteEmbeddings" >> WriteToParquet(
-                part_prefix(self._out, self._folder, self._run_id), self._schema, file_name_suffix=".parquet",
-                num_shards=self._shards, use_compliant_nested_type=True)]  # LIST of "element": what BigQuery expects
-              if self._write_embeddings else []),
-            timing | "TimingJson" >> beam.Map(json.dumps) | "WriteTiming" >> beam.io.WriteToText(
-                part_prefix(self._out, TIMING, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards),
-            rejected | "ErrorsJson" >> beam.Map(rejected_json) | "WriteErrors" >> beam.io.WriteToText(
-                part_prefix(self._out, ERRORS, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards))
+            *(
+                [
+                    embeddings
+                    | "WriteEmbeddings"
+                    >> WriteToParquet(
+                        part_prefix(self._out, self._folder, self._run_id),
+                        self._schema,
+                        file_name_suffix=".parquet",
+                        num_shards=self._shards,
+                        use_compliant_nested_type=True,
+                    )
+                ]  # LIST of "element": what BigQuery expects
+                if self._write_embeddings
+                else []
+            ),
+            timing
+            | "TimingJson" >> beam.Map(json.dumps)
+            | "WriteTiming"
+            >> beam.io.WriteToText(
+                part_prefix(self._out, TIMING, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards
+            ),
+            rejected
+            | "ErrorsJson" >> beam.Map(rejected_json)
+            | "WriteErrors"
+            >> beam.io.WriteToText(
+                part_prefix(self._out, ERRORS, self._run_id), file_name_suffix=".jsonl", num_shards=self._shards
+            ),
+        )
         stats = (
-            (docs_read | "ReadStats" >> beam.Map(lambda n: {"docs_read": n}),
-             embeddings | "EmbeddedStats" >> beam.Map(embedded_stats),
-             encoded | "EncodedStats" >> beam.Map(lambda e: {"docs_encoded": 1}),
-             reused | "ReusedStats" >> beam.Map(lambda e: {"docs_reused": 1, "tokens_reused": e["num_tokens"]}),
-             rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
-             timing | "TimingStats" >> beam.Map(timing_stats),
-             timing | "MemorySamples" >> beam.Map(memory_sample) | "ByWorker" >> beam.GroupByKey()
-             | "MemoryTrend" >> beam.MapTuple(memory_trend_stats),
-             *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []),
-             *([outputs["calibration"] | "CalibrationStats" >> beam.Map(lambda c: {"calibration": c} if c else {})]
-               if "calibration" in outputs else []),
-             *([outputs["selected"] | "SelectedStats" >> beam.Map(lambda _: {"docs_selected": 1})]
-               if "selected" in outputs else []))
+            (
+                docs_read | "ReadStats" >> beam.Map(lambda n: {"docs_read": n}),
+                embeddings | "EmbeddedStats" >> beam.Map(embedded_stats),
+                encoded | "EncodedStats" >> beam.Map(lambda e: {"docs_encoded": 1}),
+                reused | "ReusedStats" >> beam.Map(lambda e: {"docs_reused": 1, "tokens_reused": e["num_tokens"]}),
+                rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
+                timing | "TimingStats" >> beam.Map(timing_stats),
+                timing
+                | "MemorySamples" >> beam.Map(memory_sample)
+                | "ByWorker" >> beam.GroupByKey()
+                | "MemoryTrend" >> beam.MapTuple(memory_trend_stats),
+                *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []),
+                *(
+                    [outputs["calibration"] | "CalibrationStats" >> beam.Map(lambda c: {"calibration": c} if c else {})]
+                    if "calibration" in outputs
+                    else []
+                ),
+                *(
+                    [outputs["selected"] | "SelectedStats" >> beam.Map(lambda _: {"docs_selected": 1})]
+                    if "selected" in outputs
+                    else []
+                ),
+            )
             | "AllStats" >> beam.Flatten()
-            | "SumStats" >> beam.CombineGlobally(_SumDicts()))
+            | "SumStats" >> beam.CombineGlobally(_SumDicts())
+        )
         return {"stats": stats, "written": written}

@@ -6,6 +6,7 @@ instant between them shows that each one leaves an output the next run can recov
 thread that installed it (a concurrent run in another thread is not counted) unless ``every_thread``: the
 end-to-end test's commit runs in a Beam worker thread.
 """
+
 from __future__ import annotations
 
 import contextlib

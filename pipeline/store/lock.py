@@ -7,6 +7,7 @@ a conditional write (pipeline/store/versioned.write_if) from the version just re
 racing for it exactly one wins. The lock names its holder by run id and token (the token grows by one at
 each takeover): the ``Fence`` the commit carries proves, before each step, that the lock still names it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,9 +23,9 @@ from typing import Callable
 
 import psutil
 
+from docbeam.errors import Refused
 from docbeam.pipeline.store import storage, versioned
 from docbeam.pipeline.store.output import LOCK
-from docbeam.errors import Refused
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 600.0  # ten missed heartbeats and more: the owner is gone (README "Runs and commits")
@@ -64,9 +65,16 @@ class Owner:
     def from_bytes(cls, data: bytes) -> "Owner":
         raw = json.loads(data)
         pending = raw.get("pending")
-        return cls(str(raw["run_id"]), str(raw["host"]), int(raw["pid"]), float(raw["process_started"]),
-                   float(raw["heartbeat"]), int(raw.get("token", 0)), str(raw.get("state", RUNNING)),
-                   None if pending is None else str(pending))
+        return cls(
+            str(raw["run_id"]),
+            str(raw["host"]),
+            int(raw["pid"]),
+            float(raw["process_started"]),
+            float(raw["heartbeat"]),
+            int(raw.get("token", 0)),
+            str(raw.get("state", RUNNING)),
+            None if pending is None else str(pending),
+        )
 
     def who(self) -> str:
         age = time.time() - self.heartbeat
@@ -139,7 +147,7 @@ class Fence:
 
     def update(self, change: Callable[[Owner], Owner]) -> Owner:
         if self._last:
-            (current, version), = self._last
+            ((current, version),) = self._last
             if (new := self._write(change(current), version)) is not None:
                 return new
         for _ in range(8):  # our own heartbeat may have written in between: read again
@@ -191,8 +199,10 @@ class Fence:
     def _raise_unless_mine(self, current: Owner | None) -> None:
         if current is None or (current.run_id, current.token) != (self.run_id, self.token):
             holder = current.who() if current else "nobody"
-            raise LockLost(f"the output lock {self.path} is held by {holder}, not by this run {self.run_id} "
-                           f"(token {self.token}); refusing to change the output")
+            raise LockLost(
+                f"the output lock {self.path} is held by {holder}, not by this run {self.run_id} "
+                f"(token {self.token}); refusing to change the output"
+            )
 
 
 class OutputLock:
@@ -208,8 +218,9 @@ class OutputLock:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def acquire(cls, output: str, run_id: str, *, force: bool = False, owner: Owner | None = None,
-                heartbeat: bool = True) -> "OutputLock":
+    def acquire(
+        cls, output: str, run_id: str, *, force: bool = False, owner: Owner | None = None, heartbeat: bool = True
+    ) -> "OutputLock":
         """``owner``: who takes the lock (default: this process; a test names a dead process's run)."""
         path = storage.join(output, LOCK)
         me = owner or Owner.me(run_id)
@@ -221,11 +232,14 @@ class OutputLock:
             if current is not None:
                 stale = why_stale(current, time.time(), me.host)
                 if stale is None and not force:
-                    raise LockHeld(f"output {output} is being written by {current.who()}; wait for it, or "
-                                   f"pass --force if you know it is gone (a lock is stale after "
-                                   f"{STALE_AFTER_S:.0f} s without a heartbeat)")
-                dead = stale is not None and (current.pid < 0 or (
-                    current.host == me.host and not _alive(current.pid, current.process_started)))
+                    raise LockHeld(
+                        f"output {output} is being written by {current.who()}; wait for it, or "
+                        f"pass --force if you know it is gone (a lock is stale after "
+                        f"{STALE_AFTER_S:.0f} s without a heartbeat)"
+                    )
+                dead = stale is not None and (
+                    current.pid < 0 or (current.host == me.host and not _alive(current.pid, current.process_started))
+                )
                 pending = current.run_id if current.state == COMMITTED else current.pending
                 mine = dataclasses.replace(me, token=current.token + 1, pending=pending)
             if versioned.write_if(path, mine.to_bytes(), version):
@@ -236,8 +250,10 @@ class OutputLock:
                     lock._start_heartbeat()
                 return lock
         current = read_owner(path)
-        raise LockHeld(f"output {output}: another run took the lock at the same moment "
-                       f"({current.who() if current else 'and released it'})")
+        raise LockHeld(
+            f"output {output}: another run took the lock at the same moment "
+            f"({current.who() if current else 'and released it'})"
+        )
 
     def check(self) -> None:
         """Raise LockLost unless the lock still names this run."""

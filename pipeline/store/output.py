@@ -6,6 +6,7 @@ An output folder holds one committed run: the files its ``_manifest.json`` lists
 provably wrote: a manifest, intent or staging marker of its own format naming its own run; every other file
 is foreign, left alone, and makes a folder without a manifest refused at start.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +18,9 @@ import posixpath
 import re
 import secrets
 
+from docbeam.errors import Refused
 from docbeam.pipeline.store import storage, versioned
 from docbeam.pipeline.store.paths import normalize_folder
-from docbeam.errors import Refused
 
 STAGING = "_staging"
 MANIFEST = "_manifest.json"
@@ -82,14 +83,14 @@ def in_folder(rel: str, folder: str) -> bool:
 
 
 def relative(output: str, path: str) -> str:
-    return path[len(output.rstrip("/")) + 1:]
+    return path[len(output.rstrip("/")) + 1 :]
 
 
 def inside(output: str, path: str) -> bool:
     """Whether ``path`` lies strictly under the folder ``output`` (no ``..`` tricks)."""
     base = normalize_folder(output) + "/"
     path = path if storage.is_remote(path) else os.path.normpath(path)
-    return path.startswith(base) and ".." not in path[len(base):].split("/")
+    return path.startswith(base) and ".." not in path[len(base) :].split("/")
 
 
 def carries_run(rel: str, run_id: str) -> bool:
@@ -100,8 +101,15 @@ def carries_run(rel: str, run_id: str) -> bool:
 
 def plain_relative(rel: object) -> bool:
     """A file path as a manifest or intent may list it: relative, one spelling, not a folder."""
-    return (isinstance(rel, str) and rel != "" and not rel.startswith("/") and not rel.endswith("/")
-            and posixpath.normpath(rel) == rel and not rel.startswith("..") and not storage.is_remote(rel))
+    return (
+        isinstance(rel, str)
+        and rel != ""
+        and not rel.startswith("/")
+        and not rel.endswith("/")
+        and posixpath.normpath(rel) == rel
+        and not rel.startswith("..")
+        and not storage.is_remote(rel)
+    )
 
 
 def parse_manifest(data: bytes | None, path: str) -> dict | None:
@@ -110,12 +118,16 @@ def parse_manifest(data: bytes | None, path: str) -> dict | None:
     manifest = json.loads(data)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
-        raise OutputRefused(f"{path} is not a docbeam manifest (format {found!r}, expected {MANIFEST_FORMAT!r}); "
-                            "choose another output.path")
+        raise OutputRefused(
+            f"{path} is not a docbeam manifest (format {found!r}, expected {MANIFEST_FORMAT!r}); "
+            "choose another output.path"
+        )
     bad = [f for f in manifest.get("files", []) if not (isinstance(f, dict) and plain_relative(f.get("path")))]
     if bad or not isinstance(manifest.get("run_id"), str):
-        raise OutputRefused(f"{path} lists {bad[:1] or 'no run id'}: not a file path of a docbeam run (relative, "
-                            "no '..', no trailing '/'); move the folder aside or choose another output.path")
+        raise OutputRefused(
+            f"{path} lists {bad[:1] or 'no run id'}: not a file path of a docbeam run (relative, "
+            "no '..', no trailing '/'); move the folder aside or choose another output.path"
+        )
     return manifest
 
 
@@ -177,18 +189,24 @@ def inspect(output: str) -> OutputState:
     staging_root = f"{output}/{STAGING}/"
     by_run: dict[str, list[str]] = {}
     for path in files:
-        if path.startswith(staging_root) and "/" in path[len(staging_root):]:
-            by_run.setdefault(path[len(staging_root):].split("/")[0], []).append(path)
+        if path.startswith(staging_root) and "/" in path[len(staging_root) :]:
+            by_run.setdefault(path[len(staging_root) :].split("/")[0], []).append(path)
     staged = sorted(run for run, paths in by_run.items() if _docbeam_staging(output, run, paths))
     intent_paths = set()
     for run in staged:
         intent = read_intent(output, run) or {}
-        intent_paths |= {storage.join(output, rel) for rel in intent.get("files", [])
-                         if plain_relative(rel) and carries_run(rel, run)}
+        intent_paths |= {
+            storage.join(output, rel)
+            for rel in intent.get("files", [])
+            if plain_relative(rel) and carries_run(rel, run)
+        }
     own = {storage.join(output, n) for n in ((MANIFEST, SUMMARY, SUCCESS, LOCK) if manifest else (LOCK,))}
-    leftovers = sorted(p for p in files if TEMP_SUFFIX.sub("", p) in {storage.join(output, n) for n in
-                                                                    (MANIFEST, SUMMARY, SUCCESS, LOCK)}
-                       and TEMP_SUFFIX.search(p))
+    leftovers = sorted(
+        p
+        for p in files
+        if TEMP_SUFFIX.sub("", p) in {storage.join(output, n) for n in (MANIFEST, SUMMARY, SUCCESS, LOCK)}
+        and TEMP_SUFFIX.search(p)
+    )
     known = manifest_paths(output, manifest) | intent_paths | own | set(leftovers)
     known |= {p for run in staged for p in by_run[run]}
     foreign = sorted(p for p in files if p not in known)
@@ -201,13 +219,21 @@ def check_writable(output: str, state: OutputState, mode: str) -> None:
         shown = ", ".join(relative(output, p) for p in state.foreign[:3])
         raise OutputRefused(
             f"output.path {output} holds {len(state.foreign)} file(s) that no docbeam run wrote (e.g. {shown}) "
-            "and no docbeam manifest; docbeam only replaces its own runs. Choose a new or empty folder")
+            "and no docbeam manifest; docbeam only replaces its own runs. Choose a new or empty folder"
+        )
     if state.manifest is not None and mode == "fail_if_exists":
-        raise OutputRefused(f"output.path {output} already holds run {state.manifest['run_id']} and output.mode "
-                            "is fail_if_exists; choose another folder or set output.mode: replace")
+        raise OutputRefused(
+            f"output.path {output} already holds run {state.manifest['run_id']} and output.mode "
+            "is fail_if_exists; choose another folder or set output.mode: replace"
+        )
     if state.manifest is not None and state.foreign:
-        log.warning("output %s holds %d file(s) no docbeam manifest lists (e.g. %s); they are left alone, but "
-                    "readers that glob the output will see them", output, len(state.foreign), state.foreign[0])
+        log.warning(
+            "output %s holds %d file(s) no docbeam manifest lists (e.g. %s); they are left alone, but "
+            "readers that glob the output will see them",
+            output,
+            len(state.foreign),
+            state.foreign[0],
+        )
 
 
 def delete_inside(output: str, paths: list[str]) -> None:

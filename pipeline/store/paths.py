@@ -3,6 +3,7 @@
 Without Beam, so the config can ask it while it loads (importing Beam costs seconds); the pattern is Beam's
 own (``FileSystems.get_scheme``), so this module and the FileSystems that open the path always agree.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -26,7 +27,7 @@ def is_gcs(path: str) -> bool:
 
 def split_gcs(path: str) -> tuple[str, str]:
     """``gs://bucket/a/b`` → ``("bucket", "a/b")``."""
-    bucket, _, name = path[len(GCS_PREFIX):].partition("/")
+    bucket, _, name = path[len(GCS_PREFIX) :].partition("/")
     return bucket, name
 
 

@@ -10,18 +10,26 @@ killed or fails rolls back, and a run id already in ``<table>_runs`` is "already
 re-applying a run (``docbeam sync-pgvector``) is always safe. A load that fails leaves the run committed in
 its output folder and Postgres one run behind; the error says how to re-apply it.
 """
+
 from __future__ import annotations
 
 import json
 import os
 
-
 from docbeam.errors import JobFailed, Refused
 from docbeam.pipeline.store import faults, storage
 from docbeam.pipeline.store.output import ERRORS, SCORES, in_folder
-from docbeam.pipeline.store.pgvector_rows import (COPY_HEADER, COPY_TRAILER, SCORES_TABLE, check_files,
-                                                  committed_scores, load_problem, rows_folder, vector_layout)
 from docbeam.pipeline.store.paths import is_remote
+from docbeam.pipeline.store.pgvector_rows import (
+    COPY_HEADER,
+    COPY_TRAILER,
+    SCORES_TABLE,
+    check_files,
+    committed_scores,
+    load_problem,
+    rows_folder,
+    vector_layout,
+)
 
 STAGE = "docbeam_stage"
 # What a table of the head's rows leaves out (pgvector has no column of a list of vectors per row).
@@ -39,14 +47,17 @@ class PgvectorRefused(Refused):
 def check_can_load(wait: bool) -> None:
     """The driver loads Postgres once the run is committed: it needs psycopg, and a driver that waits."""
     if not wait:
-        raise PgvectorRefused("output.pgvector is loaded by the driver after the job commits, but --no-wait "
-                              "returns before that; run without --no-wait, or drop output.pgvector and load the "
-                              f"committed output afterwards with: {sync_command('<output>', '<table>')}")
+        raise PgvectorRefused(
+            "output.pgvector is loaded by the driver after the job commits, but --no-wait "
+            "returns before that; run without --no-wait, or drop output.pgvector and load the "
+            f"committed output afterwards with: {sync_command('<output>', '<table>')}"
+        )
     try:
         import psycopg  # noqa: F401
     except ImportError as e:
-        raise PgvectorRefused(f"output.pgvector needs psycopg ({e}); install it with: pip install "
-                              "'docbeam[pgvector]'") from None
+        raise PgvectorRefused(
+            f"output.pgvector needs psycopg ({e}); install it with: pip install 'docbeam[pgvector]'"
+        ) from None
 
 
 def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
@@ -64,37 +75,58 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         # Two first loads into a new table would race on CREATE: one at a time per table name, from here on.
         cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"docbeam:{table}",))
         cur.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, {columns}, "
-                    "fields jsonb NOT NULL DEFAULT '{}'::jsonb, run_id text NOT NULL)")
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {runs} (run_id text PRIMARY KEY, output text NOT NULL, "
-                    "upserted integer NOT NULL, deleted integer NOT NULL, "
-                    "applied_at timestamptz NOT NULL DEFAULT now())")
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {table} (id text PRIMARY KEY, {columns}, "
+            "fields jsonb NOT NULL DEFAULT '{}'::jsonb, run_id text NOT NULL)"
+        )
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {runs} (run_id text PRIMARY KEY, output text NOT NULL, "
+            "upserted integer NOT NULL, deleted integer NOT NULL, "
+            "applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         cur.execute(f"ALTER TABLE {runs} ADD COLUMN IF NOT EXISTS lineage text")  # tables loaded before lineages
         cur.execute(f"LOCK TABLE {runs} IN SHARE ROW EXCLUSIVE MODE")  # one load at a time per table
         lineage = lineage_of(cur, runs, output, manifest)
-        cur.execute(f"SELECT run_id FROM {runs} WHERE ({LINEAGE} = %s AND run_id > %s) OR run_id = %s "
-                    "ORDER BY run_id DESC LIMIT 1", (lineage, run_id, run_id))
+        cur.execute(
+            f"SELECT run_id FROM {runs} WHERE ({LINEAGE} = %s AND run_id > %s) OR run_id = %s "
+            "ORDER BY run_id DESC LIMIT 1",
+            (lineage, run_id, run_id),
+        )
         newer = cur.fetchone()
         if newer is not None and newer[0] == run_id:
             return {"table": table, "run_id": run_id, "applied": False, "reason": "already applied"}
         if newer is not None:
-            raise PostgresBehind(f"{table} already holds run {newer[0]} of the outputs {output} carries on from "
-                                 f"({lineage}), newer than run {run_id}; an older run is never applied over a newer one")
+            raise PostgresBehind(
+                f"{table} already holds run {newer[0]} of the outputs {output} carries on from "
+                f"({lineage}), newer than run {run_id}; an older run is never applied over a newer one"
+            )
         value_columns, rejected = copy_rows(cur, table, output, manifest, scores)
         listed = ", ".join(value_columns)
-        cur.execute(f"INSERT INTO {table} (id, {listed}, fields, run_id) SELECT id, {listed}, fields, %s "
-                    f"FROM {STAGE} ON CONFLICT (id) DO UPDATE SET "
-                    + ", ".join(f"{c} = EXCLUDED.{c}" for c in (*value_columns, "fields", "run_id")), (run_id,))
+        cur.execute(
+            f"INSERT INTO {table} (id, {listed}, fields, run_id) SELECT id, {listed}, fields, %s "
+            f"FROM {STAGE} ON CONFLICT (id) DO UPDATE SET "
+            + ", ".join(f"{c} = EXCLUDED.{c}" for c in (*value_columns, "fields", "run_id")),
+            (run_id,),
+        )
         upserted = cur.rowcount
         faults.before_change("delete", f"postgres:{table}")
-        deleted = sweep(cur, table, lineage, manifest, output,
-                        [r["id"] for r in rejected if load_problem(r["id"], "") is None])
-        cur.execute(f"INSERT INTO {runs} (run_id, output, upserted, deleted, lineage) VALUES (%s, %s, %s, %s, %s)",
-                    (run_id, output, upserted, deleted, lineage))
+        deleted = sweep(
+            cur, table, lineage, manifest, output, [r["id"] for r in rejected if load_problem(r["id"], "") is None]
+        )
+        cur.execute(
+            f"INSERT INTO {runs} (run_id, output, upserted, deleted, lineage) VALUES (%s, %s, %s, %s, %s)",
+            (run_id, output, upserted, deleted, lineage),
+        )
     left_out = NOT_LOADED.get((manifest.get("head") or {}).get("name"), [])
-    return {"table": table, "run_id": run_id, "applied": True, "upserted": upserted, "deleted": deleted,
-            **({"not_loaded": left_out} if left_out else {}),
-            **({"rejected": len(rejected), "rejections": rejected[:20]} if rejected else {})}
+    return {
+        "table": table,
+        "run_id": run_id,
+        "applied": True,
+        "upserted": upserted,
+        "deleted": deleted,
+        **({"not_loaded": left_out} if left_out else {}),
+        **({"rejected": len(rejected), "rejections": rejected[:20]} if rejected else {}),
+    }
 
 
 def copy_rows(cur, table: str, output: str, manifest: dict, scores: bool) -> tuple[tuple[str, ...], list[dict]]:
@@ -115,8 +147,9 @@ def copy_rows(cur, table: str, output: str, manifest: dict, scores: bool) -> tup
         from psycopg.types.json import Jsonb
 
         definition, value_columns, types = SCORES_TABLE
-        cur.execute(f"CREATE TEMP TABLE {STAGE} (id text, {definition.replace(' NOT NULL', '')}, fields jsonb) "
-                    "ON COMMIT DROP")
+        cur.execute(
+            f"CREATE TEMP TABLE {STAGE} (id text, {definition.replace(' NOT NULL', '')}, fields jsonb) ON COMMIT DROP"
+        )
         with cur.copy(f"COPY {STAGE} (id, {', '.join(value_columns)}, fields) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(types)
             for *values, fields in loadable(committed_scores(output, manifest)):
@@ -177,14 +210,20 @@ def sweep(cur, table: str, lineage: str, manifest: dict, output: str, kept_ids: 
     about whether it still exists), and so does one the load could not take (``kept_ids``). Skipped when the run
     rejected a whole file or a record without an id: those name no documents, and a flaky read must not empty
     the index of them. The rows deleted."""
-    errors = [json.loads(line) for f in manifest["files"] if in_folder(f["path"], ERRORS)
-              for line in storage.read_bytes(storage.join(output, f["path"])).decode("utf-8").splitlines()
-              if line.strip()]
+    errors = [
+        json.loads(line)
+        for f in manifest["files"]
+        if in_folder(f["path"], ERRORS)
+        for line in storage.read_bytes(storage.join(output, f["path"])).decode("utf-8").splitlines()
+        if line.strip()
+    ]
     if any(e.get("kind") in FILE_LEVEL or e.get("id") is None for e in errors):
         return 0
-    cur.execute(f"DELETE FROM {table} WHERE run_id <> %s AND run_id IN (SELECT run_id FROM {table}_runs WHERE "
-                f"{LINEAGE} = %s) AND NOT (id = ANY(%s))",
-                (manifest["run_id"], lineage, [e["id"] for e in errors] + kept_ids))
+    cur.execute(
+        f"DELETE FROM {table} WHERE run_id <> %s AND run_id IN (SELECT run_id FROM {table}_runs WHERE "
+        f"{LINEAGE} = %s) AND NOT (id = ANY(%s))",
+        (manifest["run_id"], lineage, [e["id"] for e in errors] + kept_ids),
+    )
     return cur.rowcount
 
 
@@ -202,4 +241,5 @@ def load_committed(output: str, manifest: dict, dsn: str, table: str) -> dict:
         raise PostgresBehind(
             f"run {manifest['run_id']} is committed to {output}, but loading it into Postgres table {table} "
             f"failed ({type(e).__name__}: {str(e).strip()}) and was rolled back, so the table is one run behind. "
-            f"Re-apply it (safe to repeat) with: {sync_command(output, table)}") from e
+            f"Re-apply it (safe to repeat) with: {sync_command(output, table)}"
+        ) from e

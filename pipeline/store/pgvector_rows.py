@@ -1,6 +1,7 @@
 """What a Postgres load reads of a committed run: its rows (vectors or scores, kept fields as jsonb text), checked
 against the manifest first, each row Postgres cannot take named rather than failing the load, and the binary COPY
 form of a vector row (pipeline/store/pgvector.py runs the load)."""
+
 from __future__ import annotations
 
 import json
@@ -18,16 +19,21 @@ BGE_M3_COLUMNS = ("id", "embedding", "sparse_embedding", "multi_vector", *ROW_CO
 SCORE_COLUMNS = ("id", "label", "score", "scores", "num_tokens", "num_windows", "truncated", "content_hash")
 # A classifier's run (scores/) loads into a table of its own shape: the label, the top score, every label's
 # score in id2label order (the names: the manifest's head.labels), the kept fields.
-SCORES_TABLE = ("label text, score real NOT NULL, scores real[] NOT NULL", ("label", "score", "scores"),
-                ["text", "text", "float4", "float4[]", "jsonb"])
+SCORES_TABLE = (
+    "label text, score real NOT NULL, scores real[] NOT NULL",
+    ("label", "score", "scores"),
+    ["text", "text", "float4", "float4[]", "jsonb"],
+)
+
 
 def rows_folder(manifest: dict) -> str:
     """Where the committed run's rows are: its head's folder (a run before heads wrote embeddings/)."""
     return (manifest.get("head") or {}).get("folder", EMBEDDINGS)
 
 
-def committed_values(output: str, manifest: dict, folder: str, values: tuple[str, ...],
-                     row_columns: tuple[str, ...]) -> Iterator[tuple]:
+def committed_values(
+    output: str, manifest: dict, folder: str, values: tuple[str, ...], row_columns: tuple[str, ...]
+) -> Iterator[tuple]:
     """``(id, *values, kept fields as JSON)`` for every row of the committed files in ``folder``; the columns
     not in ``row_columns`` are the kept fields."""
     import pyarrow as pa
@@ -86,14 +92,20 @@ def vector_layout(output: str, manifest: dict) -> tuple[list[str], Iterator[tupl
     head = manifest.get("head") or {}
     if head.get("name") == "bge_m3":
         dense, vocab = int(head["dense_dim"]), int(head["vocab_size"])
-        return ([f"embedding vector({dense})", f"sparse_embedding sparsevec({vocab})"],
-                committed_bge_m3(output, manifest),
-                lambda r: copy_tuple(r[0], vector_bytes(np.asarray(r[1], np.float32)), sparsevec_bytes(r[2], vocab),
-                                     fields=r[-1]))
+        return (
+            [f"embedding vector({dense})", f"sparse_embedding sparsevec({vocab})"],
+            committed_bge_m3(output, manifest),
+            lambda r: copy_tuple(
+                r[0], vector_bytes(np.asarray(r[1], np.float32)), sparsevec_bytes(r[2], vocab), fields=r[-1]
+            ),
+        )
     dim = dimension(output)
     if head.get("name") == "sparse":
-        return ([f"sparse_embedding sparsevec({dim})"], committed_sparse(output, manifest),
-                lambda r: copy_tuple(r[0], sparsevec_bytes(r[1], dim), fields=r[-1]))
+        return (
+            [f"sparse_embedding sparsevec({dim})"],
+            committed_sparse(output, manifest),
+            lambda r: copy_tuple(r[0], sparsevec_bytes(r[1], dim), fields=r[-1]),
+        )
     return [f"embedding vector({dim})"], committed_rows(output, manifest), lambda r: binary_row(*r)
 
 
@@ -135,9 +147,11 @@ def check_files(output: str, manifest: dict) -> None:
             continue
         path = storage.join(output, f["path"])
         if sizes.get(path) != f["size"] or ("checksum" in f and storage.checksum(path) != f["checksum"]):
-            raise ValueError(f"{f['path']} in {output} is not the file its manifest lists (size {f['size']}, "
-                             f"{f.get('checksum')}): damaged or replaced since the commit; nothing was loaded. Run "
-                             "the job again to commit a sound output")
+            raise ValueError(
+                f"{f['path']} in {output} is not the file its manifest lists (size {f['size']}, "
+                f"{f.get('checksum')}): damaged or replaced since the commit; nothing was loaded. Run "
+                "the job again to commit a sound output"
+            )
 
 
 MAX_ID_BYTES = 2000  # a btree index entry holds about 2,700 bytes: longer ids cannot be primary keys
@@ -154,6 +168,7 @@ def load_problem(doc_id: str, fields: str) -> str | None:
 
 def kept_json(fields: dict) -> str:
     """Kept fields as jsonb text; NaN and infinities (which JSON has no spelling for) become null."""
+
     def finite(value):
         if isinstance(value, float) and not np.isfinite(value):
             return None

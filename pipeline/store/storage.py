@@ -4,6 +4,7 @@ Call ``pipeline_options(argv)`` once per process before touching gs:// (inside o
 sets the options ``FileSystems`` uses and, for ``--no_auth``, skips Beam's credential lookup. That lookup
 otherwise costs ~20 s on any machine without Google credentials (a laptop, CI, a test against the emulator).
 """
+
 from __future__ import annotations
 
 import functools
@@ -67,8 +68,10 @@ def skip_beam_credential_lookup() -> None:
     """
     credentials = auth._Credentials
     if not all(hasattr(credentials, name) for name in ("_credentials_lock", "_credentials_init", "_credentials")):
-        raise RuntimeError("apache_beam.internal.gcp.auth._Credentials changed (written for Beam 2.77); "
-                           "update pipeline/store/storage.skip_beam_credential_lookup for this Beam version")
+        raise RuntimeError(
+            "apache_beam.internal.gcp.auth._Credentials changed (written for Beam 2.77); "
+            "update pipeline/store/storage.skip_beam_credential_lookup for this Beam version"
+        )
     with credentials._credentials_lock:
         credentials._credentials = None
         credentials._credentials_init = True
@@ -139,8 +142,11 @@ def write_in_place(path: str, data: bytes) -> None:
     faults.before_change("write", path)
     if not is_remote(path):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    opened = (gcsio().open(path, "wb", mime_type="application/octet-stream") if is_gcs(path) else
-              FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED))
+    opened = (
+        gcsio().open(path, "wb", mime_type="application/octet-stream")
+        if is_gcs(path)
+        else FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    )
     with opened as f:
         f.write(data)
 
@@ -262,8 +268,9 @@ def _client_for(host: str | None):
     if host:
         from google.auth.credentials import AnonymousCredentials
 
-        return gcs.Client(project="docbeam-emulator", credentials=AnonymousCredentials(),
-                          client_options={"api_endpoint": host})
+        return gcs.Client(
+            project="docbeam-emulator", credentials=AnonymousCredentials(), client_options={"api_endpoint": host}
+        )
     return gcs.Client()
 
 

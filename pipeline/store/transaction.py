@@ -12,6 +12,7 @@ undoes any other. A run whose lock was taken fails its next proof or conditional
 so it changes nothing its successor wrote: whatever it would still move or delete carries its own run id,
 or belongs to the run it replaced.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -20,9 +21,25 @@ import logging
 
 from docbeam.pipeline.store import storage, versioned
 from docbeam.pipeline.store.lock import Fence, LockLost, OutputLock
-from docbeam.pipeline.store.output import (INTENT, INTENT_FORMAT, MANIFEST, MANIFEST_FORMAT, MARKER, STAGING, SUCCESS, SUMMARY,
-                                   carries_run, delete_inside, inspect, parse_manifest, plain_relative, read_intent,
-                                   read_manifest, relative, staging_dir)
+from docbeam.pipeline.store.output import (
+    INTENT,
+    INTENT_FORMAT,
+    MANIFEST,
+    MANIFEST_FORMAT,
+    MARKER,
+    STAGING,
+    SUCCESS,
+    SUMMARY,
+    carries_run,
+    delete_inside,
+    inspect,
+    parse_manifest,
+    plain_relative,
+    read_intent,
+    read_manifest,
+    relative,
+    staging_dir,
+)
 
 POINTERS = (MANIFEST, SUMMARY, SUCCESS)
 log = logging.getLogger(__name__)
@@ -50,8 +67,10 @@ def commit(output: str, fence: Fence, written: list[str], summary: dict, manifes
     for name in POINTERS:
         fence.prove()
         if not versioned.write_if(storage.join(output, name), _pointer(intent, name), versions[name][1]):
-            raise LockLost(f"run {run_id}: {name} changed under its commit (another run took the output over "
-                           "and finished this commit or its own); leaving the output to it")
+            raise LockLost(
+                f"run {run_id}: {name} changed under its commit (another run took the output over "
+                "and finished this commit or its own); leaving the output to it"
+            )
     _clean_after(output, intent, keep_marker=False)
     return intent["manifest"]
 
@@ -66,13 +85,27 @@ def _intent(output: str, run_id: str, written: list[str], summary: dict, extra: 
     missing = [rel for rel in files if f"{folder}/{rel}" not in sizes]
     if missing:
         raise RuntimeError(f"run {run_id}: files the pipeline wrote are missing from {folder}: {missing[:3]}")
-    entries = [{"path": rel, "size": sizes[f"{folder}/{rel}"], "checksum": storage.checksum(f"{folder}/{rel}")}
-               for rel in files]
-    manifest = {"format": MANIFEST_FORMAT, "run_id": run_id, "previous_run_id": previous and previous["run_id"],
-                "committed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(), "files": entries, **extra}
+    entries = [
+        {"path": rel, "size": sizes[f"{folder}/{rel}"], "checksum": storage.checksum(f"{folder}/{rel}")}
+        for rel in files
+    ]
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "run_id": run_id,
+        "previous_run_id": previous and previous["run_id"],
+        "committed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "files": entries,
+        **extra,
+    }
     replaces = sorted(f["path"] for f in (previous or {}).get("files", []) if f["path"] not in set(files))
-    return {"format": INTENT_FORMAT, "run_id": run_id, "files": files, "replaces": replaces,
-            "manifest": manifest, "summary": summary}
+    return {
+        "format": INTENT_FORMAT,
+        "run_id": run_id,
+        "files": files,
+        "replaces": replaces,
+        "manifest": manifest,
+        "summary": summary,
+    }
 
 
 def _pointer(intent: dict, name: str) -> bytes:
@@ -123,8 +156,9 @@ def recover(output: str, lock: OutputLock) -> list[str]:
         elif intent is not None:
             current = read_manifest(output)
             listed = {f["path"] for f in (current or {}).get("files", [])}
-            undo = [rel for rel in intent["files"] if plain_relative(rel) and carries_run(rel, run)
-                    and rel not in listed]
+            undo = [
+                rel for rel in intent["files"] if plain_relative(rel) and carries_run(rel, run) and rel not in listed
+            ]
             delete_inside(output, [storage.join(output, rel) for rel in undo])
         _delete_staging(output, run, keep_marker=alive)
         log.warning("cleaned up the staging folder of dead run %s", run)

@@ -5,6 +5,7 @@ A version is the object's generation on gs:// and the file's bytes locally; None
 from pipeline/store/storage.py, whose plain reads and writes any stage may use: these carry the commit's
 guarantees, and a reader should find them in one short file.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -5,12 +5,20 @@ the steady state after the first batch, and each stage's share of the pipeline's
 The driver adds both after a run it waited for: they combine its own clock (``marks``), the Beam metrics
 the workers reported (pipeline/telemetry/observe.py, pipeline/stages/encode.py) and the timing records.
 """
+
 from __future__ import annotations
 
 import datetime
 
-from docbeam.pipeline.telemetry.observe import (COMPILE_MS, STAGE_US, STAGES, STARTUP_MS, STARTUP_PARTS, labelled,
-                                               shape_label)
+from docbeam.pipeline.telemetry.observe import (
+    COMPILE_MS,
+    STAGE_US,
+    STAGES,
+    STARTUP_MS,
+    STARTUP_PARTS,
+    labelled,
+    shape_label,
+)
 
 # The driver's marks (epoch seconds), in the order the driver passes them.
 MARKS = ("process", "run_job", "plan", "checks", "graph", "pipeline", "finished")
@@ -28,16 +36,23 @@ def startup_breakdown(marks: dict[str, float], timing: list[dict], metrics: dict
     if missing:
         raise ValueError(f"startup_breakdown: marks {missing} missing; expected {MARKS}")
     t0 = marks["process"]
-    steps = {"imports": marks["run_job"] - t0, "plan": marks["plan"] - marks["run_job"],
-             "lock_and_checks": marks["checks"] - marks["plan"], "graph": marks["graph"] - marks["checks"]}
+    steps = {
+        "imports": marks["run_job"] - t0,
+        "plan": marks["plan"] - marks["run_job"],
+        "lock_and_checks": marks["checks"] - marks["plan"],
+        "graph": marks["graph"] - marks["checks"],
+    }
     distributions = metrics.get("distributions", {})
     startup = labelled(distributions, STARTUP_MS)
     encoder = {part: startup[part]["max"] / 1e3 for part in STARTUP_PARTS if part in startup}
     compiles = {shape: d["max"] / 1e3 for shape, d in sorted(labelled(distributions, COMPILE_MS).items())}
     batches = sorted(timing, key=lambda t: _epoch(t["started_at"]))
     # Shapes that compiled at their first batch rather than ahead.
-    compiles |= {shape_label(t["rows"], t["bucket_len"], t["attention_backend"]) + " (at its batch)":
-                 t["compile_ms"] / 1e3 for t in batches if t["compiled"]}
+    compiles |= {
+        shape_label(t["rows"], t["bucket_len"], t["attention_backend"]) + " (at its batch)": t["compile_ms"] / 1e3
+        for t in batches
+        if t["compiled"]
+    }
     since_start = {"plan_done": marks["plan"] - t0, "pipeline_started": marks["pipeline"] - t0}
     steady = None
     if batches:
@@ -49,13 +64,21 @@ def startup_breakdown(marks: dict[str, float], timing: list[dict], metrics: dict
         last_end = max((_epoch(t["started_at"]) + t["total_ms"] / 1e3 for t in rest), default=first_end)
         tokens = sum(t["real_tokens"] for t in rest)
         span = last_end - first_end
-        steady = {"batches": len(rest), "seconds": round(span, 3),
-                  "encode_seconds": round(sum(t["total_ms"] for t in rest) / 1e3, 3), "real_tokens": tokens,
-                  "tokens_per_second": round(tokens / span, 1) if span > 0 else None}
+        steady = {
+            "batches": len(rest),
+            "seconds": round(span, 3),
+            "encode_seconds": round(sum(t["total_ms"] for t in rest) / 1e3, 3),
+            "real_tokens": tokens,
+            "tokens_per_second": round(tokens / span, 1) if span > 0 else None,
+        }
     rounded = {k: round(v, 3) for k, v in steps.items()}
-    return {"steps_s": rounded, "encoder_s": {k: round(v, 3) for k, v in encoder.items()},
-            "compiles_s": {k: round(v, 3) for k, v in compiles.items()},
-            "since_process_start_s": {k: round(v, 3) for k, v in since_start.items()}, "steady_state": steady}
+    return {
+        "steps_s": rounded,
+        "encoder_s": {k: round(v, 3) for k, v in encoder.items()},
+        "compiles_s": {k: round(v, 3) for k, v in compiles.items()},
+        "since_process_start_s": {k: round(v, 3) for k, v in since_start.items()},
+        "steady_state": steady,
+    }
 
 
 def stage_shares(metrics: dict, wall_seconds: float) -> dict:
@@ -68,5 +91,8 @@ def stage_shares(metrics: dict, wall_seconds: float) -> dict:
     wall = max(wall_seconds, 1e-9)
     shares = {stage: round(s / wall, 4) for stage, s in seconds.items()}
     shares["other"] = round(max(0.0, 1 - sum(seconds.values()) / wall), 4)
-    return {"wall_s": round(wall_seconds, 3), "seconds": {k: round(v, 3) for k, v in seconds.items()},
-            "share_of_wall": shares}
+    return {
+        "wall_s": round(wall_seconds, 3),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        "share_of_wall": shares,
+    }

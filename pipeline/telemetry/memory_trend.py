@@ -14,6 +14,7 @@ least-squares slope is pulled by one late compilation's step. So the rule, state
    ``LEAK_MB_PER_1K_BATCHES`` MB per 1,000 batches, on a worker with at least ``MIN_STEADY_BATCHES`` steady
    batches (fewer cannot tell a leak from warm-up: the verdict is then false, and the summary says why).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,11 +27,13 @@ MIN_WARMUP = 3
 MIN_STEADY_BATCHES = 16
 LEAK_MB_PER_1K_BATCHES = 64.0
 MB = 1 << 20
-RULE = (f"after a warm-up of {WARMUP_FRACTION:.0%} of a worker's batches (at least {MIN_WARMUP}, and up to the last "
-        "that ran beside the encoder's start-up compilations), the median of "
-        "the slopes between the medians of the remaining four quarters; a leak is suspected when all three "
-        f"slopes are positive and that growth is at least {LEAK_MB_PER_1K_BATCHES:g} MB per 1,000 batches "
-        f"(workers with fewer than {MIN_STEADY_BATCHES} batches after warm-up are not judged)")
+RULE = (
+    f"after a warm-up of {WARMUP_FRACTION:.0%} of a worker's batches (at least {MIN_WARMUP}, and up to the last "
+    "that ran beside the encoder's start-up compilations), the median of "
+    "the slopes between the medians of the remaining four quarters; a leak is suspected when all three "
+    f"slopes are positive and that growth is at least {LEAK_MB_PER_1K_BATCHES:g} MB per 1,000 batches "
+    f"(workers with fewer than {MIN_STEADY_BATCHES} batches after warm-up are not judged)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +48,11 @@ class Trend:
 
     @property
     def leak_suspected(self) -> bool:
-        return (self.growth_mb_per_1k_batches is not None and self.rising
-                and self.growth_mb_per_1k_batches >= LEAK_MB_PER_1K_BATCHES)
+        return (
+            self.growth_mb_per_1k_batches is not None
+            and self.rising
+            and self.growth_mb_per_1k_batches >= LEAK_MB_PER_1K_BATCHES
+        )
 
     def projected_bytes(self, factor: float = 10.0) -> int | None:
         """Memory after ``factor`` times this worker's batches, if the steady growth went on."""
@@ -78,8 +84,13 @@ def steady_growth(in_use_bytes: Iterable[float], warming: Iterable[bool] | None 
 def trend(worker: str, in_use_bytes: list[float], peak_bytes: list[float], warming: list[bool] | None = None) -> Trend:
     growth, rising = steady_growth(in_use_bytes, warming)
     peaks = [p for p in list(peak_bytes) + list(in_use_bytes) if np.isfinite(p)]
-    return Trend(worker=worker, batches=len(in_use_bytes), peak_bytes=int(max(peaks, default=0)),
-                 growth_mb_per_1k_batches=None if growth is None else round(growth * 1000 / MB, 3), rising=rising)
+    return Trend(
+        worker=worker,
+        batches=len(in_use_bytes),
+        peak_bytes=int(max(peaks, default=0)),
+        growth_mb_per_1k_batches=None if growth is None else round(growth * 1000 / MB, 3),
+        rising=rising,
+    )
 
 
 def worker_key(timing: dict) -> str:
@@ -106,9 +117,15 @@ def summary_block(trends: list[Trend], limit_mb_per_1k_batches: float | None = N
         "projected_bytes_at_10x": worst.projected_bytes() if worst else None,
         "limit_mb_per_1k_batches": limit_mb_per_1k_batches,
         "rule": RULE,
-        "workers": {t.worker: {"batches": t.batches, "peak_bytes": t.peak_bytes,
-                               "growth_mb_per_1k_batches": t.growth_mb_per_1k_batches,
-                               "leak_suspected": t.leak_suspected} for t in trends},
+        "workers": {
+            t.worker: {
+                "batches": t.batches,
+                "peak_bytes": t.peak_bytes,
+                "growth_mb_per_1k_batches": t.growth_mb_per_1k_batches,
+                "leak_suspected": t.leak_suspected,
+            }
+            for t in trends
+        },
     }
     if not judged and trends:
         block["note"] = f"no worker had {MIN_STEADY_BATCHES} batches after warm-up: too few to judge a trend"
@@ -120,5 +137,7 @@ def over_limit(block: dict) -> str | None:
     limit, growth = block.get("limit_mb_per_1k_batches"), block.get("growth_mb_per_1k_batches")
     if limit is None or growth is None or growth <= limit:
         return None
-    return (f"memory grew {growth:g} MB per 1,000 batches on {block['worst_worker']} after warm-up, more than "
-            f"runner.max_memory_growth_mb_per_1k_batches={limit:g}")
+    return (
+        f"memory grew {growth:g} MB per 1,000 batches on {block['worst_worker']} after warm-up, more than "
+        f"runner.max_memory_growth_mb_per_1k_batches={limit:g}"
+    )

@@ -1,5 +1,6 @@
 """What every batch reports about the process it ran in (compilations, memory, device, worker), and the names
 the job's metrics are reported under."""
+
 from __future__ import annotations
 
 import logging
@@ -162,12 +163,16 @@ def memory(device) -> dict:
     """Device memory where the platform reports it (GPU/TPU), host RSS otherwise (CPU)."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_in_use" in stats:
-        return {"memory_in_use_bytes": int(stats["bytes_in_use"]),
-                "memory_peak_bytes": int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
-                "memory_source": "device"}
-    return {"memory_in_use_bytes": psutil.Process().memory_info().rss,
-            "memory_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "memory_source": "host_rss"}
+        return {
+            "memory_in_use_bytes": int(stats["bytes_in_use"]),
+            "memory_peak_bytes": int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
+            "memory_source": "device",
+        }
+    return {
+        "memory_in_use_bytes": psutil.Process().memory_info().rss,
+        "memory_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "memory_source": "host_rss",
+    }
 
 
 def describe_device(device) -> str:
@@ -197,11 +202,15 @@ class Progress:
             return None
         self.last = now
         elapsed = max(now - self.started, 1e-9)
-        line = (f"progress: {self.documents} documents, {self.windows} windows, {self.tokens} tokens in "
-                f"{elapsed:.0f} s ({self.tokens / elapsed:.0f} tokens/s)")
+        line = (
+            f"progress: {self.documents} documents, {self.windows} windows, {self.tokens} tokens in "
+            f"{elapsed:.0f} s ({self.tokens / elapsed:.0f} tokens/s)"
+        )
         if self.total_windows:
             remaining = max(self.total_windows - self.windows, 0)
-            line += (f"; {100 * self.windows / self.total_windows:.0f}% of the job's {self.total_windows} windows, "
-                     f"ETA {remaining / (self.windows / elapsed):.0f} s at this worker's rate")
+            line += (
+                f"; {100 * self.windows / self.total_windows:.0f}% of the job's {self.total_windows} windows, "
+                f"ETA {remaining / (self.windows / elapsed):.0f} s at this worker's rate"
+            )
         log.info(line)
         return line

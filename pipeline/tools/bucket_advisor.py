@@ -9,6 +9,7 @@ The padding figures (``padding_efficiency``, ``padded_tokens``, ``batches_per_bu
 job's own Packer makes of windows of these lengths, so advice and benchmarks/bucketing.py cannot drift from
 what the pipeline pads; they live here since only advice needs them.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -23,14 +24,16 @@ from docbeam.pipeline.records import Document, Rejected, TokenWindow
 from docbeam.pipeline.stages.packer import batch_windows, rows_for
 
 
-def batches_per_bucket(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
-                       packing: bool = False) -> dict[int, int]:
+def batches_per_bucket(
+    lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int, packing: bool = False
+) -> dict[int, int]:
     """Bucket → how many batches windows of these lengths make there: the packer's own batches (one shard,
     what is held at the end filled across buckets), on windows of these lengths."""
     config = BatchingConfig(buckets=tuple(buckets), tokens_per_batch=tokens_per_batch, packing=packing)
     # Ids in input order: among equal lengths the packer then keeps that order. A read-only zero view, no copy.
-    windows = [TokenWindow(f"{i:09d}", 0, 1, np.broadcast_to(np.int32(0), (n,)), n, False)
-               for i, n in enumerate(lengths)]
+    windows = [
+        TokenWindow(f"{i:09d}", 0, 1, np.broadcast_to(np.int32(0), (n,)), n, False) for i, n in enumerate(lengths)
+    ]
     return dict(sorted(collections.Counter(b.bucket_len for b in batch_windows(windows, config)).items()))
 
 
@@ -39,15 +42,17 @@ def padded_tokens(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch
     return sum(n * rows_for(b, tokens_per_batch) * b for b, n in batches.items())
 
 
-def padding_efficiency(lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int,
-                       packing: bool = False) -> float:
+def padding_efficiency(
+    lengths: list[int], buckets: tuple[int, ...], tokens_per_batch: int, packing: bool = False
+) -> float:
     """Real ÷ padded tokens if these window lengths went through the packer (one shard)."""
     padded = padded_tokens(lengths, buckets, tokens_per_batch, packing)
     return sum(lengths) / padded if padded else 1.0
 
 
-def propose_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int,
-                    step: int = 16) -> tuple[int, ...]:
+def propose_buckets(
+    lengths: list[int], *, max_len: int, tokens_per_batch: int, max_buckets: int, step: int = 16
+) -> tuple[int, ...]:
     """Bucket boundaries (multiples of ``step``, the last ``max_len``) that minimise padded tokens for
     this length histogram, each bucket's partial last batch counted as if padded alone (an upper bound:
     the packer fills what is held at the end across buckets). Dynamic programming over boundaries."""
@@ -86,6 +91,7 @@ def propose_buckets(lengths: list[int], *, max_len: int, tokens_per_batch: int, 
 @dataclasses.dataclass
 class Sample:
     """The first documents of the input as the job would read them, and what it would reject on the way."""
+
     unmatched: list[str] = dataclasses.field(default_factory=list)  # patterns that match no file
     files: list[str] = dataclasses.field(default_factory=list)
     documents: list[Document] = dataclasses.field(default_factory=list)
@@ -125,8 +131,9 @@ def read_sample(cfg: JobConfig, limit: int) -> Sample:
     return sample
 
 
-def tokenize_sample(cfg: JobConfig, docs: list[Document], window_len: int,
-                    prompt: str | None = None) -> tuple[list[int], list[Rejected]]:
+def tokenize_sample(
+    cfg: JobConfig, docs: list[Document], window_len: int, prompt: str | None = None
+) -> tuple[list[int], list[Rejected]]:
     """Window lengths of ``docs``, and the documents the tokenizer rejects (no tokens). The one call into
     pipeline.stages.tokenize, so a change to its interface is adapted here."""
     from docbeam.models.checkpoint import load_tokenizer, resolve_dir
@@ -144,28 +151,36 @@ def nothing_to_propose(cfg: JobConfig, sample: Sample) -> str:
     where = f"input.path {cfg.input.path!r}"
     if not sample.files:
         return f"nothing to propose: {where} matches no file; check the path and the glob"
-    files = f"{len(sample.files)} file(s) matching {where}" + (f" (e.g. {sample.files[0]})"
-                                                                 if len(sample.files) > 1 else "")
+    files = f"{len(sample.files)} file(s) matching {where}" + (
+        f" (e.g. {sample.files[0]})" if len(sample.files) > 1 else ""
+    )
     if not sample.read:
         return f"nothing to propose: the {files} hold no documents; point input.path at the corpus"
     kinds = collections.Counter(r.kind for r in sample.rejected)
     first = next(r for r in sample.rejected if r.kind == kinds.most_common(1)[0][0])
-    return (f"nothing to propose: read {sample.read} document(s) from {files}; the job would reject all of them ("
-            + ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common())
-            + f"), e.g. {first.source}{f' line {first.line}' if first.line else ''}: {first.reason}. "
-            "Fix the input, or the input.* keys the reasons name (input.format, input.text_field, input.id_field, "
-            "input.max_line_bytes), then rerun propose-buckets")
+    return (
+        f"nothing to propose: read {sample.read} document(s) from {files}; the job would reject all of them ("
+        + ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common())
+        + f"), e.g. {first.source}{f' line {first.line}' if first.line else ''}: {first.reason}. "
+        "Fix the input, or the input.* keys the reasons name (input.format, input.text_field, input.id_field, "
+        "input.max_line_bytes), then rerun propose-buckets"
+    )
 
 
-def proposals(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192),
-              max_buckets=(4, 6, 8)) -> list[dict]:
+def proposals(lengths: list[int], window_len: int, budgets=(2048, 4096, 8192), max_buckets=(4, 6, 8)) -> list[dict]:
     if not lengths:
         raise ValueError("no window lengths to plan buckets for")
     rows = []
     for budget, k in itertools.product(budgets, max_buckets):
         buckets = propose_buckets(lengths, max_len=window_len, tokens_per_batch=budget, max_buckets=k)
-        rows.append({"tokens_per_batch": budget, "max_buckets": k, "buckets": list(buckets),
-                     "padding_efficiency": round(padding_efficiency(lengths, buckets, budget), 4)})
+        rows.append(
+            {
+                "tokens_per_batch": budget,
+                "max_buckets": k,
+                "buckets": list(buckets),
+                "padding_efficiency": round(padding_efficiency(lengths, buckets, budget), 4),
+            }
+        )
     return rows
 
 
@@ -178,8 +193,13 @@ def packed_proposals(lengths: list[int], window_len: int, unpacked: list[dict]) 
         sets = {(window_len,), (half, window_len) if half < window_len else (window_len,)}
         sets |= {tuple(r["buckets"]) for r in unpacked if r["tokens_per_batch"] == budget}
         for buckets in sorted(sets, key=lambda b: (len(b), b)):
-            rows.append({"tokens_per_batch": budget, "buckets": list(buckets),
-                         "padding_efficiency": round(padding_efficiency(lengths, buckets, budget, packing=True), 4)})
+            rows.append(
+                {
+                    "tokens_per_batch": budget,
+                    "buckets": list(buckets),
+                    "padding_efficiency": round(padding_efficiency(lengths, buckets, budget, packing=True), 4),
+                }
+            )
     return rows
 
 
@@ -209,36 +229,62 @@ def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     packing = plan.packing  # as the plan resolved auto for this job's backends
     budget = cfg.batching.tokens_per_batch
     used = [b for b in cfg.batching.buckets if b <= plan.config.batching.buckets[-1]]
-    current = {"tokens_per_batch": budget, "buckets": used,
-               "padding_efficiency": round(padding_efficiency(lengths, used, budget, packing), 4)}
-    out = [f"# {sample.read} documents read, {len(sample.documents) - len(no_tokens)} kept "
-           f"({len(sample.rejected)} the job would reject) → {len(lengths)} windows of ≤ {plan.window_len} tokens",
-           f"# now: buckets {used}, tokens_per_batch {budget}{', packed' if packing else ''}: padding efficiency "
-           f"{current['padding_efficiency']:.3f}, score {score(current):.3f} (efficiency less {BUCKET_COST} per bucket)",
-           "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency | score |",
-           "|---|---|---|---|---|"]
+    current = {
+        "tokens_per_batch": budget,
+        "buckets": used,
+        "padding_efficiency": round(padding_efficiency(lengths, used, budget, packing), 4),
+    }
+    out = [
+        f"# {sample.read} documents read, {len(sample.documents) - len(no_tokens)} kept "
+        f"({len(sample.rejected)} the job would reject) → {len(lengths)} windows of ≤ {plan.window_len} tokens",
+        f"# now: buckets {used}, tokens_per_batch {budget}{', packed' if packing else ''}: padding efficiency "
+        f"{current['padding_efficiency']:.3f}, score {score(current):.3f} (efficiency less {BUCKET_COST} per bucket)",
+        "| tokens_per_batch | buckets (at most) | proposed buckets | padding efficiency | score |",
+        "|---|---|---|---|---|",
+    ]
     budgets = tuple(sorted({2048, 4096, 8192, budget}))
     rows = proposals(lengths, plan.window_len, budgets=budgets)
     candidates = rows
-    out += [f"| {r['tokens_per_batch']} | {r['max_buckets']} | {r['buckets']} | {r['padding_efficiency']:.3f} | "
-            f"{score(r):.3f} |" for r in rows]
+    out += [
+        f"| {r['tokens_per_batch']} | {r['max_buckets']} | {r['buckets']} | {r['padding_efficiency']:.3f} | "
+        f"{score(r):.3f} |"
+        for r in rows
+    ]
     if not packing:
-        out.append(f"| {budget} (this config) | — | {used} | {current['padding_efficiency']:.3f} | {score(current):.3f} |")
+        out.append(
+            f"| {budget} (this config) | — | {used} | {current['padding_efficiency']:.3f} | {score(current):.3f} |"
+        )
     else:
         candidates = packed_proposals(lengths, plan.window_len, rows)
-        out += ["", "# batching.packing is on for this job: the same budgets with packed rows",
-                "| tokens_per_batch | buckets | padding efficiency (packed) | score |", "|---|---|---|---|"]
-        out += [f"| {r['tokens_per_batch']} | {r['buckets']} | {r['padding_efficiency']:.3f} | {score(r):.3f} |"
-                for r in candidates]
+        out += [
+            "",
+            "# batching.packing is on for this job: the same budgets with packed rows",
+            "| tokens_per_batch | buckets | padding efficiency (packed) | score |",
+            "|---|---|---|---|",
+        ]
+        out += [
+            f"| {r['tokens_per_batch']} | {r['buckets']} | {r['padding_efficiency']:.3f} | {score(r):.3f} |"
+            for r in candidates
+        ]
         out.append(f"| {budget} (this config) | {used} | {current['padding_efficiency']:.3f} | {score(current):.3f} |")
-        out += ["# padding alone does not show that a packed row pays attention over its whole length: a short",
-                "# bucket as well (e.g. [128, 256]) costs one compilation more and less attention; time both"]
+        out += [
+            "# padding alone does not show that a packed row pays attention over its whole length: a short",
+            "# bucket as well (e.g. [128, 256]) costs one compilation more and less attention; time both",
+        ]
     best = max(candidates, key=lambda r: (score(r), r["tokens_per_batch"]))
     out.append("# each bucket costs one compilation per worker; a larger budget means fewer, larger batches.")
     if score(best) <= score(current) + KEEP_MARGIN:
-        out += [f"# no proposal scores more than {KEEP_MARGIN} above this config's own choice: keep it",
-                "batching:", f"  buckets: {used}", f"  tokens_per_batch: {budget}"]
+        out += [
+            f"# no proposal scores more than {KEEP_MARGIN} above this config's own choice: keep it",
+            "batching:",
+            f"  buckets: {used}",
+            f"  tokens_per_batch: {budget}",
+        ]
     else:
-        out += [f"# the best proposal scores {score(best) - score(current):.3f} above this config's choice; with it:",
-                "batching:", f"  buckets: {best['buckets']}", f"  tokens_per_batch: {best['tokens_per_batch']}"]
+        out += [
+            f"# the best proposal scores {score(best) - score(current):.3f} above this config's choice; with it:",
+            "batching:",
+            f"  buckets: {best['buckets']}",
+            f"  tokens_per_batch: {best['tokens_per_batch']}",
+        ]
     return "\n".join(out)

@@ -9,6 +9,7 @@ to a CI run, mailed, or opened straight from a bucket.
 This module is the command; pipeline/tools/report_load.py loads a run, pipeline/tools/report_data.py analyses it,
 pipeline/tools/report_charts.py draws it and pipeline/tools/report_html.py lays out the page.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,8 @@ import sys
 
 from apache_beam.io.filesystems import FileSystems
 
-from docbeam.pipeline.store.output import STAGING
 from docbeam.errors import Refused
+from docbeam.pipeline.store.output import STAGING
 from docbeam.pipeline.tools.report_args import add_arguments  # noqa: F401  the command's arguments, as report.add_arguments
 from docbeam.pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
 from docbeam.pipeline.tools.report_load import Run, load_run
@@ -41,14 +42,16 @@ def default_dest(output: str) -> str:
     return f"{path}.report.html"
 
 
-def report(output: str, *, baseline: str | None = None, dest: str | None = None,
-           threshold: float = 0.10) -> ReportResult:
+def report(
+    output: str, *, baseline: str | None = None, dest: str | None = None, threshold: float = 0.10
+) -> ReportResult:
     """Writes the report of the run at ``output`` to ``dest`` (default ``<output>.report.html``, beside it)."""
     return write_report(load_run(output), load_run(baseline) if baseline else None, dest=dest, threshold=threshold)
 
 
-def write_report(run: Run, baseline: Run | None = None, *, dest: str | None = None,
-                 threshold: float = 0.10) -> ReportResult:
+def write_report(
+    run: Run, baseline: Run | None = None, *, dest: str | None = None, threshold: float = 0.10
+) -> ReportResult:
     """Writes the report of loaded runs; ``dest`` defaults to ``default_dest(run.path)``."""
     # Imported here so that `docbeam --help` and the other commands do not import matplotlib.
     from docbeam.pipeline.tools.report_html import render_html
@@ -58,8 +61,9 @@ def write_report(run: Run, baseline: Run | None = None, *, dest: str | None = No
     dest = dest or default_dest(run.path)
     with FileSystems.create(dest, mime_type="text/html") as f:
         f.write(page.encode("utf-8"))
-    return ReportResult(path=dest, regressions=regressions,
-                        compared=baseline is None or bool(latency_changes(run, baseline)))
+    return ReportResult(
+        path=dest, regressions=regressions, compared=baseline is None or bool(latency_changes(run, baseline))
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -84,8 +88,11 @@ def main(args: argparse.Namespace) -> int:
     if result.regressions:
         return 1
     if not result.compared:
-        print(f"docbeam report: nothing to compare: no (bucket, backend) has steady batches in both {args.output} "
-              f"and the baseline {args.baseline} (different backends or buckets?)", file=sys.stderr)
+        print(
+            f"docbeam report: nothing to compare: no (bucket, backend) has steady batches in both {args.output} "
+            f"and the baseline {args.baseline} (different backends or buckets?)",
+            file=sys.stderr,
+        )
         return 2
     return 0
 

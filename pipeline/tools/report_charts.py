@@ -3,6 +3,7 @@
 A chart with nothing to show (no batches, no memory figures, no rejects) is ``None`` rather than an empty
 frame, so the page can say so in words; matplotlib itself fails on some empty inputs (a boxplot of nothing).
 """
+
 from __future__ import annotations
 
 import io
@@ -16,12 +17,27 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
+from docbeam.pipeline.tools.report_data import (
+    buckets,
+    fmt,
+    groups,
+    padding_by_bucket,
+    ratio,
+    recompilations,
+    rejected_by_kind,
+    steady,
+)
 from docbeam.pipeline.tools.report_load import Run
-from docbeam.pipeline.tools.report_data import (buckets, fmt, groups, padding_by_bucket, ratio, recompilations,
-                                        rejected_by_kind, steady)
 
-_STYLE = {"font.size": 11, "axes.titlesize": 12, "axes.titleweight": "bold", "axes.grid": True,
-          "grid.alpha": 0.3, "legend.fontsize": 9, "legend.framealpha": 0.85}
+_STYLE = {
+    "font.size": 11,
+    "axes.titlesize": 12,
+    "axes.titleweight": "bold",
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "legend.fontsize": 9,
+    "legend.framealpha": 0.85,
+}
 
 
 def _figure(title: str) -> tuple[Figure, Any]:
@@ -47,8 +63,7 @@ def _fit_xticklabels(ax) -> None:
     labels = [t for t in ax.get_xticklabels() if t.get_text()]
     boxes = [t.get_window_extent() for t in labels]
     if any(a.x1 + 2 > b.x0 for a, b in zip(boxes, boxes[1:])):
-        ax.set_xticks(ax.get_xticks(), [t.get_text().replace("\n", " · ") for t in ax.get_xticklabels()],
-                      rotation=90)
+        ax.set_xticks(ax.get_xticks(), [t.get_text().replace("\n", " · ") for t in ax.get_xticklabels()], rotation=90)
 
 
 def _backend_colors(batches) -> dict[str, Any]:
@@ -63,9 +78,14 @@ def latency_chart(run: Run) -> Figure | None:
     fig, ax = _figure("Batch latency by bucket and backend")
     pairs, colors = groups(b), _backend_colors(b)
     positions = np.arange(1, len(pairs) + 1)
-    boxes = ax.boxplot([b["compute_ms"][steady(b, mask)] for _, mask in pairs], positions=positions, widths=0.6,
-                       patch_artist=True, medianprops={"color": "black"},
-                       flierprops={"markersize": 3, "alpha": 0.5})
+    boxes = ax.boxplot(
+        [b["compute_ms"][steady(b, mask)] for _, mask in pairs],
+        positions=positions,
+        widths=0.6,
+        patch_artist=True,
+        medianprops={"color": "black"},
+        flierprops={"markersize": 3, "alpha": 0.5},
+    )
     for box, ((_, backend), _) in zip(boxes["boxes"], pairs):
         box.set(facecolor=colors[backend], alpha=0.7)
     for position, (_, mask) in zip(positions, pairs):
@@ -75,8 +95,7 @@ def latency_chart(run: Run) -> Figure | None:
     log = finite.size and finite.max() / finite.min() > 30
     if log:
         ax.set_yscale("log")
-    ax.set_xticks(positions, [f"{fmt(k[0])}\n{k[1] or '?'}" for k, _ in pairs],
-                  fontsize=9 if len(pairs) > 8 else None)
+    ax.set_xticks(positions, [f"{fmt(k[0])}\n{k[1] or '?'}" for k, _ in pairs], fontsize=9 if len(pairs) > 8 else None)
     ax.set_xlabel("bucket length (tokens) / attention backend")
     ax.set_ylabel("compute time per batch (ms" + (", log scale)" if log else ")"))
     handles = [Patch(facecolor=c, alpha=0.7, label=f"{n or '?'} (steady batches)") for n, c in colors.items()]
@@ -99,8 +118,14 @@ def throughput_chart(run: Run) -> Figure | None:
     per_batch = b["real_tokens"] / (b["compute_ms"] / 1e3)
     for i, bucket in enumerate(lengths):
         mask = b["bucket_len"] == bucket
-        ax.scatter(t[mask], per_batch[mask], s=10, alpha=0.5, color=palette(i / max(1, len(lengths) - 1) * 0.9),
-                   label=f"one batch, bucket {fmt(bucket)}")
+        ax.scatter(
+            t[mask],
+            per_batch[mask],
+            s=10,
+            alpha=0.5,
+            color=palette(i / max(1, len(lengths) - 1) * 0.9),
+            label=f"one batch, bucket {fmt(bucket)}",
+        )
     ok = np.isfinite(t) & np.isfinite(b["real_tokens"])
     if ok.any():
         bins = int(np.clip(ok.sum() // 10, 5, 60))
@@ -125,8 +150,9 @@ def padding_chart(run: Run) -> Figure | None:
     ticks = [f"{fmt(k)}\n{fmt(n)}" for k, _, n in per_bucket]
     efficiency = [100 * e for _, e, _ in per_bucket]
     bars = ax.bar(range(len(per_bucket)), np.nan_to_num(efficiency), color="steelblue")
-    ax.bar_label(bars, [f"{e:.0f}%" if np.isfinite(e) else "—" for e in efficiency], padding=2,
-                 fontsize=8 if small else 10)
+    ax.bar_label(
+        bars, [f"{e:.0f}%" if np.isfinite(e) else "—" for e in efficiency], padding=2, fontsize=8 if small else 10
+    )
     ax.set_xticks(range(len(per_bucket)), ticks, fontsize=8 if small else 10)
     overall = 100 * ratio(run.batches["real_tokens"], run.batches["padded_tokens"])
     if np.isfinite(overall):
@@ -151,19 +177,39 @@ def memory_chart(run: Run) -> Figure | None:
     if t is None:
         return fig
     peak = np.nanmax(np.append(b["memory_peak_bytes"], b["memory_in_use_bytes"]))
-    unit, scale = ("GiB", 2.0 ** 30) if peak >= 2 * 2 ** 30 else ("MiB", 2.0 ** 20)
+    unit, scale = ("GiB", 2.0**30) if peak >= 2 * 2**30 else ("MiB", 2.0**20)
     series = sorted(set(zip(b["worker"], b["device"])))
     palette = matplotlib.colormaps["tab10"]
     for i, (worker, device) in enumerate(series):
         mask = (b["worker"] == worker) & (b["device"] == device)
         name = f"{worker or '?'} {device.split(' ')[0]}" if len(series) <= 4 else None
-        ax.plot(t[mask], b["memory_in_use_bytes"][mask] / scale, color=palette(i % 10), lw=0.6, alpha=0.6,
-                marker=".", ms=4, label=name and f"in use after batch, {name}")
-        ax.plot(t[mask], b["memory_peak_bytes"][mask] / scale, color=palette(i % 10), lw=2, ls="--",
-                drawstyle="steps-post", label=name and f"peak, {name}")
+        ax.plot(
+            t[mask],
+            b["memory_in_use_bytes"][mask] / scale,
+            color=palette(i % 10),
+            lw=0.6,
+            alpha=0.6,
+            marker=".",
+            ms=4,
+            label=name and f"in use after batch, {name}",
+        )
+        ax.plot(
+            t[mask],
+            b["memory_peak_bytes"][mask] / scale,
+            color=palette(i % 10),
+            lw=2,
+            ls="--",
+            drawstyle="steps-post",
+            label=name and f"peak, {name}",
+        )
     if len(series) > 4:
-        ax.legend(handles=[Line2D([], [], color="gray", marker=".", label="in use after batch"),
-                           Line2D([], [], color="gray", ls="--", label="peak")], loc="lower right")
+        ax.legend(
+            handles=[
+                Line2D([], [], color="gray", marker=".", label="in use after batch"),
+                Line2D([], [], color="gray", ls="--", label="peak"),
+            ],
+            loc="lower right",
+        )
     else:
         ax.legend(loc="lower right")
     ax.set_ylabel(f"memory ({unit})")
@@ -176,8 +222,10 @@ def compile_title(summary: dict, in_batches: int, recompiled: int) -> str:
     batch marks them) and those a batch made itself (the markers)."""
     ahead = summary.get("compiles_ahead") or 0
     total = summary.get("compiles", ahead + in_batches)
-    return (f"XLA compilations: {count(total, 'compilation')} ({ahead} ahead of time, {in_batches} in a batch), "
-            f"{count(recompiled, 'recompilation')}")
+    return (
+        f"XLA compilations: {count(total, 'compilation')} ({ahead} ahead of time, {in_batches} in a batch), "
+        f"{count(recompiled, 'recompilation')}"
+    )
 
 
 def compile_chart(run: Run) -> Figure | None:
@@ -223,9 +271,13 @@ def count(n: int, noun: str) -> str:
 
 
 CHARTS: dict[str, Callable[[Run], Figure | None]] = {
-    "batch latency by bucket and backend": latency_chart, "throughput over the run": throughput_chart,
-    "padding efficiency per bucket": padding_chart, "memory over the run": memory_chart,
-    "XLA compile events": compile_chart, "rejected documents by kind": rejects_chart}
+    "batch latency by bucket and backend": latency_chart,
+    "throughput over the run": throughput_chart,
+    "padding efficiency per bucket": padding_chart,
+    "memory over the run": memory_chart,
+    "XLA compile events": compile_chart,
+    "rejected documents by kind": rejects_chart,
+}
 
 
 def draw(run: Run) -> dict[str, bytes | None]:

@@ -3,21 +3,23 @@
 ``--help``) stays cheap; pipeline/tools/report_charts.py and pipeline/tools/report_html.py render what this
 returns.
 """
+
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 
+from docbeam.errors import Refused
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.telemetry.observe import fallback_key
-from docbeam.errors import Refused
 from docbeam.pipeline.tools.report_load import Run
 
 
 @dataclasses.dataclass(frozen=True)
 class BucketStats:
     """Latency and throughput of one (bucket, backend); the time figures leave out compiling calls."""
+
     bucket_len: float
     backend: str
     batches: int
@@ -42,10 +44,14 @@ class Regression:
 
 def groups(batches: dict[str, np.ndarray]) -> list[tuple[tuple[float, str], np.ndarray]]:
     """((bucket_len, backend), row mask) for every pair present, by bucket then backend."""
-    keys = sorted(set(zip(batches["bucket_len"].tolist(), batches["attention_backend"].tolist())),
-                  key=lambda k: (np.nan_to_num(k[0], nan=np.inf), k[1]))
-    return [((bucket, backend), (_same(batches["bucket_len"], bucket)) & (batches["attention_backend"] == backend))
-            for bucket, backend in keys]
+    keys = sorted(
+        set(zip(batches["bucket_len"].tolist(), batches["attention_backend"].tolist())),
+        key=lambda k: (np.nan_to_num(k[0], nan=np.inf), k[1]),
+    )
+    return [
+        ((bucket, backend), (_same(batches["bucket_len"], bucket)) & (batches["attention_backend"] == backend))
+        for bucket, backend in keys
+    ]
 
 
 def _same(column: np.ndarray, value: float) -> np.ndarray:
@@ -66,20 +72,28 @@ def bucket_stats(batches: dict[str, np.ndarray]) -> list[BucketStats]:
     for (bucket, backend), mask in groups(batches):
         steady_rows = steady(batches, mask)
         compute_ms = batches["compute_ms"][steady_rows]
-        stats.append(BucketStats(
-            bucket_len=bucket, backend=backend, batches=int(mask.sum()),
-            compiles=int((mask & batches["compiled"]).sum()),
-            median_ms=float(np.median(compute_ms)) if compute_ms.size else np.nan,
-            p90_ms=float(np.percentile(compute_ms, 90)) if compute_ms.size else np.nan,
-            tokens_per_s=ratio(batches["real_tokens"][steady_rows], compute_ms / 1e3),
-            padding_efficiency=ratio(batches["real_tokens"][mask], batches["padded_tokens"][mask])))
+        stats.append(
+            BucketStats(
+                bucket_len=bucket,
+                backend=backend,
+                batches=int(mask.sum()),
+                compiles=int((mask & batches["compiled"]).sum()),
+                median_ms=float(np.median(compute_ms)) if compute_ms.size else np.nan,
+                p90_ms=float(np.percentile(compute_ms, 90)) if compute_ms.size else np.nan,
+                tokens_per_s=ratio(batches["real_tokens"][steady_rows], compute_ms / 1e3),
+                padding_efficiency=ratio(batches["real_tokens"][mask], batches["padded_tokens"][mask]),
+            )
+        )
     return stats
 
 
 def padding_by_bucket(batches: dict[str, np.ndarray]) -> list[tuple[float, float, int]]:
     """(bucket_len, real ÷ padded tokens, batches) per bucket."""
-    return [(k, ratio(batches["real_tokens"][m], batches["padded_tokens"][m]), int(m.sum()))
-            for k in buckets(batches) for m in [batches["bucket_len"] == k]]
+    return [
+        (k, ratio(batches["real_tokens"][m], batches["padded_tokens"][m]), int(m.sum()))
+        for k in buckets(batches)
+        for m in [batches["bucket_len"] == k]
+    ]
 
 
 def ratio(numerator: np.ndarray, denominator: np.ndarray) -> float:
@@ -94,8 +108,7 @@ def recompilations(batches: dict[str, np.ndarray]) -> np.ndarray:
     process on the same device: a warm cache missed, so some argument's shape, dtype or static value moved."""
     seen, found = set(), []
     for i in range(len(batches["compiled"])):
-        shape = tuple(str(batches[name][i]) for name in ("worker", "device", "bucket_len", "rows",
-                                                          "attention_backend"))
+        shape = tuple(str(batches[name][i]) for name in ("worker", "device", "bucket_len", "rows", "attention_backend"))
         if shape in seen and batches["compiled"][i]:
             found.append(i)
         seen.add(shape)
@@ -114,8 +127,9 @@ def fallbacks(run: Run) -> dict[str, int]:
     if "fallbacks" in run.summary:
         return {str(k): int(v) for k, v in (run.summary["fallbacks"] or {}).items()}
     b, counts = run.batches, {}
-    fell_back = (b["fallback_reason"] != "") | ((b["attention_requested"] != "")
-                                                & (b["attention_requested"] != b["attention_backend"]))
+    fell_back = (b["fallback_reason"] != "") | (
+        (b["attention_requested"] != "") & (b["attention_requested"] != b["attention_backend"])
+    )
     for i in np.flatnonzero(fell_back):
         key = fallback_key(b["attention_requested"][i], b["attention_backend"][i], b["fallback_reason"][i])
         counts[key] = counts.get(key, 0) + 1
@@ -125,9 +139,13 @@ def fallbacks(run: Run) -> dict[str, int]:
 def latency_changes(run: Run, baseline: Run) -> list[tuple[BucketStats, BucketStats]]:
     """(baseline, current) stats for every (bucket, backend) present with steady batches in both runs."""
     before = {(s.bucket_len, s.backend): s for s in bucket_stats(baseline.batches)}
-    return [(before[(s.bucket_len, s.backend)], s) for s in bucket_stats(run.batches)
-            if (s.bucket_len, s.backend) in before and np.isfinite(before[(s.bucket_len, s.backend)].median_ms)
-            and np.isfinite(s.median_ms)]
+    return [
+        (before[(s.bucket_len, s.backend)], s)
+        for s in bucket_stats(run.batches)
+        if (s.bucket_len, s.backend) in before
+        and np.isfinite(before[(s.bucket_len, s.backend)].median_ms)
+        and np.isfinite(s.median_ms)
+    ]
 
 
 def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression]:
@@ -138,10 +156,16 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
     found = []
     for before, now in latency_changes(run, baseline):
         if now.median_ms > before.median_ms * (1 + threshold):
-            found.append(Regression(
-                "latency", f"bucket {fmt(now.bucket_len)} / {now.backend or '?'}", before.median_ms, now.median_ms,
-                f"median compute {now.median_ms:.2f} ms vs {before.median_ms:.2f} ms "
-                f"({now.median_ms / before.median_ms - 1:+.1%}, threshold {threshold:.0%})"))
+            found.append(
+                Regression(
+                    "latency",
+                    f"bucket {fmt(now.bucket_len)} / {now.backend or '?'}",
+                    before.median_ms,
+                    now.median_ms,
+                    f"median compute {now.median_ms:.2f} ms vs {before.median_ms:.2f} ms "
+                    f"({now.median_ms / before.median_ms - 1:+.1%}, threshold {threshold:.0%})",
+                )
+            )
     memory = memory_regression(run, baseline, threshold)
     if memory is not None:
         found.append(memory)
@@ -149,8 +173,15 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
         before, now = count(baseline), count(run)
         if sum(now.values()) > sum(before.values()):
             grew = [f"{key} {now[key] - before.get(key, 0):+d}" for key in now if now[key] > before.get(key, 0)]
-            found.append(Regression(what, "all", sum(before.values()), sum(now.values()),
-                                    f"{sum(now.values())} vs {sum(before.values())} ({'; '.join(grew)})"))
+            found.append(
+                Regression(
+                    what,
+                    "all",
+                    sum(before.values()),
+                    sum(now.values()),
+                    f"{sum(now.values())} vs {sum(before.values())} ({'; '.join(grew)})",
+                )
+            )
     return found
 
 
@@ -162,13 +193,20 @@ def memory_trends(run: Run) -> list[memory_trend.Trend]:
     trends = []
     for key in sorted(set(keys)):
         rows = [i for i, k in enumerate(keys) if k == key]
-        trends.append(memory_trend.trend(key, list(b["memory_in_use_bytes"][rows]), list(b["memory_peak_bytes"][rows]),
-                                         list(b["compiling_ahead"][rows])))
+        trends.append(
+            memory_trend.trend(
+                key,
+                list(b["memory_in_use_bytes"][rows]),
+                list(b["memory_peak_bytes"][rows]),
+                list(b["compiling_ahead"][rows]),
+            )
+        )
     return trends
 
 
 def memory_regression(run: Run, baseline: Run, threshold: float) -> Regression | None:
     """A suspected leak the baseline did not have, or one that grows more than ``threshold`` faster."""
+
     def worst(r):
         judged = [t for t in memory_trends(r) if t.growth_mb_per_1k_batches is not None]
         return max(judged, key=lambda t: t.growth_mb_per_1k_batches, default=None)
@@ -179,9 +217,14 @@ def memory_regression(run: Run, baseline: Run, threshold: float) -> Regression |
     before_growth = before.growth_mb_per_1k_batches if before is not None else 0.0
     if before is not None and before.leak_suspected and now.growth_mb_per_1k_batches <= before_growth * (1 + threshold):
         return None
-    return Regression("memory growth", now.worker, before_growth, now.growth_mb_per_1k_batches,
-                      f"{now.growth_mb_per_1k_batches:,.0f} MB per 1,000 batches after warm-up vs "
-                      f"{before_growth:,.0f} MB in the baseline (leak suspected: {memory_trend.RULE})")
+    return Regression(
+        "memory growth",
+        now.worker,
+        before_growth,
+        now.growth_mb_per_1k_batches,
+        f"{now.growth_mb_per_1k_batches:,.0f} MB per 1,000 batches after warm-up vs "
+        f"{before_growth:,.0f} MB in the baseline (leak suspected: {memory_trend.RULE})",
+    )
 
 
 class BadThreshold(Refused, ValueError):

@@ -1,6 +1,7 @@
 """The HTML page of ``docbeam report``, from pipeline/tools/report_data.py's structures and
 pipeline/tools/report_charts.py's PNGs. The page inlines its charts and has no scripts or external assets.
 """
+
 from __future__ import annotations
 
 import base64
@@ -10,9 +11,17 @@ import numpy as np
 
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.tools import report_charts
+from docbeam.pipeline.tools.report_data import (
+    Regression,
+    bucket_stats,
+    fallbacks,
+    fmt,
+    latency_changes,
+    memory_trends,
+    recompilations,
+    rejected_by_kind,
+)
 from docbeam.pipeline.tools.report_load import Run
-from docbeam.pipeline.tools.report_data import (Regression, bucket_stats, fallbacks, fmt, latency_changes, memory_trends,
-                                        recompilations, rejected_by_kind)
 
 # .w (a cell with a long unbroken value: a gs:// path, a digest) and code wrap anywhere rather than widen
 # the page; other cells keep whole words.
@@ -40,18 +49,45 @@ tr.flag td{background:#ffcdd2;font-weight:bold}.warn{background:#fff8e1;border:2
 """
 
 _SUMMARY_FIELDS = {
-    "model": "model", "config_digest": "config digest", "started_at": "started", "finished_at": "finished",
-    "wall_seconds": "wall time (s)", "docs_read": "documents read", "docs_embedded": "documents embedded",
-    "docs_rejected": "documents rejected", "docs_reused": "documents reused from an earlier run",
-    "docs_encoded": "documents encoded", "reused_token_share": "share of tokens not encoded (reused)",
-    "reuse": "reused from", "windows": "windows encoded", "batches": "batches",
-    "real_tokens": "real tokens", "padded_tokens": "padded tokens", "padding_efficiency": "padding efficiency",
-    "docs_per_second": "documents/s", "tokens_per_second": "tokens/s",
-    "attention_backends": "batches by attention backend", "fallbacks": "attention fallbacks (batches)",
-    "rejected_by_kind": "rejected documents by kind"}
-_OWN_TABLES = ("attention_plan", "buckets", "versions", "metrics", "startup", "stages", "memory")  # shown as tables of their own
-_STARTUP_GROUPS = {"steps_s": "driver (s)", "encoder_s": "encoder (s)", "compiles_s": "compile (s)",
-                   "since_process_start_s": "since the process started (s)", "steady_state": "steady state"}
+    "model": "model",
+    "config_digest": "config digest",
+    "started_at": "started",
+    "finished_at": "finished",
+    "wall_seconds": "wall time (s)",
+    "docs_read": "documents read",
+    "docs_embedded": "documents embedded",
+    "docs_rejected": "documents rejected",
+    "docs_reused": "documents reused from an earlier run",
+    "docs_encoded": "documents encoded",
+    "reused_token_share": "share of tokens not encoded (reused)",
+    "reuse": "reused from",
+    "windows": "windows encoded",
+    "batches": "batches",
+    "real_tokens": "real tokens",
+    "padded_tokens": "padded tokens",
+    "padding_efficiency": "padding efficiency",
+    "docs_per_second": "documents/s",
+    "tokens_per_second": "tokens/s",
+    "attention_backends": "batches by attention backend",
+    "fallbacks": "attention fallbacks (batches)",
+    "rejected_by_kind": "rejected documents by kind",
+}
+_OWN_TABLES = (
+    "attention_plan",
+    "buckets",
+    "versions",
+    "metrics",
+    "startup",
+    "stages",
+    "memory",
+)  # shown as tables of their own
+_STARTUP_GROUPS = {
+    "steps_s": "driver (s)",
+    "encoder_s": "encoder (s)",
+    "compiles_s": "compile (s)",
+    "since_process_start_s": "since the process started (s)",
+    "steady_state": "steady state",
+}
 
 
 def _pct(value) -> str:
@@ -64,8 +100,11 @@ def _table(header: list[str], rows: list[list], flags: list[bool] | None = None)
             return f"<td class=n>{fmt(v)}</td>"
         text = fmt(v)
         return f"<td{' class=w' if max(map(len, text.split()), default=0) > 30 else ''}>{html.escape(text)}</td>"
-    body = "".join(f"<tr{' class=flag' if flags and flags[i] else ''}>{''.join(cell(v) for v in row)}</tr>"
-                   for i, row in enumerate(rows))
+
+    body = "".join(
+        f"<tr{' class=flag' if flags and flags[i] else ''}>{''.join(cell(v) for v in row)}</tr>"
+        for i, row in enumerate(rows)
+    )
     return f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in header)}</tr>{body}</table>"
 
 
@@ -88,10 +127,21 @@ def _summary_tables(s: dict) -> str:
     out = []
     plan = s.get("attention_plan") or {}
     if isinstance(plan, dict) and plan:
-        out.append("<h3>Attention plan per bucket</h3>" + _table(
-            ["bucket", "backend", "kernel", "fallback reason"],
-            [[k, (v or {}).get("backend"), (v or {}).get("kernel") or "—", (v or {}).get("fallback_reason") or "—"]
-             for k, v in sorted(plan.items(), key=lambda kv: _bucket_key(kv[0]))]))
+        out.append(
+            "<h3>Attention plan per bucket</h3>"
+            + _table(
+                ["bucket", "backend", "kernel", "fallback reason"],
+                [
+                    [
+                        k,
+                        (v or {}).get("backend"),
+                        (v or {}).get("kernel") or "—",
+                        (v or {}).get("fallback_reason") or "—",
+                    ]
+                    for k, v in sorted(plan.items(), key=lambda kv: _bucket_key(kv[0]))
+                ],
+            )
+        )
     totals = s.get("buckets") or {}
     if isinstance(totals, dict) and totals:
         rows = []
@@ -100,19 +150,29 @@ def _summary_tables(s: dict) -> str:
             real, padded = v.get("real_tokens"), v.get("padded_tokens")
             known = all(isinstance(n, (int, float)) for n in (real, padded)) and padded > 0
             rows.append([k, v.get("batches"), real, padded, _pct(real / padded if known else None)])
-        out.append("<h3>Batches per bucket</h3>" + _table(
-            ["bucket", "batches", "real tokens", "padded tokens", "padding efficiency"], rows))
+        out.append(
+            "<h3>Batches per bucket</h3>"
+            + _table(["bucket", "batches", "real tokens", "padded tokens", "padding efficiency"], rows)
+        )
     startup = s.get("startup") or {}
     if isinstance(startup, dict) and startup:
-        rows = [[f"{_STARTUP_GROUPS.get(group, group)}: {k}", v] for group, values in startup.items()
-                if isinstance(values, dict) for k, v in values.items()]
+        rows = [
+            [f"{_STARTUP_GROUPS.get(group, group)}: {k}", v]
+            for group, values in startup.items()
+            if isinstance(values, dict)
+            for k, v in values.items()
+        ]
         out.append("<h3>Start-up</h3>" + _table(["step", "value"], rows))
     stages = s.get("stages") or {}
     if isinstance(stages, dict) and isinstance(stages.get("share_of_wall"), dict):
         seconds = stages.get("seconds") or {}
-        out.append(f"<h3>Stages (of {fmt(stages.get('wall_s'))} s of pipeline wall time)</h3>" + _table(
-            ["stage", "seconds in its own code", "share of wall time"],
-            [[k, seconds.get(k), _pct(v)] for k, v in stages["share_of_wall"].items()]))
+        out.append(
+            f"<h3>Stages (of {fmt(stages.get('wall_s'))} s of pipeline wall time)</h3>"
+            + _table(
+                ["stage", "seconds in its own code", "share of wall time"],
+                [[k, seconds.get(k), _pct(v)] for k, v in stages["share_of_wall"].items()],
+            )
+        )
     versions = s.get("versions") or {}
     if isinstance(versions, dict) and versions:
         out.append("<h3>Versions</h3>" + _table(["package", "version"], [[k, str(v)] for k, v in versions.items()]))
@@ -146,36 +206,54 @@ def _no_batches(run: Run) -> str:
 
 def _charts(run: Run) -> str:
     pngs = report_charts.draw(run)
-    figures = "".join(f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,'
-                      f'{base64.b64encode(png).decode("ascii")}"></figure>' for alt, png in pngs.items() if png)
+    figures = "".join(
+        f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,'
+        f'{base64.b64encode(png).decode("ascii")}"></figure>'
+        for alt, png in pngs.items()
+        if png
+    )
     missing = [alt for alt, png in pngs.items() if png is None]
-    return ((f"<div class=charts>{figures}</div>" if figures else "")
-            + (f"<p class=note>No data to draw: {html.escape(', '.join(missing))}.</p>" if missing else ""))
+    return (f"<div class=charts>{figures}</div>" if figures else "") + (
+        f"<p class=note>No data to draw: {html.escape(', '.join(missing))}.</p>" if missing else ""
+    )
 
 
 def _regressions_section(run: Run, baseline: Run, regressions: list[Regression], threshold: float) -> str:
     changes = latency_changes(run, baseline)
     limit = 1 + threshold
-    rows = [[fmt(b.bucket_len), now.backend or "?", b.median_ms, now.median_ms,
-             f"{now.median_ms / b.median_ms - 1:+.1%}"] for b, now in changes]
+    rows = [
+        [fmt(b.bucket_len), now.backend or "?", b.median_ms, now.median_ms, f"{now.median_ms / b.median_ms - 1:+.1%}"]
+        for b, now in changes
+    ]
     if regressions:
-        verdict = (f"<p><b>{len(regressions)} regression(s) found.</b></p>" +
-                   _table(["what", "where", "baseline", "current", "detail"],
-                          [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions]))
+        verdict = f"<p><b>{len(regressions)} regression(s) found.</b></p>" + _table(
+            ["what", "where", "baseline", "current", "detail"],
+            [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions],
+        )
     elif not changes:
-        verdict = ("<p><b>Nothing compared:</b> no (bucket, backend) has steady batches in both runs, so no "
-                   "latency could be compared (different backends or buckets?).</p>")
+        verdict = (
+            "<p><b>Nothing compared:</b> no (bucket, backend) has steady batches in both runs, so no "
+            "latency could be compared (different backends or buckets?).</p>"
+        )
     else:
         verdict = "<p><b>No regressions.</b></p>"
     status = "bad" if regressions else "ok" if changes else "amber"
-    latency = (_table(["bucket", "backend", "baseline median (ms)", "current median (ms)", "change"], rows,
-                      [now.median_ms > b.median_ms * limit for b, now in changes])
-               if changes else "<p class=note>No (bucket, backend) has steady batches in both runs.</p>")
-    return (f"<section class='regressions {status}'><h2>Regressions vs baseline</h2>"
-            f"<p>Baseline: <code>{html.escape(baseline.path)}</code>. Flagged: a (bucket, backend) whose median "
-            f"compute_ms grew by more than {threshold:.0%}, any increase in rejected documents or fallbacks, and a "
-            f"suspected memory leak the baseline did not have (or one growing {threshold:.0%} faster)."
-            f"</p>{verdict}<h3>Median compute_ms per bucket and backend</h3>{latency}</section>")
+    latency = (
+        _table(
+            ["bucket", "backend", "baseline median (ms)", "current median (ms)", "change"],
+            rows,
+            [now.median_ms > b.median_ms * limit for b, now in changes],
+        )
+        if changes
+        else "<p class=note>No (bucket, backend) has steady batches in both runs.</p>"
+    )
+    return (
+        f"<section class='regressions {status}'><h2>Regressions vs baseline</h2>"
+        f"<p>Baseline: <code>{html.escape(baseline.path)}</code>. Flagged: a (bucket, backend) whose median "
+        f"compute_ms grew by more than {threshold:.0%}, any increase in rejected documents or fallbacks, and a "
+        f"suspected memory leak the baseline did not have (or one growing {threshold:.0%} faster)."
+        f"</p>{verdict}<h3>Median compute_ms per bucket and backend</h3>{latency}</section>"
+    )
 
 
 def _memory_trend(run: Run) -> str:
@@ -184,25 +262,66 @@ def _memory_trend(run: Run) -> str:
     if not trends:
         return ""
     suspected = [t for t in trends if t.leak_suspected]
-    head = ("<div class=warn><b>⚠ Memory leak suspected</b> on " + html.escape(", ".join(t.worker for t in suspected))
-            + "</div>" if suspected else "")
-    rows = [[t.worker, t.batches, fmt(t.peak_bytes / 2**20), fmt(t.growth_mb_per_1k_batches),
-             fmt(None if t.projected_bytes() is None else t.projected_bytes() / 2**20),
-             "yes" if t.leak_suspected else "no"] for t in trends]
-    return (f"<h3>Memory growth per worker</h3>{head}"
-            + _table(["worker", "batches", "peak (MB)", "growth after warm-up (MB per 1,000 batches)",
-                      "projected at 10x the batches (MB)", "leak suspected"], rows, [t.leak_suspected for t in trends])
-            + f"<p class=note>Rule: {html.escape(memory_trend.RULE)}.</p>")
+    head = (
+        "<div class=warn><b>⚠ Memory leak suspected</b> on "
+        + html.escape(", ".join(t.worker for t in suspected))
+        + "</div>"
+        if suspected
+        else ""
+    )
+    rows = [
+        [
+            t.worker,
+            t.batches,
+            fmt(t.peak_bytes / 2**20),
+            fmt(t.growth_mb_per_1k_batches),
+            fmt(None if t.projected_bytes() is None else t.projected_bytes() / 2**20),
+            "yes" if t.leak_suspected else "no",
+        ]
+        for t in trends
+    ]
+    return (
+        f"<h3>Memory growth per worker</h3>{head}"
+        + _table(
+            [
+                "worker",
+                "batches",
+                "peak (MB)",
+                "growth after warm-up (MB per 1,000 batches)",
+                "projected at 10x the batches (MB)",
+                "leak suspected",
+            ],
+            rows,
+            [t.leak_suspected for t in trends],
+        )
+        + f"<p class=note>Rule: {html.escape(memory_trend.RULE)}.</p>"
+    )
 
 
 def _recompilations(b) -> str:
     again = recompilations(b)
     if not again.size:
         return ""
-    return "<div class=warn><b>⚠ Recompilations after a shape's first batch</b>" + _table(
-        ["batch", "time (s)", "worker", "device", "bucket", "rows", "backend", "compute_ms"],
-        [[b["batch_id"][i], b["t_s"][i], b["worker"][i], b["device"][i], fmt(b["bucket_len"][i]), b["rows"][i],
-          b["attention_backend"][i], b["compute_ms"][i]] for i in again]) + "</div>"
+    return (
+        "<div class=warn><b>⚠ Recompilations after a shape's first batch</b>"
+        + _table(
+            ["batch", "time (s)", "worker", "device", "bucket", "rows", "backend", "compute_ms"],
+            [
+                [
+                    b["batch_id"][i],
+                    b["t_s"][i],
+                    b["worker"][i],
+                    b["device"][i],
+                    fmt(b["bucket_len"][i]),
+                    b["rows"][i],
+                    b["attention_backend"][i],
+                    b["compute_ms"][i],
+                ]
+                for i in again
+            ],
+        )
+        + "</div>"
+    )
 
 
 def _top_labels(labels: dict) -> str:
@@ -211,31 +330,65 @@ def _top_labels(labels: dict) -> str:
     return " · ".join(f"{name} {count / total:.0%}" for name, count in list(labels.items())[:4])
 
 
-def render_html(run: Run, baseline: Run | None = None, regressions: list[Regression] = (),
-                threshold: float = 0.10) -> str:
+def render_html(
+    run: Run, baseline: Run | None = None, regressions: list[Regression] = (), threshold: float = 0.10
+) -> str:
     s, b = run.summary, run.batches
     scored = (s.get("head") or {}).get("name") == "classifier"
-    cards = [(f"documents {'scored' if scored else 'embedded'}", fmt(s.get("docs_embedded"))),
-             ("rejected", fmt(s.get("docs_rejected"))),
-             *([("top label", _top_labels(s["labels"]))] if s.get("labels") else []),
-             *([("reused", fmt(s["docs_reused"]))] if s.get("docs_reused") else []),
-             ("batches", fmt(s.get("batches", run.batch_count))), ("wall time (s)", fmt(s.get("wall_seconds"))),
-             ("documents/s", fmt(s.get("docs_per_second"))), ("tokens/s", fmt(s.get("tokens_per_second"))),
-             ("padding efficiency", _pct(s.get("padding_efficiency"))),
-             ("fallback batches", fmt(sum(fallbacks(run).values())))]
+    cards = [
+        (f"documents {'scored' if scored else 'embedded'}", fmt(s.get("docs_embedded"))),
+        ("rejected", fmt(s.get("docs_rejected"))),
+        *([("top label", _top_labels(s["labels"]))] if s.get("labels") else []),
+        *([("reused", fmt(s["docs_reused"]))] if s.get("docs_reused") else []),
+        ("batches", fmt(s.get("batches", run.batch_count))),
+        ("wall time (s)", fmt(s.get("wall_seconds"))),
+        ("documents/s", fmt(s.get("docs_per_second"))),
+        ("tokens/s", fmt(s.get("tokens_per_second"))),
+        ("padding efficiency", _pct(s.get("padding_efficiency"))),
+        ("fallback batches", fmt(sum(fallbacks(run).values()))),
+    ]
     stats = bucket_stats(b)
-    bucket_table = _table(
-        ["bucket", "backend", "batches", "compiles", "median compute_ms", "p90 compute_ms", "tokens/s",
-         "padding efficiency"],
-        [[fmt(x.bucket_len), x.backend or "?", x.batches, x.compiles, x.median_ms, x.p90_ms, x.tokens_per_s,
-          _pct(x.padding_efficiency)] for x in stats]) if stats else "<p class=note>No batches.</p>"
+    bucket_table = (
+        _table(
+            [
+                "bucket",
+                "backend",
+                "batches",
+                "compiles",
+                "median compute_ms",
+                "p90 compute_ms",
+                "tokens/s",
+                "padding efficiency",
+            ],
+            [
+                [
+                    fmt(x.bucket_len),
+                    x.backend or "?",
+                    x.batches,
+                    x.compiles,
+                    x.median_ms,
+                    x.p90_ms,
+                    x.tokens_per_s,
+                    _pct(x.padding_efficiency),
+                ]
+                for x in stats
+            ],
+        )
+        if stats
+        else "<p class=note>No batches.</p>"
+    )
     summary_rows = [[label, _summary_value(key, s[key])] for key, label in _SUMMARY_FIELDS.items() if key in s]
-    summary_rows += [[key, _summary_value(key, v)] for key, v in s.items()
-                     if key not in _SUMMARY_FIELDS and key not in _OWN_TABLES]
+    summary_rows += [
+        [key, _summary_value(key, v)] for key, v in s.items() if key not in _SUMMARY_FIELDS and key not in _OWN_TABLES
+    ]
     metrics = s.get("metrics") or {}
-    rejected_sample = _table(["source", "line", "id", "kind", "reason"],
-                             [[e.get("source", ""), e.get("line"), fmt(e.get("id")), e.get("kind", ""),
-                               e.get("reason", "")] for e in run.errors[:25]])
+    rejected_sample = _table(
+        ["source", "line", "id", "kind", "reason"],
+        [
+            [e.get("source", ""), e.get("line"), fmt(e.get("id")), e.get("kind", ""), e.get("reason", "")]
+            for e in run.errors[:25]
+        ],
+    )
     return f"""<!DOCTYPE html>
 <html lang=en><head><meta charset=utf-8><title>docbeam report: {html.escape(run.path)}</title>
 <style>{_CSS}</style></head><body><main>
@@ -258,8 +411,14 @@ per second of compute on one device.</p>{bucket_table}
 <h2>Summary</h2>{_table(["field", "value"], summary_rows)}{_summary_tables(s)}
 <h2>Metrics</h2>
 {_table(["counter", "value"], [[k, v] for k, v in (metrics.get("counters") or {}).items()])}
-{_table(["distribution", "count", "sum", "min", "max", "mean"],
-        [[k] + [d.get(f, "—") for f in ("count", "sum", "min", "max", "mean")]
-         for k, d in (metrics.get("distributions") or {}).items()])}
+{
+        _table(
+            ["distribution", "count", "sum", "min", "max", "mean"],
+            [
+                [k] + [d.get(f, "—") for f in ("count", "sum", "min", "max", "mean")]
+                for k, d in (metrics.get("distributions") or {}).items()
+            ],
+        )
+    }
 </main></body></html>
 """

@@ -5,6 +5,7 @@ A committed run lists its files in ``_manifest.json``; only those are read, sinc
 hold ``_staging/`` and shards of other runs. Older runs without a manifest are read by glob. Apart from
 pipeline/tools/report_data.py (the figures) so that a change to the folder layout touches only this file.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,10 +20,18 @@ from apache_beam.io.filesystems import FileSystems
 from docbeam.errors import Refused
 from docbeam.pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
 
-_NUMERIC = ("bucket_len", "rows", "real_rows", "real_tokens", "padded_tokens", "compute_ms", "total_ms",
-            "memory_in_use_bytes", "memory_peak_bytes")
-_TEXT = ("batch_id", "attention_backend", "attention_requested", "fallback_reason", "device", "worker",
-         "memory_source")
+_NUMERIC = (
+    "bucket_len",
+    "rows",
+    "real_rows",
+    "real_tokens",
+    "padded_tokens",
+    "compute_ms",
+    "total_ms",
+    "memory_in_use_bytes",
+    "memory_peak_bytes",
+)
+_TEXT = ("batch_id", "attention_backend", "attention_requested", "fallback_reason", "device", "worker", "memory_source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +39,7 @@ class Run:
     """A run's outputs as plain structures. ``batches`` holds aligned numpy columns (one entry per timing
     record, sorted by start time; numbers are float with NaN where a record lacks the key) plus ``t_s``,
     seconds since the first batch started."""
+
     path: str
     summary: dict[str, Any]
     batches: dict[str, np.ndarray]
@@ -59,8 +69,11 @@ def _load_run(output: str) -> Run:
     timing = _read_jsonl(run_files(output, TIMING))
     if summary is None and not timing:
         staged = _match(FileSystems.join(output, STAGING, "*", SUMMARY))
-        hint = (f"; it holds uncommitted runs, e.g. {staged[-1].rsplit('/', 1)[0]} (pass that folder to see one)"
-                if staged else "; pass the output path of a docbeam run")
+        hint = (
+            f"; it holds uncommitted runs, e.g. {staged[-1].rsplit('/', 1)[0]} (pass that folder to see one)"
+            if staged
+            else "; pass the output path of a docbeam run"
+        )
         raise FileNotFoundError(f"{output} has neither summary.json nor timing/*.jsonl shards{hint}")
     errors = _read_jsonl(run_files(output, ERRORS))
     return Run(path=output, summary=summary or {}, batches=batch_columns(timing), errors=errors)
@@ -74,10 +87,15 @@ def run_files(output: str, part: str) -> list[str]:
     if manifest is None:
         return _match(FileSystems.join(output, part, "*.jsonl*"))
     if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("files"), list):
-        raise ValueError(f"{manifest_path}: expected format {MANIFEST_FORMAT!r} with a 'files' list; got format "
-                         f"{manifest.get('format')!r}")
-    paths = sorted(FileSystems.join(output, *f["path"].split("/")) for f in manifest["files"]
-                   if in_folder(str(f.get("path", "")), part))
+        raise ValueError(
+            f"{manifest_path}: expected format {MANIFEST_FORMAT!r} with a 'files' list; got format "
+            f"{manifest.get('format')!r}"
+        )
+    paths = sorted(
+        FileSystems.join(output, *f["path"].split("/"))
+        for f in manifest["files"]
+        if in_folder(str(f.get("path", "")), part)
+    )
     for path in paths:
         if not FileSystems.exists(path):
             raise FileNotFoundError(f"{path} is listed in {manifest_path} but missing")
