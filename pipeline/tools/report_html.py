@@ -111,8 +111,16 @@ def _table(header: list[str], rows: list[list], flags: list[bool] | None = None)
 def _summary_value(key: str, value) -> str:
     if key in ("padding_efficiency", "reused_token_share"):
         return _pct(value)
-    if isinstance(value, dict):
-        return "; ".join(f"{k}: {fmt(v)}" for k, v in value.items()) or "none"
+    if isinstance(value, dict):  # nested ones (summary.json's representations) read "name (key: value, ...)"
+        return (
+            "; ".join(
+                f"{k} ({', '.join(f'{kk}: {fmt(vv)}' for kk, vv in v.items())})"
+                if isinstance(v, dict)
+                else f"{k}: {fmt(v)}"
+                for k, v in value.items()
+            )
+            or "none"
+        )
     if isinstance(value, (list, tuple)):
         return "; ".join(fmt(v) for v in value) or "none"
     return fmt(value)
