@@ -34,6 +34,8 @@ def parse_args(argv=None):
     p.add_argument("--docs", type=int, help="first N documents (default: all; --quick: 32)")
     p.add_argument("--precisions", default="float32,bfloat16,int8", help="docbeam's model.dtype values to run")
     p.add_argument("--skip-onnx", action="store_true", help="leave out ONNX Runtime")
+    p.add_argument("--skip-openvino", action="store_true", help="leave out OpenVINO")
+    p.add_argument("--openvino-precisions", default="f32,bf16", help="OpenVINO INFERENCE_PRECISION_HINT values")
     p.add_argument("--ort-threads", type=int, help="ONNX Runtime intra-op threads (default: the usable CPUs)")
     p.add_argument("--repeats", type=int, help="timed passes per side, best kept (default 3; --quick 1)")
     p.add_argument("--model", default=common.DEFAULT_MODEL)
@@ -189,6 +191,51 @@ def onnx_side(args, docs, folder, settings, which: str, path: str):
     return (yield from timed_passes(args, batches, encode, facts))
 
 
+def openvino_side(args, docs, folder, settings, hint: str, onnx_path: str):
+    """OpenVINO as sentence-transformers' ``backend="openvino"`` and optimum-intel run it on a CPU: the model read
+    once (the same float32 export ONNX Runtime runs), compiled with ``INFERENCE_PRECISION_HINT`` and as many
+    threads as this process may use, windows sorted by length in batches of 32, each padded to its longest."""
+    import numpy as np
+    import openvino as ov
+
+    from docbeam.pipeline.records import Batch
+
+    ids_of = {}
+    for b in windows_and_batches(args, docs, folder, settings, packing=False):
+        for row, window in enumerate(b.windows):
+            ids_of[window] = b.ids_BxT[row, : int(b.lengths_B[row])]
+    ordered = sorted(ids_of.items(), key=lambda item: len(item[1]))
+    batches = []
+    for start in range(0, len(ordered), 32):
+        group = ordered[start : start + 32]
+        lengths_B = np.array([len(ids) for _, ids in group], np.int32)
+        ids_BxT = np.zeros((len(group), int(lengths_B.max())), np.int32)
+        for row, (_, ids) in enumerate(group):
+            ids_BxT[row, : len(ids)] = ids
+        batches.append(Batch(f"ov-{start}", ids_BxT.shape[1], ids_BxT, lengths_B, tuple(k for k, _ in group)))
+    t0 = time.perf_counter()
+    core = ov.Core()
+    compiled = core.compile_model(
+        core.read_model(onnx_path),
+        "CPU",
+        {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": args.ort_threads, "PERFORMANCE_HINT": "LATENCY"},
+    )
+    facts = {
+        "side": f"openvino {hint}",
+        "load_s": time.perf_counter() - t0,
+        "packing": False,
+        "openvino": ov.__version__,
+        "threads": args.ort_threads,
+    }
+
+    def encode(batch):
+        mask_BxT = (np.arange(batch.ids_BxT.shape[1])[None, :] < batch.lengths_B[:, None]).astype(np.int64)
+        hidden_BxTxD = compiled({"input_ids": batch.ids_BxT.astype(np.int64), "attention_mask": mask_BxT})[0]
+        return (hidden_BxTxD * mask_BxT[..., None]).sum(axis=1) / np.maximum(mask_BxT.sum(axis=1), 1)[:, None]
+
+    return (yield from timed_passes(args, batches, encode, facts))
+
+
 def matmul_rates(repeats: int, rows: int = 4096, d_in: int = 384, d_out: int = 1536) -> list[list]:
     """One MLP-in projection at the encoder's shape, each way a precision can run it: the profile behind the
     table above (what the dot itself costs, and what converting or quantising around it adds)."""
@@ -264,6 +311,12 @@ def main(argv=None) -> int:
         models = onnx_models(args.model, folder)
         sides += [onnx_side(args, docs, folder, settings, which, path) for which, path in models.items()]
         print(f"ONNX export and quantization (or cache): {time.perf_counter() - t0:.1f} s\n", flush=True)
+    if not args.skip_openvino:
+        onnx_float32 = onnx_models(args.model, folder)["float32"]
+        sides += [
+            openvino_side(args, docs, folder, settings, hint, onnx_float32)
+            for hint in args.openvino_precisions.split(",")
+        ]
     results = alternate(*sides)
 
     ids = [d.id for d in docs]
