@@ -26,6 +26,12 @@ def precision_figure(side: str, field: str):
 
 
 COLUMNS = ("docbeam float32", "docbeam bfloat16", "docbeam int8", "onnxruntime float32", "onnxruntime int8")
+OPENVINO = ("openvino f32", "openvino bf16")  # in the table when the run had them (results since 2026-12-05)
+NAMES = {"onnxruntime": "ONNX Runtime", "openvino f32": "OpenVINO float32", "openvino bf16": "OpenVINO bfloat16"}
+
+
+def display(side: str) -> str:
+    return NAMES.get(side) or side.replace("onnxruntime", NAMES["onnxruntime"])
 
 
 def precision_table(record: dict, link: str) -> str:
@@ -33,6 +39,7 @@ def precision_table(record: dict, link: str) -> str:
     and the precision gate against docbeam float32, then the command, machine and results file behind them."""
     sides = {x["side"]: x for x in record["sides"]}
     f32, ort8 = sides["docbeam float32"]["tokens_per_s"], sides["onnxruntime int8"]["tokens_per_s"]
+    columns = COLUMNS + tuple(c for c in OPENVINO if c in sides)
 
     def gate(side, field, digits):
         g = sides[side].get("gate")
@@ -50,15 +57,15 @@ def precision_table(record: dict, link: str) -> str:
         ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
         ("precision gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict),
     ]
-    names = [c.replace("onnxruntime", "ONNX Runtime") for c in COLUMNS]
+    count = {5: "five", 7: "seven"}.get(len(columns), str(len(columns)))
     out = [
-        "Reduced precision on CPU: five encoders of one model in one run, each against docbeam float32's vectors "
+        f"Reduced precision on CPU: {count} encoders of one model in one run, each against docbeam float32's vectors "
         "(the precision gate that `docbeam run` applies to `model.dtype`):",
         "",
-        "| encoder (CPU) | " + " | ".join(names) + " |",
-        "|---" * (1 + len(COLUMNS)) + "|",
+        "| encoder (CPU) | " + " | ".join(map(display, columns)) + " |",
+        "|---" * (1 + len(columns)) + "|",
     ]
-    out += [f"| {what} | " + " | ".join(cell(s) for s in COLUMNS) + " |" for what, cell in rows]
+    out += [f"| {what} | " + " | ".join(cell(s) for s in columns) + " |" for what, cell in rows]
     machine = record.get("machine", {})
     flags = ", ".join(machine.get("cpu_flags") or [])
     out += [

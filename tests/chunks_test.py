@@ -236,3 +236,31 @@ def sample_chunk_vectors_are_the_models_window_vectors(sample_run, real_checkpoi
         vectors = encode_alone(real_checkpoint_dir, windows)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
         np.testing.assert_allclose([r["embedding"] for r in grouped[doc_id]], vectors, atol=2e-5, err_msg=doc_id)
+
+
+def test_a_chunk_row_left_out_is_counted_in_the_jobs_metrics(tmp_path):
+    """A written document's chunk whose vector is NaN (a late chunk's context window gone wrong) is not written,
+    and the job's metrics say how many and why: nothing disappears unseen."""
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+
+    from docbeam.pipeline.records import WindowEmbedding
+    from docbeam.pipeline.stages.chunks import WriteChunks
+    from docbeam.pipeline.telemetry.observe import CHUNKS_NOT_WRITTEN, METRICS_NAMESPACE, metric_name
+
+    def window(index, vector):
+        return WindowEmbedding("d", index, 2, 3, 6, False, np.asarray(vector, np.float32), 32, "native", 0, 1, True)
+
+    p = beam.Pipeline()
+    inputs = {
+        "windows": p | "Windows" >> beam.Create([window(0, [0.6, 0.8]), window(1, [np.nan, 0.0])]),
+        "documents": p | "Documents" >> beam.Create([Document("d", "abc def", "x.jsonl", 1)]),
+        "embedded": p | "Embedded" >> beam.Create([{"id": "d"}]),
+    }
+    _ = inputs | WriteChunks(str(tmp_path), "r1", 1, normalize=False, truncate_dim=None, with_text=False, width=2)
+    result = p.run()
+    result.wait_until_finish()
+    rows = [r for f in glob.glob(f"{tmp_path}/chunks/*.parquet") for r in pq.read_table(f).to_pylist()]
+    assert [(r["chunk_index"], r["embedding"]) for r in rows] == [(0, pytest.approx([0.6, 0.8]))]
+    counters = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    assert {c.key.metric.name: c.committed for c in counters} == {metric_name(CHUNKS_NOT_WRITTEN, "non_finite"): 1}

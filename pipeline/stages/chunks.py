@@ -16,6 +16,8 @@ of its windows', with the same indexes, offsets and lengths.
 
 from __future__ import annotations
 
+import logging
+
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
@@ -83,6 +85,17 @@ def chunk_rows(
     return rows
 
 
+def not_written(count: int, reason: str) -> None:
+    """Chunk rows of a written document left out: a Beam counter (summary.json's metrics) and a log line."""
+    if count:
+        from apache_beam.metrics import Metrics
+
+        from docbeam.pipeline.telemetry.observe import CHUNKS_NOT_WRITTEN, METRICS_NAMESPACE, metric_name
+
+        Metrics.counter(METRICS_NAMESPACE, metric_name(CHUNKS_NOT_WRITTEN, reason)).inc(count)
+        logging.getLogger(__name__).warning("docbeam: %d chunk row(s) not written (%s)", count, reason)
+
+
 class WriteChunks(beam.PTransform):
     """Input ``{"windows": WindowEmbeddings, "documents": the Documents encoded, "embedded": their pooled rows}``
     and, for int8/uint8, ``"calibration"``: the documents' ranges, which chunk rows are quantized with too (one
@@ -132,13 +145,16 @@ class WriteChunks(beam.PTransform):
             )
             rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
             # A late chunk whose context window gave NaN or inf is not written, though its document's row (from
-            # its windows) was: an embedding written is always finite.
-            rows = [r for r in rows if "embedding" not in r or np.all(np.isfinite(r["embedding"]))]
+            # its windows) was: an embedding written is always finite. Counted, so the summary's metrics say so.
+            finite = [r for r in rows if "embedding" not in r or np.all(np.isfinite(r["embedding"]))]
+            not_written(len(rows) - len(finite), "non_finite")
             if dtype == "float32":  # chunk_vector made them float32 already
-                return rows
+                return finite
             # A chunk with values beyond float16's range is not written (an embedding written is always finite).
-            quantized = [vectors.quantize_row({**r, "id": r["document_id"]}, dtype, calibration) for r in rows]
-            return [{k: v for k, v in q.items() if k != "id"} for q in quantized if not isinstance(q, Rejected)]
+            quantized = [vectors.quantize_row({**r, "id": r["document_id"]}, dtype, calibration) for r in finite]
+            kept = [{k: v for k, v in q.items() if k != "id"} for q in quantized if not isinstance(q, Rejected)]
+            not_written(len(finite) - len(kept), "out_of_range")
+            return kept
 
         joined = {
             "windows": inputs["windows"] | "KeyWindows" >> beam.Map(lambda w: (w.doc_id, w)),

@@ -24,6 +24,7 @@ STAGES = ("read", "tokenize", "encode", "pool", "commit")
 # labelled(), never by slicing the name where it is read.
 STAGE_US = "stage_us"  # [stage]: microseconds inside a stage's own code (StageClock)
 DOCS_REJECTED = "docs_rejected"  # [kind]: documents rejected for that reason
+CHUNKS_NOT_WRITTEN = "chunks_not_written"  # [reason]: chunk rows of written documents left out (non_finite, range)
 FALLBACKS = "fallbacks"  # [fallback_key]: batches that ran on another backend than requested
 STARTUP_MS = "startup_ms"  # [<STARTUP_PARTS>]: an encoder's start-up steps
 STARTUP_PARTS = ("checkpoint", "probes", "reused")  # reused: warm from an earlier job in the process, nothing loaded
