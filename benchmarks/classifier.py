@@ -50,19 +50,6 @@ def classifier_from_backbone(folder: str) -> str:
     return folder
 
 
-def run_once(model: str, input_path: str, output: str, **model_settings) -> dict:
-    from docbeam.pipeline.driver.job import run
-
-    sets = [
-        f"model.path={model}",
-        f"input.path={input_path}",
-        f"output.path={output}",
-        "model.max_seq_len=256",
-        "runner.progress_seconds=0",
-    ] + [f"model.{k}={v}" for k, v in model_settings.items()]
-    return run(common.LOCAL_CONFIG, overrides=sets)
-
-
 def main(argv=None) -> int:
     p = common.parser(__doc__)
     p.add_argument("--repeats", type=int, default=3)
@@ -82,11 +69,11 @@ def main(argv=None) -> int:
         "classifier, every window (mean)": (classifier, {"classifier.windows": "mean"}),
     }
     for model, settings in runs.values():  # warm: compilations cached, encoder loaded once per spec
-        run_once(model, corpus, os.path.join(work, "warm"), **settings)
+        common.run_local_job(model, corpus, os.path.join(work, "warm"), **settings)
     measured = {name: [] for name in runs}
     for repeat in range(args.repeats):
         for name, (model, settings) in runs.items():
-            s = run_once(model, corpus, os.path.join(work, f"{repeat}-{len(measured[name])}"), **settings)
+            s = common.run_local_job(model, corpus, os.path.join(work, f"{repeat}-{len(measured[name])}"), **settings)
             measured[name].append(
                 {
                     k: s[k]

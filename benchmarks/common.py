@@ -342,3 +342,19 @@ class CacheEvents:
 
     def snapshot(self) -> dict:
         return {"cache_hits": self.hits, "cache_misses": self.misses}
+
+
+def run_local_job(model: str, input_path: str, output: str, extra_sets: tuple[str, ...] = (), **model_settings) -> dict:
+    """One ``docbeam run`` of configs/local.yaml on ``model`` (256-token windows, no progress lines), with
+    ``model.<key>=<value>`` for each of ``model_settings`` and ``extra_sets`` as --set gives them; its summary."""
+    from docbeam.pipeline.driver.job import run
+
+    sets = [
+        f"model.path={model}",
+        f"input.path={input_path}",
+        f"output.path={output}",
+        "model.max_seq_len=256",
+        "runner.progress_seconds=0",
+        *extra_sets,
+    ]
+    return run(LOCAL_CONFIG, overrides=sets + [f"model.{k}={v}" for k, v in model_settings.items()])

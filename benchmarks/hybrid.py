@@ -28,6 +28,7 @@ from benchmarks import common  # noqa: E402
 common.bootstrap()
 
 COLBERT_WIDTH = 128
+TRUNCATE = ("tokenize.long_documents=truncate",)  # first windows: the sparse and multi-vector heads truncate
 TERMS_PER_TOKEN = 4  # the random SPLADE head's bias leaves about this many positive logits per token
 
 
@@ -88,20 +89,6 @@ def m3_from_backbone(folder: str) -> str:
     return folder
 
 
-def run_once(model: str, input_path: str, output: str, **model_settings) -> dict:
-    from docbeam.pipeline.driver.job import run
-
-    sets = [
-        f"model.path={model}",
-        f"input.path={input_path}",
-        f"output.path={output}",
-        "model.max_seq_len=256",
-        "tokenize.long_documents=truncate",
-        "runner.progress_seconds=0",
-    ]
-    return run(common.LOCAL_CONFIG, overrides=sets + [f"model.{k}={v}" for k, v in model_settings.items()])
-
-
 def bytes_per_document(summary: dict, output: str) -> dict:
     """Each representation's bytes as written (summary.json's ``representations``), their sum, and the run's
     Parquet files on disk, per document."""
@@ -140,12 +127,12 @@ def main(argv=None) -> int:
     if not args.without_m3:
         runs["bge-m3: dense + sparse + ColBERT"] = (m3, {"head": "bge_m3"}, "bge_m3")
     for model, settings, _ in runs.values():  # warm: compilations cached, encoder loaded once per spec
-        run_once(model, corpus, os.path.join(work, "warm"), **settings)
+        common.run_local_job(model, corpus, os.path.join(work, "warm"), TRUNCATE, **settings)
     measured = {name: [] for name in runs}
     for repeat in range(args.repeats):
         for name, (model, settings, head) in runs.items():
             output = os.path.join(work, f"{repeat}-{head}")
-            s = run_once(model, corpus, output, **settings)
+            s = common.run_local_job(model, corpus, output, TRUNCATE, **settings)
             measured[name].append(
                 {
                     **{

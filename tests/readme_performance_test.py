@@ -28,7 +28,7 @@ def test_the_readmes_one_table_puts_the_command_beside_each_figure():
         assert "`python benchmarks/" in row, row
 
 
-def test_the_readme_sets_the_five_precisions_side_by_side_with_the_command_and_the_gate():
+def test_the_readme_sets_the_precisions_and_runtimes_side_by_side_with_the_command_and_the_gate():
     import json
 
     record = json.load(open(f"{readme.REPO}/{readme.RESULTS}/{readme.PRECISION}"))
@@ -39,7 +39,9 @@ def test_the_readme_sets_the_five_precisions_side_by_side_with_the_command_and_t
         "docbeam bfloat16",
         "docbeam int8",
         "ONNX Runtime float32",
-        "ONNX Runtime int8 |",
+        "ONNX Runtime int8",
+        "OpenVINO float32",
+        "OpenVINO bfloat16 |",
     ]
     speeds = next(r for r in table.splitlines() if r.startswith("| tokens/s"))
     assert speeds.split(" | ")[1:] == [f"{s['tokens_per_s']:,.0f}" for s in record["sides"]][:-1] + [
