@@ -346,3 +346,23 @@ def test_a_classifier_in_bfloat16_under_a_warned_gate_runs_unmeasured_and_says_s
     )
     record = precision_gate_at_start.gate_record(plan)
     assert record["status"] == "not run" and "classifier head writes scores/ rows" in record["reason"]
+
+
+def test_a_kept_field_named_like_a_column_the_head_writes_is_refused_but_kept_for_an_embedder(
+    tmp_path, tiny_checkpoint_dir
+):
+    """An input field named score is a common one: an embedding job keeps it, a classifier job (whose rows have a
+    score column) refuses it at start rather than let it overwrite the score."""
+    from conftest import job_config
+
+    from docbeam.config import ConfigError
+    from docbeam.pipeline.driver.plan import make_plan
+
+    folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(json.dumps({"id": "a", "text": "a b c", "score": 3, "lang": "en"}) + "\n")
+    sections = {"input": {"keep_fields": ["score", "lang"]}, "model": {"max_seq_len": WINDOW}}
+    with pytest.raises(ConfigError, match=r"input.keep_fields: \['score'\] name columns the classifier head"):
+        make_plan(job_config(str(docs), str(tmp_path / "out"), folder, **sections), probe_backends=False)
+    kept = make_plan(job_config(str(docs), str(tmp_path / "o2"), tiny_checkpoint_dir, **sections), probe_backends=False)
+    assert [c.name for c in kept.kept.columns] == ["score", "lang"]

@@ -40,6 +40,18 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
         )
 
 
+def check_kept_fields(head: Head, kept: KeptFields) -> None:
+    """A kept field may not take the name of a column the resolved head writes (the classifier's label, score and
+    scores, the sparse and multi-vector heads' own): it would overwrite it. keep.OUTPUT_COLUMNS holds the columns
+    every run writes; these are the head's, so an embedding job keeps an input field named score."""
+    taken = sorted({c.name for c in head.columns()} & {c.name for c in kept.columns})
+    if taken:
+        raise ConfigError(
+            f"input.keep_fields: {taken} name columns the {head.name} head writes to {head.folder}/, which the kept "
+            "field would overwrite; remove them from the list (or rename the fields in the input)"
+        )
+
+
 def tokenize_for(cfg: JobConfig | EmbedConfig, head: Head) -> TokenizeConfig:
     if getattr(head, "windows", None) == "first":
         return cfg.tokenize.model_copy(update={"long_documents": "truncate"})

@@ -29,7 +29,13 @@ from docbeam.models.encoder import EncoderConfig, attention_cases
 from docbeam.models.heads import Head
 from docbeam.models.heads import resolve as resolve_head
 from docbeam.models.st_settings import document_prompt
-from docbeam.pipeline.driver.head_plan import check_head_fits_output, check_selection, tokenize_for, vector_dtype
+from docbeam.pipeline.driver.head_plan import (
+    check_head_fits_output,
+    check_kept_fields,
+    check_selection,
+    tokenize_for,
+    vector_dtype,
+)
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
 from docbeam.pipeline.stages.packer import bucket_for
 from docbeam.pipeline.stages.read import sample_records
@@ -284,6 +290,7 @@ def _checked_plan(
     head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
     check_head_fits_output(cfg, head)
     check_selection(cfg, head, kept)
+    check_kept_fields(head, kept)
     from docbeam.pipeline.driver import sinks  # Beam's: imported once a config is past its own checks
 
     for sink, _ in sinks.active(cfg):
