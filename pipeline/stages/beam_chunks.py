@@ -24,8 +24,8 @@ from docbeam.pipeline.stages.keep import OUTPUT_COLUMNS
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 
-# A row's columns that are docbeam's own (pipeline/stages/write.py, chunks.py); every other column is a kept field.
-OWN_COLUMNS = frozenset(OUTPUT_COLUMNS)
+# A row's columns that are docbeam's own (every run's, and the vector heads'); every other column is a kept field.
+OWN_COLUMNS = frozenset(OUTPUT_COLUMNS) | {"sparse_embedding", "multi_vector"}
 NOT_CHUNKS = ("multi_vector", "scores")  # rows a Chunk has no place for: one vector per token, a classifier's scores
 IDS = ("docbeam", "uuid5")  # a Chunk's id: docbeam's own, or a UUID made from it (for Qdrant and Milvus)
 FLOAT_DTYPES = ("float32", "float16")
