@@ -163,3 +163,43 @@ def test_a_bge_m3_run_loads_dense_and_sparse_columns_and_a_hybrid_query_ranks_as
     by_meaning = sorted(dense_only, key=lambda i: -dense_only[i])
     assert by_meaning[0] != "lexical" and ranked[0] == ("lexical",)  # the shared rare words put it first
     assert [r[0] for r in ranked[1:]] == [i for i in by_meaning if i != "lexical"]  # no shared term: by meaning
+
+
+@pytest.mark.slow
+@pytest.mark.extra
+def test_bge_m3_rows_in_a_shared_table_follow_their_runs_through_removal_rejection_and_an_odd_id(tmp_path, postgres):
+    """Two outputs in one table, an incremental run that drops a document, a document rejected (no tokens) and an
+    id holding a line break: the table ends as each output's last committed run, both vector columns equal to the
+    Parquet rows, and neither output deletes the other's rows."""
+    from pgvector_sparse_test import parse_sparsevec
+    from pgvector_test import query
+
+    folder, *_ = m3_checkpoint(str(tmp_path / "model"))
+    texts = list(TEXTS)
+    order = ["a0", "a1", "line\nbreak", "a2", "o0"]  # each id keeps its text from run to run
+
+    def run(name, ids, reuse=None):
+        path = tmp_path / f"{name}.jsonl"
+        lines = [{"id": i, "text": texts[order.index(i) % len(texts)]} for i in ids] + [{"id": "empty", "text": ""}]
+        path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+        sections = {
+            "model": {"head": "bge_m3"},
+            "batching": BATCHING,
+            "input": {"max_rejected_fraction": 0.5, **({"reuse_from": str(tmp_path / reuse)} if reuse else {})},
+            "output": {"pgvector": {"dsn": postgres, "table": "shared"}},
+        }
+        return run_job(job_config(str(path), str(tmp_path / name), folder, **sections))
+
+    first = run("a", ["a0", "a1", "line\nbreak"])
+    assert first["docs_rejected"] == 1  # "empty": no tokens, never loaded
+    run("other", ["o0"])
+    second = run("b", ["a1", "line\nbreak", "a2"], reuse="a")
+    assert second["docs_reused"] == 2, second["reuse"]
+    assert second["pgvector"]["upserted"] >= 1
+    loaded = {r[0]: r[1:] for r in query(postgres, "SELECT id, embedding::text, sparse_embedding::text FROM shared")}
+    assert sorted(loaded) == sorted(["a1", "a2", "line\nbreak", "o0"])
+    for out in ("b", "other"):
+        for doc_id, row in read_rows(tmp_path / out).items():
+            dense, sparse = loaded[doc_id]
+            assert np.allclose(json.loads(dense), row["embedding"], rtol=1e-6), doc_id
+            assert sorted(parse_sparsevec(sparse)[1]) == row["sparse_embedding"]["indices"], doc_id
