@@ -7,8 +7,8 @@ and the bytes each output costs per document, in one process, alternating, so al
 Every run encodes the default model's backbone (all-MiniLM-L6-v2's real weights, 256-token windows, first window
 only, as the sparse and multi-vector heads truncate); the heads are drawn at random, so their cost is real and
 their values are not: SPLADE's masked-LM transform (std 0.02) with the decoder tied to the word embeddings and
-a bias that leaves a few terms per token (real SPLADE checkpoints give 100-300 terms per document; the terms
-per document here are whatever the random head gives, reported as measured); ColBERT's 384 → 128 projection;
+a bias that leaves a few terms per token (the terms per document are whatever the random head gives, reported
+as measured); ColBERT's 384 → 128 projection;
 bge-m3's sparse_linear (384 → 1) beside that projection. Bytes per document: the representation as written
 (dense float32; sparse 8 bytes a term, int32 index plus float32 value; multi-vector width × float32 a token)
 and the run's Parquet files on disk divided by its documents.
