@@ -7,9 +7,12 @@
   key block: the baseline the skipping is measured against;
 - ``chunked-1024``: skipping with the non-causal table's 1024-row chunks instead of the causal default
   (attention/chunk_sizes.py's CAUSAL_CHUNK), whose coarser blocks skip less;
+- ``chunked-2heads``: the causal chunks with two query heads (one k/v head) per step instead of every head at once
+  (attention/chunk_sizes.py's CAUSAL_HEADS_PER_STEP), as the non-causal table's one head per step rounds to;
 - ``flash``: whatever kernel the flash backend maps a causal grouped case to on this platform.
 
     python benchmarks/long_context_decoder.py [--quick] [--lengths 4096,16384,32768] [--backends ...]
+                                              [--dtype float32] [--name long_context_decoder]
 
 One layer is timed per backend and length, each in its own subprocess under an address-space cap
 (benchmarks/long_context.py's ``spawn``); the model's attention is 28 times that layer. A case whose native
@@ -36,12 +39,13 @@ VARIANTS = {
     "chunked": ("chunked", None),
     "chunked-noskip": ("chunked", {"skip_causal_blocks": False}),
     "chunked-1024": ("chunked", {"query_chunk": 1024, "key_chunk": 1024}),
+    "chunked-2heads": ("chunked", {"heads_per_step": 2}),
     "flash": ("flash", None),
 }
 GB = 2**30
 
 
-def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> dict:
+def run_case(backend: str, length: int, repeats: int, time_per_case: float, dtype: str = "float32") -> dict:
     """In the child: compile one causal grouped layer's attention ahead of time, then time calls (best kept)."""
     import jax
     import jax.numpy as jnp
@@ -50,14 +54,14 @@ def run_case(backend: str, length: int, repeats: int, time_per_case: float) -> d
     from docbeam import attention
 
     rng = np.random.default_rng(0)
-    q = jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32))
-    k, v = (jnp.asarray(rng.standard_normal((1, length, KV_HEADS, HEAD_DIM), np.float32)) for _ in range(2))
+    q = jnp.asarray(rng.standard_normal((1, length, HEADS, HEAD_DIM), np.float32), dtype)
+    k, v = (jnp.asarray(rng.standard_normal((1, length, KV_HEADS, HEAD_DIM), np.float32), dtype) for _ in range(2))
     lengths = jnp.asarray([length], jnp.int32)
     name, raw_options = VARIANTS[backend]
     chosen = attention.get(name)
     options = chosen.parse_options(raw_options)
     case = attention.AttentionCase(
-        jax.default_backend(), "float32", length, HEADS, HEAD_DIM, causal=True, num_kv_heads=KV_HEADS
+        jax.default_backend(), dtype, length, HEADS, HEAD_DIM, causal=True, num_kv_heads=KV_HEADS
     )
     support = chosen.supports(case, options)
     if not support.ok:
@@ -94,6 +98,7 @@ def ratios(results: list[dict], lengths) -> list[dict]:
             "length": length,
             "skipping_speedup": ratio(ok.get(("chunked-noskip", length)), chunked, "seconds"),
             "coarse_over_chunked": ratio(ok.get(("chunked-1024", length)), chunked, "seconds"),
+            "two_heads_over_chunked": ratio(ok.get(("chunked-2heads", length)), chunked, "seconds"),
         }
         for backend in ("chunked", "chunked-noskip", "chunked-1024", "flash"):
             row[f"native_over_{backend}"] = ratio(native, ok.get((backend, length)), "seconds")
@@ -121,6 +126,8 @@ def main(argv=None) -> int:
         return 0
     p = long_context.case_parser(__doc__, DEFAULT_LENGTHS, QUICK_LENGTHS, timeout=1500.0)
     p.add_argument("--backends", default=",".join(VARIANTS), help="of " + ", ".join(VARIANTS))
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="q, k and v's dtype")
+    p.add_argument("--name", default="long_context_decoder", help="results file name (default %(default)s)")
     args = p.parse_args(argv)
     lengths = long_context.lengths_of(args, DEFAULT_LENGTHS, QUICK_LENGTHS)
     backends = args.backends.split(",")
@@ -130,14 +137,15 @@ def main(argv=None) -> int:
     info = common.machine(with_jax=False)
     common.print_machine("long context: Qwen3-0.6B attention, causal and grouped", info)
     print(
-        f"{HEADS} query heads over {KV_HEADS} k/v heads x {HEAD_DIM}, float32, batch 1, {LAYERS} causal layers; "
+        f"{HEADS} query heads over {KV_HEADS} k/v heads x {HEAD_DIM}, {args.dtype}, batch 1, {LAYERS} causal layers; "
         f"cap {args.mem_cap_gb:g} GB per case\n",
         flush=True,
     )
     results, started = [], time.perf_counter()
     for length in lengths:
         for backend in backends:
-            case = {"backend": backend, "length": length, "repeats": args.repeats, "time_per_case": args.time_per_case}
+            case = {"backend": backend, "length": length, "repeats": args.repeats, "time_per_case": args.time_per_case,
+                    "dtype": args.dtype}  # fmt: skip
             results.append(
                 long_context.spawn(case, args.mem_cap_gb, args.timeout, script=__file__, native_gb=native_scores_gb)
             )
@@ -168,6 +176,7 @@ def main(argv=None) -> int:
                 "tokens",
                 "skipping speed-up",
                 "chunked-1024 ÷ chunked",
+                "chunked-2heads ÷ chunked",
                 "native ÷ chunked",
                 "native ÷ flash",
                 "chunked memory ÷ native",
@@ -177,6 +186,7 @@ def main(argv=None) -> int:
                     r["length"],
                     r["skipping_speedup"],
                     r["coarse_over_chunked"],
+                    r["two_heads_over_chunked"],
                     r["native_over_chunked"],
                     r["native_over_flash"],
                     r["chunked_memory_over_native"],
@@ -189,9 +199,10 @@ def main(argv=None) -> int:
     print(f"\n{target['line']}\nbenchmark wall time {time.perf_counter() - started:.0f} s")
     common.write_results(
         args,
-        "long_context_decoder",
+        args.name,
         {
             "machine": info,
+            "dtype": args.dtype,
             "lengths": list(lengths),
             "shape": {"heads": HEADS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM, "layers": LAYERS, "causal": True},
             "results": results,

@@ -139,20 +139,24 @@ def test_chunked_says_whether_it_skips_the_blocks_past_the_diagonal():
     assert "past the diagonal skipped" in skipping and "past the diagonal" not in scanning
 
 
-def test_a_causal_layer_on_cpu_runs_square_causal_chunks_unless_the_options_set_them():
+def test_a_causal_layer_on_cpu_runs_square_causal_chunks_of_every_head_unless_the_options_set_them():
     from docbeam.attention.chunk_sizes import (
         ACCELERATOR_CHUNKS,
         CAUSAL_CHUNK,
+        CAUSAL_HEADS_PER_STEP,
         TUNED_CHUNKS,
         ChunkedOptions,
         layer_chunk_sizes,
     )
 
-    chunk, heads = CAUSAL_CHUNK["cpu"], TUNED_CHUNKS[-1][3]
+    chunk, heads = CAUSAL_CHUNK["cpu"], CAUSAL_HEADS_PER_STEP["cpu"]
+    assert heads == 0  # every head in one batched matmul: measured faster than the table's one head per step
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "cpu", causal=True) == (chunk, chunk, heads)
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "cpu") == TUNED_CHUNKS[-1][1:]
     assert layer_chunk_sizes(ChunkedOptions(query_chunk=64), 4096, None, "cpu", causal=True) == (64, chunk, heads)
+    assert layer_chunk_sizes(ChunkedOptions(heads_per_step=2), 4096, None, "cpu", causal=True) == (chunk, chunk, 2)
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "gpu", causal=True) == ACCELERATOR_CHUNKS[0][1:]
     case = AttentionCase("cpu", "float32", 4096, N, H, causal=True, num_kv_heads=K)
     chunked = attention.get("chunked")
-    assert f"chunks {chunk}x{chunk}" in chunked.supports(case, chunked.parse_options(None)).kernel
+    kernel = chunked.supports(case, chunked.parse_options(None)).kernel
+    assert f"chunks {chunk}x{chunk}," in kernel and "head(s) per step" not in kernel
