@@ -15,6 +15,10 @@ Row = tuple[int, int, int, int]  # (longest sequence, query_chunk, key_chunk, he
 # this table). The first row whose length covers the sequence applies, else the last. heads_per_step > 0
 # works around XLA:CPU's batched matmul, slow with many small (head_dim 32) batch entries.
 TUNED_CHUNKS: tuple[Row, ...] = ((512, 512, 256, 1), (2048, 512, 256, 2), (8192, 1024, 1024, 1))
+# The same sweep with q, k and v in bfloat16 (`--dtype bfloat16`; chunk_sweep-bfloat16.json's "chosen"): longer
+# query chunks win, 1.34x the float32 table's sizes at 2,048 tokens, 1.07x at 8,192 and 1.05x at 512 (re-timed
+# in turns in one process, CHANGELOG.md).
+TUNED_CHUNKS_BFLOAT16: tuple[Row, ...] = ((512, 512, 256, 2), (2048, 2048, 512, 1), (8192, 2048, 512, 1))
 
 # GPU and TPU, not measured in this repository: the chunks tokamax 0.0.12 fixes for its own XLA chunked
 # kernel (``_XLA_CHUNK_SIZE = (512, 1024)`` in tokamax/_src/ops/attention/api.py), and all heads in one
@@ -26,6 +30,8 @@ PLATFORM_CHUNKS: dict[str, tuple[Row, ...]] = {
     "gpu": ACCELERATOR_CHUNKS,
     "tpu": ACCELERATOR_CHUNKS,
 }
+# (platform, q's dtype) → its own table where one was measured; otherwise the platform's.
+DTYPE_CHUNKS: dict[tuple[str, str], tuple[Row, ...]] = {("cpu", "bfloat16"): TUNED_CHUNKS_BFLOAT16}
 
 # Causal global layers (decoders), where no option sets them: square chunks of this many rows and keys, so
 # the key blocks past the diagonal that each query chunk skips are fine-grained (a query chunk of c rows scans
@@ -68,10 +74,11 @@ class ChunkedOptions(pydantic.BaseModel):
     skip_causal_blocks: bool = True
 
 
-def chunk_sizes(options: ChunkedOptions, seq_len: int, platform: str) -> tuple[int, int, int]:
-    """(query_chunk, key_chunk, heads_per_step) for a sequence on ``platform``: the options' where set, else
-    the platform's row for its length (a platform without a table gets the accelerators' default)."""
-    table = PLATFORM_CHUNKS.get(platform, ACCELERATOR_CHUNKS)
+def chunk_sizes(options: ChunkedOptions, seq_len: int, platform: str, dtype: str = "float32") -> tuple[int, int, int]:
+    """(query_chunk, key_chunk, heads_per_step) for a sequence on ``platform`` with q in ``dtype``: the options'
+    where set, else the row for its length of the (platform, dtype) table, or of the platform's (a platform
+    without a table gets the accelerators' default)."""
+    table = DTYPE_CHUNKS.get((platform, dtype)) or PLATFORM_CHUNKS.get(platform, ACCELERATOR_CHUNKS)
     _, query_chunk, key_chunk, heads_per_step = next((row for row in table if seq_len <= row[0]), table[-1])
     return (
         options.query_chunk or query_chunk,
@@ -81,12 +88,17 @@ def chunk_sizes(options: ChunkedOptions, seq_len: int, platform: str) -> tuple[i
 
 
 def layer_chunk_sizes(
-    options: ChunkedOptions, seq_len: int, local_window: tuple[int, int] | None, platform: str, causal: bool = False
+    options: ChunkedOptions,
+    seq_len: int,
+    local_window: tuple[int, int] | None,
+    platform: str,
+    causal: bool = False,
+    dtype: str = "float32",
 ) -> tuple[int, int, int]:
     """``chunk_sizes`` for a global layer (a causal one on a platform with a CAUSAL_CHUNK: square chunks of
     it, CAUSAL_HEADS_PER_STEP heads per step); for a local one the LOCAL_* sizes and one key chunk spanning a
     query chunk's window (capped at LOCAL_MAX_KEY_CHUNK); always the options' sizes where they set them."""
-    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len, platform)
+    query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len, platform, dtype)
     if local_window is None and causal and platform in CAUSAL_CHUNK:
         chunk = CAUSAL_CHUNK[platform]
         heads = CAUSAL_HEADS_PER_STEP.get(platform, heads_per_step)

@@ -77,7 +77,7 @@ def supports(case: AttentionCase, options: ChunkedOptions) -> Support:
         return Support(ok=False, reason=GROUPED_RELATIVE)
     window = case.local_window and causal_window(case.local_window, case.causal, case.seq_len)
     query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(
-        options, case.seq_len, window, case.platform, case.causal
+        options, case.seq_len, window, case.platform, case.causal, case.dtype
     )
     query_chunk = min(query_chunk, case.seq_len)
     keys = key_plan(case.seq_len, query_chunk, key_chunk, window, case.causal and options.skip_causal_blocks)
@@ -142,7 +142,9 @@ def chunked(
     b, t, n, h = q_BxTxNxH.shape
     s, kv_heads = k_BxSxKxH.shape[1], k_BxSxKxH.shape[2]
     window = local_window and causal_window(local_window, causal, s)
-    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(options, max(t, s), window, current_platform(), causal)
+    query_chunk, key_chunk, heads_per_step = layer_chunk_sizes(
+        options, max(t, s), window, current_platform(), causal, jnp.dtype(q_BxTxNxH.dtype).name
+    )
     query_chunk, step = min(query_chunk, t), group_step(heads_per_step, n, kv_heads)
     per_kv = n // kv_heads
     keys = key_plan(s, query_chunk, key_chunk, window, causal and options.skip_causal_blocks)

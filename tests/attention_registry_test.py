@@ -109,14 +109,35 @@ def test_chunked_sizes_on_cpu_come_from_the_tuned_table_unless_set():
     assert chunk_sizes(ChunkedOptions(key_chunk=48), 1, "cpu") == (TUNED_CHUNKS[0][1], 48, TUNED_CHUNKS[0][3])
 
 
-def test_the_cpu_table_is_the_committed_sweeps_choice():
-    from docbeam.attention.chunk_sizes import TUNED_CHUNKS
+@pytest.mark.parametrize(
+    "table, results",
+    [("TUNED_CHUNKS", "chunk_sweep.json"), ("TUNED_CHUNKS_BFLOAT16", "chunk_sweep-bfloat16.json")],
+)
+def test_each_cpu_table_is_its_committed_sweeps_choice(table, results):
+    from docbeam.attention import chunk_sizes
 
-    sweep = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "chunk_sweep.json"
-    chosen = json.loads(sweep.read_text())["chosen"]
-    assert {str(row[0]): row[1:] for row in TUNED_CHUNKS} == {
-        length: (c["query_chunk"], c["key_chunk"], c["heads_per_step"]) for length, c in chosen.items()
+    sweep = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / results
+    record = json.loads(sweep.read_text())
+    assert record["args"]["dtype"] == ("bfloat16" if "BFLOAT16" in table else "float32")
+    assert {str(row[0]): row[1:] for row in getattr(chunk_sizes, table)} == {
+        length: (c["query_chunk"], c["key_chunk"], c["heads_per_step"]) for length, c in record["chosen"].items()
     }
+
+
+def test_bfloat16_q_on_cpu_takes_its_own_table_and_float32_and_other_platforms_do_not():
+    from docbeam.attention.chunk_sizes import TUNED_CHUNKS, TUNED_CHUNKS_BFLOAT16, ChunkedOptions, chunk_sizes
+
+    assert TUNED_CHUNKS_BFLOAT16 != TUNED_CHUNKS
+    for length, query_chunk, key_chunk, heads_per_step in TUNED_CHUNKS_BFLOAT16:
+        assert chunk_sizes(ChunkedOptions(), length, "cpu", "bfloat16") == (query_chunk, key_chunk, heads_per_step)
+    assert chunk_sizes(ChunkedOptions(), 2048, "cpu", "float32") == TUNED_CHUNKS[1][1:]
+    assert chunk_sizes(ChunkedOptions(), 2048, "cpu", "float16") == TUNED_CHUNKS[1][1:]
+    assert chunk_sizes(ChunkedOptions(), 2048, "gpu", "bfloat16") == (512, 1024, 0)
+    assert chunk_sizes(ChunkedOptions(query_chunk=64), 2048, "cpu", "bfloat16") == (64, 512, 1)
+    # the kernel a case reports is the one its dtype runs
+    bf16 = attention.get("chunked").supports(case("cpu", "bfloat16", seq_len=2048, num_heads=12, head_dim=32),
+                                             attention.get("chunked").parse_options(None))  # fmt: skip
+    assert "chunks 2048x512" in bf16.kernel
 
 
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
