@@ -33,20 +33,19 @@ PLATFORM_CHUNKS: dict[str, tuple[Row, ...]] = {
 # (platform, q's dtype) → its own table where one was measured; otherwise the platform's.
 DTYPE_CHUNKS: dict[tuple[str, str], tuple[Row, ...]] = {("cpu", "bfloat16"): TUNED_CHUNKS_BFLOAT16}
 
-# Causal global layers (decoders), where no option sets them: square chunks of this many rows and keys, so
-# the key blocks past the diagonal that each query chunk skips are fine-grained (a query chunk of c rows scans
-# keys up to its last row: with T tokens the layer computes about (T + c) / 2T of the blocks, so 1024-row
-# chunks at 4,096 tokens skip at most 37.5%). CPU: chosen over the table's 1024 by
-# `python benchmarks/long_context_decoder.py` ("chunked" beside "chunked-1024" in
-# benchmarks/results/long_context_decoder.json). GPU and TPU, not measured: their table applies.
-CAUSAL_CHUNK: dict[str, int] = {"cpu": 256}
-# ... and all heads in one batched matmul (0): on CPU a causal layer's traced-length loop of small blocks runs
-# faster with every head per step than with the table's one (two for 16 query heads over 8 k/v heads), the
-# opposite of the non-causal table's long blocks: for Qwen3-0.6B's heads (16 over 8, head_dim 128) float32
-# 1.24x at 4,096 tokens and 1.23x at 16,384, bfloat16 1.29x and 1.57x ("chunked-2heads ÷ chunked" of
-# `python benchmarks/long_context_decoder.py --backends chunked,chunked-2heads --dtype D`, in
-# benchmarks/results/long_context_decoder-heads-D.json). GPU and TPU, not measured: their table applies.
-CAUSAL_HEADS_PER_STEP: dict[str, int] = {"cpu": 0}
+# Causal global layers (decoders), where no option sets them: (chunk, heads_per_step) per platform. Square
+# chunks of ``chunk`` rows and keys, so the key blocks past the diagonal that each query chunk skips are
+# fine-grained (a query chunk of c rows scans keys up to its last row: with T tokens the layer computes about
+# (T + c) / 2T of the blocks, so 1024-row chunks at 4,096 tokens skip at most 37.5%); CPU: 256, chosen over the
+# table's 1024 by `python benchmarks/long_context_decoder.py` ("chunked" beside "chunked-1024" in
+# benchmarks/results/long_context_decoder.json). And every head in one batched matmul (heads_per_step 0): a
+# causal layer's traced-length loop of small blocks runs faster that way than with the table's one head per
+# step (two for 16 query heads over 8 k/v heads), the opposite of the non-causal table's long blocks. For
+# Qwen3-0.6B's heads (16 over 8, head_dim 128) float32 1.24x at 4,096 tokens and 1.23x at 16,384, bfloat16
+# 1.29x and 1.57x ("chunked-2heads ÷ chunked" of `python benchmarks/long_context_decoder.py --backends
+# chunked,chunked-2heads --dtype D`, in benchmarks/results/long_context_decoder-heads-D.json). GPU and TPU, not
+# measured: their table applies.
+CAUSAL_SIZES: dict[str, tuple[int, int]] = {"cpu": (256, 0)}
 
 # Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
 # can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
@@ -95,13 +94,12 @@ def layer_chunk_sizes(
     causal: bool = False,
     dtype: str = "float32",
 ) -> tuple[int, int, int]:
-    """``chunk_sizes`` for a global layer (a causal one on a platform with a CAUSAL_CHUNK: square chunks of
-    it, CAUSAL_HEADS_PER_STEP heads per step); for a local one the LOCAL_* sizes and one key chunk spanning a
-    query chunk's window (capped at LOCAL_MAX_KEY_CHUNK); always the options' sizes where they set them."""
+    """``chunk_sizes`` for a global layer (a causal one on a platform in CAUSAL_SIZES: its square chunks and
+    heads per step); for a local one the LOCAL_* sizes and one key chunk spanning a query chunk's window (capped
+    at LOCAL_MAX_KEY_CHUNK); always the options' sizes where they set them."""
     query_chunk, key_chunk, heads_per_step = chunk_sizes(options, seq_len, platform, dtype)
-    if local_window is None and causal and platform in CAUSAL_CHUNK:
-        chunk = CAUSAL_CHUNK[platform]
-        heads = CAUSAL_HEADS_PER_STEP.get(platform, heads_per_step)
+    if local_window is None and causal and platform in CAUSAL_SIZES:
+        chunk, heads = CAUSAL_SIZES[platform]
         heads = heads if options.heads_per_step is None else options.heads_per_step
         return options.query_chunk or chunk, options.key_chunk or chunk, heads
     if local_window is None:

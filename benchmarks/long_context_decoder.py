@@ -6,9 +6,9 @@
 - ``chunked-noskip``: the same kernel and chunks with ``skip_causal_blocks: false``, scanning and masking every
   key block: the baseline the skipping is measured against;
 - ``chunked-1024``: skipping with the non-causal table's 1024-row chunks instead of the causal default
-  (attention/chunk_sizes.py's CAUSAL_CHUNK), whose coarser blocks skip less;
+  (attention/chunk_sizes.py's CAUSAL_SIZES), whose coarser blocks skip less;
 - ``chunked-2heads``: the causal chunks with two query heads (one k/v head) per step instead of every head at once
-  (attention/chunk_sizes.py's CAUSAL_HEADS_PER_STEP), as the non-causal table's one head per step rounds to;
+  (attention/chunk_sizes.py's CAUSAL_SIZES), as the non-causal table's one head per step rounds to;
 - ``flash``: whatever kernel the flash backend maps a causal grouped case to on this platform.
 
     python benchmarks/long_context_decoder.py [--quick] [--lengths 4096,16384,32768] [--backends ...]

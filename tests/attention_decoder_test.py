@@ -142,14 +142,13 @@ def test_chunked_says_whether_it_skips_the_blocks_past_the_diagonal():
 def test_a_causal_layer_on_cpu_runs_square_causal_chunks_of_every_head_unless_the_options_set_them():
     from docbeam.attention.chunk_sizes import (
         ACCELERATOR_CHUNKS,
-        CAUSAL_CHUNK,
-        CAUSAL_HEADS_PER_STEP,
+        CAUSAL_SIZES,
         TUNED_CHUNKS,
         ChunkedOptions,
         layer_chunk_sizes,
     )
 
-    chunk, heads = CAUSAL_CHUNK["cpu"], CAUSAL_HEADS_PER_STEP["cpu"]
+    chunk, heads = CAUSAL_SIZES["cpu"]
     assert heads == 0  # every head in one batched matmul: measured faster than the table's one head per step
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "cpu", causal=True) == (chunk, chunk, heads)
     assert layer_chunk_sizes(ChunkedOptions(), 4096, None, "cpu") == TUNED_CHUNKS[-1][1:]

@@ -140,6 +140,44 @@ def test_bfloat16_q_on_cpu_takes_its_own_table_and_float32_and_other_platforms_d
     assert "chunks 2048x512" in bf16.kernel
 
 
+@pytest.mark.parametrize(
+    "dtype, causal, kv_heads", [("float32", False, 4), ("bfloat16", False, 4), ("bfloat16", True, 2)]
+)
+def test_chunked_runs_the_sizes_its_case_reports_and_matches_native_with_them(monkeypatch, dtype, causal, kv_heads):
+    """The sizes ``supports`` names (the plan's kernel line) are the sizes the call runs, per dtype and causality;
+    at 1,100 tokens bfloat16's table splits the keys into three chunks, with padding and two packed windows."""
+    from docbeam.attention import chunk_sizes
+    from docbeam.attention import chunked as chunked_module
+
+    ran = []
+
+    def recording(*args, **kwargs):
+        ran.append(chunk_sizes.layer_chunk_sizes(*args, **kwargs))
+        return ran[-1]
+
+    monkeypatch.setattr(chunked_module, "layer_chunk_sizes", recording)
+    t, n, h = 1100, 4, 32
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((2, t, n, h)), dtype)
+    k, v = (jnp.asarray(rng.standard_normal((2, t, kv_heads, h)), dtype) for _ in "kv")
+    segments = np.zeros((2, t), np.int32)
+    segments[0, :700], segments[0, 700:1050], segments[1, :900] = 1, 2, 1
+    features = {"segment_ids_BxT": jnp.asarray(segments), **({"causal": True} if causal else {})}
+    arguments = dict(kv_lengths_B=jnp.asarray([1050, 900]), scale=h**-0.5, **features)
+    chunked = attention.get("chunked")
+    out = chunked.bind(chunked.parse_options(None))(q, k, v, **arguments)
+    reported = chunked.supports(attention.AttentionCase.of_call(q, k, **features), chunked.parse_options(None))
+    assert ran[0] == ran[-1]  # the call's sizes, then supports' own
+    query_chunk, key_chunk, heads = ran[0]
+    assert f"chunks {min(query_chunk, t)}x{key_chunk}" in reported.kernel
+    if dtype == "bfloat16" and not causal:
+        assert (query_chunk, key_chunk) == (2048, 512)
+    native = attention.get("native").bind()(*(x.astype(jnp.float32) for x in (q, k, v)), **arguments)
+    valid = (segments > 0)[:, :, None, None]
+    error = float(jnp.max(jnp.abs(jnp.where(valid, out.astype(jnp.float32) - native, 0))))
+    assert error <= (2e-2 if dtype == "bfloat16" else 1e-5)
+
+
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_chunked_sizes_on_accelerators_are_tokamaxs_chunks_not_the_cpu_sweep(platform):
     from docbeam.attention.chunk_sizes import ChunkedOptions, chunk_sizes
