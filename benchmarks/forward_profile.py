@@ -105,41 +105,43 @@ def profile_groups(compiled, args_, calls: int) -> tuple[dict[str, float], float
     return per_call, sum(per_call.values()), wall * 1e3
 
 
-def docbeam_forward(args, shape):
+def load_docbeam(args):
+    """(checkpoint, parameters on the device, the forward to jit): loaded once, compiled per shape."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     from docbeam.attention import registry
     from docbeam.models import checkpoint, encoder
 
     ck = checkpoint.open_checkpoint(args.model, args.dtype, with_weights=True)
     params = jax.device_put(checkpoint.load_params(ck.folder, ck.config))
-    embed = encoder.embed_fn(ck.config, registry.get("native").bind(), "mean")
-    rows, tokens = shape
-    ids = np.random.default_rng(0).integers(1000, 20000, (rows, tokens)).astype(np.int32)
-    call_args = (params, jnp.asarray(ids), jnp.full((rows,), tokens, jnp.int32))
+    return ck, params, encoder.embed_fn(ck.config, registry.get("native").bind(), "mean")
+
+
+def compile_docbeam(params, embed, ids):
+    """The forward compiled for ids' [rows, tokens], every row full, and its arguments."""
+    import jax
+    import jax.numpy as jnp
+
+    call_args = (params, jnp.asarray(ids), jnp.full((ids.shape[0],), ids.shape[1], jnp.int32))
     compiled = jax.jit(embed).lower(*call_args).compile()
     jax.block_until_ready(compiled(*call_args))
-    return ck, compiled, call_args, ids
+    return compiled, call_args
 
 
-def openvino_forward(args, ck, ids):
-    import numpy as np
-    import openvino as ov
+def load_openvino(args, ck):
+    """The float32 export precision.py makes and runs, compiled with the hint matching --dtype (shapes are
+    dynamic: one compiled model serves every shape)."""
+    from benchmarks.precision import compile_openvino, onnx_models
 
-    from benchmarks.precision import onnx_models
-
-    core = ov.Core()
     hint = "bf16" if args.dtype == "bfloat16" else "f32"
-    model = core.compile_model(
-        core.read_model(onnx_models(args.model, ck.folder)["float32"]),
-        "CPU",
-        {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": len(os.sched_getaffinity(0)),
-         "PERFORMANCE_HINT": "LATENCY"},
-    )  # fmt: skip
+    return compile_openvino(onnx_models(args.model, ck.folder)["float32"], hint, len(os.sched_getaffinity(0)))
+
+
+def openvino_call(model, ids):
+    import numpy as np
+
     inputs = {"input_ids": ids.astype(np.int64), "attention_mask": np.ones(ids.shape, np.int64)}
-    model(inputs)
+    model(inputs)  # warm this shape
     return lambda: model(inputs)
 
 
@@ -151,18 +153,20 @@ def median_ms(fn, calls: int) -> float:
 
 
 def main(argv=None) -> int:
-    import jax
     import numpy as np
 
     args = parse_args(argv)
     info = common.machine()
     common.print_machine(f"forward profile: docbeam {args.dtype} by op group, beside OpenVINO", info)
+    ck, params, embed = load_docbeam(args)
+    openvino = None if args.skip_openvino else load_openvino(args, ck)
     results, rows_speed, group_rows = [], [], []
     for shape in args.shapes:
-        ck, compiled, call_args, ids = docbeam_forward(args, shape)
+        ids = np.random.default_rng(0).integers(1000, 20000, shape).astype(np.int32)
+        compiled, call_args = compile_docbeam(params, embed, ids)
         sides = {"docbeam": lambda c=compiled, a=call_args: np.asarray(c(*a))}
-        if not args.skip_openvino:
-            sides["openvino"] = openvino_forward(args, ck, ids)
+        if openvino is not None:
+            sides["openvino"] = openvino_call(openvino, ids)
         calls = max(1, 4096 // (shape[0] * shape[1]))
         times = {name: [] for name in sides}
         for _ in range(args.rounds):
@@ -182,7 +186,6 @@ def main(argv=None) -> int:
             group_rows.append([f"{shape[0]}x{shape[1]}", name, groups[name], groups[name] / thunks_ms,
                                gf and gf / groups[name] / 1e6 if groups[name] else None])  # fmt: skip
         group_rows.append([f"{shape[0]}x{shape[1]}", f"all thunks (wall {wall_ms:.1f} ms)", thunks_ms, 1.0, None])
-        jax.clear_caches()
     print(f"\n## Per call, every token real, docbeam {args.dtype} and OpenVINO in turns (median of {args.rounds})\n")
     print(common.table(["rows x tokens", "docbeam ms", "docbeam tokens/s", "OpenVINO ms", "OpenVINO tokens/s",
                         "docbeam ÷ OpenVINO (speed)"], rows_speed))  # fmt: skip

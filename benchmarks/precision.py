@@ -191,6 +191,16 @@ def onnx_side(args, docs, folder, settings, which: str, path: str):
     return (yield from timed_passes(args, batches, encode, facts))
 
 
+def compile_openvino(onnx_path: str, hint: str, threads: int):
+    """The export compiled as sentence-transformers' ``backend="openvino"`` runs it on a CPU: ``hint`` (f32 or
+    bf16) as INFERENCE_PRECISION_HINT, ``threads`` intra-op threads, the latency hint."""
+    import openvino as ov
+
+    core = ov.Core()
+    options = {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    return core.compile_model(core.read_model(onnx_path), "CPU", options)
+
+
 def openvino_side(args, docs, folder, settings, hint: str, onnx_path: str):
     """OpenVINO as sentence-transformers' ``backend="openvino"`` and optimum-intel run it on a CPU: the model read
     once (the same float32 export ONNX Runtime runs), compiled with ``INFERENCE_PRECISION_HINT`` and as many
@@ -214,12 +224,7 @@ def openvino_side(args, docs, folder, settings, hint: str, onnx_path: str):
             ids_BxT[row, : len(ids)] = ids
         batches.append(Batch(f"ov-{start}", ids_BxT.shape[1], ids_BxT, lengths_B, tuple(k for k, _ in group)))
     t0 = time.perf_counter()
-    core = ov.Core()
-    compiled = core.compile_model(
-        core.read_model(onnx_path),
-        "CPU",
-        {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": args.ort_threads, "PERFORMANCE_HINT": "LATENCY"},
-    )
+    compiled = compile_openvino(onnx_path, hint, args.ort_threads)
     facts = {
         "side": f"openvino {hint}",
         "load_s": time.perf_counter() - t0,
