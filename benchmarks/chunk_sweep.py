@@ -3,16 +3,21 @@ heads_per_step values at the best pair: time and peak memory of each, and native
 case in its own process (as attention.py runs them).
 
     python benchmarks/chunk_sweep.py [--quick] [--lengths 512,2048,8192] [--dtype float32]
+    python benchmarks/chunk_sweep.py --local-window 64,64 --heads 12 --head-dim 64 --lengths 8192 [--dtype D]
 
 The fastest pair per length whose memory stays within ``--max-memory-share`` of native's is what
 ``attention.chunk_sizes.TUNED_CHUNKS`` should hold; the script prints that table. Batch 1, 12 heads × head_dim 32
-(MiniLM) unless told otherwise.
+(MiniLM) unless told otherwise. With ``--local-window LEFT,RIGHT`` it sweeps a local (sliding-window) layer
+instead: query chunk × heads per step, the key chunk left to the layer (a query chunk's reachable keys), timed in
+turns in one process; the sizes ``attention.chunk_sizes.LOCAL_*`` hold (one pair for every length) stay unless a
+pair's geometric-mean time over the lengths beats theirs by more than ``--keep-within``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import attention as attention_bench  # noqa: E402  (also bootstraps the environment)
@@ -22,6 +27,9 @@ GB = 1e9
 # Chunk sizes tried per length: powers of two from length/16 (and --min-chunk) up to the length, at most
 # 4096: a 4096 × 4096 block of f32 scores for 12 heads is 0.8 GB, an eighth of native's memory at 8192.
 SIZES = (128, 256, 512, 1024, 2048, 4096)
+# A local layer's query chunks and heads per step tried (its key chunk follows from the window).
+LOCAL_QUERY_CHUNKS = (32, 64, 128, 256)
+LOCAL_HEADS_PER_STEP = (0, 1, 4)
 
 
 def parse_args(argv=None):
@@ -54,9 +62,18 @@ def parse_args(argv=None):
         default=64.0,
         help="...or at most this much: at short lengths all of it is small (default %(default)s)",
     )
+    p.add_argument("--local-window", help="LEFT,RIGHT: sweep a local layer with this window instead")
+    p.add_argument(
+        "--keep-within",
+        type=float,
+        default=0.05,
+        help="local sweep: the current sizes stay unless another pair is this much faster (default %(default)s)",
+    )
+    p.add_argument("--rounds", type=int, default=9, help="local sweep: rounds of timed calls in turns")
     p.add_argument("--name", default="chunk_sweep", help="results file name (default %(default)s)")
     args = p.parse_args(argv)
     args.lengths = (256,) if args.quick else tuple(int(x) for x in args.lengths.split(","))
+    args.local_window = tuple(int(x) for x in args.local_window.split(",")) if args.local_window else None
     return args
 
 
@@ -92,9 +109,104 @@ def best(rows: list[dict], memory_limit: float) -> dict | None:
     return min(ok, key=lambda r: r["best_s"]) if ok else None
 
 
+def seconds_per_call(compiled, inputs: tuple, calls: int = 1) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        compiled(*inputs).block_until_ready()
+    return (time.perf_counter() - t0) / calls
+
+
+def time_local_pairs(args, length: int, current: tuple[int, int]) -> list[dict]:
+    """Every (query chunk, heads per step) pair of a local layer at ``length``, compiled in this process and
+    timed in turns (medians of ``--rounds``): the pairs are within a few percent of each other, less than these
+    VMs drift between subprocesses run one after another. Memory is not compared: every pair holds one query
+    chunk's window."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from docbeam import attention
+
+    backend = attention.get("chunked")
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    shape = (args.batch, length, args.heads, args.head_dim)
+    q, k, v = (jax.random.normal(key, shape, jnp.float32).astype(args.dtype) for key in keys)
+    inputs = (q, k, v, jnp.full((args.batch,), length, jnp.int32))
+    calls = {}
+    for pair in ((qc, h) for qc in LOCAL_QUERY_CHUNKS for h in LOCAL_HEADS_PER_STEP):
+        attend = backend.bind(backend.parse_options({"query_chunk": pair[0], "heads_per_step": pair[1]}))
+        fn = lambda q, k, v, n, attend=attend: attend(  # noqa: E731
+            q, k, v, kv_lengths_B=n, scale=args.head_dim**-0.5, local_window=args.local_window
+        )
+        calls[pair] = jax.jit(fn).lower(*inputs).compile()
+    reference = np.asarray(calls[current](*inputs), np.float32)
+    slowest = max(seconds_per_call(c, inputs) for c in calls.values())
+    per_round = max(1, int(args.time_per_case / args.rounds / slowest))
+    times = {pair: [] for pair in calls}
+    for _ in range(args.rounds):
+        for pair, c in calls.items():
+            times[pair].append(seconds_per_call(c, inputs, per_round))
+    rows = []
+    for pair, c in calls.items():
+        error = float(np.abs(np.asarray(c(*inputs), np.float32) - reference).max())
+        median = float(np.median(times[pair]))
+        rows.append({"length": length, "query_chunk": pair[0], "heads_per_step": pair[1], "median_s": median,
+                     "times_s": times[pair], "max_abs_diff_to_current": error})  # fmt: skip
+        print(f"  T={length:<6} {pair}  {median * 1e3:8.2f} ms  max |diff| {error:.3g}", flush=True)
+    return rows
+
+
+def choose_local(results: list[dict], current: tuple[int, int], keep_within: float) -> tuple[dict, dict]:
+    """LOCAL_* is one pair for every length: ``(geometric-mean time per pair over the lengths, the choice)``, the
+    choice the current pair unless another's time is more than ``keep_within`` lower."""
+    import numpy as np
+
+    times: dict = {}
+    for r in results:
+        times.setdefault((r["query_chunk"], r["heads_per_step"]), []).append(r["median_s"])
+    score = {pair: float(np.exp(np.mean(np.log(t)))) for pair, t in times.items()}
+    fastest = min(score, key=score.get)
+    keep = score[current] <= score[fastest] * (1 + keep_within)
+    pick = current if keep else fastest
+    return score, {
+        "query_chunk": pick[0],
+        "heads_per_step": pick[1],
+        "fastest": list(fastest),
+        "current_over_fastest_time": common.ratio(score[current], score[fastest]),
+        "current_kept": keep,
+    }
+
+
+def local_sweep(args, info) -> int:
+    from docbeam.attention import chunk_sizes
+
+    current = (chunk_sizes.LOCAL_QUERY_CHUNK, chunk_sizes.LOCAL_HEADS_PER_STEP)
+    results = [row for length in args.lengths for row in time_local_pairs(args, length, current)]
+    score, chosen = choose_local(results, current, args.keep_within)
+    pick, fastest = (chosen["query_chunk"], chosen["heads_per_step"]), tuple(chosen["fastest"])
+    lengths, margin = list(args.lengths), f"{args.keep_within:.0%}"
+    print(f"\n## Geometric mean over {lengths} (current {current} kept unless beaten by more than {margin})\n")
+    print(
+        common.table(
+            ["query_chunk", "heads_per_step", "geomean ms", "÷ current time"],
+            [
+                [p[0], p[1], score[p] * 1e3, common.ratio(score[p], score[current])]
+                for p in sorted(score, key=score.get)
+            ],
+        )
+    )
+    print(f"\nchosen: {pick} (fastest {fastest}, current ÷ fastest time {score[current] / score[fastest]:.3f})")
+    record = {"benchmark": "chunk_sweep", "args": vars(args), "machine": info, "current": list(current)}
+    common.write_results(args, args.name, {**record, "chosen": chosen, "results": results})
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     info = common.machine()
+    if args.local_window:
+        common.print_machine(f"chunked: a local layer (window {args.local_window}), query chunk × heads per step", info)
+        return local_sweep(args, info)
     common.print_machine("chunked: chunk sizes × sequence length", info)
     results, chosen = [], {}
     for length in args.lengths:

@@ -124,6 +124,20 @@ def test_each_cpu_table_is_its_committed_sweeps_choice(table, results):
     }
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_local_layers_sizes_are_both_dtypes_local_sweeps_choice(dtype):
+    """One (query chunk, heads per step) for local layers, whatever q's dtype: each dtype's sweep
+    (``chunk_sweep.py --local-window``) chose the pair the code holds, measured against those sizes."""
+    from docbeam.attention import chunk_sizes
+
+    sweep = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "results" / f"chunk_sweep-local-{dtype}.json"
+    record = json.loads(sweep.read_text())
+    assert record["args"]["dtype"] == dtype and record["args"]["local_window"]
+    assert record["current"] == [chunk_sizes.LOCAL_QUERY_CHUNK, chunk_sizes.LOCAL_HEADS_PER_STEP]
+    chosen = record["chosen"]
+    assert (chosen["query_chunk"], chosen["heads_per_step"]) == tuple(record["current"])
+
+
 def test_bfloat16_q_on_cpu_takes_its_own_table_and_float32_and_other_platforms_do_not():
     from docbeam.attention.chunk_sizes import TUNED_CHUNKS, TUNED_CHUNKS_BFLOAT16, ChunkedOptions, chunk_sizes
 
