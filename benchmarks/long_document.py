@@ -9,7 +9,7 @@ and 16k. ``--shape``:
   sides use) instead of 151,669: the embedding table is a lookup, no FLOPs, so only the load differs.
 
     python benchmarks/long_document.py [--quick] [--shape modernbert-base] [--lengths 4096,8192,16384]
-                                       [--dtypes float32,bfloat16] [--backend chunked] [--repeats 2]
+                                       [--dtypes float32,bfloat16] [--backend chunked] [--repeats 2] [--name N]
 
 Each (side, length) runs in its own subprocess under an address-space cap (benchmarks/long_context.py's
 ``spawn``), so its peak memory is its own: the child's peak RSS growth once the model is loaded and the document
@@ -220,6 +220,7 @@ def main(argv=None) -> int:
     p.add_argument("--backend", default="chunked")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--cap-gb", type=float, default=16.0)
+    p.add_argument("--name", help="results file name (default: long_document, or long_document-<shape>)")
     p.add_argument("--child", help=argparse_hidden())
     args = p.parse_args(argv)
     if args.child:
@@ -265,7 +266,7 @@ def main(argv=None) -> int:
     shutil.rmtree(work, ignore_errors=True)
     for r in results:
         r.pop("vector", None)
-    name = "long_document" if args.shape == "modernbert-base" else f"long_document-{args.shape}"
+    name = args.name or ("long_document" if args.shape == "modernbert-base" else f"long_document-{args.shape}")
     common.write_results(args, name, {"machine": info, "shape": args.shape, "lengths": list(lengths),
                                       "backend": args.backend, "matmul_gflops": rate, "results": results})  # fmt: skip
     return 0
