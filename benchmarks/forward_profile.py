@@ -122,8 +122,11 @@ def compile_docbeam(params, embed, ids):
     import jax
     import jax.numpy as jnp
 
+    from docbeam.models.runtime import compiler_options
+
     call_args = (params, jnp.asarray(ids), jnp.full((ids.shape[0],), ids.shape[1], jnp.int32))
-    compiled = jax.jit(embed).lower(*call_args).compile()
+    options = compiler_options(jax.devices()[0].platform)  # as EncoderRuntime compiles it
+    compiled = jax.jit(embed, compiler_options=options).lower(*call_args).compile()
     jax.block_until_ready(compiled(*call_args))
     return compiled, call_args
 

@@ -103,3 +103,22 @@ def test_parity_gate_never_falls_back_to_the_backend_that_failed(tiny_checkpoint
     assert {c.backend for c in choices} == {"fixtures_broken_backend:attend"}  # flash refused on CPU
     with pytest.raises(AttentionPlanError, match="parity gate"):
         gate(s, choices)
+
+
+def test_on_cpu_the_forward_compiles_with_xlas_memory_optimized_scheduler(tmp_path, real_checkpoint_dir):
+    """Fewer intermediates live at once (models/runtime.py CPU_COMPILER_OPTIONS): the runtime's compiled forward
+    (a long-document layout: chunked attention over 512 tokens) has fewer temporaries than the default schedule's,
+    and the same output."""
+    import jax
+    from conftest import write_tiny_checkpoint
+
+    folder = write_tiny_checkpoint(str(tmp_path / "bert"), real_checkpoint_dir, layers=4, hidden=64)
+    runtime = load_encoder(standalone_spec(folder, "float32", "mean", attn("chunked"), buckets=(512,)))
+    jitted = runtime._forward["chunked"]
+    ids = np.random.default_rng(0).integers(1000, 20000, (2, 512)).astype(np.int32)
+    call = (runtime.params, ids, np.array([512, 460], np.int32))
+    ours = jitted.lower(*call).compile()
+    default = jitted.lower(*call).compile(compiler_options={"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_DEFAULT"})
+    temp = lambda compiled: compiled.memory_analysis().temp_size_in_bytes  # noqa: E731
+    assert jax.devices()[0].platform == "cpu" and temp(ours) < temp(default)
+    np.testing.assert_array_equal(np.asarray(ours(*call)), np.asarray(default(*call)))
