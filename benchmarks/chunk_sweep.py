@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import attention as attention_bench  # noqa: E402  (also bootstraps the environment)
@@ -109,13 +108,6 @@ def best(rows: list[dict], memory_limit: float) -> dict | None:
     return min(ok, key=lambda r: r["best_s"]) if ok else None
 
 
-def seconds_per_call(compiled, inputs: tuple, calls: int = 1) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        compiled(*inputs).block_until_ready()
-    return (time.perf_counter() - t0) / calls
-
-
 def time_local_pairs(args, length: int, current: tuple[int, int]) -> list[dict]:
     """Every (query chunk, heads per step) pair of a local layer at ``length``, compiled in this process and
     timed in turns (medians of ``--rounds``): the pairs are within a few percent of each other, less than these
@@ -140,12 +132,9 @@ def time_local_pairs(args, length: int, current: tuple[int, int]) -> list[dict]:
         )
         calls[pair] = jax.jit(fn).lower(*inputs).compile()
     reference = np.asarray(calls[current](*inputs), np.float32)
-    slowest = max(seconds_per_call(c, inputs) for c in calls.values())
+    slowest = max(t[0] for t in common.times_in_turns(calls, inputs, rounds=1).values())
     per_round = max(1, int(args.time_per_case / args.rounds / slowest))
-    times = {pair: [] for pair in calls}
-    for _ in range(args.rounds):
-        for pair, c in calls.items():
-            times[pair].append(seconds_per_call(c, inputs, per_round))
+    times = common.times_in_turns(calls, inputs, args.rounds, per_round)
     rows = []
     for pair, c in calls.items():
         error = float(np.abs(np.asarray(c(*inputs), np.float32) - reference).max())

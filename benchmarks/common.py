@@ -185,6 +185,19 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+def times_in_turns(compiled: dict, args: tuple, rounds: int, calls: int = 1) -> dict[str, list[float]]:
+    """Seconds per call of each compiled function in ``compiled`` (name → callable), ``rounds`` rounds taken in
+    turns, ``calls`` calls a round: the machine's drift moves every variant alike, so their medians compare."""
+    times: dict = {name: [] for name in compiled}
+    for _ in range(rounds):
+        for name, c in compiled.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                c(*args).block_until_ready()
+            times[name].append((time.perf_counter() - start) / calls)
+    return times
+
+
 def time_compiled(jitted, args: tuple, repeats: int, time_per_case: float) -> dict:
     """Compile ``jitted`` for ``args`` ahead of time, then call it up to ``repeats`` times (stopping once another
     call would pass ``time_per_case``): the best time, the peak RSS growth since the arguments existed (compilation

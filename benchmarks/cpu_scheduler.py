@@ -85,29 +85,16 @@ def temp_bytes(compiled) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def time_in_turns(compiled: dict, call_args: tuple, rounds: int, call_s: float) -> dict:
-    """Median seconds per call of each compiled forward, ``rounds`` rounds in turns, each round at least half a
-    second of calls (one call of ``call_s`` seconds, measured in the warm-up, may be longer)."""
-    import numpy as np
-
-    calls = max(1, int(0.5 / max(call_s, 1e-6)))
-    times = {name: [] for name in compiled}
-    for _ in range(rounds):
-        for name, c in compiled.items():
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                c(*call_args).block_until_ready()
-            times[name].append((time.perf_counter() - t0) / calls)
-    return {name: float(np.median(t)) for name, t in times.items()}
-
-
 def measure(label: str, dtype: str, jitted, call_args: tuple, rounds: int, tokens: int) -> dict:
     import numpy as np
 
     compiled = compile_both(jitted, call_args)
     t0 = time.perf_counter()
     outputs = {name: np.asarray(c(*call_args), np.float32) for name, c in compiled.items()}  # also the warm-up
-    medians = time_in_turns(compiled, call_args, rounds, (time.perf_counter() - t0) / len(compiled))
+    calls = max(1, int(0.5 * len(compiled) / (time.perf_counter() - t0)))  # each round half a second or one call
+    medians = {
+        name: float(np.median(t)) for name, t in common.times_in_turns(compiled, call_args, rounds, calls).items()
+    }
     row = {
         "case": label,
         "dtype": dtype,
