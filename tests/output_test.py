@@ -169,10 +169,19 @@ def test_emptied_local_folders_are_removed_but_never_the_output_or_its_parents(t
     assert not os.path.exists(f"{out}/{output.STAGING}") and os.path.isdir(out) and parent.is_dir()
 
 
-def test_run_ids_sort_by_start_time_and_do_not_collide():
-    ids = [output.new_run_id() for _ in range(50)]
-    assert len(set(ids)) == 50
-    assert all(len(i) == len("20261130T114500Z-3f9a1c") and i[8] == "T" for i in ids)
+def test_run_ids_sort_in_the_order_they_were_made_even_within_one_second():
+    ids = [output.new_run_id() for _ in range(200)]  # microseconds apart: the random tail must not decide
+    assert ids == sorted(ids) and len(set(ids)) == 200
+    assert all(len(i) == len("20261130T114500.123456Z-3f9a1c") and i[8] == "T" for i in ids)
+
+
+def test_a_run_id_that_does_not_sort_after_the_held_run_is_refused():
+    held = {"run_id": "20261130T114500.000002Z-000000"}
+    output.check_runs_in_order("out", held, "20261130T114500.000003Z-000000")
+    output.check_runs_in_order("out", None, "20261130T114500.000001Z-000000")
+    for behind in ("20261130T114500.000002Z-000000", "20261130T114500.000001Z-ffffff"):
+        with pytest.raises(output.OutputRefused, match="holds run 20261130T114500.000002Z-000000, which does not"):
+            output.check_runs_in_order("out", held, behind)
 
 
 @pytest.mark.parametrize(

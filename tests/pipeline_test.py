@@ -326,3 +326,23 @@ def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(
             )
         )
     assert not os.path.exists(tmp_path / "out" / "embeddings")
+
+
+def test_a_run_whose_id_sorts_before_the_run_the_output_holds_is_refused_and_writes_nothing(
+    tiny_corpus, tiny_checkpoint_dir, tmp_path, monkeypatch
+):
+    """A run planned before another run of its output committed (or on a driver whose clock is behind) would
+    read as older than the rows it replaces, so it stops under the lock, before its staging folder exists."""
+    from docbeam.errors import Refused
+    from docbeam.pipeline.store import output as output_lib
+
+    folder, _ = tiny_corpus
+    cfg = job_config(f"{folder}/good.jsonl", str(tmp_path), tiny_checkpoint_dir)
+    held = run_job(cfg)["run_id"]
+    files = {p: os.path.getmtime(p) for p in glob.glob(f"{tmp_path}/**", recursive=True) if os.path.isfile(p)}
+    monkeypatch.setattr(output_lib, "new_run_id", lambda: "20000101T000000.000000Z-ffffff")
+    with pytest.raises(Refused, match=f"holds run {held}, which does not sort before"):
+        run_job(cfg)
+    assert {p: os.path.getmtime(p) for p in glob.glob(f"{tmp_path}/**", recursive=True) if os.path.isfile(p)} == files
+    monkeypatch.undo()
+    assert run_job(cfg)["run_id"] > held  # the lock was released: the next run goes ahead

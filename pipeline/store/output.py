@@ -53,9 +53,30 @@ class OutputRefused(Refused):
 
 
 def new_run_id() -> str:
-    """Sortable by start time, unique across hosts: ``20261130T114500Z-3f9a1c``."""
+    """Sortable by start time to the microsecond, unique across hosts: ``20261130T114500.123456Z-3f9a1c``. The
+    runs of one output are ordered by their ids (a pgvector table never applies an older run over a newer), so
+    two runs a second apart must not sort by their random tails (check_runs_in_order holds the rest)."""
+    global _last_run_start
     now = datetime.datetime.now(datetime.timezone.utc)
-    return f"{now:%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+    if _last_run_start is not None and now <= _last_run_start:  # two ids in one microsecond of one process
+        now = _last_run_start + datetime.timedelta(microseconds=1)
+    _last_run_start = now
+    return f"{now:%Y%m%dT%H%M%S.%fZ}-{secrets.token_hex(3)}"
+
+
+_last_run_start: datetime.datetime | None = None
+
+
+def check_runs_in_order(output: str, manifest: dict | None, run_id: str) -> None:
+    """Under the lock: refuse a run whose id does not sort after the run the output holds (one that committed
+    after this one was planned, or a driver whose clock is behind), or its rows would later read as older."""
+    held = (manifest or {}).get("run_id")
+    if held is not None and str(held) >= run_id:
+        raise OutputRefused(
+            f"output.path {output} holds run {held}, which does not sort before this run's id {run_id} (it "
+            "committed after this run started, or this machine's clock is behind the one that wrote it); runs "
+            "of an output are ordered by their ids, so nothing was written: start the run again"
+        )
 
 
 def run_date() -> str:
