@@ -32,6 +32,8 @@ from docbeam.pipeline.store.pgvector_rows import (
 )
 
 STAGE = "docbeam_stage"
+# Run ids compare as docbeam orders them (output.new_run_id: code point order), whatever the database's collation.
+BY_ID = 'COLLATE "C"'
 # What a table of the head's rows leaves out (pgvector has no column of a list of vectors per row).
 NOT_LOADED = {"bge_m3": ["multi_vector"]}
 
@@ -88,8 +90,8 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         cur.execute(f"LOCK TABLE {runs} IN SHARE ROW EXCLUSIVE MODE")  # one load at a time per table
         lineage = lineage_of(cur, runs, output, manifest)
         cur.execute(
-            f"SELECT run_id FROM {runs} WHERE ({LINEAGE} = %s AND run_id > %s) OR run_id = %s "
-            "ORDER BY run_id DESC LIMIT 1",
+            f"SELECT run_id FROM {runs} WHERE ({LINEAGE} = %s AND run_id {BY_ID} > %s) OR run_id = %s "
+            f"ORDER BY run_id {BY_ID} DESC LIMIT 1",
             (lineage, run_id, run_id),
         )
         newer = cur.fetchone()
@@ -181,7 +183,7 @@ def lineage_of(cur, runs: str, output: str, manifest: dict, hops: int = 32) -> s
     from docbeam.pipeline.store.output import read_manifest
 
     def known(where: str, value: str) -> str | None:
-        cur.execute(f"SELECT {LINEAGE} FROM {runs} WHERE {where} = %s ORDER BY run_id DESC LIMIT 1", (value,))
+        cur.execute(f"SELECT {LINEAGE} FROM {runs} WHERE {where} = %s ORDER BY run_id {BY_ID} DESC LIMIT 1", (value,))
         row = cur.fetchone()
         return row and row[0]
 
