@@ -94,14 +94,17 @@ def _start_server(work_dir: str) -> tuple[subprocess.Popen, str]:
                 stderr=subprocess.STDOUT,
             )
         host = f"http://{LOOPBACK}:{port}"
-        if _wait_until_healthy(server, port):
+        # A server still alive at the deadline is slow (a loaded machine), not beaten to its port: wait longer.
+        if _wait_until_healthy(server, port, START_TIMEOUT_S) or (
+            server.poll() is None and _wait_until_healthy(server, port, 3 * START_TIMEOUT_S)
+        ):
             return server, host
         if server.poll() is None:
             server.kill()
         server.wait()
     with open(log_path, encoding="utf-8", errors="replace") as log:
         raise RuntimeError(
-            f"gcp-storage-emulator did not answer on {host} within {START_TIMEOUT_S} s; its log:\n{log.read()}"
+            f"gcp-storage-emulator did not answer on {host} (3 tries, each up to {4 * START_TIMEOUT_S:.0f} s); its log:\n{log.read()}"
         )
 
 
@@ -111,8 +114,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_until_healthy(server: subprocess.Popen, port: int) -> bool:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def _wait_until_healthy(server: subprocess.Popen, port: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if server.poll() is not None:
             return False

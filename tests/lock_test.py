@@ -81,7 +81,9 @@ def test_the_heartbeat_renews_the_lock_while_the_run_lives(tmp_path, monkeypatch
     held = lock.OutputLock.acquire(str(tmp_path), "run-A")
     try:
         first = lock.read_owner(lock_path(tmp_path)).heartbeat
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10  # a starved thread on a loaded machine beats late, not never
+        while lock.read_owner(lock_path(tmp_path)).heartbeat <= first and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert lock.read_owner(lock_path(tmp_path)).heartbeat > first
     finally:
         held.release()

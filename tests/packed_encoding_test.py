@@ -5,6 +5,7 @@ alone; attention stays within a segment; backends that take no segment ids are r
 from __future__ import annotations
 
 import os
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,9 @@ from docbeam.pipeline.stages.packer import packed_batch
 
 
 def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int = 0) -> TokenWindow:
-    token_ids = np.random.default_rng(hash((doc_id, index, seed)) % 2**32).integers(5, 90, length).astype(np.int32)
+    token_ids = (
+        np.random.default_rng(zlib.crc32(f"{doc_id}/{index}/{seed}".encode())).integers(5, 90, length).astype(np.int32)
+    )
     return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
 
 

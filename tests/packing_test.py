@@ -7,6 +7,7 @@ and the attention backends do with packed rows: tests/packed_encoding_test.py.""
 from __future__ import annotations
 
 import random
+import zlib
 
 import apache_beam as beam
 import numpy as np
@@ -35,7 +36,9 @@ BUCKETS = (16, 32, 64)
 
 
 def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int = 0) -> TokenWindow:
-    token_ids = np.random.default_rng(hash((doc_id, index, seed)) % 2**32).integers(5, 90, length).astype(np.int32)
+    token_ids = (
+        np.random.default_rng(zlib.crc32(f"{doc_id}/{index}/{seed}".encode())).integers(5, 90, length).astype(np.int32)
+    )
     return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
 
 

@@ -24,10 +24,17 @@ LOOPBACK = "localhost"
 START_TIMEOUT_S = 60
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n: int) -> list[int]:
+    """``n`` different ports free now: their sockets stay bound until all are picked, so no two are the same
+    (the services bind them a moment later: another process may still take one, a rare start failure)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def wait_for_port(port: int, process: subprocess.Popen, log_path: str) -> None:
@@ -53,7 +60,7 @@ def portable_services(tmp_path_factory):
         "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
         "PYTHONPATH": REPO,
     }
-    job_port, pool_port = free_port(), free_port()
+    job_port, pool_port = free_ports(2)
     commands = {
         "job-service": (
             [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main", "--port", str(job_port)],

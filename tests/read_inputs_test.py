@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import io
 import json
@@ -10,6 +11,7 @@ import os
 import re
 import socket
 import threading
+import time
 
 import apache_beam as beam
 import pytest
@@ -46,9 +48,11 @@ def read_and_check(config: InputConfig, *, ids: list[str], rejected: list[tuple]
         assert_that(out["docs_read"], equal_to([docs_read]), label="DocsRead")
 
 
-def run_unless_blocked_on(fifo: str, run, seconds: float = 30):
-    """Runs ``run`` in a thread. A reader that opened ``fifo`` waits for a writer forever: after ``seconds`` one
-    is opened and closed, which lets the reader see an empty file and the job end, and the test fails."""
+def run_unless_blocked_on(fifo: str, run, seconds: float = 300):
+    """Runs ``run`` in a thread. A reader that opened ``fifo`` waits for a writer forever; a writer's
+    non-blocking open succeeds only while a reader has it open, so that is looked for until the job ends (at
+    most ``seconds``): when found, the writer closes at once, which lets the reader see an empty file and the
+    job end, and the test fails. A job that is merely slow on a loaded machine is never mistaken for blocked."""
     errors = []
 
     def target():
@@ -59,12 +63,17 @@ def run_unless_blocked_on(fifo: str, run, seconds: float = 30):
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
+    deadline, blocked = time.monotonic() + seconds, False
+    while thread.is_alive() and time.monotonic() < deadline and not blocked:
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            blocked = True
+        except OSError as e:  # ENXIO: no reader has it open (yet, or ever)
+            assert e.errno == errno.ENXIO, e
+            thread.join(0.1)
     thread.join(seconds)
-    blocked = thread.is_alive()
-    if blocked:
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
-        thread.join(seconds)
     assert not blocked, f"the job opened the FIFO {fifo} and waited for a writer"
+    assert not thread.is_alive(), f"the job did not end within {seconds} s"
     if errors:
         raise errors[0]
 
