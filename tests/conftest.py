@@ -272,3 +272,13 @@ def sample_run(tmp_path_factory):
         batching={"buckets": [64, 128, 256], "tokens_per_batch": 4096},
     )
     return output, run_job(cfg)
+
+
+def seeded_window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int = 0):
+    """A TokenWindow of random ids, the same in every process (``hash()`` of a str is not: PYTHONHASHSEED)."""
+    import zlib
+
+    from docbeam.pipeline.records import TokenWindow
+
+    token_ids = np.random.default_rng(zlib.crc32(f"{doc_id}/{index}/{seed}".encode())).integers(5, 90, length)
+    return TokenWindow(doc_id, index, num_windows, token_ids.astype(np.int32), doc_tokens=length - 2, truncated=False)

@@ -104,7 +104,8 @@ def _start_server(work_dir: str) -> tuple[subprocess.Popen, str]:
         server.wait()
     with open(log_path, encoding="utf-8", errors="replace") as log:
         raise RuntimeError(
-            f"gcp-storage-emulator did not answer on {host} (3 tries, each up to {4 * START_TIMEOUT_S:.0f} s); its log:\n{log.read()}"
+            f"gcp-storage-emulator did not answer on {host} (3 tries, each up to {4 * START_TIMEOUT_S:.0f} s); "
+            f"its log:\n{log.read()}"
         )
 
 

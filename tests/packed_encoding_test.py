@@ -5,12 +5,12 @@ alone; attention stays within a segment; backends that take no segment ids are r
 from __future__ import annotations
 
 import os
-import zlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import seeded_window as window
 
 from docbeam import attention
 from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends
@@ -19,14 +19,6 @@ from docbeam.attention.registry import from_callable
 from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.packer import packed_batch
-
-
-def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int = 0) -> TokenWindow:
-    token_ids = (
-        np.random.default_rng(zlib.crc32(f"{doc_id}/{index}/{seed}".encode())).integers(5, 90, length).astype(np.int32)
-    )
-    return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
-
 
 # --- the encoder: a packed window is encoded as if alone -------------------------------------------------
 

@@ -7,13 +7,12 @@ and the attention backends do with packed rows: tests/packed_encoding_test.py.""
 from __future__ import annotations
 
 import random
-import zlib
 
 import apache_beam as beam
-import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
+from conftest import seeded_window as window
 from conftest import with_packing
 
 from docbeam.config import BatchingConfig
@@ -33,13 +32,6 @@ from docbeam.pipeline.stages.packer import (
 from docbeam.pipeline.tools.bucket_advisor import padding_efficiency
 
 BUCKETS = (16, 32, 64)
-
-
-def window(doc_id: str, index: int, length: int, num_windows: int = 1, seed: int = 0) -> TokenWindow:
-    token_ids = (
-        np.random.default_rng(zlib.crc32(f"{doc_id}/{index}/{seed}".encode())).integers(5, 90, length).astype(np.int32)
-    )
-    return TokenWindow(doc_id, index, num_windows, token_ids, doc_tokens=length - 2, truncated=False)
 
 
 def unpack(batch) -> dict:

@@ -274,6 +274,7 @@ def prepare_output(run: Run, lock: OutputLock) -> None:
     check_output(cfg)
     with refused_at_start(f"output.path {out}: cleaning up after dead runs"):
         cleaned = transaction.recover(out, lock)
+    # Read again: recover() may have finished a dead run's commit, and runs may have committed since planning.
     output_lib.check_runs_in_order(out, output_lib.read_manifest(out), run.run_id)
     lock.fence.prove()
     output_lib.mark_staging(out, run.run_id, lock.fence.token)

@@ -93,7 +93,7 @@ def stage_shares(metrics: dict, wall_seconds: float) -> dict:
     shares["other"] = round(max(0.0, 1 - sum(seconds.values()) / wall), 4)
     return {
         "wall_s": round(wall_seconds, 3),
-        # microseconds, as counted: a stage's share of a few documents' run is under a millisecond
+        # to the microsecond, as counted: a stage of a small run can take under a millisecond
         "seconds": {k: round(v, 6) for k, v in seconds.items()},
         "share_of_wall": shares,
     }
