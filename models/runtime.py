@@ -96,7 +96,7 @@ def load(spec: RuntimeSpec, fn_name: str):
 def window_outputs(head, pooled: np.ndarray, batch):
     """Each window's output in ``batch.windows``' order: its vector (rows of an array), or for a multi-vector
     head, whose forward gives every token's vector, the list of its kept token vectors (the head cuts them)."""
-    per_token = getattr(head, "window_vectors", None)
+    per_token = head.window_vectors
     return per_token(pooled, batch) if per_token else pooled.reshape(-1, pooled.shape[-1])[batch.window_slots()]
 
 
@@ -223,7 +223,7 @@ class EncoderRuntime:
                 lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]),
                 batch,
                 vectors,
-                getattr(self.spec.head, "window_vectors", None),
+                self.spec.head.window_vectors,
             )
             if batch.packed
             else []

@@ -19,7 +19,7 @@ from multivector_head_test import TEXTS, WINDOW, first_windows
 from docbeam import attention
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint, encoder
-from docbeam.models.heads import resolve
+from docbeam.models.heads.registry import resolve
 from docbeam.pipeline.records import WindowEmbedding
 
 SPARSE_TOLERANCE = 1e-5

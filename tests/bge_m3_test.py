@@ -14,7 +14,7 @@ from multivector_head_test import TEXTS, WINDOW, lowest_token_cosine, ours
 
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint
-from docbeam.models.heads import resolve
+from docbeam.models.heads.registry import resolve
 
 
 def bge_m3_checkpoint(folder: str) -> str:

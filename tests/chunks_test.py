@@ -245,6 +245,7 @@ def test_a_chunk_row_left_out_is_counted_in_the_jobs_metrics(tmp_path):
     from apache_beam.metrics.metric import MetricsFilter
 
     from docbeam.pipeline.records import WindowEmbedding
+    from docbeam.models.heads.embedding import EmbeddingHead
     from docbeam.pipeline.stages.chunks import WriteChunks
     from docbeam.pipeline.telemetry.observe import CHUNKS_NOT_WRITTEN, METRICS_NAMESPACE, metric_name
 
@@ -257,7 +258,10 @@ def test_a_chunk_row_left_out_is_counted_in_the_jobs_metrics(tmp_path):
         "documents": p | "Documents" >> beam.Create([Document("d", "abc def", "x.jsonl", 1)]),
         "embedded": p | "Embedded" >> beam.Create([{"id": "d"}]),
     }
-    _ = inputs | WriteChunks(str(tmp_path), "r1", 1, normalize=False, truncate_dim=None, with_text=False, width=2)
+    head = EmbeddingHead(
+        name="embedding", pooling="mean", layers=(), width=2, folder="embeddings", normalize=False, truncate_dim=None
+    )
+    _ = inputs | WriteChunks(str(tmp_path), "r1", 1, head=head, with_text=False)
     result = p.run()
     result.wait_until_finish()
     rows = [r for f in glob.glob(f"{tmp_path}/chunks/*.parquet") for r in pq.read_table(f).to_pylist()]

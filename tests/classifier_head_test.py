@@ -16,7 +16,7 @@ from family_fixtures import head_forward, save_checkpoint, tiny_model
 
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint
-from docbeam.models.heads import resolve
+from docbeam.models.heads.registry import resolve
 from docbeam.models.heads.classifier import apply_function
 
 TOLERANCE = 1e-5  # the bar on every score, float32

@@ -37,7 +37,7 @@ ALLOWED = {
         "pipeline.tools",
     },  # the public API, on top
     "docbeam.errors": set(),
-    "docbeam.config": {"docbeam.errors", "attention", "pipeline.store"},
+    "docbeam.config": {"docbeam.errors", "attention", "models", "pipeline.store"},
     "attention": {"docbeam.errors"},
     "models": {"attention", "docbeam.errors"},
     "pipeline.records": set(),

@@ -279,9 +279,13 @@ def test_sampled_values_that_will_be_rejected_do_not_type_the_column(tiny_checkp
 
 
 def test_every_column_docbeam_writes_is_a_name_no_kept_field_may_take():
-    from docbeam.pipeline.stages.write import embeddings_schema
+    from docbeam.models.heads.embedding import EmbeddingHead
+    from docbeam.pipeline.stages.write import rows_schema
 
-    assert set(embeddings_schema(8).names) <= set(keep.OUTPUT_COLUMNS)
+    head = EmbeddingHead(
+        name="embedding", pooling="mean", layers=(), width=8, folder="embeddings", normalize=False, truncate_dim=None
+    )
+    assert set(rows_schema(head).names) <= set(keep.OUTPUT_COLUMNS)
 
 
 # --- refused at start ---------------------------------------------------------------------------------------------

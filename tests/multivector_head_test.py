@@ -19,7 +19,7 @@ from family_fixtures import MIN_COSINE, pack, save_checkpoint, tiny_model
 from docbeam import attention
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint, encoder
-from docbeam.models.heads import resolve
+from docbeam.models.heads.registry import resolve
 from docbeam.pipeline.records import Batch
 
 WINDOW = 48

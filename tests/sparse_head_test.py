@@ -18,7 +18,7 @@ from family_fixtures import head_forward, save_checkpoint, spread_norms_and_bias
 from docbeam import attention
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint, encoder
-from docbeam.models.heads import resolve
+from docbeam.models.heads.registry import resolve
 from docbeam.models.heads.sparse import prune
 
 MIN_COSINE = 0.99999  # the bar, float32

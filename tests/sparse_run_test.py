@@ -13,7 +13,7 @@ from sparse_head_test import TEXTS, assert_same_sparse_vectors, reference_vector
 
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint
-from docbeam.models.heads import resolve
+from docbeam.models.heads.registry import resolve
 
 
 def window(index, count, vector, length=30):

@@ -228,7 +228,7 @@ def test_model_truncate_dim_gives_sentence_transformers_matryoshka_vectors(heade
 
 def test_the_checkpoints_truncate_dim_is_the_default(tmp_path, headed_checkpoint):
     from docbeam.config import ModelConfig
-    from docbeam.models.heads import resolve
+    from docbeam.models.heads.registry import resolve
 
     model = str(tmp_path / "model")
     shutil.copytree(headed_checkpoint, model)

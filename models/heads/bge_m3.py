@@ -23,12 +23,10 @@ import numpy as np
 
 from docbeam.models.families.blocks import segment_starts
 from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.heads import Head, HeadLayer, NonFinite, apply_layers
-from docbeam.models.heads.embedding import non_finite, window_facts
+from docbeam.models.heads import ROWS_FOLDER, Column, Head, HeadLayer, NonFinite, apply_layers, non_finite, window_facts
 from docbeam.models.heads.multivector import BGE_M3_COLBERT, VECTOR_DTYPES, file_digest, torch_linear, window_slices
 from docbeam.models.heads.sparse import SparseTerms, prune
 
-FOLDER = "embeddings"
 SPARSE_LINEAR = "sparse_linear.pt"
 # The tokens FlagEmbedding leaves out of the lexical weights (its special_tokens_map keys).
 UNUSED_TOKENS = ("cls_token", "eos_token", "pad_token", "unk_token")
@@ -55,7 +53,6 @@ class BgeM3Head(Head):
     max_terms: int | None
     threshold: float | None
     digests: tuple[str, str]  # of sparse_linear.pt and colbert_linear.pt (the safetensors digests miss them)
-    vector_dtype: str = "float32"
     windows: str = "first"  # a long document's row is its first window's (head_plan.tokenize_for truncates)
     vector_dtypes = VECTOR_DTYPES
 
@@ -99,18 +96,15 @@ class BgeM3Head(Head):
     def compact_window(self, tokens_NxV: np.ndarray) -> M3Window:
         return m3_window(tokens_NxV, self.hidden, self.width, self.unused_ids)
 
-    def columns(self) -> list:
-        import pyarrow as pa
-
-        from docbeam.models.heads.vector_types import VALUE_TYPES, embedding_type
-
+    def columns(self) -> list[Column]:
         return [
-            pa.field("embedding", embedding_type(self.hidden, self.vector_dtype)),
-            pa.field(
-                "sparse_embedding", pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float32()))])
-            ),
-            pa.field("multi_vector", pa.list_(pa.list_(VALUE_TYPES[self.vector_dtype], self.width))),
+            Column("embedding", "vector", self.hidden, self.vector_dtype),
+            Column("sparse_embedding", "sparse_vector", self.vocab_size),
+            Column("multi_vector", "multi_vector", self.width, self.vector_dtype),
         ]
+
+    def summary_line(self) -> str:
+        return f"bge_m3 (dense, sparse and ColBERT) → {self.folder}/"
 
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)
@@ -248,7 +242,7 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
         pooling="tokens",
         layers=(),
         width=int(colbert.shape[0]),
-        folder=FOLDER,
+        folder=ROWS_FOLDER,
         carried=carried,
         hidden=hidden,
         vocab_size=vocab_size,

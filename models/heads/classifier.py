@@ -19,11 +19,9 @@ import numpy as np
 
 from docbeam.models.families import family_of
 from docbeam.models.families.encoder_config import ACTIVATIONS, CheckpointError
-from docbeam.models.heads import Head, HeadLayer, NonFinite
-from docbeam.models.heads.embedding import non_finite, window_facts
+from docbeam.models.heads import Column, Head, HeadLayer, NonFinite, non_finite, window_facts
 
-FOLDER = "scores"
-ROW_FIELDS = ("id", "label", "score", "scores", "num_tokens", "num_windows", "truncated", "content_hash")
+FOLDER = "scores"  # its rows are scores, not vectors: a folder of their own beside embeddings/
 PROBLEM_TYPES = {
     "regression": "none",
     "multi_label_classification": "sigmoid",
@@ -90,10 +88,15 @@ class ClassifierHead(Head):
     windows: str  # "first" | "mean": which windows' logits score a long document
     tensors: tuple[tuple[str, bool], ...]  # per layer: its tensor prefix in model.safetensors, whether it has a bias
     prefixes: tuple[str, ...] = ()  # the family's model prefixes (``bert.``), stripped from tensor names
+    verb = "scored"
 
     @property
     def regression(self) -> bool:
         return self.function == "none"
+
+    @property
+    def counts_labels(self) -> bool:
+        return not self.regression  # a regression's rows have no label
 
     def load_params(self, folder: str) -> tuple[dict, ...]:
         from safetensors import safe_open
@@ -122,14 +125,14 @@ class ClassifierHead(Head):
             )
         return tuple(params)
 
-    def columns(self) -> list:
-        import pyarrow as pa
+    def columns(self) -> list[Column]:
+        return [Column("label", "label"), Column("score", "score"), Column("scores", "scores", len(self.labels))]
 
-        return [
-            pa.field("label", pa.string()),
-            pa.field("score", pa.float32()),
-            pa.field("scores", pa.list_(pa.float32(), len(self.labels))),
-        ]
+    def details(self) -> str:
+        return f"labels {', '.join(self.labels)}; {self.function}; windows: {self.windows}"
+
+    def summary_line(self) -> str:
+        return f"classifier ({self.carried}, {self.function}) → {self.folder}/"
 
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)

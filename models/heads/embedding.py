@@ -12,10 +12,16 @@ import dataclasses
 import numpy as np
 
 from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.heads import Head, HeadLayer, NonFinite
-
-FOLDER = "embeddings"
-ROW_FIELDS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")
+from docbeam.models.heads import (
+    ROWS_FOLDER,
+    Column,
+    Head,
+    HeadLayer,
+    NonFinite,
+    non_finite,
+    window_facts,
+)
+from docbeam.models.heads.vector_types import VECTOR_DTYPES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -23,7 +29,11 @@ class EmbeddingHead(Head):
     normalize: bool
     truncate_dim: int | None  # documents' vectors keep their first truncate_dim dimensions (None: all)
     dense: tuple = ()  # sentence-transformers' Dense modules (st_settings.DenseModule), in the order they run
-    vector_dtype: str = "float32"  # output.vector_dtype: how the column is typed (quantized after this head)
+    vector_dtypes = VECTOR_DTYPES  # output.vector_dtype types its column, quantized after this head
+    quantized = True
+    chunk_column = "embedding"
+    chunkings = ("window", "late")
+    precision_gated = True
 
     @property
     def dim(self) -> int:
@@ -35,15 +45,27 @@ class EmbeddingHead(Head):
 
         return load_dense(folder, self)  # reads .dense, as it reads a ModelSettings'
 
-    def columns(self) -> list:
-        import pyarrow as pa
-
-        from docbeam.models.heads.vector_types import embedding_type
-
-        return [pa.field("embedding", embedding_type(self.dim, self.vector_dtype))]
+    def columns(self) -> list[Column]:
+        return [Column("embedding", "vector", self.dim, self.vector_dtype)]
 
     def document_row(self, windows: list) -> dict | NonFinite:
         return document_vector(windows, self.normalize, self.truncate_dim)
+
+    def chunk_value(self, window_vector) -> list:
+        """A window's vector as a document of that one window would get it: cut, then normalised."""
+        out = np.asarray(window_vector, np.float64)[: self.truncate_dim]
+        if self.normalize:
+            out = out / max(np.linalg.norm(out), 1e-12)
+        return out.astype(np.float32).tolist()
+
+    def summary_line(self) -> str | None:
+        """Worth a line only where the checkpoint carries a task head that did not run."""
+        if not self.carried:
+            return None
+        return (
+            f"embedding → {self.folder}/; the checkpoint's {self.carried} did not run "
+            "(model.head: classifier scores with it)"
+        )
 
     def row_stats(self, row: dict) -> dict:
         from docbeam.models.heads.vector_types import dense_stats
@@ -83,23 +105,6 @@ def document_vector(windows: list, normalize: bool, truncate_dim: int | None = N
     return {"id": windows[0].doc_id, "embedding": vector.tolist(), **window_facts(windows)}
 
 
-def window_facts(windows: list) -> dict:
-    """The columns every head's row has about the document's tokens and windows."""
-    return {
-        "num_tokens": int(windows[0].doc_tokens),
-        "num_windows": len(windows),
-        "truncated": bool(windows[0].truncated),
-    }
-
-
-def non_finite(windows: list, broken: list, what: str) -> NonFinite:
-    where = ", ".join(sorted({f"bucket {w.bucket_len} with attention {w.backend}" for w in broken or windows}))
-    return NonFinite(
-        f"the {what} has NaN or inf values ({len(broken)} of {len(windows)} window(s) non-finite; "
-        f"computed at {where}); not written"
-    )
-
-
 def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) -> EmbeddingHead:
     """From the checkpoint's sentence-transformers settings, with ``model.pooling``, ``model.normalize`` and
     ``model.truncate_dim`` overriding them."""
@@ -125,7 +130,7 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
         pooling=pooling,
         layers=layers,
         width=full,
-        folder=FOLDER,
+        folder=ROWS_FOLDER,
         carried=carried,
         normalize=normalize,
         truncate_dim=truncate_dim,
@@ -142,7 +147,7 @@ def standalone(checkpoint, pooling: str) -> EmbeddingHead:
         pooling=pooling,
         layers=tuple(HeadLayer("dense", d.activation) for d in settings.dense),
         width=settings.width(checkpoint.config.output_size),
-        folder=FOLDER,
+        folder=ROWS_FOLDER,
         normalize=False,
         truncate_dim=None,
         dense=settings.dense,

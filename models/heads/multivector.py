@@ -18,13 +18,10 @@ import os
 import numpy as np
 
 from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.heads import Head, HeadLayer, NonFinite
-from docbeam.models.heads.embedding import non_finite, window_facts
+from docbeam.models.heads import ROWS_FOLDER, Column, Head, HeadLayer, NonFinite, non_finite, window_facts
 
-FOLDER = "embeddings"
 TOKENS = "tokens"  # the pooling that is none: embed_fn returns every token's vector
 VECTOR_DTYPES = ("float32", "float16")
-ROW_FIELDS = ("id", "multi_vector", "num_tokens", "num_windows", "truncated", "content_hash")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -32,7 +29,6 @@ class MultiVectorHead(Head):
     normalize: bool
     skip_ids: tuple[int, ...]  # token ids the checkpoint's MultiVectorMask drops from documents
     dense: tuple = ()  # the token Dense modules (st_settings.DenseModule), in the order they run
-    vector_dtype: str = "float32"
     windows: str = "first"  # a long document's row is its first window's (head_plan.tokenize_for truncates)
     drop_first: bool = False  # bge-m3: the window's first token ([CLS]) has no vector
     torch_linear: str | None = None  # bge-m3: the projection's torch file (colbert_linear.pt), read as tensors only
@@ -58,12 +54,8 @@ class MultiVectorHead(Head):
         """Each window's kept token vectors [n, W], in ``batch.windows``' order."""
         return [out_BxTxW[r, at][self.kept_tokens(batch.ids_BxT[r, at])] for r, at in window_slices(batch)]
 
-    def columns(self) -> list:
-        import pyarrow as pa
-
-        from docbeam.models.heads.vector_types import VALUE_TYPES
-
-        return [pa.field("multi_vector", pa.list_(pa.list_(VALUE_TYPES[self.vector_dtype], self.width)))]
+    def columns(self) -> list[Column]:
+        return [Column("multi_vector", "multi_vector", self.width, self.vector_dtype)]
 
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)
@@ -156,7 +148,7 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
         pooling=TOKENS,
         layers=layers,
         width=settings.width(checkpoint.config.output_size),
-        folder=FOLDER,
+        folder=ROWS_FOLDER,
         carried=carried,
         normalize=settings.normalize,
         dense=settings.dense,
@@ -179,7 +171,7 @@ def bge_m3_colbert(checkpoint, carried: str | None) -> MultiVectorHead:
         pooling=TOKENS,
         layers=(HeadLayer("dense"), HeadLayer("l2")),
         width=int(weight.shape[0]),
-        folder=FOLDER,
+        folder=ROWS_FOLDER,
         carried=carried,
         normalize=True,
         skip_ids=(),

@@ -23,10 +23,8 @@ import numpy as np
 
 from docbeam.models.families import family_of
 from docbeam.models.families.encoder_config import ACTIVATIONS, CheckpointError
-from docbeam.models.heads import Head, HeadLayer, NonFinite, apply_layers
-from docbeam.models.heads.embedding import non_finite, window_facts
+from docbeam.models.heads import ROWS_FOLDER, Column, Head, HeadLayer, NonFinite, apply_layers, non_finite, window_facts
 
-FOLDER = "embeddings"
 BLOCK = 4096  # vocabulary columns whose logits exist at once: [tokens, BLOCK] floats, whatever the vocabulary
 
 
@@ -113,6 +111,7 @@ class SparseHead(Head):
     prefixes: tuple[str, ...] = ()
     tied: bool = True  # config.json's tie_word_embeddings
     block: int = BLOCK
+    chunk_column = "sparse_embedding"  # a chunk row is its window's sparse vector, pruned as a document's
 
     def load_params(self, folder: str) -> tuple[dict, ...]:
         """The transform's layers, then the decoder as blocks: kernel [blocks, block, D], bias [blocks, block]
@@ -178,14 +177,18 @@ class SparseHead(Head):
         indices = np.flatnonzero(vector_V).astype(np.int32)
         return SparseTerms(indices, np.asarray(vector_V, np.float32)[indices])
 
-    def columns(self) -> list:
-        import pyarrow as pa
+    def columns(self) -> list[Column]:
+        return [Column("sparse_embedding", "sparse_vector", self.width)]
 
-        return [
-            pa.field(
-                "sparse_embedding", pa.struct([("indices", pa.list_(pa.int32())), ("values", pa.list_(pa.float32()))])
-            )
-        ]
+    def chunk_value(self, terms: SparseTerms) -> dict:
+        """A window's nonzero terms as a document's row carries them: the same pruning."""
+        vector_V = np.zeros(self.width, np.float32)
+        vector_V[terms.indices] = terms.values
+        indices, values = prune(vector_V, self.threshold, self.max_terms)
+        return {"indices": indices.tolist(), "values": values.tolist()}
+
+    def summary_line(self) -> str:
+        return f"sparse ({self.carried}, {self.pooling} pooling) → {self.folder}/"
 
     def document_row(self, windows: list) -> dict | NonFinite:
         windows = sorted(windows, key=lambda w: w.index)
@@ -275,7 +278,7 @@ def resolve(checkpoint, hf: dict, carried: str | None, where: str, model_cfg) ->
         pooling=strategy,
         layers=tuple(layer for _, layer, _ in layout.steps),
         width=int(hf["vocab_size"]),
-        folder=FOLDER,
+        folder=ROWS_FOLDER,
         carried=arch,
         activation=activation,
         windows=options.windows,

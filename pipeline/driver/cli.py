@@ -285,33 +285,31 @@ def format_summary(s: dict, output: str) -> str:
     return "\n".join(lines)
 
 
+def described(head: dict) -> dict:
+    """The run's head as its summary describes it, one written before heads declared their lines included."""
+    from docbeam.models.heads.registry import described as head_described
+
+    return head_described(head)
+
+
 def verb(s: dict) -> str:
-    return "scored" if (s.get("head") or {}).get("name") == "classifier" else "embedded"
+    return described(s.get("head") or {}).get("verb", "embedded")
 
 
 def notable_head(head: dict | None) -> bool:
     """A run's head is worth a line unless it is the plain embedding of an embedding checkpoint."""
-    return bool(head) and (head["name"] != "embedding" or bool(head.get("checkpoint_head")))
+    return bool(head) and "line" in described(head)
 
 
 def format_head(head: dict, labels: dict | None) -> str:
-    """Which head ran, and what the checkpoint carries that did not run."""
-    if head["name"] == "classifier":
-        shown = f"; top labels {json.dumps(labels)}" if labels else ""
-        return f"  head       classifier ({head['checkpoint_head']}, {head['function']}) → {head['folder']}/{shown}"
-    if head["name"] == "bge_m3":
-        return f"  head       bge_m3 (dense, sparse and ColBERT) → {head['folder']}/"
-    if head["name"] == "sparse":
-        return f"  head       sparse ({head['checkpoint_head']}, {head['pooling']} pooling) → {head['folder']}/"
-    carried = head.get("checkpoint_head")
-    return f"  head       embedding → {head['folder']}/" + (
-        f"; the checkpoint's {carried} did not run (model.head: classifier scores with it)" if carried else ""
-    )
+    """Which head ran (its own line: models/heads/), and the labels its rows were given."""
+    shown = f"; top labels {json.dumps(labels)}" if labels else ""
+    return f"  head       {described(head)['line']}{shown}"
 
 
 def format_sizes(representations: dict | None, head: dict) -> str:
-    """What a document's row holds of a head beyond one vector: ``; per document: multi_vector 30.5 vectors``."""
-    if not representations or head["name"] in ("embedding", "classifier"):
+    """What a document's row holds beyond one dense vector: ``; per document: multi_vector 30.5 vectors``."""
+    if not representations or set(representations) <= {"embedding"}:
         return ""
     return "; per document: " + ", ".join(
         f"{name} " + " ".join(f"{v} {k.removesuffix('_per_document')}" for k, v in sizes.items())

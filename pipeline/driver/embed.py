@@ -23,7 +23,7 @@ from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
-from docbeam.pipeline.stages.beam_chunks import ChunksWithTexts, check_ids, other_fields
+from docbeam.pipeline.stages.beam_chunks import CHUNK_KINDS, ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
 from docbeam.pipeline.stages.late_chunks import BatchContexts
 from docbeam.pipeline.stages.parse import document_of_record
@@ -249,7 +249,7 @@ class EmbedDocuments(beam.PTransform):
 
 def beam_chunks_ids(head, ids: str) -> str:
     """``ids`` when the head's rows become Beam Chunks (a dense or sparse vector each); else a refusal naming it."""
-    if not {c.name for c in head.columns()} & {"embedding", "sparse_embedding"}:
+    if not {c.kind for c in head.columns()} & CHUNK_KINDS:
         raise ConfigError(
             f"EmbedDocuments(beam_chunks=True): model.head resolved to {head.name}, whose rows hold "
             "neither embedding nor sparse_embedding, and a Beam Chunk holds those; set model.head: "

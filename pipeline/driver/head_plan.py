@@ -16,14 +16,7 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
     from docbeam.selection import columns_named, labels_named, parse
 
     tree = parse(select.where)
-    have = [
-        "id",
-        *(c.name for c in head.columns()),
-        "num_tokens",
-        "num_windows",
-        "truncated",
-        *(c.name for c in kept.columns),
-    ]
+    have = [*(f.name for f in head.row_fields()), *(c.name for c in kept.columns)]
     unknown = sorted(columns_named(tree) - set(have))
     if unknown and not (kept.every_field and not kept.columns):  # a dry run of keep_fields "*": not typed yet
         raise ConfigError(
@@ -31,7 +24,7 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
             f"not have; their columns: {', '.join(have)} (a field of the input: add it to "
             "input.keep_fields)"
         )
-    labels = getattr(head, "labels", ())
+    labels = head.labels
     missing = sorted(labels_named(tree) - set(labels))
     if missing:
         raise ConfigError(
@@ -53,7 +46,7 @@ def check_kept_fields(head: Head, kept: KeptFields) -> None:
 
 
 def tokenize_for(cfg: JobConfig | EmbedConfig, head: Head) -> TokenizeConfig:
-    if getattr(head, "windows", None) == "first":
+    if head.windows == "first":
         return cfg.tokenize.model_copy(update={"long_documents": "truncate"})
     return cfg.tokenize
 
@@ -63,31 +56,7 @@ def vector_dtype(cfg: JobConfig | EmbedConfig) -> str:
 
 
 def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
-    """What only document vectors can feed (quantized dtypes, chunk rows, Vector Search) is refused for a head
-    that writes other rows, naming the key; a reduced precision's gate measures vectors only."""
-    if head.name == "embedding":
-        return
-    rows = f"model.head resolved to {head.name} ({head.carried}), which writes {head.folder}/ rows"
-    if cfg.model.dtype != "float32" and cfg.model.precision_gate == "enforce":
-        raise ConfigError(
-            f"model.dtype: {cfg.model.dtype}: {rows}, and the precision gate (model.precision_gate: "
-            "enforce) measures embeddings only; set model.dtype: float32, or model.precision_gate: "
-            "warn (or off) to run it unmeasured"
-        )
-    if not isinstance(cfg, JobConfig):
-        return
-    out = cfg.output
-    dtypes = getattr(head, "vector_dtypes", ("float32",))  # a multi-vector head writes float16 too
-    # A sparse head's chunk rows are its windows' sparse vectors (pipeline/stages/chunks.py); late chunking
-    # pools dense spans, which a vocabulary-wide reduce over every token does not.
-    granularities = ("document", "chunk", "both") if head.name == "sparse" else ("document",)
-    for key, value, allowed in (
-        ("vector_dtype", out.vector_dtype, dtypes),
-        ("granularity", out.granularity, granularities),
-        ("chunking", out.chunking, ("window",)),
-    ):
-        if value not in allowed:
-            raise ConfigError(
-                f"output.{key}: {value}: {rows}, not one dense vector per document; set output.{key}: "
-                f"{' or '.join(allowed)} (or model.head: embedding to embed with its backbone)"
-            )
+    """What the head's rows cannot be written with (models/heads/: ``Head.output_problem``) is refused at start."""
+    problem = head.output_problem(cfg.model, cfg.output if isinstance(cfg, JobConfig) else None)
+    if problem:
+        raise ConfigError(problem)

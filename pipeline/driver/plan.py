@@ -27,7 +27,7 @@ from docbeam.models.checkpoint import (
 )
 from docbeam.models.encoder import EncoderConfig, attention_cases
 from docbeam.models.heads import Head
-from docbeam.models.heads import resolve as resolve_head
+from docbeam.models.heads.registry import resolve as resolve_head
 from docbeam.models.st_settings import document_prompt
 from docbeam.pipeline.driver.head_plan import (
     check_head_fits_output,
@@ -91,12 +91,12 @@ class JobPlan:
 
     @property
     def normalize(self) -> bool:
-        return getattr(self.head, "normalize", False)
+        return self.head.normalize
 
     @property
     def truncate_dim(self) -> int | None:
         """Documents' vectors keep their first truncate_dim dimensions (None: all)."""
-        return getattr(self.head, "truncate_dim", None)
+        return self.head.truncate_dim
 
     @property
     def width(self) -> int:
@@ -303,11 +303,11 @@ def _checked_plan(
         "stride": tokenize.stride,
         "long_documents": tokenize.long_documents,
         "pooling": head.pooling,
-        "normalize": getattr(head, "normalize", False),
+        "normalize": head.normalize,
         "dtype": cfg.model.dtype,
         "prompt": prompt,
         "model_revision": hub_revision(pinned),
-        "truncate_dim": getattr(head, "truncate_dim", None),
+        "truncate_dim": head.truncate_dim,
         "dense_digest": dense_digest(checkpoint.folder, settings),
         "vector_dtype": vector_dtype(cfg),
         "head": head.reuse_key(),

@@ -98,7 +98,7 @@ def gate_record(plan, limit: int = DOCUMENTS) -> dict | None:
         return None
     if mode == "off":
         return _not_run(dtype, mode, "model.precision_gate: off")
-    if plan.head.name != "embedding":  # under enforce such a run was refused at plan (pipeline/driver/head_plan.py)
+    if not plan.head.precision_gated:  # under enforce such a run was refused at plan (pipeline/driver/head_plan.py)
         return _not_run(
             dtype, mode, f"the gate measures embeddings, and the {plan.head.name} head writes {plan.head.folder}/ rows"
         )

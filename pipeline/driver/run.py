@@ -98,11 +98,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "embedding_dim": plan.width,
         "truncate_dim": plan.truncate_dim,
         "head": plan.head.describe(),
-        **(
-            {"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)}
-            if plan.head.name == "embedding"
-            else {}
-        ),
+        **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.quantized else {}),
         "dtype": cfg.model.dtype,
         "platform": plan.platform,
         "runner": cfg.runner.name,
@@ -134,9 +130,9 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         to_encode, reused = read["documents"], p | "NothingReused" >> beam.Create([])
     embedded = to_encode | "Embed" >> EncodeDocuments(plan, encoder_spec(plan, staging, run_id))
     # An incremental run keeps the calibration its reused rows were quantized with (docs/outputs.md#vector-dtypes).
-    # A multi-vector head writes its own dtype (models/heads/multivector.py): its rows have no embedding column.
+    # A head that types its own vectors (models/heads/: Head.quantized) passes through as float32.
     quantized = embedded["embeddings"] | "QuantizeVectors" >> vectors.QuantizeVectors(
-        cfg.output.vector_dtype if plan.head.name == "embedding" else "float32",
+        cfg.output.vector_dtype if plan.head.quantized else "float32",
         run_id,
         plan.reuse.source.calibration if plan.reuse.source else None,
     )
@@ -161,8 +157,8 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         kept_columns=plan.kept.fields(),
         write_embeddings=cfg.output.granularity != "chunk",
         folder=plan.head.folder,
-        labels=bool(getattr(plan.head, "labels", None)) and not plan.head.regression,
-        row_stats=getattr(plan.head, "row_stats", None),
+        labels=plan.head.counts_labels,
+        row_stats=plan.head.row_stats,
     )
     if cfg.output.granularity != "document":
         # Chunk rows are quantized with the documents' calibration (one scale per output).
@@ -175,13 +171,10 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
             staging,
             run_id,
             cfg.output.num_shards,
-            normalize=plan.normalize,
-            truncate_dim=plan.truncate_dim,
+            head=plan.head,
             with_text=cfg.output.chunk_text,
-            width=plan.width,
             vector_dtype=cfg.output.vector_dtype,
             kept_columns=plan.kept.fields(),
-            sparse=plan.head if plan.head.name == "sparse" else None,
         )
         written = {**written, "written": (*written["written"], chunks)}
     written = {

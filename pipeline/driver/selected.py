@@ -19,7 +19,7 @@ def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, re
         staging,
         run_id,
         select.where,
-        labels=tuple(getattr(plan.head, "labels", ())),
+        labels=tuple(plan.head.labels),
         with_text=select.with_text,
         num_shards=plan.config.output.num_shards,
     )

@@ -20,6 +20,7 @@ import apache_beam as beam
 import numpy as np
 
 from docbeam.errors import Refused
+from docbeam.models.heads.registry import described
 from docbeam.pipeline.stages.keep import OUTPUT_COLUMNS
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
@@ -27,6 +28,7 @@ from docbeam.pipeline.store import storage
 # A row's columns that are docbeam's own (every run's, and the vector heads'); every other column is a kept field.
 OWN_COLUMNS = frozenset(OUTPUT_COLUMNS) | {"sparse_embedding", "multi_vector"}
 NOT_CHUNKS = ("multi_vector", "scores")  # rows a Chunk has no place for: one vector per token, a classifier's scores
+CHUNK_KINDS = {"vector", "sparse_vector"}  # the kinds of column (models/heads/) a Beam Chunk's Embedding holds
 IDS = ("docbeam", "uuid5")  # a Chunk's id: docbeam's own, or a UUID made from it (for Qdrant and Milvus)
 FLOAT_DTYPES = ("float32", "float16")
 
@@ -158,12 +160,11 @@ def committed_files(output: str, manifest: dict | None, rows: str | None) -> tup
             f"{output} holds no committed docbeam run ({output_lib.MANIFEST} is missing); "
             "point ReadBeamChunks at a run's output.path"
         )
-    head = manifest.get("head") or {}
-    folder = head.get("folder", output_lib.EMBEDDINGS)
-    if folder != output_lib.EMBEDDINGS or head.get("name") == "multi_vector":
+    head = described(manifest.get("head") or {"name": "embedding", "folder": output_lib.EMBEDDINGS})
+    if not {c["kind"] for c in head["columns"]} & CHUNK_KINDS:
         raise NotChunks(
-            f"{output}'s run has model.head {head.get('name')!r}, whose {folder}/ rows are not one "
-            "vector per document; only embedding and sparse runs become Beam Chunks"
+            f"{output}'s run has model.head {head.get('name')!r}, whose {head['folder']}/ rows are not one "
+            "vector per document; only runs whose rows hold a dense or a sparse vector become Beam Chunks"
         )
     dtype = (manifest.get("embedding") or {}).get("dtype", "float32")
     if dtype not in FLOAT_DTYPES:

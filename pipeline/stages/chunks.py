@@ -46,40 +46,16 @@ def chunk_schema(vector: pa.Field, with_text: bool, kept_columns: tuple[pa.Field
     )
 
 
-def chunk_vector(vector: np.ndarray, normalize: bool, truncate_dim: int | None) -> np.ndarray:
-    """A window's vector as a document of that one window would get it (write.pool_windows' arithmetic)."""
-    out = np.asarray(vector, np.float64)[:truncate_dim]
-    if normalize:
-        out = out / max(np.linalg.norm(out), 1e-12)
-    return out.astype(np.float32)
-
-
-def sparse_chunk(terms, head) -> dict:
-    """A window's nonzero terms (the sparse head's ``compact_window``) as a document's row carries them: the
-    same pruning."""
-    from docbeam.models.heads.sparse import prune
-
-    vector_V = np.zeros(head.width, np.float32)
-    vector_V[terms.indices] = terms.values
-    indices, values = prune(vector_V, head.threshold, head.max_terms)
-    return {"indices": indices.tolist(), "values": values.tolist()}
-
-
-def chunk_rows(
-    windows: list[WindowEmbedding], document: Document | None, *, normalize: bool, truncate_dim: int | None, sparse=None
-) -> list[dict]:
+def chunk_rows(windows: list[WindowEmbedding], document: Document | None, head) -> list[dict]:
     """One document's chunk rows in window order; ``document`` (None: no ``chunk_text`` column) gives their
-    text: its source is ``text_offset`` characters longer than its text (a BOM) and the offsets count them;
-    ``sparse``: the sparse head, whose rows carry ``sparse_embedding``."""
+    text: its source is ``text_offset`` characters longer than its text (a BOM) and the offsets count them.
+    Each row carries the head's ``chunk_column``: its ``chunk_value`` of the window (models/heads/)."""
     rows = []
     for w in sorted(windows, key=lambda w: w.index):
         row = {"document_id": w.doc_id, "chunk_index": w.index, "char_start": w.char_start, "char_end": w.char_end}
         if document is not None:
             row["chunk_text"] = document.text[w.char_start - document.text_offset : w.char_end - document.text_offset]
-        if sparse is not None:
-            row["sparse_embedding"] = sparse_chunk(w.vector, sparse)
-        else:
-            row["embedding"] = chunk_vector(w.vector, normalize, truncate_dim).tolist()
+        row[head.chunk_column] = head.chunk_value(w.vector)
         row["num_tokens"] = w.length
         rows.append(with_kept(row, document.kept) if document is not None else row)
     return rows
@@ -100,8 +76,8 @@ class WriteChunks(beam.PTransform):
     """Input ``{"windows": WindowEmbeddings, "documents": the Documents encoded, "embedded": their pooled rows}``
     and, for int8/uint8, ``"calibration"``: the documents' ranges, which chunk rows are quantized with too (one
     scale per output; a chunk value outside them is clipped, as for reused documents); writes chunks/ into the
-    run's staging folder and outputs the file names (for CommitRun's ``written``). ``sparse``: the sparse
-    head, whose chunk rows carry ``sparse_embedding`` (float32 only: the plan refuses other dtypes for it)."""
+    run's staging folder and outputs the file names (for CommitRun's ``written``). Each row carries the head's
+    ``chunk_column``, typed as the head's rows type it."""
 
     def __init__(
         self,
@@ -109,46 +85,36 @@ class WriteChunks(beam.PTransform):
         run_id: str,
         num_shards: int,
         *,
-        normalize: bool,
-        truncate_dim: int | None,
+        head,
         with_text: bool,
-        width: int,
         vector_dtype: str = "float32",
         kept_columns: tuple[pa.Field, ...] = (),
-        sparse=None,
     ):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
-        self._normalize, self._truncate_dim, self._with_text = normalize, truncate_dim, with_text
-        column = (
-            sparse.columns()[0]
-            if sparse is not None
-            else pa.field("embedding", vectors.embedding_type(width, vector_dtype))
-        )
-        self._schema, self._sparse = chunk_schema(column, with_text, kept_columns), sparse
+        self._head, self._with_text = head, with_text
+        column = next(c for c in head.columns() if c.name == head.chunk_column).field()
+        self._schema = chunk_schema(column, with_text, kept_columns)
         self._dtype = vector_dtype
         self._documents = with_text or bool(kept_columns)  # the texts and kept fields travel only when rows use them
 
     def expand(self, inputs):
         from apache_beam.io.parquetio import WriteToParquet
 
-        normalize, truncate_dim, with_text, dtype = self._normalize, self._truncate_dim, self._with_text, self._dtype
-        sparse = self._sparse
+        head, with_text, dtype = self._head, self._with_text, self._dtype
 
         def rows(item, calibration=None):
             _, grouped = item
             if not list(grouped["embedded"]):  # rejected at pooling, or never encoded
                 return []
             document = next(iter(grouped["document"]), None) if "document" in grouped else None
-            rows = chunk_rows(
-                list(grouped["windows"]), document, normalize=normalize, truncate_dim=truncate_dim, sparse=sparse
-            )
+            rows = chunk_rows(list(grouped["windows"]), document, head)
             rows = rows if with_text else [{k: v for k, v in r.items() if k != "chunk_text"} for r in rows]
             # A late chunk whose context window gave NaN or inf is not written, though its document's row (from
             # its windows) was: an embedding written is always finite. Counted, so the summary's metrics say so.
             finite = [r for r in rows if "embedding" not in r or np.all(np.isfinite(r["embedding"]))]
             not_written(len(rows) - len(finite), "non_finite")
-            if dtype == "float32":  # chunk_vector made them float32 already
+            if dtype == "float32":  # the head's chunk_value made them float32 already
                 return finite
             # A chunk with values beyond float16's range is not written (an embedding written is always finite).
             quantized = [vectors.quantize_row({**r, "id": r["document_id"]}, dtype, calibration) for r in finite]

@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 import pyarrow as pa
 
 from docbeam.config import ConfigError, InputConfig
+from docbeam.models.heads import SHARED_COLUMNS
 
 SAMPLE_RECORDS = 1000  # documents the driver reads to type the kept columns
 # Lists and objects a kept value may nest: deeper ones are rejected. Typing, checking and pickling a column's
@@ -28,12 +29,8 @@ EXACT_FLOAT_INT = 2**53  # integers up to this size are exact in a float64 colum
 # Every column docbeam writes itself (document rows, and chunk rows of output.granularity: chunk); a kept field
 # of one of these names would overwrite it.
 OUTPUT_COLUMNS = (
-    "id",
+    *SHARED_COLUMNS,
     "embedding",
-    "num_tokens",
-    "num_windows",
-    "truncated",
-    "content_hash",
     "document_id",
     "chunk_index",
     "char_start",

@@ -26,34 +26,7 @@ from docbeam.pipeline.telemetry.observe import DOCS_REJECTED, METRICS_NAMESPACE,
 def rows_schema(head) -> pa.Schema:
     """The schema of a head's row files (embeddings/, scores/): the id, the head's own columns (models/heads/),
     then what every row says of the document's tokens, windows and content."""
-    return pa.schema(
-        [
-            ("id", pa.string()),
-            *head.columns(),
-            ("num_tokens", pa.int32()),
-            ("num_windows", pa.int32()),
-            ("truncated", pa.bool_()),
-            ("content_hash", pa.string()),  # of the text embedded: an incremental run reuses a row whose hash matches
-        ]
-    )
-
-
-def embeddings_schema(dim: int, vector_dtype: str = "float32") -> pa.Schema:
-    """The embeddings files' schema: ``embedding`` is a fixed_size_list of ``dim`` values (models/heads/vector_types.py)."""
-    from docbeam.models.heads.embedding import EmbeddingHead
-
-    return rows_schema(
-        EmbeddingHead(
-            name="embedding",
-            pooling="mean",
-            layers=(),
-            width=dim,
-            folder=EMBEDDINGS,
-            normalize=False,
-            truncate_dim=None,
-            vector_dtype=vector_dtype,
-        )
-    )
+    return pa.schema(head.row_fields())
 
 
 def document_row(head, windows: list[WindowEmbedding]) -> dict | Rejected:
@@ -188,7 +161,7 @@ class WriteOutputs(beam.PTransform):
     ``output.granularity: chunk``, whose rows are still counted), timing/ and errors/ into the run's
     staging folder, every file name carrying the run id (``startup``, optional: Encode's start-up records,
     for the compilation count). Outputs ``stats`` (the numbers summary.json is built from) and ``written`` (each sink's file
-    names: waiting on them is waiting for every file to be final). ``schema``: embeddings_schema(dim, dtype);
+    names: waiting on them is waiting for every file to be final). ``schema``: rows_schema(head);
     ``calibration`` (optional input): the int8/uint8 ranges, which summary.json and the manifest record."""
 
     def __init__(

@@ -9,6 +9,7 @@ import html
 
 import numpy as np
 
+from docbeam.models.heads.registry import described
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.tools import report_charts
 from docbeam.pipeline.tools.report_data import (
@@ -342,9 +343,8 @@ def render_html(
     run: Run, baseline: Run | None = None, regressions: list[Regression] = (), threshold: float = 0.10
 ) -> str:
     s, b = run.summary, run.batches
-    scored = (s.get("head") or {}).get("name") == "classifier"
     cards = [
-        (f"documents {'scored' if scored else 'embedded'}", fmt(s.get("docs_embedded"))),
+        (f"documents {described(s.get('head') or {}).get('verb', 'embedded')}", fmt(s.get("docs_embedded"))),
         ("rejected", fmt(s.get("docs_rejected"))),
         *([("top label", _top_labels(s["labels"]))] if s.get("labels") else []),
         *([("reused", fmt(s["docs_reused"]))] if s.get("docs_reused") else []),

@@ -71,11 +71,7 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
         + (f" (truncate_dim {plan.truncate_dim})" if plan.truncate_dim else "")
         + f" written as {cfg.output.vector_dtype}",
         f"# head: {plan.head.name} → {plan.head.folder}/"
-        + (
-            f" (labels {', '.join(plan.head.labels)}; {plan.head.function}; windows: {plan.head.windows})"
-            if plan.head.name == "classifier"
-            else ""
-        )
+        + (f" ({plan.head.details()})" if plan.head.details() else "")
         + (f"; the checkpoint carries {plan.head.carried}" if plan.head.carried else ""),
         f"# attention backends on platform {plan.platform!r} ({cfg.model.dtype}, "
         f"{plan.encoder.num_heads} heads × {plan.encoder.head_dim}); batching.packing: "
