@@ -15,12 +15,12 @@ import pydantic
 
 from docbeam import config_files
 from docbeam.attention import registry as attention_registry
-from docbeam.models.heads import registry as head_registry
 from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
 from docbeam.config_io import SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
 from docbeam.config_io import Section as _Section
+from docbeam.models.heads import registry as head_registry
 
 
 class PromptText(_Section):

@@ -16,8 +16,8 @@ from family_fixtures import head_forward, save_checkpoint, tiny_model
 
 from docbeam.config import ModelConfig
 from docbeam.models import checkpoint
-from docbeam.models.heads.registry import resolve
 from docbeam.models.heads.classifier import apply_function
+from docbeam.models.heads.registry import resolve
 
 TOLERANCE = 1e-5  # the bar on every score, float32
 WINDOW = 64

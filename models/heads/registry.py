@@ -74,8 +74,7 @@ def load(name: str):
     target = HEADS.get(name) or _load_entry_points().get(name)
     if target is None and ":" not in name:
         raise UnknownHeadError(
-            f"{name!r} is not a head; use one of auto, {', '.join(names())}, or your own head as "
-            "'package.module:Class'"
+            f"{name!r} is not a head; use one of auto, {', '.join(names())}, or your own head as 'package.module:Class'"
         )
     try:
         resolver = _import(target or name)

@@ -343,8 +343,10 @@ def render_html(
     run: Run, baseline: Run | None = None, regressions: list[Regression] = (), threshold: float = 0.10
 ) -> str:
     s, b = run.summary, run.batches
+    head = described(s.get("head") or {})
     cards = [
-        (f"documents {described(s.get('head') or {}).get('verb', 'embedded')}", fmt(s.get("docs_embedded"))),
+        (f"documents {head.get('verb', 'embedded')}", fmt(s.get("docs_embedded"))),
+        *([("head", head["line"])] if head.get("line") else []),  # the head's own line, where it is worth one
         ("rejected", fmt(s.get("docs_rejected"))),
         *([("top label", _top_labels(s["labels"]))] if s.get("labels") else []),
         *([("reused", fmt(s["docs_reused"]))] if s.get("docs_reused") else []),
