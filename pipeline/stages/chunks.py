@@ -47,7 +47,8 @@ def chunk_schema(vector: pa.Field, with_text: bool, kept_columns: tuple[pa.Field
 
 
 def chunk_vector(vector: np.ndarray, normalize: bool, truncate_dim: int | None) -> np.ndarray:
-    """A window's vector as a document of that one window would get it (write.pool_windows' arithmetic)."""
+    """A window's vector as a document of that one window would get it (models/heads/embedding.py
+    document_vector's arithmetic)."""
     out = np.asarray(vector, np.float64)[:truncate_dim]
     if normalize:
         out = out / max(np.linalg.norm(out), 1e-12)
