@@ -16,8 +16,7 @@ Row = tuple[int, int, int, int]  # (longest sequence, query_chunk, key_chunk, he
 # works around XLA:CPU's batched matmul, slow with many small (head_dim 32) batch entries.
 TUNED_CHUNKS: tuple[Row, ...] = ((512, 512, 256, 1), (2048, 512, 256, 2), (8192, 1024, 1024, 1))
 # The same sweep with q, k and v in bfloat16 (`--dtype bfloat16`; chunk_sweep-bfloat16.json's "chosen"): longer
-# query chunks win, 1.34x the float32 table's sizes at 2,048 tokens, 1.07x at 8,192 and 1.05x at 512 (re-timed
-# in turns in one process, CHANGELOG.md).
+# query chunks win there; the re-timing against the float32 table is in CHANGELOG.md (2026-12-06).
 TUNED_CHUNKS_BFLOAT16: tuple[Row, ...] = ((512, 512, 256, 2), (2048, 2048, 512, 1), (8192, 2048, 512, 1))
 
 # GPU and TPU, not measured in this repository: the chunks tokamax 0.0.12 fixes for its own XLA chunked
@@ -36,24 +35,18 @@ DTYPE_CHUNKS: dict[tuple[str, str], tuple[Row, ...]] = {("cpu", "bfloat16"): TUN
 # Causal global layers (decoders), where no option sets them: (chunk, heads_per_step) per platform. Square
 # chunks of ``chunk`` rows and keys, so the key blocks past the diagonal that each query chunk skips are
 # fine-grained (a query chunk of c rows scans keys up to its last row: with T tokens the layer computes about
-# (T + c) / 2T of the blocks, so 1024-row chunks at 4,096 tokens skip at most 37.5%); CPU: 256, chosen over the
-# table's 1024 by `python benchmarks/long_context_decoder.py` ("chunked" beside "chunked-1024" in
-# benchmarks/results/long_context_decoder.json). And every head in one batched matmul (heads_per_step 0): a
-# causal layer's traced-length loop of small blocks runs faster that way than with the table's one head per
-# step (two for 16 query heads over 8 k/v heads), the opposite of the non-causal table's long blocks. For
-# Qwen3-0.6B's heads (16 over 8, head_dim 128) float32 1.24x at 4,096 tokens and 1.23x at 16,384, bfloat16
-# 1.29x and 1.57x ("chunked-2heads ÷ chunked" of `python benchmarks/long_context_decoder.py --backends
-# chunked,chunked-2heads --dtype D`, in benchmarks/results/long_context_decoder-heads-D.json). GPU and TPU, not
-# measured: their table applies.
+# (T + c) / 2T of the blocks), and every head in one batched matmul, which a causal layer's traced-length loop of
+# small blocks runs faster than one head per step. CPU's pair is `python benchmarks/long_context_decoder.py`'s
+# choice (benchmarks/results/long_context_decoder*.json; the figures in CHANGELOG.md, 2026-12-06). GPU and TPU,
+# not measured: their table applies.
 CAUSAL_SIZES: dict[str, tuple[int, int]] = {"cpu": (256, 0)}
 
 # Local layers (``local_window``): query chunks of LOCAL_QUERY_CHUNK rows, each scanning only the keys its rows
 # can see (query_chunk + left + right of them, in one step while that span is at most LOCAL_MAX_KEY_CHUNK),
 # all heads per matmul, on every platform: scanning only the reachable keys is what makes a local layer
-# cost T * window instead of T². On CPU one pair for float32 and bfloat16 alike: `python benchmarks/chunk_sweep.py
-# --local-window 64,64 --heads 12 --head-dim 64 --lengths 1024,4096,16384 --dtype D` (ModernBERT's local layers,
-# 12 pairs timed in turns; benchmarks/results/chunk_sweep-local-D.json) finds no pair more than 5% faster over
-# the lengths in either dtype. tests/attention_parity_test.py holds the values, whatever the sizes.
+# cost T * window instead of T². On CPU one pair for float32 and bfloat16 alike, as `python
+# benchmarks/chunk_sweep.py --local-window` found (benchmarks/results/chunk_sweep-local-*.json; CHANGELOG.md,
+# 2026-12-06). tests/attention_parity_test.py holds the values, whatever the sizes.
 LOCAL_QUERY_CHUNK = 64
 LOCAL_HEADS_PER_STEP = 0
 LOCAL_MAX_KEY_CHUNK = 2048

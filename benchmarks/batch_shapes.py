@@ -18,10 +18,11 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
-from benchmarks import encoder as encoder_bench  # noqa: E402
-from benchmarks.sides import alternate  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
+
+from benchmarks import common
+from benchmarks import encoder as encoder_bench
+from benchmarks.sides import alternate
 
 DEFAULT_SETTINGS = "128,256@2048;128,256@1024;128,256@512;256@1024;64,128,256@1024"
 

@@ -17,13 +17,11 @@ batches, on the sample corpus' real windows and on a long-tailed synthetic lengt
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
 
 
 def parse_args(argv=None):

@@ -15,12 +15,12 @@ pair's geometric-mean time over the lengths beats theirs by more than ``--keep-w
 
 from __future__ import annotations
 
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import attention as attention_bench  # noqa: E402  (also bootstraps the environment)
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
+
+from benchmarks import attention as attention_bench
+from benchmarks import common
 
 GB = 1e9
 # Chunk sizes tried per length: powers of two from length/16 (and --min-chunk) up to the length, at most

@@ -1,8 +1,6 @@
 """What every benchmark shares: environment set before JAX is imported, the machine header, markdown
-tables, and the JSON results file (what ran, where and when, then the figures).
-
-Scripts run as ``python benchmarks/<name>.py``; Python then puts ``benchmarks/`` first on sys.path,
-where ``attention.py`` would shadow the ``attention`` package. ``bootstrap()`` swaps it for the repo root.
+tables, and the JSON results file (what ran, where and when, then the figures). A script reaches it through
+benchmarks/bootstrap.py, its first import, which puts the repository root on sys.path and calls ``bootstrap()``.
 """
 
 from __future__ import annotations
@@ -61,11 +59,10 @@ class _Tee(io.TextIOBase):
 
 
 def bootstrap() -> None:
-    """Call before importing jax: compile cache, offline Hugging Face, repo root on sys.path, stdout kept."""
+    """Call before importing jax: compile cache, offline Hugging Face, stdout kept."""
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(REPO, ".cache", "jax"))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    sys.path[:] = [REPO] + [p for p in sys.path if os.path.abspath(p or ".") != BENCH_DIR]
     if not isinstance(sys.stdout, _Tee):
         sys.stdout = _Tee(sys.stdout)
 

@@ -4,22 +4,42 @@ the distinct shapes in ``timing/``. Exits 1 on FAIL.
 
     python benchmarks/compiles.py [--quick] [--real] [--docs N] [--set key.path=value ...]
 
-By default the model is a tiny random BERT in the real checkpoint format (tests/conftest.py's
-write_tiny_checkpoint, window 128); ``--real`` uses all-MiniLM-L6-v2.
+By default the model is a tiny random BERT in the real checkpoint format (``tiny_bert``: two layers of width 32,
+all-MiniLM-L6-v2's tokenizer, window 128); ``--real`` uses all-MiniLM-L6-v2.
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
+import shutil
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
+
+
+def tiny_bert(folder: str) -> str:
+    """A random two-layer BERT of width 32, saved by transformers, with the default model's tokenizer: what
+    compiles is counted here, not what it computes, so a tiny model keeps each compilation cheap."""
+    import torch
+    import transformers
+
+    from docbeam.models.checkpoint import TOKENIZER_FILES, resolve_dir
+
+    source = resolve_dir(common.DEFAULT_MODEL)
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        shutil.copy(os.path.join(source, name), folder)
+    with open(os.path.join(folder, "sentence_bert_config.json"), "w") as f:
+        json.dump({"max_seq_length": 128, "do_lower_case": False}, f)
+    return folder
 
 
 def parse_args(argv=None):
@@ -50,10 +70,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="docbeam-compiles-") as tmp:
         model = common.DEFAULT_MODEL
         if not args.real:
-            from docbeam.models.checkpoint import resolve_dir
-            from tests.conftest import write_tiny_checkpoint
-
-            model = write_tiny_checkpoint(os.path.join(tmp, "tiny"), resolve_dir(common.DEFAULT_MODEL))
+            model = tiny_bert(os.path.join(tmp, "tiny"))
         docs = common.read_documents(common.SAMPLE, args.docs)
         out = os.path.join(tmp, "out")
         overrides = [

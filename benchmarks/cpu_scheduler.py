@@ -19,11 +19,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
-from docbeam.models.runtime import CPU_COMPILER_OPTIONS  # noqa: E402
+from benchmarks import common
+from docbeam.models.runtime import CPU_COMPILER_OPTIONS
 
 # XLA's default schedule beside the options the encoder compiles with on CPU.
 SCHEDULERS = {

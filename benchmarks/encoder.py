@@ -24,11 +24,10 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
-from benchmarks.sides import alternate, best_after_first_batch, cosine_agreement, skipped  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
+from benchmarks.sides import alternate, best_after_first_batch, cosine_agreement, skipped
 
 
 def parse_args(argv=None):

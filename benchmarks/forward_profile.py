@@ -23,10 +23,9 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
 
 # An op's group, by the module path in its HLO metadata (op_name), first match wins.
 GROUPS = (

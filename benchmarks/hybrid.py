@@ -22,10 +22,9 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
 
 COLBERT_WIDTH = 128
 TRUNCATE = ("tokenize.long_documents=truncate",)  # first windows: the sparse and multi-vector heads truncate

@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import resource
 import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
 
 KINDS = ("global", "local")
 QUICK_LENGTHS = (512, 1024)

@@ -18,14 +18,12 @@ are not timed: they are the same for both backends). Memory is the child's peak 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common, long_context  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common, long_context
 
 HEADS, HEAD_DIM, LAYERS, BUCKETS, MAX_RELATIVE = 12, 64, 12, 256, 512  # microsoft/deberta-v3-base
 DEFAULT_LENGTHS, QUICK_LENGTHS = (2048, 8192), (256, 512)

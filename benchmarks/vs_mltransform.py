@@ -26,11 +26,11 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import common  # noqa: E402
-from benchmarks.processes import load_average, tail, timed_process  # noqa: E402
+import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-common.bootstrap()
+from benchmarks import common
+from benchmarks.processes import load_average, tail, timed_process
+
 COSINE_FLOOR = 0.9999
 
 

@@ -54,11 +54,10 @@ class RuntimeHooks:
     profile_batches: int = 0
 
 
-# XLA:CPU's memory-optimized scheduler orders the forward so fewer intermediates are live at once: the compiled
-# forward's temporaries 3.1-5.0x smaller on the long-document shapes (ModernBERT-base, Qwen3-0.6B; MiniLM's short
-# batches 1.0-1.05x; a tiny BERT with native attention 0.91x, a few hundred KB), outputs bit-identical, time
-# 1.00-1.10x the default's (benchmarks/results/cpu_scheduler.json, `python benchmarks/cpu_scheduler.py`).
-# Other platforms compile with XLA's defaults.
+# XLA:CPU's memory-optimized scheduler orders the forward so fewer intermediates are live at once: a long
+# document's forward needs less memory, at about the same speed (`python benchmarks/cpu_scheduler.py`,
+# benchmarks/results/cpu_scheduler.json; the figures in CHANGELOG.md, 2026-12-06). Other platforms compile with
+# XLA's defaults.
 CPU_COMPILER_OPTIONS = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
 
 

@@ -1,6 +1,7 @@
 """Workarounds for the Apache Beam versions docbeam was checked against, each saying why it is needed.
 
-Import this before ``apache_beam.ml.inference.base``. A Beam release outside ``CHECKED_BEAM`` may have fixed
+RunInference's module comes from ``run_inference_without_model_manager()``, called once where it is used
+(pipeline/stages/encode.py), never from an import of its own. A Beam release outside ``CHECKED_BEAM`` may have fixed
 or moved what a workaround patches: the process says so in its log (``check_beam_version``), and the
 workaround still only touches ``sys.modules`` entries Beam treats as optional.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +53,17 @@ def check_beam_version() -> None:
         log.warning("%s", problem)
 
 
-def run_inference_without_model_manager() -> None:
-    """Import RunInference without its ModelManager.
+def run_inference_without_model_manager() -> ModuleType:
+    """RunInference's module (``apache_beam.ml.inference.base``), imported without its ModelManager.
 
     Needed since Beam 2.7x's RunInference module imports its ModelManager when it can, and that imports torch
     (1.4 s and ~300 MB on the 2-core test machine) wherever torch is installed. docbeam never uses it, and
     RunInference treats it as optional (an ImportError leaves it None). The same try block imports ``resource``
     first and sets it to None on that ImportError: it is given back, so RunInference still reports the
-    process's memory. Does nothing when RunInference is already imported (its choice is made).
+    process's memory. Patches nothing when RunInference is already imported (its choice is made).
     """
     if RUN_INFERENCE in sys.modules:
-        return
+        return sys.modules[RUN_INFERENCE]
     check_beam_version()
     sys.modules.setdefault(MODEL_MANAGER, None)
     import resource
@@ -69,6 +71,7 @@ def run_inference_without_model_manager() -> None:
     import apache_beam.ml.inference.base as run_inference
 
     run_inference.resource = run_inference.resource or resource
+    return run_inference
 
 
 DIRECT_RUNNER = "apache_beam.runners.direct.direct_runner.DirectRunner"

@@ -1,9 +1,12 @@
 """Decoder attention: causal masks and grouped-query k/v (fewer key/value heads than query heads). Every
 registered backend that declares them matches softmax attention computed in numpy float64, alone and with
-packed windows, a local window and padding; a backend that does not declare them is refused."""
+packed windows, a local window and padding; a backend that does not declare them is refused, and one that does
+must run at least one scenario on the CPU rather than skip them all (tests/attention_fixtures.py)."""
 
 import numpy as np
 import pytest
+from attention_fixtures import assert_runs_a_declared_case
+from conftest import REPO
 
 from docbeam import attention
 from docbeam.attention.interface import AttentionCase
@@ -77,14 +80,9 @@ SCENARIOS = {
 }
 
 
-@pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("name, options", variants())
-def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, options, scenario):
-    import jax
-
-    assert name in ("native", "chunked", "flash") or name.startswith("tests.")  # what the contract promises
-    backend, kw = attention.get(name), SCENARIOS[scenario]
-    case = AttentionCase(
+def scenario_case(scenario: str) -> AttentionCase:
+    kw = SCENARIOS[scenario]
+    return AttentionCase(
         "cpu",
         "float32",
         T,
@@ -95,6 +93,16 @@ def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, op
         causal=kw["causal"],
         num_kv_heads=kw.get("kv_heads", K),
     )
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("name, options", variants())
+def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, options, scenario):
+    import jax
+
+    assert name in ("native", "chunked", "flash") or name.startswith("tests.")  # what the contract promises
+    backend, kw = attention.get(name), SCENARIOS[scenario]
+    case = scenario_case(scenario)
     support = backend.refusal(case) or backend.supports(case, backend.parse_options(options))
     if not support.ok:  # a kernel that cannot says why: that is its contract, checked below
         assert name == "flash" and options.get("kernel") == "pallas_tpu" and "k/v heads" in support.reason
@@ -108,6 +116,20 @@ def test_causal_and_grouped_query_attention_match_the_softmax_reference(name, op
     want = reference(q, k, v, causal=kw["causal"], segments=kw.get("segments"), window=kw.get("window"))
     for b in range(B):
         np.testing.assert_allclose(got[b, : LENGTHS[b]], want[b, : LENGTHS[b]], atol=1e-5)
+
+
+@pytest.mark.parametrize("name, options", variants())
+def test_every_backend_declaring_causal_and_grouped_runs_a_scenario_on_the_cpu(name, options):
+    assert_runs_a_declared_case(name, options, {scenario: scenario_case(scenario) for scenario in SCENARIOS})
+
+
+def test_a_backend_that_refuses_every_scenario_it_declares_fails_the_check(monkeypatch):
+    monkeypatch.syspath_prepend(REPO)  # the fixture is named tests.…
+    refusing = "tests.fixtures_bad_backends:attend_declares_everything_refuses_everything"
+    cases = {scenario: scenario_case(scenario) for scenario in SCENARIOS}
+    with pytest.raises(AssertionError, match=r"refuses every one on cpu.*never compare it: causal: not built"):
+        assert_runs_a_declared_case(refusing, {}, cases)
+    assert_runs_a_declared_case("native", {}, cases)  # the same check passes a backend that runs them
 
 
 def test_the_reference_moves_with_causality_and_grouping():

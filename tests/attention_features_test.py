@@ -1,12 +1,15 @@
 """Local windows, additive per-head bias and segment ids together: every registered backend (and flash kernel,
 and chunked with chunks smaller and larger than the window) that declares a feature matches softmax attention
 computed in numpy float64 with it, and one that does not declare it is refused by the plan and by its bound
-function."""
+function. A variant that declares a scenario's features must run at least one of them on the CPU rather than skip
+them all (tests/attention_fixtures.py)."""
 
 import dataclasses
 
 import numpy as np
 import pytest
+from attention_fixtures import assert_runs_a_declared_case
+from conftest import REPO
 
 from docbeam import attention
 from docbeam.attention.interface import AttentionCase
@@ -23,6 +26,11 @@ class Scenario:
     window: tuple[int, int] | None = None
     with_bias: bool = False
     packed: bool = False
+
+    def case(self) -> AttentionCase:
+        return AttentionCase(
+            "cpu", "float32", T, N, H, segments=self.packed, local_window=self.window, bias=self.with_bias
+        )
 
 
 SCENARIOS = [
@@ -93,11 +101,14 @@ def inputs(seed=0):
     ]
 
 
+def variant_label(name, options):
+    return "-".join([name] + [f"{k}={v}" for k, v in options.items()])
+
+
 def params():
     for name, options in VARIANTS:
         for scenario in SCENARIOS:
-            label = "-".join([name] + [f"{k}={v}" for k, v in options.items()] + [scenario.name])
-            yield pytest.param(name, options, scenario, id=label)
+            yield pytest.param(name, options, scenario, id=f"{variant_label(name, options)}-{scenario.name}")
 
 
 @pytest.mark.parametrize("name, options, scenario", list(params()))
@@ -106,9 +117,7 @@ def test_backend_with_features_matches_softmax_reference(name, options, scenario
 
     backend = attention.get(name)
     opts = backend.parse_options(options)
-    case = AttentionCase(
-        "cpu", "float32", T, N, H, segments=scenario.packed, local_window=scenario.window, bias=scenario.with_bias
-    )
+    case = scenario.case()
     support = backend.refusal(case) or backend.supports(case, opts)
     if not support.ok:
         pytest.skip(f"{name} {options} refuses {scenario.name}: {support.reason}")
@@ -127,6 +136,20 @@ def test_backend_with_features_matches_softmax_reference(name, options, scenario
         np.testing.assert_allclose(
             got[b, : LENGTHS[b]], want[b, : LENGTHS[b]], atol=1e-5, err_msg=f"row {b} (length {LENGTHS[b]})"
         )
+
+
+@pytest.mark.parametrize("name, options", [pytest.param(*v, id=variant_label(*v)) for v in VARIANTS])
+def test_every_variant_runs_a_scenario_it_declares_on_the_cpu(name, options):
+    assert_runs_a_declared_case(name, options, {scenario.name: scenario.case() for scenario in SCENARIOS})
+
+
+def test_a_backend_that_refuses_every_scenario_it_declares_fails_the_check(monkeypatch):
+    monkeypatch.syspath_prepend(REPO)  # the fixture is named tests.…
+    refusing = "tests.fixtures_bad_backends:attend_declares_everything_refuses_everything"
+    cases = {scenario.name: scenario.case() for scenario in SCENARIOS}
+    with pytest.raises(AssertionError, match=r"refuses every one on cpu.*never compare it: window: not built"):
+        assert_runs_a_declared_case(refusing, {}, cases)
+    assert_runs_a_declared_case("native", {}, cases)  # the same check passes a backend that runs them
 
 
 def test_every_feature_changes_the_reference():

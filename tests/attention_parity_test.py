@@ -3,7 +3,8 @@
 
 The backend sees inputs whose padded positions hold large garbage; the reference sees only the valid keys. Matching on the valid query rows therefore checks both
 the numerics and that padded keys get zero weight. A case a backend's own check refuses is skipped, so every
-backend must also accept the float32 standard cases (padding alone): one that refuses them fails, not skips.
+backend must also accept the float32 standard cases (padding alone): one that refuses them fails, not skips; and
+one that declares relative positions must run one of their cases on the CPU (tests/attention_fixtures.py).
 """
 
 import dataclasses
@@ -14,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_fixtures import assert_runs_a_declared_case
 
 from docbeam import attention
 
@@ -209,14 +211,24 @@ RELATIVE_CASE = Case("float32", 70, (70, 41, 0), num_heads=3, head_dim=8)  # 3 h
 RELATIVE_SEGMENTS = np.array([[1] * 20 + [2] * 45 + [3] * 5, [1] * 30 + [2] * 11 + [0] * 29, [0] * 70], np.int32)
 
 
-def relative_params():
-    """Every variant that declares relative positions, each term alone and both, unpacked and packed; chunked
-    also with blocks smaller than the table (its gathered-rows path) and with two heads per step."""
-    variants = [v for v in VARIANTS if v[0] != USER_BACKEND] + [
+def relative_case(packed: bool) -> attention.AttentionCase:
+    case = RELATIVE_CASE
+    return attention.AttentionCase(
+        "cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, segments=packed, relative_positions=True
+    )
+
+
+def relative_variants():
+    return [v for v in VARIANTS if v[0] != USER_BACKEND] + [
         ("chunked", {"query_chunk": 4, "key_chunk": 4}),  # Q + K − 1 = 7 offsets per block < 16 table rows
         ("chunked", {"query_chunk": 16, "key_chunk": 8, "heads_per_step": 2}),
     ]
-    for variant in variants:
+
+
+def relative_params():
+    """Every variant that declares relative positions, each term alone and both, unpacked and packed; chunked
+    also with blocks smaller than the table (its gathered-rows path) and with two heads per step."""
+    for variant in relative_variants():
         for terms in RELATIVE_TERMS:
             for packed in (False, True):
                 yield pytest.param(
@@ -256,9 +268,7 @@ def test_backend_with_relative_positions_matches_float64_reference(variant, term
     backend = attention.get(name)
     options = backend.parse_options(raw_options)
     case = RELATIVE_CASE
-    asked = attention.AttentionCase(
-        "cpu", case.dtype, case.seq_len, case.num_heads, case.head_dim, segments=packed, relative_positions=True
-    )
+    asked = relative_case(packed)
     support = backend.refusal(asked) or backend.supports(asked, options)
     if not support.ok:
         pytest.skip(f"{name} {raw_options} refuses relative positions: {support.reason}")
@@ -277,6 +287,23 @@ def test_backend_with_relative_positions_matches_float64_reference(variant, term
     for row, length in enumerate(case.kv_lengths):
         error = float(np.abs(got[row, :length] - want[row, :length]).max(initial=0.0))
         assert error <= TOLERANCE[case.dtype], f"row {row} (length {length}): max abs error {error:.2e}"
+
+
+RELATIVE_CASES = {"unpacked": relative_case(False), "packed": relative_case(True)}
+
+
+@pytest.mark.parametrize("variant", relative_variants(), ids=variant_id)
+def test_every_backend_declaring_relative_positions_runs_them_on_the_cpu(variant):
+    assert_runs_a_declared_case(*variant, RELATIVE_CASES)
+
+
+@pytest.mark.usefixtures("tests_package_importable")
+def test_a_backend_that_refuses_the_relative_cases_it_declares_fails_the_check():
+    refusing = "tests.fixtures_bad_backends:attend_declares_everything_refuses_everything"
+    with pytest.raises(AssertionError, match=r"refuses every one on cpu.*never compare it: unpacked: not built"):
+        assert_runs_a_declared_case(refusing, {}, RELATIVE_CASES)
+    assert_runs_a_declared_case("chunked", {}, RELATIVE_CASES)  # the same check passes a backend that runs them
+    assert_runs_a_declared_case("native", {}, RELATIVE_CASES)  # and one that declares no relative positions
 
 
 def test_the_relative_terms_move_the_reference():

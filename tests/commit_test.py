@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from pool_fixtures import pool_windows
 
 from docbeam.pipeline.records import Rejected, WindowEmbedding
 from docbeam.pipeline.stages.commit import run_problems, summarize
-from docbeam.pipeline.stages.write import pool_windows
 
 
 def summary(read: int, embedded: int, rejected: int, **by_kind) -> dict:  # all encoded

@@ -4,9 +4,12 @@ outside them."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import apache_beam
 import pytest
+from conftest import REPO, checkout_env
 
 from docbeam.pipeline import compat
 
@@ -31,6 +34,23 @@ def test_an_unchecked_beam_is_logged(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="docbeam.pipeline.compat"):
         compat.check_beam_version()
     assert "apache-beam 2.99.1 is outside" in caplog.text
+
+
+def test_run_inference_comes_from_one_explicit_call_without_its_model_manager():
+    """Importing the encode stage applies the patch through compat's one call; in a fresh process the module it
+    returns is RunInference's, imported with the ModelManager left out (so torch is not imported) and resource
+    given back."""
+    code = (
+        "import sys; from docbeam.pipeline import compat; base = compat.run_inference_without_model_manager(); "
+        "import docbeam.pipeline.stages.encode as encode; "
+        "print(base is sys.modules['apache_beam.ml.inference.base'], base is compat.run_inference_without_model_manager(), "
+        "encode.RunInference is base.RunInference, sys.modules[compat.MODEL_MANAGER] is None, "
+        "base.resource is not None, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=checkout_env(), capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == ["True", "True", "True", "True", "True", "False"]
 
 
 @pytest.mark.parametrize(

@@ -221,6 +221,15 @@ TEST_BATCHING = {"buckets": [32, 128], "tokens_per_batch": 512}
 and probes two shapes, not four (~0.3 s of CPU less per tiny run); a test about buckets names its own."""
 
 
+def drop_warm_encoder() -> None:
+    """Forget this process's warm encoder (pipeline/stages/encode.py keeps one between jobs), so the next job
+    loads its own: for a test about a cold start, not one warm from an earlier test's job."""
+    from docbeam.pipeline.stages import encode
+
+    with encode._RUNTIMES_LOCK:
+        encode._RUNTIMES.clear()
+
+
 def job_config(input_path: str, output_path: str, model_path: str, **sections):
     """A JobConfig as a test would write it in YAML; sections override the defaults key by key."""
     from docbeam import config
@@ -255,7 +264,6 @@ def sample_run(tmp_path_factory):
     import gzip
 
     from docbeam.pipeline.driver.run import run_job
-    from docbeam.pipeline.stages.encode import drop_warm_encoder
 
     drop_warm_encoder()  # its timing tests check a cold start's compilations
     folder = tmp_path_factory.mktemp("sample-run")

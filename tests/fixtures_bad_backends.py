@@ -3,12 +3,14 @@
 ``attend_nan_at_length_7`` is the sly one: correct on the start-up probe (whose rows are full or half
 length) and NaN only for rows of exactly 7 tokens, so only the per-document check can catch it.
 ``attend_refuses_everything`` is correct, but its check refuses every case: without a rule against that, the
-parity test would skip it everywhere and never compare it.
+parity test would skip it everywhere and never compare it. ``attend_declares_everything_refuses_everything``
+is the same for the tests of each feature.
 """
 
 import jax.numpy as jnp
 
 from docbeam.attention import Support
+from docbeam.attention.features import DECLARED
 from tests.fixtures_user_backend import attend as textbook
 
 
@@ -51,3 +53,15 @@ def _refuse(case, options):
 
 
 attend_refuses_everything.supports = _refuse
+
+
+def attend_declares_everything_refuses_everything(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, *, kv_lengths_B, scale, **features):
+    del features
+    return textbook(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B=kv_lengths_B, scale=scale)
+
+
+# Declares every feature of attention/features.py, so the plan lets every case through to its check, which refuses
+# them all: the feature, decoder and relative-position parity tests would skip it everywhere unless they count.
+attend_declares_everything_refuses_everything.supports = _refuse
+for _feature in DECLARED:
+    setattr(attend_declares_everything_refuses_everything, f"supports_{_feature}", True)

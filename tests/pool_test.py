@@ -1,12 +1,13 @@
-"""pipeline/stages/write.py pool_windows: a document's window embeddings become one token-weighted, normalised vector."""
+"""Pooling (models/heads/embedding.py document_vector, as write.document_row writes it): a document's window
+embeddings become one token-weighted, normalised vector."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from pool_fixtures import pool_windows
 
 from docbeam.pipeline.records import WindowEmbedding
-from docbeam.pipeline.stages.write import pool_windows
 
 
 def embedding(

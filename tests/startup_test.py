@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, SAMPLE, TEST_BATCHING, checkout_env, job_config
+from conftest import REPO, SAMPLE, TEST_BATCHING, checkout_env, drop_warm_encoder, job_config
 
 from docbeam.pipeline.telemetry.observe import STAGES
 
@@ -32,7 +32,6 @@ def small_corpus(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory, small_corpus, tiny_checkpoint_dir):
     from docbeam.pipeline.driver.run import run_job
-    from docbeam.pipeline.stages.encode import drop_warm_encoder
 
     drop_warm_encoder()  # a cold start is under test: not one warm from an earlier test's job
     output = str(tmp_path_factory.mktemp("startup-run"))
@@ -125,7 +124,7 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
         table = pq.read_table(glob.glob(str(tmp_path / name / "embeddings" / "*.parquet")))
         return summary, dict(zip(table["id"].to_pylist(), table["embedding"].to_pylist()))
 
-    encode.drop_warm_encoder()
+    drop_warm_encoder()
     first, first_vectors = run("first")
     (loaded,) = [weakref.ref(r) for r in encode._RUNTIMES.values()]
     second, second_vectors = run("second")

@@ -18,15 +18,11 @@ from typing import Any, Iterable, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from docbeam.attention.dispatch import AttentionSpec, Choice, replan
+from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec
 from docbeam.pipeline import compat
-
-compat.run_inference_without_model_manager()
-from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
-
-from docbeam.attention.dispatch import AttentionSpec, Choice, replan  # noqa: E402
-from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
-from docbeam.pipeline.records import Batch, WindowEmbedding  # noqa: E402
-from docbeam.pipeline.telemetry.observe import (  # noqa: E402
+from docbeam.pipeline.records import Batch, WindowEmbedding
+from docbeam.pipeline.telemetry.observe import (
     COMPILE_MS,
     COMPUTE_MS,
     ENCODER_FN_NAME,
@@ -43,6 +39,14 @@ from docbeam.pipeline.telemetry.observe import (  # noqa: E402
     metric_name,
     shape_label,
     worker_name,
+)
+
+# RunInference's module, imported without its optional ModelManager (which imports torch): pipeline/compat.py.
+run_inference = compat.run_inference_without_model_manager()
+ModelHandler, PredictionResult, RunInference = (
+    run_inference.ModelHandler,
+    run_inference.PredictionResult,
+    run_inference.RunInference,
 )
 
 TIMING_TAG = "timing"
@@ -197,13 +201,6 @@ def runtime_for(spec: EncoderSpec) -> EncoderRuntime:
             _RUNTIMES.clear()  # before loading: the old one's memory is free for the new one
             runtime = _RUNTIMES[spec] = load_encoder(spec)
     return runtime.serve(spec.job)
-
-
-def drop_warm_encoder() -> None:
-    """Forget this process's warm encoder (its memory goes once no running job holds it); the next job loads
-    its own. For a process that wants the memory back, or a job that must start cold."""
-    with _RUNTIMES_LOCK:
-        _RUNTIMES.clear()
 
 
 def stop_compiling(spec: EncoderSpec) -> None:

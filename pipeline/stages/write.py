@@ -15,7 +15,6 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from docbeam.models.heads import NonFinite
-from docbeam.models.heads.embedding import document_vector
 from docbeam.pipeline.records import REJECTED_TAG, Rejected, WindowEmbedding
 from docbeam.pipeline.stages.keep import with_kept
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, TIMING, part_prefix
@@ -33,12 +32,6 @@ def document_row(head, windows: list[WindowEmbedding]) -> dict | Rejected:
     """The head's row for one document (models/heads/), or its ``non_finite`` rejection: a row with NaN or inf
     values is never written."""
     return _written(head.document_row(windows), windows)
-
-
-def pool_windows(windows: list[WindowEmbedding], normalize: bool, truncate_dim: int | None = None) -> dict | Rejected:
-    """The embedding head's document vector (models/heads/embedding.py document_vector): token-weighted mean of
-    the windows, truncated, normalised; a ``non_finite`` rejection naming the bucket and backend otherwise."""
-    return _written(document_vector(windows, normalize, truncate_dim), windows)
 
 
 def _written(row: dict | NonFinite, windows: list[WindowEmbedding]) -> dict | Rejected:
