@@ -158,8 +158,8 @@ def committed_files(output: str, manifest: dict | None, rows: str | None) -> tup
             f"{output} holds no committed docbeam run ({output_lib.MANIFEST} is missing); "
             "point ReadBeamChunks at a run's output.path"
         )
-    head = manifest.get("head") or {}
-    folder = head.get("folder", output_lib.EMBEDDINGS)
+    head = manifest["head"]  # read_manifest gives every run one (a run before heads: the embedding head)
+    folder = head["folder"]
     if folder != output_lib.EMBEDDINGS or head.get("name") == "multi_vector":
         raise NotChunks(
             f"{output}'s run has model.head {head.get('name')!r}, whose {folder}/ rows are not one "
@@ -171,7 +171,7 @@ def committed_files(output: str, manifest: dict | None, rows: str | None) -> tup
             f"{output}'s run wrote output.vector_dtype {dtype!r}; Beam's Embedding holds floats, so "
             f"read a run written as {' or '.join(FLOAT_DTYPES)}"
         )
-    granularity = manifest.get("granularity", "document")
+    granularity = manifest["granularity"]
     rows = rows or (output_lib.CHUNKS if granularity == "chunk" else output_lib.EMBEDDINGS)
     if rows not in (output_lib.EMBEDDINGS, output_lib.CHUNKS):
         raise NotChunks(f"ReadBeamChunks(rows={rows!r}): rows is {output_lib.EMBEDDINGS!r} or {output_lib.CHUNKS!r}")
