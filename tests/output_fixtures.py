@@ -5,9 +5,12 @@ test proves the outputs written before a format change still read (an incrementa
 ``source`` field) on the tests' tiny random checkpoint, written with numpy from a fixed seed, so its reuse key
 is the same in every process. It is what commit 8068f16's code wrote: a manifest without ``format_version``.
 
-Regenerate a fixture with the code of the format it records, never with today's (which writes today's format)::
+Regenerate a fixture with the code of the format it records, never with today's (which writes today's format):
+for ``v1-embedding/``, a clone checked out at commit 657b8f8 (8068f16's code and this script), where::
 
     python tests/output_fixtures.py tests/fixtures/outputs/v1-embedding
+
+writes it again (a new run id and timings), to be copied here.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ V1_OUTPUT = os.path.join(OUTPUTS, "v1-embedding")
 KEPT = ["source"]
 
 
-def fixture_config(input_path: str, output_path: str, model_path: str, **sections):
-    """The job the fixture was written by (the tests' batching, the kept field), and the one that reads it."""
+def fixture_config(input_path: str, output_path: str, model_path: str, **input_settings):
+    """The job the fixture was written by (the tests' batching, the kept field), and with ``input_settings``
+    (``reuse_from``) the one that reads it."""
     from conftest import job_config
 
-    return job_config(input_path, output_path, model_path, input={"keep_fields": KEPT}, **sections)
+    return job_config(input_path, output_path, model_path, input={"keep_fields": KEPT, **input_settings})
 
 
 def write_v1_output(folder: str) -> dict:
