@@ -19,7 +19,7 @@ from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.stages import reuse
 from docbeam.pipeline.stages.beam_chunks import ReadBeamChunks
 from docbeam.pipeline.store import output
-from docbeam.pipeline.store.pgvector_rows import committed_rows, rows_folder
+from docbeam.pipeline.store.pgvector_rows import check_files, committed_rows, rows_folder, vector_layout
 
 V1_MANIFEST = os.path.join(V1_OUTPUT, output.MANIFEST)
 
@@ -56,6 +56,8 @@ def test_read_manifest_gives_a_version_1_manifest_the_current_form_and_changes_n
     assert manifest["format_version"] == output.MANIFEST_VERSION == 2
     assert {name: manifest[name] for name in raw} == raw
     assert rows_folder(manifest) == output.EMBEDDINGS
+    check_files(V1_OUTPUT, manifest)  # what a pgvector load checks first, by the folder rows_folder names
+    assert vector_layout(V1_OUTPUT, manifest)[0] == ["embedding vector(32)"]
     ids = [doc_id for doc_id, _, _ in committed_rows(V1_OUTPUT, manifest)]
     assert sorted(ids) == sorted(rows(V1_OUTPUT))
     chunks = ReadBeamChunks(V1_OUTPUT)
@@ -90,6 +92,23 @@ def test_an_incremental_run_over_a_version_1_output_reuses_every_document_byte_f
         written = json.load(f)
     assert written["format_version"] == 2 and written["previous_run_id"] == raw["run_id"]
     assert not any(raw["run_id"] in f["path"] for f in written["files"])  # the version-1 files were replaced
+
+
+@pytest.mark.extra
+@pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")  # pgserver's runtime folder, as pgvector_test
+def test_a_version_1_output_loads_into_pgvector_with_its_vectors_and_kept_fields(tmp_path, postgres):
+    import psycopg
+
+    from docbeam.pipeline.store import pgvector
+
+    out = copy_of_v1(tmp_path)
+    done = pgvector.load(out, output.read_manifest(out), postgres, "from_v1")
+    assert done["applied"] and done["run_id"] == v1_raw()["run_id"] and done["upserted"] == 6
+    with psycopg.connect(postgres) as conn:
+        loaded = conn.execute("SELECT id, embedding::text, fields FROM from_v1").fetchall()
+    assert {doc_id: fields for doc_id, _, fields in loaded} == {i: {"source": "python-docstrings"} for i in rows(out)}
+    for doc_id, vector, _ in loaded:
+        assert json.loads(vector) == pytest.approx(rows(out)[doc_id]["embedding"], rel=1e-6)
 
 
 @pytest.mark.slow
