@@ -162,3 +162,10 @@ def test_a_run_into_an_output_of_a_newer_docbeam_exits_2_and_touches_nothing(tmp
     [last] = result.stderr.strip().splitlines()[-1:]
     assert f"{future}/_manifest.json has format_version 3" in last and "Upgrade docbeam" in last
     assert {p: open(p, "rb").read() for p in glob.glob(f"{future}/**", recursive=True) if os.path.isfile(p)} == before
+
+
+def test_sync_pgvector_of_an_output_of_a_newer_docbeam_exits_2_before_connecting(tmp_path):
+    future = copy_of_v1(tmp_path, format_version=3)
+    result = run_docbeam("sync-pgvector", future, "--table", "docs", "--dsn", "postgresql://nobody@127.0.0.1:1/none")
+    assert result.returncode == 2, result.stderr
+    assert "format_version 3" in result.stderr and "Upgrade docbeam" in result.stderr
