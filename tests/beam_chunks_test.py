@@ -98,17 +98,21 @@ def test_rows_a_chunk_cannot_hold_are_refused_naming_them(row, match):
 def test_read_beam_chunks_refuses_what_is_not_a_committed_run_of_vectors(tmp_path):
     import docbeam
     from docbeam.pipeline.stages.beam_chunks import committed_files
+    from docbeam.pipeline.store.output import upgrade_manifest
 
     with pytest.raises(NotChunks, match="holds no committed docbeam run"):
         docbeam.ReadBeamChunks(str(tmp_path))
-    files = [{"path": "embeddings/part-r-0.parquet"}]
+
+    def manifest(**fields):  # a version-1 manifest as read_manifest gives it: what it leaves out filled in
+        return upgrade_manifest({"files": [{"path": "embeddings/part-r-0.parquet"}], **fields}, "out/_manifest.json")
+
     with pytest.raises(NotChunks, match="output.vector_dtype 'int8'"):
-        committed_files("out", {"files": files, "embedding": {"dtype": "int8"}}, None)
+        committed_files("out", manifest(embedding={"dtype": "int8"}), None)
     with pytest.raises(NotChunks, match="model.head 'classifier'"):
-        committed_files("out", {"files": files, "head": {"name": "classifier", "folder": "scores"}}, None)
+        committed_files("out", manifest(head={"name": "classifier", "folder": "scores"}), None)
     with pytest.raises(NotChunks, match="granularity 'document', so it wrote no chunks/"):
-        committed_files("out", {"files": files, "granularity": "document"}, "chunks")
-    assert committed_files("out", {"files": files}, None) == ("embeddings", ("out/embeddings/part-r-0.parquet",))
+        committed_files("out", manifest(granularity="document"), "chunks")
+    assert committed_files("out", manifest(), None) == ("embeddings", ("out/embeddings/part-r-0.parquet",))
     with pytest.raises(ValueError, match="ids='uuid4'"):
         docbeam.AsBeamChunks(ids="uuid4")
 

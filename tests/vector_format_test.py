@@ -20,6 +20,7 @@ from conftest import SAMPLE, job_config
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.reuse import KEY_FIELDS, key_differences
+from docbeam.pipeline.store.output import upgrade_manifest
 
 DIM = 32  # the tiny checkpoint's hidden size
 
@@ -95,7 +96,8 @@ def test_a_vector_beyond_float16s_range_is_rejected_not_written_as_inf():
 
 
 def test_a_run_before_vector_dtype_existed_counts_as_float32():
-    old = {name: None for name in KEY_FIELDS if name != "vector_dtype"}
+    key = {name: None for name in KEY_FIELDS if name != "vector_dtype"}
+    old = upgrade_manifest({"run_id": "r", "reuse_key": key}, "old/_manifest.json")["reuse_key"]
     assert key_differences(old, {**old, "vector_dtype": "float32"}) == []
     assert key_differences(old, {**old, "vector_dtype": "int8"}) == ["vector_dtype: 'float32' then, 'int8' now"]
 
@@ -235,7 +237,7 @@ def test_an_output_of_the_previous_format_is_still_reused(runs, corpora, tiny_ch
             column = table["embedding"].cast(pa.list_(pa.float32()))
             pq.write_table(table.set_column(1, "embedding", column), path)
             entry.update(size=(old / entry["path"]).stat().st_size, checksum=storage.checksum(path))
-    del record["embedding"], record["reuse_key"]["vector_dtype"]
+    del record["embedding"], record["reuse_key"]["vector_dtype"], record["format_version"]  # version 1 had none
     (old / "_manifest.json").write_text(json.dumps(record))
     assert pq.read_schema(embedding_files(str(old))[0]).field("embedding").type == pa.list_(pa.float32())
     summary = run_job(

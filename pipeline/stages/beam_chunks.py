@@ -160,7 +160,7 @@ def committed_files(output: str, manifest: dict | None, rows: str | None) -> tup
             f"{output} holds no committed docbeam run ({output_lib.MANIFEST} is missing); "
             "point ReadBeamChunks at a run's output.path"
         )
-    head = described(manifest.get("head") or {"name": "embedding", "folder": output_lib.EMBEDDINGS})
+    head = described(manifest["head"])  # read_manifest gives every run one (a run before heads: the embedding head)
     if not {c["kind"] for c in head["columns"]} & CHUNK_KINDS:
         raise NotChunks(
             f"{output}'s run has model.head {head.get('name')!r}, whose {head['folder']}/ rows are not one "
@@ -172,7 +172,7 @@ def committed_files(output: str, manifest: dict | None, rows: str | None) -> tup
             f"{output}'s run wrote output.vector_dtype {dtype!r}; Beam's Embedding holds floats, so "
             f"read a run written as {' or '.join(FLOAT_DTYPES)}"
         )
-    granularity = manifest.get("granularity", "document")
+    granularity = manifest["granularity"]
     rows = rows or (output_lib.CHUNKS if granularity == "chunk" else output_lib.EMBEDDINGS)
     if rows not in (output_lib.EMBEDDINGS, output_lib.CHUNKS):
         raise NotChunks(f"ReadBeamChunks(rows={rows!r}): rows is {output_lib.EMBEDDINGS!r} or {output_lib.CHUNKS!r}")

@@ -23,11 +23,9 @@ from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE
 
-# A run before prompts, Hub ids and sentence-transformers' heads recorded no "prompt", "model_revision",
-# "truncate_dim" nor "dense_digest": it embedded without a prompt, from a path that was not a Hub id, its full
-# vector without Dense modules, which None matches. A run before output.vector_dtype wrote float32, and one before
-# heads embedded (KEY_DEFAULTS). ``head`` is the head's own part (models/heads/: Head.reuse_key). A run before
-# model.task merged no task adapter ("task": None): vectors of another task are other vectors.
+# ``head`` is the head's own part (models/heads/: Head.reuse_key); "task" the task adapter merged in (vectors of
+# another task are other vectors). What an older run's key left out (it had no prompt, no Hub id, wrote float32,
+# ...) is filled in where its manifest is read: pipeline/store/output.py, upgrade_manifest.
 KEY_FIELDS = (
     "weights_digest",
     "tokenizer_digest",
@@ -45,7 +43,6 @@ KEY_FIELDS = (
     "head",
     "task",
 )
-KEY_DEFAULTS = {"vector_dtype": "float32", "head": "embedding"}
 log = logging.getLogger(__name__)
 
 
@@ -93,16 +90,12 @@ def check_key(key: dict) -> dict:
 
 
 def key_differences(previous: dict, current: dict) -> list[str]:
-    """A field a key does not hold is what a run before that field existed used: its KEY_DEFAULTS entry, else
-    None (no prompt, no Hub id)."""
-
-    def value(key: dict, name: str):
-        return key.get(name, KEY_DEFAULTS.get(name))
-
+    """Each field of KEY_FIELDS whose value differs, with both values. ``previous`` is a key as read_manifest
+    gives it (an older run's gaps filled in); a field it still lacks counts as None."""
     return [
-        f"{name}: {value(previous, name)!r} then, {value(current, name)!r} now"
+        f"{name}: {previous.get(name)!r} then, {current.get(name)!r} now"
         for name in KEY_FIELDS
-        if value(previous, name) != value(current, name)
+        if previous.get(name) != current.get(name)
     ]
 
 
@@ -150,6 +143,8 @@ def _read_reusable(reuse_from: str, key: dict, folder: str) -> tuple[dict | None
     """The previous run's manifest, and why it cannot be reused (None when it can)."""
     try:
         manifest = output_lib.read_manifest(reuse_from)
+    except output_lib.ManifestTooNew:
+        raise  # not a mismatch that encoding everything answers: this docbeam is older than the output
     except (output_lib.OutputRefused, ValueError) as e:
         return None, f"its manifest cannot be read ({e})"
     return manifest, _why_not(reuse_from, manifest, key, folder)

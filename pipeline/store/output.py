@@ -9,6 +9,7 @@ is foreign, left alone, and makes a folder without a manifest refused at start.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import json
@@ -41,7 +42,11 @@ PROFILES = "profiles"
 # Vector Search's batch root (pipeline/stages/sinks.py), whose ``delete/`` lists the ids an incremental run removed.
 VERTEX_AI = "vertex_ai"
 VERTEX_DELETE = "vertex_ai/delete"
-MANIFEST_FORMAT = "docbeam.manifest/1"
+MANIFEST_FORMAT = "docbeam.manifest/1"  # what marks a manifest as docbeam's; format_version says which form
+# The form of the manifests this code writes. A manifest without format_version is version 1 (every output written
+# before the field existed); read_manifest upgrades each older form to this one in memory, so no reader guesses a
+# run's age from which fields it has. A change to what a manifest holds raises this and adds its upgrade step.
+MANIFEST_VERSION = 2
 INTENT_FORMAT = "docbeam.intent/1"
 STAGING_FORMAT = "docbeam.staging/1"
 TEMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{32}$")  # pipeline/store/storage.temp_name: a write a kill interrupted
@@ -50,6 +55,10 @@ log = logging.getLogger(__name__)
 
 class OutputRefused(Refused):
     """The output folder cannot be written safely: refuse at start, touching nothing."""
+
+
+class ManifestTooNew(OutputRefused):
+    """A manifest of a format_version newer than this code reads: written by a newer docbeam."""
 
 
 def new_run_id() -> str:
@@ -149,12 +158,57 @@ def parse_manifest(data: bytes | None, path: str) -> dict | None:
             f"{path} lists {bad[:1] or 'no run id'}: not a file path of a docbeam run (relative, "
             "no '..', no trailing '/'); move the folder aside or choose another output.path"
         )
-    return manifest
+    return upgrade_manifest(manifest, path)
 
 
 def read_manifest(output: str) -> dict | None:
+    """The committed run's manifest in the current form (upgrade_manifest), None when there is none."""
     path = storage.join(output, MANIFEST)
     return parse_manifest(versioned.read_versioned(path)[0], path)
+
+
+# What a version-1 run that predates a field did, field by field: a run before heads embedded into embeddings/,
+# one before output.granularity wrote document rows, one before input.keep_fields kept nothing. Its reuse key:
+# one before prompts, Hub ids, truncate_dim, sentence-transformers' Dense modules and model.task used none of them
+# (None), one before output.vector_dtype wrote float32, one before heads embedded.
+V1_DEFAULTS = {
+    "head": {"name": "embedding", "folder": EMBEDDINGS},
+    "granularity": "document",
+    "kept_fields": {},
+}
+V1_KEY_DEFAULTS = {
+    "prompt": None,
+    "model_revision": None,
+    "truncate_dim": None,
+    "dense_digest": None,
+    "vector_dtype": "float32",
+    "head": "embedding",
+    "task": None,
+}
+
+
+def upgrade_manifest(manifest: dict, path: str) -> dict:
+    """``manifest`` (read from ``path``) in the form MANIFEST_VERSION describes, in memory: the one place that
+    knows what an older form left out. A version newer than this code knows is refused (ManifestTooNew)."""
+    version = manifest.get("format_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise OutputRefused(
+            f"{path} has format_version {version!r}, which no docbeam writes (an integer from 1); "
+            "move the folder aside or choose another output.path"
+        )
+    if version > MANIFEST_VERSION:
+        raise ManifestTooNew(
+            f"{path} has format_version {version}, and this docbeam reads manifests up to format_version "
+            f"{MANIFEST_VERSION}: a newer docbeam wrote it. Upgrade docbeam (here and in the worker image) to "
+            "read, reuse or replace this output"
+        )
+    upgraded = dict(manifest)
+    if version == 1:
+        upgraded = {**copy.deepcopy(V1_DEFAULTS), **upgraded}
+        if "reuse_key" in upgraded:  # a run before incremental runs recorded none, and cannot be reused
+            upgraded["reuse_key"] = {**V1_KEY_DEFAULTS, **upgraded["reuse_key"]}
+    upgraded["format_version"] = MANIFEST_VERSION
+    return upgraded
 
 
 def manifest_paths(output: str, manifest: dict | None) -> set[str]:

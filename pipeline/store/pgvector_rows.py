@@ -27,8 +27,8 @@ SCORES_TABLE = (
 
 
 def rows_folder(manifest: dict) -> str:
-    """Where the committed run's rows are: its head's folder (a run before heads wrote embeddings/)."""
-    return (manifest.get("head") or {}).get("folder", EMBEDDINGS)
+    """Where the committed run's rows are: its head's folder (read_manifest names one for a run before heads)."""
+    return manifest["head"]["folder"]
 
 
 def committed_values(

@@ -26,6 +26,7 @@ from docbeam.pipeline.store.output import (
     INTENT_FORMAT,
     MANIFEST,
     MANIFEST_FORMAT,
+    MANIFEST_VERSION,
     MARKER,
     STAGING,
     SUCCESS,
@@ -91,6 +92,7 @@ def _intent(output: str, run_id: str, written: list[str], summary: dict, extra: 
     ]
     manifest = {
         "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
         "run_id": run_id,
         "previous_run_id": previous and previous["run_id"],
         "committed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(),
