@@ -50,9 +50,10 @@ def parse_args(argv=None):
 
 
 def runtime_for(model_path: str, dtype: str, bucket: int, packing: bool):
+    from benchmarks.common import standalone_spec
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
 
     backend = "native" if packing else "chunked"
     spec = standalone_spec(

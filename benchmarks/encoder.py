@@ -90,11 +90,12 @@ def parse_args(argv=None):
 def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
+    from benchmarks.common import standalone_spec
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.models.checkpoint import load_tokenizer
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.pipeline.stages.tokenize import windows_for
 

@@ -129,12 +129,13 @@ def useful_flops(shape: Shape, length: int) -> float:
 def run_docbeam(case: dict) -> dict:
     import numpy as np
 
+    from benchmarks.common import standalone_spec
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.models.checkpoint import load_tokenizer
     from docbeam.pipeline.records import Document
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.pipeline.stages.tokenize import windows_for
 

@@ -184,9 +184,10 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(
     runtime encodes again alone, so its three outputs are the clean run's and "bad" is refused."""
     import jax.numpy as jnp
 
+    from benchmarks.common import standalone_spec
     from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import packed_batch
 
     folder = m3[0]

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks.common import standalone_spec
 from docbeam import attention
 from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate
 from docbeam.models.checkpoint import open_checkpoint
 from docbeam.models.encoder import attention_cases
 from docbeam.pipeline.records import TokenWindow
-from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
+from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU

@@ -309,9 +309,10 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_wi
     "good", whose token vectors the runtime encodes again alone, so they are the clean run's, cut the same way."""
     import jax.numpy as jnp
 
+    from benchmarks.common import standalone_spec
     from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import packed_batch
 
     native = attention.get("native")

@@ -170,7 +170,8 @@ def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(ba
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_checkpoint_dir):
     """Token 7's embedding is NaN: window "bad" holds it. Packed in one row with "good", attention would carry
     the NaN into "good" (weight 0 × NaN); the runtime encodes the row's windows again, each alone."""
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from benchmarks.common import standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
 
     native = attention.get("native")
     runtime = load_encoder(

@@ -146,10 +146,11 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
 
 
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
+    from benchmarks.common import standalone_spec
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder
     from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
     spec = standalone_spec(
@@ -239,10 +240,11 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 
 
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
+    from benchmarks.common import standalone_spec
     from docbeam import attention
     from docbeam.attention.dispatch import AttentionSpec
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder
     from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
     buckets = (16, 32, 64, 128)

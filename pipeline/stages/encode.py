@@ -83,40 +83,6 @@ class EncoderSpec:
             )
 
 
-def standalone_spec(
-    model_path: str,
-    dtype: str,
-    pooling: str,
-    attention: AttentionSpec,
-    buckets: Sequence[int],
-    packing: bool = False,
-    **settings,
-) -> EncoderSpec:
-    """The spec of an encoder used without a job (benchmarks, tests): planned here, for this machine's platform,
-    as the driver plans a job, with the embedding head pooling by ``pooling`` and running the checkpoint's Dense
-    modules, unnormalised (``settings``: the other EncoderSpec fields)."""
-    import jax
-
-    from docbeam.attention.dispatch import choose_backends
-    from docbeam.models.checkpoint import open_checkpoint
-    from docbeam.models.encoder import attention_cases
-    from docbeam.models.heads import embedding
-
-    platform = jax.default_backend()
-    checkpoint = open_checkpoint(model_path, dtype)
-    cases = attention_cases(checkpoint.config, buckets, platform, packing)
-    return EncoderSpec(
-        model_path,
-        dtype,
-        embedding.standalone(checkpoint, pooling),
-        attention,
-        tuple(choose_backends(attention, cases)),
-        platform,
-        packing=packing,
-        **settings,
-    )
-
-
 def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...], str | None]:
     """(what this worker runs per bucket, why it is not the plan's or None). The plan's choices as they are
     on the planned platform (gated here when the driver could not run them and attention.verify is set); on
