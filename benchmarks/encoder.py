@@ -91,8 +91,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
     from benchmarks.common import standalone_spec
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.models.checkpoint import load_tokenizer
     from docbeam.pipeline.stages.encode import load_encoder
@@ -120,9 +119,7 @@ def docbeam_side(args, docs, folder, settings) -> dict:
             dtype=args.dtype,
             pooling=settings.pooling,
             buckets=args.buckets,
-            attention=AttentionSpec(
-                backend=args.backend, options=attention.get(args.backend).parse_options(args.attention_options)
-            ),
+            attention=AttentionConfig.model_validate({"backend": args.backend, args.backend: args.attention_options}),
             packing=args.packing,
         )
     )

@@ -130,8 +130,7 @@ def run_docbeam(case: dict) -> dict:
     import numpy as np
 
     from benchmarks.common import standalone_spec
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.models.checkpoint import load_tokenizer
     from docbeam.pipeline.records import Document
@@ -144,10 +143,9 @@ def run_docbeam(case: dict) -> dict:
     tokenize = TokenizeConfig(long_documents="truncate", stride=0)
     windows = windows_for([doc], load_tokenizer(folder), window_len=length, config=tokenize)
     (batch,) = batch_windows(windows, BatchingConfig(buckets=(length,), tokens_per_batch=length, packing=False))
-    backend = attention.get(case["backend"])
     spec = standalone_spec(
         model_path=folder, dtype=case["dtype"], pooling="mean", buckets=(length,), packing=False,
-        attention=AttentionSpec(backend=case["backend"], options=backend.parse_options({})),
+        attention=AttentionConfig(backend=case["backend"]),
     )  # fmt: skip
     runtime = load_encoder(spec)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

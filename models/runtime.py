@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, bind_choice
+from docbeam.attention.dispatch import Choice, bind_choice
+from docbeam.attention.settings import AttentionConfig
 from docbeam.models.compile_pool import CompilePool
 from docbeam.models.nan_repair import reencode_row_mates
 from docbeam.models.profiler import FirstBatchesProfiler
@@ -33,7 +34,7 @@ class RuntimeSpec:
     model_path: str
     dtype: str
     head: Any  # a models/heads Head: its pooling and layers run inside the forward
-    attention: AttentionSpec  # the backends' typed options
+    attention: AttentionConfig  # the job's attention section: the backends' typed options
     choices: tuple[Choice, ...]  # one per bucket: the backend that runs it
     packing: bool = False  # batches carry segment ids and slot lengths
     compile_ahead: tuple[tuple[int, int], ...] = ()  # (rows, bucket_len) shapes compiled before their batches

@@ -185,18 +185,15 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(
     import jax.numpy as jnp
 
     from benchmarks.common import standalone_spec
-    from docbeam.attention.dispatch import AttentionSpec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.pipeline.records import TokenWindow
     from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import packed_batch
 
     folder = m3[0]
-    native = attention.get("native")
     head = resolve(checkpoint.open_checkpoint(folder), "bge_m3", ModelConfig(path=folder, head="bge_m3"))
     spec = dataclasses.replace(
-        standalone_spec(
-            folder, "float32", "mean", AttentionSpec("native", native.parse_options(None)), (16, 32), packing=True
-        ),
+        standalone_spec(folder, "float32", "mean", AttentionConfig(), (16, 32), packing=True),
         head=head,
     )
     runtime = load_encoder(spec)

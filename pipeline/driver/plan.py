@@ -12,9 +12,9 @@ import functools
 import importlib.metadata
 import os
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, choose_backends, gate
+from docbeam.attention.dispatch import Choice, choose_backends, gate
 from docbeam.attention.probe_once import probe_all
-from docbeam.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
+from docbeam.config import AttentionConfig, BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
 from docbeam.errors import refused_at_start
 from docbeam.models.checkpoint import (
     dense_digest,
@@ -76,7 +76,7 @@ class JobPlan:
     choices: tuple[Choice, ...]  # one per bucket that can receive a batch: the backend that runs it, and why
     checked: bool  # the choices were probed (and gated, with attention.verify) on ``platform``, here
     encoder: EncoderConfig
-    attention: AttentionSpec  # backends with their typed options, as the workers receive them
+    attention: AttentionConfig  # the config's attention section as it is: the workers receive that object
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
@@ -122,19 +122,6 @@ class JobPlan:
         batching = self.config.batching
         shards = resolved_shards(batching, self.config.runner)
         return batching.model_copy(update={"buckets": self.buckets, "packing": self.packing, "shards": shards})
-
-
-def attention_spec(cfg: JobConfig) -> AttentionSpec:
-    a = cfg.attention
-    return AttentionSpec(
-        backend=a.backend,
-        options=a.options_for(a.backend),
-        fallback=a.fallback,
-        fallback_options=a.options_for(a.fallback) if a.fallback else None,
-        verify=a.verify,
-        verify_tolerance=a.verify_tolerance,
-        on_mismatch=a.on_mismatch,
-    )
 
 
 def target_platform(cfg: JobConfig) -> str:
@@ -280,7 +267,7 @@ def _checked_plan(
     if for_output:
         check_output(cfg)
     platform = target_platform(cfg)
-    spec = attention_spec(cfg)
+    spec = cfg.attention
     packing = resolved_packing(cfg)
     choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform, packing))
     checked = probe_backends and platform == _local_platform()

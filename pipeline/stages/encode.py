@@ -23,7 +23,8 @@ from docbeam.pipeline import compat
 compat.run_inference_without_model_manager()
 from apache_beam.ml.inference.base import ModelHandler, PredictionResult, RunInference  # noqa: E402
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, replan  # noqa: E402
+from docbeam.attention.dispatch import Choice, replan  # noqa: E402
+from docbeam.attention.settings import AttentionConfig  # noqa: E402
 from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec  # noqa: E402
 from docbeam.pipeline.records import Batch, WindowEmbedding  # noqa: E402
 from docbeam.pipeline.telemetry.observe import (  # noqa: E402
@@ -57,7 +58,7 @@ class EncoderSpec:
     model_path: str
     dtype: str
     head: Any  # the plan's models/heads Head: what the forward computes per window after the encoder
-    attention: AttentionSpec
+    attention: AttentionConfig
     choices: tuple[Choice, ...]  # the plan's backend per bucket (pipeline.driver.plan.JobPlan.choices)
     platform: str  # the platform the choices were made for
     checked: bool = False  # the driver probed (and with attention.verify gated) them on that platform
