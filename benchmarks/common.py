@@ -381,29 +381,31 @@ def standalone_spec(
     attention,
     buckets: Sequence[int],
     packing: bool = False,
+    head=None,
     **settings,
 ):
-    """The spec of an encoder used without a job (benchmarks, tests): planned here, for this machine's platform,
-    as the driver plans a job, with the embedding head pooling by ``pooling`` and running the checkpoint's Dense
-    modules, unnormalised (``settings``: the other EncoderSpec fields)."""
+    """The EncoderSpec of an encoder used without a job (benchmarks, tests): planned here, for this machine's
+    platform, as the driver plans a job, with ``head`` or else the embedding head pooling by ``pooling`` and
+    running the checkpoint's Dense modules, unnormalised (``settings``: the other EncoderSpec fields)."""
     import jax
 
     from docbeam.attention.dispatch import choose_backends
     from docbeam.models.checkpoint import open_checkpoint
     from docbeam.models.encoder import attention_cases
     from docbeam.models.heads import embedding
+    from docbeam.models.runtime import EncoderPlan
     from docbeam.pipeline.stages.encode import EncoderSpec
 
     platform = jax.default_backend()
     checkpoint = open_checkpoint(model_path, dtype)
     cases = attention_cases(checkpoint.config, buckets, platform, packing)
-    return EncoderSpec(
-        model_path,
-        dtype,
-        embedding.standalone(checkpoint, pooling),
-        attention,
-        tuple(choose_backends(attention, cases)),
-        platform,
+    plan = EncoderPlan(
+        model_path=model_path,
+        dtype=dtype,
+        head=head or embedding.standalone(checkpoint, pooling),
+        attention=attention,
+        choices=tuple(choose_backends(attention, cases)),
+        platform=platform,
         packing=packing,
-        **settings,
     )
+    return EncoderSpec(plan, **settings)

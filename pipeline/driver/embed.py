@@ -39,13 +39,7 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
     encoder; the others may find the process's warm one)."""
     cfg = plan.config
     return EncoderSpec(
-        model_path=plan.model_path,
-        dtype=cfg.model.dtype,
-        head=plan.head,
-        attention=plan.attention,
-        choices=plan.choices,
-        platform=plan.platform,
-        checked=plan.checked,
+        plan=plan.encoder_plan,
         profile_batches=profile_batches,
         profile_dir=profile_dir if profile_batches else None,
         progress_seconds=cfg.runner.progress_seconds,
@@ -53,9 +47,6 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
         compilation_cache=cfg.runner.compilation_cache,
         worker_env=tuple(sorted(cfg.runner.worker_env.items())),
         tokens_per_batch=cfg.batching.tokens_per_batch,
-        packing=plan.packing,
-        task=cfg.model.task,
-        checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"], plan.encoder),
         job=job,
     )
 
