@@ -119,7 +119,9 @@ def docbeam_side(args, docs, folder, settings) -> dict:
             dtype=args.dtype,
             pooling=settings.pooling,
             buckets=args.buckets,
-            attention=AttentionConfig.model_validate({"backend": args.backend, args.backend: args.attention_options}),
+            attention=AttentionConfig.model_validate(
+                {"backend": args.backend, **({args.backend: args.attention_options} if args.attention_options else {})}
+            ),
             packing=args.packing,
         )
     )
