@@ -16,6 +16,7 @@ import pydantic
 from docbeam.attention import registry
 from docbeam.attention.features import DECLARED, static_keywords
 from docbeam.attention.interface import AttentionCase, Backend, Support
+from docbeam.attention.settings import AttentionConfig
 from docbeam.errors import Refused
 
 log = logging.getLogger(__name__)
@@ -23,41 +24,6 @@ log = logging.getLogger(__name__)
 
 class AttentionPlanError(Refused, RuntimeError):
     """The configured backend cannot run a case and no fallback is configured: stop before any work."""
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionSpec:
-    """The attention part of a job as the driver validated it: backend names and their typed options
-    (frozen pydantic models, picklable), handed to the workers as they are."""
-
-    backend: str
-    options: pydantic.BaseModel
-    fallback: str | None = None
-    fallback_options: pydantic.BaseModel | None = None
-    verify: bool = False
-    verify_tolerance: float | None = None
-    on_mismatch: str = "fail"
-
-    def __post_init__(self):
-        for key, value in (("options", self.options), ("fallback_options", self.fallback_options)):
-            if value is not None and not isinstance(value, pydantic.BaseModel):
-                raise TypeError(
-                    f"AttentionSpec.{key} must be the backend's typed options (Backend.parse_options), "
-                    f"not {type(value).__name__}"
-                )
-        if self.fallback and self.fallback_options is None:
-            raise TypeError(f"AttentionSpec: fallback {self.fallback!r} needs its typed fallback_options")
-
-    def options_for(self, name: str) -> pydantic.BaseModel:
-        """The options of ``backend`` or ``fallback``; no other backend runs in this job."""
-        if name == self.backend:
-            return self.options
-        if name == self.fallback and self.fallback_options is not None:
-            return self.fallback_options
-        raise ValueError(
-            f"backend {name!r} is neither attention.backend ({self.backend!r}) nor "
-            f"attention.fallback ({self.fallback!r}) of this job"
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,17 +173,19 @@ def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = No
     return error <= tolerance, error, tolerance
 
 
-def choose_backends(spec: AttentionSpec, cases: list[AttentionCase]) -> list[Choice]:
+def choose_backends(spec: AttentionConfig, cases: list[AttentionCase]) -> list[Choice]:
     """One Choice per bucket, whose backend runs every case (kind of layer) of the bucket; raises
     AttentionPlanError naming the bucket when nothing can run it."""
     requested = registry.get(spec.backend)
     fallback = registry.get(spec.fallback) if spec.fallback else None
+    fallback_options = spec.options_for(spec.fallback) if spec.fallback else None
     return [
-        choose_backend(bucket, requested, spec.options, fallback, spec.fallback_options) for bucket in by_bucket(cases)
+        choose_backend(bucket, requested, spec.options_for(spec.backend), fallback, fallback_options)
+        for bucket in by_bucket(cases)
     ]
 
 
-def replan(spec: AttentionSpec, planned: tuple[Choice, ...], platform: str) -> tuple[Choice, ...]:
+def replan(spec: AttentionConfig, planned: tuple[Choice, ...], platform: str) -> tuple[Choice, ...]:
     """The planned buckets' choices made again for ``platform`` (a worker whose platform is not the one the
     job was planned for): the same cases on that platform, chosen, and gated when ``spec.verify``."""
     cases = [dataclasses.replace(case, platform=platform) for choice in planned for case in choice.cases]
@@ -225,7 +193,7 @@ def replan(spec: AttentionSpec, planned: tuple[Choice, ...], platform: str) -> t
     return tuple(gate(spec, choices) if spec.verify else choices)
 
 
-def probe(spec: AttentionSpec, choice: Choice) -> None:
+def probe(spec: AttentionConfig, choice: Choice) -> None:
     """Run the chosen backend once on a probe batch of the bucket's shape: the output must have q's shape
     and dtype and be finite everywhere (padded rows too), so a broken backend fails before the real work.
     Parity with native is the gate's job (``attention.verify``); this check always runs, once per kind of layer."""
@@ -253,12 +221,12 @@ def probe(spec: AttentionSpec, choice: Choice) -> None:
             )
 
 
-def bind_choice(spec: AttentionSpec, backend_name: str):
+def bind_choice(spec: AttentionConfig, backend_name: str):
     """The AttentionFn for a backend of this spec, with its options from the spec."""
     return registry.get(backend_name).bind(spec.options_for(backend_name))
 
 
-def gate(spec: AttentionSpec, choices: list) -> list:
+def gate(spec: AttentionConfig, choices: list) -> list:
     """The parity gate: each bucket's chosen backend against native on a probe batch, before real work."""
     native = registry.get("native").bind()
     gated = []

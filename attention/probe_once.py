@@ -7,13 +7,14 @@ import concurrent.futures
 import os
 import threading
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, probe
+from docbeam.attention.dispatch import Choice, probe
+from docbeam.attention.settings import AttentionConfig
 
-_PROBED: set[tuple[AttentionSpec, Choice]] = set()
+_PROBED: set[tuple[AttentionConfig, Choice]] = set()
 _PROBED_LOCK = threading.Lock()
 
 
-def probe_once(spec: AttentionSpec, choice: Choice) -> None:
+def probe_once(spec: AttentionConfig, choice: Choice) -> None:
     """``probe`` a choice unless this process has; keyed by the frozen spec and choice themselves."""
     key = (spec, choice)
     with _PROBED_LOCK:
@@ -24,7 +25,7 @@ def probe_once(spec: AttentionSpec, choice: Choice) -> None:
         _PROBED.add(key)
 
 
-def probe_all(spec: AttentionSpec, choices) -> None:
+def probe_all(spec: AttentionConfig, choices) -> None:
     """``probe_once`` for every choice, in parallel threads (XLA compiles without the GIL); a failure raises
     as the sequential loop would, the first failing choice's."""
     choices = list(choices)

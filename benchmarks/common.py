@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO, "benchmarks")
@@ -368,3 +369,40 @@ def run_local_job(model: str, input_path: str, output: str, extra_sets: tuple[st
         *extra_sets,
     ]
     return run(LOCAL_CONFIG, overrides=sets + [f"model.{k}={v}" for k, v in model_settings.items()])
+
+
+def standalone_spec(
+    model_path: str,
+    dtype: str,
+    pooling: str,
+    attention,
+    buckets: Sequence[int],
+    packing: bool = False,
+    head=None,
+    **settings,
+):
+    """The EncoderSpec of an encoder used without a job (benchmarks, tests): planned here, for this machine's
+    platform, as the driver plans a job, with ``head`` or else the embedding head pooling by ``pooling`` and
+    running the checkpoint's Dense modules, unnormalised (``settings``: the other EncoderSpec fields)."""
+    import jax
+
+    from docbeam.attention.dispatch import choose_backends
+    from docbeam.models.checkpoint import open_checkpoint
+    from docbeam.models.encoder import attention_cases
+    from docbeam.models.heads import embedding
+    from docbeam.models.runtime import EncoderPlan
+    from docbeam.pipeline.stages.encode import EncoderSpec
+
+    platform = jax.default_backend()
+    checkpoint = open_checkpoint(model_path, dtype)
+    cases = attention_cases(checkpoint.config, buckets, platform, packing)
+    plan = EncoderPlan(
+        model_path=model_path,
+        dtype=dtype,
+        head=head or embedding.standalone(checkpoint, pooling),
+        attention=attention,
+        choices=tuple(choose_backends(attention, cases)),
+        platform=platform,
+        packing=packing,
+    )
+    return EncoderSpec(plan, **settings)

@@ -49,14 +49,14 @@ def parse_args(argv=None):
 
 
 def runtime_for(model_path: str, dtype: str, bucket: int, packing: bool):
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
+    from docbeam.pipeline.stages.encode import load_encoder
 
     backend = "native" if packing else "chunked"
     spec = standalone_spec(
         model_path=model_path, dtype=dtype, pooling="mean", buckets=(bucket,), packing=packing,
-        attention=AttentionSpec(backend=backend, options=attention.get(backend).parse_options({})),
+        attention=AttentionConfig(backend=backend),
     )  # fmt: skip
     runtime = load_encoder(spec)
     return runtime, runtime._forward[backend]

@@ -89,11 +89,11 @@ def parse_args(argv=None):
 def docbeam_side(args, docs, folder, settings) -> dict:
     import numpy as np
 
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.models.checkpoint import load_tokenizer
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.pipeline.stages.tokenize import windows_for
 
@@ -118,8 +118,8 @@ def docbeam_side(args, docs, folder, settings) -> dict:
             dtype=args.dtype,
             pooling=settings.pooling,
             buckets=args.buckets,
-            attention=AttentionSpec(
-                backend=args.backend, options=attention.get(args.backend).parse_options(args.attention_options)
+            attention=AttentionConfig.model_validate(
+                {"backend": args.backend, **({args.backend: args.attention_options} if args.attention_options else {})}
             ),
             packing=args.packing,
         )

@@ -128,12 +128,12 @@ def useful_flops(shape: Shape, length: int) -> float:
 def run_docbeam(case: dict) -> dict:
     import numpy as np
 
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.config import BatchingConfig, TokenizeConfig
     from docbeam.models.checkpoint import load_tokenizer
     from docbeam.pipeline.records import Document
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import batch_windows
     from docbeam.pipeline.stages.tokenize import windows_for
 
@@ -142,10 +142,9 @@ def run_docbeam(case: dict) -> dict:
     tokenize = TokenizeConfig(long_documents="truncate", stride=0)
     windows = windows_for([doc], load_tokenizer(folder), window_len=length, config=tokenize)
     (batch,) = batch_windows(windows, BatchingConfig(buckets=(length,), tokens_per_batch=length, packing=False))
-    backend = attention.get(case["backend"])
     spec = standalone_spec(
         model_path=folder, dtype=case["dtype"], pooling="mean", buckets=(length,), packing=False,
-        attention=AttentionSpec(backend=case["backend"], options=backend.parse_options({})),
+        attention=AttentionConfig(backend=case["backend"]),
     )  # fmt: skip
     runtime = load_encoder(spec)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

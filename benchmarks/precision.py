@@ -101,10 +101,11 @@ def timed_passes(args, batches, encode_batch, facts: dict):
 
 
 def docbeam_side(args, docs, folder, settings, dtype: str):
+    from benchmarks.common import standalone_spec
     from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.config import load
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
 
     packing = load(common.LOCAL_CONFIG).batching.packing
     packing = attention.get("native").segments if packing == "auto" else packing
@@ -117,7 +118,7 @@ def docbeam_side(args, docs, folder, settings, dtype: str):
             pooling=settings.pooling,
             buckets=args.buckets,
             packing=packing,
-            attention=AttentionSpec(backend="native", options=attention.get("native").parse_options({})),
+            attention=AttentionConfig(),
         )
     )
     facts = {"side": f"docbeam {dtype}", "load_s": time.perf_counter() - t0, "packing": packing}

@@ -14,7 +14,7 @@ from typing import Any, Literal
 import pydantic
 
 from docbeam import config_files
-from docbeam.attention import registry as attention_registry
+from docbeam.attention.settings import AttentionConfig  # the attention section: attention/ types it, config uses it
 from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
@@ -111,72 +111,6 @@ class BatchingConfig(_Section):
         if list(buckets) != sorted(set(buckets)):
             raise ValueError(f"must be strictly increasing without repeats, e.g. {sorted(set(buckets))}")
         return buckets
-
-
-class AttentionConfig(_Section):
-    backend: str = "native"
-    fallback: str | None = None  # runs the buckets `backend` cannot; None: such a job fails at start
-    verify: bool = False  # run a probe batch per bucket against native before the main work
-    verify_tolerance: pydantic.PositiveFloat | None = None  # None: 1e-5 for float32, 2e-2 for bfloat16
-    on_mismatch: Literal["fail", "fallback"] = "fail"
-    # Typed options per backend, parsed from the sections nested under a backend's name
-    # (`attention: {backend: flash, flash: {block_q: 256}}`); not a YAML key itself.
-    backend_options: dict[str, Any] = pydantic.Field(default={}, exclude=True)
-
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _parse_backend_sections(cls, raw):
-        """Each backend's options are written in one place, nested under its name, and parsed here once
-        into that backend's typed options."""
-        if not isinstance(raw, dict):
-            return raw
-        for key in ("options", "backend_options"):
-            if key in raw:
-                raise ValueError(
-                    f"attention.{key} is not a key: nest a backend's options under its name, e.g. "
-                    "attention: {backend: flash, flash: {block_q: 256}}"
-                )
-        fields = set(cls.model_fields)
-        sections = {k: v for k, v in raw.items() if k not in fields and k in attention_registry.names()}
-        parsed = {}
-        for name, section in sections.items():
-            try:
-                parsed[name] = attention_registry.get(name).parse_options(section)
-            except pydantic.ValidationError as e:
-                raise ValueError(readable(e, prefix=f"attention.{name}")) from None
-        rest = {k: v for k, v in raw.items() if k not in sections}
-        return {**rest, "backend_options": parsed}
-
-    @pydantic.model_validator(mode="after")
-    def _check_backends(self):
-        for key, name in (("backend", self.backend), ("fallback", self.fallback)):
-            if name is None:
-                continue
-            try:
-                attention_registry.get(name)
-            except (attention_registry.UnknownBackendError, TypeError) as e:
-                raise ValueError(str(e).replace("attention.backend", f"attention.{key}", 1)) from None
-        unused = sorted(set(self.backend_options) - {self.backend, self.fallback})
-        if unused:
-            raise ValueError(
-                f"attention.{unused[0]}: options for backend {unused[0]!r}, which this job does not run "
-                f"(attention.backend is {self.backend!r}, attention.fallback {self.fallback!r}); "
-                f"remove them, or set attention.backend or attention.fallback to {unused[0]!r}"
-            )
-        return self
-
-    @pydantic.model_serializer(mode="wrap")
-    def _nest_backend_sections(self, handler, info):
-        """Dumped as written: each backend's options under its name, so a dump loads back unchanged."""
-        out = handler(self)
-        out.update({name: options.model_dump(mode=info.mode) for name, options in self.backend_options.items()})
-        return out
-
-    def options_for(self, name: str) -> pydantic.BaseModel:
-        """The typed options of backend ``name``: its section's, or its defaults."""
-        if name in self.backend_options:
-            return self.backend_options[name]
-        return attention_registry.get(name).parse_options(None)
 
 
 class ProfileConfig(_Section):

@@ -17,7 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, bind_choice
+from docbeam.attention.dispatch import Choice, bind_choice
+from docbeam.attention.settings import AttentionConfig
 from docbeam.models.compile_pool import CompilePool
 from docbeam.models.nan_repair import reencode_row_mates
 from docbeam.models.profiler import FirstBatchesProfiler
@@ -26,20 +27,50 @@ STARTUP_TAG = "startup"  # a timing record's start-up report, taken off before t
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EncoderPlan:
+    """The encoder a job runs, as the driver planned it: a part of the job plan (``JobPlan.encoder_plan``) that
+    the workers receive as it is. Frozen, picklable and hashable: a process keeps one warm runtime per plan."""
+
+    model_path: str  # model.path, a Hub id's branch pinned to the commit the driver resolved it to
+    dtype: str  # model.dtype
+    head: Any  # a models/heads Head: its pooling and layers run inside the forward
+    attention: AttentionConfig  # the job's attention section as it is: the backends' typed options
+    choices: tuple[Choice, ...]  # one per bucket that can receive a batch: the backend that runs it, and why
+    platform: str  # the platform the choices were made for
+    checked: bool = False  # the driver probed (and with attention.verify gated) them on that platform
+    packing: bool = False  # batches carry segment ids and slot lengths
+    task: str | None = None  # model.task: the adapter merged into the weights (models/checkpoint.py)
+    # What the driver read of the checkpoint (weights' and Dense modules' digests, its config): a warm runtime
+    # serves a later job only while these match, so a checkpoint rewritten in place is loaded afresh.
+    checkpoint_key: tuple = ()
+
+    def __post_init__(self):
+        if not self.choices:
+            raise ValueError(
+                "EncoderPlan.choices is empty: pass the job plan's choices (JobPlan.choices), one per "
+                "bucket; a worker does not choose backends itself"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class RuntimeSpec:
-    """What to load and what to run, per bucket: frozen and hashable (a process keeps one runtime per spec)."""
+    """What one worker loads and runs: the job's encoder plan, with the choices this worker runs (the plan's, or
+    its re-plan for its own platform) and the shapes it compiles ahead. Frozen and hashable."""
 
-    model_path: str
-    dtype: str
-    head: Any  # a models/heads Head: its pooling and layers run inside the forward
-    attention: AttentionSpec  # the backends' typed options
-    choices: tuple[Choice, ...]  # one per bucket: the backend that runs it
-    packing: bool = False  # batches carry segment ids and slot lengths
+    plan: EncoderPlan
+    choices: tuple[Choice, ...]  # one per bucket: the backend that runs it on this worker
     compile_ahead: tuple[tuple[int, int], ...] = ()  # (rows, bucket_len) shapes compiled before their batches
     slots: tuple[tuple[int, int], ...] = ()  # packing: (bucket_len, windows per row) of every bucket
     replanned: str | None = None  # why these choices are not the job plan's ("planned cpu, worker gpu")
-    task: str | None = None  # model.task: the adapter merged into the weights (models/checkpoint.py)
+
+    @property
+    def head(self):
+        return self.plan.head
+
+    @property
+    def packing(self) -> bool:
+        return self.plan.packing
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,16 +104,17 @@ def load(spec: RuntimeSpec, fn_name: str):
     from docbeam.models import checkpoint, encoder
 
     device = jax.devices()[0]
-    ck = checkpoint.open_checkpoint(spec.model_path, spec.dtype, with_weights=True, task=spec.task)
+    plan = spec.plan
+    ck = checkpoint.open_checkpoint(plan.model_path, plan.dtype, with_weights=True, task=plan.task)
     params = checkpoint.load_params(ck.folder, ck.config)
     # The head's layers (sentence-transformers' Dense modules, a classifier) run inside the jitted forward,
     # right after pooling.
-    head = spec.head
+    head = plan.head
     if head.layers or head.reduce is not None:
         params = {"encoder": params, "head": head.load_params(ck.folder)}
     forwards = {}
     for name in sorted({c.backend for c in spec.choices}):
-        embed = encoder.embed_fn(ck.config, bind_choice(spec.attention, name), head.pooling, head.layers, head.reduce)
+        embed = encoder.embed_fn(ck.config, bind_choice(plan.attention, name), head.pooling, head.layers, head.reduce)
 
         def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
             return embed(params, ids_BxT, lengths_B, *packed)

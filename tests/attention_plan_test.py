@@ -10,8 +10,9 @@ import pytest
 
 from docbeam import attention
 from docbeam.attention import registry
-from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate, probe, probe_inputs
+from docbeam.attention.dispatch import AttentionPlanError, choose_backends, gate, probe, probe_inputs
 from docbeam.attention.interface import AttentionCase, AttentionFeatures, Backend
+from docbeam.attention.settings import AttentionConfig
 from docbeam.models.encoder import EncoderConfig, attention_cases
 
 GLOBAL, LOCAL, BIASED = AttentionFeatures(), AttentionFeatures(local_window=(4, 4)), AttentionFeatures(bias=True)
@@ -35,13 +36,9 @@ def config(*kinds) -> LayerKindsConfig:
     )
 
 
-def spec(backend: str, fallback: str | None = None, **options) -> AttentionSpec:
-    return AttentionSpec(
-        backend=backend,
-        options=attention.get(backend).parse_options(options),
-        fallback=fallback,
-        fallback_options=attention.get(fallback).parse_options(None) if fallback else None,
-    )
+def spec(backend: str, fallback: str | None = None, **options) -> AttentionConfig:
+    """The attention section as the YAML gives it: ``options`` nested under the backend's name."""
+    return AttentionConfig.model_validate({"backend": backend, "fallback": fallback, backend: options})
 
 
 @pytest.fixture
@@ -133,7 +130,7 @@ def test_the_parity_gate_catches_a_backend_that_drops_a_feature_of_one_kind(feat
     registry._REGISTRY[backend.name] = backend
     try:
         job = spec(backend.name, fallback="native")
-        job = dataclasses.replace(job, on_mismatch="fallback")
+        job = job.model_copy(update={"on_mismatch": "fallback"})
         [choice] = choose_backends(job, attention_cases(config(GLOBAL, kind), [32], "cpu"))
         assert choice.backend == backend.name
         probe(job, choice)  # finite and the right shape: only parity can tell

@@ -184,20 +184,15 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_outputs_with_it(
     runtime encodes again alone, so its three outputs are the clean run's and "bad" is refused."""
     import jax.numpy as jnp
 
-    from docbeam.attention.dispatch import AttentionSpec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import packed_batch
 
     folder = m3[0]
-    native = attention.get("native")
     head = resolve(checkpoint.open_checkpoint(folder), "bge_m3", ModelConfig(path=folder, head="bge_m3"))
-    spec = dataclasses.replace(
-        standalone_spec(
-            folder, "float32", "mean", AttentionSpec("native", native.parse_options(None)), (16, 32), packing=True
-        ),
-        head=head,
-    )
+    spec = standalone_spec(folder, "float32", "mean", AttentionConfig(), (16, 32), packing=True, head=head)
     runtime = load_encoder(spec)
     good = TokenWindow("good", 0, 1, np.array([101, 2000, 1010, 2000, 1012, 102], np.int32), 4, False)
     bad = TokenWindow("bad", 0, 1, np.array([101, 7, 2003, 102], np.int32), 2, False)

@@ -13,7 +13,6 @@ from docbeam.attention.chunked import ChunkedOptions
 from docbeam.attention.dispatch import bind_choice, choose_backends
 from docbeam.attention.flash import FlashOptions
 from docbeam.attention.interface import AttentionCase, Backend
-from docbeam.pipeline.driver.plan import attention_spec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_YAML = os.path.join(REPO, "configs", "local.yaml")
@@ -135,20 +134,25 @@ def test_options_for_the_fallback_are_accepted_and_a_dump_loads_back_unchanged()
     assert config.parse(dumped, base_dir="/base") == cfg
 
 
-def test_the_typed_options_reach_the_attention_spec_as_they_are():
+def test_the_attention_section_is_what_the_workers_receive_typed_pickled_and_hashed():
     import pickle
 
     cfg = parse(
         attention={"backend": "flash", "fallback": "chunked", "flash": {"block_q": 64}, "chunked": {"query_chunk": 32}}
     )
-    spec = attention_spec(cfg)
-    assert spec.options is cfg.attention.options_for("flash") and isinstance(spec.options, FlashOptions)
-    assert isinstance(spec.fallback_options, ChunkedOptions) and spec.fallback_options.query_chunk == 32
-    assert pickle.loads(pickle.dumps(spec)) == spec  # what a worker receives
+    section = cfg.attention
+    assert isinstance(section.options_for("flash"), FlashOptions) and section.options_for("flash").block_q == 64
+    assert (
+        isinstance(section.options_for("chunked"), ChunkedOptions) and section.options_for("chunked").query_chunk == 32
+    )
+    received = pickle.loads(pickle.dumps(section))  # what a worker receives
+    assert received == section and hash(received) == hash(section)  # the worker's warm encoder is keyed by it
+    other = parse(attention={"backend": "flash", "fallback": "chunked", "flash": {"block_q": 32}}).attention
+    assert other != section and hash(other) != hash(section)
 
 
 def test_workers_choose_and_bind_backends_without_parsing_options_again(monkeypatch):
-    spec = attention_spec(parse(attention={"backend": "chunked", "chunked": {"query_chunk": 32}}))
+    spec = parse(attention={"backend": "chunked", "chunked": {"query_chunk": 32}}).attention
     monkeypatch.setattr(Backend, "parse_options", lambda self, raw: pytest.fail(f"{self.name} options parsed again"))
     (choice,) = choose_backends(spec, [AttentionCase("cpu", "float32", seq_len=64, num_heads=2, head_dim=16)])
     assert choice.backend == "chunked" and "chunks 32x" in choice.kernel  # the key chunk is tuned by length

@@ -6,22 +6,22 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from docbeam import attention
-from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends, gate
+from benchmarks.common import standalone_spec
+from docbeam.attention.dispatch import AttentionPlanError, choose_backends, gate
+from docbeam.attention.settings import AttentionConfig
 from docbeam.models.checkpoint import open_checkpoint
 from docbeam.models.encoder import attention_cases
 from docbeam.pipeline.records import TokenWindow
-from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder, standalone_spec
+from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
 TPU_ONLY = {"kernel": "pallas_tpu"}  # the TPU kernel without interpret mode: refused on CPU
 
 
-def attn(backend="native", options=None, fallback=None, **gate_settings) -> AttentionSpec:
-    """Options typed once, as the driver hands them over (``AttentionConfig.options_for``)."""
-    typed = attention.get(backend).parse_options(options)
-    fallback_options = attention.get(fallback).parse_options(None) if fallback else None
-    return AttentionSpec(backend, typed, fallback, fallback_options, **gate_settings)
+def attn(backend="native", options=None, fallback=None, **gate_settings) -> AttentionConfig:
+    """The attention section typed once, as the config hands it to the driver and the workers."""
+    sections = {backend: options} if options else {}
+    return AttentionConfig.model_validate({"backend": backend, "fallback": fallback, **sections, **gate_settings})
 
 
 def spec(model_dir, backend="native", options=None, fallback=None, **gate_settings) -> EncoderSpec:

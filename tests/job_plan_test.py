@@ -37,7 +37,7 @@ def with_backend(plan, bucket: int, backend: str):
         else c
         for c in plan.choices
     )
-    return dataclasses.replace(plan, choices=choices)
+    return dataclasses.replace(plan, encoder_plan=dataclasses.replace(plan.encoder_plan, choices=choices))
 
 
 def test_the_workers_run_the_backend_the_plan_chose_for_each_bucket(tiny_checkpoint_dir, tmp_path):
@@ -57,6 +57,20 @@ def test_the_workers_run_the_backend_the_plan_chose_for_each_bucket(tiny_checkpo
             | Encode(encoder_spec(plan, str(tmp_path / "staging"), "run"), p | "Total" >> beam.Create([4]))
         )
         assert_that(encoded["timing"], ran_as_planned)
+
+
+def test_the_workers_receive_the_plans_encoder_part_as_it_is_and_key_their_encoder_by_it(tiny_checkpoint_dir, tmp_path):
+    import pickle
+
+    cfg = job_config(SAMPLE, str(tmp_path / "out"), tiny_checkpoint_dir, batching=UNPACKED)
+    plan = make_plan(cfg)
+    spec = encoder_spec(plan, str(tmp_path / "staging"), "run")
+    assert spec.plan is plan.encoder_plan and spec.plan.attention is cfg.attention  # referenced, not copied
+    received = pickle.loads(pickle.dumps(spec))  # what a worker receives
+    assert received == spec and hash(received) == hash(spec)
+    # The driver's early load and the worker's spec are made apart for one run, and for another run of the same
+    # job too: each finds the same warm encoder.
+    assert encoder_spec(plan, str(tmp_path / "staging"), "another run") == spec
 
 
 def test_a_worker_on_another_platform_replans_and_every_record_says_so(tiny_checkpoint_dir, tmp_path):

@@ -309,19 +309,14 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_wi
     "good", whose token vectors the runtime encodes again alone, so they are the clean run's, cut the same way."""
     import jax.numpy as jnp
 
-    from docbeam.attention.dispatch import AttentionSpec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
     from docbeam.pipeline.stages.packer import packed_batch
 
-    native = attention.get("native")
     head = resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder))
-    spec = dataclasses.replace(
-        standalone_spec(
-            folder, "float32", "mean", AttentionSpec("native", native.parse_options(None)), (16, 32), packing=True
-        ),
-        head=head,
-    )
+    spec = standalone_spec(folder, "float32", "mean", AttentionConfig(), (16, 32), packing=True, head=head)
     runtime = load_encoder(spec)
     good = TokenWindow("good", 0, 1, np.array([101, 2000, 1010, 2017, 1012, 102], np.int32), 4, False)  # , and .
     bad = TokenWindow("bad", 0, 1, np.array([101, 7, 2003, 102], np.int32), 2, False)

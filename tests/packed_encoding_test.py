@@ -13,9 +13,10 @@ import pytest
 from conftest import seeded_window as window
 
 from docbeam import attention
-from docbeam.attention.dispatch import AttentionPlanError, AttentionSpec, choose_backends
+from docbeam.attention.dispatch import AttentionPlanError, choose_backends
 from docbeam.attention.interface import AttentionCase
 from docbeam.attention.registry import from_callable
+from docbeam.attention.settings import AttentionConfig
 from docbeam.config import BatchingConfig
 from docbeam.pipeline.records import TokenWindow
 from docbeam.pipeline.stages.packer import packed_batch
@@ -91,19 +92,13 @@ def test_a_backend_without_segment_ids_is_refused_for_packed_rows_and_names_the_
         return v
 
     backend = from_callable("plain_user", plain)
-    spec = AttentionSpec(backend="plain_user", options=backend.parse_options(None))
     assert backend.refusal(_case(False)) is None
     assert not backend.refusal(_case(True)).ok
     attention.registry._REGISTRY.setdefault("plain_user", backend)
+    spec = AttentionConfig(backend="plain_user")
     with pytest.raises(AttentionPlanError, match="batching.packing"):
         choose_backends(spec, [_case(True)])
-    native = attention.get("native")
-    with_fallback = AttentionSpec(
-        backend="plain_user",
-        options=backend.parse_options(None),
-        fallback="native",
-        fallback_options=native.parse_options(None),
-    )
+    with_fallback = AttentionConfig(backend="plain_user", fallback="native")
     [choice] = choose_backends(with_fallback, [_case(True)])
     assert choice.backend == "native" and "segment ids" in choice.fallback_reason
 
@@ -128,8 +123,7 @@ def test_packed_probes_run_native_with_two_windows_in_a_row():
 
     _, _, _, kwargs = probe_inputs(_case(True))
     assert kwargs["segment_ids_BxT"][0].max() == 2 and kwargs["segment_ids_BxT"][1].max() == 1
-    native = attention.get("native")
-    spec = AttentionSpec(backend="native", options=native.parse_options(None))
+    spec = AttentionConfig()
     [choice] = choose_backends(spec, [_case(True)])
     probe(spec, choice)  # raises on a crash or a non-finite output
 
@@ -170,15 +164,15 @@ def test_auto_packs_only_when_every_backend_the_job_may_run_takes_segment_ids(ba
 def test_a_non_finite_window_does_not_take_its_packed_row_mates_with_it(tiny_checkpoint_dir):
     """Token 7's embedding is NaN: window "bad" holds it. Packed in one row with "good", attention would carry
     the NaN into "good" (weight 0 × NaN); the runtime encodes the row's windows again, each alone."""
-    from docbeam.pipeline.stages.encode import load_encoder, standalone_spec
+    from benchmarks.common import standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
 
-    native = attention.get("native")
     runtime = load_encoder(
         standalone_spec(
             tiny_checkpoint_dir,
             "float32",
             "mean",
-            AttentionSpec("native", native.parse_options(None)),
+            AttentionConfig(),
             (16, 32),
             packing=True,
         )

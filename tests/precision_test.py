@@ -279,7 +279,8 @@ def test_the_gate_is_not_run_where_the_encoder_runs_elsewhere_and_says_so(gate_i
     from docbeam.pipeline.driver.plan import make_plan
 
     cfg = job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir, model={"dtype": "bfloat16"})
-    plan = dataclasses.replace(make_plan(cfg), platform="tpu", checked=False)
+    plan = make_plan(cfg)
+    plan = dataclasses.replace(plan, encoder_plan=dataclasses.replace(plan.encoder_plan, platform="tpu", checked=False))
     record = precision_gate_at_start.gate_record(plan)
     assert record["status"] == "not run"
     assert record["reason"] == (

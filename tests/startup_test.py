@@ -145,17 +145,17 @@ def test_a_later_job_in_the_process_starts_warm_and_a_rewritten_checkpoint_loads
 
 
 def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoint_dir):
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder
     from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
     spec = standalone_spec(
         tiny_checkpoint_dir,
         "float32",
         "mean",
-        AttentionSpec("native", attention.get("native").parse_options(None)),
+        AttentionConfig(),
         buckets=(16, 32),
         tokens_per_batch=256,
     )
@@ -173,16 +173,16 @@ def test_the_encoder_compiles_ahead_then_reports_its_startup_once(tiny_checkpoin
 
 
 def test_the_worker_does_not_repeat_the_drivers_probes(monkeypatch, tiny_checkpoint_dir):
-    from docbeam import attention
     from docbeam.attention import probe_once
-    from docbeam.attention.dispatch import AttentionSpec, choose_backends
+    from docbeam.attention.dispatch import choose_backends
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.models.checkpoint import open_checkpoint
     from docbeam.models.encoder import attention_cases
 
     calls = []
     monkeypatch.setattr(probe_once, "probe", lambda spec, choice: calls.append(choice.case.seq_len))
     monkeypatch.setattr(probe_once, "_PROBED", set())
-    spec = AttentionSpec("native", attention.get("native").parse_options(None))
+    spec = AttentionConfig()
     choices = choose_backends(spec, attention_cases(open_checkpoint(tiny_checkpoint_dir).config, (16, 32), "cpu"))
     for _ in range(2):  # the driver's plan, then the worker's runtime in the same process
         for choice in choices:
@@ -238,10 +238,10 @@ def test_the_process_start_is_before_now_and_close_to_the_os_clock():
 
 
 def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_never_twice(tiny_checkpoint_dir):
-    from docbeam import attention
-    from docbeam.attention.dispatch import AttentionSpec
+    from benchmarks.common import standalone_spec
+    from docbeam.attention.settings import AttentionConfig
     from docbeam.pipeline.records import TokenWindow
-    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder, standalone_spec
+    from docbeam.pipeline.stages.encode import STARTUP_TAG, load_encoder
     from docbeam.pipeline.stages.packer import padded_batch, rows_for
 
     buckets = (16, 32, 64, 128)
@@ -250,7 +250,7 @@ def test_a_batch_whose_shape_is_still_compiling_compiles_it_itself_or_waits_neve
             tiny_checkpoint_dir,
             "float32",
             "mean",
-            AttentionSpec("native", attention.get("native").parse_options(None)),
+            AttentionConfig(),
             buckets=buckets,
             tokens_per_batch=512,
         )

@@ -1,8 +1,8 @@
-"""Documents → embeddings, as Beam transforms: ``EncodeDocuments``, the middle of every docbeam job (hash,
-tokenize, bucket, encode, pool), and ``EmbedDocuments``, the same steps for a pipeline of the user's own.
+"""``EmbedDocuments``: docbeam's embedding step for a Beam pipeline of the user's own, and the encoder spec the
+workers build from.
 
-``docbeam run`` (pipeline/driver/run.py ``build``) puts ``EncodeDocuments`` between its reader and its writer;
-``EmbedDocuments`` puts it between the user's steps, so both compute a vector with the same graph. The plan
+``EmbedDocuments`` puts ``EncodeDocuments`` (pipeline/stages/encode_documents.py) between the user's steps, as
+``docbeam run`` puts it between its reader and its writer, so both compute a vector with the same graph. The plan
 (pipeline/driver/plan.py) is made once, where the transform is constructed: a config that cannot run fails
 there, on the driver, as ``docbeam run`` fails at start.
 """
@@ -22,14 +22,10 @@ from docbeam.config import ConfigError, EmbedConfig, JobConfig
 from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
-from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.beam_chunks import CHUNK_KINDS, ChunksWithTexts, check_ids, other_fields
-from docbeam.pipeline.stages.encode import Encode, EncoderSpec
-from docbeam.pipeline.stages.late_chunks import BatchContexts
+from docbeam.pipeline.stages.encode import EncoderSpec
+from docbeam.pipeline.stages.encode_documents import EncodeDocuments
 from docbeam.pipeline.stages.parse import document_of_record
-from docbeam.pipeline.stages.reuse import content_hash
-from docbeam.pipeline.stages.tokenize import Tokenize
-from docbeam.pipeline.stages.write import PoolDocuments
 
 CONFIG_FORMS = (
     "a JobConfig or EmbedConfig, the path of a YAML job file, or a dict of its sections "
@@ -43,13 +39,7 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
     encoder; the others may find the process's warm one)."""
     cfg = plan.config
     return EncoderSpec(
-        model_path=plan.model_path,
-        dtype=cfg.model.dtype,
-        head=plan.head,
-        attention=plan.attention,
-        choices=plan.choices,
-        platform=plan.platform,
-        checked=plan.checked,
+        plan=plan.encoder_plan,
         profile_batches=profile_batches,
         profile_dir=profile_dir if profile_batches else None,
         progress_seconds=cfg.runner.progress_seconds,
@@ -57,55 +47,8 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
         compilation_cache=cfg.runner.compilation_cache,
         worker_env=tuple(sorted(cfg.runner.worker_env.items())),
         tokens_per_batch=cfg.batching.tokens_per_batch,
-        packing=plan.packing,
-        task=cfg.model.task,
-        checkpoint_key=(plan.reuse_key["weights_digest"], plan.reuse_key["dense_digest"], plan.encoder),
         job=job,
     )
-
-
-class EncodeDocuments(beam.PTransform):
-    """Documents (unique ids) → ``embeddings`` (one row per document: id, embedding as a list of float32 values,
-    num_tokens, num_windows, truncated, content_hash), ``rejected`` (no tokens, non-finite vectors),
-    ``windows`` (each window's WindowEmbedding), ``timing`` (one dict per batch) and ``startup``."""
-
-    def __init__(self, plan: JobPlan, spec: EncoderSpec):
-        super().__init__()
-        self._plan, self._spec = plan, spec
-
-    def expand(self, documents):
-        plan = self._plan
-        hashes = documents | "HashContents" >> beam.Map(
-            lambda d, prompt: (d.id, content_hash(d.text, prompt)), plan.prompt
-        )
-        tokenized = documents | "Tokenize" >> Tokenize(
-            plan.model_path, plan.window_len, plan.tokenize, plan.prompt, plan.context_len
-        )
-        windows = tokenized["windows"]
-        if plan.context_len:  # late chunking's context windows: batched unpacked, apart (late_chunks.py)
-            windows, contexts = windows | "SplitContexts" >> beam.Partition(lambda w, _: int(bool(w.spans)), 2)
-        batches = windows | "BucketByLength" >> BucketBatches(plan.batching())
-        if plan.context_len:
-            batches = (
-                batches,
-                contexts | "BatchContexts" >> BatchContexts(plan.batching()),
-            ) | "AllBatches" >> beam.Flatten()
-        total_windows = tokenized["windows"] | "CountWindows" >> beam.combiners.Count.Globally()
-        encoded = batches | "Encode" >> Encode(self._spec, total_windows)
-        windows = chunks = encoded["windows"]
-        if plan.context_len:
-            windows, chunks = encoded["windows"] | "SplitLateChunks" >> beam.Partition(lambda w, _: int(w.late), 2)
-        kept = {"kept": documents | "KeptFields" >> beam.Map(lambda d: (d.id, d.kept))} if plan.kept.columns else {}
-        pooled = {"windows": windows, "hashes": hashes, **kept} | "PoolDocuments" >> PoolDocuments(plan.head)
-        rejected = (tokenized["rejected"], pooled["rejected"]) | "Rejected" >> beam.Flatten()
-        return {
-            "embeddings": pooled["embeddings"],
-            "rejected": rejected,
-            "windows": windows,
-            "chunks": chunks,
-            "timing": encoded["timing"],
-            "startup": encoded["startup"],
-        }
 
 
 def embed_config(config) -> tuple[EmbedConfig, str, str]:

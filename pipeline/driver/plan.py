@@ -12,9 +12,9 @@ import functools
 import importlib.metadata
 import os
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, choose_backends, gate
+from docbeam.attention.dispatch import Choice, choose_backends, gate
 from docbeam.attention.probe_once import probe_all
-from docbeam.config import BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
+from docbeam.config import AttentionConfig, BatchingConfig, ConfigError, EmbedConfig, JobConfig, TokenizeConfig
 from docbeam.errors import refused_at_start
 from docbeam.models.checkpoint import (
     dense_digest,
@@ -28,6 +28,7 @@ from docbeam.models.checkpoint import (
 from docbeam.models.encoder import EncoderConfig, attention_cases
 from docbeam.models.heads import Head
 from docbeam.models.heads.registry import resolve as resolve_head
+from docbeam.models.runtime import EncoderPlan
 from docbeam.models.st_settings import document_prompt
 from docbeam.pipeline.driver.head_plan import (
     check_head_fits_output,
@@ -59,24 +60,18 @@ VERSIONED = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)  # built by keyword: a dozen fields, some of one type
 class JobPlan:
     """What the driver resolved from the config and the checkpoint, after checking the input and output; built
-    once and handed to the workers as it is. ``config`` is the job's config as given: every value resolved
-    here (the pinned model, packing, the buckets used, the backend per bucket) is a field of the plan, never
-    written back into the config."""
+    once. ``config`` is the job's config as given: every value resolved here (the pinned model, packing, the
+    buckets used, the backend per bucket) is a field of the plan, never written back into the config. The
+    workers receive ``encoder_plan``, its encoder part, as it is (pipeline/stages/encode.py ``EncoderSpec``)."""
 
     config: JobConfig | EmbedConfig  # EmbedConfig: docbeam.EmbedDocuments's, which has no input or output
-    model_path: str  # model.path, a Hub id's branch pinned to the commit the driver resolved it to
+    encoder_plan: EncoderPlan  # the pinned model, its head, packing and the backend per bucket (models/runtime.py)
     window_len: int
-    head: Head  # what each window's token states become, and each document's row (models/heads/)
     prompt: str | None  # put in front of every window (model.prompt resolved against the checkpoint)
-    platform: str
-    packing: bool  # batching.packing resolved (auto: whether every backend this job may run takes segment ids)
-    choices: tuple[Choice, ...]  # one per bucket that can receive a batch: the backend that runs it, and why
-    checked: bool  # the choices were probed (and gated, with attention.verify) on ``platform``, here
     encoder: EncoderConfig
-    attention: AttentionSpec  # backends with their typed options, as the workers receive them
     reuse_key: dict  # what must match for another run's vectors to be reused (pipeline/stages/reuse.py)
     reuse: ReuseDecision
     kept: KeptFields = KeptFields()  # input.keep_fields resolved: the kept columns, typed from a sample
@@ -84,6 +79,39 @@ class JobPlan:
         None  # model.dtype's precision gate at start (pipeline/driver/precision_gate_at_start.py)
     )
     context_len: int | None = None  # output.chunking: late: the context windows' length; None: window chunking
+
+    @property
+    def model_path(self) -> str:
+        """model.path, a Hub id's branch pinned to the commit the driver resolved it to."""
+        return self.encoder_plan.model_path
+
+    @property
+    def head(self) -> Head:
+        """What each window's token states become, and each document's row (models/heads/)."""
+        return self.encoder_plan.head
+
+    @property
+    def platform(self) -> str:
+        return self.encoder_plan.platform
+
+    @property
+    def packing(self) -> bool:
+        """batching.packing resolved (auto: whether every backend this job may run takes segment ids)."""
+        return self.encoder_plan.packing
+
+    @property
+    def choices(self) -> tuple[Choice, ...]:
+        """One per bucket that can receive a batch: the backend that runs it, and why."""
+        return self.encoder_plan.choices
+
+    @property
+    def checked(self) -> bool:
+        """The choices were probed (and gated, with attention.verify) on ``platform``, here."""
+        return self.encoder_plan.checked
+
+    @property
+    def attention(self) -> AttentionConfig:
+        return self.config.attention
 
     @property
     def pooling(self) -> str:
@@ -122,19 +150,6 @@ class JobPlan:
         batching = self.config.batching
         shards = resolved_shards(batching, self.config.runner)
         return batching.model_copy(update={"buckets": self.buckets, "packing": self.packing, "shards": shards})
-
-
-def attention_spec(cfg: JobConfig) -> AttentionSpec:
-    a = cfg.attention
-    return AttentionSpec(
-        backend=a.backend,
-        options=a.options_for(a.backend),
-        fallback=a.fallback,
-        fallback_options=a.options_for(a.fallback) if a.fallback else None,
-        verify=a.verify,
-        verify_tolerance=a.verify_tolerance,
-        on_mismatch=a.on_mismatch,
-    )
 
 
 def target_platform(cfg: JobConfig) -> str:
@@ -280,13 +295,13 @@ def _checked_plan(
     if for_output:
         check_output(cfg)
     platform = target_platform(cfg)
-    spec = attention_spec(cfg)
+    attention = cfg.attention
     packing = resolved_packing(cfg)
-    choices = choose_backends(spec, attention_cases(checkpoint.config, buckets, platform, packing))
+    choices = choose_backends(attention, attention_cases(checkpoint.config, buckets, platform, packing))
     checked = probe_backends and platform == _local_platform()
     if checked:  # a backend that crashes or returns garbage fails here, not on the workers
-        choices = gate(spec, choices) if spec.verify else choices
-        probe_all(spec, choices)
+        choices = gate(attention, choices) if attention.verify else choices
+        probe_all(attention, choices)
     head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
     check_head_fits_output(cfg, head)
     check_selection(cfg, head, kept)
@@ -318,21 +333,27 @@ def _checked_plan(
         if for_output
         else ReuseDecision(None, "")
     )
+    encoder_plan = EncoderPlan(
+        model_path=pinned,
+        dtype=cfg.model.dtype,
+        head=head,
+        attention=attention,
+        choices=tuple(choices),
+        platform=platform,
+        checked=checked,
+        packing=packing,
+        task=cfg.model.task,
+        checkpoint_key=(key["weights_digest"], key["dense_digest"], checkpoint.config),
+    )
     return JobPlan(
-        cfg,
-        pinned,
-        window_len,
-        head,
-        prompt,
-        platform,
-        packing,
-        tuple(choices),
-        checked,
-        checkpoint.config,
-        spec,
-        key,
-        reuse,
-        kept,
+        config=cfg,
+        encoder_plan=encoder_plan,
+        window_len=window_len,
+        prompt=prompt,
+        encoder=checkpoint.config,
+        reuse_key=key,
+        reuse=reuse,
+        kept=kept,
         context_len=context_len,
     )
 

@@ -42,18 +42,10 @@ def window_vectors(plan, dtype: str, windows, batches):
 
     from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 
-    runtime = load_encoder(
-        EncoderSpec(
-            plan.model_path,
-            dtype,
-            plan.head,
-            plan.attention,
-            plan.choices,
-            plan.platform,
-            packing=plan.packing,
-            task=plan.config.model.task,
-        )
-    )
+    # Loaded apart from the job's warm encoder (load_encoder, not runtime_for), in ``dtype``; the worker's gate
+    # runs again for it when attention.verify is set.
+    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=())
+    runtime = load_encoder(EncoderSpec(encoder_plan))
     by_window = {}
     for batch in batches:
         vectors, _ = runtime.encode(batch)

@@ -1,7 +1,7 @@
 """Encode: padded Batches → window embeddings and one timing record per batch, through RunInference.
 
 Each worker process loads the encoder once (RunInference shares it via ``shared.Shared``; models/runtime.py
-holds it) and runs the job plan's attention backend per bucket (``EncoderSpec.choices``). Only a worker whose
+holds it) and runs the job plan's attention backend per bucket (``EncoderPlan.choices``). Only a worker whose
 platform is not the planned one chooses again, for its own platform, and each of its timing records says so
 (``replanned``). Shapes compile ahead in background threads when the spec says how many rows a bucket's
 batches have (``tokens_per_batch``); otherwise each at its first batch.
@@ -18,8 +18,8 @@ from typing import Any, Iterable, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from docbeam.attention.dispatch import AttentionSpec, Choice, replan
-from docbeam.models.runtime import STARTUP_TAG, EncoderRuntime, RuntimeHooks, RuntimeSpec
+from docbeam.attention.dispatch import Choice, replan
+from docbeam.models.runtime import STARTUP_TAG, EncoderPlan, EncoderRuntime, RuntimeHooks, RuntimeSpec
 from docbeam.pipeline import compat
 from docbeam.pipeline.records import Batch, WindowEmbedding
 from docbeam.pipeline.telemetry.observe import (
@@ -55,16 +55,11 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class EncoderSpec:
-    """All a worker needs to build the encoder: small, picklable, hashable (the process keeps one runtime per
-    spec). ``choices`` are the job plan's, one per bucket; the worker runs them as they are."""
+    """All a worker needs to build the encoder: the job plan's encoder part as it is (``plan``: the model, its
+    head, the attention section and the backend per bucket; the worker runs those choices as they are), and how
+    this run's workers load and report it. Small, picklable, hashable: the process keeps one runtime per spec."""
 
-    model_path: str
-    dtype: str
-    head: Any  # the plan's models/heads Head: what the forward computes per window after the encoder
-    attention: AttentionSpec
-    choices: tuple[Choice, ...]  # the plan's backend per bucket (pipeline.driver.plan.JobPlan.choices)
-    platform: str  # the platform the choices were made for
-    checked: bool = False  # the driver probed (and with attention.verify gated) them on that platform
+    plan: EncoderPlan  # pipeline.driver.plan.JobPlan.encoder_plan, referenced, not copied
     profile_batches: int = 0
     profile_dir: str | None = None
     progress_seconds: float = 10.0  # 0: no progress lines
@@ -72,53 +67,7 @@ class EncoderSpec:
     compilation_cache: str | None = None  # JAX's persistent cache, local or gs:// (pipeline/stages/compile_cache.py)
     worker_env: tuple[tuple[str, str], ...] = ()  # set before the encoder loads
     tokens_per_batch: int | None = None  # batching.tokens_per_batch: compile every shape ahead; None: at first use
-    packing: bool = False  # the plan's packing: batches carry segment ids and slot lengths
-    task: str | None = None  # model.task: the adapter merged into the weights at load (models/families/jina.py)
-    # What the driver read of the checkpoint (weights' and Dense modules' digests, its config): a warm runtime
-    # serves a later job only while these match, so a checkpoint rewritten in place is loaded afresh.
-    checkpoint_key: tuple = ()
     job: str = dataclasses.field(default="", compare=False)  # the run it is for: not part of the runtime's key
-
-    def __post_init__(self):
-        if not self.choices:
-            raise ValueError(
-                "EncoderSpec.choices is empty: pass the job plan's choices (JobPlan.choices), one per "
-                "bucket; a worker does not choose backends itself"
-            )
-
-
-def standalone_spec(
-    model_path: str,
-    dtype: str,
-    pooling: str,
-    attention: AttentionSpec,
-    buckets: Sequence[int],
-    packing: bool = False,
-    **settings,
-) -> EncoderSpec:
-    """The spec of an encoder used without a job (benchmarks, tests): planned here, for this machine's platform,
-    as the driver plans a job, with the embedding head pooling by ``pooling`` and running the checkpoint's Dense
-    modules, unnormalised (``settings``: the other EncoderSpec fields)."""
-    import jax
-
-    from docbeam.attention.dispatch import choose_backends
-    from docbeam.models.checkpoint import open_checkpoint
-    from docbeam.models.encoder import attention_cases
-    from docbeam.models.heads import embedding
-
-    platform = jax.default_backend()
-    checkpoint = open_checkpoint(model_path, dtype)
-    cases = attention_cases(checkpoint.config, buckets, platform, packing)
-    return EncoderSpec(
-        model_path,
-        dtype,
-        embedding.standalone(checkpoint, pooling),
-        attention,
-        tuple(choose_backends(attention, cases)),
-        platform,
-        packing=packing,
-        **settings,
-    )
 
 
 def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...], str | None]:
@@ -127,14 +76,15 @@ def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...]
     another platform the planned buckets chosen again for this one."""
     from docbeam.attention.dispatch import gate
 
-    if platform != spec.platform:
+    plan = spec.plan
+    if platform != plan.platform:
         log.warning(
-            "job was planned for %s but this worker has %s; re-planning attention here", spec.platform, platform
+            "job was planned for %s but this worker has %s; re-planning attention here", plan.platform, platform
         )
-        return replan(spec.attention, spec.choices, platform), f"planned {spec.platform}, worker {platform}"
-    if spec.attention.verify and not spec.checked:
-        return tuple(gate(spec.attention, list(spec.choices))), None
-    return spec.choices, None
+        return replan(plan.attention, plan.choices, platform), f"planned {plan.platform}, worker {platform}"
+    if plan.attention.verify and not plan.checked:
+        return tuple(gate(plan.attention, list(plan.choices))), None
+    return plan.choices, None
 
 
 def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
@@ -151,19 +101,14 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
     # Before the first compilation (the attention probes compile too).
     cache = CompileCache(spec.compilation_cache) if spec.compilation_cache else None
     choices, replanned = worker_choices(spec, jax.devices()[0].platform)
-    probe_all(spec.attention, choices)  # on the DirectRunner the driver has probed them already: no cost
+    probe_all(spec.plan.attention, choices)  # on the DirectRunner the driver has probed them already: no cost
     buckets = sorted(c.case.seq_len for c in choices)
     runtime_spec = RuntimeSpec(
-        spec.model_path,
-        spec.dtype,
-        spec.head,
-        spec.attention,
+        spec.plan,
         choices,
-        spec.packing,
         compile_ahead=tuple((rows_for(b, spec.tokens_per_batch), b) for b in buckets) if spec.tokens_per_batch else (),
         slots=tuple((b, max_windows_per_row(b)) for b in buckets),
         replanned=replanned,
-        task=spec.task,
     )
     publish = (
         (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}"))
@@ -290,7 +235,7 @@ class _SplitResults(beam.DoFn):
             Metrics.counter(METRICS_NAMESPACE, metric_name(FALLBACKS, key)).inc()
         yield beam.pvalue.TaggedOutput(TIMING_TAG, timing)
         for w, length, vector in zip(batch.windows, batch.window_lengths(), vectors):
-            vector = self._spec.head.compact_window(vector)  # the sparse head's: its nonzero terms only
+            vector = self._spec.plan.head.compact_window(vector)  # the sparse head's: its nonzero terms only
             yield WindowEmbedding(
                 w.doc_id,
                 w.index,
