@@ -1,12 +1,12 @@
 """What a Postgres load reads of a committed run: its rows (vectors or scores, kept fields as jsonb text), checked
 against the manifest first, each row Postgres cannot take named rather than failing the load, and the binary COPY
-form of a vector row (pipeline/store/pgvector.py runs the load)."""
+form of a vector row (load.py runs the load)."""
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -26,9 +26,22 @@ SCORES_TABLE = (
 )
 
 
-def rows_folder(manifest: dict) -> str:
-    """Where the committed run's rows are: its head's folder (a run before heads wrote embeddings/)."""
-    return (manifest.get("head") or {}).get("folder", EMBEDDINGS)
+class TableLayout(NamedTuple):
+    folder: str  # where the committed run's rows are
+    kind: str  # the table they load into: "scores", "bge_m3", "sparse" or "dense"
+    not_loaded: list[str]  # row columns with no column in the table (pgvector has no list of vectors per row)
+
+
+def table_layout(manifest: dict) -> TableLayout:
+    """What the committed run's head rows hold, as the table loads them: the one place the loader reads the head,
+    by the manifest's head (its folder: a run before heads wrote embeddings/; its name)."""
+    head = manifest.get("head") or {}
+    folder = head.get("folder", EMBEDDINGS)
+    if folder == SCORES:
+        return TableLayout(folder, "scores", [])
+    if head.get("name") == "bge_m3":
+        return TableLayout(folder, "bge_m3", ["multi_vector"])
+    return TableLayout(folder, "sparse" if head.get("name") == "sparse" else "dense", [])
 
 
 def committed_values(
@@ -89,8 +102,8 @@ def committed_bge_m3(output: str, manifest: dict) -> Iterator[tuple]:
 def vector_layout(output: str, manifest: dict) -> tuple[list[str], Iterator[tuple], Callable[[tuple], bytes]]:
     """An embeddings/ table's vector columns by the run's head (a dense ``vector``, a sparse head's ``sparsevec``
     of the vocabulary's width, or bge_m3's both), its committed rows, and each row's binary COPY tuple."""
-    head = manifest.get("head") or {}
-    if head.get("name") == "bge_m3":
+    head, kind = manifest.get("head") or {}, table_layout(manifest).kind
+    if kind == "bge_m3":
         dense, vocab = int(head["dense_dim"]), int(head["vocab_size"])
         return (
             [f"embedding vector({dense})", f"sparse_embedding sparsevec({vocab})"],
@@ -100,7 +113,7 @@ def vector_layout(output: str, manifest: dict) -> tuple[list[str], Iterator[tupl
             ),
         )
     dim = dimension(output)
-    if head.get("name") == "sparse":
+    if kind == "sparse":
         return (
             [f"sparse_embedding sparsevec({dim})"],
             committed_sparse(output, manifest),
@@ -143,7 +156,7 @@ def check_files(output: str, manifest: dict) -> None:
     damaged or replaced file is never loaded."""
     sizes = storage.list_files(output)
     for f in manifest["files"]:
-        if not (in_folder(f["path"], rows_folder(manifest)) or in_folder(f["path"], ERRORS)):
+        if not (in_folder(f["path"], table_layout(manifest).folder) or in_folder(f["path"], ERRORS)):
             continue
         path = storage.join(output, f["path"])
         if sizes.get(path) != f["size"] or ("checksum" in f and storage.checksum(path) != f["checksum"]):
