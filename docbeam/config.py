@@ -18,9 +18,10 @@ from docbeam.attention.settings import AttentionConfig  # the attention section:
 from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.config_io import SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
+from docbeam.config_io import ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
 from docbeam.config_io import Section as _Section
 from docbeam.models.heads import registry as head_registry
+from docbeam.pipeline import sinks
 
 
 class PromptText(_Section):
@@ -202,11 +203,9 @@ class JobConfig(_Section):
 
     @pydantic.model_validator(mode="after")
     def _sinks_fit_the_rows(self):
-        """Each sink's section checked against the rest of the job (config_io.py: ``fits``)."""
-        for key in SINK_SECTIONS:
-            section = getattr(self.output, key)
-            if section is not None:
-                section.fits(self)
+        """Each sink's section checked against the rest of the job (its ``fits``, pipeline/sinks/)."""
+        for _, section in sinks.active(self):
+            section.fits(self)
         return self
 
     def digest(self) -> str:

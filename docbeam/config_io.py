@@ -1,14 +1,15 @@
 """The job's ``input`` and ``output`` sections: where documents come from, which of their fields travel on, and
-what a run writes (granularity, vector dtype, the sinks beside Parquet). Validated once, like every section."""
+what a run writes (granularity, vector dtype, and a section per sink beside Parquet: pipeline/sinks/). Validated
+once, like every section."""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 import pydantic
 
 from docbeam import placeholders
+from docbeam.pipeline import sinks
 from docbeam.pipeline.store.paths import normalize_folder
 
 
@@ -86,93 +87,6 @@ def one_folder(path: str) -> str:
     return path
 
 
-class VertexAIConfig(Section):
-    """Vector Search's batch layout beside Parquet; ``true`` in YAML is this with no restricts."""
-
-    restricts: tuple[str, ...] = ()  # kept fields whose values become `restricts` (namespace = field name)
-
-    def fits(self, job) -> None:
-        """Restricts name kept fields, and vectors are floats: checked with the config (the head's part at plan)."""
-        float_vectors("vertex_ai", job.output.vector_dtype)
-        if job.input.keep_fields != "*":
-            missing = [f for f in self.restricts if f not in job.input.keep_fields]
-            if missing:
-                raise ValueError(
-                    f"output.vertex_ai.restricts names {missing}, which input.keep_fields "
-                    f"{list(job.input.keep_fields)} does not keep; add them to input.keep_fields"
-                )
-
-
-def float_vectors(key: str, vector_dtype: str) -> None:
-    if vector_dtype not in ("float32", "float16"):
-        raise ValueError(
-            f"output.{key} loads float vectors, but output.vector_dtype is {vector_dtype}; set "
-            "output.vector_dtype: float32 (or float16)"
-        )
-
-
-TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
-# Postgres' reserved key words (its documentation's appendix C, "reserved"): unquoted, none of them names a table.
-RESERVED = frozenset(
-    """all analyse analyze and any array as asc asymmetric both case cast check collate column constraint
-create current_catalog current_date current_role current_time current_timestamp current_user default deferrable desc
-distinct do else end except false fetch for foreign from grant group having in initially intersect into lateral
-leading limit localtime localtimestamp not null offset on only or order placing primary references returning
-select session_user some symmetric system_user table then to trailing true union unique user using variadic when
-where window with authorization binary collation concurrently cross current_schema freeze full ilike inner is
-isnull join left like natural notnull outer overlaps right similar tablesample verbose""".split()
-)
-MAX_NAME = 63 - len("_runs")  # Postgres truncates names past 63 bytes; <table>_runs must fit too
-
-
-class PgvectorConfig(Section):
-    """Postgres with pgvector: the run's rows upserted in one transaction keyed by run id."""
-
-    dsn: str  # a libpq connection string or URI, e.g. postgresql://user@host:5432/db (a password: use PGPASSWORD)
-    table: str  # [schema.]name, created when missing
-
-    def fits(self, job) -> None:
-        float_vectors("pgvector", job.output.vector_dtype)
-        if job.output.granularity == "chunk":
-            raise ValueError(
-                "output.pgvector loads a run's document rows, and output.granularity: chunk writes none "
-                "(a load would find no rows and remove every row the output loaded before); set "
-                "output.granularity: document or both"
-            )
-
-    @pydantic.field_validator("table")
-    @classmethod
-    def _plain_identifier(cls, table):
-        if not TABLE_NAME.match(table):
-            raise ValueError(
-                f"{table!r} is not a plain [schema.]name of letters, digits and underscores "
-                "(it is written into SQL unquoted), e.g. docbeam_embeddings or search.docs"
-            )
-        reserved = [part for part in table.split(".") if part.lower() in RESERVED]
-        long = [part for part in table.split(".") if len(part) > MAX_NAME]
-        if reserved or long:
-            raise ValueError(
-                f"{table!r}: "
-                + (
-                    f"{reserved[0]!r} is a reserved word in Postgres"
-                    if reserved
-                    else f"{long[0]!r} is longer than {MAX_NAME} characters (Postgres keeps 63, and "
-                    f"{long[0]}_runs must fit)"
-                )
-                + "; choose another name, e.g. docbeam_embeddings"
-            )
-        return table
-
-
-PASSWORD_IN_DSN = (re.compile(r"(://[^:/@]*:)[^@]*@"), re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)"))
-
-
-def redacted_dsn(dsn: str) -> str:
-    """``dsn`` with any password in it shown as ``***``: what docbeam prints and logs (the config itself keeps it)."""
-    uri, keyword = PASSWORD_IN_DSN
-    return keyword.sub(r"\1***", uri.sub(r"\1***@", dsn))
-
-
 class SelectConfig(Section):
     """``selected/``: the ids (and optionally texts) of the documents whose row meets ``where``, committed with the
     run: a curation job's kept set (docbeam/selection.py has the grammar)."""
@@ -192,11 +106,9 @@ class SelectConfig(Section):
         return where
 
 
-# The sinks' typed sections, by their key under output (each registered in pipeline/driver/sinks.py).
-SINK_SECTIONS = {"vertex_ai": VertexAIConfig, "pgvector": PgvectorConfig}
+class OutputFields(Section):
+    """``output`` but the sinks' sections (OutputConfig adds one per registered sink)."""
 
-
-class OutputConfig(Section):
     path: str  # one folder (local or gs://): no globs, no lists; docbeam replaces only its own runs there
     num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
     mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
@@ -205,9 +117,6 @@ class OutputConfig(Section):
     # late: each chunk's vector pooled from a forward over its whole document (pipeline/stages/late_chunks.py)
     chunking: Literal["window", "late"] = "window"
     vector_dtype: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"
-    vertex_ai: VertexAIConfig | None = None
-    pgvector: PgvectorConfig | None = None
-    select: SelectConfig | None = None  # selected/: the documents whose row meets select.where
 
     @pydantic.field_validator("path")
     @classmethod
@@ -225,7 +134,20 @@ class OutputConfig(Section):
             )
         return self
 
-    @pydantic.field_validator("vertex_ai", mode="before")
+    @pydantic.model_validator(mode="before")
     @classmethod
-    def _true_means_defaults(cls, value):
-        return {} if value is True else None if value is False else value
+    def _sinks_read_their_yaml(cls, raw):
+        """A sink's YAML value as the sink reads it (e.g. ``true``: its section's defaults)."""
+        if not isinstance(raw, dict):
+            return raw
+        return {k: sinks.SINKS[k].section.from_yaml(v) if k in sinks.SINKS else v for k, v in raw.items()}
+
+
+# output.<key> for each registered sink (pipeline/sinks/), off (None) unless the YAML names it.
+OutputConfig = pydantic.create_model(
+    "OutputConfig",
+    __base__=OutputFields,
+    __module__=__name__,
+    **{key: (sink.section | None, None) for key, sink in sinks.SINKS.items()},
+    select=(SelectConfig | None, None),  # selected/: the documents whose row meets select.where
+)

@@ -33,11 +33,14 @@ ALLOWED = {
         "pipeline.store",
         "pipeline.telemetry",
         "pipeline.stages",
+        "pipeline.sinks",
         "pipeline.driver",
         "pipeline.tools",
     },  # the public API, on top
     "docbeam.errors": set(),
-    "docbeam.config": {"docbeam.errors", "attention", "models", "pipeline.store"},
+    # output's fields are the registered sinks' sections (docbeam/config_io.py asks pipeline/sinks/ for them);
+    # model.head is checked against the heads' registry (models/heads/registry.py)
+    "docbeam.config": {"docbeam.errors", "attention", "models", "pipeline.store", "pipeline.sinks"},
     "attention": {"docbeam.errors"},
     "models": {"attention", "docbeam.errors"},
     "pipeline.records": set(),
@@ -54,6 +57,9 @@ ALLOWED = {
         "pipeline.store",
         "pipeline.telemetry",
     },
+    # A sink whole (its section, checks, writer, loader, command): read by the config for its section, so it
+    # imports neither the stages nor the driver; its checks raise the config's errors.
+    "pipeline.sinks": {"docbeam.errors", "docbeam.config", "models", "pipeline.store"},
     "pipeline.driver": {
         "docbeam.errors",
         "docbeam.config",
@@ -64,6 +70,7 @@ ALLOWED = {
         "pipeline.store",
         "pipeline.telemetry",
         "pipeline.stages",
+        "pipeline.sinks",
     },
     "pipeline.tools": {
         "docbeam.errors",
@@ -74,6 +81,7 @@ ALLOWED = {
         "pipeline.store",
         "pipeline.telemetry",
         "pipeline.stages",
+        "pipeline.sinks",
         "pipeline.driver",
     },
 }

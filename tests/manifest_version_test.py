@@ -16,10 +16,10 @@ from conftest import REPO
 from output_fixtures import V1_DOCS, V1_OUTPUT, fixture_config
 
 from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.sinks.pgvector.rows import check_files, committed_rows, table_layout, vector_layout
 from docbeam.pipeline.stages import reuse
 from docbeam.pipeline.stages.beam_chunks import ReadBeamChunks
 from docbeam.pipeline.store import output
-from docbeam.pipeline.store.pgvector_rows import check_files, committed_rows, rows_folder, vector_layout
 
 V1_MANIFEST = os.path.join(V1_OUTPUT, output.MANIFEST)
 
@@ -55,8 +55,8 @@ def test_read_manifest_gives_a_version_1_manifest_the_current_form_and_changes_n
     manifest = output.read_manifest(V1_OUTPUT)
     assert manifest["format_version"] == output.MANIFEST_VERSION == 2
     assert {name: manifest[name] for name in raw} == raw
-    assert rows_folder(manifest) == output.EMBEDDINGS
-    check_files(V1_OUTPUT, manifest)  # what a pgvector load checks first, by the folder rows_folder names
+    assert table_layout(manifest).folder == output.EMBEDDINGS
+    check_files(V1_OUTPUT, manifest)  # what a pgvector load checks first, by the folder table_layout names
     assert vector_layout(V1_OUTPUT, manifest)[0] == ["embedding vector(32)"]
     ids = [doc_id for doc_id, _, _ in committed_rows(V1_OUTPUT, manifest)]
     assert sorted(ids) == sorted(rows(V1_OUTPUT))
@@ -74,7 +74,7 @@ def test_a_version_1_manifest_from_before_heads_granularity_and_later_key_fields
     assert upgraded["granularity"] == "document" and upgraded["kept_fields"] == {}
     assert upgraded["reuse_key"] == raw["reuse_key"]  # the fixture's run used exactly those defaults
     assert reuse.key_differences(upgraded["reuse_key"], raw["reuse_key"]) == []
-    assert rows_folder(upgraded) == output.EMBEDDINGS
+    assert table_layout(upgraded).folder == output.EMBEDDINGS
     assert "head" not in oldest and "prompt" not in oldest["reuse_key"]  # upgraded in a copy
     no_key = output.upgrade_manifest({k: v for k, v in oldest.items() if k != "reuse_key"}, "old/_manifest.json")
     assert "reuse_key" not in no_key  # a run before incremental runs stays one that cannot be reused
@@ -99,7 +99,7 @@ def test_an_incremental_run_over_a_version_1_output_reuses_every_document_byte_f
 def test_a_version_1_output_loads_into_pgvector_with_its_vectors_and_kept_fields(tmp_path, postgres):
     import psycopg
 
-    from docbeam.pipeline.store import pgvector
+    from docbeam.pipeline.sinks.pgvector import load as pgvector
 
     out = copy_of_v1(tmp_path)
     done = pgvector.load(out, output.read_manifest(out), postgres, "from_v1")

@@ -19,8 +19,9 @@ from conftest import SAMPLE, checkout_env, job_config
 
 from docbeam.pipeline.driver import cli
 from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.sinks.pgvector import load as pgvector
+from docbeam.pipeline.sinks.pgvector import rows as pgvector_rows
 from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import pgvector, pgvector_rows
 
 # pgserver asks platformdirs for a runtime folder, which warns where XDG_RUNTIME_DIR is unset (CI, containers).
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
@@ -295,7 +296,7 @@ def test_an_incremental_run_over_a_table_that_missed_its_source_brings_it_to_the
 )
 def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
     from docbeam import config
-    from docbeam.config_io import redacted_dsn
+    from docbeam.pipeline.sinks.pgvector import redacted_dsn
     from docbeam.pipeline.tools.validate import shown as shown_config
 
     assert redacted_dsn(dsn) == shown

@@ -13,8 +13,8 @@ from pgvector_test import query
 
 from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
+from docbeam.pipeline.sinks.pgvector import load as pgvector
 from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import pgvector
 
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
 TRICKY = ["alpha", "beta", "alpha\nbeta", "x\u2028y"]  # the last two would read back as two ids one a line
@@ -185,7 +185,8 @@ def test_a_chunk_run_is_never_loaded_into_a_document_table(tmp_path):
 
 
 def test_removals_are_none_when_a_record_without_an_id_was_rejected():
-    from docbeam.pipeline.stages.sinks import one_line, removed_ids
+    from docbeam.pipeline.sinks.removed import removed_ids
+    from docbeam.pipeline.sinks.vertex_ai.writer import one_line
 
     gone = ("gone", {"previous": [None], "present": []})
     assert removed_ids(gone) == ["gone"] and removed_ids(gone, unnamed_rejections=1) == []

@@ -14,7 +14,8 @@ from conftest import SAMPLE, job_config
 
 from docbeam.config import ConfigError
 from docbeam.pipeline.driver.run import run_job
-from docbeam.pipeline.stages.sinks import removed_ids, restrict_values, vertex_record
+from docbeam.pipeline.sinks.removed import removed_ids
+from docbeam.pipeline.sinks.vertex_ai.writer import restrict_values, vertex_record
 
 
 def test_restrict_values_are_strings_one_per_list_element():

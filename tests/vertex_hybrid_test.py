@@ -1,4 +1,4 @@
-"""Vertex AI Vector Search's dense, sparse and hybrid JSON lines (pipeline/stages/sinks.py ``vertex_record``): each
+"""Vertex AI Vector Search's dense, sparse and hybrid JSON lines (pipeline/sinks/vertex_ai/writer.py ``vertex_record``): each
 line is held to the input schema Google documents and parsed into aiplatform's own ``IndexDatapoint``, and a whole
 sparse run with ``output.vertex_ai`` writes such lines for its rows."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from beam_chunks_test import hybrid_runs  # noqa: F401  the session's SPLADE and dense runs
 
-from docbeam.pipeline.stages.sinks import vertex_record
+from docbeam.pipeline.sinks.vertex_ai.writer import vertex_record
 
 # The JSON record of https://cloud.google.com/vertex-ai/docs/vector-search/setup/format-structure ("Data file
 # formats", JSON): an id, a dense "embedding" and/or a "sparse_embedding" of "values" and "dimensions" (a hybrid

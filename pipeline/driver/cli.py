@@ -82,15 +82,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
-    p = sub.add_parser(
-        "sync-pgvector",
-        help="load an output's committed run into Postgres, as output.pgvector "
-        "does after a run (safe to repeat: an applied run changes nothing)",
-    )
-    p.add_argument("output", help="the output folder (output.path) whose committed run to load")
-    p.add_argument("--table", required=True, help="output.pgvector.table, e.g. docbeam_embeddings")
-    p.add_argument("--dsn", default="", help="output.pgvector.dsn (default: libpq's PG* environment variables)")
-    p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+    from docbeam.pipeline import sinks
+
+    for command in sinks.commands().values():  # each sink's own, e.g. to load a committed run again
+        p = sub.add_parser(command.name, help=command.help)
+        command.add_arguments(p)
+        p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+        p.set_defaults(sink_command=command)
     from docbeam.pipeline.tools import report_args  # not the report itself: it imports Beam
 
     report_args.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
@@ -159,8 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         from docbeam.pipeline.tools import report
 
         return report.main(args)
-    if args.command == "sync-pgvector":
-        return sync_pgvector(args.output, args.dsn, args.table, details)
+    if getattr(args, "sink_command", None) is not None:
+        return run_sink_command(args.sink_command, args, details)
     try:
         cfg = config_lib.load(args.config, args.overrides)
         if args.command == "propose-buckets":
@@ -193,11 +191,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # noqa: BLE001  the job failed: why comes first and alone; tracebacks in the log file
         log.error("job failed", exc_info=True, extra={"log_file_only": True})
-        from docbeam.pipeline.store.pgvector import PostgresBehind
+        from docbeam.pipeline.sinks import SinkBehind
 
         what = (
             "job failed, nothing committed (the previous output is unchanged)"
-            if args.command == "run" and not isinstance(e, PostgresBehind)
+            if args.command == "run" and not isinstance(e, SinkBehind)
             else f"{args.command} failed"
         )
         print(f"docbeam: {what}: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
@@ -206,39 +204,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
-    import pydantic
-
-    from docbeam.config_io import PgvectorConfig
-    from docbeam.pipeline.store import output as output_lib
-    from docbeam.pipeline.store import paths, pgvector
-
+def run_sink_command(command, args, details: str) -> int:
+    """A sink's command (pipeline/sinks/): refused (exit 2) before it touches anything, failed (exit 1), or its
+    line printed."""
     try:
-        try:
-            target = PgvectorConfig(dsn=dsn, table=table)
-        except pydantic.ValidationError as e:
-            raise config_lib.ConfigError(config_lib.readable(e, prefix="sync-pgvector")) from None
-        output = paths.normalize_folder(output)
-        manifest = output_lib.read_manifest(output)
-        if manifest is None:
-            raise output_lib.OutputRefused(f"{output} holds no committed docbeam run (no {output_lib.MANIFEST})")
+        prepared = command.prepare(args)
     except Refused as e:
         print(f"docbeam: cannot start: {first_line(e)}; nothing was touched", file=sys.stderr)
         return 2
     try:
-        done = pgvector.load_committed(output, manifest, target.dsn, target.table)
-    except Exception as e:  # noqa: BLE001  the load rolled back; why comes first, tracebacks in the log file
-        log.error("sync-pgvector failed", exc_info=True, extra={"log_file_only": True})
-        print(f"docbeam: sync-pgvector failed: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
+        done = command.run(prepared)
+    except Exception as e:  # noqa: BLE001  e.g. a load rolled back; why comes first, tracebacks in the log file
+        log.error("%s failed", command.name, exc_info=True, extra={"log_file_only": True})
+        print(f"docbeam: {command.name} failed: {type(e).__name__}: {first_line(e)}\n{details}", file=sys.stderr)
         return 1
-    print(
-        f"docbeam: run {done['run_id']} of {output} "
-        + (
-            f"loaded into {table}: {done['upserted']} rows upserted, {done['deleted']} deleted"
-            if done["applied"]
-            else f"was already in {table}: nothing changed"
-        )
-    )
+    print(done)
     return 0
 
 
@@ -280,7 +260,7 @@ def format_summary(s: dict, output: str) -> str:
             else []
         ),
         *([format_startup(s)] if s.get("startup") else []),
-        *([format_pgvector(s["pgvector"])] if s.get("pgvector") else []),
+        *sink_lines(s),
     ]
     return "\n".join(lines)
 
@@ -317,10 +297,12 @@ def format_sizes(representations: dict | None, head: dict) -> str:
     )
 
 
-def format_pgvector(done: dict) -> str:
-    if not done["applied"]:
-        return f"  pgvector   run already in {done['table']}: nothing changed"
-    return f"  pgvector   {done['table']}: {done['upserted']} rows upserted, {done['deleted']} deleted"
+def sink_lines(s: dict) -> list[str]:
+    """Each sink's line for the record its step after the commit left in the summary."""
+    from docbeam.pipeline import sinks
+
+    lines = [sink.summary_line(s[key]) for key, sink in sinks.SINKS.items() if s.get(key)]
+    return [line for line in lines if line]
 
 
 def format_startup(s: dict) -> str:

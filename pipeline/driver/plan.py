@@ -306,7 +306,7 @@ def _checked_plan(
     check_head_fits_output(cfg, head)
     check_selection(cfg, head, kept)
     check_kept_fields(head, kept)
-    from docbeam.pipeline.driver import sinks  # Beam's: imported once a config is past its own checks
+    from docbeam.pipeline import sinks  # Beam's: imported once a config is past its own checks
 
     for sink, _ in sinks.active(cfg):
         sink.check(cfg, head, kept)

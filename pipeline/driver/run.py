@@ -17,11 +17,13 @@ import apache_beam as beam
 
 from docbeam import placeholders
 from docbeam.errors import JobFailed, Refused, refused_at_start
-from docbeam.pipeline import compat
-from docbeam.pipeline.driver import embed, precision_gate_at_start, sinks
+from docbeam.pipeline import compat, sinks
+from docbeam.pipeline.driver import embed, precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
 from docbeam.pipeline.driver.selected import select_documents
+from docbeam.pipeline.driver.sink_files import sink_files
+from docbeam.pipeline.sinks import SinkBehind
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
@@ -31,7 +33,7 @@ from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse
 from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 from docbeam.pipeline.store import output as output_lib
-from docbeam.pipeline.store import pgvector, storage, transaction
+from docbeam.pipeline.store import storage, transaction
 from docbeam.pipeline.store.lock import Fence, OutputLock
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 
@@ -180,7 +182,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     written = {
         **written,
         "written": written["written"]
-        + sinks.sink_files(plan, staging, run_id, read, quantized["rows"], reused)
+        + sink_files(plan, staging, run_id, read, quantized["rows"], reused)
         + selection.get("written", ()),
     }
     written | "CommitRun" >> CommitRun(
@@ -254,7 +256,7 @@ def plan_run(cfg, extra_beam_args, wait: bool, process_started: float | None) ->
     plan = precision_gate_at_start.checked(
         make_plan(cfg)
     )  # a reduced precision that fails its gate stops here (exit 2)
-    for sink, section in sinks.active(cfg):  # e.g. pgvector's load needs a driver that waits
+    for sink, section in sinks.active(cfg):  # e.g. a load after the commit needs a driver that waits
         sink.preflight(section, wait)
     marks["plan"] = time.time()
     return Run(run_id, plan, marks)
@@ -298,7 +300,7 @@ def submit(run: Run, lock: OutputLock, extra_beam_args, wait: bool):
 
 def finish(run: Run, lock: OutputLock, result) -> dict:
     """Waits for the job, checks it committed this run, adds what only a waiting driver knows to summary.json,
-    then runs each sink's step after the commit (Postgres gets a committed run or nothing)."""
+    then runs each sink's step after the commit (a sink gets a committed run or nothing)."""
     out = run.plan.config.output.path
     result.wait_until_finish()
     run.marks["finished"] = time.time()
@@ -316,18 +318,19 @@ def finish(run: Run, lock: OutputLock, result) -> dict:
     transaction.rewrite_summary(out, lock.fence, summary)
     run.phase = "finished"
     for sink, section in sinks.active(run.plan.config):
-        if sink.after_commit is not None:
-            summary[sink.key] = sink.after_commit(out, manifest, section)
+        done = sink.after_commit(out, manifest, section)
+        if done is not None:
+            summary[sink.key] = done
             transaction.rewrite_summary(out, lock.fence, summary)
     return summary
 
 
 def failure(run: Run, lock: OutputLock, error: Exception) -> BaseException:
-    """What a run that failed after taking the lock raises: Postgres behind a committed run as it is; the
+    """What a run that failed after taking the lock raises: a sink behind a committed run as it is; the
     other run's takeover when one took the output; a refusal before submission as it is (exit 2: nothing was
     run); anything else leaves a failed summary.json, a refusal from the workers becoming JobFailed (exit 1)."""
-    if isinstance(error, pgvector.PostgresBehind):
-        return error  # the run is committed; only Postgres is behind, and the error says how to catch it up
+    if isinstance(error, SinkBehind):
+        return error  # the run is committed; only the sink is behind, and the error says how to catch it up
     lost = lock.fence.taken_over(error)  # a failure caused by another run taking the output over
     if lost is not None:
         lost.__cause__ = error

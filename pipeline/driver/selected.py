@@ -1,5 +1,5 @@
 """selected/ (pipeline/stages/selected.py), written beside the head's rows into the run's staging folder for the
-commit to wait on (the sinks' files: pipeline/driver/sinks.py)."""
+commit to wait on (the sinks' files: pipeline/driver/sink_files.py)."""
 
 from __future__ import annotations
 

@@ -39,9 +39,6 @@ CHUNKS = "chunks"  # output.granularity chunk or both: one row per window (pipel
 ERRORS = "errors"
 TIMING = "timing"
 PROFILES = "profiles"
-# Vector Search's batch root (pipeline/stages/sinks.py), whose ``delete/`` lists the ids an incremental run removed.
-VERTEX_AI = "vertex_ai"
-VERTEX_DELETE = "vertex_ai/delete"
 MANIFEST_FORMAT = "docbeam.manifest/1"  # what marks a manifest as docbeam's; format_version says which form
 # The form of the manifests this code writes. A manifest without format_version is version 1 (every output written
 # before the field existed); read_manifest upgrades each older form to this one in memory, so no reader guesses a
@@ -63,7 +60,7 @@ class ManifestTooNew(OutputRefused):
 
 def new_run_id() -> str:
     """Sortable by start time to the microsecond, unique across hosts: ``20261130T114500.123456Z-3f9a1c``. The
-    runs of one output are ordered by their ids (a pgvector table never applies an older run over a newer), so
+    runs of one output are ordered by their ids (a sink's table never applies an older run over a newer), so
     two runs a second apart must not sort by their random tails (check_runs_in_order holds the rest)."""
     global _last_run_start
     now = datetime.datetime.now(datetime.timezone.utc)

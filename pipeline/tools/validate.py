@@ -44,12 +44,13 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
 
 
 def shown(cfg: JobConfig) -> dict:
-    """The config as printed: a password in ``output.pgvector.dsn`` is not (a scheduler keeps the output)."""
-    from docbeam.config_io import redacted_dsn
+    """The config as printed: each sink's section as it shows itself (a password in it is not: a scheduler keeps
+    the output)."""
+    from docbeam.pipeline import sinks
 
     dumped = cfg.model_dump(mode="json")
-    if dumped["output"].get("pgvector"):
-        dumped["output"]["pgvector"]["dsn"] = redacted_dsn(dumped["output"]["pgvector"]["dsn"])
+    for sink, section in sinks.active(cfg):
+        dumped["output"][sink.key] = section.shown()
     return dumped
 
 

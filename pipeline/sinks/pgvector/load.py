@@ -16,29 +16,28 @@ from __future__ import annotations
 import json
 import os
 
-from docbeam.errors import JobFailed, Refused
-from docbeam.pipeline.store import faults, storage
-from docbeam.pipeline.store.output import ERRORS, SCORES, in_folder
-from docbeam.pipeline.store.paths import is_remote
-from docbeam.pipeline.store.pgvector_rows import (
+from docbeam.errors import Refused
+from docbeam.pipeline.sinks.pgvector.rows import (
     COPY_HEADER,
     COPY_TRAILER,
     SCORES_TABLE,
     check_files,
     committed_scores,
     load_problem,
-    rows_folder,
+    table_layout,
     vector_layout,
 )
+from docbeam.pipeline.sinks.registry import SinkBehind
+from docbeam.pipeline.store import faults, storage
+from docbeam.pipeline.store.output import ERRORS, in_folder
+from docbeam.pipeline.store.paths import is_remote
 
 STAGE = "docbeam_stage"
 # Run ids compare as docbeam orders them (output.new_run_id: code point order), whatever the database's collation.
 BY_ID = 'COLLATE "C"'
-# What a table of the head's rows leaves out (pgvector has no column of a list of vectors per row).
-NOT_LOADED = {"bge_m3": ["multi_vector"]}
 
 
-class PostgresBehind(JobFailed):
+class PostgresBehind(SinkBehind):
     """The run is committed to its output folder, but its rows are not in Postgres (exit 1)."""
 
 
@@ -71,7 +70,8 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
     # shell, a run from its config's absolute path): the sweep and the order of runs are per output.
     output = output if is_remote(output) else os.path.abspath(output)
     check_files(output, manifest)
-    scores = rows_folder(manifest) == SCORES
+    layout = table_layout(manifest)
+    scores = layout.kind == "scores"
     columns = SCORES_TABLE[0] if scores else ", ".join(f"{c} NOT NULL" for c in vector_layout(output, manifest)[0])
     with psycopg.connect(dsn) as conn, conn.cursor() as cur:  # commits on leaving, rolls back on an error
         # Two first loads into a new table would race on CREATE: one at a time per table name, from here on.
@@ -119,7 +119,7 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
             f"INSERT INTO {runs} (run_id, output, upserted, deleted, lineage) VALUES (%s, %s, %s, %s, %s)",
             (run_id, output, upserted, deleted, lineage),
         )
-    left_out = NOT_LOADED.get((manifest.get("head") or {}).get("name"), [])
+    left_out = layout.not_loaded
     return {
         "table": table,
         "run_id": run_id,

@@ -5,11 +5,8 @@ Written through Beam sinks into the run's staging folder, like embeddings/, so t
 (``{"id", "embedding", "sparse_embedding", "restricts"}``) and a ``delete/`` folder beside them, one id a line; docbeam's batch root
 is the output's ``vertex_ai/``.
 
-Removed ids: the ids of the reuse source (``input.reuse_from``) that this run did not read at all. A document
-read but rejected this run is not removed: its previous vector stays where it was loaded until a later run
-embeds it or it leaves the input, since a rejection (a line too long, a non-finite vector) says nothing about
-whether the document still exists; a run that rejected a record without an id removes nothing at all. An id
-holding a line break is never written to ``delete/`` (it would read back as two ids): its datapoint stays.
+The removed ids (pipeline/sinks/removed.py, a rejected document's id never among them) go to ``delete/``; an
+id holding a line break is never written there (it would read back as two ids): its datapoint stays.
 """
 
 from __future__ import annotations
@@ -19,7 +16,11 @@ import json
 import apache_beam as beam
 import numpy as np
 
-from docbeam.pipeline.store.output import VERTEX_AI, VERTEX_DELETE, part_prefix
+from docbeam.pipeline.store.output import part_prefix
+
+# Vector Search's batch root in the output, whose ``delete/`` lists the ids an incremental run removed.
+VERTEX_AI = "vertex_ai"
+VERTEX_DELETE = "vertex_ai/delete"
 
 
 def restrict_values(value) -> list[str]:
@@ -61,14 +62,6 @@ def shortest_floats(values) -> list[float]:
     return [float(str(x)) for x in np.asarray(values, np.float32)]
 
 
-def removed_ids(item, unnamed_rejections: int = 0) -> list[str]:
-    """From ``(id, {"previous": [...], "present": [...]})``: the id when the source had it and this run read
-    nothing under it. None at all when the run rejected a record without an id (a malformed line, one too long):
-    that record may be any of the documents, and a removal is never a guess."""
-    doc_id, grouped = item
-    return [doc_id] if list(grouped["previous"]) and not list(grouped["present"]) and not unnamed_rejections else []
-
-
 LINE_BREAKS = ("\n", "\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029")
 
 
@@ -76,43 +69,6 @@ def one_line(doc_id: str) -> bool:
     """Whether an id can be one line of a delete list: any line break in it (what ``splitlines`` splits on) would
     make it two ids, each deleting another document."""
     return not any(c in doc_id for c in LINE_BREAKS)
-
-
-class RemovedIds(beam.PTransform):
-    """Input ``{"documents": Documents read, "rejected": Rejected records}``; output: the ids of the source run's
-    embeddings files (``previous_files``) that no document of this run carries, each once."""
-
-    def __init__(self, previous_files: tuple[str, ...]):
-        super().__init__()
-        self._files = previous_files
-
-    def expand(self, inputs):
-        from apache_beam.io.parquetio import ReadAllFromParquet
-
-        previous = (
-            inputs["documents"].pipeline
-            | "PreviousIdFiles" >> beam.Create(self._files)
-            | "ReadPreviousIds" >> ReadAllFromParquet(columns=["id"])
-            | "KeyPreviousIds" >> beam.Map(lambda row: (row["id"], None))
-        )
-        present = (
-            (
-                inputs["documents"] | "ReadIds" >> beam.Map(lambda d: d.id),
-                inputs["rejected"] | "RejectedIds" >> beam.FlatMap(lambda r: [r.id] if r.id is not None else []),
-            )
-            | "PresentIds" >> beam.Flatten()
-            | "KeyPresentIds" >> beam.Map(lambda i: (i, None))
-        )
-        unnamed = (
-            inputs["rejected"]
-            | "UnnamedRejections" >> beam.Filter(lambda r: r.id is None)
-            | "CountUnnamed" >> beam.combiners.Count.Globally()
-        )
-        return (
-            {"previous": previous, "present": present}
-            | "JoinIds" >> beam.CoGroupByKey()
-            | "Removed" >> beam.FlatMap(removed_ids, beam.pvalue.AsSingleton(unnamed))
-        )
 
 
 def write_ids(staging_path: str, run_id: str, folder: str, num_shards: int = 0) -> beam.io.WriteToText:

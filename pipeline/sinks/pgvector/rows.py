@@ -1,22 +1,19 @@
 """What a Postgres load reads of a committed run: its rows (vectors or scores, kept fields as jsonb text), checked
 against the manifest first, each row Postgres cannot take named rather than failing the load, and the binary COPY
-form of a vector row (pipeline/store/pgvector.py runs the load)."""
+form of a vector row (load.py runs the load)."""
 
 from __future__ import annotations
 
 import json
 import struct
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 
+from docbeam.models.heads.registry import described
 from docbeam.pipeline.store import storage
 from docbeam.pipeline.store.output import EMBEDDINGS, ERRORS, SCORES, SUMMARY, in_folder
 
-ROW_COLUMNS = ("id", "embedding", "num_tokens", "num_windows", "truncated", "content_hash")  # not kept fields
-SPARSE_COLUMNS = ("id", "sparse_embedding", "num_tokens", "num_windows", "truncated", "content_hash")
-BGE_M3_COLUMNS = ("id", "embedding", "sparse_embedding", "multi_vector", *ROW_COLUMNS[2:])
-SCORE_COLUMNS = ("id", "label", "score", "scores", "num_tokens", "num_windows", "truncated", "content_hash")
 # A classifier's run (scores/) loads into a table of its own shape: the label, the top score, every label's
 # score in id2label order (the names: the manifest's head.labels), the kept fields.
 SCORES_TABLE = (
@@ -26,25 +23,44 @@ SCORES_TABLE = (
 )
 
 
-def rows_folder(manifest: dict) -> str:
-    """Where the committed run's rows are: its head's folder (read_manifest names one for a run before heads)."""
-    return manifest["head"]["folder"]
+class TableLayout(NamedTuple):
+    folder: str  # where the committed run's rows are
+    kind: str  # the table they load into: "scores", "dense_and_sparse", "sparse" or "dense"
+    not_loaded: list[str]  # row columns with no column in the table (pgvector has no list of vectors per row)
+    dims: dict  # the loaded vector columns' dimensions, by name
 
 
-def committed_values(
-    output: str, manifest: dict, folder: str, values: tuple[str, ...], row_columns: tuple[str, ...]
-) -> Iterator[tuple]:
-    """``(id, *values, kept fields as JSON)`` for every row of the committed files in ``folder``; the columns
-    not in ``row_columns`` are the kept fields."""
+def table_layout(manifest: dict) -> TableLayout:
+    """What the committed run's rows hold, as the table loads them, from the kinds of the head's columns that the
+    manifest lists (models/heads/: a head is never asked by name): a dense ``vector`` column, a ``sparse_vector``
+    one, both, or a classifier's ``label``/``score``/``scores``; ``multi_vector`` columns are left out."""
+    head = described(manifest.get("head") or {"name": "embedding", "folder": EMBEDDINGS})
+    columns = head["columns"]
+    kinds = {c["kind"] for c in columns}
+    dims = {c["name"]: c["dim"] for c in columns if c["kind"] in ("vector", "sparse_vector")}
+    if "vector" in kinds and "sparse_vector" in kinds:
+        kind = "dense_and_sparse"
+    elif kinds & {"vector", "sparse_vector"}:
+        kind = "dense" if "vector" in kinds else "sparse"
+    else:
+        kind = "scores"
+    loaded = {"scores": SCORES_TABLE[1]}.get(kind, tuple(dims))
+    return TableLayout(head["folder"], kind, [c["name"] for c in columns if c["name"] not in loaded], dims)
+
+
+def committed_values(output: str, manifest: dict, folder: str, values: tuple[str, ...]) -> Iterator[tuple]:
+    """``(id, *values, kept fields as JSON)`` for every row of the committed files in ``folder``; the kept fields
+    are the columns the manifest's ``kept_fields`` names."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    json_columns = {name for name, kind in (manifest.get("kept_fields") or {}).items() if kind == "json"}
+    kept_columns = manifest.get("kept_fields") or {}
+    json_columns = {name for name, kind in kept_columns.items() if kind == "json"}
     for f in manifest["files"]:
         if not in_folder(f["path"], folder):
             continue
         table = pq.read_table(pa.BufferReader(storage.read_bytes(storage.join(output, f["path"]))))
-        kept = table.select([c for c in table.column_names if c not in row_columns]).to_pylist()
+        kept = table.select([c for c in table.column_names if c in kept_columns]).to_pylist()
         for row, fields in zip(table.select(["id", *values]).to_pylist(), kept):
             fields = {k: json.loads(v) if k in json_columns and v is not None else v for k, v in fields.items()}
             yield row["id"], *(row[v] for v in values), kept_json(fields)
@@ -52,12 +68,12 @@ def committed_values(
 
 def committed_scores(output: str, manifest: dict) -> Iterator[tuple]:
     """``(id, label, score, scores, kept fields as JSON)`` for every row of the committed scores files."""
-    return committed_values(output, manifest, SCORES, ("label", "score", "scores"), SCORE_COLUMNS)
+    return committed_values(output, manifest, SCORES, ("label", "score", "scores"))
 
 
 def committed_sparse(output: str, manifest: dict) -> Iterator[tuple]:
     """``(id, {"indices", "values"}, kept fields as JSON)`` for every row of a sparse head's embeddings files."""
-    return committed_values(output, manifest, EMBEDDINGS, ("sparse_embedding",), SPARSE_COLUMNS)
+    return committed_values(output, manifest, EMBEDDINGS, ("sparse_embedding",))
 
 
 def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarray, str]]:
@@ -67,40 +83,42 @@ def committed_rows(output: str, manifest: dict) -> Iterator[tuple[str, np.ndarra
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    json_columns = {name for name, kind in (manifest.get("kept_fields") or {}).items() if kind == "json"}
+    kept_columns = manifest.get("kept_fields") or {}
+    json_columns = {name for name, kind in kept_columns.items() if kind == "json"}
     for f in manifest["files"]:
         if not in_folder(f["path"], EMBEDDINGS):
             continue
         table = pq.read_table(pa.BufferReader(storage.read_bytes(storage.join(output, f["path"]))))
         flat = table.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
         vectors = np.asarray(flat, np.float32).reshape(table.num_rows, -1)
-        kept = table.select([c for c in table.column_names if c not in ROW_COLUMNS]).to_pylist()
+        kept = table.select([c for c in table.column_names if c in kept_columns]).to_pylist()
         for doc_id, vector, fields in zip(table.column("id").to_pylist(), vectors, kept):
             fields = {k: json.loads(v) if k in json_columns and v is not None else v for k, v in fields.items()}
             yield doc_id, vector, kept_json(fields)
 
 
-def committed_bge_m3(output: str, manifest: dict) -> Iterator[tuple]:
-    """``(id, dense vector, {"indices", "values"}, kept fields as JSON)`` for every row of a bge_m3 head's files
-    (their multi_vector is not read: pgvector has no column of a list of vectors per row)."""
-    return committed_values(output, manifest, EMBEDDINGS, ("embedding", "sparse_embedding"), BGE_M3_COLUMNS)
+def committed_dense_and_sparse(output: str, manifest: dict) -> Iterator[tuple]:
+    """``(id, dense vector, {"indices", "values"}, kept fields as JSON)`` for every row whose head writes both
+    (bge_m3's; its multi_vector is not read: pgvector has no column of a list of vectors per row)."""
+    return committed_values(output, manifest, EMBEDDINGS, ("embedding", "sparse_embedding"))
 
 
 def vector_layout(output: str, manifest: dict) -> tuple[list[str], Iterator[tuple], Callable[[tuple], bytes]]:
     """An embeddings/ table's vector columns by the run's head (a dense ``vector``, a sparse head's ``sparsevec``
-    of the vocabulary's width, or bge_m3's both), its committed rows, and each row's binary COPY tuple."""
-    head = manifest.get("head") or {}
-    if head.get("name") == "bge_m3":
-        dense, vocab = int(head["dense_dim"]), int(head["vocab_size"])
+    of the vocabulary's width, or both), its committed rows, and each row's binary COPY tuple."""
+    layout = table_layout(manifest)
+    kind = layout.kind
+    if kind == "dense_and_sparse":
+        dense, vocab = int(layout.dims["embedding"]), int(layout.dims["sparse_embedding"])
         return (
             [f"embedding vector({dense})", f"sparse_embedding sparsevec({vocab})"],
-            committed_bge_m3(output, manifest),
+            committed_dense_and_sparse(output, manifest),
             lambda r: copy_tuple(
                 r[0], vector_bytes(np.asarray(r[1], np.float32)), sparsevec_bytes(r[2], vocab), fields=r[-1]
             ),
         )
     dim = dimension(output)
-    if head.get("name") == "sparse":
+    if kind == "sparse":
         return (
             [f"sparse_embedding sparsevec({dim})"],
             committed_sparse(output, manifest),
@@ -143,7 +161,7 @@ def check_files(output: str, manifest: dict) -> None:
     damaged or replaced file is never loaded."""
     sizes = storage.list_files(output)
     for f in manifest["files"]:
-        if not (in_folder(f["path"], rows_folder(manifest)) or in_folder(f["path"], ERRORS)):
+        if not (in_folder(f["path"], table_layout(manifest).folder) or in_folder(f["path"], ERRORS)):
             continue
         path = storage.join(output, f["path"])
         if sizes.get(path) != f["size"] or ("checksum" in f and storage.checksum(path) != f["checksum"]):
