@@ -44,8 +44,9 @@ class ModelConfig(_Section):
     pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
     normalize: Literal["auto"] | bool = "auto"
     max_seq_len: pydantic.PositiveInt | None = None  # None: the checkpoint's (sentence-transformers' if present)
-    # The text put in front of every document: auto, the checkpoint's document prompt (models/st_settings.py);
-    # a name from its config_sentence_transformers.json prompts; {text: "passage: "}; null for none.
+    # The text put in front of every document: auto, the checkpoint's document prompt
+    # (models/checkpoint/sentence_transformers/settings.py); a name from its config_sentence_transformers.json
+    # prompts; {text: "passage: "}; null for none.
     prompt: Literal["auto"] | PromptText | str | None = "auto"
     # Matryoshka: keep the first N dimensions of each vector (then normalise, if the model does); auto: the
     # checkpoint's config_sentence_transformers.json truncate_dim if it sets one; null: the full vector.

@@ -150,7 +150,7 @@ def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32") -
     backbone's embeddings."""
     import importlib
 
-    from docbeam.models.st_settings import read_json
+    from docbeam.models.checkpoint.sentence_transformers.settings import read_json
 
     hf = read_json(checkpoint.folder, "config.json") or {}
     carried = task_head(hf)

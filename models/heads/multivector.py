@@ -126,7 +126,7 @@ BGE_M3_COLBERT = "colbert_linear.pt"
 
 def torch_linear(folder: str, name: str) -> dict:
     """A torch.nn.Linear's state dict saved beside the checkpoint (bge-m3's heads), as plain tensors."""
-    from docbeam.models.torch_tensors import load_tensors
+    from docbeam.models.checkpoint.torch_tensors import load_tensors
 
     path = f"{folder}/{name}"
     tensors = load_tensors(path)
