@@ -22,7 +22,7 @@ from docbeam.pipeline.driver import embed, precision_gate_at_start, sinks
 from docbeam.pipeline.driver.embed import EncodeDocuments
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
-from docbeam.pipeline.driver.selected import select_documents
+from docbeam.pipeline.driver.select_branch import select_documents
 from docbeam.pipeline.stages import vectors
 from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed

@@ -33,7 +33,7 @@ LOCK = "_lock.json"
 # under _staging/<run_id>/profiles/<run_id>/ and committed as profiles/<run_id>/.
 EMBEDDINGS = "embeddings"
 SCORES = "scores"  # a classifier head's rows (models/heads/classifier.py)
-SELECTED = "selected"  # output.select: the documents whose row meets its where (pipeline/stages/selected.py)
+SELECTED = "selected"  # output.select: the documents whose row meets its where (pipeline/stages/select_documents.py)
 CHUNKS = "chunks"  # output.granularity chunk or both: one row per window (pipeline/stages/chunks.py)
 ERRORS = "errors"
 TIMING = "timing"

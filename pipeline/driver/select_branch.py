@@ -1,12 +1,13 @@
-"""selected/ (pipeline/stages/selected.py), written beside the head's rows into the run's staging folder for the
-commit to wait on (the sinks' files: pipeline/driver/sinks.py)."""
+"""The job's ``output.select`` branch: SelectDocuments (pipeline/stages/select_documents.py) run on the head's
+rows, writing selected/ into the run's staging folder for the commit to wait on (the sinks' files:
+pipeline/driver/sinks.py)."""
 
 from __future__ import annotations
 
 import apache_beam as beam
 
 from docbeam.pipeline.driver.plan import JobPlan
-from docbeam.pipeline.stages.selected import SelectDocuments
+from docbeam.pipeline.stages.select_documents import SelectDocuments
 
 
 def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, reused) -> dict:
