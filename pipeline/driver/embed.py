@@ -23,10 +23,10 @@ from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
 from docbeam.pipeline.stages.batch import BucketBatches
-from docbeam.pipeline.stages.beam_chunks import ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
-from docbeam.pipeline.stages.late_chunks import BatchContexts
+from docbeam.pipeline.stages.late_chunking import BatchContexts
 from docbeam.pipeline.stages.parse import document_of_record
+from docbeam.pipeline.stages.rag_chunks import ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.reuse import content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
 from docbeam.pipeline.stages.write import PoolDocuments

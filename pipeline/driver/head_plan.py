@@ -78,7 +78,7 @@ def check_head_fits_output(cfg: JobConfig | EmbedConfig, head: Head) -> None:
         return
     out = cfg.output
     dtypes = getattr(head, "vector_dtypes", ("float32",))  # a multi-vector head writes float16 too
-    # A sparse head's chunk rows are its windows' sparse vectors (pipeline/stages/chunks.py); late chunking
+    # A sparse head's chunk rows are its windows' sparse vectors (pipeline/stages/window_chunks.py); late chunking
     # pools dense spans, which a vocabulary-wide reduce over every token does not.
     granularities = ("document", "chunk", "both") if head.name == "sparse" else ("document",)
     for key, value, allowed in (

@@ -24,11 +24,11 @@ from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versi
 from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
 from docbeam.pipeline.driver.select_branch import select_documents
 from docbeam.pipeline.stages import vectors
-from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse
+from docbeam.pipeline.stages.window_chunks import WriteChunks
 from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import pgvector, storage, transaction
