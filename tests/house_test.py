@@ -81,8 +81,8 @@ ALLOWED = {
 GROUND_FLOOR = {
     "docbeam.errors": "docbeam.errors",
     "docbeam.config": "docbeam.config",
-    "docbeam.config_io": "docbeam.config",
-    "docbeam.config_files": "docbeam.config",
+    "docbeam.config.input_output": "docbeam.config",
+    "docbeam.config.files": "docbeam.config",
     "docbeam.placeholders": "docbeam.config",
     "docbeam.selection": "docbeam.config",
 }

@@ -295,7 +295,7 @@ def test_an_incremental_run_over_a_table_that_missed_its_source_brings_it_to_the
 )
 def test_a_password_in_the_pgvector_dsn_is_never_printed(dsn, shown, tmp_path):
     from docbeam import config
-    from docbeam.config_io import redacted_dsn
+    from docbeam.config.input_output import redacted_dsn
     from docbeam.pipeline.tools.validate import shown as shown_config
 
     assert redacted_dsn(dsn) == shown

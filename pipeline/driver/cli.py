@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 def sync_pgvector(output: str, dsn: str, table: str, details: str) -> int:
     import pydantic
 
-    from docbeam.config_io import PgvectorConfig
+    from docbeam.config.input_output import PgvectorConfig
     from docbeam.pipeline.store import output as output_lib
     from docbeam.pipeline.store import paths, pgvector
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 import apache_beam as beam
 
 from docbeam import config as config_lib
-from docbeam import config_files
 from docbeam.config import ConfigError, EmbedConfig, JobConfig
+from docbeam.config import files as config_files
 from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected

@@ -45,7 +45,7 @@ def backend_if_chosen(cfg: JobConfig, plan, name: str) -> str:
 
 def shown(cfg: JobConfig) -> dict:
     """The config as printed: a password in ``output.pgvector.dsn`` is not (a scheduler keeps the output)."""
-    from docbeam.config_io import redacted_dsn
+    from docbeam.config.input_output import redacted_dsn
 
     dumped = cfg.model_dump(mode="json")
     if dumped["output"].get("pgvector"):

@@ -1,7 +1,9 @@
 """The job's YAML, validated once into frozen typed objects.
 
-Everything past this module receives the typed section it needs. Unknown keys are errors, and every
-error names the key, the bad value and what is allowed.
+Everything past this package receives the typed section it needs. Unknown keys are errors, and every
+error names the key, the bad value and what is allowed. Here: the job's sections and ``load``; the ``input`` and
+``output`` sections in input_output.py; reading the files (``extends``, ``--set``, ConfigError) in files.py. Every
+name callers use is importable from ``docbeam.config``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,20 @@ from typing import Any, Literal
 
 import pydantic
 
-from docbeam import config_files
 from docbeam.attention import registry as attention_registry
-from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
+from docbeam.config import files as config_files
+from docbeam.config.files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
-# The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.config_io import SINK_SECTIONS, ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
-from docbeam.config_io import Section as _Section
+# The input and output sections live in input_output.py; importing them from here is what the stages do.
+from docbeam.config.input_output import (  # noqa: F401
+    SINK_SECTIONS,
+    ClassifierOptions,
+    InputConfig,
+    OutputConfig,
+    SparseOptions,
+    one_folder,
+)
+from docbeam.config.input_output import Section as _Section
 
 
 class PromptText(_Section):
@@ -256,7 +265,7 @@ class JobConfig(_Section):
 
     @pydantic.model_validator(mode="after")
     def _sinks_fit_the_rows(self):
-        """Each sink's section checked against the rest of the job (config_io.py: ``fits``)."""
+        """Each sink's section checked against the rest of the job (input_output.py: ``fits``)."""
         for key in SINK_SECTIONS:
             section = getattr(self.output, key)
             if section is not None:
