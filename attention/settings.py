@@ -90,7 +90,7 @@ class AttentionConfig(pydantic.BaseModel):
 
 def _each_error(error: pydantic.ValidationError, prefix: str) -> str:
     """pydantic's errors in a backend's section, one per key by its dotted path, as docbeam's config names keys
-    (docbeam/config_files.py ``readable``, which attention/ does not import)."""
+    (docbeam/config/files.py ``readable``, which attention/ does not import)."""
     return "; ".join(
         f"{'.'.join(str(p) for p in (prefix, *e['loc']))}: "
         f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}"

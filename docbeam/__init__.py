@@ -40,8 +40,8 @@ if all(_os.path.isfile(_os.path.join(_SOURCE_ROOT, f, "__init__.py")) for f in _
 # needs a name from it, and a Beam worker unpickling a step pays only for what that step uses.
 _PUBLIC = {
     "EmbedDocuments": "docbeam.pipeline.driver.embed",  # the embedding step, for a Beam pipeline of your own
-    "AsBeamChunks": "docbeam.pipeline.stages.beam_chunks",  # rows → Beam's apache_beam.ml.rag Chunks
-    "ReadBeamChunks": "docbeam.pipeline.stages.beam_chunks",  # a committed run's rows → Beam Chunks
+    "AsBeamChunks": "docbeam.pipeline.stages.rag_chunks",  # rows → Beam's apache_beam.ml.rag Chunks
+    "ReadBeamChunks": "docbeam.pipeline.stages.rag_chunks",  # a committed run's rows → Beam Chunks
     "run": "docbeam.pipeline.driver.job",  # what `docbeam run` does; returns the run's summary
     "EmbedConfig": "docbeam.config",
     "JobConfig": "docbeam.config",

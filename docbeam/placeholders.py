@@ -126,7 +126,7 @@ def problems(runner: str, values: Mapping[str, object]) -> list[str]:
 def refuse(cfg: JobConfig, beam_options: Mapping[str, object]) -> None:
     """Raises ConfigError (exit 2) naming each profile placeholder a launch of ``cfg`` with ``beam_options``
     (Beam's names, e.g. from ``beam_options_of``) would carry."""
-    from docbeam.config_files import ConfigError
+    from docbeam.config.files import ConfigError
 
     found = problems(cfg.runner.name, launch_values(cfg, beam_options))
     if found:

@@ -43,7 +43,7 @@ def writable(text: str) -> str:
 
 
 class ChunkSpan(NamedTuple):
-    """Late chunking: one chunk inside a context window (pipeline/stages/late_chunks.py)."""
+    """Late chunking: one chunk inside a context window (pipeline/stages/late_chunking.py)."""
 
     index: int  # the chunk's index: its window's, as window chunking numbers it
     start: int  # the chunk's own tokens in the context window: [start, end)

@@ -116,7 +116,7 @@ def test_the_names_features_had_before_still_work_with_a_warning():
 
 
 def test_a_flash_kernel_naming_an_undeclared_feature_fails_at_import_not_silently():
-    from docbeam.attention.flash_kernel import Kernel
+    from docbeam.attention.flash.kernel import Kernel
 
     with pytest.raises(ValueError, match=r"unknown features \['windows'\].*declared: local_window"):
         Kernel("typo", lambda case, options: "", passthrough, takes={"windows": "a mask"})

@@ -1,4 +1,4 @@
-"""docbeam's rows as Beam's own ``apache_beam.ml.rag.types.Chunk`` (pipeline/stages/beam_chunks.py): the mapping,
+"""docbeam's rows as Beam's own ``apache_beam.ml.rag.types.Chunk`` (pipeline/stages/rag_chunks.py): the mapping,
 ``EmbedDocuments(beam_chunks=True)`` and ``ReadBeamChunks`` on committed runs giving the same Chunks, and Beam's
 maintained writers taking them (tests/beam_writers_test.py)."""
 
@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from docbeam.pipeline.stages.beam_chunks import NotChunks, chunk_of_row
+from docbeam.pipeline.stages.rag_chunks import NotChunks, chunk_of_row
 
 pytestmark = pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")
 LANGS = ("en", "de")
@@ -97,7 +97,7 @@ def test_rows_a_chunk_cannot_hold_are_refused_naming_them(row, match):
 
 def test_read_beam_chunks_refuses_what_is_not_a_committed_run_of_vectors(tmp_path):
     import docbeam
-    from docbeam.pipeline.stages.beam_chunks import committed_files
+    from docbeam.pipeline.stages.rag_chunks import committed_files
     from docbeam.pipeline.store.output import upgrade_manifest
 
     with pytest.raises(NotChunks, match="holds no committed docbeam run"):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from beam_chunks_test import hybrid_runs, rows_of  # noqa: F401  the session's SPLADE and dense runs
 
-from docbeam.pipeline.stages.beam_chunks import chunk_id
+from docbeam.pipeline.stages.rag_chunks import chunk_id
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:XDG_RUNTIME_DIR is not set")]
 VOCABULARY = 30522  # the SPLADE checkpoint's (BERT's tokenizer)

@@ -1,6 +1,6 @@
 """bge-m3's ColBERT vectors through the multi-vector head (models/heads/multivector.py bge_m3_colbert): each
 token's vector equals FlagEmbedding's published formula, in a torch reference of its own, on native and chunked
-attention, packed and unpacked; colbert_linear.pt is read as plain tensors (models/torch_tensors.py)."""
+attention, packed and unpacked; colbert_linear.pt is read as plain tensors (models/checkpoint/torch_tensors.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""models/checkpoint.py: sentence-transformers settings docbeam cannot honour are refused at start, naming the
+"""models/checkpoint/__init__.py: sentence-transformers settings docbeam cannot honour are refused at start, naming the
 file, the module and the setting (they used to be read as mean pooling: other embeddings, silently)."""
 
 from __future__ import annotations

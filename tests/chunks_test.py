@@ -246,7 +246,7 @@ def test_a_chunk_row_left_out_is_counted_in_the_jobs_metrics(tmp_path):
 
     from docbeam.models.heads.embedding import EmbeddingHead
     from docbeam.pipeline.records import WindowEmbedding
-    from docbeam.pipeline.stages.chunks import WriteChunks
+    from docbeam.pipeline.stages.window_chunks import WriteChunks
     from docbeam.pipeline.telemetry.observe import CHUNKS_NOT_WRITTEN, METRICS_NAMESPACE, metric_name
 
     def window(index, vector):

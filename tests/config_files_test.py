@@ -1,4 +1,4 @@
-"""docbeam/config_files.py: a profile extends a base; what it may add, what it may not, and where paths point."""
+"""docbeam/config/files.py: a profile extends a base; what it may add, what it may not, and where paths point."""
 
 from __future__ import annotations
 

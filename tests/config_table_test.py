@@ -48,7 +48,7 @@ def documented_default(cell: str):
     return yaml.safe_load(cell.strip("`")) if cell.count("`") in (0, 2) else cell
 
 
-FILE_KEYS = {"extends": REQUIRED}  # read by docbeam/config_files.py before the sections are validated
+FILE_KEYS = {"extends": REQUIRED}  # read by docbeam/config/files.py before the sections are validated
 
 
 def test_the_readme_config_table_has_every_key_and_no_other():

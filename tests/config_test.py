@@ -1,4 +1,4 @@
-"""docbeam/config.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
+"""docbeam/config/__init__.py: the YAML is validated once, and every error names the key, the bad value and what is allowed."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import pytest
 import yaml
 from apache_beam.options.pipeline_options import PipelineOptions, TypeOptions
 
-from docbeam import config, config_files
+from docbeam import config
 from docbeam.attention.chunked import ChunkedOptions
 from docbeam.attention.dispatch import bind_choice, choose_backends
 from docbeam.attention.flash import FlashOptions
 from docbeam.attention.interface import AttentionCase, Backend
+from docbeam.config import files as config_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOCAL_YAML = os.path.join(REPO, "configs", "local.yaml")

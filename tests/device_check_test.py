@@ -63,7 +63,8 @@ def test_a_row_fails_on_its_own_error_or_a_sides_and_not_on_a_refusal():
     assert device_check.errors(rows) == rows[1:]
 
 
-# Run in a child: apache_beam made unimportable, then every module of the two packages imported.
+# Run in a child: apache_beam made unimportable, then every module of the two packages imported,
+# their subpackages' too (attention/flash/, models/families/, ...).
 WITHOUT_BEAM = """
 import importlib, pkgutil, sys
 
@@ -73,8 +74,8 @@ class NoBeam:
             raise ImportError("apache_beam is not installed on the lent GPU machine")
 
 sys.meta_path.insert(0, NoBeam())
-for package in ("docbeam.attention", "docbeam.models", "docbeam.models.families"):
-    for module in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+for package in ("docbeam.attention", "docbeam.models"):
+    for module in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
         importlib.import_module(module.name)
 print(sorted(m for m in sys.modules if m.startswith("docbeam.")))
 """
@@ -90,7 +91,7 @@ def test_every_module_of_the_encoder_and_attention_packages_imports_without_beam
         env={**os.environ, "PYTHONPATH": REPO},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "'docbeam.models.runtime'" in result.stdout and "'docbeam.attention.flash_tokamax'" in result.stdout
+    assert "'docbeam.models.runtime'" in result.stdout and "'docbeam.attention.flash.tokamax'" in result.stdout
 
 
 def test_the_beam_blocker_blocks_beam():

@@ -114,8 +114,8 @@ def test_the_readme_reads_as_a_users_page_not_a_notebook():
 
 
 def test_the_attention_page_shows_flashs_tables_as_the_code_builds_them():
-    """The kernel choice and feature tables are rendered by attention/flash.py, so a kernel that learns or loses
-    a feature changes the page too; paste the new table from `feature_table()` / `auto_kernel_table()`."""
+    """The kernel choice and feature tables are rendered by attention/flash/__init__.py, so a kernel that learns or
+    loses a feature changes the page too; paste the new table from `feature_table()` / `auto_kernel_table()`."""
     from docbeam.attention import flash
 
     page = read(os.path.join(REPO, "docs", "attention.md"))

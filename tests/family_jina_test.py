@@ -190,7 +190,7 @@ def test_the_hubs_task_routing_module_runs_as_sentence_transformers_transformer_
 
 
 def test_the_tasks_instruction_is_its_document_prompt(hub_folder):
-    from docbeam.models.st_settings import document_prompt
+    from docbeam.models.checkpoint.sentence_transformers.settings import document_prompt
 
     ck = checkpoint.open_checkpoint(hub_folder, task="retrieval.passage")
     assert document_prompt(ck.settings, "auto", hub_folder) == INSTRUCTIONS["retrieval.passage"]

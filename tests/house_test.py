@@ -17,9 +17,9 @@ MAX_MODULE_LINES = 450
 MAX_CLASS_LINES = 160
 CODE_FOLDERS = ("docbeam", "pipeline", "models", "attention", "benchmarks", "data", "docker", "tests")
 
-# Who may import whom, room by room (``pipeline.<room>``, a top-level package, or a top-floor room of docbeam/).
-# A room not listed as allowed is forbidden, and none has an exception: the top floor (``docbeam.errors``, the one
-# base class of a refusal; ``docbeam.config``, the typed config and what validates it) is what every floor below
+# Who may import whom, room by room (``pipeline.<room>``, a top-level package, or a ground-floor room of docbeam/).
+# A room not listed as allowed is forbidden, and none has an exception: the ground floor (``docbeam.errors``, the one
+# base class of a refusal; ``docbeam.config``, the typed config and what validates it) is what every floor above
 # may read; models/ and attention/ import nothing from pipeline/; the stages never reach into the driver; nothing
 # below the driver reaches into the tools.
 ALLOWED = {
@@ -85,12 +85,12 @@ ALLOWED = {
         "pipeline.driver",
     },
 }
-# The top floor's modules, in docbeam/ beside the public API.
-TOP_FLOOR = {
+# The ground floor's modules, in docbeam/ beside the public API: the foundation every floor above reads.
+GROUND_FLOOR = {
     "docbeam.errors": "docbeam.errors",
     "docbeam.config": "docbeam.config",
-    "docbeam.config_io": "docbeam.config",
-    "docbeam.config_files": "docbeam.config",
+    "docbeam.config.input_output": "docbeam.config",
+    "docbeam.config.files": "docbeam.config",
     "docbeam.placeholders": "docbeam.config",
     "docbeam.selection": "docbeam.config",
 }
@@ -98,8 +98,8 @@ COMMAND_LINE = "pipeline.driver.cli"  # the one driver module that dispatches to
 
 
 def room(module: str) -> str:
-    if module in TOP_FLOOR:
-        return TOP_FLOOR[module]
+    if module in GROUND_FLOOR:
+        return GROUND_FLOOR[module]
     parts = module.split(".")
     return ".".join(parts[:2]) if parts[0] == "pipeline" and len(parts) > 1 else parts[0]
 

@@ -94,7 +94,7 @@ def docbeam_run_online_here(tmp_path, model: str, url: str, monkeypatch, capsys,
     """``docbeam run`` through cli.main in this process, online against ``url``: its exit code and stderr.
 
     A subprocess's import of Beam and JAX was most of a refused run's time, and seconds of a whole one.
-    docbeam reads HF_ENDPOINT and HF_HUB_CACHE at each call (models/checkpoint_source.py); huggingface_hub
+    docbeam reads HF_ENDPOINT and HF_HUB_CACHE at each call (models/checkpoint/source.py); huggingface_hub
     reads HF_HUB_OFFLINE once, at import, into ``constants`` (this process imported it offline), so online
     is set there as the variable would have set it. Offline cases stay subprocesses: they must show that
     the variable itself is honoured.

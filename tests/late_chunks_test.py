@@ -17,7 +17,7 @@ from docbeam import attention
 from docbeam.config import TokenizeConfig
 from docbeam.models import checkpoint, encoder
 from docbeam.pipeline.records import Document
-from docbeam.pipeline.stages.late_chunks import context_batch, group_chunks
+from docbeam.pipeline.stages.late_chunking import context_batch, group_chunks
 from docbeam.pipeline.stages.tokenize import tokenize_documents
 
 WINDOW, STRIDE, CONTEXT = 24, 6, 96  # chunks of 22 own tokens, 6 shared; context windows of 94 own tokens
@@ -246,7 +246,7 @@ def test_late_chunking_is_refused_where_it_cannot_run(bert, tmp_path):
 
 def test_context_batches_are_full_but_the_last_and_list_every_chunk_once(bert):
     from docbeam.config import BatchingConfig
-    from docbeam.pipeline.stages.late_chunks import context_batches
+    from docbeam.pipeline.stages.late_chunking import context_batches
 
     _, folder = bert
     contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]

@@ -18,7 +18,7 @@ from output_fixtures import V1_DOCS, V1_OUTPUT, fixture_config
 from docbeam.pipeline.driver.run import run_job
 from docbeam.pipeline.sinks.pgvector.rows import check_files, committed_rows, table_layout, vector_layout
 from docbeam.pipeline.stages import reuse
-from docbeam.pipeline.stages.beam_chunks import ReadBeamChunks
+from docbeam.pipeline.stages.rag_chunks import ReadBeamChunks
 from docbeam.pipeline.store import output
 
 V1_MANIFEST = os.path.join(V1_OUTPUT, output.MANIFEST)

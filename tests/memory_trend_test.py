@@ -192,7 +192,7 @@ def test_the_memory_limit_fails_the_run_and_leaves_the_output_unchanged(runs, ti
 def test_the_report_shows_the_trend_and_the_baseline_comparison_exits_1_for_a_new_leak(runs, tmp_path):
     import argparse
 
-    from docbeam.pipeline.tools import report
+    from docbeam.pipeline.tools.report import command as report
 
     leaky, native = runs["tests.fixtures_leaky_backend:attend"][0], runs["native"][0]
     page = tmp_path / "leaky.html"

@@ -54,8 +54,8 @@ def test_summary_carries_beam_metrics_that_agree_with_the_outputs(profiled_run):
 
 def test_summary_and_report_name_a_fallback_the_same_way():
     from docbeam.pipeline.stages.write import timing_stats
-    from docbeam.pipeline.tools.report_data import fallbacks
-    from docbeam.pipeline.tools.report_load import Run, batch_columns
+    from docbeam.pipeline.tools.report.data import fallbacks
+    from docbeam.pipeline.tools.report.load import Run, batch_columns
 
     record = {
         "batch_id": "b16-x",

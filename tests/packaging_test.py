@@ -21,15 +21,16 @@ def setuptools_section() -> dict:
 
 
 def subpackages() -> set[str]:
-    found = {"docbeam"}
-    for top in FOLDERS:
+    found = set()
+    for top in ("docbeam", *FOLDERS):
         for folder, _, names in os.walk(os.path.join(REPO, top)):
             if "__init__.py" in names:
-                found.add("docbeam." + os.path.relpath(folder, REPO).replace(os.sep, "."))
+                dotted = os.path.relpath(folder, REPO).replace(os.sep, ".")
+                found.add(dotted if top == "docbeam" else f"docbeam.{dotted}")
     return found
 
 
-def test_pyproject_lists_every_subpackage_of_the_three_folders():
+def test_pyproject_lists_every_subpackage_of_docbeam_and_the_three_folders():
     assert set(setuptools_section()["packages"]) == subpackages()
 
 
@@ -70,12 +71,13 @@ def test_the_wheel_holds_only_docbeam_at_the_top(tmp_path):
     } <= modules
     sources = {
         os.path.relpath(os.path.join(folder, n), REPO)
-        for top in FOLDERS
+        for top in ("docbeam", *FOLDERS)
         for folder, _, names in os.walk(os.path.join(REPO, top))
         for n in names
         if n.endswith(".py")
     }
-    assert {f"docbeam/{s}" for s in sources} <= modules, "a module of the tree is missing from the wheel"
+    in_wheel = {s if s.startswith("docbeam/") else f"docbeam/{s}" for s in sources}
+    assert in_wheel <= modules, "a module of the tree is missing from the wheel"
 
 
 def test_a_checkout_imports_only_the_three_folders_under_docbeam(tmp_path):

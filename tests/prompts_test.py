@@ -18,7 +18,7 @@ from conftest import SAMPLE, write_tiny_checkpoint
 
 from docbeam.config import ModelConfig, TokenizeConfig
 from docbeam.models.checkpoint import CheckpointError, load_tokenizer, open_checkpoint
-from docbeam.models.st_settings import document_prompt
+from docbeam.models.checkpoint.sentence_transformers.settings import document_prompt
 from docbeam.pipeline.records import Document
 from docbeam.pipeline.stages.reuse import content_hash, key_differences
 from docbeam.pipeline.stages.tokenize import framing, prompt_token_ids, prompted_windows, tokenize_documents

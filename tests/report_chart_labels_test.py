@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from docbeam.pipeline.tools import report_charts, report_load
+from docbeam.pipeline.tools.report import charts as report_charts
+from docbeam.pipeline.tools.report import load as report_load
 
 
 def _records(efficiency: dict[int, float], backends=("native",)) -> list[dict]:
@@ -70,7 +71,7 @@ def test_latency_chart_tick_labels_do_not_collide_with_many_buckets():
 def test_the_compile_chart_counts_compilations_made_ahead_of_the_first_batch():
     """The command says "2 compilations" when both shapes compiled in the background before any batch; the
     chart must not say 0."""
-    from docbeam.pipeline.tools.report_charts import compile_title
+    from docbeam.pipeline.tools.report.charts import compile_title
 
     assert compile_title({"compiles": 2, "compiles_ahead": 2}, in_batches=0, recompiled=0).startswith(
         "XLA compilations: 2 compilations (2 ahead of time, 0 in a batch)"

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from report_fixtures import RECOMPILE_AT, write_empty_run, write_run
 
-from docbeam.pipeline.tools import report, report_data, report_load
+from docbeam.pipeline.tools.report import command as report
+from docbeam.pipeline.tools.report import data as report_data
+from docbeam.pipeline.tools.report import load as report_load
 
 CHARTS = {
     "batch latency by bucket and backend",

@@ -1,5 +1,5 @@
-"""models/st_settings.py: every key of sentence-transformers' files is honoured, harmless, or refused at start
-naming the file and key; none is ignored. What sentence-transformers 6.2.0 itself saves is accepted."""
+"""models/checkpoint/sentence_transformers/settings.py: every key of sentence-transformers' files is honoured,
+harmless, or refused at start naming the file and key; none is ignored. What sentence-transformers 6.2.0 itself saves is accepted."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""models/torch_tensors.py: the tensors of a ``torch.save`` state dict, read without torch and without running
-the pickle's code; anything but a dict of tensors is refused, naming the file, before any of its code runs."""
+"""models/checkpoint/torch_tensors.py: the tensors of a ``torch.save`` state dict, read without torch and without
+running the pickle's code; anything but a dict of tensors is refused, naming the file, before any of its code runs."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
+from docbeam.models.checkpoint.torch_tensors import load_tensors
 from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.torch_tensors import load_tensors
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])

@@ -28,7 +28,7 @@ from docbeam.models.heads.vector_types import VECTOR_DTYPES
 class EmbeddingHead(Head):
     normalize: bool
     truncate_dim: int | None  # documents' vectors keep their first truncate_dim dimensions (None: all)
-    dense: tuple = ()  # sentence-transformers' Dense modules (st_settings.DenseModule), in the order they run
+    dense: tuple = ()  # sentence-transformers' Dense modules (checkpoint.sentence_transformers.settings.DenseModule), in the order they run
     vector_dtypes = VECTOR_DTYPES  # output.vector_dtype types its column, quantized after this head
     quantized = True
     chunk_column = "embedding"

@@ -28,7 +28,7 @@ VECTOR_DTYPES = ("float32", "float16")
 class MultiVectorHead(Head):
     normalize: bool
     skip_ids: tuple[int, ...]  # token ids the checkpoint's MultiVectorMask drops from documents
-    dense: tuple = ()  # the token Dense modules (st_settings.DenseModule), in the order they run
+    dense: tuple = ()  # the token Dense modules (checkpoint.sentence_transformers.settings.DenseModule), in the order they run
     windows: str = "first"  # a long document's row is its first window's (head_plan.tokenize_for truncates)
     drop_first: bool = False  # bge-m3: the window's first token ([CLS]) has no vector
     torch_linear: str | None = None  # bge-m3: the projection's torch file (colbert_linear.pt), read as tensors only
@@ -118,7 +118,7 @@ BGE_M3_COLBERT = "colbert_linear.pt"
 
 def torch_linear(folder: str, name: str) -> dict:
     """A torch.nn.Linear's state dict saved beside the checkpoint (bge-m3's heads), as plain tensors."""
-    from docbeam.models.torch_tensors import load_tensors
+    from docbeam.models.checkpoint.torch_tensors import load_tensors
 
     path = f"{folder}/{name}"
     tensors = load_tensors(path)

@@ -111,11 +111,11 @@ def auto_choice(checkpoint, choice: str, carried: str | None, where: str) -> str
     checkpoint, sparse for a SparseEncoder, the classifier of a ``*ForSequenceClassification`` checkpoint without
     sentence-transformers' files, the embedding otherwise; a task head no docbeam head reproduces is refused
     unless ``model.head: embedding`` asks for the backbone's embeddings. A head of your own is taken as named."""
-    from docbeam.models.st_settings import read_json
+    from docbeam.models.checkpoint.sentence_transformers.settings import read_json
 
     settings = checkpoint.settings
     if choice == "auto" and settings.token_mask is not None:
-        return "multi_vector"  # a sentence-transformers MultiVectorEncoder (models/st_multivector.py)
+        return "multi_vector"  # a sentence-transformers MultiVectorEncoder (models/checkpoint/sentence_transformers/multivector.py)
     if settings.token_mask is not None and choice in HEADS and choice != "multi_vector":
         raise CheckpointError(
             f"model.head: {choice}, but {checkpoint.folder}/config_sentence_transformers.json sets "
@@ -149,7 +149,7 @@ def auto_choice(checkpoint, choice: str, carried: str | None, where: str) -> str
 
 def resolve(checkpoint, choice: str, model_cfg, vector_dtype: str = "float32"):
     """The head this run uses (``choice``: ``model.head``), with ``output.vector_dtype`` as it writes it."""
-    from docbeam.models.st_settings import read_json
+    from docbeam.models.checkpoint.sentence_transformers.settings import read_json
 
     hf = read_json(checkpoint.folder, "config.json") or {}
     carried = task_head(hf)

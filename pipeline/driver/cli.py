@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         command.add_arguments(p)
         p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
         p.set_defaults(sink_command=command)
-    from docbeam.pipeline.tools import report_args  # not the report itself: it imports Beam
+    from docbeam.pipeline.tools.report import args as report_args  # not the report itself: it imports Beam
 
     report_args.add_arguments(sub.add_parser("report", help="HTML report (with charts) of a run's output"))
     return parser
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     log_path = _setup_logging(args.command, getattr(args, "verbose", False))
     details = f"details and tracebacks: {log_path}, or run again with --verbose"
     if args.command == "report":
-        from docbeam.pipeline.tools import report
+        from docbeam.pipeline.tools.report import command as report
 
         return report.main(args)
     if getattr(args, "sink_command", None) is not None:

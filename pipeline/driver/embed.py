@@ -17,15 +17,15 @@ from collections.abc import Mapping
 import apache_beam as beam
 
 from docbeam import config as config_lib
-from docbeam import config_files
 from docbeam.config import ConfigError, EmbedConfig, JobConfig
+from docbeam.config import files as config_files
 from docbeam.pipeline.driver import precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, make_plan
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected
-from docbeam.pipeline.stages.beam_chunks import CHUNK_KINDS, ChunksWithTexts, check_ids, other_fields
 from docbeam.pipeline.stages.encode import EncoderSpec
 from docbeam.pipeline.stages.encode_documents import EncodeDocuments
 from docbeam.pipeline.stages.parse import document_of_record
+from docbeam.pipeline.stages.rag_chunks import CHUNK_KINDS, ChunksWithTexts, check_ids, other_fields
 
 CONFIG_FORMS = (
     "a JobConfig or EmbedConfig, the path of a YAML job file, or a dict of its sections "
@@ -140,7 +140,7 @@ class EmbedDocuments(beam.PTransform):
     ``timing`` has one dict per batch, as timing/*.jsonl. The config is checked and the checkpoint planned here,
     once, where the transform is made. ``beam_chunks=True`` adds ``chunks``: each row as Beam's own
     ``apache_beam.ml.rag.types.Chunk`` with its document's text and its dict's other fields as metadata
-    (pipeline/stages/beam_chunks.py), for Beam's ingestion writers; ``beam_chunk_ids="uuid5"`` gives them UUIDs
+    (pipeline/stages/rag_chunks.py), for Beam's ingestion writers; ``beam_chunk_ids="uuid5"`` gives them UUIDs
     made from the ids.
     """
 

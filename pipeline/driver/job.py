@@ -9,8 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 
 from docbeam import config as config_lib
-from docbeam import config_files
 from docbeam.config import JobConfig
+from docbeam.config import files as config_files
 
 JOB_FORMS = "a JobConfig, the path of a YAML job file, or a dict of its sections (input, output, model, ...)"
 

@@ -25,11 +25,11 @@ from docbeam.models.checkpoint import (
     tokenizer_digest,
     weights_digest,
 )
+from docbeam.models.checkpoint.sentence_transformers.settings import document_prompt
 from docbeam.models.encoder import EncoderConfig, attention_cases
 from docbeam.models.heads import Head
 from docbeam.models.heads.registry import resolve as resolve_head
 from docbeam.models.runtime import EncoderPlan
-from docbeam.models.st_settings import document_prompt
 from docbeam.pipeline.driver.head_plan import (
     check_head_fits_output,
     check_kept_fields,

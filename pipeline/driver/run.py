@@ -21,16 +21,16 @@ from docbeam.pipeline import compat, sinks
 from docbeam.pipeline.driver import embed, precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
-from docbeam.pipeline.driver.selected import select_documents
+from docbeam.pipeline.driver.select_branch import select_documents
 from docbeam.pipeline.driver.sink_files import sink_files
 from docbeam.pipeline.sinks import SinkBehind
 from docbeam.pipeline.stages import vectors
-from docbeam.pipeline.stages.chunks import WriteChunks
 from docbeam.pipeline.stages.commit import MEMORY_LIMIT, CommitRun, RunFailed
 from docbeam.pipeline.stages.encode import EncoderSpec, runtime_for, stop_compiling
 from docbeam.pipeline.stages.encode_documents import EncodeDocuments
 from docbeam.pipeline.stages.read import ReadDocuments
 from docbeam.pipeline.stages.reuse import SplitByReuse
+from docbeam.pipeline.stages.window_chunks import WriteChunks
 from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage, transaction

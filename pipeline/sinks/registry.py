@@ -4,7 +4,7 @@ database the same way): its typed section and the checks made with the config (`
 checks made at plan against the resolved head (``check``), the files it adds to the run's commit, a preflight,
 its step after the commit and that step's summary line, and its own commands of the ``docbeam`` CLI.
 
-Everything else asks this registry, never a sink by name: ``docbeam.config_io`` builds ``output``'s fields from
+Everything else asks this registry, never a sink by name: ``docbeam.config.input_output`` builds ``output``'s fields from
 ``SINKS``, the driver runs the hooks of ``active`` sinks, the CLI adds each sink's ``commands``, and a failure
 after the commit is a ``SinkBehind``. This module imports nothing heavy: loading a config reads it."""
 

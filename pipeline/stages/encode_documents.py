@@ -11,7 +11,7 @@ import apache_beam as beam
 
 from docbeam.pipeline.stages.batch import BucketBatches
 from docbeam.pipeline.stages.encode import Encode, EncoderSpec
-from docbeam.pipeline.stages.late_chunks import BatchContexts
+from docbeam.pipeline.stages.late_chunking import BatchContexts
 from docbeam.pipeline.stages.reuse import content_hash
 from docbeam.pipeline.stages.tokenize import Tokenize
 from docbeam.pipeline.stages.write import PoolDocuments
@@ -38,7 +38,7 @@ class EncodeDocuments(beam.PTransform):
             plan.model_path, plan.window_len, plan.tokenize, plan.prompt, plan.context_len
         )
         windows = tokenized["windows"]
-        if plan.context_len:  # late chunking's context windows: batched unpacked, apart (late_chunks.py)
+        if plan.context_len:  # late chunking's context windows: batched unpacked, apart (late_chunking.py)
             windows, contexts = windows | "SplitContexts" >> beam.Partition(lambda w, _: int(bool(w.spans)), 2)
         batches = windows | "BucketByLength" >> BucketBatches(plan.batching())
         if plan.context_len:

@@ -16,7 +16,7 @@ A document the tokenizer raises on is rejected (``tokenizer_error``), never its 
 
 Each window carries the characters it covers (``char_start``/``char_end``: its first own token's start to its
 last one's end, from the tokenizer's offsets, in code points of the source text: a prompt's characters are
-not counted, a text file's BOM is), so a chunk row can point back into its document (pipeline/stages/chunks.py).
+not counted, a text file's BOM is), so a chunk row can point back into its document (pipeline/stages/window_chunks.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from apache_beam.metrics import Metrics
 
 from docbeam.config import TokenizeConfig
 from docbeam.pipeline.records import REJECTED_TAG, Document, Rejected, TokenWindow, writable
-from docbeam.pipeline.stages.late_chunks import context_windows
+from docbeam.pipeline.stages.late_chunking import context_windows
 from docbeam.pipeline.telemetry.observe import METRICS_NAMESPACE, StageClock
 
 
@@ -124,7 +124,7 @@ def tokenize_documents(
     a ``tokenizer_error`` Rejected for each one the tokenizer raises on: the batch is tokenized again one
     document at a time, so one such document costs only itself; ``prompt`` goes in front of every window.
     ``context_len`` (late chunking): each document's context windows follow its windows
-    (pipeline/stages/late_chunks.py)."""
+    (pipeline/stages/late_chunking.py)."""
     special = tokenizer.num_special_tokens_to_add(pair=False)
     prompt_ids = prompt_token_ids(tokenizer, prompt)
     problem = stride_problem(config.stride, window_len, special + len(prompt_ids))

@@ -34,8 +34,8 @@ LOCK = "_lock.json"
 # under _staging/<run_id>/profiles/<run_id>/ and committed as profiles/<run_id>/.
 EMBEDDINGS = "embeddings"
 SCORES = "scores"  # a classifier head's rows (models/heads/classifier.py)
-SELECTED = "selected"  # output.select: the documents whose row meets its where (pipeline/stages/selected.py)
-CHUNKS = "chunks"  # output.granularity chunk or both: one row per window (pipeline/stages/chunks.py)
+SELECTED = "selected"  # output.select: the documents whose row meets its where (pipeline/stages/select_documents.py)
+CHUNKS = "chunks"  # output.granularity chunk or both: one row per window (pipeline/stages/window_chunks.py)
 ERRORS = "errors"
 TIMING = "timing"
 PROFILES = "profiles"

@@ -8,7 +8,7 @@ import re
 
 import pydantic
 
-from docbeam import config_files
+from docbeam.config import files as config_files
 from docbeam.pipeline.sinks.registry import Sink, SinkCommand, SinkSection, float_vectors, register
 
 TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")

@@ -3,7 +3,7 @@ aligned numpy columns, the error records.
 
 A committed run lists its files in ``_manifest.json``; only those are read, since the output folder may also
 hold ``_staging/`` and shards of other runs. Older runs without a manifest are read by glob. Apart from
-pipeline/tools/report_data.py (the figures) so that a change to the folder layout touches only this file.
+pipeline/tools/report/data.py (the figures) so that a change to the folder layout touches only this file.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Hugging Face checkpoints (config.json, model.safetensors, tokenizer files) → EncoderConfig + Flax params.
 
-Finding the files (a local folder, ``gs://``, ``hf://``, ``pkg:``) is models/checkpoint_source.py's, the
-tokenizer models/tokenizer.py's, sentence-transformers' files models/st_settings.py's; here the config is
-read into its family's Config and the weights converted into its Flax parameters. No torch. The names
-callers use from those modules are re-exported, so ``from models.checkpoint import ...`` keeps one address.
+The package's modules each read one part: finding the files (a local folder, ``gs://``, ``hf://``, ``pkg:``)
+is source.py's, the tokenizer tokenizer.py's, sentence-transformers' files sentence_transformers/'s, the weights
+held against config.json weights_check.py's (reading the header where it lies: weights_file.py), a ``torch.save``
+file's tensors torch_tensors.py's. Here the config is read into its family's Config and the weights converted into
+its Flax parameters. No torch. The names callers use from those modules are re-exported, so
+``from models.checkpoint import ...`` keeps one address.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ import dataclasses
 import hashlib
 import os
 
-from docbeam.models.checkpoint_source import (
+from docbeam.models.checkpoint.sentence_transformers.multivector import is_multi_vector, multi_vector_settings
+from docbeam.models.checkpoint.sentence_transformers.settings import ModelSettings, model_settings, read_json
+from docbeam.models.checkpoint.source import (
     HubId,
     hub_revision,
     parse_hub_id,
@@ -21,15 +25,13 @@ from docbeam.models.checkpoint_source import (
     resolve_dir,
     weights_digest,
 )
+from docbeam.models.checkpoint.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
+from docbeam.models.checkpoint.weights_check import check_weights
+from docbeam.models.checkpoint.weights_file import weights_to_check
 from docbeam.models.families import family_of, family_of_config
 from docbeam.models.families.encoder_config import CheckpointError, EncoderConfig, HubConfig
 from docbeam.models.families.tensors import Tensors
 from docbeam.models.precision import precision_of, prepare_params
-from docbeam.models.st_multivector import is_multi_vector, multi_vector_settings
-from docbeam.models.st_settings import ModelSettings, model_settings, read_json
-from docbeam.models.tokenizer import TOKENIZER_FILES, FastTokenizer, load_tokenizer, tokenizer_digest
-from docbeam.models.weights_check import check_weights
-from docbeam.models.weights_source import weights_to_check
 
 __all__ = [
     "Checkpoint",
@@ -185,6 +187,6 @@ def open_checkpoint(
             os.path.join(folder, "config.json"),
             sample,
         )
-    # A MultiVectorEncoder's modules are not a SentenceTransformer's (models/st_multivector.py).
+    # A MultiVectorEncoder's modules are not a SentenceTransformer's (sentence_transformers/multivector.py).
     settings = (multi_vector_settings if is_multi_vector(folder) else model_settings)(folder, config)
     return Checkpoint(folder=folder, config=config, settings=settings)

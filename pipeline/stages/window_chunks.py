@@ -10,7 +10,7 @@ document rejected at pooling (non-finite) has none, as it has no embeddings row.
 With the sparse head (models/heads/sparse.py) a chunk row carries its window's ``sparse_embedding`` instead,
 pruned as a document's is (``model.sparse``'s ``threshold`` and ``max_terms``); with ``model.sparse.windows:
 first`` a long document is cut at its first window, so it has that one chunk. Late chunking
-(``output.chunking: late``) hands this stage its chunks' late vectors (pipeline/stages/late_chunks.py) in place
+(``output.chunking: late``) hands this stage its chunks' late vectors (pipeline/stages/late_chunking.py) in place
 of its windows', with the same indexes, offsets and lengths.
 """
 

@@ -6,8 +6,8 @@ Everything is read and written through Beam's ``FileSystems``, so OUTPUT may be 
 gs:// prefix. Charts are inline PNGs and the page has no scripts or external assets, so it can be attached
 to a CI run, mailed, or opened straight from a bucket.
 
-This module is the command; pipeline/tools/report_load.py loads a run, pipeline/tools/report_data.py analyses it,
-pipeline/tools/report_charts.py draws it and pipeline/tools/report_html.py lays out the page.
+This module is the command; beside it in pipeline/tools/report/, load.py loads a run, data.py analyses it,
+charts.py draws it, page.py lays out the page, and args.py holds the command's arguments.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from docbeam.errors import Refused
 from docbeam.pipeline.store.output import STAGING
-from docbeam.pipeline.tools.report_args import add_arguments  # noqa: F401  the command's arguments, as report.add_arguments
-from docbeam.pipeline.tools.report_data import Regression, check_threshold, compare, latency_changes
-from docbeam.pipeline.tools.report_load import Run, load_run
+from docbeam.pipeline.tools.report.args import add_arguments
+from docbeam.pipeline.tools.report.data import Regression, check_threshold, compare, latency_changes
+from docbeam.pipeline.tools.report.load import Run, load_run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +54,7 @@ def write_report(
 ) -> ReportResult:
     """Writes the report of loaded runs; ``dest`` defaults to ``default_dest(run.path)``."""
     # Imported here so that `docbeam --help` and the other commands do not import matplotlib.
-    from docbeam.pipeline.tools.report_html import render_html
+    from docbeam.pipeline.tools.report.page import render_html
 
     regressions = compare(run, baseline, threshold) if baseline is not None else []
     page = render_html(run, baseline, regressions, threshold)

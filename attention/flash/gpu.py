@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from docbeam.attention.chunked import pad_to_multiple
-from docbeam.attention.flash_kernel import Kernel, is_power_of_two, not_importable, off_platform
+from docbeam.attention.flash.kernel import Kernel, is_power_of_two, not_importable, off_platform
 
 
 def _pallas_gpu_refusal(case, options) -> str:

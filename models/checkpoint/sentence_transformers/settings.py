@@ -1,5 +1,5 @@
 """sentence-transformers' files in a checkpoint folder → ModelSettings (window, pooling, normalisation, prompts,
-Dense modules, truncation). Each file's keys are first checked against models/st_keys.py's classification
+Dense modules, truncation). Each file's keys are first checked against keys.py's classification (beside it)
 (honoured, harmless, or refused), so a setting is never silently ignored; what is honoured is read here.
 """
 
@@ -9,8 +9,15 @@ import dataclasses
 import json
 from typing import Any
 
+from docbeam.models.checkpoint.sentence_transformers.keys import (
+    MODULES,
+    POOLING_FLAGS,
+    ST_CONFIG,
+    TRANSFORMER_CONFIG,
+    check_keys,
+    read_json,
+)
 from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.st_keys import MODULES, POOLING_FLAGS, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
 
 # The sentence-transformers modules docbeam reproduces, in the order it runs them; any other (LayerNorm, ...)
 # changes the embedding.
@@ -59,7 +66,7 @@ class ModelSettings:
     dense: tuple[DenseModule, ...] = ()  # applied in order to every pooled window
     truncate_dim: int | None = None  # config_sentence_transformers.json's: the default of model.truncate_dim
     splade: tuple[str, str] | None = None  # a SparseEncoder's SpladePooling: (pooling_strategy, activation_function)
-    token_mask: Any = None  # a MultiVectorEncoder's (models/st_multivector.py TokenMask); None for other models
+    token_mask: Any = None  # a MultiVectorEncoder's (multivector.py TokenMask); None for other models
 
     def width(self, hidden_size: int) -> int:
         """The pooled vector's width after the Dense modules (before any truncation)."""
@@ -210,7 +217,7 @@ def sentence_transformers_modules(
 ) -> list[tuple[str, dict]]:
     """(class name, entry) per module in modules.json; a module docbeam does not run is a CheckpointError.
     ``task_adapters``: the model has task adapters, so Jina's task-routing Transformer is run as one.
-    ``supported``: the modules docbeam runs, in their order (a MultiVectorEncoder's: models/st_multivector.py)."""
+    ``supported``: the modules docbeam runs, in their order (a MultiVectorEncoder's: multivector.py)."""
     modules = read_json(folder, MODULES) or []
     out = []
     for module in modules:

@@ -1,4 +1,4 @@
-"""Which keys of sentence-transformers' files docbeam honours, finds harmless, or refuses (models/st_settings.py
+"""Which keys of sentence-transformers' files docbeam honours, finds harmless, or refuses (settings.py
 reads the honoured ones into ModelSettings).
 
 Every key sentence-transformers 6.2.0 reads or writes in these files is classified below as honoured (docbeam
@@ -6,14 +6,14 @@ reproduces it), harmless (it does not change the vectors of documents) or refuse
 not listed, is a CheckpointError naming the file and key, so a setting is never silently ignored:
 
 - ``config_sentence_transformers.json``: honoured ``prompts``, ``default_prompt_name``, ``model_type``
-  (``SentenceTransformer``; ``MultiVectorEncoder``, whose modules models/st_multivector.py reads); harmless
+  (``SentenceTransformer``; ``MultiVectorEncoder``, whose modules multivector.py reads); harmless
   ``__version__``, ``similarity_fn_name`` (how vectors are compared, not made), ``requirements``
   (sentence-transformers' own environment check); honoured ``truncate_dim`` (the default of
   ``model.truncate_dim``: Matryoshka vectors cut to their first N dimensions).
 - ``modules.json``: entries ``idx``, ``name``, ``path``, ``type`` (sentence-transformers' Transformer, Pooling,
   any number of Dense, Normalize, in that order); ``kwargs`` (encode arguments routed to a module) refused unless
   empty, but for jina-embeddings-v3's task-routing Transformer in a checkpoint with task adapters
-  (models/st_settings.py TASK_TRANSFORMER: ``model.task`` is that routing).
+  (settings.py TASK_TRANSFORMER: ``model.task`` is that routing).
 - a Dense module's ``config.json``: honoured ``in_features``, ``out_features``, ``bias``,
   ``activation_function`` (``torch.nn.modules.linear.Identity`` or ``torch.nn.modules.activation.Tanh``);
   refused unless at their defaults ``module_input_name`` / ``module_output_name`` (sentence_embedding),
@@ -65,7 +65,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "module_input_name": "token_embeddings",
         "module_output_name": "token_embeddings",
         "use_residual": False,
-    },  # a MultiVectorEncoder's Dense: on every token (models/st_multivector.py)
+    },  # a MultiVectorEncoder's Dense: on every token (multivector.py)
     TRANSFORMER_CONFIG: {
         "unpad_inputs": _ANY,
         "do_lower_case": False,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from docbeam.attention.flash_kernel import Kernel, not_importable
+from docbeam.attention.flash.kernel import Kernel, not_importable
 
 
 def _tokamax_triton_refusal(case, options) -> str:

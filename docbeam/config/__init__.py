@@ -1,7 +1,9 @@
 """The job's YAML, validated once into frozen typed objects.
 
-Everything past this module receives the typed section it needs. Unknown keys are errors, and every
-error names the key, the bad value and what is allowed.
+Everything past this package receives the typed section it needs. Unknown keys are errors, and every
+error names the key, the bad value and what is allowed. Here: the job's sections and ``load``; the ``input`` and
+``output`` sections in input_output.py; reading the files (``extends``, ``--set``, ConfigError) in files.py. Every
+name callers use is importable from ``docbeam.config``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from typing import Any, Literal
 
 import pydantic
 
-from docbeam import config_files
 from docbeam.attention.settings import AttentionConfig  # the attention section: attention/ types it, config uses it
-from docbeam.config_files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
+from docbeam.config import files as config_files
+from docbeam.config.files import ConfigError, readable, resolve_path  # noqa: F401  (config.ConfigError for callers)
 
 # The input and output sections live in config_io.py; importing them from here is what the stages do.
-from docbeam.config_io import ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
-from docbeam.config_io import Section as _Section
+from docbeam.config.input_output import ClassifierOptions, InputConfig, OutputConfig, SparseOptions, one_folder  # noqa: F401
+from docbeam.config.input_output import Section as _Section
 from docbeam.models.heads import registry as head_registry
 from docbeam.pipeline import sinks
 
@@ -47,8 +49,9 @@ class ModelConfig(_Section):
     pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
     normalize: Literal["auto"] | bool = "auto"
     max_seq_len: pydantic.PositiveInt | None = None  # None: the checkpoint's (sentence-transformers' if present)
-    # The text put in front of every document: auto, the checkpoint's document prompt (models/st_settings.py);
-    # a name from its config_sentence_transformers.json prompts; {text: "passage: "}; null for none.
+    # The text put in front of every document: auto, the checkpoint's document prompt
+    # (models/checkpoint/sentence_transformers/settings.py); a name from its config_sentence_transformers.json
+    # prompts; {text: "passage: "}; null for none.
     prompt: Literal["auto"] | PromptText | str | None = "auto"
     # Matryoshka: keep the first N dimensions of each vector (then normalise, if the model does); auto: the
     # checkpoint's config_sentence_transformers.json truncate_dim if it sets one; null: the full vector.

@@ -1,4 +1,4 @@
-"""The charts of ``docbeam report``, drawn off-screen with matplotlib from pipeline/tools/report_data.py's structures.
+"""The charts of ``docbeam report``, drawn off-screen with matplotlib from data.py's structures (beside it).
 
 A chart with nothing to show (no batches, no memory figures, no rejects) is ``None`` rather than an empty
 frame, so the page can say so in words; matplotlib itself fails on some empty inputs (a boxplot of nothing).
@@ -17,7 +17,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import EngFormatter, MaxNLocator
 
-from docbeam.pipeline.tools.report_data import (
+from docbeam.pipeline.tools.report.data import (
     buckets,
     fmt,
     groups,
@@ -27,7 +27,7 @@ from docbeam.pipeline.tools.report_data import (
     rejected_by_kind,
     steady,
 )
-from docbeam.pipeline.tools.report_load import Run
+from docbeam.pipeline.tools.report.load import Run
 
 _STYLE = {
     "font.size": 11,

@@ -2,7 +2,8 @@
 first, since tokenizers read from disk), a Hugging Face Hub id ``hf://org/name@revision`` (through
 huggingface_hub into its cache) or ``pkg:<module>/<subfolder>`` (a checkpoint shipped inside an installed
 Python package); and the digest that names its weights without downloading them. Pickle weights are refused
-wherever they are met: loading one runs arbitrary code. models/checkpoint.py reads what this finds.
+wherever they are met: loading one runs arbitrary code. models/checkpoint/__init__.py reads what this
+finds.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A sentence-transformers ``MultiVectorEncoder`` checkpoint (config_sentence_transformers.json ``model_type:
 MultiVectorEncoder``, ColBERT-style) → ModelSettings: its modules are read here, since they differ from a
 SentenceTransformer's (no Pooling; Dense modules on every token; a MultiVectorMask), and each is checked as
-models/st_keys.py checks the others, so what docbeam does not reproduce is refused, naming the file and key.
+keys.py (beside it) checks the others, so what docbeam does not reproduce is refused, naming the file and key.
 
 docbeam reproduces, in this order (sentence_transformers/multi_vector_encoder/, 6.2.0): the Transformer; any
 number of Dense modules reading and writing ``token_embeddings``; at most one MultiVectorMask (its
@@ -15,15 +15,21 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.st_keys import MODULES, ST_CONFIG, TRANSFORMER_CONFIG, check_keys, read_json
-from docbeam.models.st_settings import (
+from docbeam.models.checkpoint.sentence_transformers.keys import (
+    MODULES,
+    ST_CONFIG,
+    TRANSFORMER_CONFIG,
+    check_keys,
+    read_json,
+)
+from docbeam.models.checkpoint.sentence_transformers.settings import (
     ModelSettings,
     _tokenizer_max_len,
     dense_modules,
     prompt_settings,
     sentence_transformers_modules,
 )
+from docbeam.models.families.encoder_config import CheckpointError
 
 MODEL_TYPE = "MultiVectorEncoder"
 MODULE_ORDER = ("Transformer", "Dense", "MultiVectorMask", "Normalize")

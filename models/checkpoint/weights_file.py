@@ -1,4 +1,4 @@
-"""Where a checkpoint's model.safetensors is read for models/weights_check.py: the local file, or by ranged reads
+"""Where a checkpoint's model.safetensors is read for weights_check.py (beside it): the local file, or by ranged reads
 of its header on gs:// (any Beam FileSystem) and on the Hub, so the driver holds config.json against the weights
 of every checkpoint without downloading them."""
 
@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import BinaryIO, Callable
 
-from docbeam.models.checkpoint_source import _hub_env, _hub_offline, _hub_weights_entry, parse_hub_id, pinned_path
+from docbeam.models.checkpoint.source import _hub_env, _hub_offline, _hub_weights_entry, parse_hub_id, pinned_path
 from docbeam.models.families.encoder_config import CheckpointError
 
 

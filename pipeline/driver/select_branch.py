@@ -1,4 +1,4 @@
-"""selected/ (pipeline/stages/selected.py), written beside the head's rows into the run's staging folder for the
+"""selected/ (pipeline/stages/select_documents.py), written beside the head's rows into the run's staging folder for the
 commit to wait on (the sinks' files: pipeline/driver/sink_files.py)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import apache_beam as beam
 
 from docbeam.pipeline.driver.plan import JobPlan
-from docbeam.pipeline.stages.selected import SelectDocuments
+from docbeam.pipeline.stages.select_documents import SelectDocuments
 
 
 def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, reused) -> dict:

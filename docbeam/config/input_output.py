@@ -114,7 +114,7 @@ class OutputFields(Section):
     mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
     granularity: Literal["document", "chunk", "both"] = "document"  # chunk: one row per window, with offsets
     chunk_text: bool = True  # chunk rows carry the chunk's text (false: offsets only)
-    # late: each chunk's vector pooled from a forward over its whole document (pipeline/stages/late_chunks.py)
+    # late: each chunk's vector pooled from a forward over its whole document (pipeline/stages/late_chunking.py)
     chunking: Literal["window", "late"] = "window"
     vector_dtype: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"
 

@@ -17,8 +17,8 @@ import re
 
 import numpy as np
 
+from docbeam.models.checkpoint.weights_file import WeightsFile
 from docbeam.models.families.encoder_config import CheckpointError
-from docbeam.models.weights_source import WeightsFile
 
 ITEM_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "I16": 2, "I32": 4, "I64": 8, "BOOL": 1}
 FLOATS = {"F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": None}  # BF16: its upper float32 half, decoded here

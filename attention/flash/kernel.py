@@ -1,8 +1,8 @@
-"""What every ``flash`` kernel is described by (attention/flash.py picks among them): its options
+"""What every ``flash`` kernel is described by (attention/flash/__init__.py picks among them): its options
 (``FlashOptions``: Pallas tiles, interpret mode), a ``Kernel`` record (the label it reports, its shape check,
 its call, and which features of attention/features.py it takes, or why it cannot), and the refusal wording
 kernels share.
-The kernels themselves live one file per family: flash_tpu.py, flash_gpu.py, flash_tokamax.py.
+The kernels themselves live one file per family beside it: tpu.py, gpu.py, tokamax.py.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from docbeam.attention.chunked import pad_to_multiple
-from docbeam.attention.flash_kernel import Kernel, not_importable, off_platform
+from docbeam.attention.flash.kernel import Kernel, not_importable, off_platform
 
 
 def _dtype_refusal(name: str, case) -> str:

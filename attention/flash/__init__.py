@@ -13,8 +13,8 @@ the reason, and ``kernel: auto`` moves on to the next. In one bucket global and 
 different kernels of the list (on TPU ``pallas_tpu`` for global layers, ``splash_tpu`` for local ones); the
 backend stays ``flash``.
 
-The kernels live one file per family (attention/flash_tpu.py, flash_gpu.py, flash_tokamax.py; docbeam's own
-``chunked`` below); what they share (options, the Kernel record) in attention/flash_kernel.py. Here: which
+The kernels live one file per family in this package (attention/flash/tpu.py, gpu.py, tokamax.py; docbeam's own
+``chunked`` below); what they share (options, the Kernel record) in attention/flash/kernel.py. Here: which
 kernels ``auto`` tries per platform, picking one, and the ``flash`` backend that runs it.
 """
 
@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from docbeam.attention import chunked, flash_gpu, flash_tokamax, flash_tpu
+from docbeam.attention import chunked
 from docbeam.attention.features import DECLARED
-from docbeam.attention.flash_kernel import FlashOptions, Kernel, KernelName
+from docbeam.attention.flash import gpu, tokamax, tpu
+from docbeam.attention.flash.kernel import FlashOptions, Kernel, KernelName
 from docbeam.attention.interface import AttentionCase, Support
 from docbeam.attention.registry import register
 
@@ -74,9 +75,9 @@ def _chunked(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, **fe
 
 
 KERNELS: dict[str, Kernel] = {
-    **flash_tpu.KERNELS,
-    **flash_gpu.KERNELS,
-    **flash_tokamax.KERNELS,
+    **tpu.KERNELS,
+    **gpu.KERNELS,
+    **tokamax.KERNELS,
     "chunked": Kernel(
         "docbeam.chunked (xla online softmax, chunks tuned per length)",
         _chunked_refusal,

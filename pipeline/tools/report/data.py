@@ -1,6 +1,6 @@
 """The figures ``docbeam report`` and ``--baseline`` are built from, computed from a loaded run
-(pipeline/tools/report_load.py). Nothing here draws or imports matplotlib, so comparing runs (and the CLI's
-``--help``) stays cheap; pipeline/tools/report_charts.py and pipeline/tools/report_html.py render what this
+(pipeline/tools/report/load.py). Nothing here draws or imports matplotlib, so comparing runs (and the CLI's
+``--help``) stays cheap; pipeline/tools/report/charts.py and pipeline/tools/report/page.py render what this
 returns.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 from docbeam.errors import Refused
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.telemetry.observe import fallback_key
-from docbeam.pipeline.tools.report_load import Run
+from docbeam.pipeline.tools.report.load import Run
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""The HTML page of ``docbeam report``, from pipeline/tools/report_data.py's structures and
-pipeline/tools/report_charts.py's PNGs. The page inlines its charts and has no scripts or external assets.
+"""The HTML page of ``docbeam report``, from pipeline/tools/report/data.py's structures and
+pipeline/tools/report/charts.py's PNGs. The page inlines its charts and has no scripts or external assets.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 
 from docbeam.models.heads.registry import described
 from docbeam.pipeline.telemetry import memory_trend
-from docbeam.pipeline.tools import report_charts
-from docbeam.pipeline.tools.report_data import (
+from docbeam.pipeline.tools.report import charts
+from docbeam.pipeline.tools.report.data import (
     Regression,
     bucket_stats,
     fallbacks,
@@ -22,7 +22,7 @@ from docbeam.pipeline.tools.report_data import (
     recompilations,
     rejected_by_kind,
 )
-from docbeam.pipeline.tools.report_load import Run
+from docbeam.pipeline.tools.report.load import Run
 
 # .w (a cell with a long unbroken value: a gs:// path, a digest) and code wrap anywhere rather than widen
 # the page; other cells keep whole words.
@@ -214,7 +214,7 @@ def _no_batches(run: Run) -> str:
 
 
 def _charts(run: Run) -> str:
-    pngs = report_charts.draw(run)
+    pngs = charts.draw(run)
     figures = "".join(
         f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,'
         f'{base64.b64encode(png).decode("ascii")}"></figure>'
