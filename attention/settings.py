@@ -13,6 +13,7 @@ from typing import Any, Literal
 import pydantic
 
 from docbeam.attention import registry
+from docbeam.errors import readable
 
 
 class AttentionConfig(pydantic.BaseModel):
@@ -46,7 +47,7 @@ class AttentionConfig(pydantic.BaseModel):
             try:
                 parsed[name] = registry.get(name).parse_options(section)
             except pydantic.ValidationError as e:
-                raise ValueError(_each_error(e, prefix=f"attention.{name}")) from None
+                raise ValueError(readable(e, prefix=f"attention.{name}")) from None
         rest = {k: v for k, v in raw.items() if k not in sections}
         return {**rest, "backend_options": parsed}
 
@@ -86,14 +87,3 @@ class AttentionConfig(pydantic.BaseModel):
         if name in self.backend_options:
             return self.backend_options[name]
         return registry.get(name).parse_options(None)
-
-
-def _each_error(error: pydantic.ValidationError, prefix: str) -> str:
-    """pydantic's errors in a backend's section, one per key by its dotted path, as docbeam's config names keys
-    (docbeam/config/files.py ``readable``, which attention/ does not import)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in (prefix, *e['loc']))}: "
-        f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg'].removeprefix('Value error, ')}"
-        f" (got {e['input']!r})"
-        for e in error.errors()
-    )

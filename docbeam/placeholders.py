@@ -12,6 +12,8 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from docbeam.errors import ConfigError
+
 # docbeam.config.JobConfig, which imports this module (its paths may hold PATH_PLACEHOLDERS): not
 # imported back, since the import graph has no loops (tests/import_graph_test.py).
 JobConfig = Any
@@ -126,8 +128,6 @@ def problems(runner: str, values: Mapping[str, object]) -> list[str]:
 def refuse(cfg: JobConfig, beam_options: Mapping[str, object]) -> None:
     """Raises ConfigError (exit 2) naming each profile placeholder a launch of ``cfg`` with ``beam_options``
     (Beam's names, e.g. from ``beam_options_of``) would carry."""
-    from docbeam.config.files import ConfigError
-
     found = problems(cfg.runner.name, launch_values(cfg, beam_options))
     if found:
         raise ConfigError("this job would launch on placeholders:\n  " + "\n  ".join(found))

@@ -38,7 +38,7 @@ ALLOWED = {
         "pipeline.tools",
     },  # the public API, on top
     "docbeam.errors": set(),
-    # output's fields are the registered sinks' sections (docbeam/config_io.py asks pipeline/sinks/ for them);
+    # output's fields are the registered sinks' sections (docbeam/config/input_output.py asks pipeline/sinks/ for them);
     # model.head is checked against the heads' registry (models/heads/registry.py)
     "docbeam.config": {"docbeam.errors", "attention", "models", "pipeline.store", "pipeline.sinks"},
     "attention": {"docbeam.errors"},

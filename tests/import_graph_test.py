@@ -1,5 +1,6 @@
 """The import graph of pipeline/, models/ and attention/ has no loop, counting imports inside functions too
-(a deferred import is still a dependency: it only hides the loop until the function runs). Modules are named by
+(a deferred import is still a dependency: it only hides the loop until the function runs) and the packages
+whose ``__init__`` an import runs first. Modules are named by
 their folder (``pipeline.driver.run``); the code imports them under the installed name ``docbeam.pipeline.driver.run``,
 which the scan reads back to the folder's name."""
 
@@ -33,9 +34,10 @@ def modules() -> dict[str, str]:
 
 def import_graph() -> dict[str, set[str]]:
     """Module → the project modules it imports anywhere in its body. ``from a import b`` counts as importing
-    ``a.b`` when that is a module, else ``a``; a submodule does not count as importing its package."""
+    ``a.b`` when that is a module, else ``a``, and the packages above it that it runs (packages_run)."""
     known = modules()
     graph = {name: set() for name in known}
+    imported = {name: set() for name in known}
     for name, path in known.items():
         with open(path) as f:
             tree = ast.parse(f.read())
@@ -53,7 +55,23 @@ def import_graph() -> dict[str, set[str]]:
             else:
                 continue
             graph[name] |= {t for t in targets if t in known and t != name}
+            imported[name] |= {t for t in targets if t in known}
+    importing = {name for name, targets in graph.items() if targets}  # an __init__ that imports nothing is harmless
+    for name, targets in imported.items():
+        graph[name] |= {p for t in targets for p in packages_run(name, t, importing)}
     return graph
+
+
+def packages_run(importer: str, target: str, importing: set[str]) -> set[str]:
+    """The packages whose ``__init__`` importing ``target`` runs first and that import project modules: each one
+    above it that ``importer`` is not inside (a sibling's import finds its package started already). A sink
+    importing ``docbeam.config.files`` runs ``docbeam/config/__init__.py``, which imports the sinks: a loop that
+    left ``output`` without the sinks' sections whenever the sinks were imported first."""
+    parts = target.split(".")
+    outer = [".".join(parts[:i]) for i in range(1, len(parts))]
+    # ``docbeam`` itself imports its public API on first use (a module ``__getattr__``), never at import
+    outer = [p for p in outer if p != "docbeam" and p in importing]
+    return {p for p in outer if p != importer and not importer.startswith(p + ".")}
 
 
 def loops(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import REPO
@@ -68,6 +70,17 @@ def test_outputs_sections_are_the_registered_sinks_and_round_trip(tmp_path):
         config.parse(job(tmp_path, vertex_al=True), base_dir=".")
     with pytest.raises(config.ConfigError, match="output.pgvector loads float vectors"):
         config.parse(job(tmp_path, vector_dtype="int8", pgvector={"dsn": "", "table": "docs"}), base_dir=".")
+
+
+@pytest.mark.parametrize("first", ["docbeam.pipeline.sinks", "docbeam.config", "docbeam.pipeline.driver.cli"])
+def test_outputs_sections_do_not_depend_on_which_module_is_imported_first(first):
+    # A sink that imported the config package while the sinks registered left output without their sections.
+    code = (
+        f"import {first}\nfrom docbeam.config import OutputConfig\nfrom docbeam.pipeline import sinks\n"
+        "print(sorted(set(sinks.SINKS) - set(OutputConfig.model_fields)), sorted(sinks.SINKS))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert done.stdout.split() == ["[]", "['pgvector',", "'vertex_ai']"]
 
 
 def test_the_cli_has_each_sinks_commands():

@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 import os
 
-import pydantic
 import yaml
 
-from docbeam.errors import Refused
+from docbeam.errors import ConfigError, readable  # noqa: F401  (config_files.ConfigError for callers)
 from docbeam.pipeline.store.paths import is_remote
 
 EXTENDS = "extends"
@@ -30,10 +29,6 @@ PATH_KEYS = (
 # Mappings whose keys are free: Beam's option names (checked against Beam later), worker environment
 # variables, and per-backend attention options (checked against the registry later).
 OPEN_SECTIONS = (("runner", "options"), ("runner", "worker_env"), ("attention",))
-
-
-class ConfigError(Refused, ValueError):
-    """A config that cannot run, with a message for the person who wrote it."""
 
 
 def resolve_path(path: str, base_dir: str) -> str:
@@ -148,24 +143,6 @@ def resolve_paths(raw: dict, base_dir: str) -> dict:
             parts = [p.strip() for p in value.split(",")] if (section, key) == ("input", "path") else [value]
             out[section] = {**values, key: ",".join(resolve_path(p, base_dir) if p else p for p in parts)}
     return out
-
-
-def readable(error: pydantic.ValidationError, prefix: str = "") -> str:
-    """pydantic's errors as one line each naming the key, what is wrong and the value given, since its own
-    text names the model's internals."""
-    lines = []
-    for e in error.errors():
-        key = ".".join(str(p) for p in (prefix, *e["loc"]) if p != "")
-        message = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            message = "unknown key"
-        if e["type"] == "value_error" and message.startswith(f"{key}."):
-            lines.append(message)  # a check on the whole section that names the key itself
-            continue
-        lines.append(
-            f"{key}: {message} (got {e['input']!r})" if e["type"] != "missing" else f"{key}: required, but missing"
-        )
-    return "; ".join(lines)
 
 
 def apply_overrides(raw: dict, overrides: list[str]) -> dict:

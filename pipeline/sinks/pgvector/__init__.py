@@ -8,7 +8,7 @@ import re
 
 import pydantic
 
-from docbeam.config import files as config_files
+from docbeam.errors import ConfigError, readable
 from docbeam.pipeline.sinks.registry import Sink, SinkCommand, SinkSection, float_vectors, register
 
 TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
@@ -81,7 +81,7 @@ def check_head(head) -> None:
     """What the loader takes of the head's rows, at plan (the one place this sink reads the head; what a committed
     run's rows hold, the loader reads from its manifest: rows.table_layout)."""
     if not {c.kind for c in head.columns()} - {"multi_vector"}:  # a table row takes a vector or scores, not a list
-        raise config_files.ConfigError(
+        raise ConfigError(
             f"output.pgvector: model.head resolved to {head.name}, whose {head.folder}/ rows hold a "
             "list of token vectors per document, which the pgvector sink does not load; remove "
             "output.pgvector"
@@ -102,7 +102,7 @@ def sync_prepare(args) -> tuple[str, dict, PgvectorConfig]:
     try:
         target = PgvectorConfig(dsn=args.dsn, table=args.table)
     except pydantic.ValidationError as e:
-        raise config_files.ConfigError(config_files.readable(e, prefix="sync-pgvector")) from None
+        raise ConfigError(readable(e, prefix="sync-pgvector")) from None
     output = paths.normalize_folder(args.output)
     manifest = output_lib.read_manifest(output)
     if manifest is None:

@@ -4,7 +4,7 @@ at all (the writer: writer.py). ``true`` in YAML turns it on without restricts."
 
 from __future__ import annotations
 
-from docbeam.config.files import ConfigError
+from docbeam.errors import ConfigError
 from docbeam.pipeline.sinks.registry import Sink, SinkSection, float_vectors, register
 
 VERTEX_VECTORS = {"embedding", "sparse_embedding"}  # the row columns a Vector Search datapoint carries
