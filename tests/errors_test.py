@@ -77,12 +77,13 @@ def test_a_run_that_fails_after_it_started_leaves_its_summary_in_staging_and_is_
 ):
     """A start-time error class raised by a worker (here a CheckpointError in a step of the job) is a failed
     job: exit 1, with summary.json in the run's staging folder saying why."""
-    from docbeam.pipeline.driver import embed, run
+    from docbeam.pipeline.driver import run
+    from docbeam.pipeline.stages import encode_documents
 
     corpus = tmp_path / "in.jsonl"
     corpus.write_text('{"id": "a", "text": "hello world"}\n')
     out = tmp_path / "out"
-    monkeypatch.setattr(embed, "content_hash", _hash_that_raises)  # the fault: any exception inside the job
+    monkeypatch.setattr(encode_documents, "content_hash", _hash_that_raises)  # the fault: any exception inside the job
 
     with pytest.raises(JobFailed, match="CheckpointError: model.path: tokenizer.json vanished on the worker"):
         run.run_job(job_config(str(corpus), str(out), tiny_checkpoint_dir))

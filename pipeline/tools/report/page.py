@@ -114,16 +114,20 @@ def _summary_value(key: str, value) -> str:
         return _pct(value)
     if isinstance(value, dict):  # nested ones (summary.json's representations) read "name (key: value, ...)"
         return (
-            "; ".join(
-                f"{k} ({', '.join(f'{kk}: {fmt(vv)}' for kk, vv in v.items())})"
-                if isinstance(v, dict)
-                else f"{k}: {fmt(v)}"
-                for k, v in value.items()
-            )
+            "; ".join(f"{k} {_nested(v)}" if isinstance(v, dict) else f"{k}: {_nested(v)}" for k, v in value.items())
             or "none"
         )
     if isinstance(value, (list, tuple)):
-        return "; ".join(fmt(v) for v in value) or "none"
+        return "; ".join(_nested(v) for v in value) or "none"
+    return fmt(value)
+
+
+def _nested(value) -> str:
+    """A value inside a summary value (the head's columns, a list of mappings) in words, never Python's repr."""
+    if isinstance(value, dict):
+        return f"({', '.join(f'{k}: {_nested(v)}' for k, v in value.items())})"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(_nested(v) for v in value) or "none"
     return fmt(value)
 
 
