@@ -162,7 +162,8 @@ def test_reapplying_a_committed_run_changes_nothing(runs, postgres, capsys):
 
 KILLED_LOAD = """
 import sys, threading
-from docbeam.pipeline.store import faults, pgvector, output
+from docbeam.pipeline.sinks.pgvector import load as pgvector
+from docbeam.pipeline.store import faults, output
 out, dsn, table, pause_at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 plan = faults.FaultPlan(pause_at=pause_at, counts=lambda op, path: path.startswith("postgres:"))
 def tell():
