@@ -379,11 +379,13 @@ def standalone_spec(
     buckets: Sequence[int],
     packing: bool = False,
     head=None,
+    mesh=None,
     **settings,
 ):
     """The EncoderSpec of an encoder used without a job (benchmarks, tests): planned here, for this machine's
-    platform, as the driver plans a job, with ``head`` or else the embedding head pooling by ``pooling`` and
-    running the checkpoint's Dense modules, unnormalised (``settings``: the other EncoderSpec fields)."""
+        platform, as the driver plans a job, with ``head`` or else the embedding head pooling by ``pooling`` and
+        running the checkpoint's Dense modules, unnormalised, on ``mesh`` (a models/mesh.py MeshShape; None: one chip;
+    ``settings``: the other EncoderSpec fields)."""
     import jax
 
     from docbeam.attention.dispatch import choose_backends
@@ -404,5 +406,6 @@ def standalone_spec(
         choices=tuple(choose_backends(attention, cases)),
         platform=platform,
         packing=packing,
+        **({"mesh": mesh} if mesh is not None else {}),
     )
     return EncoderSpec(plan, **settings)

@@ -1,5 +1,6 @@
-"""The loaded encoder of one worker process: parameters on its device, one compiled forward per (shape,
-backend), compiled ahead when the shapes are known, and one timing record per batch.
+"""The loaded encoder of one worker process: parameters on its chips (one, or a mesh of them: models/mesh.py),
+one compiled forward per (shape, backend), compiled ahead when the shapes are known, and one timing record per
+batch.
 
 It runs the attention backend per bucket it is given (``RuntimeSpec.choices``: the job's plan, or the
 worker's re-plan when its platform is not the planned one); it never chooses. What it reports goes through
@@ -18,8 +19,10 @@ from typing import Any, Callable
 import numpy as np
 
 from docbeam.attention.dispatch import Choice, bind_choice
+from docbeam.attention.on_mesh import on_mesh
 from docbeam.attention.settings import AttentionConfig
 from docbeam.models.compile_pool import CompilePool
+from docbeam.models.mesh import MeshShape, make_mesh, pad_rows, padded_rows, param_shardings, rows_sharding
 from docbeam.models.nan_repair import reencode_row_mates
 from docbeam.models.profiler import FirstBatchesProfiler
 
@@ -44,6 +47,7 @@ class EncoderPlan:
     # What the driver read of the checkpoint (weights' and Dense modules' digests, its config): a warm runtime
     # serves a later job only while these match, so a checkpoint rewritten in place is loaded afresh.
     checkpoint_key: tuple = ()
+    mesh: MeshShape = MeshShape()  # runner.mesh: the worker's chips on the data and model axes
 
     def __post_init__(self):
         if not self.choices:
@@ -97,14 +101,57 @@ def compiler_options(platform: str) -> dict | None:
     return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a worker's encoder lives: one chip, or a mesh of them. ``params`` and ``rows`` are the
+    shardings of the parameters and of a batch's arrays (and the forward's output)."""
+
+    mesh: Any  # jax.sharding.Mesh (one chip: a 1x1 mesh)
+    device: Any  # the mesh's first chip: what a single-chip record names
+
+    @classmethod
+    def of(cls, shape: MeshShape) -> "Placement":
+        mesh = make_mesh(shape)
+        return cls(mesh, mesh.devices.flat[0])
+
+    @property
+    def shape(self) -> MeshShape:
+        return MeshShape(self.mesh.shape["data"], self.mesh.shape["model"])
+
+    @property
+    def devices(self) -> list:
+        return list(self.mesh.devices.flat)
+
+    def rows(self):
+        import jax
+
+        return rows_sharding(self.mesh) if self.mesh.size > 1 else jax.sharding.SingleDeviceSharding(self.device)
+
+    def params(self, params):
+        import jax
+
+        if self.mesh.size == 1:
+            return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(self.device), params)
+        return param_shardings(params, self.mesh)
+
+    def put_rows(self, arrays) -> list:
+        """A batch's arrays, rows padded to the data axis (None stays None), on the chips."""
+        import jax
+
+        sharding = self.rows()
+        padded = pad_rows(arrays, self.shape.data)
+        return [x if x is None else jax.device_put(x, sharding) for x in padded]
+
+
 def load(spec: RuntimeSpec, fn_name: str):
-    """(device, EncoderConfig, parameters on the device, {backend: jitted forward named ``fn_name``})."""
+    """(placement, EncoderConfig, parameters on its chips, {backend: jitted forward named ``fn_name``})."""
     import jax
 
     from docbeam.models import checkpoint, encoder
 
-    device = jax.devices()[0]
     plan = spec.plan
+    placement = Placement.of(plan.mesh)
+    device = placement.device
     ck = checkpoint.open_checkpoint(plan.model_path, plan.dtype, with_weights=True, task=plan.task)
     params = checkpoint.load_params(ck.folder, ck.config)
     # The head's layers (sentence-transformers' Dense modules, a classifier) run inside the jitted forward,
@@ -114,14 +161,17 @@ def load(spec: RuntimeSpec, fn_name: str):
         params = {"encoder": params, "head": head.load_params(ck.folder)}
     forwards = {}
     for name in sorted({c.backend for c in spec.choices}):
-        embed = encoder.embed_fn(ck.config, bind_choice(plan.attention, name), head.pooling, head.layers, head.reduce)
+        attend = on_mesh(bind_choice(plan.attention, name), placement.mesh)
+        embed = encoder.embed_fn(ck.config, attend, head.pooling, head.layers, head.reduce)
 
         def forward(params, ids_BxT, lengths_B, *packed, embed=embed):
             return embed(params, ids_BxT, lengths_B, *packed)
 
         forward.__name__ = forward.__qualname__ = fn_name  # the owner's compile watch counts by this name
-        forwards[name] = jax.jit(forward, compiler_options=compiler_options(device.platform))
-    return device, ck.config, jax.block_until_ready(jax.device_put(params, device)), forwards
+        forwards[name] = jax.jit(
+            forward, out_shardings=placement.rows(), compiler_options=compiler_options(device.platform)
+        )
+    return placement, ck.config, jax.block_until_ready(jax.device_put(params, placement.params(params))), forwards
 
 
 def window_outputs(head, pooled: np.ndarray, batch):
@@ -147,7 +197,8 @@ class EncoderRuntime:
     def __init__(self, spec: RuntimeSpec, hooks: RuntimeHooks, startup: dict | None = None, job: str = ""):
         self.spec, self.hooks, self._job = spec, hooks, job
         t0 = time.perf_counter()
-        self.device, self.config, self.params, self._forward = load(spec, hooks.fn_name)
+        self.placement, self.config, self.params, self._forward = load(spec, hooks.fn_name)
+        self.device = self.placement.device
         self.choices = {c.case.seq_len: c for c in spec.choices}
         self._shapes_seen: set = set()
         self.profiler = FirstBatchesProfiler(hooks.profile_batches, hooks.publish_trace)
@@ -167,19 +218,13 @@ class EncoderRuntime:
 
         hits = self.hooks.watch.in_this_thread()[2]
         t0 = time.perf_counter()
-        packed = ()
+        rows = self.placement.rows()
+        shape = (padded_rows(shape[0], self.placement.shape.data), shape[1])
+        inputs = [shape, shape[:1]]
         if self.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
-            packed = (
-                jax.ShapeDtypeStruct(shape, np.int32),
-                jax.ShapeDtypeStruct((shape[0], dict(self.spec.slots)[shape[1]]), np.int32),
-            )
-        executable = (
-            self._forward[backend]
-            .lower(
-                self.params, jax.ShapeDtypeStruct(shape, np.int32), jax.ShapeDtypeStruct(shape[:1], np.int32), *packed
-            )
-            .compile()
-        )
+            inputs += [shape, (shape[0], dict(self.spec.slots)[shape[1]])]
+        abstract = [jax.ShapeDtypeStruct(s, np.int32, sharding=rows) for s in inputs]
+        executable = self._forward[backend].lower(self.params, *abstract).compile()
         record = {
             "backend": backend,
             "rows": shape[0],
@@ -227,7 +272,6 @@ class EncoderRuntime:
             return vectors, timing
 
     def _encode(self, batch) -> tuple[np.ndarray, dict]:
-        import jax
 
         choice = self.choices[batch.bucket_len]
         started_at = datetime.datetime.now(datetime.timezone.utc)
@@ -245,13 +289,13 @@ class EncoderRuntime:
         forward, waited_s = self.pool.executable(key) if not late else (None, 0.0)
         forward = forward or self._forward[choice.backend]  # a shape not planned for: jit compiles it now
         t1 = time.perf_counter()
-        pooled = forward(self.params, *[x if x is None else jax.device_put(x, self.device) for x in inputs])
+        pooled = forward(self.params, *self.placement.put_rows(inputs))
         pooled.block_until_ready()
         t2 = time.perf_counter()
-        vectors = window_outputs(self.spec.head, np.asarray(pooled), batch)
+        vectors = window_outputs(self.spec.head, np.asarray(pooled)[: batch.rows], batch)
         alone = (
             reencode_row_mates(
-                lambda *rows: forward(self.params, *[jax.device_put(x, self.device) for x in rows]),
+                lambda *rows: np.asarray(forward(self.params, *self.placement.put_rows(rows)))[: len(rows[0])],
                 batch,
                 vectors,
                 self.spec.head.window_vectors,
@@ -289,5 +333,6 @@ class EncoderRuntime:
             "compute_ms": round((t2 - t1) * 1e3, 3),
             "total_ms": round((t3 - t0) * 1e3, 3),
             "started_at": started_at.isoformat(),
-            **self.hooks.batch_facts(self.device),
+            "mesh": self.placement.shape.as_dict(),
+            **self.hooks.batch_facts(self.placement.devices),
         }

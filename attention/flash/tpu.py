@@ -42,6 +42,16 @@ def _pallas_tpu_refusal(case, options) -> str:
     )
 
 
+def interpreted(pltpu):
+    """TPU interpret mode, which simulates the chip's memories; with more than one device in the process, Pallas'
+    plain HLO interpreter (``interpret=True``) instead: TPU interpret mode starts each kernel at a barrier of
+    every device, a Python thread each, and XLA:CPU does not run every virtual device's program at once, so on
+    a mesh (runner.mesh, tests/mesh_test.py) the second call waits for ever."""
+    import jax
+
+    return pltpu.force_tpu_interpret_mode(True if jax.device_count() > 1 else pltpu.InterpretParams())
+
+
 def _pallas_tpu(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, segment_ids_BxT=None, causal=False):
     from jax.experimental.pallas import tpu as pltpu
     from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
@@ -67,8 +77,7 @@ def _pallas_tpu(q_BxTxNxH, k_BxSxNxH, v_BxSxNxH, kv_lengths_B, scale, options, s
     blocks = tpu_flash.BlockSizes(
         block_q=options.block_q, block_k_major=options.block_k, block_k=options.block_k, block_b=1
     )  # forward only: no backward blocks
-    interpret = pltpu.force_tpu_interpret_mode() if options.interpret else contextlib.nullcontext()
-    with interpret:
+    with interpreted(pltpu) if options.interpret else contextlib.nullcontext():
         out_BxNxTxH = tpu_flash.flash_attention(
             q_BxNxTxH,
             k_BxNxSxH,

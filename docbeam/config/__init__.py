@@ -121,8 +121,40 @@ class ProfileConfig(_Section):
     batches: pydantic.NonNegativeInt = 0  # capture a JAX profiler trace of the first N batches per worker
 
 
+BYTE_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def parse_bytes(text: str) -> int:
+    """``16GiB``, ``24 GB``, ``512MiB`` → bytes."""
+    import re
+
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)\s*", str(text))
+    if not found or found.group(2) not in BYTE_UNITS:
+        raise ValueError(f"{text!r} is not a size; write it as a number and a unit, e.g. 16GiB, 80GB, 512MiB")
+    return int(float(found.group(1)) * BYTE_UNITS[found.group(2)])
+
+
+class MeshSection(_Section):
+    """``runner.mesh``: the worker's chips as a data axis (a batch's rows split across it) and a model axis
+    (the parameters split across it, Megatron-style: models/mesh.py). ``data: auto``: every chip the model
+    axis leaves."""
+
+    data: pydantic.PositiveInt | Literal["auto"] = 1
+    model: pydantic.PositiveInt = 1
+
+    def shape(self):
+        from docbeam.models.mesh import MeshShape
+
+        return MeshShape(0 if self.data == "auto" else self.data, self.model)
+
+
 class RunnerConfig(_Section):
     name: str = "DirectRunner"
+    # The worker's chips: {data: N, model: M}, or auto (every local chip on the data axis). Default: one chip.
+    mesh: MeshSection | Literal["auto"] = MeshSection()
+    # Each chip's memory for the memory plan at start (pipeline/driver/memory_plan.py), e.g. 16GiB; unset: read
+    # from the chip where the driver has one, else from the profile's accelerator (worker_accelerator).
+    device_memory: str | None = None
     # The platform the driver plans attention for (start-up checks, `validate`); auto: this machine's.
     # Workers re-plan for the platform they actually have.
     device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
@@ -137,6 +169,19 @@ class RunnerConfig(_Section):
     # Memory growth after warm-up (pipeline/telemetry/memory_trend.py) above which the run fails (exit 1, nothing
     # committed); unset: the growth is only reported (summary.json's memory, the report).
     max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
+
+    @pydantic.field_validator("device_memory")
+    @classmethod
+    def _a_size(cls, text):
+        if text is not None:
+            parse_bytes(text)
+        return text
+
+    def mesh_shape(self):
+        """``mesh`` as models/mesh.py's MeshShape (auto: data 0, resolved on the worker)."""
+        from docbeam.models.mesh import MeshShape
+
+        return MeshShape(0, 1) if self.mesh == "auto" else self.mesh.shape()
 
     @pydantic.field_validator("options")
     @classmethod

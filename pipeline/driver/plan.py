@@ -344,6 +344,7 @@ def _checked_plan(
         packing=packing,
         task=cfg.model.task,
         checkpoint_key=(key["weights_digest"], key["dense_digest"], checkpoint.config),
+        mesh=cfg.runner.mesh_shape(),
     )
     return JobPlan(
         config=cfg,

@@ -33,7 +33,7 @@ from docbeam.pipeline.telemetry.observe import (
     CompileWatch,
     Progress,
     StageClock,
-    describe_device,
+    describe_devices,
     fallback_key,
     memory,
     metric_name,
@@ -119,7 +119,7 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
         CompileWatch.get(),
         ENCODER_FN_NAME,
         cache.push if cache is not None else (lambda: None),
-        batch_facts=lambda device: {"device": describe_device(device), "worker": worker_name(), **memory(device)},
+        batch_facts=lambda devices: {"device": describe_devices(devices), "worker": worker_name(), **memory(devices)},
         publish_trace=publish,
         profile_batches=spec.profile_batches,
     )

@@ -124,14 +124,19 @@ def timing_stats(t: dict) -> dict:
     return stats
 
 
-def memory_sample(t: dict) -> tuple[str, tuple[str, float, float, int]]:
+def memory_samples(t: dict) -> list[tuple[str, tuple[str, float, float, int]]]:
+    """The batch's memory sample for its worker's trend; on a mesh one per chip (``memory_per_device``), so
+    the leak alarm watches each chip."""
     nan = float("nan")
-    return memory_trend.worker_key(t), (
-        t.get("started_at", ""),
-        t.get("memory_in_use_bytes", nan),
-        t.get("memory_peak_bytes", nan),
-        t.get("compiling_ahead", 0),
-    )
+    sample = (t.get("started_at", ""), t.get("memory_in_use_bytes", nan), t.get("memory_peak_bytes", nan))
+    ahead = t.get("compiling_ahead", 0)
+    per_device = t.get("memory_per_device")
+    if not per_device:
+        return [(memory_trend.worker_key(t), (*sample, ahead))]
+    return [
+        (memory_trend.worker_key({**t, "device": device}), (sample[0], used, nan, ahead))
+        for device, used in sorted(per_device.items())
+    ]
 
 
 def memory_trend_stats(worker: str, samples) -> dict:
@@ -246,7 +251,7 @@ class WriteOutputs(beam.PTransform):
                 rejected | "RejectedStats" >> beam.Map(lambda r: {"docs_rejected": 1, "rejected_by_kind": {r.kind: 1}}),
                 timing | "TimingStats" >> beam.Map(timing_stats),
                 timing
-                | "MemorySamples" >> beam.Map(memory_sample)
+                | "MemorySamples" >> beam.FlatMap(memory_samples)
                 | "ByWorker" >> beam.GroupByKey()
                 | "MemoryTrend" >> beam.MapTuple(memory_trend_stats),
                 *([outputs["startup"] | "StartupStats" >> beam.Map(startup_stats)] if "startup" in outputs else []),

@@ -160,20 +160,34 @@ class StageClock:
             self.add(spent)
 
 
-def memory(device) -> dict:
-    """Device memory where the platform reports it (GPU/TPU), host RSS otherwise (CPU)."""
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if stats and "bytes_in_use" in stats:
-        return {
-            "memory_in_use_bytes": int(stats["bytes_in_use"]),
-            "memory_peak_bytes": int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
-            "memory_source": "device",
+def memory(devices) -> dict:
+    """Device memory where the platform reports it (GPU/TPU), host RSS otherwise (CPU). On a mesh (several
+    ``devices``) the chip with the most in use speaks for the batch (the one that runs out first), and
+    ``memory_per_device`` keeps each chip's, so a leak on one chip is seen on that chip."""
+    devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
+    stats = [(d, d.memory_stats() if hasattr(d, "memory_stats") else None) for d in devices]
+    reported = [(d, s) for d, s in stats if s and "bytes_in_use" in s]
+    if reported:
+        per_device = {
+            describe_device(d): (int(s["bytes_in_use"]), int(s.get("peak_bytes_in_use", s["bytes_in_use"])))
+            for d, s in reported
         }
+        in_use, peak = max(per_device.values())
+        facts = {"memory_in_use_bytes": in_use, "memory_peak_bytes": peak, "memory_source": "device"}
+        if len(per_device) > 1:
+            facts["memory_per_device"] = {name: used for name, (used, _) in per_device.items()}
+        return facts
     return {
         "memory_in_use_bytes": psutil.Process().memory_info().rss,
         "memory_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "memory_source": "host_rss",
     }
+
+
+def describe_devices(devices) -> str:
+    """One chip as ``describe_device`` says it; a mesh as its first chip and how many: ``tpu:0 (TPU v5 lite) +7``."""
+    devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
+    return describe_device(devices[0]) + (f" +{len(devices) - 1}" if len(devices) > 1 else "")
 
 
 def describe_device(device) -> str:
