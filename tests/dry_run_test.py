@@ -46,6 +46,23 @@ EXPECTED = {
         "g2-standard-4",
         "worker_accelerator=type:nvidia-l4;count:1;install-nvidia-driver",
     ),
+    "dataflow_tpu_v5e_8": (
+        "tpu",
+        f"{IMAGES}/worker-tpu:0.1.0",
+        "ct5lp-hightpu-8t",
+        "worker_accelerator=type:tpu-v5-lite-podslice;topology:2x4",
+    ),
+    "dataflow_gpu_2xl4": (
+        "gpu",
+        f"{IMAGES}/worker-gpu:0.1.0",
+        "g2-standard-24",
+        "worker_accelerator=type:nvidia-l4;count:2;install-nvidia-driver",
+    ),
+}
+# The multi-chip profiles' meshes, as the memory plan resolves them on the worker's chips.
+MESHES = {
+    "dataflow_tpu_v5e_8": "{data: 8, model: 1}",
+    "dataflow_gpu_2xl4": "{data: 2, model: 1}",
 }
 # What Beam's DataflowRunner adds to every job (Runner v2): absent from the profile, present in the request.
 RUNNER_ADDS = ("beam_fn_api", "use_unified_worker", "use_runner_v2", "use_portable_job_submission")
@@ -100,6 +117,7 @@ def test_each_profile_with_the_users_values_builds_its_dataflow_job_and_touches_
     assert set(RUNNER_ADDS) <= set(result.experiments) == set(result.options["experiments"])
     assert result.steps > 50 and result.pickled_dofns > 20
     assert list(emulator.client.list_blobs(BUCKET)) == [], "a dry run wrote to storage"
+    assert result.memory.startswith(f"mesh {MESHES.get(name, '{data: 1, model: 1}')}: per chip")
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

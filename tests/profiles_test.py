@@ -2,7 +2,9 @@
 buckets and the backend and kernel of every bucket. The plan the driver resolves from the profile must be that
 line, so a comment cannot outlive a change of the code under it (a kernel that starts taking segment ids turns
 packing on and can move a bucket to another kernel); the README's backend table names the kernels the
-accelerator profiles run. Each profile also plans, without refusal, on each of cpu, gpu and tpu."""
+accelerator profiles run. Each profile also plans, without refusal, on each of cpu, gpu and tpu. A multi-chip
+profile's line also says its mesh and what each chip holds (the memory plan at start); the Qwen3-Embedding-8B
+profile is planned from that model's config.json (tests/fixtures), since its 15 GB of weights are not here."""
 
 from __future__ import annotations
 
@@ -15,10 +17,21 @@ from docbeam import config
 from docbeam.pipeline.driver.plan import make_plan
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PROFILES = ("local", "dataflow_cpu", "dataflow_gpu", "dataflow_tpu", "dataflow_tpu_v6e")
+PROFILES = (
+    "local",
+    "dataflow_cpu",
+    "dataflow_gpu",
+    "dataflow_gpu_2xl4",
+    "dataflow_tpu",
+    "dataflow_tpu_v6e",
+    "dataflow_tpu_v5e_8",
+)
+QWEN3_8B = "dataflow_tpu_qwen3_8b"
+QWEN3_8B_CONFIG = os.path.join(REPO, "tests", "fixtures", "qwen3-embedding-8b-shape")
 PLAN_LINE = re.compile(
     r"^# plan: (?P<device>\w+), (?P<rows>packed|unpacked), buckets \[(?P<buckets>[\d, ]+)\] "
-    r"-> (?P<backend>\w+): (?P<kernel>.+)$",
+    r"-> (?P<backend>\w+): (?P<kernel>[^;\n]+)(?:; mesh (?P<mesh>\{data: \d+, model: \d+\}), "
+    r"(?P<per_chip>[\d.]+) GiB per chip)?$",
     re.M,
 )
 # How the README's backend table spells the kernels the accelerator profiles run.
@@ -30,14 +43,15 @@ def stated_plan(text: str) -> dict:
     assert len(found) == 1, (
         "a profile has exactly one '# plan: <device>, packed|unpacked, buckets [..] -> <backend>: <kernel>' line"
     )
-    device, rows, buckets, backend, kernel = found[0]
-    return {
+    device, rows, buckets, backend, kernel, mesh, per_chip = found[0]
+    stated = {
         "device": device,
         "packed": rows == "packed",
         "buckets": [int(b) for b in buckets.split(",")],
         "backend": backend,
         "kernel": kernel.strip(),
     }
+    return {**stated, "mesh": mesh, "per_chip": per_chip} if mesh else stated
 
 
 def resolved_plan(path: str, sets: list[str] = ()) -> dict:
@@ -53,7 +67,31 @@ def resolved_plan(path: str, sets: list[str] = ()) -> dict:
         "backend": backend,
         "kernel": kernel,
         "platform": plan.platform,
+        **mesh_facts(plan.memory),
     }
+
+
+def mesh_facts(memory) -> dict:
+    mesh = f"{{data: {memory.mesh.data}, model: {memory.mesh.model}}}"
+    return {"mesh": mesh, "per_chip": f"{memory.needed_bytes / (1 << 30):.2f}"}
+
+
+def qwen3_8b_plan(sets: list[str] = ()):
+    """(config, choices, memory plan) of the Qwen3-Embedding-8B profile, planned as make_plan plans it, from the
+    model's config.json (its weights, 15 GB, are not here to digest)."""
+    from docbeam.attention.dispatch import choose_backends
+    from docbeam.models.checkpoint import encoder_config
+    from docbeam.models.encoder import attention_cases
+    from docbeam.pipeline.driver.memory_at_start import memory_plan
+    from docbeam.pipeline.driver.plan import resolved_packing, target_platform
+
+    cfg = config.load(profile(QWEN3_8B), list(sets))
+    encoder = encoder_config(QWEN3_8B_CONFIG, cfg.model.dtype, None)
+    platform = target_platform(cfg)
+    packed = resolved_packing(cfg)
+    buckets = [b for b in cfg.batching.buckets if b <= cfg.model.max_seq_len]
+    choices = choose_backends(cfg.attention, attention_cases(encoder, buckets, platform, packed))
+    return cfg, choices, memory_plan(cfg, encoder, choices, platform)
 
 
 def profile(name: str) -> str:
@@ -66,6 +104,34 @@ def test_a_profiles_plan_line_is_the_plan_the_driver_resolves(name):
         stated = stated_plan(f.read())
     resolved = resolved_plan(profile(name))
     assert {k: resolved[k] for k in stated} == stated
+
+
+def test_the_qwen3_8b_profiles_plan_line_is_its_plan_on_four_chips():
+    with open(profile(QWEN3_8B)) as f:
+        stated = stated_plan(f.read())
+    cfg, choices, memory = qwen3_8b_plan()
+    ((backend, kernel),) = {(c.backend, c.kernel) for c in choices}
+    resolved = {
+        "device": cfg.runner.device,
+        "packed": resolved_packing_of(cfg),
+        "buckets": [c.case.seq_len for c in choices],
+        "backend": backend,
+        "kernel": kernel,
+        **mesh_facts(memory),
+    }
+    assert resolved == stated
+
+
+def resolved_packing_of(cfg) -> bool:
+    from docbeam.pipeline.driver.plan import resolved_packing
+
+    return resolved_packing(cfg)
+
+
+def test_a_multi_chip_profile_names_its_mesh_in_its_plan_line():
+    for name in ("dataflow_tpu_v5e_8", "dataflow_gpu_2xl4", QWEN3_8B):
+        with open(profile(name)) as f:
+            assert "mesh" in stated_plan(f.read()), name
 
 
 def test_a_plan_line_that_disagrees_with_the_profile_is_caught(tmp_path):

@@ -59,6 +59,7 @@ class DryRun:
     experiments: tuple[str, ...]
     steps: int
     pickled_dofns: int
+    memory: str = ""  # the memory plan at start: the mesh and what each chip holds
 
     def describe(self) -> str:
         lines = [
@@ -69,6 +70,7 @@ class DryRun:
         lines += [f"  {key}: {value}" for key, value in self.paths.items()]
         lines.append(f"# attention planned for {self.platform}:")
         lines += [f"  bucket {bucket:>5} -> {choice}" for bucket, choice in self.attention.items()]
+        lines.append(f"# memory plan, per chip of the worker: {self.memory}")
         lines.append("# pipeline options (Beam's names, as submitted: the runner's additions included)")
         lines += [f"  {key}: {value}" for key, value in self.options.items()]
         lines.append("# job environment (what Dataflow would create)")
@@ -141,6 +143,7 @@ def dry_run(cfg: JobConfig, extra_beam_args: list[str] = ()) -> DryRun:
         experiments=tuple(env.experiments),
         steps=len(proto.components.transforms),
         pickled_dofns=unpickle_dofns(proto),
+        memory=plan.memory.describe(),
     )
 
 

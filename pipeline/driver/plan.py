@@ -29,6 +29,7 @@ from docbeam.models.checkpoint.sentence_transformers.settings import document_pr
 from docbeam.models.encoder import EncoderConfig, attention_cases
 from docbeam.models.heads import Head
 from docbeam.models.heads.registry import resolve as resolve_head
+from docbeam.models.memory_plan import MemoryPlan
 from docbeam.models.runtime import EncoderPlan
 from docbeam.pipeline.driver.head_plan import (
     check_head_fits_output,
@@ -37,6 +38,7 @@ from docbeam.pipeline.driver.head_plan import (
     tokenize_for,
     vector_dtype,
 )
+from docbeam.pipeline.driver.memory_at_start import memory_plan
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
 from docbeam.pipeline.stages.packer import bucket_for
 from docbeam.pipeline.stages.read import sample_records
@@ -79,6 +81,9 @@ class JobPlan:
         None  # model.dtype's precision gate at start (pipeline/driver/precision_gate_at_start.py)
     )
     context_len: int | None = None  # output.chunking: late: the context windows' length; None: window chunking
+    memory: MemoryPlan | None = (
+        None  # each chip's share: parameters, the largest batch (pipeline/driver/memory_at_start.py)
+    )
 
     @property
     def model_path(self) -> str:
@@ -160,6 +165,13 @@ def _local_platform() -> str:
     import jax
 
     return jax.default_backend()
+
+
+def _local_devices(platform: str) -> int:
+    """This machine's chips of ``platform`` (1 when it has none: the workers' count comes from the profile)."""
+    import jax
+
+    return len(jax.local_devices()) if platform == _local_platform() else 1
 
 
 def check_window(cfg: JobConfig, encoder: EncoderConfig, window_len: int, special_tokens: int) -> list[int]:
@@ -302,6 +314,13 @@ def _checked_plan(
     if checked:  # a backend that crashes or returns garbage fails here, not on the workers
         choices = gate(attention, choices) if attention.verify else choices
         probe_all(attention, choices)
+    memory = memory_plan(
+        cfg,
+        checkpoint.config,
+        choices,
+        platform,
+        _local_devices(platform),
+    )
     head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
     check_head_fits_output(cfg, head)
     check_selection(cfg, head, kept)
@@ -356,6 +375,7 @@ def _checked_plan(
         reuse=reuse,
         kept=kept,
         context_len=context_len,
+        memory=memory,
     )
 
 

@@ -99,6 +99,8 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
         if c.fallback_reason:
             line += f"  (fallback: {c.fallback_reason})"
         out.append(line)
+    if plan.memory is not None:
+        out.append(f"# memory plan, per chip of the worker: {plan.memory.describe()}")
     if verify and cfg.model.dtype != "float32":  # as `run` does at start: refused (exit 2) when it fails under enforce
         out.append("# " + precision_gate_at_start.describe(precision_gate_at_start.gate_record(plan)))
     if for_launch:
