@@ -86,6 +86,17 @@ class MemoryPlan:
     def fits(self) -> bool:
         return self.device_bytes is None or self.needed_bytes <= HEADROOM * self.device_bytes
 
+    def as_dict(self) -> dict:
+        """For summary.json: bytes per chip."""
+        return {
+            "param_bytes": self.param_bytes,
+            "activation_bytes": self.activation_bytes,
+            "needed_bytes": self.needed_bytes,
+            "device_bytes": self.device_bytes,
+            "device_bytes_from": self.source,
+            "largest_batch": {"rows_per_chip": self.rows, "bucket_len": self.bucket},
+        }
+
     def describe(self) -> str:
         have = f"{gib(self.device_bytes)} ({self.source})" if self.device_bytes else f"not checked ({self.source})"
         return (

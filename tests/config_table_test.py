@@ -67,4 +67,5 @@ def test_the_readme_config_table_gives_each_default():
             assert written is None or (isinstance(written, str) and written != REQUIRED), f"{key}: {cell}"
         else:
             expected = list(default) if isinstance(default, tuple) else default
+            expected = expected.model_dump() if hasattr(expected, "model_dump") else expected
             assert written == expected, f"{key}: README says {cell}, the code's default is {default!r}"

@@ -27,7 +27,7 @@ PROFILES = (
     "dataflow_tpu_v5e_8",
 )
 QWEN3_8B = "dataflow_tpu_qwen3_8b"
-QWEN3_8B_CONFIG = os.path.join(REPO, "tests", "fixtures", "qwen3-embedding-8b-shape")
+QWEN3_8B_CONFIG = os.path.join(REPO, "data", "shapes", "qwen3-embedding-8b")  # its config.json, no weights
 PLAN_LINE = re.compile(
     r"^# plan: (?P<device>\w+), (?P<rows>packed|unpacked), buckets \[(?P<buckets>[\d, ]+)\] "
     r"-> (?P<backend>\w+): (?P<kernel>[^;\n]+)(?:; mesh (?P<mesh>\{data: \d+, model: \d+\}), "

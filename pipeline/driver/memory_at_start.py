@@ -4,7 +4,8 @@ from ``runner.device_memory``, else the accelerator's type, else the driver's ow
 job plans for. A job whose mesh does not fit its chips, or whose model does not fit the chips' memory, is
 refused here (exit 2) with the bytes and the smallest mesh that fits, not on every worker after start-up.
 
-A CPU worker's memory is the host's, which a machine type does not say here: its plan is shown, not checked.
+A CPU worker's memory is the host's, which a machine type does not say here: its plan is shown, and checked only
+against a ``runner.device_memory`` the config states.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def memory_plan(cfg, encoder, choices, platform: str, local_devices: int = 1) ->
             f"use a model axis that divides {encoder.num_heads}"
         )
     device_bytes, source = device_memory(cfg.runner, platform)
-    checked = device_bytes if platform != "cpu" else None
+    # A CPU worker's memory is the host's, unless the config states it.
+    checked = device_bytes if platform != "cpu" or cfg.runner.device_memory else None
     params = abstract_params(encoder)
     batches = [
         Batch(rows_for(c.case.seq_len, cfg.batching.tokens_per_batch), c.case.seq_len, c.backend == "native")

@@ -103,6 +103,9 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         **({"embedding": vectors.describe(plan.width, cfg.output.vector_dtype)} if plan.head.quantized else {}),
         "dtype": cfg.model.dtype,
         "platform": plan.platform,
+        # runner.mesh on the worker's chips, and what each chip holds (the memory plan at start)
+        "mesh": plan.memory.mesh.as_dict(),
+        "memory_plan": plan.memory.as_dict(),
         "runner": cfg.runner.name,
         "packing": plan.packing,
         "batch_shards": plan.batching().shards,

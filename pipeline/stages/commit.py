@@ -60,6 +60,9 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
             "fallbacks": stats.get("fallbacks", {}),
             "rejected_by_kind": stats.get("rejected_by_kind", {}),
             "buckets": stats.get("buckets", {}),
+            # The chips the batches ran on, as the workers named them ("tpu:0 (TPU v5 lite) +7": a mesh's first
+            # chip and how many more), with how many batches each.
+            "devices": stats.get("devices", {}),
             "started_at": _iso(base["started"]),
             "finished_at": _iso(finished),
             "metrics": {},

@@ -114,6 +114,7 @@ def timing_stats(t: dict) -> dict:
         "padded_tokens": t["padded_tokens"],
         "compiles": int(t["compiled"]),
         "attention_backends": {t["attention_backend"]: 1},
+        "devices": {t.get("device", "?"): 1},
         "buckets": {
             str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"], "padded_tokens": t["padded_tokens"]}
         },
