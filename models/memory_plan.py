@@ -77,6 +77,7 @@ class MemoryPlan:
     activation_bytes: int
     device_bytes: int | None  # None: not known (a CPU worker: host memory, not checked)
     source: str  # where device_bytes came from
+    tokens_per_batch: int = 0  # batching.tokens_per_batch as the job runs it (``auto`` resolved here)
 
     @property
     def needed_bytes(self) -> int:
@@ -95,6 +96,7 @@ class MemoryPlan:
             "device_bytes": self.device_bytes,
             "device_bytes_from": self.source,
             "largest_batch": {"rows_per_chip": self.rows, "bucket_len": self.bucket},
+            "tokens_per_batch": self.tokens_per_batch,
         }
 
     def describe(self) -> str:
@@ -130,6 +132,28 @@ def plan_for(config, params, mesh: MeshShape, batch: Batch, device_bytes, source
         device_bytes,
         source,
     )
+
+
+# ``batching.tokens_per_batch: auto``: rows per chip a multiple of the platform's row tile (a TPU's 8 sublanes;
+# a GPU's warps take 8 rows of a tile too), at most MAX_TOKENS_PER_CHIP tokens a chip (larger batches only add
+# latency and compile time once the matmuls are full), and on a CPU, whose memory the plan does not know,
+# CPU_TOKENS_PER_CHIP (configs/local.yaml's 1,024: the shape that stays in a CPU's cache,
+# benchmarks/results/batch_shapes.json).
+ROW_TILE = {"tpu": 8, "gpu": 8}
+MAX_TOKENS_PER_CHIP = 32768
+CPU_TOKENS_PER_CHIP = 1024
+
+
+def auto_rows_per_chip(config, params, mesh: MeshShape, bucket: int, whole_scores: bool, device_bytes, platform) -> int:
+    """The most rows of ``bucket`` tokens a chip's memory left after the parameters holds, in whole row tiles."""
+    tile = ROW_TILE.get(platform, 1)
+    most = max(tile, MAX_TOKENS_PER_CHIP // bucket // tile * tile)
+    if device_bytes is None:
+        return max(1, CPU_TOKENS_PER_CHIP // bucket)
+    left = HEADROOM * device_bytes - per_device_bytes(params, mesh.model)
+    per_row = activation_bytes(config, 1, bucket, mesh.model, whole_scores)
+    rows = int(left // per_row) // tile * tile
+    return max(tile, min(rows, most))
 
 
 def smallest_fitting(config, params, chips: int, batch: Batch, device_bytes: int, source: str):

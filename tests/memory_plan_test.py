@@ -115,3 +115,37 @@ def test_a_size_that_is_not_one_is_refused_naming_the_form():
 def test_validate_prints_the_plan_per_chip():
     report = validation_report(config.load(profile("local")))
     assert "# memory plan, per chip of the worker: mesh {data: 1, model: 1}: per chip 0.08 GiB parameters" in report
+
+
+def test_auto_tokens_per_batch_fills_each_chips_memory_left_in_whole_row_tiles():
+    _, _, capped = qwen3_8b_plan(["batching.tokens_per_batch=auto"])
+    assert (capped.rows, capped.tokens_per_batch) == (16, 32768)  # 16 GiB chips: the cap, 32,768 tokens a chip
+    _, _, memory = qwen3_8b_plan(["batching.tokens_per_batch=auto", "runner.device_memory=8GiB"])
+    rows = memory.rows
+    assert rows == 8 and memory.tokens_per_batch == rows * 2048  # {data: 1}: the batch is one chip's
+    assert memory.fits  # and one row tile more would not:
+    more = activation_bytes(memory_config(), rows + 8, 2048, 4)
+    assert memory.param_bytes + more > 0.9 * memory.device_bytes
+
+
+def memory_config():
+    return checkpoint.encoder_config(QWEN3_8B_CONFIG, "bfloat16", None)
+
+
+@pytest.mark.parametrize(
+    "name, tokens",
+    [
+        ("dataflow_tpu_v5e_8", 8 * 32768),  # MiniLM fits many times over: the cap, on each of 8 chips
+        ("local", 1024),  # a CPU's memory is not planned: configs/local.yaml's measured shape
+    ],
+)
+def test_auto_tokens_per_batch_is_capped_and_a_cpu_keeps_its_measured_shape(name, tokens):
+    from docbeam.pipeline.driver.plan import make_plan
+
+    plan = make_plan(
+        config.load(profile(name), ["batching.tokens_per_batch=auto"]),
+        probe_backends=False,
+        for_input=False,
+        for_output=False,
+    )
+    assert plan.tokens_per_batch == plan.batching().tokens_per_batch == tokens

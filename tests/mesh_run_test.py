@@ -1,5 +1,5 @@
-"""A whole ``docbeam run`` on eight virtual CPU devices: ``runner.mesh: auto`` puts all eight on the data axis, the
-vectors are the one-device run's, summary.json says the mesh and the chips, every timing record names the mesh;
+"""A whole ``docbeam run`` on eight virtual CPU devices: ``runner.mesh: auto`` puts all eight on the data axis
+(``batching.tokens_per_batch: auto`` sizing a batch for eight), the vectors are the one-device run's, summary.json says the mesh and the chips, every timing record names the mesh;
 a model split on the model axis gives them too; a job whose model cannot fit the memory it states is refused
 at start (exit 2) with the bytes and the mesh that fits, before a worker starts."""
 
@@ -58,7 +58,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("mesh-run")
     done = {
         "one": run(tmp, "one", 1),
-        "data": run(tmp, "data", 8, "runner.mesh=auto"),
+        "data": run(tmp, "data", 8, "runner.mesh=auto", "batching.tokens_per_batch=auto"),
         "mixed": run(tmp, "mixed", 8, "runner.mesh.data=2", "runner.mesh.model=4"),
     }
     for name, proc in done.items():
@@ -77,7 +77,9 @@ def test_summary_and_timing_records_say_the_mesh_and_the_chips(runs):
     with open(runs / "data" / "summary.json") as f:
         summary = json.load(f)
     assert summary["mesh"] == {"data": 8, "model": 1}
-    assert summary["memory_plan"]["largest_batch"]["rows_per_chip"] == 1  # 4 rows of 256, on 8 chips
+    # tokens_per_batch: auto on CPU chips: 1,024 tokens a chip (4 rows of 256) on each of the 8
+    assert summary["memory_plan"]["tokens_per_batch"] == 8192
+    assert summary["memory_plan"]["largest_batch"]["rows_per_chip"] == 4
     assert list(summary["devices"]) == ["cpu:0 (cpu) +7"] and summary["devices"]["cpu:0 (cpu) +7"] == summary["batches"]
     records = [json.loads(line) for p in glob.glob(str(runs / "data" / "timing" / "*.jsonl")) for line in open(p)]
     assert records and all(r["mesh"] == {"data": 8, "model": 1} for r in records)

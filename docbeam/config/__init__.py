@@ -99,7 +99,8 @@ class TokenizeConfig(_Section):
 
 class BatchingConfig(_Section):
     buckets: tuple[pydantic.PositiveInt, ...] = (32, 64, 128, 256)
-    tokens_per_batch: pydantic.PositiveInt = 8192
+    # auto: sized at start to each chip's memory left after the parameters (pipeline/driver/memory_at_start.py)
+    tokens_per_batch: pydantic.PositiveInt | Literal["auto"] = 8192
     # Batches are keyed by (bucket, shard); auto: two per process that encodes (pipeline/driver/shards.py).
     shards: pydantic.PositiveInt | Literal["auto"] = 1
     # Several short windows per row, told apart by segment ids: fewer padded tokens. auto: when the attention

@@ -46,7 +46,7 @@ def encoder_spec(plan: JobPlan, profile_batches: int = 0, profile_dir: str | Non
         one_model_per_vm=cfg.runner.one_model_per_vm,
         compilation_cache=cfg.runner.compilation_cache,
         worker_env=tuple(sorted(cfg.runner.worker_env.items())),
-        tokens_per_batch=cfg.batching.tokens_per_batch,
+        tokens_per_batch=plan.tokens_per_batch,
         job=job,
     )
 

@@ -10,6 +10,7 @@ against a ``runner.device_memory`` the config states.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -21,6 +22,7 @@ from docbeam.models.memory_plan import (
     Batch,
     MemoryPlan,
     abstract_params,
+    auto_rows_per_chip,
     plan_for,
     smallest_fitting,
 )
@@ -91,13 +93,19 @@ def memory_plan(cfg, encoder, choices, platform: str, local_devices: int = 1) ->
     # A CPU worker's memory is the host's, unless the config states it.
     checked = device_bytes if platform != "cpu" or cfg.runner.device_memory else None
     params = abstract_params(encoder)
+    tokens_per_batch = cfg.batching.tokens_per_batch
+    if tokens_per_batch == "auto":  # sized by the largest bucket, the one with the fewest rows
+        largest = max(choices, key=lambda c: c.case.seq_len)
+        bucket, whole = largest.case.seq_len, largest.backend == "native"
+        rows = auto_rows_per_chip(encoder, params, mesh, bucket, whole, checked, platform)
+        tokens_per_batch = rows * mesh.data * bucket
     batches = [
-        Batch(rows_for(c.case.seq_len, cfg.batching.tokens_per_batch), c.case.seq_len, c.backend == "native")
-        for c in choices
+        Batch(rows_for(c.case.seq_len, tokens_per_batch), c.case.seq_len, c.backend == "native") for c in choices
     ]
     plan, batch = max(
         ((plan_for(encoder, params, mesh, b, checked, source), b) for b in batches), key=lambda pb: pb[0].needed_bytes
     )
+    plan = dataclasses.replace(plan, tokens_per_batch=tokens_per_batch)
     if plan.fits:
         return plan
     fitting = smallest_fitting(encoder, params, chips, batch, checked, source)

@@ -148,13 +148,25 @@ class JobPlan:
         return tuple(sorted(c.case.seq_len for c in self.choices))
 
     def batching(self) -> BatchingConfig:
-        """The batching BucketBatches runs: the config's, on the plan's buckets with the plan's packing (a new
-        object handed to the stage; ``config`` stays as given)."""
+        """The batching BucketBatches runs: the config's, on the plan's buckets with the plan's packing and batch
+        size (a new object handed to the stage; ``config`` stays as given)."""
         from docbeam.pipeline.driver.shards import resolved_shards
 
         batching = self.config.batching
         shards = resolved_shards(batching, self.config.runner)
-        return batching.model_copy(update={"buckets": self.buckets, "packing": self.packing, "shards": shards})
+        return batching.model_copy(
+            update={
+                "buckets": self.buckets,
+                "packing": self.packing,
+                "shards": shards,
+                "tokens_per_batch": self.tokens_per_batch,
+            }
+        )
+
+    @property
+    def tokens_per_batch(self) -> int:
+        """batching.tokens_per_batch as the job runs it (``auto`` resolved by the memory plan)."""
+        return self.memory.tokens_per_batch if self.memory is not None else self.config.batching.tokens_per_batch
 
 
 def target_platform(cfg: JobConfig) -> str:

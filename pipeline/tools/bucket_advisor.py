@@ -227,7 +227,7 @@ def proposal_report(cfg: JobConfig, limit: int = 10_000) -> str:
     if not lengths:
         raise ConfigError(nothing_to_propose(cfg, sample))
     packing = plan.packing  # as the plan resolved auto for this job's backends
-    budget = cfg.batching.tokens_per_batch
+    budget = plan.tokens_per_batch  # auto as the memory plan resolved it
     used = [b for b in cfg.batching.buckets if b <= plan.config.batching.buckets[-1]]
     current = {
         "tokens_per_batch": budget,

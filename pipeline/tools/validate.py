@@ -101,6 +101,8 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
         out.append(line)
     if plan.memory is not None:
         out.append(f"# memory plan, per chip of the worker: {plan.memory.describe()}")
+        if cfg.batching.tokens_per_batch == "auto":
+            out.append(f"# batching.tokens_per_batch: auto resolves to {plan.tokens_per_batch}")
     if verify and cfg.model.dtype != "float32":  # as `run` does at start: refused (exit 2) when it fails under enforce
         out.append("# " + precision_gate_at_start.describe(precision_gate_at_start.gate_record(plan)))
     if for_launch:
