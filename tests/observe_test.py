@@ -95,3 +95,29 @@ def test_progress_lines_are_rate_limited_and_give_an_eta(monkeypatch):
 
 def test_progress_off_when_interval_is_zero():
     assert Progress(every_s=0).update(1, 1, 1) is None
+
+
+class FakeChip:
+    """A chip that reports its memory as a TPU or GPU does."""
+
+    def __init__(self, id_: int, in_use: int, peak: int):
+        self.platform, self.id, self.device_kind = "tpu", id_, "TPU v5 lite"
+        self._stats = {"bytes_in_use": in_use, "peak_bytes_in_use": peak}
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_on_a_mesh_the_fullest_chip_speaks_for_the_batch_and_each_chip_is_kept():
+    from docbeam.pipeline.stages.write import memory_samples
+    from docbeam.pipeline.telemetry.observe import describe_devices, memory
+
+    chips = [FakeChip(0, 100, 150), FakeChip(1, 300, 320)]
+    facts = memory(chips)
+    assert (facts["memory_in_use_bytes"], facts["memory_peak_bytes"]) == (300, 320)
+    assert facts["memory_per_device"] == {"tpu:0 (TPU v5 lite)": 100, "tpu:1 (TPU v5 lite)": 300}
+    assert describe_devices(chips) == "tpu:0 (TPU v5 lite) +1"
+    record = {"worker": "w", "device": describe_devices(chips), "started_at": "t", **facts}
+    assert [key for key, _ in memory_samples(record)] == ["w tpu:0 (TPU v5 lite)", "w tpu:1 (TPU v5 lite)"]
+    one = memory(chips[:1])
+    assert "memory_per_device" not in one and one["memory_in_use_bytes"] == 100

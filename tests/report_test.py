@@ -314,3 +314,37 @@ def test_a_classifiers_report_says_scored_and_shows_the_label_shares(tmp_path):
     summary_path.write_text(json.dumps(summary))
     text = pathlib.Path(report.report(output, dest=str(tmp_path / "r.html")).path).read_text()
     assert "documents scored" in text and "pos 75% · neg 25%" in text
+
+
+def mesh_run(batches: int = 400) -> report_load.Run:
+    """A worker on a mesh of two chips: chip 0 flat, chip 1 gaining 1 MB a batch; each record's own memory
+    fields are its fullest chip's, as the runtime writes them."""
+    records = []
+    for i in range(batches):
+        chips = {"tpu:0 (TPU v5 lite)": 2 * 2**30, "tpu:1 (TPU v5 lite)": 2 * 2**30 + i * 2**20}
+        records.append(
+            {
+                "batch_id": f"b{i}",
+                "started_at": f"2026-12-06T12:{i // 60:02d}:{i % 60:02d}+00:00",
+                "worker": "vm-1:7",
+                "device": "tpu:0 (TPU v5 lite) +1",
+                "mesh": {"data": 2, "model": 1},
+                "memory_in_use_bytes": max(chips.values()),
+                "memory_peak_bytes": max(chips.values()),
+                "memory_source": "device",
+                "memory_per_device": chips,
+            }
+        )
+    return report_load.Run(path="mesh", summary={}, batches=report_load.batch_columns(records), errors=[])
+
+
+def test_a_mesh_runs_memory_is_judged_and_drawn_per_chip():
+    from docbeam.pipeline.tools.report import charts
+
+    trends = {t.worker: t for t in report_data.memory_trends(mesh_run())}
+    assert set(trends) == {"vm-1:7 tpu:0 (TPU v5 lite)", "vm-1:7 tpu:1 (TPU v5 lite)"}
+    assert trends["vm-1:7 tpu:1 (TPU v5 lite)"].leak_suspected
+    assert not trends["vm-1:7 tpu:0 (TPU v5 lite)"].leak_suspected
+    figure = charts.memory_chart(mesh_run())
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    assert labels == ["in use after batch, vm-1:7 tpu:0", "in use after batch, vm-1:7 tpu:1"]

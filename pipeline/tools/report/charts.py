@@ -21,6 +21,7 @@ from docbeam.pipeline.tools.report.data import (
     buckets,
     fmt,
     groups,
+    memory_series,
     padding_by_bucket,
     ratio,
     recompilations,
@@ -176,16 +177,15 @@ def memory_chart(run: Run) -> Figure | None:
     t = _time_axis(ax, b)
     if t is None:
         return fig
-    peak = np.nanmax(np.append(b["memory_peak_bytes"], b["memory_in_use_bytes"]))
+    series = memory_series(run)
+    peak = np.nanmax(np.concatenate([np.append(s.peak, s.in_use) for s in series]))
     unit, scale = ("GiB", 2.0**30) if peak >= 2 * 2**30 else ("MiB", 2.0**20)
-    series = sorted(set(zip(b["worker"], b["device"])))
     palette = matplotlib.colormaps["tab10"]
-    for i, (worker, device) in enumerate(series):
-        mask = (b["worker"] == worker) & (b["device"] == device)
-        name = f"{worker or '?'} {device.split(' ')[0]}" if len(series) <= 4 else None
+    for i, s in enumerate(series):  # a worker's chip: on a mesh, each of its chips
+        name = f"{s.worker or '?'} {s.device.split(' ')[0]}" if len(series) <= 4 else None
         ax.plot(
-            t[mask],
-            b["memory_in_use_bytes"][mask] / scale,
+            t[s.rows],
+            s.in_use / scale,
             color=palette(i % 10),
             lw=0.6,
             alpha=0.6,
@@ -193,15 +193,16 @@ def memory_chart(run: Run) -> Figure | None:
             ms=4,
             label=name and f"in use after batch, {name}",
         )
-        ax.plot(
-            t[mask],
-            b["memory_peak_bytes"][mask] / scale,
-            color=palette(i % 10),
-            lw=2,
-            ls="--",
-            drawstyle="steps-post",
-            label=name and f"peak, {name}",
-        )
+        if np.isfinite(s.peak).any():
+            ax.plot(
+                t[s.rows],
+                s.peak / scale,
+                color=palette(i % 10),
+                lw=2,
+                ls="--",
+                drawstyle="steps-post",
+                label=name and f"peak, {name}",
+            )
     if len(series) > 4:
         ax.legend(
             handles=[

@@ -185,23 +185,55 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
     return found
 
 
-def memory_trends(run: Run) -> list[memory_trend.Trend]:
-    """Each worker's memory trend from the timing records (batches are sorted by start time), so a run
-    whose summary predates the ``memory`` block gets one too."""
+@dataclasses.dataclass(frozen=True)
+class MemorySeries:
+    """One worker's chip over the run: the batches it reports (indices into ``run.batches``, in time order) and
+    its bytes in use and peak after each (a chip of a mesh reports no peak of its own: NaN)."""
+
+    worker: str
+    device: str
+    rows: list[int]
+    in_use: np.ndarray
+    peak: np.ndarray
+
+    @property
+    def key(self) -> str:
+        return memory_trend.worker_key({"worker": self.worker, "device": self.device})
+
+
+def memory_series(run: Run) -> list[MemorySeries]:
+    """A series per (worker, chip): a mesh's records split into their chips (``memory_per_device``), as the
+    job's own leak alarm watches them."""
     b = run.batches
-    keys = [memory_trend.worker_key({"worker": w, "device": d}) for w, d in zip(b["worker"], b["device"])]
-    trends = []
-    for key in sorted(set(keys)):
-        rows = [i for i, k in enumerate(keys) if k == key]
-        trends.append(
-            memory_trend.trend(
-                key,
-                list(b["memory_in_use_bytes"][rows]),
-                list(b["memory_peak_bytes"][rows]),
-                list(b["compiling_ahead"][rows]),
-            )
+    per_device = b.get("memory_per_device", np.array([{}] * len(b["worker"]), dtype=object))
+    found: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
+    for i, (worker, device) in enumerate(zip(b["worker"], b["device"])):
+        chips = per_device[i]
+        if chips:
+            for chip, used in chips.items():
+                found.setdefault((worker, chip), []).append((i, float(used), np.nan))
+        else:
+            found.setdefault((worker, device), []).append((i, b["memory_in_use_bytes"][i], b["memory_peak_bytes"][i]))
+    return [
+        MemorySeries(
+            worker,
+            device,
+            [i for i, _, _ in points],
+            np.array([u for _, u, _ in points], float),
+            np.array([p for _, _, p in points], float),
         )
-    return trends
+        for (worker, device), points in sorted(found.items())
+    ]
+
+
+def memory_trends(run: Run) -> list[memory_trend.Trend]:
+    """Each worker's memory trend (each chip's, on a mesh) from the timing records (batches are sorted by start
+    time), so a run whose summary predates the ``memory`` block gets one too."""
+    ahead = run.batches["compiling_ahead"]
+    return [
+        memory_trend.trend(series.key, list(series.in_use), list(series.peak), list(ahead[series.rows]))
+        for series in memory_series(run)
+    ]
 
 
 def memory_regression(run: Run, baseline: Run, threshold: float) -> Regression | None:
