@@ -149,3 +149,8 @@ def test_auto_tokens_per_batch_is_capped_and_a_cpu_keeps_its_measured_shape(name
         for_output=False,
     )
     assert plan.tokens_per_batch == plan.batching().tokens_per_batch == tokens
+
+
+def test_a_bare_number_of_memory_is_refused_asking_for_its_unit():
+    with pytest.raises(config.ConfigError, match=r"runner.device_memory: 16 is not a size.*e.g. 16GiB"):
+        config.load(profile("dataflow_tpu"), ["runner.device_memory=16"])

@@ -95,3 +95,17 @@ def test_a_model_that_cannot_fit_the_stated_memory_is_refused_at_start_naming_th
     assert "the model does not fit its chips" in done.stderr
     assert "runner.mesh: {data: auto, model: 2}" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def chunk_vectors(output) -> dict[tuple, np.ndarray]:
+    rows = pq.read_table(sorted(glob.glob(f"{output}/chunks/*.parquet"))).to_pylist()
+    return {(r["document_id"], r["chunk_index"]): np.asarray(r["embedding"], np.float64) for r in rows}
+
+
+@pytest.mark.slow
+def test_late_chunks_on_a_mesh_are_the_one_chip_chunks(tmp_path):
+    late = ("output.chunking=late", "output.granularity=chunk", "runner.mesh=auto")
+    one, mesh = run(tmp_path, "one", 1, *late), run(tmp_path, "mesh", 4, *late)
+    assert one.returncode == mesh.returncode == 0, mesh.stderr[-3000:]
+    chunks = chunk_vectors(tmp_path / "mesh")
+    assert len(chunks) > DOCS and lowest_cosine(chunks, chunk_vectors(tmp_path / "one")) >= 0.99999

@@ -171,11 +171,12 @@ class RunnerConfig(_Section):
     # committed); unset: the growth is only reported (summary.json's memory, the report).
     max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
 
-    @pydantic.field_validator("device_memory")
+    @pydantic.field_validator("device_memory", mode="before")
     @classmethod
     def _a_size(cls, text):
         if text is not None:
-            parse_bytes(text)
+            parse_bytes(text)  # a bare number too is refused: 16 bytes or 16 GiB?
+            return str(text)
         return text
 
     def mesh_shape(self):
