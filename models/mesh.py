@@ -69,6 +69,17 @@ class MeshShape:
         return f"{{data: {self.data or 'auto'}, model: {self.model}}}"
 
 
+def on_this_machine(shape: MeshShape, device_count: int) -> MeshShape:
+    """``shape`` for a process that is not the job's worker (the driver's precision gate): the shape itself where
+    this machine has its chips, else its model axis with the rest of the chips on data, else one chip."""
+    for candidate in (shape, MeshShape(0, shape.model), MeshShape(1, 1)):
+        try:
+            return candidate.on(device_count)
+        except ValueError:
+            continue
+    return MeshShape(1, 1)
+
+
 def make_mesh(shape: MeshShape, devices: Sequence[Any] | None = None):
     """The ``jax.sharding.Mesh`` of ``shape`` over this process's local devices (the first data × model)."""
     import jax

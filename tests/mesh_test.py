@@ -116,3 +116,12 @@ def test_a_mesh_that_does_not_fit_the_worker_is_refused_naming_the_chips():
         MeshShape(4, 2).on(4)
     with pytest.raises(ValueError, match=r"model: 3 does not divide this worker's 4 chips"):
         MeshShape(1, 3).on(4)
+
+
+def test_a_process_that_is_not_the_worker_runs_the_mesh_on_the_chips_it_has():
+    from docbeam.models.mesh import on_this_machine
+
+    assert on_this_machine(MeshShape(8, 1), 8) == MeshShape(8, 1)
+    assert on_this_machine(MeshShape(2, 4), 4) == MeshShape(1, 4)  # the model axis kept: it is what fits memory
+    assert on_this_machine(MeshShape(8, 1), 1) == MeshShape(1, 1)
+    assert on_this_machine(MeshShape(1, 4), 2) == MeshShape(1, 1)

@@ -38,13 +38,17 @@ def first_documents(cfg: JobConfig, limit: int) -> list:
 
 def window_vectors(plan, dtype: str, windows, batches):
     """Every window's vector [W, D] in window order, encoded as the job's workers would in ``dtype``."""
+    import jax
     import numpy as np
 
+    from docbeam.models.mesh import on_this_machine
     from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 
-    # Loaded apart from the job's warm encoder (load_encoder, not runtime_for), in ``dtype``; the worker's gate
-    # runs again for it when attention.verify is set.
-    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=())
+    # Loaded apart from the job's warm encoder (load_encoder, not runtime_for), in ``dtype``, on this machine's
+    # chips (the workers' mesh may need more than the driver has); the worker's gate runs again for it when
+    # attention.verify is set.
+    mesh = on_this_machine(plan.encoder_plan.mesh, len(jax.local_devices()))
+    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=(), mesh=mesh)
     runtime = load_encoder(EncoderSpec(encoder_plan))
     by_window = {}
     for batch in batches:
