@@ -28,9 +28,9 @@ from benchmarks import common
 QWEN3_8B = f"{common.REPO}/data/shapes/qwen3-embedding-8b"
 # peak dense bf16 FLOP/s, memory bytes/s, memory bytes, price per chip-hour (USD, on-demand, us-central1).
 CHIPS = {
-    # https://cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 819 GB/s HBM, 16 GiB;
+    # https://cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 819 GB/s HBM, 16 GB;
     # https://cloud.google.com/tpu/pricing: v5e $1.20 per chip-hour.
-    "TPU v5e": {"flops": 197e12, "bandwidth": 819e9, "memory": 16 * 2**30, "price": 1.20},
+    "TPU v5e": {"flops": 197e12, "bandwidth": 819e9, "memory": 16e9, "price": 1.20},
     # https://www.nvidia.com/en-us/data-center/l4/: 121 TFLOP/s bf16 dense (242 with sparsity), 300 GB/s, 24 GB;
     # https://cloud.google.com/compute/gpus-pricing: g2-standard-24 (2 L4s) $2.00 an hour, $1.00 per GPU.
     "NVIDIA L4": {"flops": 121e12, "bandwidth": 300e9, "memory": 24e9, "price": 1.00},
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
         for label, chip_name, chips, small_mesh, big_mesh in WORKERS:
             mesh = big_mesh if big else small_mesh
             if mesh is None:
-                rows.append([name, label, "does not fit (15.25 GiB of parameters, 16 GiB chip)", "", "", "", ""])
+                rows.append([name, label, "does not fit (15.25 GiB of parameters, 16 GB chip)", "", "", "", ""])
                 results.append({"model": name, "worker": label, "fits": False})
                 continue
             r = roofline(model, CHIPS[chip_name], chips, mesh, seq, args.tokens_per_chip)

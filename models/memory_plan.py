@@ -17,23 +17,27 @@ import math
 
 from docbeam.models.mesh import MeshShape, per_device_bytes
 
-# Each chip's memory by Dataflow's worker_accelerator type (https://cloud.google.com/tpu/docs/system-architecture-tpu-vm,
-# https://cloud.google.com/compute/docs/gpus): HBM per chip.
+# Each chip's memory by Dataflow's worker_accelerator type, in the vendors' own decimal gigabytes
+# (https://cloud.google.com/tpu/docs/system-architecture-tpu-vm, https://cloud.google.com/compute/docs/gpus).
+GB = 10**9
 GIB = 1 << 30
 ACCELERATOR_MEMORY = {
-    "tpu-v5-lite-podslice": 16 * GIB,  # v5e
-    "tpu-v6e-slice": 32 * GIB,  # v6e (Trillium)
-    "tpu-v5p-slice": 95 * GIB,
-    "nvidia-l4": 24 * GIB,
-    "nvidia-tesla-t4": 16 * GIB,
-    "nvidia-tesla-v100": 16 * GIB,
-    "nvidia-tesla-a100": 40 * GIB,
-    "nvidia-a100-80gb": 80 * GIB,
-    "nvidia-h100-80gb": 80 * GIB,
-    "nvidia-h100-mega-80gb": 80 * GIB,
+    "tpu-v5-lite-podslice": 16 * GB,  # v5e
+    "tpu-v6e-slice": 32 * GB,  # v6e (Trillium)
+    "tpu-v5p-slice": 95 * GB,
+    "nvidia-l4": 24 * GB,
+    "nvidia-tesla-t4": 16 * GB,
+    "nvidia-tesla-v100": 16 * GB,
+    "nvidia-tesla-a100": 40 * GB,
+    "nvidia-a100-80gb": 80 * GB,
+    "nvidia-h100-80gb": 80 * GB,
+    "nvidia-h100-mega-80gb": 80 * GB,
 }
-# What the runtime keeps for itself: XLA's own buffers, the compiled programs, fragmentation.
+# What of a chip's memory the encoder may plan for: on TPU all but what XLA keeps for itself (its own buffers, the
+# compiled programs, fragmentation); on GPU JAX's allocator stops at XLA_PYTHON_CLIENT_MEM_FRACTION of it (75% by
+# default, preallocated or not: https://docs.jax.dev/en/latest/gpu_memory_allocation.html).
 HEADROOM = 0.9
+GPU_MEM_FRACTION = 0.75
 BLOCK_KEYS = 512  # keys per block a flash or chunked backend holds scores for, at most
 
 
@@ -78,6 +82,11 @@ class MemoryPlan:
     device_bytes: int | None  # None: not known (a CPU worker: host memory, not checked)
     source: str  # where device_bytes came from
     tokens_per_batch: int = 0  # batching.tokens_per_batch as the job runs it (``auto`` resolved here)
+    usable: float = HEADROOM  # the share of device_bytes the encoder may plan for
+
+    @property
+    def usable_bytes(self) -> int | None:
+        return None if self.device_bytes is None else int(self.usable * self.device_bytes)
 
     @property
     def needed_bytes(self) -> int:
@@ -85,7 +94,7 @@ class MemoryPlan:
 
     @property
     def fits(self) -> bool:
-        return self.device_bytes is None or self.needed_bytes <= HEADROOM * self.device_bytes
+        return self.device_bytes is None or self.needed_bytes <= self.usable_bytes
 
     def as_dict(self) -> dict:
         """For summary.json: bytes per chip."""
@@ -95,12 +104,17 @@ class MemoryPlan:
             "needed_bytes": self.needed_bytes,
             "device_bytes": self.device_bytes,
             "device_bytes_from": self.source,
+            "usable_bytes": self.usable_bytes,
             "largest_batch": {"rows_per_chip": self.rows, "bucket_len": self.bucket},
             "tokens_per_batch": self.tokens_per_batch,
         }
 
     def describe(self) -> str:
-        have = f"{gib(self.device_bytes)} ({self.source})" if self.device_bytes else f"not checked ({self.source})"
+        have = (
+            f"{gib(self.usable_bytes)} usable ({self.usable:.0%} of {gib(self.device_bytes)}, {self.source})"
+            if self.device_bytes
+            else f"not checked ({self.source})"
+        )
         return (
             f"mesh {{data: {self.mesh.data}, model: {self.mesh.model}}}: per chip {gib(self.param_bytes)} parameters "
             f"+ {gib(self.activation_bytes)} working memory ({self.rows} row{'s' if self.rows > 1 else ''} x {self.bucket} tokens) = "
@@ -121,7 +135,18 @@ class Batch:
     whole_scores: bool = True
 
 
-def plan_for(config, params, mesh: MeshShape, batch: Batch, device_bytes, source: str) -> MemoryPlan:
+@dataclasses.dataclass(frozen=True)
+class Chips:
+    """What the plan knows of a worker's chips: their memory (None: not checked), where that came from, the share
+    of it the encoder may use, and the platform (its row tile)."""
+
+    device_bytes: int | None
+    source: str
+    usable: float = HEADROOM
+    platform: str = "tpu"
+
+
+def plan_for(config, params, mesh: MeshShape, batch: Batch, chips: Chips) -> MemoryPlan:
     share = math.ceil(batch.rows / max(mesh.data, 1))
     return MemoryPlan(
         mesh,
@@ -129,14 +154,15 @@ def plan_for(config, params, mesh: MeshShape, batch: Batch, device_bytes, source
         batch.bucket,
         per_device_bytes(params, mesh.model),
         activation_bytes(config, share, batch.bucket, mesh.model, batch.whole_scores),
-        device_bytes,
-        source,
+        chips.device_bytes,
+        chips.source,
+        usable=chips.usable,
     )
 
 
-# ``batching.tokens_per_batch: auto``: rows per chip a multiple of the platform's row tile (a TPU's 8 sublanes;
-# a GPU's warps take 8 rows of a tile too), at most MAX_TOKENS_PER_CHIP tokens a chip (larger batches only add
-# latency and compile time once the matmuls are full), and on a CPU, whose memory the plan does not know,
+# ``batching.tokens_per_batch: auto``: rows per chip in whole row tiles where there are that many (a TPU's 8
+# sublanes; a GPU's warps take 8 rows of a tile too), at most MAX_TOKENS_PER_CHIP tokens a chip (larger batches
+# only add latency and compile time once the matmuls are full), and on a CPU, whose memory the plan does not know,
 # CPU_TOKENS_PER_CHIP (configs/local.yaml's 1,024: the shape that stays in a CPU's cache,
 # benchmarks/results/batch_shapes.json).
 ROW_TILE = {"tpu": 8, "gpu": 8}
@@ -144,24 +170,25 @@ MAX_TOKENS_PER_CHIP = 32768
 CPU_TOKENS_PER_CHIP = 1024
 
 
-def auto_rows_per_chip(config, params, mesh: MeshShape, bucket: int, whole_scores: bool, device_bytes, platform) -> int:
-    """The most rows of ``bucket`` tokens a chip's memory left after the parameters holds, in whole row tiles."""
-    tile = ROW_TILE.get(platform, 1)
-    most = max(tile, MAX_TOKENS_PER_CHIP // bucket // tile * tile)
-    if device_bytes is None:
+def auto_rows_per_chip(config, params, mesh: MeshShape, bucket: int, whole_scores: bool, chips: Chips) -> int:
+    """The most rows of ``bucket`` tokens a chip's memory left after the parameters holds (at least one: a job
+    that cannot fit one row is refused by the plan), in whole row tiles when there are that many."""
+    if chips.device_bytes is None:
         return max(1, CPU_TOKENS_PER_CHIP // bucket)
-    left = HEADROOM * device_bytes - per_device_bytes(params, mesh.model)
+    left = chips.usable * chips.device_bytes - per_device_bytes(params, mesh.model)
     per_row = activation_bytes(config, 1, bucket, mesh.model, whole_scores)
-    rows = int(left // per_row) // tile * tile
-    return max(tile, min(rows, most))
+    rows = max(1, min(int(left // per_row), MAX_TOKENS_PER_CHIP // bucket))
+    tile = ROW_TILE.get(chips.platform, 1)
+    return rows // tile * tile if rows >= tile else rows
 
 
-def smallest_fitting(config, params, chips: int, batch: Batch, device_bytes: int, source: str):
-    """The plan with the smallest model axis that fits ``chips`` chips (the rest on the data axis), or None."""
+def smallest_fitting(config, chips: int, plan_on):
+    """The plan with the smallest model axis that fits ``chips`` chips (the rest on the data axis), or None;
+    ``plan_on(mesh)``: the job's plan on that mesh (its batch sized for it)."""
     for model in range(1, chips + 1):
         if chips % model or config.num_heads % model:
             continue
-        plan = plan_for(config, params, MeshShape(chips // model, model), batch, device_bytes, source)
+        plan = plan_on(MeshShape(chips // model, model))
         if plan.fits:
             return plan
     return None

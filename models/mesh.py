@@ -69,17 +69,6 @@ class MeshShape:
         return f"{{data: {self.data or 'auto'}, model: {self.model}}}"
 
 
-def on_this_machine(shape: MeshShape, device_count: int) -> MeshShape:
-    """``shape`` for a process that is not the job's worker (the driver's precision gate): the shape itself where
-    this machine has its chips, else its model axis with the rest of the chips on data, else one chip."""
-    for candidate in (shape, MeshShape(0, shape.model), MeshShape(1, 1)):
-        try:
-            return candidate.on(device_count)
-        except ValueError:
-            continue
-    return MeshShape(1, 1)
-
-
 def make_mesh(shape: MeshShape, devices: Sequence[Any] | None = None):
     """The ``jax.sharding.Mesh`` of ``shape`` over this process's local devices (the first data × model)."""
     import jax
@@ -89,7 +78,11 @@ def make_mesh(shape: MeshShape, devices: Sequence[Any] | None = None):
     # Auto axes: GSPMD propagates the annotations through the family's code, which names no mesh axis (an
     # explicit axis would ask every gather and dot of every family where its output lives).
     auto = (jax.sharding.AxisType.Auto,) * len(AXES)
-    return jax.make_mesh((shape.data, shape.model), AXES, auto, devices=devices[: shape.devices])
+    if shape.devices == len(devices):  # every chip: jax orders them by the chips' physical topology
+        return jax.make_mesh((shape.data, shape.model), AXES, auto, devices=devices)
+    # Some of the chips: jax's topology-aware ordering asserts a whole block of a TPU slice, so in device order.
+    grid = np.array(devices[: shape.devices], dtype=object).reshape(shape.data, shape.model)
+    return jax.sharding.Mesh(grid, AXES, axis_types=auto)
 
 
 def split_dimension(shape: tuple[int, ...], model: int) -> int | None:

@@ -319,7 +319,8 @@ class EncoderRuntime:
             "real_tokens": batch.real_tokens,
             "packed": batch.packed,
             "reencoded_alone": len(alone),
-            "padded_tokens": int(batch.ids_BxT.size),
+            # What the chips computed: on a mesh the rows padded to the data axis too.
+            "padded_tokens": padded_rows(batch.rows, self.placement.shape.data) * batch.ids_BxT.shape[1],
             "attention_backend": choice.backend,
             "attention_requested": choice.requested,
             "attention_kernel": choice.kernel,

@@ -31,8 +31,8 @@ def test_qwen3_8b_on_one_v5e_chip_is_refused_naming_the_bytes_and_the_mesh_that_
     with pytest.raises(MemoryPlanError) as refused:
         qwen3_8b_plan(mesh_sets(1, 1))
     message = str(refused.value)
-    assert "per chip 15.25 GiB parameters" in message and "of 16.00 GiB" in message
-    assert "14.4 GiB usable" in message
+    assert "per chip 15.25 GiB parameters" in message and "90% of 14.90 GiB" in message  # v5e: 16 GB
+    assert "13.4 GiB usable" in message
     assert "runner.mesh: {data: auto, model: 2}" in message and "4 chips" in message
 
 
@@ -99,12 +99,50 @@ def test_chips_come_from_the_profiles_accelerator_topology_or_count():
 
 
 def test_each_chips_memory_is_stated_or_read_from_the_accelerator_type():
-    tpu = config.load(profile("dataflow_tpu")).runner
-    assert device_memory(tpu, "tpu") == (16 * GIB, "worker_accelerator type tpu-v5-lite-podslice")
-    stated = config.load(profile("dataflow_tpu"), ["runner.device_memory=12GiB"]).runner
-    assert device_memory(stated, "tpu") == (12 * GIB, "runner.device_memory")
-    unknown = config.load(profile("dataflow_cpu")).runner
-    assert device_memory(unknown, "gpu")[0] is None and "set runner.device_memory" in device_memory(unknown, "gpu")[1]
+    tpu = device_memory(config.load(profile("dataflow_tpu")).runner, "tpu")
+    assert (tpu.device_bytes, tpu.source, tpu.usable) == (
+        16 * 10**9,
+        "worker_accelerator type tpu-v5-lite-podslice",
+        0.9,
+    )
+    stated = device_memory(config.load(profile("dataflow_tpu"), ["runner.device_memory=12GiB"]).runner, "tpu")
+    assert (stated.device_bytes, stated.source) == (12 * GIB, "runner.device_memory")
+    unknown = device_memory(config.load(profile("dataflow_cpu")).runner, "gpu")
+    assert unknown.device_bytes is None and "set runner.device_memory" in unknown.source
+
+
+def test_on_gpu_the_plan_keeps_to_jaxs_allocator_fraction():
+    l4 = device_memory(config.load(profile("dataflow_gpu")).runner, "gpu")
+    assert (l4.device_bytes, l4.usable) == (24 * 10**9, 0.75)  # JAX's default, preallocated or not
+    more = config.load(profile("dataflow_gpu"), ['runner.worker_env.XLA_PYTHON_CLIENT_MEM_FRACTION="0.9"']).runner
+    assert device_memory(more, "gpu").usable == 0.9
+
+
+def test_service_options_given_as_one_string_still_name_the_chips():
+    one = "worker_accelerator=type:tpu-v5-lite-podslice;topology:2x2"
+    assert worker_chips({"dataflow_service_options": one}) == 4
+
+
+def test_a_mesh_on_dataflow_needs_one_encoder_per_vm():
+    with pytest.raises(MemoryPlanError, match=r"spans 4 chips, but runner.one_model_per_vm is false"):
+        qwen3_8b_plan(["runner.one_model_per_vm=false"])
+
+
+def test_auto_tokens_per_batch_takes_fewer_rows_than_a_tile_when_a_long_bucket_leaves_room_for_no_more():
+    # Buckets of 8,192 tokens: one row is 8,192 tokens, a tile of 8 would be 65,536; the chips hold a few rows.
+    sets = ["batching.buckets=[2048,8192]", "model.max_seq_len=8192", "batching.tokens_per_batch=auto"]
+    _, _, memory = qwen3_8b_plan(sets)
+    assert memory.fits and memory.bucket == 8192 and 1 <= memory.rows < 8
+    assert memory.tokens_per_batch == memory.rows * 8192
+
+
+def test_the_mesh_a_refusal_names_fits_with_the_batch_auto_gives_it():
+    # On {data: 4} (auto) nothing fits; the refusal names the smallest model axis whose own auto batch fits.
+    with pytest.raises(MemoryPlanError) as refused:
+        qwen3_8b_plan(["runner.mesh=auto", "batching.tokens_per_batch=auto"])
+    assert "runner.mesh: {data: auto, model: 2}" in str(refused.value)
+    _, _, memory = qwen3_8b_plan(["runner.mesh.data=auto", "runner.mesh.model=2", "batching.tokens_per_batch=auto"])
+    assert memory.fits
 
 
 def test_a_size_that_is_not_one_is_refused_naming_the_form():

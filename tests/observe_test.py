@@ -118,6 +118,8 @@ def test_on_a_mesh_the_fullest_chip_speaks_for_the_batch_and_each_chip_is_kept()
     assert facts["memory_per_device"] == {"tpu:0 (TPU v5 lite)": 100, "tpu:1 (TPU v5 lite)": 300}
     assert describe_devices(chips) == "tpu:0 (TPU v5 lite) +1"
     record = {"worker": "w", "device": describe_devices(chips), "started_at": "t", **facts}
-    assert [key for key, _ in memory_samples(record)] == ["w tpu:0 (TPU v5 lite)", "w tpu:1 (TPU v5 lite)"]
+    samples = memory_samples(record)
+    assert [key for key, _ in samples] == ["w tpu:0 (TPU v5 lite)", "w tpu:1 (TPU v5 lite)"]
+    assert [sample[1:3] for _, sample in samples] == [(100, 150), (300, 320)]  # each chip's own in use and peak
     one = memory(chips[:1])
     assert "memory_per_device" not in one and one["memory_in_use_bytes"] == 100

@@ -315,3 +315,21 @@ def test_the_gate_reads_the_first_documents_of_the_input_and_no_further(gate_inp
     monkeypatch.setattr(read, "path_records", endless)
     docs = precision_gate_at_start.first_documents(job_config(gate_input, str(tmp_path / "out"), "unused"), 40)
     assert [d.id for d in docs] == [f"doc-{n}" for n in range(40)]
+
+
+def test_the_gate_is_not_run_where_the_workers_mesh_needs_more_chips_than_this_machine_has(
+    gate_input, tiny_checkpoint_dir, tmp_path
+):
+    import dataclasses
+
+    from conftest import job_config
+
+    from docbeam.models.mesh import MeshShape
+    from docbeam.pipeline.driver import precision_gate_at_start
+    from docbeam.pipeline.driver.plan import make_plan
+
+    plan = make_plan(job_config(gate_input, str(tmp_path / "out"), tiny_checkpoint_dir, model={"dtype": "bfloat16"}))
+    eight = dataclasses.replace(plan, memory=dataclasses.replace(plan.memory, mesh=MeshShape(8, 1)))  # an 8-chip worker
+    record = precision_gate_at_start.gate_record(eight)
+    assert record["status"] == "not run"
+    assert record["reason"].startswith("the workers' mesh {data: 8, model: 1} needs 8 chips and this machine has 1")

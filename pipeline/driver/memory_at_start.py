@@ -18,8 +18,10 @@ from docbeam.config import parse_bytes
 from docbeam.errors import Refused
 from docbeam.models.memory_plan import (
     ACCELERATOR_MEMORY,
+    GPU_MEM_FRACTION,
     HEADROOM,
     Batch,
+    Chips,
     MemoryPlan,
     abstract_params,
     auto_rows_per_chip,
@@ -36,9 +38,15 @@ class MemoryPlanError(Refused, ValueError):
     """The job's model or mesh does not fit its workers' chips: exit 2, nothing started."""
 
 
+def service_options(options: dict) -> list[str]:
+    """``dataflow_service_options`` as a list, whether the config gives a list or one string."""
+    given = options.get("dataflow_service_options") or []
+    return [given] if isinstance(given, str) else list(given)
+
+
 def accelerator(options: dict) -> dict:
     """The ``worker_accelerator`` service option's fields ({"type": ..., "topology": ..., "count": ...}), or {}."""
-    for option in options.get("dataflow_service_options") or []:
+    for option in service_options(options):
         found = ACCELERATOR.match(str(option))
         if found:
             return dict(part.split(":", 1) for part in found.group(1).split(";") if ":" in part)
@@ -55,20 +63,33 @@ def worker_chips(options: dict) -> int | None:
     return 1 if fields else None
 
 
-def device_memory(runner, platform: str) -> tuple[int | None, str]:
-    """(each chip's bytes, where that came from)."""
+def gpu_fraction(runner) -> float:
+    """What JAX's GPU allocator may take of a chip in the workers' environment (runner.worker_env)."""
+    env = runner.worker_env
+    given = env.get("XLA_PYTHON_CLIENT_MEM_FRACTION") or env.get("XLA_CLIENT_MEM_FRACTION")
+    return float(given) if given else GPU_MEM_FRACTION
+
+
+def device_memory(runner, platform: str) -> Chips:
+    """Each chip's bytes, where that came from, and the share the encoder may use: ``runner.device_memory``,
+    else the profile's accelerator type, else (no accelerator named) this machine's chip of that platform."""
+    usable = gpu_fraction(runner) if platform == "gpu" else HEADROOM
     if runner.device_memory:
-        return parse_bytes(runner.device_memory), "runner.device_memory"
+        return Chips(parse_bytes(runner.device_memory), "runner.device_memory", usable, platform)
     kind = accelerator(runner.options).get("type")
     if kind in ACCELERATOR_MEMORY:
-        return ACCELERATOR_MEMORY[kind], f"worker_accelerator type {kind}"
-    import jax
+        return Chips(ACCELERATOR_MEMORY[kind], f"worker_accelerator type {kind}", usable, platform)
+    if kind is None:
+        import jax
 
-    local = jax.local_devices()[0]
-    stats = local.memory_stats() if local.platform == platform and local.platform != "cpu" else None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), f"this machine's {local.device_kind}"
-    return None, "a CPU worker's host memory" if platform == "cpu" else "unknown: set runner.device_memory, e.g. 16GiB"
+        local = jax.local_devices()[0]
+        stats = local.memory_stats() if local.platform == platform and local.platform != "cpu" else None
+        if stats and stats.get("bytes_limit"):  # the allocator's own limit: its fraction already applied
+            return Chips(int(stats["bytes_limit"]), f"this machine's {local.device_kind}", HEADROOM, platform)
+    if platform == "cpu":
+        return Chips(None, "a CPU worker's host memory", usable, platform)
+    named = f"worker_accelerator type {kind} is not in docbeam's table" if kind else "no worker_accelerator"
+    return Chips(None, f"unknown ({named}): set runner.device_memory, e.g. 16GiB", usable, platform)
 
 
 def chips_and_mesh(runner, local_devices: int) -> tuple[int, MeshShape]:
@@ -89,26 +110,40 @@ def memory_plan(cfg, encoder, choices, platform: str, local_devices: int = 1) ->
             f"runner.mesh: model: {mesh.model} does not divide the model's {encoder.num_heads} attention heads; "
             f"use a model axis that divides {encoder.num_heads}"
         )
-    device_bytes, source = device_memory(cfg.runner, platform)
+    if mesh.devices > 1 and cfg.runner.name.endswith("DataflowRunner") and not cfg.runner.one_model_per_vm:
+        raise MemoryPlanError(
+            f"runner.mesh {mesh} spans {mesh.devices} chips, but runner.one_model_per_vm is false: each of the VM's "
+            "SDK processes would build its own encoder on every chip; set runner.one_model_per_vm: true"
+        )
+    memory = device_memory(cfg.runner, platform)
     # A CPU worker's memory is the host's, unless the config states it.
-    checked = device_bytes if platform != "cpu" or cfg.runner.device_memory else None
+    if platform == "cpu" and not cfg.runner.device_memory:
+        memory = dataclasses.replace(memory, device_bytes=None)
     params = abstract_params(encoder)
-    tokens_per_batch = cfg.batching.tokens_per_batch
-    if tokens_per_batch == "auto":  # sized by the largest bucket, the one with the fewest rows
-        largest = max(choices, key=lambda c: c.case.seq_len)
-        bucket, whole = largest.case.seq_len, largest.backend == "native"
-        rows = auto_rows_per_chip(encoder, params, mesh, bucket, whole, checked, platform)
-        tokens_per_batch = rows * mesh.data * bucket
-    batches = [
-        Batch(rows_for(c.case.seq_len, tokens_per_batch), c.case.seq_len, c.backend == "native") for c in choices
-    ]
-    plan, batch = max(
-        ((plan_for(encoder, params, mesh, b, checked, source), b) for b in batches), key=lambda pb: pb[0].needed_bytes
-    )
-    plan = dataclasses.replace(plan, tokens_per_batch=tokens_per_batch)
+
+    def plan_on(on: MeshShape) -> MemoryPlan:
+        """The job on mesh ``on``: its batch (auto: sized for that mesh), the bucket that needs the most."""
+        tokens_per_batch = cfg.batching.tokens_per_batch
+        if tokens_per_batch == "auto":  # sized by the largest bucket, the one with the fewest rows
+            largest = max(choices, key=lambda c: c.case.seq_len)
+            bucket, whole = largest.case.seq_len, largest.backend == "native"
+            tokens_per_batch = auto_rows_per_chip(encoder, params, on, bucket, whole, memory) * on.data * bucket
+        plans = [
+            plan_for(
+                encoder,
+                params,
+                on,
+                Batch(rows_for(c.case.seq_len, tokens_per_batch), c.case.seq_len, c.backend == "native"),
+                memory,
+            )
+            for c in choices
+        ]
+        return dataclasses.replace(max(plans, key=lambda p: p.needed_bytes), tokens_per_batch=tokens_per_batch)
+
+    plan = plan_on(mesh)
     if plan.fits:
         return plan
-    fitting = smallest_fitting(encoder, params, chips, batch, checked, source)
+    fitting = smallest_fitting(encoder, chips, plan_on)
     if fitting is not None:
         fix = (
             f"runner.mesh: {{data: auto, model: {fitting.mesh.model}}} (data {fitting.mesh.data} x model "
@@ -121,7 +156,7 @@ def memory_plan(cfg, encoder, choices, platform: str, local_devices: int = 1) ->
         )
     raise MemoryPlanError(
         f"the model does not fit its chips: {plan.describe()}; {gib_short(plan.needed_bytes)} needed per chip, "
-        f"{gib_short(int(HEADROOM * plan.device_bytes))} usable. Use {fix}"
+        f"{gib_short(plan.usable_bytes)} usable. Use {fix}"
     )
 
 

@@ -38,17 +38,13 @@ def first_documents(cfg: JobConfig, limit: int) -> list:
 
 def window_vectors(plan, dtype: str, windows, batches):
     """Every window's vector [W, D] in window order, encoded as the job's workers would in ``dtype``."""
-    import jax
     import numpy as np
 
-    from docbeam.models.mesh import on_this_machine
     from docbeam.pipeline.stages.encode import EncoderSpec, load_encoder
 
-    # Loaded apart from the job's warm encoder (load_encoder, not runtime_for), in ``dtype``, on this machine's
-    # chips (the workers' mesh may need more than the driver has); the worker's gate runs again for it when
-    # attention.verify is set.
-    mesh = on_this_machine(plan.encoder_plan.mesh, len(jax.local_devices()))
-    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=(), mesh=mesh)
+    # Loaded apart from the job's warm encoder (load_encoder, not runtime_for), in ``dtype``; the worker's gate
+    # runs again for it when attention.verify is set. On the workers' mesh, which gate_record saw this machine has.
+    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=())
     runtime = load_encoder(EncoderSpec(encoder_plan))
     by_window = {}
     for batch in batches:
@@ -78,6 +74,12 @@ def measure(plan, limit: int = DOCUMENTS) -> tuple[int, int, gate.GateResult | N
     batches = batch_windows(windows, plan.batching())
     ours, reference = (window_vectors(plan, dtype, windows, batches) for dtype in (cfg.model.dtype, "float32"))
     return len(docs), len(windows), gate.measure(cfg.model.dtype, ours, reference)
+
+
+def local_chips() -> int:
+    import jax
+
+    return len(jax.local_devices())
 
 
 def _not_run(dtype: str, mode: str, reason: str) -> dict:
@@ -111,6 +113,14 @@ def gate_record(plan, limit: int = DOCUMENTS) -> dict | None:
             mode,
             f"the encoder runs on {plan.platform}, not on this machine; run `docbeam "
             f"validate --verify` on a {plan.platform} machine",
+        )
+    chips = local_chips()
+    if plan.memory is not None and plan.memory.mesh.devices > chips:
+        return _not_run(
+            dtype,
+            mode,
+            f"the workers' mesh {plan.memory.mesh} needs {plan.memory.mesh.devices} chips and this machine has "
+            f"{chips}; run `docbeam validate --verify` on a machine like the workers",
         )
     documents, windows, result = measure(plan, limit)
     if result is None:

@@ -131,11 +131,11 @@ def memory_samples(t: dict) -> list[tuple[str, tuple[str, float, float, int]]]:
     nan = float("nan")
     sample = (t.get("started_at", ""), t.get("memory_in_use_bytes", nan), t.get("memory_peak_bytes", nan))
     ahead = t.get("compiling_ahead", 0)
-    per_device = t.get("memory_per_device")
+    per_device, peaks = t.get("memory_per_device"), t.get("memory_peak_per_device") or {}
     if not per_device:
         return [(memory_trend.worker_key(t), (*sample, ahead))]
     return [
-        (memory_trend.worker_key({**t, "device": device}), (sample[0], used, nan, ahead))
+        (memory_trend.worker_key({**t, "device": device}), (sample[0], used, peaks.get(device, nan), ahead))
         for device, used in sorted(per_device.items())
     ]
 

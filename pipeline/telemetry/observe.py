@@ -163,7 +163,8 @@ class StageClock:
 def memory(devices) -> dict:
     """Device memory where the platform reports it (GPU/TPU), host RSS otherwise (CPU). On a mesh (several
     ``devices``) the chip with the most in use speaks for the batch (the one that runs out first), and
-    ``memory_per_device`` keeps each chip's, so a leak on one chip is seen on that chip."""
+    ``memory_per_device`` and ``memory_peak_per_device`` keep each chip's, so a leak on one chip is seen on that
+    chip."""
     devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
     stats = [(d, d.memory_stats() if hasattr(d, "memory_stats") else None) for d in devices]
     reported = [(d, s) for d, s in stats if s and "bytes_in_use" in s]
@@ -176,6 +177,7 @@ def memory(devices) -> dict:
         facts = {"memory_in_use_bytes": in_use, "memory_peak_bytes": peak, "memory_source": "device"}
         if len(per_device) > 1:
             facts["memory_per_device"] = {name: used for name, (used, _) in per_device.items()}
+            facts["memory_peak_per_device"] = {name: peak for name, (_, peak) in per_device.items()}
         return facts
     return {
         "memory_in_use_bytes": psutil.Process().memory_info().rss,

@@ -188,7 +188,7 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
 @dataclasses.dataclass(frozen=True)
 class MemorySeries:
     """One worker's chip over the run: the batches it reports (indices into ``run.batches``, in time order) and
-    its bytes in use and peak after each (a chip of a mesh reports no peak of its own: NaN)."""
+    its bytes in use and peak after each (NaN where a record has no peak for it)."""
 
     worker: str
     device: str
@@ -205,13 +205,14 @@ def memory_series(run: Run) -> list[MemorySeries]:
     """A series per (worker, chip): a mesh's records split into their chips (``memory_per_device``), as the
     job's own leak alarm watches them."""
     b = run.batches
-    per_device = b.get("memory_per_device", np.array([{}] * len(b["worker"]), dtype=object))
+    none = np.array([{}] * len(b["worker"]), dtype=object)
+    per_device, peaks = b.get("memory_per_device", none), b.get("memory_peak_per_device", none)
     found: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
     for i, (worker, device) in enumerate(zip(b["worker"], b["device"])):
         chips = per_device[i]
         if chips:
             for chip, used in chips.items():
-                found.setdefault((worker, chip), []).append((i, float(used), np.nan))
+                found.setdefault((worker, chip), []).append((i, float(used), float(peaks[i].get(chip, np.nan))))
         else:
             found.setdefault((worker, device), []).append((i, b["memory_in_use_bytes"][i], b["memory_peak_bytes"][i]))
     return [

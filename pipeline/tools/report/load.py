@@ -139,6 +139,9 @@ def batch_columns(records: list[dict]) -> dict[str, np.ndarray]:
     columns["compiled"] = np.array([r.get("compiled") is True for r in records], dtype=bool)
     # On a mesh: each chip's bytes in use after the batch (the record's own memory fields are its fullest chip's).
     columns["memory_per_device"] = np.array([dict(r.get("memory_per_device") or {}) for r in records], dtype=object)
+    columns["memory_peak_per_device"] = np.array(
+        [dict(r.get("memory_peak_per_device") or {}) for r in records], dtype=object
+    )
     # Runs from before the field: no batch is known to have run beside the start-up compilations.
     columns["compiling_ahead"] = np.array([_number(r.get("compiling_ahead")) > 0 for r in records], dtype=bool)
     columns["t_s"] = start_s - np.nanmin(start_s) if np.isfinite(start_s).any() else start_s
