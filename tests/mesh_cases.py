@@ -34,19 +34,10 @@ def bert(folder):
 
 def modernbert(folder):
     from family_fixtures import save_checkpoint, spread_norms_and_biases, tiny_model
+    from sparse_head_test import FAMILIES as MASKED_LM
 
-    model = tiny_model(
-        "ModernBertModel",
-        num_attention_heads=4,
-        num_hidden_layers=4,
-        intermediate_size=48,
-        local_attention=8,
-        global_attn_every_n_layers=2,
-        global_rope_theta=160_000.0,
-        local_rope_theta=10_000.0,
-        pad_token_id=0,
-        attn_implementation="eager",
-    )
+    settings = MASKED_LM["modernbert"][1]  # 4 layers, local windows of ±4 every other layer
+    model = tiny_model("ModernBertModel", num_attention_heads=4, **settings)
     return save_checkpoint(spread_norms_and_biases(model), folder), SPLASH
 
 
