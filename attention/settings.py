@@ -21,7 +21,7 @@ class AttentionConfig(pydantic.BaseModel):
 
     backend: str = "native"
     fallback: str | None = None  # runs the buckets `backend` cannot; None: such a job fails at start
-    verify: bool = False  # run a probe batch per bucket against native before the main work
+    verify: pydantic.StrictBool = False  # run a probe batch per bucket against native before the main work
     verify_tolerance: pydantic.PositiveFloat | None = None  # None: 1e-5 for float32, 2e-2 for bfloat16
     on_mismatch: Literal["fail", "fallback"] = "fail"
     # Typed options per backend, parsed from the sections nested under a backend's name; not a YAML key itself.

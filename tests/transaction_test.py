@@ -214,7 +214,9 @@ def test_a_second_run_into_a_live_runs_output_is_refused_naming_it(committed, tm
     [
         ("{root}/run*", "without glob characters or commas (found *)"),
         ("{root}/runA,{root}/runB", "without glob characters or commas (found ,)"),
-        ("~", "must name a folder for this job's output"),
+        ("~", "must name a folder for this job's output, not your home folder"),
+        ("{root}/runA/../../../../../../../../../../..", "not the filesystem's root"),  # normalised, then judged
+        ("gs://bucket/runs/..", "not a bucket's root"),
         ("{root}", "holds 2 file(s) that no docbeam run wrote"),
     ],
 )

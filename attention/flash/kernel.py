@@ -35,7 +35,7 @@ class FlashOptions(pydantic.BaseModel):
     kernel: KernelName = "auto"
     block_q: pydantic.PositiveInt = 128  # Pallas kernels only: query rows per tile
     block_k: pydantic.PositiveInt = 128  # Pallas kernels only: key columns per tile
-    interpret: bool = False  # Pallas kernels only: run in interpret mode, e.g. the TPU kernel on a CPU
+    interpret: pydantic.StrictBool = False  # Pallas kernels only: run in interpret mode, e.g. the TPU kernel on a CPU
 
 
 @dataclasses.dataclass(frozen=True)

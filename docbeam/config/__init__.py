@@ -47,7 +47,7 @@ class ModelConfig(_Section):
     precision_gate: Literal["enforce", "warn", "off"] = "enforce"
     # auto: the checkpoint's sentence-transformers settings (a decoder's last token when it has none)
     pooling: Literal["auto", "mean", "cls", "lasttoken"] = "auto"
-    normalize: Literal["auto"] | bool = "auto"
+    normalize: Literal["auto"] | pydantic.StrictBool = "auto"
     max_seq_len: pydantic.PositiveInt | None = None  # None: the checkpoint's (sentence-transformers' if present)
     # The text put in front of every document: auto, the checkpoint's document prompt
     # (models/checkpoint/sentence_transformers/settings.py); a name from its config_sentence_transformers.json
@@ -106,7 +106,7 @@ class BatchingConfig(_Section):
     # Several short windows per row, told apart by segment ids: fewer padded tokens. auto: when the attention
     # backend (and fallback) take segment ids (native does, flash does not); true: refuse to start otherwise.
     # Packed batches are made per shard, across buckets. The plan resolves auto to true or false.
-    packing: bool | Literal["auto"] = "auto"
+    packing: pydantic.StrictBool | Literal["auto"] = "auto"
 
     @pydantic.field_validator("buckets")
     @classmethod
@@ -162,7 +162,7 @@ class RunnerConfig(_Section):
     progress_seconds: pydantic.NonNegativeFloat = 10.0  # 0 turns progress lines off
     options: dict[str, str | int | float | bool | list[str]] = {}  # Beam pipeline options
     # One encoder per VM owns the accelerator: RunInference shares it across the VM's SDK processes.
-    one_model_per_vm: bool = False
+    one_model_per_vm: pydantic.StrictBool = False
     # JAX's persistent compilation cache (local folder or gs:// prefix): the next job reuses compilations.
     compilation_cache: str | None = None
     # Set in each worker process before the encoder loads, e.g. XLA_PYTHON_CLIENT_PREALLOCATE: "false".

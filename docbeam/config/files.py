@@ -10,8 +10,10 @@ section replaced by a scalar or the reverse.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import re
 
 import yaml
 
@@ -38,10 +40,91 @@ def resolve_path(path: str, base_dir: str) -> str:
     return os.path.normpath(os.path.join(base_dir, os.path.expanduser(path)))
 
 
+class ConfigLoader(yaml.SafeLoader):
+    """YAML as a config means it, not as YAML 1.1 guesses: only true and false are booleans (``precision_gate:
+    off`` stays the string "off", as every option whose values include off, on, yes or no needs); a key given
+    twice in one mapping is refused (the second would silently win); an alias to its own ancestor (a recursive
+    anchor) and more than ``MAX_ALIASES`` aliases (a "billion laughs" file, whose shared references expand
+    exponentially when the config is walked) are refused. Dates are refused after loading (``no_dates``)."""
+
+    MAX_ALIASES = 64
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._aliases = 0
+        self._open_anchors: list[str | None] = []
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            self._aliases += 1
+            if event.anchor in self._open_anchors:
+                raise yaml.composer.ComposerError(
+                    None, None, f"alias *{event.anchor} refers to a node that contains it", event.start_mark
+                )
+            if self._aliases > self.MAX_ALIASES:
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {self.MAX_ALIASES} aliases; a config needs few", event.start_mark
+                )
+            return super().compose_node(parent, index)
+        self._open_anchors.append(getattr(event, "anchor", None))
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._open_anchors.pop()
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} is given twice in one mapping (lines {seen[key] + 1} and "
+                        f"{key_node.start_mark.line + 1}); keep one",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep)
+
+
+ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
+
+
+def parse_yaml(text):
+    return yaml.load(text, Loader=ConfigLoader)  # noqa: S506  ConfigLoader is a SafeLoader
+
+
+def no_dates(tree, source: str, _key: tuple[str, ...] = ()):
+    """``tree`` as it is, refused where YAML read a date (an unquoted 2026-12-06): no config key takes one."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            no_dates(value, source, (*_key, str(key)))
+    elif isinstance(tree, list):
+        for i, value in enumerate(tree):
+            no_dates(value, source, (*_key, str(i)))
+    elif isinstance(tree, (datetime.date, datetime.datetime)):
+        raise ConfigError(
+            f"{source}: {'.'.join(_key)}: YAML reads {tree.isoformat()} as a date; quote it ('{tree.isoformat()}') "
+            "if it is a string"
+        )
+    return tree
+
+
 def read_yaml(path: str):
     try:
         with open(path) as f:
-            return yaml.safe_load(f)
+            return no_dates(parse_yaml(f), path)
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} not found; try configs/local.yaml") from None
     except yaml.YAMLError as e:
@@ -174,7 +257,7 @@ def _parse_value(item: str, value: str):
     """YAML scalars and lists (2, true, [64, 128], null); anything YAML would turn into another type
     (a date, say) or cannot parse (a glob like *.jsonl) stays the string that was typed."""
     try:
-        parsed = yaml.safe_load(value)
+        parsed = parse_yaml(value)
     except yaml.YAMLError:
         return value
     if parsed is None and value.strip() not in ("null", "~", ""):

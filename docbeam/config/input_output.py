@@ -10,7 +10,7 @@ import pydantic
 
 from docbeam import placeholders
 from docbeam.pipeline import sinks
-from docbeam.pipeline.store.paths import normalize_folder
+from docbeam.pipeline.store.paths import is_gcs, normalize_folder, split_gcs
 
 
 class Section(pydantic.BaseModel):
@@ -82,8 +82,16 @@ def one_folder(path: str) -> str:
             "a run replaces what is there, so it names exactly one place (placeholders: "
             f"{', '.join(placeholders.PATH_PLACEHOLDERS)})"
         )
-    if path.strip().rstrip("/") in ("", "~", "gs:"):
-        raise ValueError("must name a folder for this job's output, e.g. out/local or gs://bucket/runs/today")
+    # Judged as the run will use it, normalised: /tmp/.. is the filesystem's root, gs://b/x/.. the bucket's.
+    stripped = path.strip()
+    normal = normalize_folder(stripped) if stripped.rstrip("/") not in ("", "gs:") else ""
+    bucket_root = is_gcs(normal) and not split_gcs(normal)[1]
+    home = stripped.rstrip("/") == "~"
+    if stripped.rstrip("/") in ("", "gs:") or home or normal in ("", "/") or bucket_root:
+        what = "your home folder" if home else "a bucket's root" if bucket_root else "the filesystem's root"
+        raise ValueError(
+            f"must name a folder for this job's output, not {what} ({path!r}), e.g. out/local or gs://bucket/runs/today"
+        )
     return path
 
 
@@ -92,7 +100,7 @@ class SelectConfig(Section):
     run: a curation job's kept set (docbeam/selection.py has the grammar)."""
 
     where: str  # e.g. "score >= 3", "label in [en, de]"
-    with_text: bool = False  # each selected line carries the document's text too
+    with_text: pydantic.StrictBool = False  # each selected line carries the document's text too
 
     @pydantic.field_validator("where")
     @classmethod
@@ -113,7 +121,7 @@ class OutputFields(Section):
     num_shards: pydantic.NonNegativeInt = 0  # 0: the runner decides
     mode: Literal["replace", "fail_if_exists"] = "replace"  # what to do when the folder holds an earlier run
     granularity: Literal["document", "chunk", "both"] = "document"  # chunk: one row per window, with offsets
-    chunk_text: bool = True  # chunk rows carry the chunk's text (false: offsets only)
+    chunk_text: pydantic.StrictBool = True  # chunk rows carry the chunk's text (false: offsets only)
     # late: each chunk's vector pooled from a forward over its whole document (pipeline/stages/late_chunking.py)
     chunking: Literal["window", "late"] = "window"
     vector_dtype: Literal["float32", "float16", "int8", "uint8", "binary"] = "float32"

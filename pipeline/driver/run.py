@@ -7,9 +7,11 @@ run that fails commits nothing: the previous output stays as it was.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import threading
 import time
 
@@ -221,6 +223,27 @@ def run_job(
     seconds; the command line passes the process's start) is where summary.json's start-up breakdown begins;
     by default, this call.
     """
+    with environment_restored(tuple(cfg.runner.worker_env) if wait else ()):
+        return _run_job(cfg, extra_beam_args, force, wait, process_started)
+
+
+@contextlib.contextmanager
+def environment_restored(keys: tuple[str, ...]):
+    """``keys`` of os.environ as they were, after the job: runner.worker_env is set in each worker process, and
+    on the DirectRunner's in-memory workers that is this one, so a scheduler's or a notebook's next job would
+    inherit it."""
+    before = {key: os.environ.get(key) for key in keys}
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _run_job(cfg, extra_beam_args, force: bool, wait: bool, process_started: float | None) -> dict:
     run = plan_run(cfg, extra_beam_args, wait, process_started)
     out = run.plan.config.output.path
     with refused_at_start(f"output.path {out}: taking its lock {output_lib.LOCK}"):
