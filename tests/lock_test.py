@@ -98,6 +98,27 @@ def test_a_garbled_lock_is_treated_as_stale_not_as_a_crash(tmp_path):
     assert not storage.exists(lock_path(tmp_path))
 
 
+GOOD_FIELDS = '"run_id": "run-X", "host": "elsewhere", "process_started": 1.0, "token": 3'
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        "{" + GOOD_FIELDS + ', "pid": 1e400, "heartbeat": 1.0}',  # a pid past any int: was an OverflowError
+        "{" + GOOD_FIELDS + ', "pid": 7, "heartbeat": NaN}',  # NaN never went stale: every run refused
+        "{" + GOOD_FIELDS + ', "pid": 7, "heartbeat": "soon"}',
+        "{" + GOOD_FIELDS + ', "pid": true, "heartbeat": 1.0}',
+        "[1, 2]",
+    ],
+)
+def test_a_lock_whose_fields_are_not_what_a_lock_says_is_stale_not_a_crash_or_a_block(tmp_path, record):
+    storage.write_bytes(lock_path(tmp_path), record.encode())
+    assert lock.read_owner(lock_path(tmp_path)).run_id == "unknown"
+    held = lock.OutputLock.acquire(str(tmp_path), "run-A")
+    assert lock.read_owner(lock_path(tmp_path)).run_id == "run-A"
+    held.release()
+
+
 @pytest.mark.gcs
 def test_on_gcs_a_second_run_is_refused_and_a_released_lock_is_gone():
     # The emulator honours generation preconditions (tests/gcs_emulator_server.py), as GCS does.

@@ -15,6 +15,7 @@ import dataclasses
 import datetime
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -65,6 +66,11 @@ class Owner:
     def from_bytes(cls, data: bytes) -> "Owner":
         raw = json.loads(data)
         pending = raw.get("pending")
+        for key in ("process_started", "heartbeat"):  # NaN would never go stale; a lock must say a time
+            if not isinstance(raw[key], (int, float)) or isinstance(raw[key], bool) or not math.isfinite(raw[key]):
+                raise ValueError(f"{key} is {raw[key]!r}, not a time")
+        if not isinstance(raw["pid"], int) or isinstance(raw["pid"], bool):
+            raise ValueError(f"pid is {raw['pid']!r}, not a process id")
         return cls(
             str(raw["run_id"]),
             str(raw["host"]),
@@ -102,8 +108,8 @@ def parse_owner(data: bytes | None, path: str) -> Owner | None:
         return None
     try:
         return Owner.from_bytes(data)
-    except (ValueError, KeyError, TypeError):
-        # A torn or foreign lock object: treat it as held by nobody alive, but say so.
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError):
+        # A torn, foreign or garbled lock object: treat it as held by nobody alive, but say so.
         log.warning("%s is not a docbeam lock record; treating it as stale", path)
         return Owner("unknown", "unknown", -1, 0.0, 0.0)
 
