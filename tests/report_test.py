@@ -171,6 +171,20 @@ def test_missing_errors_dir_and_sparse_summary(tmp_path):
     assert report.report(output).regressions == []
 
 
+@pytest.mark.parametrize("summary", ["[1, 2]", '"a string"', "3"])
+def test_a_summary_that_is_not_an_object_is_named_not_a_traceback(tmp_path, summary):
+    output = write_run(tmp_path / "run", with_errors=False)
+    (pathlib.Path(output) / "summary.json").write_text(summary)
+    with pytest.raises(report_load.RunUnreadable, match=r"summary.json is not a JSON object"):
+        report.report(output)
+
+
+@pytest.mark.parametrize("spelling", ["{out}/.", "{out}/", "{out}/timing/.."])
+def test_the_report_goes_beside_the_output_however_its_path_is_spelled(tmp_path, spelling):
+    out = str(tmp_path / "run")
+    assert report.default_dest(spelling.format(out=out)) == f"{out}.report.html"
+
+
 def test_a_directory_that_is_not_a_run_is_named_in_the_error(tmp_path):
     with pytest.raises(report_load.RunUnreadable, match=re.escape(str(tmp_path))):
         report.report(str(tmp_path))

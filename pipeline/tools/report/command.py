@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from docbeam.errors import Refused
 from docbeam.pipeline.store.output import STAGING
+from docbeam.pipeline.store.paths import normalize_folder
 from docbeam.pipeline.tools.report.args import add_arguments
 from docbeam.pipeline.tools.report.data import Regression, check_threshold, compare, latency_changes
 from docbeam.pipeline.tools.report.load import Run, load_run
@@ -35,7 +36,7 @@ class ReportResult:
 def default_dest(output: str) -> str:
     """Beside the output folder, never inside it: a file there that no manifest lists is foreign to the
     next run (a warning, and a stale report left behind). A staged run's report goes beside the whole output."""
-    path = output.rstrip("/")
+    path = normalize_folder(output)  # OUT/. and OUT/sub/.. name OUT: the report still goes beside it
     parent, _, name = path.rpartition("/")
     if parent.rpartition("/")[2] == STAGING:
         return f"{parent.rpartition('/')[0]}.{name}.report.html"

@@ -66,6 +66,8 @@ def load_run(output: str) -> Run:
 
 def _load_run(output: str) -> Run:
     summary = _read_json(FileSystems.join(output, SUMMARY))
+    if summary is not None and not isinstance(summary, dict):
+        raise ValueError(f"{FileSystems.join(output, SUMMARY)} is not a JSON object (got {type(summary).__name__})")
     timing = _read_jsonl(run_files(output, TIMING))
     if summary is None and not timing:
         staged = _match(FileSystems.join(output, STAGING, "*", SUMMARY))
