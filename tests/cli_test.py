@@ -219,3 +219,13 @@ def test_whatever_refuses_a_run_at_start_exits_2_naming_it_and_touches_nothing(c
     assert last.startswith("docbeam: cannot start: ") and message in last
     assert last.endswith("(UnusablePath; nothing was touched)")
     assert folder_state(tmp_path) == before
+
+
+@pytest.mark.parametrize("count", ["-5", "0", "many"])
+def test_propose_buckets_refuses_a_count_that_is_not_one_naming_the_option(count, capsys):
+    from docbeam.pipeline.driver import cli
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["propose-buckets", "--config", "configs/local.yaml", "--documents", count])
+    assert exited.value.code == 2
+    assert "argument --documents: expected a whole number above 0" in capsys.readouterr().err

@@ -80,7 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("propose-buckets", help="propose bucket lengths and token budget from the corpus")
     p.add_argument("--config", required=True)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--documents", type=int, default=10_000, help="how many documents to sample (default 10000)")
+    p.add_argument(
+        "--documents", type=positive_int, default=10_000, help="how many documents to sample (default 10000)"
+    )
     p.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
     from docbeam.pipeline import sinks
 
@@ -147,6 +149,17 @@ def first_line(error: Exception) -> str:
     """Why, without what Beam appends when it re-raises a step's error (the step's name, a traceback's text)."""
     text = str(error).strip()
     return text.split("\n")[0].split(" [while running")[0] if text else type(error).__name__
+
+
+def positive_int(text: str) -> int:
+    """An option's count: a whole number above zero (argparse names the option and exits 2 otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number above 0, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
