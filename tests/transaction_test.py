@@ -282,3 +282,13 @@ def test_an_empty_input_commits_an_empty_output_that_the_report_can_read(tmp_pat
     assert pq.read_table(glob.glob(f"{out}/embeddings/*.parquet")).num_rows == 0
     report = run_docbeam("report", out)
     assert report.returncode == 0, report.stderr
+
+
+@pytest.mark.slow
+def test_an_empty_folder_of_the_users_under_staging_is_not_deleted(tmp_path, corpus, tiny_checkpoint_dir):
+    out = tmp_path / "out"
+    assert run(corpus, str(out), tiny_checkpoint_dir).returncode == 0
+    (out / "_staging" / "mine" / "notes").mkdir(parents=True)  # the user's, empty: docbeam never wrote it
+    assert run(corpus, str(out), tiny_checkpoint_dir).returncode == 0  # recovery, then the commit's clean-up
+    assert (out / "_staging" / "mine" / "notes").is_dir()
+    assert sorted(p.name for p in (out / "_staging").iterdir()) == ["mine"]  # the runs' own folders are gone

@@ -214,6 +214,12 @@ def prune_empty_folders(root: str) -> None:
         _rmdir_if_empty(folder)
 
 
+def remove_folder_if_empty(folder: str) -> None:
+    """A local ``folder`` removed if it holds nothing (gs:// has no folders: nothing to do)."""
+    if not is_remote(folder):
+        _rmdir_if_empty(folder)
+
+
 def _remove_empty_folders(folder: str, stop: str) -> None:
     stop = os.path.normpath(stop)
     while folder.startswith(stop + os.sep) and _rmdir_if_empty(folder):

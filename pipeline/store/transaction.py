@@ -134,7 +134,10 @@ def _delete_staging(output: str, run_id: str, keep_marker: bool) -> None:
     last = [f"{folder}/{INTENT}"] + ([] if keep_marker else [f"{folder}/{MARKER}"])
     delete_inside(output, sorted(present - {f"{folder}/{INTENT}", f"{folder}/{MARKER}"}))
     delete_inside(output, [p for p in last if p in present])
-    storage.prune_empty_folders(f"{output}/{STAGING}")
+    # Only this run's folder, then _staging/ if that left it empty: an empty folder of the user's under
+    # _staging/ is not docbeam's to delete.
+    storage.prune_empty_folders(folder)
+    storage.remove_folder_if_empty(f"{output}/{STAGING}")
 
 
 def recover(output: str, lock: OutputLock) -> list[str]:
@@ -169,7 +172,7 @@ def recover(output: str, lock: OutputLock) -> list[str]:
     if state.leftovers:
         fence.prove()
         delete_inside(output, list(state.leftovers))
-    storage.prune_empty_folders(f"{output}/{STAGING}")  # only docbeam's own folders: a user's empty one stays
+    storage.remove_folder_if_empty(f"{output}/{STAGING}")  # only docbeam's own folders: a user's empty one stays
     return others
 
 
