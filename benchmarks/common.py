@@ -392,6 +392,7 @@ def standalone_spec(
     from docbeam.models.checkpoint import open_checkpoint
     from docbeam.models.encoder import attention_cases
     from docbeam.models.heads import embedding
+    from docbeam.models.mesh import MeshShape
     from docbeam.models.runtime import EncoderPlan
     from docbeam.pipeline.stages.encode import EncoderSpec
 
@@ -406,6 +407,6 @@ def standalone_spec(
         choices=tuple(choose_backends(attention, cases)),
         platform=platform,
         packing=packing,
-        **({"mesh": mesh} if mesh is not None else {}),
+        mesh=mesh or MeshShape(),
     )
     return EncoderSpec(plan, **settings)

@@ -13,6 +13,7 @@ residual stream in float32, and attention's scores: whole ([rows, heads, T, T]) 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from docbeam.models.mesh import MeshShape, per_device_bytes
@@ -41,8 +42,10 @@ GPU_MEM_FRACTION = 0.75
 BLOCK_KEYS = 512  # keys per block a flash or chunked backend holds scores for, at most
 
 
+@functools.lru_cache(maxsize=8)
 def abstract_params(config):
-    """The family's parameters as ShapeDtypeStructs (no weights read, none allocated)."""
+    """The family's parameters as ShapeDtypeStructs (no weights read, none allocated): traced once per config
+    and process (a scheduler's or notebook's next job plans the same model)."""
     import jax
     import numpy as np
 

@@ -107,31 +107,26 @@ class Placement:
     shardings of the parameters and of a batch's arrays (and the forward's output)."""
 
     mesh: Any  # jax.sharding.Mesh (one chip: a 1x1 mesh)
-    device: Any  # the mesh's first chip: what a single-chip record names
+    shape: MeshShape  # the mesh's axes, ``auto`` resolved on this worker's chips
 
     @classmethod
     def of(cls, shape: MeshShape) -> "Placement":
         mesh = make_mesh(shape)
-        return cls(mesh, mesh.devices.flat[0])
+        return cls(mesh, MeshShape(mesh.shape["data"], mesh.shape["model"]))
 
     @property
-    def shape(self) -> MeshShape:
-        return MeshShape(self.mesh.shape["data"], self.mesh.shape["model"])
+    def device(self):
+        """The mesh's first chip: what a single-chip record names."""
+        return self.mesh.devices.flat[0]
 
     @property
     def devices(self) -> list:
         return list(self.mesh.devices.flat)
 
     def rows(self):
-        import jax
-
-        return rows_sharding(self.mesh) if self.mesh.size > 1 else jax.sharding.SingleDeviceSharding(self.device)
+        return rows_sharding(self.mesh)
 
     def params(self, params):
-        import jax
-
-        if self.mesh.size == 1:
-            return jax.tree.map(lambda _: jax.sharding.SingleDeviceSharding(self.device), params)
         return param_shardings(params, self.mesh)
 
     def put_rows(self, arrays) -> list:
@@ -198,7 +193,6 @@ class EncoderRuntime:
         self.spec, self.hooks, self._job = spec, hooks, job
         t0 = time.perf_counter()
         self.placement, self.config, self.params, self._forward = load(spec, hooks.fn_name)
-        self.device = self.placement.device
         self.choices = {c.case.seq_len: c for c in spec.choices}
         self._shapes_seen: set = set()
         self.profiler = FirstBatchesProfiler(hooks.profile_batches, hooks.publish_trace)
@@ -211,6 +205,11 @@ class EncoderRuntime:
         keys = [(self.choices[b].backend, (rows, b)) for rows, b in sorted(spec.compile_ahead, key=lambda s: -s[1])]
         self._shapes_seen.update(keys)
         self.pool = CompilePool(self._compile, keys)
+
+    @property
+    def device(self):
+        """The encoder's first chip (its only one without a mesh)."""
+        return self.placement.device
 
     def _compile(self, backend: str, shape: tuple[int, int]):
         """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""

@@ -126,17 +126,14 @@ def timing_stats(t: dict) -> dict:
 
 
 def memory_samples(t: dict) -> list[tuple[str, tuple[str, float, float, int]]]:
-    """The batch's memory sample for its worker's trend; on a mesh one per chip (``memory_per_device``), so
-    the leak alarm watches each chip."""
-    nan = float("nan")
-    sample = (t.get("started_at", ""), t.get("memory_in_use_bytes", nan), t.get("memory_peak_bytes", nan))
-    ahead = t.get("compiling_ahead", 0)
-    per_device, peaks = t.get("memory_per_device"), t.get("memory_peak_per_device") or {}
-    if not per_device:
-        return [(memory_trend.worker_key(t), (*sample, ahead))]
+    """The batch's memory sample for its worker's trend; on a mesh one per chip, so the leak alarm watches each
+    chip."""
     return [
-        (memory_trend.worker_key({**t, "device": device}), (sample[0], used, peaks.get(device, nan), ahead))
-        for device, used in sorted(per_device.items())
+        (
+            memory_trend.worker_key({**t, "device": device or "?"}),
+            (t.get("started_at", ""), used, peak, t.get("compiling_ahead", 0)),
+        )
+        for device, used, peak in memory_trend.chip_readings(t)
     ]
 
 

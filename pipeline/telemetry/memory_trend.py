@@ -93,6 +93,18 @@ def trend(worker: str, in_use_bytes: list[float], peak_bytes: list[float], warmi
     )
 
 
+def chip_readings(timing: dict) -> list[tuple]:
+    """(device, bytes in use, peak bytes) a batch's timing record reports: one per chip on a mesh
+    (``memory_per_device``, ``memory_peak_per_device``), else the record's own. The job's leak alarm and the
+    report both read a record through this, so both watch the same series."""
+    nan = float("nan")
+    per_device = timing.get("memory_per_device")
+    if not per_device:
+        return [(timing.get("device"), timing.get("memory_in_use_bytes", nan), timing.get("memory_peak_bytes", nan))]
+    peaks = timing.get("memory_peak_per_device") or {}
+    return [(device, used, peaks.get(device, nan)) for device, used in sorted(per_device.items())]
+
+
 def worker_key(timing: dict) -> str:
     """Which series a batch belongs to: the process, and the device whose memory it reports."""
     return f"{timing.get('worker', '?')} {timing.get('device', '?')}"

@@ -160,12 +160,11 @@ class StageClock:
             self.add(spent)
 
 
-def memory(devices) -> dict:
-    """Device memory where the platform reports it (GPU/TPU), host RSS otherwise (CPU). On a mesh (several
-    ``devices``) the chip with the most in use speaks for the batch (the one that runs out first), and
+def memory(devices: list) -> dict:
+    """The encoder's chips' memory where the platform reports it (GPU/TPU), host RSS otherwise (CPU). On a mesh
+    (several ``devices``) the chip with the most in use speaks for the batch (the one that runs out first), and
     ``memory_per_device`` and ``memory_peak_per_device`` keep each chip's, so a leak on one chip is seen on that
     chip."""
-    devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
     stats = [(d, d.memory_stats() if hasattr(d, "memory_stats") else None) for d in devices]
     reported = [(d, s) for d, s in stats if s and "bytes_in_use" in s]
     if reported:
@@ -186,9 +185,8 @@ def memory(devices) -> dict:
     }
 
 
-def describe_devices(devices) -> str:
+def describe_devices(devices: list) -> str:
     """One chip as ``describe_device`` says it; a mesh as its first chip and how many: ``tpu:0 (TPU v5 lite) +7``."""
-    devices = list(devices) if isinstance(devices, (list, tuple)) else [devices]
     return describe_device(devices[0]) + (f" +{len(devices) - 1}" if len(devices) > 1 else "")
 
 

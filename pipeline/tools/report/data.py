@@ -205,16 +205,10 @@ def memory_series(run: Run) -> list[MemorySeries]:
     """A series per (worker, chip): a mesh's records split into their chips (``memory_per_device``), as the
     job's own leak alarm watches them."""
     b = run.batches
-    none = np.array([{}] * len(b["worker"]), dtype=object)
-    per_device, peaks = b.get("memory_per_device", none), b.get("memory_peak_per_device", none)
     found: dict[tuple[str, str], list[tuple[int, float, float]]] = {}
-    for i, (worker, device) in enumerate(zip(b["worker"], b["device"])):
-        chips = per_device[i]
-        if chips:
-            for chip, used in chips.items():
-                found.setdefault((worker, chip), []).append((i, float(used), float(peaks[i].get(chip, np.nan))))
-        else:
-            found.setdefault((worker, device), []).append((i, b["memory_in_use_bytes"][i], b["memory_peak_bytes"][i]))
+    for i, (worker, readings) in enumerate(zip(b["worker"], b["chip_memory"])):
+        for device, used, peak in readings:
+            found.setdefault((worker, device), []).append((i, used, peak))
     return [
         MemorySeries(
             worker,

@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from docbeam.errors import Refused
 from docbeam.pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
+from docbeam.pipeline.telemetry import memory_trend
 
 _NUMERIC = (
     "bucket_len",
@@ -139,11 +140,12 @@ def batch_columns(records: list[dict]) -> dict[str, np.ndarray]:
     columns = {name: np.array([_number(r.get(name)) for r in records], dtype=float) for name in _NUMERIC}
     columns |= {name: np.array([_text(r.get(name)) for r in records], dtype=object) for name in _TEXT}
     columns["compiled"] = np.array([r.get("compiled") is True for r in records], dtype=bool)
-    # On a mesh: each chip's bytes in use after the batch (the record's own memory fields are its fullest chip's).
-    columns["memory_per_device"] = np.array([dict(r.get("memory_per_device") or {}) for r in records], dtype=object)
-    columns["memory_peak_per_device"] = np.array(
-        [dict(r.get("memory_peak_per_device") or {}) for r in records], dtype=object
-    )
+    # Each record's (device, in use, peak): one per chip on a mesh, as the job's leak alarm reads it.
+    columns["chip_memory"] = np.empty(len(records), dtype=object)
+    columns["chip_memory"][:] = [
+        [(_text(device), _number(used), _number(peak)) for device, used, peak in memory_trend.chip_readings(r)]
+        for r in records
+    ]
     # Runs from before the field: no batch is known to have run beside the start-up compilations.
     columns["compiling_ahead"] = np.array([_number(r.get("compiling_ahead")) > 0 for r in records], dtype=bool)
     columns["t_s"] = start_s - np.nanmin(start_s) if np.isfinite(start_s).any() else start_s
