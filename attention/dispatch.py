@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import numpy as np
 import pydantic
 
-from docbeam.attention import registry
+from docbeam.attention import candidates, registry
 from docbeam.attention.features import DECLARED, static_keywords
 from docbeam.attention.interface import AttentionCase, Backend, Support
 from docbeam.attention.settings import AttentionConfig
@@ -34,6 +35,13 @@ class Choice:
     kernel: str
     fallback_reason: str | None = None
     cases: tuple[AttentionCase, ...] = ()  # every kind of layer in the bucket; () means just ``case``
+    # attention.backend auto: the bucket's candidates as measured on the chip (attention/measure.py); None where
+    # the backend is named, or auto's choice is still to be measured on the worker (``backend`` native until then)
+    measurement: Any = None
+
+    @property
+    def to_measure(self) -> bool:
+        return self.requested == candidates.AUTO and self.measurement is None
 
     def __post_init__(self):
         if not self.cases:
@@ -176,6 +184,17 @@ def verify(choice: Choice, candidate_fn, native_fn, tolerance: float | None = No
 def choose_backends(spec: AttentionConfig, cases: list[AttentionCase]) -> list[Choice]:
     """One Choice per bucket, whose backend runs every case (kind of layer) of the bucket; raises
     AttentionPlanError naming the bucket when nothing can run it."""
+    if (
+        spec.backend == candidates.AUTO
+    ):  # native until measured (``measure_choices``): what a plan for another chip holds
+        native = registry.get(candidates.NATIVE)
+        return [
+            dataclasses.replace(
+                choose_backend(bucket, native, spec.options_for(candidates.NATIVE), None, None),
+                requested=candidates.AUTO,
+            )
+            for bucket in by_bucket(cases)
+        ]
     requested = registry.get(spec.backend)
     fallback = registry.get(spec.fallback) if spec.fallback else None
     fallback_options = spec.options_for(spec.fallback) if spec.fallback else None
@@ -222,8 +241,8 @@ def probe(spec: AttentionConfig, choice: Choice) -> None:
 
 
 def bind_choice(spec: AttentionConfig, backend_name: str):
-    """The AttentionFn for a backend of this spec, with its options from the spec."""
-    return registry.get(backend_name).bind(spec.options_for(backend_name))
+    """The AttentionFn for a backend of this spec (or an auto candidate, ``flash[chunked]``), with its options."""
+    return candidates.bind(spec, backend_name)
 
 
 def gate(spec: AttentionConfig, choices: list) -> list:
@@ -231,7 +250,7 @@ def gate(spec: AttentionConfig, choices: list) -> list:
     native = registry.get("native").bind()
     gated = []
     for choice in choices:
-        if choice.backend == "native":
+        if choice.backend == "native" or choice.measurement is not None:  # auto held its choice to native already
             gated.append(choice)
             continue
         ok, error, tolerance = verify(choice, bind_choice(spec, choice.backend), native, spec.verify_tolerance)

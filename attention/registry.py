@@ -74,6 +74,7 @@ def from_callable(name: str, obj) -> Backend:
         del options
         return obj(q, k, v, kv_lengths_B=kv_lengths_B, scale=scale, **features)
 
+    attend.__wrapped__ = obj  # the user's own function: its module is what auto's measurement cache digests
     supports = getattr(obj, "supports", None) or supports_everything
     return Backend(
         name=name,

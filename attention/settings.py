@@ -19,8 +19,11 @@ from docbeam.errors import readable
 class AttentionConfig(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", frozen=True)  # as every other section of the job's YAML
 
-    backend: str = "native"
+    backend: str = "native"  # a backend's name, ``package.module:function``, or auto (attention/measure.py)
     fallback: str | None = None  # runs the buckets `backend` cannot; None: such a job fails at start
+    # backend auto: what is measured against native per bucket (``flash[chunked]``: one kernel of flash); None:
+    # every registered backend, each of flash's kernels
+    candidates: tuple[str, ...] | None = None
     verify: pydantic.StrictBool = False  # run a probe batch per bucket against native before the main work
     verify_tolerance: pydantic.PositiveFloat | None = None  # None: 1e-5 for float32, 2e-2 for bfloat16
     on_mismatch: Literal["fail", "fallback"] = "fail"
@@ -53,14 +56,37 @@ class AttentionConfig(pydantic.BaseModel):
 
     @pydantic.model_validator(mode="after")
     def _check_backends(self):
+        from docbeam.attention import candidates as measure
+
+        auto = self.backend == measure.AUTO
         for key, name in (("backend", self.backend), ("fallback", self.fallback)):
-            if name is None:
+            if name is None or (key == "backend" and auto):
                 continue
             try:
                 registry.get(name)
             except (registry.UnknownBackendError, TypeError) as e:
                 raise ValueError(str(e).replace("attention.backend", f"attention.{key}", 1)) from None
-        unused = sorted(set(self.backend_options) - {self.backend, self.fallback})
+        if auto and self.fallback not in (None, measure.NATIVE):
+            raise ValueError(
+                f"attention.fallback: {self.fallback!r} with attention.backend: auto; auto runs native wherever no "
+                "candidate is measured faster and correct, so its fallback is native: set fallback: native or remove it"
+            )
+        if self.candidates is not None and not auto:
+            raise ValueError(
+                f"attention.candidates is read only with attention.backend: auto (it is {self.backend!r}); "
+                "remove it, or set backend: auto"
+            )
+        for label in self.candidates or ():
+            try:
+                measure.check_label(label)
+            except (registry.UnknownBackendError, TypeError) as e:
+                raise ValueError(str(e).replace("attention.backend", "attention.candidates", 1)) from None
+        if self.candidates is not None and not self.candidates:
+            raise ValueError("attention.candidates: an empty list measures nothing; list backends, or remove the key")
+        running = {self.backend, self.fallback}
+        if auto:
+            running |= {measure.split_label(c)[0] for c in self.candidates or measure.default_candidates()}
+        unused = sorted(set(self.backend_options) - running)
         if unused:
             raise ValueError(
                 f"attention.{unused[0]}: options for backend {unused[0]!r}, which this job does not run "
@@ -78,7 +104,7 @@ class AttentionConfig(pydantic.BaseModel):
 
     def __hash__(self) -> int:
         # The workers key their probes and their warm encoder by it; pydantic's frozen hash cannot hash the dict.
-        fields = (self.backend, self.fallback, self.verify, self.verify_tolerance, self.on_mismatch)
+        fields = (self.backend, self.fallback, self.candidates, self.verify, self.verify_tolerance, self.on_mismatch)
         return hash((fields, tuple(sorted(self.backend_options.items()))))
 
     def options_for(self, name: str) -> pydantic.BaseModel:

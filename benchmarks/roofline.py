@@ -13,8 +13,8 @@ Per token, for a batch of ``--tokens-per-chip`` tokens per chip in rows of ``--s
 - tokens/s = chips · min(peak FLOP/s ÷ FLOPs per token, bandwidth ÷ bytes per token), a mesh's collectives not
   counted (on a model axis, two all-reduces of [tokens, hidden] per layer over the chips' interconnect).
 Parameter counts are the families' own (``jax.eval_shape`` of their init: models/memory_plan.py), from the
-packaged all-MiniLM-L6-v2 and data/shapes/qwen3-embedding-8b/config.json. Chip figures and list prices
-(on-demand, us-central1, as published in 2026) are in CHIPS below with their sources.
+packaged all-MiniLM-L6-v2 and data/shapes/qwen3-embedding-8b/config.json. Chip figures are in CHIPS below
+with their sources; a worker's price per hour is pipeline/telemetry/cost.py's (what summary.json's cost uses).
 """
 
 from __future__ import annotations
@@ -24,21 +24,21 @@ import sys
 import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
 from benchmarks import common
+from docbeam.pipeline.telemetry.cost import PRICES
 
 QWEN3_8B = f"{common.REPO}/data/shapes/qwen3-embedding-8b"
-# peak dense bf16 FLOP/s, memory bytes/s, memory bytes, price per chip-hour (USD, on-demand, us-central1).
+# peak dense bf16 FLOP/s, memory bytes/s, memory bytes. A worker's price per hour is the one summary.json's cost uses
+# (pipeline/telemetry/cost.py PRICES: Dataflow's rates, dated, with their sources).
 CHIPS = {
-    # https://cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 819 GB/s HBM, 16 GB;
-    # https://cloud.google.com/tpu/pricing: v5e $1.20 per chip-hour.
-    "TPU v5e": {"flops": 197e12, "bandwidth": 819e9, "memory": 16e9, "price": 1.20},
-    # https://www.nvidia.com/en-us/data-center/l4/: 121 TFLOP/s bf16 dense (242 with sparsity), 300 GB/s, 24 GB;
-    # https://cloud.google.com/compute/gpus-pricing: g2-standard-24 (2 L4s) $2.00 an hour, $1.00 per GPU.
-    "NVIDIA L4": {"flops": 121e12, "bandwidth": 300e9, "memory": 24e9, "price": 1.00},
+    # https://cloud.google.com/tpu/docs/v5e: 197 TFLOP/s bf16, 819 GB/s HBM, 16 GB
+    "TPU v5e": {"flops": 197e12, "bandwidth": 819e9, "memory": 16e9},
+    # https://www.nvidia.com/en-us/data-center/l4/: 121 TFLOP/s bf16 dense (242 with sparsity), 300 GB/s, 24 GB
+    "NVIDIA L4": {"flops": 121e12, "bandwidth": 300e9, "memory": 24e9},
 }
-WORKERS = (  # (label, chip, chips per worker, mesh for MiniLM, mesh for Qwen3-8B or None when it cannot fit)
-    ("v5e-1 (ct5lp-hightpu-1t)", "TPU v5e", 1, (1, 1), None),
-    ("v5e-8 (ct5lp-hightpu-8t)", "TPU v5e", 8, (8, 1), (2, 4)),
-    ("2x L4 (g2-standard-24)", "NVIDIA L4", 2, (2, 1), (1, 2)),
+WORKERS = (  # (label, machine type, chip, chips per worker, mesh for MiniLM, mesh for Qwen3-8B or None: cannot fit)
+    ("v5e-1 (ct5lp-hightpu-1t)", "ct5lp-hightpu-1t", "TPU v5e", 1, (1, 1), None),
+    ("v5e-8 (ct5lp-hightpu-8t)", "ct5lp-hightpu-8t", "TPU v5e", 8, (8, 1), (2, 4)),
+    ("2x L4 (g2-standard-24)", "g2-standard-24", "NVIDIA L4", 2, (2, 1), (1, 2)),
 )
 # Text Embeddings Inference's published figure on one L4 for bge-small-en-v1.5 (12 layers of 384: twice
 # MiniLM-L6's depth), the bar the issue holds docbeam to.
@@ -88,7 +88,9 @@ def per_token(model: dict, seq: int, tokens_per_chip: int, model_axis: int) -> t
     return flops, weights + activations
 
 
-def roofline(model: dict, chip: dict, chips: int, mesh: tuple[int, int], seq: int, tokens_per_chip: int) -> dict:
+def roofline(
+    model: dict, chip: dict, chips: int, mesh: tuple[int, int], seq: int, tokens_per_chip: int, usd_per_hour: float
+) -> dict:
     data, model_axis = mesh
     flops, nbytes = per_token(model, seq, tokens_per_chip, model_axis)
     per_group = min(chip["flops"] / flops, chip["bandwidth"] / nbytes)  # one group of model_axis chips
@@ -99,7 +101,8 @@ def roofline(model: dict, chip: dict, chips: int, mesh: tuple[int, int], seq: in
         "bound": "compute" if chip["flops"] / flops <= chip["bandwidth"] / nbytes else "memory",
         "tokens_per_second": tokens_s,
         "tokens_per_second_per_chip": tokens_s / chips,
-        "million_tokens_per_dollar": tokens_s * 3600 / (chip["price"] * chips) / 1e6,
+        "million_tokens_per_dollar": tokens_s * 3600 / usd_per_hour / 1e6,
+        "usd_per_worker_hour": usd_per_hour,
     }
 
 
@@ -110,13 +113,14 @@ def main(argv=None) -> int:
     for name, model in models.items():
         big = "Qwen3" in name
         seq = args.qwen_seq if big else args.seq
-        for label, chip_name, chips, small_mesh, big_mesh in WORKERS:
+        for label, machine_type, chip_name, chips, small_mesh, big_mesh in WORKERS:
             mesh = big_mesh if big else small_mesh
             if mesh is None:
                 rows.append([name, label, "does not fit (15.25 GiB of parameters, 16 GB chip)", "", "", "", ""])
                 results.append({"model": name, "worker": label, "fits": False})
                 continue
-            r = roofline(model, CHIPS[chip_name], chips, mesh, seq, args.tokens_per_chip)
+            price = PRICES[machine_type].usd_per_hour
+            r = roofline(model, CHIPS[chip_name], chips, mesh, seq, args.tokens_per_chip, price)
             results.append({"model": name, "worker": label, "fits": True, **r})
             rows.append(
                 [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import logging
 import threading
 import time
@@ -186,6 +187,15 @@ def forward_inputs(batch) -> tuple:
     return batch.ids_BxT, batch.lengths_B
 
 
+def measurement_once(told: set[int], choice: Choice) -> str:
+    """auto's measurement of the batch's bucket (JSON) on a job's first batch of the bucket only (``told``: the
+    buckets already told): the summary reads each worker's measurement from it, and the other records stay small."""
+    if choice.measurement is None or choice.case.seq_len in told:
+        return ""
+    told.add(choice.case.seq_len)
+    return json.dumps(choice.measurement.as_dict(), sort_keys=True)
+
+
 class EncoderRuntime:
     """Parameters on device, one jitted forward per backend of ``spec.choices``, the compile pool."""
 
@@ -195,6 +205,7 @@ class EncoderRuntime:
         self.placement, self.config, self.params, self._forward = load(spec, hooks.fn_name)
         self.choices = {c.case.seq_len: c for c in spec.choices}
         self._shapes_seen: set = set()
+        self._measurements_told: set[int] = set()  # buckets whose auto measurement a record has carried
         self.profiler = FirstBatchesProfiler(hooks.profile_batches, hooks.publish_trace)
         # Worker threads share it; one batch at a time keeps compile counts, shapes and profiles per batch.
         self._lock = threading.Lock()
@@ -241,6 +252,7 @@ class EncoderRuntime:
             if job != self._job:
                 self.pool.take_finished()  # the earlier job's compilations, finished after its end
                 self._job, self._startup = job, {"reused_s": 0.0}
+                self._measurements_told = set()  # each job's summary gets auto's measurements of its own
         return self
 
     def take_startup_report(self, wait: bool = False) -> dict | None:
@@ -324,6 +336,7 @@ class EncoderRuntime:
             "attention_requested": choice.requested,
             "attention_kernel": choice.kernel,
             "fallback_reason": choice.fallback_reason,
+            "attention_measured": measurement_once(self._measurements_told, choice),
             "replanned": self.spec.replanned,
             "compiled": compiled,
             # Compiling this batch's shape, or waiting for its compilation in the background.

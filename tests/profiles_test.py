@@ -57,7 +57,7 @@ def stated_plan(text: str) -> dict:
 def resolved_plan(path: str, sets: list[str] = ()) -> dict:
     cfg = config.load(path, list(sets))
     plan = make_plan(cfg, probe_backends=False, for_input=False, for_output=False)
-    kernels = {(c.backend, c.kernel) for c in plan.choices}
+    kernels = {stated_kernel(c) for c in plan.choices}
     assert len(kernels) == 1, f"{path}: its buckets run different kernels {sorted(kernels)}; one plan line per profile"
     ((backend, kernel),) = kernels
     return {
@@ -69,6 +69,11 @@ def resolved_plan(path: str, sets: list[str] = ()) -> dict:
         "platform": plan.platform,
         **mesh_facts(plan.memory),
     }
+
+
+def stated_kernel(choice) -> tuple[str, str]:
+    """How a plan line names a bucket's choice: backend and kernel, or auto's, measured on the worker's chip."""
+    return ("auto", "measured on the worker") if choice.to_measure else (choice.backend, choice.kernel)
 
 
 def mesh_facts(memory) -> dict:
@@ -110,7 +115,7 @@ def test_the_qwen3_8b_profiles_plan_line_is_its_plan_on_four_chips():
     with open(profile(QWEN3_8B)) as f:
         stated = stated_plan(f.read())
     cfg, choices, memory = qwen3_8b_plan()
-    ((backend, kernel),) = {(c.backend, c.kernel) for c in choices}
+    ((backend, kernel),) = {stated_kernel(c) for c in choices}
     resolved = {
         "device": cfg.runner.device,
         "packed": resolved_packing_of(cfg),
@@ -137,8 +142,8 @@ def test_a_multi_chip_profile_names_its_mesh_in_its_plan_line():
 def test_a_plan_line_that_disagrees_with_the_profile_is_caught(tmp_path):
     with open(profile("dataflow_gpu")) as f:
         text = f.read()
-    # The profile before this check existed: flash packs by default, and packed rows leave cuDNN for tokamax.
-    stale = text.replace("  packing: false", "  packing: auto")
+    # The profile before auto: flash packs by default, and packed rows leave cuDNN for tokamax.
+    stale = text.replace("  packing: false", "  packing: auto").replace("backend: auto ", "backend: flash")
     (tmp_path / "dataflow_cpu.yaml").write_text(open(profile("dataflow_cpu")).read())
     (tmp_path / "local.yaml").write_text(open(profile("local")).read().replace("../data", f"{REPO}/data"))
     (tmp_path / "stale.yaml").write_text(stale)
@@ -154,10 +159,18 @@ def test_every_profile_plans_on_every_device_without_refusal(name, device):
     assert resolved["platform"] == device and resolved["buckets"]
 
 
-def test_the_readme_names_the_kernels_the_accelerator_profiles_run():
+def test_the_accelerator_profiles_measure_on_the_worker_and_local_keeps_native():
+    for name in PROFILES + (QWEN3_8B,):
+        cfg = config.load(profile(name), [])
+        expected = ("native", None) if name in ("local", "dataflow_cpu") else ("auto", "native")
+        assert (cfg.attention.backend, cfg.attention.fallback) == expected, name
+
+
+def test_the_readme_names_the_kernels_auto_measures_first_on_the_accelerators():
+    from docbeam.attention import flash
+
     with open(os.path.join(REPO, "README.md")) as f:
         flash_row = next(line for line in f if line.startswith("| `flash` |"))
-    for name in ("dataflow_gpu", "dataflow_tpu"):
-        with open(profile(name)) as f:
-            kernel = stated_plan(f.read())["kernel"]
-        assert README_NAMES[kernel] in flash_row, (name, kernel)
+    for platform in ("gpu", "tpu"):
+        label = flash.KERNELS[flash.PLATFORM_KERNELS[platform][0]].label
+        assert README_NAMES[label] in flash_row, (platform, label)

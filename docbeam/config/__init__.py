@@ -170,6 +170,9 @@ class RunnerConfig(_Section):
     # Memory growth after warm-up (pipeline/telemetry/memory_trend.py) above which the run fails (exit 1, nothing
     # committed); unset: the growth is only reported (summary.json's memory, the report).
     max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
+    # USD per worker hour for summary.json's cost (pipeline/telemetry/cost.py); unset: on Dataflow docbeam's dated
+    # table of list prices for the machine type, elsewhere no price
+    price_per_hour: pydantic.NonNegativeFloat | None = None
 
     @pydantic.field_validator("device_memory", mode="before")
     @classmethod
@@ -178,6 +181,11 @@ class RunnerConfig(_Section):
             parse_bytes(text)  # a bare number too is refused: 16 bytes or 16 GiB?
             return str(text)
         return text
+
+    def machine_type(self) -> str | None:
+        """Dataflow's worker machine type, under either of Beam's names for it."""
+        value = self.options.get("machine_type") or self.options.get("worker_machine_type")
+        return str(value) if value else None
 
     def mesh_shape(self):
         """``mesh`` as models/mesh.py's MeshShape (auto: data 0, resolved on the worker)."""

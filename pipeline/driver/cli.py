@@ -17,6 +17,7 @@ import time
 
 from docbeam import config as config_lib
 from docbeam.errors import Refused
+from docbeam.pipeline.telemetry import cost
 
 log = logging.getLogger("docbeam")
 
@@ -266,7 +267,9 @@ def format_summary(s: dict, output: str) -> str:
         f"(padding efficiency {s['padding_efficiency']})",
         f"  speed      {s['docs_per_second']} docs/s, {s['tokens_per_second']} tokens/s",
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
-        + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else ""),
+        + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else "")
+        + measured_line(s.get("attention_plan") or {}),
+        *([f"  cost       {cost.describe(s['cost'])}"] if "cost" in s else []),
         *(
             [f"  precision  {s['dtype']}: {precision_gate_at_start.describe(s['precision_gate'])}"]
             if s.get("precision_gate")
@@ -276,6 +279,16 @@ def format_summary(s: dict, output: str) -> str:
         *sink_lines(s),
     ]
     return "\n".join(lines)
+
+
+def measured_line(plan: dict) -> str:
+    """For attention.backend auto: what each bucket's measurement chose and why."""
+    parts = [
+        f"{bucket}: {line['measurement']['chosen']} ({line['measurement']['why']})"
+        for bucket, line in plan.items()
+        if isinstance(line, dict) and isinstance(line.get("measurement"), dict)
+    ]
+    return f"; measured {'; '.join(parts)}" if parts else ""
 
 
 def described(head: dict) -> dict:

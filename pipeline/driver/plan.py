@@ -10,6 +10,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.metadata
+import math
 import os
 
 from docbeam.attention.dispatch import Choice, choose_backends, gate
@@ -40,7 +41,7 @@ from docbeam.pipeline.driver.head_plan import (
 )
 from docbeam.pipeline.driver.memory_at_start import memory_plan
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
-from docbeam.pipeline.stages.packer import bucket_for
+from docbeam.pipeline.stages.packer import bucket_for, rows_for
 from docbeam.pipeline.stages.read import sample_records
 from docbeam.pipeline.stages.reuse import ReuseDecision, decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
@@ -267,7 +268,10 @@ def resolved_packing(cfg: JobConfig) -> bool:
 
     if cfg.batching.packing != "auto":
         return cfg.batching.packing
-    names = [cfg.attention.backend] + ([cfg.attention.fallback] if cfg.attention.fallback else [])
+    # auto runs native wherever no candidate is measured faster: packing follows native, and a candidate that takes
+    # no segment ids is refused for packed buckets, with that reason, in the measurement.
+    backend = "native" if cfg.attention.backend == "auto" else cfg.attention.backend
+    names = [backend] + ([cfg.attention.fallback] if cfg.attention.fallback else [])
     return all(registry.get(name).segments for name in names)
 
 
@@ -333,6 +337,8 @@ def _checked_plan(
         platform,
         _local_devices(platform),
     )
+    if checked:  # attention.backend auto: measured here, on the platform the workers have
+        choices = measured_choices(cfg, choices, memory)
     head = resolve_head(checkpoint, cfg.model.head, cfg.model, vector_dtype(cfg))
     check_head_fits_output(cfg, head)
     check_selection(cfg, head, kept)
@@ -388,6 +394,26 @@ def _checked_plan(
         kept=kept,
         context_len=context_len,
         memory=memory,
+    )
+
+
+def measured_choices(cfg: JobConfig | EmbedConfig, choices, memory) -> list:
+    """``attention.backend: auto``'s buckets measured on this machine's chip at the rows each chip gets
+    (attention/measure.py), read from the measurement cache beside the compilation cache where it has them."""
+    from docbeam.attention.measure import measure_choices
+    from docbeam.pipeline.stages.measurement_cache import MeasurementCache
+
+    if not any(c.to_measure for c in choices):
+        return choices
+    tokens, data = memory.tokens_per_batch or cfg.batching.tokens_per_batch, max(memory.mesh.data, 1)
+    return list(
+        measure_choices(
+            cfg.attention,
+            choices,
+            lambda bucket: math.ceil(rows_for(bucket, tokens) / data),
+            memory.mesh,
+            MeasurementCache(cfg.runner.compilation_cache),
+        )
     )
 
 

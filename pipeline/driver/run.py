@@ -37,6 +37,7 @@ from docbeam.pipeline.stages.write import WriteOutputs, rows_schema
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage, transaction
 from docbeam.pipeline.store.lock import Fence, OutputLock
+from docbeam.pipeline.telemetry import cost
 from docbeam.pipeline.telemetry.breakdown import stage_shares, startup_breakdown
 
 log = logging.getLogger(__name__)
@@ -91,10 +92,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "started": started,
         "output": cfg.output.path,
         "attention_requested": cfg.attention.backend,
-        "attention_plan": {
-            str(c.case.seq_len): {"backend": c.backend, "kernel": c.kernel, "fallback_reason": c.fallback_reason}
-            for c in plan.choices
-        },
+        "attention_plan": {str(c.case.seq_len): planned_choice(c) for c in plan.choices},
         "model": plan.model_path,
         "window_len": plan.window_len,
         "pooling": plan.pooling,
@@ -121,8 +119,27 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "kept_fields": plan.kept.describe(),
         **({"select": cfg.output.select.model_dump()} if cfg.output.select else {}),
         "precision_gate": plan.precision_gate,
+        "price": dict(
+            zip(
+                ("usd_per_hour", "source"),
+                cost.worker_price(cfg.runner.price_per_hour, cfg.runner.name, cfg.runner.machine_type()),
+            )
+        ),
         MEMORY_LIMIT: cfg.runner.max_memory_growth_mb_per_1k_batches,
     }
+
+
+def planned_choice(c) -> dict:
+    """A bucket's line of summary.json's attention plan: what runs and why; for auto the measurement, or that the
+    workers measure (their measurements are added when the run ends: pipeline/stages/commit.py)."""
+    out = {"backend": c.backend, "kernel": c.kernel, "fallback_reason": c.fallback_reason}
+    if c.requested == "auto":
+        out.update(
+            {"backend": None, "kernel": "", "measured_on": "the worker"}
+            if c.measurement is None
+            else {"measured_on": "the driver", "measurement": c.measurement.as_dict()}
+        )
+    return out
 
 
 def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release_lock: bool = True) -> None:

@@ -16,7 +16,7 @@ import apache_beam as beam
 from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage, transaction
 from docbeam.pipeline.store.lock import Fence
-from docbeam.pipeline.telemetry import memory_trend
+from docbeam.pipeline.telemetry import cost, memory_trend
 from docbeam.pipeline.telemetry.observe import StageClock
 
 log = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
     wall = max(finished - base["started"], 1e-9)
     real, padded = stats.get("real_tokens", 0), stats.get("padded_tokens", 0)
     embedded = stats.get("docs_embedded", 0)
-    summary = {key: value for key, value in base.items() if key not in ("started", MEMORY_LIMIT)}
+    summary = {key: value for key, value in base.items() if key not in ("started", "price", MEMORY_LIMIT)}
     trends = [memory_trend.Trend(**t) for _, t in sorted(stats.get("memory_trends", {}).items())]
     doc_tokens = stats.get("doc_tokens", 0)
     summary.update(
@@ -67,8 +67,20 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
             "finished_at": _iso(finished),
             "metrics": {},
             "memory": memory_trend.summary_block(trends, base.get(MEMORY_LIMIT)),
+            "cost": cost.cost_section(
+                (base.get("price") or {}).get("usd_per_hour"),
+                (base.get("price") or {}).get("source", "no price"),
+                wall,
+                len(stats.get("vms", {})),
+                real,
+                embedded,
+            ),
         }
     )
+    if "attention_plan" in summary:
+        summary["attention_plan"] = with_workers_measurements(
+            summary["attention_plan"], stats.get("attention_measured", {})
+        )
     if "select" in summary:  # output.select: how many documents selected/ lists
         summary["docs_selected"] = stats.get("docs_selected", 0)
     if "labels" in stats:  # a classifier's rows: how many documents got each top label
@@ -78,6 +90,27 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
     if "calibration" in stats:  # int8/uint8: the ranges every vector of the output was quantized with
         summary["embedding"] = {**summary.get("embedding", {}), "calibration": stats["calibration"]}
     return summary
+
+
+def with_workers_measurements(plan: dict, measured: dict) -> dict:
+    """The attention plan with what ``auto`` measured on the workers (each worker's first batch of a bucket carries
+    its measurement): a bucket the driver could not measure takes the workers' choice and the first worker's table;
+    how many workers chose each candidate is kept, so workers that disagree (two kinds of chip) are seen."""
+    out = {}
+    for bucket, line in plan.items():
+        found = [json.loads(text) for text in sorted(measured.get(bucket) or {})]
+        if not found:
+            out[bucket] = line
+            continue
+        chosen: dict[str, int] = {}
+        for m in found:
+            chosen[m["chosen"]] = chosen.get(m["chosen"], 0) + 1
+        line = dict(line)
+        if line.get("measurement") is None:
+            line.update({"backend": " | ".join(sorted(chosen)), "measurement": found[0]})
+        line["workers_chose"] = dict(sorted(chosen.items()))
+        out[bucket] = line
+    return out
 
 
 def per_document(sums: dict, documents: int) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from typing import Any, Iterable, Sequence
@@ -81,10 +82,46 @@ def worker_choices(spec: EncoderSpec, platform: str) -> tuple[tuple[Choice, ...]
         log.warning(
             "job was planned for %s but this worker has %s; re-planning attention here", plan.platform, platform
         )
-        return replan(plan.attention, plan.choices, platform), f"planned {plan.platform}, worker {platform}"
-    if plan.attention.verify and not plan.checked:
-        return tuple(gate(plan.attention, list(plan.choices))), None
-    return plan.choices, None
+        choices, why = replan(plan.attention, plan.choices, platform), f"planned {plan.platform}, worker {platform}"
+    elif plan.attention.verify and not plan.checked:
+        choices, why = tuple(gate(plan.attention, list(plan.choices))), None
+    else:
+        choices, why = plan.choices, None
+    return measured_here(spec, choices), why
+
+
+def measured_here(spec: EncoderSpec, choices: tuple[Choice, ...]) -> tuple[Choice, ...]:
+    """``attention.backend: auto``: the buckets the driver could not measure on this kind of chip (another platform,
+    or another processor: a laptop's plan on a c3 worker) measured here, once per process, or read from the
+    measurement cache beside the compilation cache."""
+    import jax
+
+    from docbeam.attention.candidates import AUTO
+    from docbeam.attention.measure import device_kind, measure_choices
+    from docbeam.config import BatchingConfig
+    from docbeam.pipeline.stages.measurement_cache import MeasurementCache
+    from docbeam.pipeline.stages.packer import rows_for
+
+    if not any(c.requested == AUTO for c in choices):
+        return choices
+    here = device_kind()
+    stale = [
+        dataclasses.replace(c, backend="native", measurement=None)
+        if c.requested == AUTO and (c.measurement is None or c.measurement.device != here)
+        else c
+        for c in choices
+    ]
+    if not any(c.to_measure for c in stale):
+        return choices
+    mesh = spec.plan.mesh.on(len(jax.local_devices()))
+    tokens = spec.tokens_per_batch or BatchingConfig().tokens_per_batch
+    return measure_choices(
+        spec.plan.attention,
+        stale,
+        lambda bucket: math.ceil(rows_for(bucket, tokens) / max(mesh.data, 1)),
+        mesh,
+        MeasurementCache(spec.compilation_cache),
+    )
 
 
 def load_encoder(spec: EncoderSpec) -> EncoderRuntime:

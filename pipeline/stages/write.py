@@ -115,10 +115,14 @@ def timing_stats(t: dict) -> dict:
         "compiles": int(t["compiled"]),
         "attention_backends": {t["attention_backend"]: 1},
         "devices": {t.get("device", "?"): 1},
+        # the VMs that ran batches (a worker is host:pid): the cost's worker count (pipeline/telemetry/cost.py)
+        "vms": {str(t.get("worker", "?")).rsplit(":", 1)[0]: 1},
         "buckets": {
             str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"], "padded_tokens": t["padded_tokens"]}
         },
     }
+    if t.get("attention_measured"):  # auto's measurement, once per worker and bucket (models/runtime.py)
+        stats["attention_measured"] = {str(t["bucket_len"]): {t["attention_measured"]: 1}}
     if t["fallback_reason"]:
         key = fallback_key(t["attention_requested"], t["attention_backend"], t["fallback_reason"])
         stats["fallbacks"] = {key: 1}

@@ -95,10 +95,17 @@ def validation_report(cfg: JobConfig, verify: bool = False, for_launch: bool = F
         + (" (after the parity gate)" if verify else "")
     )
     for c in choices:
+        if c.to_measure:
+            out.append(
+                f"  bucket {c.case.seq_len:6d} → measured on the worker ({plan.platform}; this machine has another)"
+            )
+            continue
         line = f"  bucket {c.case.seq_len:6d} → {c.backend}" + (f" [{c.kernel}]" if c.kernel else "")
         if c.fallback_reason:
             line += f"  (fallback: {c.fallback_reason})"
         out.append(line)
+        if c.measurement is not None:
+            out.append("    measured " + c.measurement.describe())
     if plan.memory is not None:
         out.append(f"# memory plan, per chip of the worker: {plan.memory.describe()}")
         if cfg.batching.tokens_per_batch == "auto":

@@ -127,9 +127,9 @@ def fallbacks(run: Run) -> dict[str, int]:
     if "fallbacks" in run.summary:
         return {str(k): int(v) for k, v in (run.summary["fallbacks"] or {}).items()}
     b, counts = run.batches, {}
-    fell_back = (b["fallback_reason"] != "") | (
-        (b["attention_requested"] != "") & (b["attention_requested"] != b["attention_backend"])
-    )
+    # auto's measured choice is not a fallback (attention/measure.py): only a named backend that did not run is
+    named = (b["attention_requested"] != "") & (b["attention_requested"] != "auto")
+    fell_back = (b["fallback_reason"] != "") | (named & (b["attention_requested"] != b["attention_backend"]))
     for i in np.flatnonzero(fell_back):
         key = fallback_key(b["attention_requested"][i], b["attention_backend"][i], b["fallback_reason"][i])
         counts[key] = counts.get(key, 0) + 1
@@ -169,6 +169,9 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
     memory = memory_regression(run, baseline, threshold)
     if memory is not None:
         found.append(memory)
+    dearer = cost_regression(run, baseline, threshold)
+    if dearer is not None:
+        found.append(dearer)
     for what, count in (("rejected documents", rejected_by_kind), ("fallbacks", fallbacks)):
         before, now = count(baseline), count(run)
         if sum(now.values()) > sum(before.values()):
@@ -183,6 +186,24 @@ def compare(run: Run, baseline: Run, threshold: float = 0.10) -> list[Regression
                 )
             )
     return found
+
+
+def cost_regression(run: Run, baseline: Run, threshold: float) -> Regression | None:
+    """The run's USD per million tokens above the baseline's by more than ``threshold``; None when lower, or when
+    either run has no price (summary.json's cost: pipeline/telemetry/cost.py)."""
+    before, now = (
+        (r.summary.get("cost") or {}).get("usd_per_million_tokens") if isinstance(r.summary.get("cost"), dict) else None
+        for r in (baseline, run)
+    )
+    if not all(isinstance(v, (int, float)) and v > 0 for v in (before, now)) or now <= before * (1 + threshold):
+        return None
+    return Regression(
+        "cost",
+        "per million tokens",
+        before,
+        now,
+        f"${now:.4f} vs ${before:.4f} per million tokens ({now / before - 1:+.1%}, threshold {threshold:.0%})",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

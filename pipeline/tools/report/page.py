@@ -7,8 +7,6 @@ from __future__ import annotations
 import base64
 import html
 
-import numpy as np
-
 from docbeam.models.heads.registry import described
 from docbeam.pipeline.telemetry import memory_trend
 from docbeam.pipeline.tools.report import charts
@@ -23,6 +21,7 @@ from docbeam.pipeline.tools.report.data import (
     rejected_by_kind,
 )
 from docbeam.pipeline.tools.report.load import Run
+from docbeam.pipeline.tools.report.tables import costs, nested, pct, summary_tables, table
 
 # .w (a cell with a long unbroken value: a gs:// path, a digest) and code wrap anywhere rather than widen
 # the page; other cells keep whole words.
@@ -81,115 +80,21 @@ _OWN_TABLES = (
     "startup",
     "stages",
     "memory",
+    "cost",
 )  # shown as tables of their own
-_STARTUP_GROUPS = {
-    "steps_s": "driver (s)",
-    "encoder_s": "encoder (s)",
-    "compiles_s": "compile (s)",
-    "since_process_start_s": "since the process started (s)",
-    "steady_state": "steady state",
-}
-
-
-def _pct(value) -> str:
-    return f"{100 * value:.1f}%" if isinstance(value, (int, float)) and np.isfinite(value) else "—"
-
-
-def _table(header: list[str], rows: list[list], flags: list[bool] | None = None) -> str:
-    def cell(v):
-        if isinstance(v, (int, float, np.number)) and not isinstance(v, bool):
-            return f"<td class=n>{fmt(v)}</td>"
-        text = fmt(v)
-        return f"<td{' class=w' if max(map(len, text.split()), default=0) > 30 else ''}>{html.escape(text)}</td>"
-
-    body = "".join(
-        f"<tr{' class=flag' if flags and flags[i] else ''}>{''.join(cell(v) for v in row)}</tr>"
-        for i, row in enumerate(rows)
-    )
-    return f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in header)}</tr>{body}</table>"
 
 
 def _summary_value(key: str, value) -> str:
     if key in ("padding_efficiency", "reused_token_share"):
-        return _pct(value)
+        return pct(value)
     if isinstance(value, dict):  # nested ones (summary.json's representations) read "name (key: value, ...)"
         return (
-            "; ".join(f"{k} {_nested(v)}" if isinstance(v, dict) else f"{k}: {_nested(v)}" for k, v in value.items())
+            "; ".join(f"{k} {nested(v)}" if isinstance(v, dict) else f"{k}: {nested(v)}" for k, v in value.items())
             or "none"
         )
     if isinstance(value, (list, tuple)):
-        return "; ".join(_nested(v) for v in value) or "none"
+        return "; ".join(nested(v) for v in value) or "none"
     return fmt(value)
-
-
-def _nested(value) -> str:
-    """A value inside a summary value (the head's columns, a list of mappings) in words, never Python's repr."""
-    if isinstance(value, dict):
-        return f"({', '.join(f'{k}: {_nested(v)}' for k, v in value.items())})"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(_nested(v) for v in value) or "none"
-    return fmt(value)
-
-
-def _bucket_key(key) -> tuple:
-    return (0, int(key), "") if str(key).isdigit() else (1, 0, str(key))
-
-
-def _summary_tables(s: dict) -> str:
-    """The summary's nested fields (attention plan, per-bucket totals, versions) as tables of their own."""
-    out = []
-    plan = s.get("attention_plan") or {}
-    if isinstance(plan, dict) and plan:
-        out.append(
-            "<h3>Attention plan per bucket</h3>"
-            + _table(
-                ["bucket", "backend", "kernel", "fallback reason"],
-                [
-                    [
-                        k,
-                        (v or {}).get("backend"),
-                        (v or {}).get("kernel") or "—",
-                        (v or {}).get("fallback_reason") or "—",
-                    ]
-                    for k, v in sorted(plan.items(), key=lambda kv: _bucket_key(kv[0]))
-                ],
-            )
-        )
-    totals = s.get("buckets") or {}
-    if isinstance(totals, dict) and totals:
-        rows = []
-        for k, v in sorted(totals.items(), key=lambda kv: _bucket_key(kv[0])):
-            v = v or {}
-            real, padded = v.get("real_tokens"), v.get("padded_tokens")
-            known = all(isinstance(n, (int, float)) for n in (real, padded)) and padded > 0
-            rows.append([k, v.get("batches"), real, padded, _pct(real / padded if known else None)])
-        out.append(
-            "<h3>Batches per bucket</h3>"
-            + _table(["bucket", "batches", "real tokens", "padded tokens", "padding efficiency"], rows)
-        )
-    startup = s.get("startup") or {}
-    if isinstance(startup, dict) and startup:
-        rows = [
-            [f"{_STARTUP_GROUPS.get(group, group)}: {k}", v]
-            for group, values in startup.items()
-            if isinstance(values, dict)
-            for k, v in values.items()
-        ]
-        out.append("<h3>Start-up</h3>" + _table(["step", "value"], rows))
-    stages = s.get("stages") or {}
-    if isinstance(stages, dict) and isinstance(stages.get("share_of_wall"), dict):
-        seconds = stages.get("seconds") or {}
-        out.append(
-            f"<h3>Stages (of {fmt(stages.get('wall_s'))} s of pipeline wall time)</h3>"
-            + _table(
-                ["stage", "seconds in its own code", "share of wall time"],
-                [[k, seconds.get(k), _pct(v)] for k, v in stages["share_of_wall"].items()],
-            )
-        )
-    versions = s.get("versions") or {}
-    if isinstance(versions, dict) and versions:
-        out.append("<h3>Versions</h3>" + _table(["package", "version"], [[k, str(v)] for k, v in versions.items()]))
-    return "".join(out)
 
 
 def _status_notes(run: Run) -> str:
@@ -239,7 +144,7 @@ def _regressions_section(run: Run, baseline: Run, regressions: list[Regression],
         for b, now in changes
     ]
     if regressions:
-        verdict = f"<p><b>{len(regressions)} regression(s) found.</b></p>" + _table(
+        verdict = f"<p><b>{len(regressions)} regression(s) found.</b></p>" + table(
             ["what", "where", "baseline", "current", "detail"],
             [[r.what, r.where, r.baseline, r.current, r.detail] for r in regressions],
         )
@@ -252,7 +157,7 @@ def _regressions_section(run: Run, baseline: Run, regressions: list[Regression],
         verdict = "<p><b>No regressions.</b></p>"
     status = "bad" if regressions else "ok" if changes else "amber"
     latency = (
-        _table(
+        table(
             ["bucket", "backend", "baseline median (ms)", "current median (ms)", "change"],
             rows,
             [now.median_ms > b.median_ms * limit for b, now in changes],
@@ -264,8 +169,9 @@ def _regressions_section(run: Run, baseline: Run, regressions: list[Regression],
         f"<section class='regressions {status}'><h2>Regressions vs baseline</h2>"
         f"<p>Baseline: <code>{html.escape(baseline.path)}</code>. Flagged: a (bucket, backend) whose median "
         f"compute_ms grew by more than {threshold:.0%}, any increase in rejected documents or fallbacks, and a "
-        f"suspected memory leak the baseline did not have (or one growing {threshold:.0%} faster)."
-        f"</p>{verdict}<h3>Median compute_ms per bucket and backend</h3>{latency}</section>"
+        f"suspected memory leak the baseline did not have (or one growing {threshold:.0%} faster), and a cost per "
+        f"million tokens {threshold:.0%} above the baseline's."
+        f"</p>{verdict}<h3>Median compute_ms per bucket and backend</h3>{latency}{costs(run, baseline)}</section>"
     )
 
 
@@ -295,7 +201,7 @@ def _memory_trend(run: Run) -> str:
     ]
     return (
         f"<h3>Memory growth per worker</h3>{head}"
-        + _table(
+        + table(
             [
                 "worker",
                 "batches",
@@ -317,7 +223,7 @@ def _recompilations(b) -> str:
         return ""
     return (
         "<div class=warn><b>⚠ Recompilations after a shape's first batch</b>"
-        + _table(
+        + table(
             ["batch", "time (s)", "worker", "device", "bucket", "rows", "backend", "compute_ms"],
             [
                 [
@@ -358,12 +264,12 @@ def render_html(
         ("wall time (s)", fmt(s.get("wall_seconds"))),
         ("documents/s", fmt(s.get("docs_per_second"))),
         ("tokens/s", fmt(s.get("tokens_per_second"))),
-        ("padding efficiency", _pct(s.get("padding_efficiency"))),
+        ("padding efficiency", pct(s.get("padding_efficiency"))),
         ("fallback batches", fmt(sum(fallbacks(run).values()))),
     ]
     stats = bucket_stats(b)
     bucket_table = (
-        _table(
+        table(
             [
                 "bucket",
                 "backend",
@@ -383,7 +289,7 @@ def render_html(
                     x.median_ms,
                     x.p90_ms,
                     x.tokens_per_s,
-                    _pct(x.padding_efficiency),
+                    pct(x.padding_efficiency),
                 ]
                 for x in stats
             ],
@@ -396,7 +302,7 @@ def render_html(
         [key, _summary_value(key, v)] for key, v in s.items() if key not in _SUMMARY_FIELDS and key not in _OWN_TABLES
     ]
     metrics = s.get("metrics") or {}
-    rejected_sample = _table(
+    rejected_sample = table(
         ["source", "line", "id", "kind", "reason"],
         [
             [e.get("source", ""), e.get("line"), fmt(e.get("id")), e.get("kind", ""), e.get("reason", "")]
@@ -422,11 +328,11 @@ per second of compute on one device.</p>{bucket_table}
 <h2>Rejected documents</h2>
 {rejected_sample if run.errors else "<p class=note>No error records.</p>"}
 {f"<p class=note>First 25 of {len(run.errors)} shown.</p>" if len(run.errors) > 25 else ""}
-<h2>Summary</h2>{_table(["field", "value"], summary_rows)}{_summary_tables(s)}
+<h2>Summary</h2>{table(["field", "value"], summary_rows)}{summary_tables(s)}
 <h2>Metrics</h2>
-{_table(["counter", "value"], [[k, v] for k, v in (metrics.get("counters") or {}).items()])}
+{table(["counter", "value"], [[k, v] for k, v in (metrics.get("counters") or {}).items()])}
 {
-        _table(
+        table(
             ["distribution", "count", "sum", "min", "max", "mean"],
             [
                 [k] + [d.get(f, "—") for f in ("count", "sum", "min", "max", "mean")]
