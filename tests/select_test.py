@@ -51,6 +51,54 @@ def test_what_is_not_a_selection_is_refused_naming_the_part(where, named):
         parse(where)
 
 
+NULL_LANG = {**ROW, "lang": None}
+
+
+@pytest.mark.parametrize(
+    "where, selected",
+    [
+        ("not lang == en", False),  # unknown, as lang != en is: a null meets neither
+        ("not lang != en", False),
+        ("not lang in [en, de]", False),
+        ("not (lang == en or label == fr)", False),  # unknown or false is unknown
+        ("lang == en or label == en", True),  # unknown or true is true
+        ("not (lang == en and label == fr)", True),  # unknown and false is false
+        ("not label == fr", True),
+        ("lang == null", True),  # SQL's IS NULL
+        ("lang != null", False),
+        ("label != null", True),
+        ("truncated == false", True),  # a typed literal, not the word "false"
+        ("truncated == true", False),
+        ("not truncated == 'false'", False),  # a bool against a word: unknown, so is its not
+        ("not num_tokens == 'eighty'", False),
+    ],
+)
+def test_not_follows_sqls_three_valued_logic_and_true_false_null_are_values(where, selected):
+    assert evaluate(parse(where), NULL_LANG, labels=("neg", "pos")) is selected
+
+
+def test_a_bare_word_is_compared_as_written_not_folded_by_pythons_parser():
+    ligature = "\ufb01ne"  # 'ﬁne': one character, which NFKC folds to 'fine'
+    tree = parse(f"label == {ligature}")
+    assert evaluate(tree, {**ROW, "label": ligature}) is True
+    assert evaluate(tree, {**ROW, "label": "fine"}) is False
+    assert evaluate(parse(f"scores[{ligature}] > 0.5"), {**ROW, "scores": [0.1, 0.9]}, labels=("x", ligature))
+
+
+@pytest.mark.parametrize(
+    "where", ["not " * 3000 + "truncated", "(" * 3000 + "truncated" + ")" * 3000, "x == 1 or " * 2000 + "x == 1"]
+)
+def test_a_deeply_nested_or_huge_expression_is_refused_quickly_naming_the_limit(where):
+    with pytest.raises(SelectionError, match="nested|characters, more than") as refused:
+        parse(where)
+    assert len(str(refused.value)) < 400  # the message names the limit, it does not repeat the expression
+
+
+def test_null_is_only_compared_for_being_missing():
+    with pytest.raises(SelectionError, match="null is only compared with == or !="):
+        parse("score > null")
+
+
 def test_the_config_refuses_a_bad_expression_naming_the_key():
     from docbeam.config import ConfigError
     from docbeam.config import parse as parse_config
@@ -78,9 +126,15 @@ def write_docs(tmp_path) -> str:
     [
         ("colour == red", r"reads \['colour'\], which the embeddings/ rows do not have"),
         ("score > 1", r"reads \['score'\]"),
+        ("num_tokens == eighty", r"'num_tokens == eighty': num_tokens is a number column, 'eighty' is a string"),
+        ("truncated == yes", r"truncated is a bool column, 'yes' is a string; .* write true or false"),
+        ("lang in en", r"'lang in en': in takes a list"),
+        ("lang == 5", r"lang is a string column, 5 is a number"),
     ],
 )
-def test_the_plan_refuses_a_column_the_rows_lack(tmp_path, tiny_checkpoint_dir, where, match):
+def test_the_plan_refuses_a_column_the_rows_lack_or_a_value_it_can_never_hold(
+    tmp_path, tiny_checkpoint_dir, where, match
+):
     from conftest import job_config
 
     from docbeam.config import ConfigError

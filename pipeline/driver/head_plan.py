@@ -13,7 +13,7 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
     select = cfg.output.select if isinstance(cfg, JobConfig) else None
     if select is None:
         return
-    from docbeam.selection import columns_named, labels_named, parse
+    from docbeam.selection import SelectionError, check_types, columns_named, labels_named, parse
 
     tree = parse(select.where)
     have = [*(f.name for f in head.row_fields()), *(c.name for c in kept.columns)]
@@ -24,6 +24,10 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
             f"not have; their columns: {', '.join(have)} (a field of the input: add it to "
             "input.keep_fields)"
         )
+    try:
+        check_types(tree, {f.name: arrow_kind(f.type) for f in [*head.row_fields(), *kept.fields()]})
+    except SelectionError as e:
+        raise ConfigError(f"output.select.where: {e}") from None
     labels = head.labels
     missing = sorted(labels_named(tree) - set(labels))
     if missing:
@@ -31,6 +35,19 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
             f"output.select.where: {select.where!r} names labels {missing}, which "
             f"{head.carried or 'the checkpoint'} does not have; its labels: {', '.join(labels)}"
         )
+
+
+def arrow_kind(arrow) -> str:
+    """An Arrow column's kind as output.select's type check names them (docbeam/selection.py kind_of)."""
+    import pyarrow as pa
+
+    if pa.types.is_boolean(arrow):
+        return "bool"
+    if pa.types.is_integer(arrow) or pa.types.is_floating(arrow):
+        return "number"
+    if pa.types.is_string(arrow) or pa.types.is_large_string(arrow):
+        return "string"
+    return "list" if pa.types.is_list(arrow) or pa.types.is_large_list(arrow) else "other"
 
 
 def check_kept_fields(head: Head, kept: KeptFields) -> None:
