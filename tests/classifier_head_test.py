@@ -348,11 +348,9 @@ def test_a_classifier_in_bfloat16_under_a_warned_gate_runs_unmeasured_and_says_s
     assert record["status"] == "not run" and "classifier head writes scores/ rows" in record["reason"]
 
 
-def test_a_kept_field_named_like_a_column_the_head_writes_is_refused_but_kept_for_an_embedder(
-    tmp_path, tiny_checkpoint_dir
-):
-    """An input field named score is a common one: an embedding job keeps it, a classifier job (whose rows have a
-    score column) refuses it at start rather than let it overwrite the score."""
+def test_a_kept_field_named_like_any_heads_column_is_refused_whatever_the_head(tmp_path, tiny_checkpoint_dir):
+    """A classifier job refuses a kept field named score (its rows' column) at start rather than let it overwrite the
+    score; an embedding job refuses it too, as every head's column names: a sink reads rows by those names."""
     from conftest import job_config
 
     from docbeam.config import ConfigError
@@ -362,7 +360,9 @@ def test_a_kept_field_named_like_a_column_the_head_writes_is_refused_but_kept_fo
     docs = tmp_path / "docs.jsonl"
     docs.write_text(json.dumps({"id": "a", "text": "a b c", "score": 3, "lang": "en"}) + "\n")
     sections = {"input": {"keep_fields": ["score", "lang"]}, "model": {"max_seq_len": WINDOW}}
-    with pytest.raises(ConfigError, match=r"input.keep_fields: \['score'\] name columns the classifier head"):
-        make_plan(job_config(str(docs), str(tmp_path / "out"), folder, **sections), probe_backends=False)
+    for model in (folder, tiny_checkpoint_dir):
+        with pytest.raises(ConfigError, match=r"input.keep_fields.*'score' is the name of an output column"):
+            make_plan(job_config(str(docs), str(tmp_path / "out"), model, **sections), probe_backends=False)
+    sections["input"]["keep_fields"] = ["lang"]
     kept = make_plan(job_config(str(docs), str(tmp_path / "o2"), tiny_checkpoint_dir, **sections), probe_backends=False)
-    assert [c.name for c in kept.kept.columns] == ["score", "lang"]
+    assert [c.name for c in kept.kept.columns] == ["lang"]

@@ -35,7 +35,7 @@ FIELDS = [
     {
         "topic": "pets",
         "year": 2021,
-        "score": 0.5,
+        "rating": 0.5,
         "public": True,
         "note": None,
         "tags": ["a", "b"],
@@ -45,18 +45,18 @@ FIELDS = [
     {
         "topic": "pets",
         "year": -7,
-        "score": 2,
+        "rating": 2,
         "public": False,
         "note": None,
         "tags": [],
         "meta": {"pages": 10, "lang": "fr", "refs": []},
         "mixed": 7,
     },
-    {"year": 1999, "score": 1e-3, "public": None, "tags": ["c", None], "meta": None, "mixed": [1, {"k": "v"}]},
+    {"year": 1999, "rating": 1e-3, "public": None, "tags": ["c", None], "meta": None, "mixed": [1, {"k": "v"}]},
     {
         "topic": "städte ☂",
         "year": 2**40,
-        "score": -3.25,
+        "rating": -3.25,
         "public": True,
         "note": None,
         "tags": ["d"],
@@ -66,7 +66,7 @@ FIELDS = [
     {
         "topic": "sea",
         "year": 0,
-        "score": 4,
+        "rating": 4,
         "public": True,
         "note": None,
         "tags": ["e"],
@@ -76,19 +76,19 @@ FIELDS = [
     {
         "topic": "food",
         "year": 3,
-        "score": 0.0,
+        "rating": 0.0,
         "public": False,
         "tags": ["f"],
         "meta": {"lang": "es", "pages": 2, "refs": [7]},
         "mixed": {"a": 1},
     },
-    {"topic": "sky", "year": "2020", "score": 1.5, "public": True, "tags": [], "meta": None, "mixed": 1.5},
+    {"topic": "sky", "year": "2020", "rating": 1.5, "public": True, "tags": [], "meta": None, "mixed": 1.5},
 ]
-KEPT = ["topic", "year", "score", "public", "note", "tags", "meta", "mixed"]
+KEPT = ["topic", "year", "rating", "public", "note", "tags", "meta", "mixed"]
 EXPECTED_TYPES = {
     "topic": "string",
     "year": "int64",
-    "score": "double",
+    "rating": "double",
     "public": "bool",
     "note": "json",
     "tags": "list<element: string>",
@@ -327,6 +327,25 @@ def test_star_over_an_input_with_a_field_named_like_an_output_column_is_refused(
         run_job(job_config(path, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"}))
 
 
+@pytest.mark.parametrize(
+    ("field", "named"),
+    [
+        ("sparse_embedding", "'sparse_embedding' is the name of an output column"),  # Vertex AI's sparse vector
+        ("scores", "'scores' is the name of an output column"),  # ReadBeamChunks would refuse the rows mid-run
+        ("multi_vector", "'multi_vector' is the name of an output column"),
+        ("", "an empty field name, cannot name a column|list each field once, by its name"),  # as the list form does
+    ],
+)
+def test_a_field_named_like_any_heads_column_or_empty_is_refused_on_a_dense_run(
+    tiny_checkpoint_dir, tmp_path, field, named
+):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "t", field: "x"}])
+    for listed in ("*", [field]):
+        with pytest.raises(ConfigError, match=named):
+            run_job(job_config(path, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": listed}))
+    assert not os.path.exists(tmp_path / "out")
+
+
 def test_keep_fields_with_text_input_is_refused(tiny_checkpoint_dir, tmp_path):
     (tmp_path / "a.txt").write_text("a text file")
     with pytest.raises(ConfigError, match="input.format: text: a text file has no fields to keep"):
@@ -350,11 +369,11 @@ def test_kept_fields_read_back_with_their_values_and_json_types(first_run):
     assert sorted(rows) == [f"d{i}" for i in range(6)]
     for record in records[:6]:
         row = rows[record["id"]]
-        for name in ("topic", "year", "score", "public", "tags", "meta"):
+        for name in ("topic", "year", "rating", "public", "tags", "meta"):
             assert same_json(row[name], record.get(name)), (record["id"], name, row[name], record.get(name))
         for name in ("note", "mixed"):  # JSON-text columns: the text parses back to the value
             assert same_json(None if row[name] is None else json.loads(row[name]), record.get(name))
-    assert type(rows["d0"]["year"]) is int and type(rows["d1"]["score"]) is float and rows["d1"]["score"] == 2
+    assert type(rows["d0"]["year"]) is int and type(rows["d1"]["rating"]) is float and rows["d1"]["rating"] == 2
     assert rows["d2"]["topic"] is None  # a missing field is null
 
 
@@ -398,11 +417,11 @@ def test_fractions_are_double_and_non_finite_or_deep_values_are_rejections_not_a
 ):
     deep = "[" * 450 + "1" + "]" * 450
     lines = [
-        json.dumps({"id": "a", "text": "the cat sat", "score": 0.5, "meta": {"k": [1]}}),
-        json.dumps({"id": "b", "text": "a dog ran", "score": 1.5, "meta": {"k": []}}),
-        '{"id": "deep", "text": "rain fell", "score": 2.5, "meta": ' + deep + "}",
-        '{"id": "huge", "text": "ships sail", "score": 1e400, "meta": {"k": [2]}}',
-        '{"id": "nan", "text": "bread is baked", "score": NaN}',
+        json.dumps({"id": "a", "text": "the cat sat", "rating": 0.5, "meta": {"k": [1]}}),
+        json.dumps({"id": "b", "text": "a dog ran", "rating": 1.5, "meta": {"k": []}}),
+        '{"id": "deep", "text": "rain fell", "rating": 2.5, "meta": ' + deep + "}",
+        '{"id": "huge", "text": "ships sail", "rating": 1e400, "meta": {"k": [2]}}',
+        '{"id": "nan", "text": "bread is baked", "rating": NaN}',
     ]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     summary = run_job(
@@ -410,20 +429,20 @@ def test_fractions_are_double_and_non_finite_or_deep_values_are_rejections_not_a
             str(tmp_path / "in.jsonl"),
             str(tmp_path / "out"),
             tiny_checkpoint_dir,
-            input={"keep_fields": ["score", "meta"], "max_rejected_fraction": 0.9},
+            input={"keep_fields": ["rating", "meta"], "max_rejected_fraction": 0.9},
         )
     )
-    assert summary["kept_fields"] == {"score": "double", "meta": "struct<k: list<element: int64>>"}
+    assert summary["kept_fields"] == {"rating": "double", "meta": "struct<k: list<element: int64>>"}
     assert summary["rejected_by_kind"] == {"kept_field_type": 3}
     rows = read_rows(str(tmp_path / "out"))
-    assert {i: rows[i]["score"] for i in rows} == {"a": 0.5, "b": 1.5}
+    assert {i: rows[i]["rating"] for i in rows} == {"a": 0.5, "b": 1.5}
     errors = {
         e["id"]: e["reason"]
         for path in glob.glob(f"{tmp_path}/out/errors/*.jsonl")
         for e in map(json.loads, open(path))
     }
     assert "field 'meta' (input.keep_fields) nests 450 lists or objects deep" in errors["deep"]
-    assert "field 'score' (input.keep_fields) is a number JSON text cannot hold (Infinity)" in errors["huge"]
+    assert "field 'rating' (input.keep_fields) is a number JSON text cannot hold (Infinity)" in errors["huge"]
     assert "(NaN)" in errors["nan"]
 
 

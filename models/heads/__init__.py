@@ -33,6 +33,18 @@ SHARED_COLUMNS = ("id", "num_tokens", "num_windows", "truncated", "content_hash"
 # ascending int32 ``indices`` below ``dim`` and their float32 ``values``; multi_vector: a list of such vectors
 # (one per token); label: a string (null for a regression); score: a float32; scores: ``dim`` float32s.
 COLUMN_KINDS = ("vector", "sparse_vector", "multi_vector", "label", "score", "scores")
+# Each kind's column as every built-in head names it, which the sinks and Beam Chunks read by name: a kept input
+# field is refused these names whatever the head (on a dense run a kept sparse_embedding would become Vertex AI's
+# sparse vector, a kept scores would stop ReadBeamChunks mid-pipeline). A user's head that names its columns
+# otherwise has its own refused too (pipeline/driver/head_plan.py check_kept_fields).
+KIND_COLUMNS = {
+    "vector": "embedding",
+    "sparse_vector": "sparse_embedding",
+    "multi_vector": "multi_vector",
+    "label": "label",
+    "score": "score",
+    "scores": "scores",
+}
 
 
 @dataclasses.dataclass(frozen=True)

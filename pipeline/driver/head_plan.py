@@ -51,9 +51,9 @@ def arrow_kind(arrow) -> str:
 
 
 def check_kept_fields(head: Head, kept: KeptFields) -> None:
-    """A kept field may not take the name of a column the resolved head writes (the classifier's label, score and
-    scores, the sparse and multi-vector heads' own): it would overwrite it. keep.OUTPUT_COLUMNS holds the columns
-    every run writes; these are the head's, so an embedding job keeps an input field named score."""
+    """A kept field may not take the name of a column the resolved head writes: it would overwrite it.
+    keep.OUTPUT_COLUMNS refuses every built-in head's column names for every run (the input's own check); this
+    catches a user's head whose columns are named otherwise."""
     taken = sorted({c.name for c in head.columns()} & {c.name for c in kept.columns})
     if taken:
         raise ConfigError(

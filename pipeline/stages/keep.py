@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import pyarrow as pa
 
 from docbeam.config import ConfigError, InputConfig
-from docbeam.models.heads import SHARED_COLUMNS
+from docbeam.models.heads import KIND_COLUMNS, SHARED_COLUMNS
 
 SAMPLE_RECORDS = 1000  # documents the driver reads to type the kept columns
 # Lists and objects a kept value may nest: deeper ones are rejected. Typing, checking and pickling a column's
@@ -26,11 +26,11 @@ SAMPLE_RECORDS = 1000  # documents the driver reads to type the kept columns
 MAX_DEPTH = 64
 JSON = "json"  # a column of JSON text: what a field gets when no one Arrow type holds every sampled value
 EXACT_FLOAT_INT = 2**53  # integers up to this size are exact in a float64 column
-# Every column docbeam writes itself (document rows, and chunk rows of output.granularity: chunk); a kept field
-# of one of these names would overwrite it.
+# Every column docbeam writes itself (document rows, and chunk rows of output.granularity: chunk), any head's
+# columns included; a kept field of one of these names would overwrite one, or be read as one by a sink.
 OUTPUT_COLUMNS = (
     *SHARED_COLUMNS,
-    "embedding",
+    *KIND_COLUMNS.values(),
     "document_id",
     "chunk_index",
     "char_start",
@@ -109,7 +109,9 @@ def name_problems(names: Iterable[str], id_field: str, text_field: str) -> list[
     the text, which the output holds already (as ``id``) or does not hold as a field."""
     problems = []
     for name in names:
-        if name in OUTPUT_COLUMNS:
+        if not name or not name.strip():
+            problems.append(f"{name!r}, an empty field name, cannot name a column")
+        elif name in OUTPUT_COLUMNS:
             problems.append(
                 f"{name!r} is the name of an output column, which it would overwrite (docbeam writes "
                 f"{', '.join(OUTPUT_COLUMNS)})"

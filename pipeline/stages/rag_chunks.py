@@ -26,7 +26,7 @@ from docbeam.pipeline.store import output as output_lib
 from docbeam.pipeline.store import storage
 
 # A row's columns that are docbeam's own (every run's, and the vector heads'); every other column is a kept field.
-OWN_COLUMNS = frozenset(OUTPUT_COLUMNS) | {"sparse_embedding", "multi_vector"}
+OWN_COLUMNS = frozenset(OUTPUT_COLUMNS)
 NOT_CHUNKS = ("multi_vector", "scores")  # rows a Chunk has no place for: one vector per token, a classifier's scores
 CHUNK_KINDS = {"vector", "sparse_vector"}  # the kinds of column (models/heads/) a Beam Chunk's Embedding holds
 IDS = ("docbeam", "uuid5")  # a Chunk's id: docbeam's own, or a UUID made from it (for Qdrant and Milvus)
