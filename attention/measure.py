@@ -33,7 +33,7 @@ import typing
 import numpy as np
 
 from docbeam.attention import registry
-from docbeam.attention.candidates import AUTO, NATIVE, bind, check_label, default_candidates, options_of, split_label
+from docbeam.attention.candidates import NATIVE, bind, check_label, default_candidates, options_of, split_label
 from docbeam.attention.dispatch import (
     AttentionPlanError,
     Choice,
@@ -98,9 +98,10 @@ class Measurement:
     why: str
     trials: tuple[Trial, ...]
     tolerance: float
-    measure_s: float  # seconds spent measuring this bucket; 0 when read from the cache
-    cached: bool = False
-    key: str = ""
+    # How this process came by it, not what it says: two jobs of one process that chose alike share a warm encoder.
+    measure_s: float = dataclasses.field(compare=False)  # seconds spent measuring this bucket; 0 when read
+    cached: bool = dataclasses.field(default=False, compare=False)
+    key: str = dataclasses.field(default="", compare=False)
 
     def trial(self, candidate: str) -> Trial:
         return next(t for t in self.trials if t.candidate == candidate)
@@ -158,7 +159,7 @@ class Measurement:
             f"bucket {self.bucket} on {self.device}, {self.rows} rows per chip: {self.chosen} ({self.why}{cached})"
         ]
         for t in self.trials:
-            figures = [f"{t.time_ms:.3f} ms ± {t.spread_ms:.3f}" if t.time_ms is not None else ""]
+            figures = [f"{t.time_ms:.3f} ms ± {t.spread_ms or 0:.3f}" if t.time_ms is not None else ""]
             figures.append(f"error {t.error:.2g}" if t.error is not None else "")
             lines.append(
                 f"    {t.candidate:24s} {t.verdict:8s} "
@@ -216,12 +217,8 @@ def measure_bucket(
     tolerance = spec.verify_tolerance or default_tolerance(cases[0].dtype)
     inputs = [Inputs.probe(case, rows) for case in cases]
     native = bind(spec, NATIVE)
-    free = free_memory_bytes()
-    native_fits = free is None or all(native_scores_bytes(c, rows) <= NATIVE_MEMORY_SHARE * free for c in cases)
-    head_group = cases[0].num_heads
-    if not native_fits:  # the reference a few heads at a time, within the share
-        per_head = max(native_scores_bytes(c, rows) // c.num_heads for c in cases)
-        head_group = max(1, int(NATIVE_MEMORY_SHARE * free // per_head))
+    free, head_group = reference_heads(cases, rows)
+    native_fits = head_group >= cases[0].num_heads
     references = [i.reference(native, head_group) for i in inputs]
     trials: list[Trial] = []
     runners: list[Runner] = []
@@ -285,17 +282,29 @@ def measure_bucket(
         chosen, why = runners[0].label, "the only candidate that passed"
     else:
         chosen, why = pick(timed)
+    if not chosen and not native_fits:  # native runs as it would have without auto (the memory plan sized it)
+        chosen, why = NATIVE, "no candidate passed; native runs, untimed (too large to time here)"
     if not chosen:
         reasons = "; ".join(f"{t.candidate}: {t.verdict} ({t.reason})" for t in timed)
-
         raise AttentionPlanError(f"attention.backend auto: no candidate can run bucket {cases[0].seq_len}: {reasons}")
     return Measurement(
         cases[0].seq_len, rows, device, chosen, why, decided(timed, chosen), tolerance, time.perf_counter() - started
     )
 
 
-def recheck(spec, measurement: Measurement, cases: tuple[AttentionCase, ...]) -> str:
-    """Why a cached choice must not run (it raises, or differs from native on the bucket's shape now), or ""."""
+def reference_heads(cases: tuple[AttentionCase, ...], rows: int) -> tuple[int | None, int]:
+    """(the chip's free bytes, how many query heads native's reference may compute at once): every head where its
+    scores fit ``NATIVE_MEMORY_SHARE`` of free memory, else a few at a time."""
+    free = free_memory_bytes()
+    if free is None or all(native_scores_bytes(c, rows) <= NATIVE_MEMORY_SHARE * free for c in cases):
+        return free, cases[0].num_heads
+    per_head = max(native_scores_bytes(c, rows) // c.num_heads for c in cases)
+    return free, max(1, int(NATIVE_MEMORY_SHARE * free // per_head))
+
+
+def recheck(spec, measurement: Measurement, cases: tuple[AttentionCase, ...], rows: int) -> str:
+    """Why a cached choice must not run (it raises, or differs from native on the bucket's shape now), or "". Held
+    at this job's tolerance and rows (never the file's own: a file could claim any), two rows at least."""
     if measurement.chosen == NATIVE:
         return ""
     import jax
@@ -306,16 +315,19 @@ def recheck(spec, measurement: Measurement, cases: tuple[AttentionCase, ...]) ->
         support = ask_all(registry.get(split_label(label)[0]), cases, options_of(spec, label))
         if not support.ok:
             return f"its capability check refuses it now: {support.reason}"
-        inputs = [Inputs.probe(case, min(measurement.rows, 2)) for case in cases]
+        tolerance = spec.verify_tolerance or default_tolerance(cases[0].dtype)
+        rows = max(rows, 2)
+        inputs = [Inputs.probe(case, rows) for case in cases]
         native, fn = bind(spec, NATIVE), bind(spec, label)
+        _, head_group = reference_heads(cases, rows)
         for i in inputs:
             out = np.asarray(jax.block_until_ready(i.compiled(fn)()))
             wrong = check_output(out, i)
             if wrong:
                 return wrong
-            error = max_error(out, i.reference(native, i.case.num_heads), i.lengths)
-            if not error <= measurement.tolerance:
-                return f"it differs from native by {error:.3g} > {measurement.tolerance:.3g}"
+            error = max_error(out, i.reference(native, head_group), i.lengths)
+            if not error <= tolerance:
+                return f"it differs from native by {error:.3g} > {tolerance:.3g}"
     except Exception as e:  # noqa: BLE001
         return f"it raised {type(e).__name__}: {_line(e)}"
     return ""
@@ -350,10 +362,15 @@ def measured(
     candidates = spec.candidates or default_candidates()
     chip_cases = tuple(chip_case(c, mesh.model) for c in cases)
     device = device_kind()
-    key = cache_key(spec, chip_cases, rows, candidates, device, mesh, min_gain=MIN_GAIN)
+    key = cache_key(
+        spec, chip_cases, rows, tuple(dict.fromkeys((NATIVE, *candidates))), device, mesh, min_gain=MIN_GAIN
+    )
     if key in _MEASURED:  # measured by an earlier job of this process: this job spent nothing on it
         return dataclasses.replace(_MEASURED[key], cached=True, measure_s=0.0)
     found = cache.read(key, cases[0].seq_len)
+    if found is not None and (found.rows != rows or found.chosen not in {NATIVE, *candidates}):
+        log.warning("attention measurement %s is for other rows or candidates; measuring again", key)
+        found = None
     strangers = sorted({t.candidate for t in found.trials} - {NATIVE, *candidates}) if found is not None else []
     if strangers:  # a cached file names only this job's candidates: nothing else is imported, let alone run
         log.warning(
@@ -361,7 +378,7 @@ def measured(
         )
         found = None
     if found is not None:
-        why_not = recheck(spec, found, chip_cases)
+        why_not = recheck(spec, found, chip_cases, rows)
         if why_not:
             log.warning("cached attention choice %s at bucket %s is not used: %s", found.chosen, found.bucket, why_not)
             found = None
@@ -378,7 +395,7 @@ def measure_choices(spec, choices, rows_per_chip, mesh, cache: Cache) -> tuple[C
     kernel and the measurement. ``rows_per_chip(bucket)``: the rows one chip gets."""
     out = []
     for choice in choices:
-        if choice.requested != AUTO:
+        if not choice.to_measure:
             out.append(choice)
             continue
         found = measured(spec, choice.cases, rows_per_chip(choice.case.seq_len), mesh, cache)

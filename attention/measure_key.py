@@ -38,14 +38,36 @@ def cpu_model() -> str:
 
 
 def code_digest(label: str) -> str:
-    """A digest of the module the candidate's function lives in: editing a kernel measures it again."""
+    """A digest of the code the candidate runs: for docbeam's own backends every module of attention/ (a flash
+    kernel lives in attention/flash/*, chunk sizes beside chunked), for a user's the folder of its package or its
+    module's file: editing a kernel measures it again."""
     fn = inspect.unwrap(registry.get(split_label(label)[0]).attend)
     try:
-        source = inspect.getsourcefile(fn)
-        with open(source, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()[:16]
-    except (TypeError, OSError):
+        source = os.path.abspath(inspect.getsourcefile(fn))
+    except TypeError:
         return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', '?')}"
+    ours = os.path.dirname(os.path.abspath(__file__))
+    if source.startswith(ours + os.sep):
+        return _files_digest(ours)
+    return _files_digest(os.path.dirname(source)) if source.endswith("__init__.py") else _files_digest(source)
+
+
+@functools.lru_cache(maxsize=None)
+def _files_digest(path: str) -> str:
+    """Every .py file under ``path`` (or the one file), by name and content; read once per process."""
+    files = (
+        sorted(os.path.join(d, f) for d, _, names in os.walk(path) for f in names if f.endswith(".py"))
+        if os.path.isdir(path)
+        else [path]
+    )
+    digest = hashlib.sha256()
+    for name in files:
+        try:
+            with open(name, "rb") as f:
+                digest.update(os.path.relpath(name, path).encode() + b"\0" + f.read())
+        except OSError:
+            digest.update(name.encode())
+    return digest.hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=None)

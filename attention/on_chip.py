@@ -28,7 +28,7 @@ def chip_case(case: AttentionCase, model_axis: int) -> AttentionCase:
         return case
     heads = case.num_heads // model_axis
     kv = case.kv_heads
-    kv = kv // model_axis if kv % model_axis == 0 else max(1, heads * kv // case.num_heads)
+    kv = kv // model_axis if kv % model_axis == 0 else heads  # replicated k/v: each chip gathers one per query head
     return dataclasses.replace(case, num_heads=heads, num_kv_heads=kv if kv != heads else None)
 
 

@@ -84,8 +84,11 @@ class AttentionConfig(pydantic.BaseModel):
         if self.candidates is not None and not self.candidates:
             raise ValueError("attention.candidates: an empty list measures nothing; list backends, or remove the key")
         running = {self.backend, self.fallback}
-        if auto:
-            running |= {measure.split_label(c)[0] for c in self.candidates or measure.default_candidates()}
+        if auto:  # native always: the reference and the tie's winner
+            running |= {
+                measure.NATIVE,
+                *(measure.split_label(c)[0] for c in self.candidates or measure.default_candidates()),
+            }
         unused = sorted(set(self.backend_options) - running)
         if unused:
             raise ValueError(

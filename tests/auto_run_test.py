@@ -5,6 +5,7 @@ choice. And every run says what it cost, in figures that add up (pipeline/teleme
 from __future__ import annotations
 
 import gzip
+import json
 import os
 
 import numpy as np
@@ -140,3 +141,32 @@ def test_the_report_shows_the_measurement_and_the_cost_and_compares_the_cost(aut
     assert "+100.0%" in dear.detail and (dear.baseline, dear.current) == (0.5, 1.0)
     same = report_load.Run(baseline.path, dearer, baseline.batches, baseline.errors)
     assert not [r for r in report_data.compare(same, same, threshold=0.1) if r.what == "cost"]
+
+
+def test_the_summary_counts_each_worker_and_takes_the_workers_choice_where_their_chip_is_another():
+    from docbeam.pipeline.stages.commit import with_workers_measurements
+
+    laptop = {"chosen": "native", "why": "fastest", "device": "cpu: cpu (laptop)", "candidates": {}}
+    c3 = {"chosen": "chunked", "why": "fastest: 1.4x native", "device": "cpu: cpu (Xeon)", "candidates": {}}
+    plan = {"128": {"backend": "native", "measurement": laptop, "measured_on": "the driver"}}
+    seen = {"128": {json.dumps(c3, sort_keys=True): 50}}  # fifty workers' first batches, one text
+    line = with_workers_measurements(plan, seen)["128"]
+    assert line["workers_chose"] == {"chunked": 50}
+    assert (line["backend"], line["measurement"]["device"], line["measured_on"]) == (
+        "chunked",
+        c3["device"],
+        "the workers",
+    )
+    same = with_workers_measurements(plan, {"128": {json.dumps(laptop): 3}})["128"]
+    assert (same["backend"], same["measured_on"], same["workers_chose"]) == ("native", "the driver", {"native": 3})
+
+
+@pytest.mark.parametrize("price", [float("inf"), float("nan"), -1.0, "cheap"])
+def test_a_price_that_is_not_a_finite_non_negative_number_is_refused_naming_the_key(price):
+    from docbeam import config
+    from docbeam.config import ConfigError
+
+    with pytest.raises(ConfigError, match="runner.price_per_hour"):
+        config.parse(
+            {"input": {"path": "x"}, "output": {"path": "/tmp/o"}, "runner": {"price_per_hour": price}}, base_dir="/"
+        )

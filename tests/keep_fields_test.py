@@ -327,25 +327,6 @@ def test_star_over_an_input_with_a_field_named_like_an_output_column_is_refused(
         run_job(job_config(path, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": "*"}))
 
 
-@pytest.mark.parametrize(
-    ("field", "named"),
-    [
-        ("sparse_embedding", "'sparse_embedding' is the name of an output column"),  # Vertex AI's sparse vector
-        ("scores", "'scores' is the name of an output column"),  # ReadBeamChunks would refuse the rows mid-run
-        ("multi_vector", "'multi_vector' is the name of an output column"),
-        ("", "an empty field name, cannot name a column|list each field once, by its name"),  # as the list form does
-    ],
-)
-def test_a_field_named_like_any_heads_column_or_empty_is_refused_on_a_dense_run(
-    tiny_checkpoint_dir, tmp_path, field, named
-):
-    path = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "text": "t", field: "x"}])
-    for listed in ("*", [field]):
-        with pytest.raises(ConfigError, match=named):
-            run_job(job_config(path, str(tmp_path / "out"), tiny_checkpoint_dir, input={"keep_fields": listed}))
-    assert not os.path.exists(tmp_path / "out")
-
-
 def test_keep_fields_with_text_input_is_refused(tiny_checkpoint_dir, tmp_path):
     (tmp_path / "a.txt").write_text("a text file")
     with pytest.raises(ConfigError, match="input.format: text: a text file has no fields to keep"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -172,7 +172,7 @@ class RunnerConfig(_Section):
     max_memory_growth_mb_per_1k_batches: pydantic.PositiveFloat | None = None
     # USD per worker hour for summary.json's cost (pipeline/telemetry/cost.py); unset: on Dataflow docbeam's dated
     # table of list prices for the machine type, elsewhere no price
-    price_per_hour: pydantic.NonNegativeFloat | None = None
+    price_per_hour: Annotated[float, pydantic.Field(ge=0, allow_inf_nan=False)] | None = None
 
     @pydantic.field_validator("device_memory", mode="before")
     @classmethod

@@ -135,7 +135,7 @@ def planned_choice(c) -> dict:
     out = {"backend": c.backend, "kernel": c.kernel, "fallback_reason": c.fallback_reason}
     if c.requested == "auto":
         out.update(
-            {"backend": None, "kernel": "", "measured_on": "the worker"}
+            {"backend": None, "kernel": "", "measured_on": "the workers"}
             if c.measurement is None
             else {"measured_on": "the driver", "measurement": c.measurement.as_dict()}
         )

@@ -48,7 +48,7 @@ def leave_failed_summary(output: str, run_id: str, base: dict, error: BaseExcept
     try:
         if storage.exists(path):
             return
-        summary = {key: value for key, value in base.items() if key != "started"}
+        summary = {key: value for key, value in base.items() if key not in ("started", "price")}
         summary.update(
             started_at=_iso(base["started"]), finished_at=_iso(time.time()), failed=[f"{type(error).__name__}: {error}"]
         )

@@ -94,20 +94,25 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
 
 def with_workers_measurements(plan: dict, measured: dict) -> dict:
     """The attention plan with what ``auto`` measured on the workers (each worker's first batch of a bucket carries
-    its measurement): a bucket the driver could not measure takes the workers' choice and the first worker's table;
+    its measurement, counted once per worker): where the workers measured for themselves (the driver could not, or
+    their chip is another kind than the driver's) the bucket takes the workers' choice and the first one's table;
     how many workers chose each candidate is kept, so workers that disagree (two kinds of chip) are seen."""
     out = {}
     for bucket, line in plan.items():
-        found = [json.loads(text) for text in sorted(measured.get(bucket) or {})]
-        if not found:
+        counted = [(json.loads(text), n) for text, n in sorted((measured.get(bucket) or {}).items())]
+        if not counted:
             out[bucket] = line
             continue
         chosen: dict[str, int] = {}
-        for m in found:
-            chosen[m["chosen"]] = chosen.get(m["chosen"], 0) + 1
+        for m, n in counted:
+            chosen[m["chosen"]] = chosen.get(m["chosen"], 0) + n
         line = dict(line)
-        if line.get("measurement") is None:
-            line.update({"backend": " | ".join(sorted(chosen)), "measurement": found[0]})
+        driver = line.get("measurement")
+        elsewhere = [m for m, _ in counted if driver is None or m.get("device") != driver.get("device")]
+        if elsewhere:
+            line.update(
+                {"backend": " | ".join(sorted(chosen)), "measurement": elsewhere[0], "measured_on": "the workers"}
+            )
         line["workers_chose"] = dict(sorted(chosen.items()))
         out[bucket] = line
     return out
