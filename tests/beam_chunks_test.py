@@ -112,7 +112,8 @@ def test_read_beam_chunks_refuses_what_is_not_a_committed_run_of_vectors(tmp_pat
         committed_files("out", manifest(head={"name": "classifier", "folder": "scores"}), None)
     with pytest.raises(NotChunks, match="granularity 'document', so it wrote no chunks/"):
         committed_files("out", manifest(granularity="document"), "chunks")
-    assert committed_files("out", manifest(), None) == ("embeddings", ("out/embeddings/part-r-0.parquet",))
+    with pytest.raises(NotChunks, match="its file embeddings/part-r-0.parquet is missing"):  # listed, not there
+        committed_files("out", manifest(), None)
     with pytest.raises(ValueError, match="ids='uuid4'"):
         docbeam.AsBeamChunks(ids="uuid4")
 
@@ -284,3 +285,27 @@ def test_embed_documents_gives_the_chunks_a_committed_run_reads_back_with_their_
     with beam.Pipeline() as p:
         docs = p | beam.io.ReadFromText(hybrid_runs["docs"]) | beam.Map(json.loads)
         collected((docs | embed)["chunks"], "SameChunks", same)
+
+
+@pytest.mark.parametrize("damage", ["flipped", "shortened"])
+def test_read_beam_chunks_refuses_a_committed_file_that_fails_its_manifest(hybrid_runs, tmp_path, damage):
+    """A committed file changed after the commit (one byte flipped in place, or cut short) is refused before the
+    pipeline starts, naming the file, as reuse refuses it: never read as if it were the run's."""
+    import glob
+    import shutil
+
+    import docbeam
+    from docbeam.pipeline.stages.rag_chunks import NotChunks
+
+    copy = str(tmp_path / "dense")
+    shutil.copytree(hybrid_runs["dense"], copy)
+    target = sorted(glob.glob(f"{copy}/embeddings/*.parquet"))[0]
+    data = bytearray(open(target, "rb").read())
+    if damage == "flipped":
+        data[len(data) // 2] ^= 0xFF
+    else:
+        data = data[:-10]
+    open(target, "wb").write(bytes(data))
+    with pytest.raises(NotChunks, match=r"embeddings/.*(does not match the checksum|not the size)"):
+        docbeam.ReadBeamChunks(copy)
+    docbeam.ReadBeamChunks(hybrid_runs["dense"])  # the run as committed reads

@@ -184,6 +184,9 @@ def committed_files(output: str, manifest: dict | None, rows: str | None) -> tup
             f"{output}'s run has output.granularity {granularity!r}, so it wrote no {rows}/ rows; "
             f"read its {wrote[0]}/ (rows={wrote[0]!r})"
         )
+    why = output_lib.damaged(output, manifest, rows)
+    if why:
+        raise NotChunks(f"{output}: {why}; ReadBeamChunks reads only a committed run's files as committed")
     files = tuple(storage.join(output, f["path"]) for f in manifest["files"] if output_lib.in_folder(f["path"], rows))
     return rows, files
 

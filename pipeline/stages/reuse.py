@@ -160,21 +160,7 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict, folder: str) -> 
     differences = key_differences(manifest["reuse_key"], key)
     if differences:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"
-    sizes = storage.list_files(reuse_from)
-    for f in manifest["files"]:
-        if not output_lib.in_folder(f["path"], folder):
-            continue
-        path = storage.join(reuse_from, f["path"])
-        if sizes.get(path) != f["size"]:
-            return f"its file {f['path']} is missing or not the size its manifest says ({f['size']} bytes)"
-        if "checksum" not in f:
-            return (
-                f"run {manifest['run_id']} recorded no checksums (written before they were), so its files "
-                "cannot be checked"
-            )
-        if storage.checksum(path) != f["checksum"]:
-            return f"its file {f['path']} does not match the checksum its manifest lists ({f['checksum']}): damaged"
-    return None
+    return output_lib.damaged(reuse_from, manifest, folder)
 
 
 class SplitByReuse(beam.PTransform):

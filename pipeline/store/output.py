@@ -158,6 +158,27 @@ def parse_manifest(data: bytes | None, path: str) -> dict | None:
     return upgrade_manifest(manifest, path)
 
 
+def damaged(output: str, manifest: dict, folder: str) -> str | None:
+    """Why the committed files of ``folder`` cannot be read back as the manifest lists them (missing, another size,
+    no checksum recorded, or a checksum that does not match: sha256 locally, the object's CRC32C on gs://), or None.
+    What reuse and ReadBeamChunks hold a committed run to before they read a row of it."""
+    sizes = storage.list_files(output)
+    for f in manifest["files"]:
+        if not in_folder(f["path"], folder):
+            continue
+        path = storage.join(output, f["path"])
+        if path not in sizes or sizes[path] != f.get("size"):
+            return f"its file {f['path']} is missing or not the size its manifest says ({f.get('size')} bytes)"
+        if "checksum" not in f:
+            return (
+                f"run {manifest.get('run_id')} recorded no checksums (written before they were), so its files "
+                "cannot be checked"
+            )
+        if storage.checksum(path) != f["checksum"]:
+            return f"its file {f['path']} does not match the checksum its manifest lists ({f['checksum']}): damaged"
+    return None
+
+
 def read_manifest(output: str) -> dict | None:
     """The committed run's manifest in the current form (upgrade_manifest), None when there is none."""
     path = storage.join(output, MANIFEST)
