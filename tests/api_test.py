@@ -141,6 +141,7 @@ def test_documents_dicts_and_bad_elements_in_one_collection(job_file, corpus, ru
         ({"id": "a", "text": " \n"}, "empty_text"),
         ({"id": "a", "text": "x\udc80"}, "invalid_text"),
         (("a", "words"), "not_a_document"),
+        ({"id": 10**5000, "text": "words"}, "missing_id"),  # str() refuses past 4,300 digits: an error row
     ],
 )
 def test_each_element_is_a_document_or_an_error_row_saying_why(item, kind):
@@ -166,6 +167,12 @@ def test_each_element_is_a_document_or_an_error_row_saying_why(item, kind):
         (docbeam.Document("a", "  ", source="mine", line=1), "empty_text"),
         (docbeam.Document("a", "words", source=None, line=1), "not_a_document"),
         (docbeam.Document("a", "words", source="mine", line="1"), "not_a_document"),
+        (docbeam.Document("a", "words", source="mine", line=1, text_offset="3"), "not_a_document"),
+        (docbeam.Document("a", "words", source="mine", line=1, text_offset=-1), "not_a_document"),
+        (docbeam.Document("a", "words", source="mine", line=1, text_offset=1.5), "not_a_document"),
+        (docbeam.Document("a", "words", source="mine", line=1, kept=[("lang", "en")]), "not_a_document"),
+        (docbeam.Document("a", "words", source="mine", line=1, kept=(("lang",),)), "not_a_document"),
+        (docbeam.Document(10**5000, "words", source="mine", line=1), "missing_id"),
     ],
     ids=[
         "text-none",
@@ -178,6 +185,12 @@ def test_each_element_is_a_document_or_an_error_row_saying_why(item, kind):
         "text-blank",
         "source-none",
         "line-a-string",
+        "text-offset-a-string",
+        "text-offset-negative",
+        "text-offset-a-float",
+        "kept-a-list",
+        "kept-not-pairs",
+        "id-5001-digits",
     ],
 )
 def test_a_document_element_gets_the_check_a_dict_gets(document, kind):
@@ -187,6 +200,18 @@ def test_a_document_element_gets_the_check_a_dict_gets(document, kind):
     assert isinstance(record, docbeam.Rejected) and record.kind == kind, record
     if kind != "not_a_document":
         assert (record.source, record.line) == ("mine", 1)
+
+
+def test_an_element_that_breaks_the_check_itself_is_an_error_row():
+    """Whatever an element holds (a mapping whose get raises), the check yields a rejection, never an exception."""
+    from docbeam.pipeline.driver.embed import _checked
+
+    class Hostile(dict):
+        def get(self, *args):
+            raise RuntimeError("boom")
+
+    (out,) = list(_checked(Hostile(id="a", text="t"), "id", "text"))
+    assert out.value.kind == "not_a_document" and "RuntimeError" in out.value.reason
 
 
 def test_a_document_with_an_integer_id_is_the_document_with_its_string_id():
@@ -206,6 +231,9 @@ def test_bad_document_elements_are_error_rows_not_a_crashed_pipeline(job_file, c
         docbeam.Document(5, None, source="mine", line=4),
         docbeam.Document("bytes", b"raw bytes", source="mine", line=5),
         docbeam.Document("half", "a lone \ud83d", source="mine", line=6),
+        docbeam.Document("offset", "words", source="mine", line=7, text_offset="x"),
+        docbeam.Document(10**5000, "words", source="mine", line=8),
+        {"id": 10**5000, "text": "words"},
     ]
     with beam.Pipeline() as p:
         out = p | beam.Create(given) | docbeam.EmbedDocuments(job_file)
@@ -219,6 +247,9 @@ def test_bad_document_elements_are_error_rows_not_a_crashed_pipeline(job_file, c
                     ("5", "missing_text", 4),
                     ("bytes", "non_string_text", 5),
                     ("half", "invalid_text", 6),
+                    (None, "not_a_document", None),
+                    (None, "missing_id", 8),
+                    (None, "missing_id", None),
                 ]
             ),
             label="ErrorRows",

@@ -87,11 +87,16 @@ def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
 
     if isinstance(item, Document):
         line_ok = item.line is None or isinstance(item.line, int) and not isinstance(item.line, bool)
-        if not isinstance(item.source, str) or not line_ok:
+        offset_ok = type(item.text_offset) is int and item.text_offset >= 0
+        kept_ok = isinstance(item.kept, tuple) and all(
+            isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) for pair in item.kept
+        )
+        if not isinstance(item.source, str) or not line_ok or not offset_ok or not kept_ok:
             return reject(
                 "not_a_document",
-                f"a docbeam.Document's source must be a string and its line an integer "
-                f"or None; got source {item.source!r}, line {item.line!r}",
+                f"a docbeam.Document's source must be a string, its line an integer or None, its text_offset an "
+                f"integer >= 0 and its kept (name, value) pairs; got source {_short(item.source)}, line "
+                f"{_short(item.line)}, text_offset {_short(item.text_offset)}, kept {_short(item.kept)}",
             )
         record = document_of_record(
             {"id": item.id, "text": item.text}, source=item.source, line=item.line, id_field="id", text_field="text"
@@ -105,8 +110,18 @@ def document_of(item, id_field: str, text_field: str) -> Document | Rejected:
     return document_of_record(item, source="", line=None, id_field=id_field, text_field=text_field)
 
 
+def _short(value) -> str:
+    text = (
+        repr(value) if not isinstance(value, int) or abs(value) < 10**20 else f"an integer of {value.bit_length()} bits"
+    )
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _checked(item, id_field: str, text_field: str):
-    record = document_of(item, id_field, text_field)
+    try:
+        record = document_of(item, id_field, text_field)
+    except Exception as e:  # noqa: BLE001  whatever an element holds, it is an error row, never a crashed pipeline
+        record = Rejected("", None, None, "not_a_document", f"the element could not be read: {type(e).__name__}")
     yield record if isinstance(record, Document) else beam.pvalue.TaggedOutput(REJECTED_TAG, record)
 
 

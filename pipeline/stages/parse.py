@@ -118,7 +118,10 @@ def document_of_record(
         return reject(
             "missing_id", f"field {id_field!r} (input.id_field) is missing or not a string/integer: {doc_id!r}"
         )
-    doc_id = str(doc_id)
+    try:
+        doc_id = str(doc_id)
+    except ValueError:  # an integer past Python's 4,300-digit limit for str()
+        return reject("missing_id", f"field {id_field!r} (input.id_field) is an integer of over 4,300 digits")
     if not_utf8(doc_id):
         return reject("invalid_text", f"field {id_field!r} (input.id_field) {ascii(doc_id)} {not_utf8(doc_id)}")
     if text_field not in obj or obj[text_field] is None:

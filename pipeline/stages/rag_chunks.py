@@ -150,7 +150,10 @@ def other_fields(item, id_field: str, text_field: str) -> list[tuple[str, tuple]
     ):
         return []
     rest = {k: v for k, v in item.items() if k not in (id_field, text_field) and k not in OWN_COLUMNS}
-    return [(str(item[id_field]), (item.get(text_field), rest))]
+    try:
+        return [(str(item[id_field]), (item.get(text_field), rest))]
+    except ValueError:  # an integer id past str()'s digit limit: the document itself is an error row
+        return []
 
 
 def committed_files(output: str, manifest: dict | None, rows: str | None) -> tuple[str, tuple[str, ...]]:
