@@ -50,3 +50,32 @@ def test_a_number_stays_the_number_and_anything_else_is_refused():
     assert resolved_shards(cfg.batching, cfg.runner) == 7
     with pytest.raises(config.ConfigError, match="batching.shards"):
         config.load(os.path.join(REPO, "configs", "dataflow_cpu.yaml"), ["batching.shards=many"])
+
+
+def test_beam_options_after_the_double_dash_count_as_they_would_in_runner_options():
+    from docbeam.pipeline.driver.shards import with_beam_args
+
+    local = config.load(os.path.join(REPO, "configs", "local.yaml"), ["batching.shards=auto"])
+    given = with_beam_args(local, ["--direct_num_workers=3", "--save_main_session"])
+    assert resolved_shards(given.batching, given.runner) == 2 * 3
+    profile = config.load(
+        os.path.join(REPO, "configs", "local.yaml"), ["batching.shards=auto", "runner.options.direct_num_workers=3"]
+    )
+    assert resolved_shards(given.batching, given.runner) == resolved_shards(profile.batching, profile.runner)
+    # later flags win, as Beam reads them; a flag docbeam does not read changes nothing
+    assert with_beam_args(profile, ["--direct_num_workers=1"]).runner.options["direct_num_workers"] == 1
+    assert with_beam_args(local, ["--save_main_session"]) is local
+    dataflow = with_beam_args(local, ["--machine_type=ct5lp-hightpu-8t"])
+    assert dataflow.runner.machine_type() == "ct5lp-hightpu-8t"  # the price table reads it too
+
+
+def test_a_run_given_direct_num_workers_after_the_double_dash_plans_its_shards_for_them(tiny_checkpoint_dir, tmp_path):
+    from conftest import job_config
+
+    from docbeam.pipeline.driver.run import run_job
+
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(f'{{"id": "d{i}", "text": "river number {i} runs"}}\n' for i in range(6)))
+    cfg = job_config(str(docs), str(tmp_path / "out"), tiny_checkpoint_dir, batching={"shards": "auto"})
+    summary = run_job(cfg, ["--direct_num_workers=3"])
+    assert summary["batch_shards"] == 6 and summary["docs_embedded"] == 6

@@ -24,6 +24,7 @@ from docbeam.pipeline.driver import embed, precision_gate_at_start
 from docbeam.pipeline.driver.plan import JobPlan, check_output, make_plan, versions
 from docbeam.pipeline.driver.run_summary import leave_failed_summary, metrics_dict, timing_records
 from docbeam.pipeline.driver.select_branch import select_documents
+from docbeam.pipeline.driver.shards import with_beam_args
 from docbeam.pipeline.driver.sink_files import sink_files
 from docbeam.pipeline.sinks import SinkBehind
 from docbeam.pipeline.stages import vectors
@@ -293,7 +294,7 @@ def plan_run(cfg, extra_beam_args, wait: bool, process_started: float | None) ->
     marks["process"] = process_started or marks["run_job"]
     keep_every_compilation()
     run_id = output_lib.new_run_id()
-    cfg = placeholders.expand(cfg, run_id, output_lib.run_date())
+    cfg = with_beam_args(placeholders.expand(cfg, run_id, output_lib.run_date()), extra_beam_args)
     # A scheduled `docbeam run` on a profile as shipped would write a placeholder bucket: refused before anything.
     placeholders.refuse(cfg, placeholders.beam_options_of(cfg, extra_beam_args))
     plan = precision_gate_at_start.checked(

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import re
 
+# The Beam options docbeam reads at start (the processes that encode, the worker's machine type for its price):
+# given after ``--`` they count as they would in runner.options.
+READ_OPTIONS = ("direct_num_workers", "num_workers", "max_num_workers", "machine_type", "worker_machine_type")
 KEYS_PER_PROCESS = 2
 DATAFLOW_MAX_WORKERS = 1000  # Dataflow's batch default for max_num_workers when autoscaling sets none
 DEFAULT_VCPUS = 1  # Dataflow's batch default machine type, n1-standard-1, has one vCPU
@@ -37,6 +40,22 @@ def encoding_processes(runner: str, options: dict, one_model_per_vm: bool) -> in
         )
         return workers * per_worker
     return int(options.get("direct_num_workers") or 1)
+
+
+def with_beam_args(cfg, beam_args):
+    """``cfg`` with the READ_OPTIONS that ``beam_args`` (``docbeam run ... -- --direct_num_workers=3``) set put into
+    runner.options, so the plan counts what the job will run with (later flags win, as Beam reads them)."""
+    if not beam_args:
+        return cfg
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    given = PipelineOptions(list(beam_args)).get_all_options(retain_unknown_options=False)
+    named = {arg.split("=", 1)[0].lstrip("-") for arg in beam_args if arg.startswith("--")}
+    read = {key: given[key] for key in READ_OPTIONS if key in named}  # a default given explicitly counts too
+    if not read:
+        return cfg
+    runner = cfg.runner.model_copy(update={"options": {**cfg.runner.options, **read}})
+    return cfg.model_copy(update={"runner": runner})
 
 
 def resolved_shards(batching, runner) -> int:
