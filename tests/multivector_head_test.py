@@ -277,6 +277,10 @@ def test_a_docbeam_run_writes_encode_documents_vectors(tmp_path, packing, vector
         "batching": {"buckets": [16, 32, 48], "tokens_per_batch": 256, "packing": packing},
     }
     summary = run_job(job_config(str(tmp_path / "docs.jsonl"), str(tmp_path / "out"), folder, **sections))
+    from docbeam.pipeline.driver.cli import format_summary
+
+    text = format_summary(summary, str(tmp_path / "out"))  # the CLI's lines name the head that ran, not embedding
+    assert "head       multi_vector → embeddings/" in text and "head       embedding" not in text
     if not prompts:
         again = run_job(
             job_config(

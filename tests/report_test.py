@@ -362,3 +362,23 @@ def test_a_mesh_runs_memory_is_judged_and_drawn_per_chip():
     figure = charts.memory_chart(mesh_run())
     labels = [line.get_label() for line in figure.axes[0].get_lines()]
     assert labels == ["in use after batch, vm-1:7 tpu:0", "in use after batch, vm-1:7 tpu:1"]
+
+
+def test_every_chart_title_fits_its_figure_however_long():
+    """The compilations chart's title ran off the figure: a long title wraps onto lines the figure holds."""
+    from docbeam.pipeline.tools.report import charts
+
+    title = charts.compile_title({"compiles_ahead": 123456, "compiles": 1234567}, 1111111, 222222)
+    fig, _ = charts._figure(title + ", and then some more words than any line holds")
+    fig.canvas.draw()
+    box, width = fig.axes[0].title.get_window_extent(), fig.bbox.width
+    assert box.x0 >= 0 and box.x1 <= width, (box, width)
+
+
+def test_an_empty_nested_field_reads_none_not_a_row_of_dashes():
+    from docbeam.pipeline.tools.report.page import _summary_value
+
+    assert _summary_value("reuse", {"from": None, "reason": "", "run_id": None}) == "none"
+    assert (
+        _summary_value("reuse", {"from": "gs://b/run", "reason": "", "run_id": "r1"}) == "from: gs://b/run; run_id: r1"
+    )

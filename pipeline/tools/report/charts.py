@@ -7,6 +7,7 @@ frame, so the page can say so in words; matplotlib itself fails on some empty in
 from __future__ import annotations
 
 import io
+import textwrap
 from typing import Any, Callable
 
 import matplotlib
@@ -30,6 +31,7 @@ from docbeam.pipeline.tools.report.data import (
 )
 from docbeam.pipeline.tools.report.load import Run
 
+TITLE_CHARACTERS = 72  # a line of the bold 12-point title that fits the 8-inch figure
 _STYLE = {
     "font.size": 11,
     "axes.titlesize": 12,
@@ -45,7 +47,7 @@ def _figure(title: str) -> tuple[Figure, Any]:
     fig = Figure(figsize=(8, 4.6), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    ax.set_title(title)
+    ax.set_title(textwrap.fill(title, TITLE_CHARACTERS))  # a long title wraps instead of running off the figure
     return fig, ax
 
 

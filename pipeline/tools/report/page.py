@@ -88,8 +88,9 @@ def _summary_value(key: str, value) -> str:
     if key in ("padding_efficiency", "reused_token_share"):
         return pct(value)
     if isinstance(value, dict):  # nested ones (summary.json's representations) read "name (key: value, ...)"
+        shown = {k: v for k, v in value.items() if v not in (None, "", {}, [], ())}  # an empty field says nothing
         return (
-            "; ".join(f"{k} {nested(v)}" if isinstance(v, dict) else f"{k}: {nested(v)}" for k, v in value.items())
+            "; ".join(f"{k} {nested(v)}" if isinstance(v, dict) else f"{k}: {nested(v)}" for k, v in shown.items())
             or "none"
         )
     if isinstance(value, (list, tuple)):
