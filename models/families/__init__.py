@@ -54,7 +54,7 @@ MODEL_TYPES: dict[str, ModuleType] = {  # config.json model_type → family
 
 
 def family_for(model_type: str, where: str) -> ModuleType:
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:  # a list or a number names no family
         raise CheckpointError(
             f"model.path: model_type {model_type!r} in {where} is not supported; supported: {', '.join(MODEL_TYPES)}"
         )

@@ -110,17 +110,90 @@ WHY_REFUSED = {
 }
 
 
+def _count(value) -> bool:
+    return type(value) is int and value >= 1
+
+
+def _optional(check):
+    return lambda value: value is None or check(value)
+
+
+# What each key docbeam reads from sentence-transformers' files must be, and how to say it: a file of another shape
+# is refused here, naming the file and key, before any reader indexes it (a max_seq_length of "256" had been a
+# TypeError deep in the plan).
+_KINDS = {
+    "a whole number of at least 1": _count,
+    "a whole number of at least 1, or null": _optional(_count),
+    "a string": lambda v: isinstance(v, str),
+    "a string, or null": _optional(lambda v: isinstance(v, str)),
+    "true or false": lambda v: isinstance(v, bool),
+    "an object of names to prompt strings": lambda v: (
+        isinstance(v, dict) and all(isinstance(k, str) and isinstance(t, str) for k, t in v.items())
+    ),
+    "a whole number": lambda v: type(v) is int,
+    "a string or a list of strings": lambda v: (
+        isinstance(v, str) or isinstance(v, list) and all(isinstance(m, str) for m in v)
+    ),
+}
+KEY_KINDS = {
+    "max_seq_length": "a whole number of at least 1, or null",
+    "document_length": "a whole number of at least 1, or null",
+    "query_length": "a whole number of at least 1, or null",
+    "truncate_dim": "a whole number of at least 1, or null",
+    "embedding_dimension": "a whole number of at least 1, or null",
+    "word_embedding_dimension": "a whole number of at least 1, or null",
+    "in_features": "a whole number of at least 1",
+    "out_features": "a whole number of at least 1",
+    "model_type": "a string",
+    "default_prompt_name": "a string, or null",
+    "pooling_mode": "a string or a list of strings",
+    "prompts": "an object of names to prompt strings",
+    "bias": "true or false",
+    "include_prompt": "true or false",
+    **dict.fromkeys(POOLING_FLAGS, "true or false"),
+}
+MODULE_KEY_KINDS = {"idx": "a whole number", "name": "a string", "path": "a string", "type": "a string"}
+NOT_SENTENCE_TRANSFORMERS = ("config.json", "tokenizer_config.json")  # the model's and tokenizer's: read elsewhere
+
+
 def read_json(folder: str, name: str) -> Any:
+    """A JSON file of the checkpoint, None where it is not there; one of sentence-transformers' files held to the
+    shape its readers take (``KEY_KINDS``), so a wrongly typed value is a CheckpointError naming the file and key."""
     path = os.path.join(folder, name)
     if not os.path.exists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (UnicodeDecodeError, ValueError) as e:
+            data = json.load(f)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CheckpointError(
             f"model.path: {path} is not valid JSON ({e}); write it again, or copy the checkpoint's own"
         ) from None
+    if name not in NOT_SENTENCE_TRANSFORMERS:  # the root's; a module's own config.json (1_Pooling/) is checked
+        _check_shape(path, os.path.basename(name), data)
+    return data
+
+
+def _check_shape(path: str, name: str, data) -> None:
+    fix = "write it again, or copy the checkpoint's own"
+    if name == MODULES:
+        if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+            raise CheckpointError(
+                f"model.path: {path} must be a list of module objects, not {type(data).__name__}; {fix}"
+            )
+        entries = [
+            (f"module {i}: {key}", entry[key], MODULE_KEY_KINDS[key])
+            for i, entry in enumerate(data)
+            for key in MODULE_KEY_KINDS
+            if key in entry
+        ]
+    elif not isinstance(data, dict):
+        raise CheckpointError(f"model.path: {path} must be a JSON object, not a {type(data).__name__}; {fix}")
+    else:
+        entries = [(key, data[key], KEY_KINDS[key]) for key in KEY_KINDS if key in data]
+    for key, value, kind in entries:
+        if not _KINDS[kind](value):
+            raise CheckpointError(f"model.path: {path} sets {key}: {json.dumps(value)[:80]}; it must be {kind}; {fix}")
 
 
 def check_keys(folder: str, name: str, kind: str, values: dict) -> None:
