@@ -269,13 +269,39 @@ def test_weights_of_the_wrong_shape_dtype_or_values_are_refused_naming_the_tenso
     )
 
 
-@pytest.mark.parametrize("damage", ["garbage", "cut"])
-def test_a_damaged_safetensors_file_is_refused_naming_it(tmp_path, tiny_checkpoint_dir, damage):
+def _gap(data: bytes) -> bytes:
+    """The first tensor's data moved 4 bytes on: the header's offsets then leave a gap (and the end uncovered)."""
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + length])
+    for raw in header.values():
+        if isinstance(raw, dict) and "data_offsets" in raw and raw["data_offsets"][0] > 0:
+            raw["data_offsets"] = [raw["data_offsets"][0] + 4, raw["data_offsets"][1] + 4]
+            break
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data[8 + length :] + bytes(4)
+
+
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("garbage", "its first 8 bytes"),
+        ("cut", "inside the file"),
+        ("trailing bytes", "the header does not cover the file"),  # safetensors' loader refuses it on the workers
+        ("a gap", "they overlap or leave a gap"),
+    ],
+)
+def test_a_damaged_safetensors_file_is_refused_naming_it(tmp_path, tiny_checkpoint_dir, damage, why):
     folder = tiny_copy(tmp_path, tiny_checkpoint_dir)
     path = f"{folder}/model.safetensors"
     data = open(path, "rb").read()
-    open(path, "wb").write(os.urandom(4096) if damage == "garbage" else data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=f"model.path: {path} is not a readable safetensors file"):
+    damaged = {
+        "garbage": lambda: os.urandom(4096),
+        "cut": lambda: data[: len(data) // 2],
+        "trailing bytes": lambda: data + bytes(100),
+        "a gap": lambda: _gap(data),
+    }[damage]()
+    open(path, "wb").write(damaged)
+    with pytest.raises(CheckpointError, match=f"model.path: {path} is not a readable safetensors file: .*{why}"):
         open_checkpoint(folder)
 
 

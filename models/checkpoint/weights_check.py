@@ -73,6 +73,18 @@ def read_header(file: WeightsFile) -> dict[str, Entry]:
                 f"{sorted(ITEM_BYTES)} with as many bytes as its shape needs inside the file"
             )
         entries[name] = Entry(dtype, shape, 8 + length + start, 8 + length + end)
+    # safetensors' own loader wants the tensors to cover the data exactly, end to end: checked here, at start,
+    # not when the workers load it after the lock and staging
+    position = 8 + length
+    for name, entry in sorted(entries.items(), key=lambda item: (item[1].start, item[1].end)):
+        if entry.start != position:
+            raise refuse(
+                f"tensor {name!r} starts at byte {entry.start - 8 - length} of the data where the tensors before it "
+                f"end at {position - 8 - length}: they overlap or leave a gap"
+            )
+        position = entry.end
+    if position != size:
+        raise refuse(f"its tensors end at byte {position} of a file of {size}: the header does not cover the file")
     return entries
 
 
