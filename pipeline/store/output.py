@@ -139,15 +139,54 @@ def plain_relative(rel: object) -> bool:
     )
 
 
+# The fields a reader takes from a manifest, and the JSON type each must have where present: a garbled or foreign
+# manifest is refused here, naming the field, instead of failing as a TypeError in whichever reader meets it.
+MANIFEST_FIELD_TYPES = {
+    "run_id": str,
+    "files": list,
+    "reuse_key": dict,
+    "granularity": str,
+    "head": dict,
+    "embedding": dict,
+    "kept_fields": dict,
+    "counts": dict,
+}
+FILE_FIELD_TYPES = {"path": str, "size": int, "checksum": str}
+
+
 def parse_manifest(data: bytes | None, path: str) -> dict | None:
+    """A manifest's bytes → the manifest in the current form, None for no manifest; anything that is not one (not
+    JSON, another format, a field of the wrong type, a file entry that is no relative path) is OutputRefused, exit
+    2, naming the file and the field."""
     if data is None:
         return None
-    manifest = json.loads(data)
+    try:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise OutputRefused(
+            f"{path} is not JSON ({type(e).__name__}: {e}); move the folder aside or choose another output.path"
+        ) from None
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise OutputRefused(
             f"{path} is not a docbeam manifest (format {found!r}, expected {MANIFEST_FORMAT!r}); "
             "choose another output.path"
+        )
+    wrong = [
+        f"{key}: {json.dumps(manifest[key])[:60]} (expected {kind.__name__})"
+        for key, kind in MANIFEST_FIELD_TYPES.items()
+        if key in manifest and not isinstance(manifest[key], kind)
+    ]
+    wrong += [
+        f"files[{i}].{key}: {json.dumps(f[key])[:60]} (expected {kind.__name__})"
+        for i, f in enumerate(manifest.get("files") if isinstance(manifest.get("files"), list) else [])
+        if isinstance(f, dict)
+        for key, kind in FILE_FIELD_TYPES.items()
+        if key in f and (not isinstance(f[key], kind) or isinstance(f[key], bool) or kind is int and f[key] < 0)
+    ]
+    if wrong:
+        raise OutputRefused(
+            f"{path} is garbled: {'; '.join(wrong[:3])}; move the folder aside or choose another output.path"
         )
     bad = [f for f in manifest.get("files", []) if not (isinstance(f, dict) and plain_relative(f.get("path")))]
     if bad or not isinstance(manifest.get("run_id"), str):

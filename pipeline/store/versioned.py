@@ -20,7 +20,7 @@ def read_versioned(path: str) -> tuple[bytes | None, object]:
         try:
             with open(path, "rb") as f:
                 data = f.read()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # under a file, as under a missing folder: absent
             return None, None
         return data, data
     errors = storage.gcs_errors()
