@@ -328,6 +328,29 @@ def test_packing_with_a_backend_that_takes_no_segment_ids_stops_before_any_work(
     assert not os.path.exists(tmp_path / "out" / "embeddings")
 
 
+def test_a_run_refused_under_the_lock_leaves_a_dead_runs_staging_for_the_next_run(
+    tiny_corpus, tiny_checkpoint_dir, tmp_path, monkeypatch
+):
+    """A refused run touches nothing, not even the clean-up a run that goes ahead does: a dead run's staging folder
+    is still there after the refusal, and the next run that goes ahead removes it."""
+    from docbeam.errors import Refused
+    from docbeam.pipeline.store import output as output_lib
+
+    folder, _ = tiny_corpus
+    cfg = job_config(f"{folder}/good.jsonl", str(tmp_path), tiny_checkpoint_dir)
+    run_job(cfg)
+    dead = "20990101T000000.000000Z-dead00"
+    output_lib.mark_staging(str(tmp_path), dead, 1)
+    files = {p: os.path.getmtime(p) for p in glob.glob(f"{tmp_path}/**", recursive=True) if os.path.isfile(p)}
+    monkeypatch.setattr(output_lib, "new_run_id", lambda: "20000101T000000.000000Z-ffffff")
+    with pytest.raises(Refused, match="does not sort before"):
+        run_job(cfg)
+    assert {p: os.path.getmtime(p) for p in glob.glob(f"{tmp_path}/**", recursive=True) if os.path.isfile(p)} == files
+    monkeypatch.undo()
+    run_job(cfg)
+    assert not os.path.exists(output_lib.staging_dir(str(tmp_path), dead))
+
+
 def test_a_run_whose_id_sorts_before_the_run_the_output_holds_is_refused_and_writes_nothing(
     tiny_corpus, tiny_checkpoint_dir, tmp_path, monkeypatch
 ):
