@@ -102,6 +102,23 @@ def test_a_prompt_before_every_window_is_not_part_of_its_span(prompt, real_check
     assert spans == expected_spans(tokenizer, LONG, 32 - prompt_tokens, 8)
 
 
+@pytest.mark.parametrize("prompt", [None, "passage: "])
+def test_a_span_ends_after_a_trailing_combining_accent_an_uncased_tokenizer_strips(prompt, real_checkpoint_dir):
+    """MiniLM's uncased tokenizer strips accents: its last token of 'cafe\u0301' ends before the U+0301 the 'e'
+    carries, so the chunk's text would end on a bare 'e'. The span takes the marks that follow its end."""
+    tokenizer = tokenizer_of(real_checkpoint_dir)
+    text = "a short note about the cafe\u0301\u0327"  # two combining marks at the very end
+    (window,), _ = tokenize_documents(
+        [Document("d", text, "docs.jsonl", 1)], tokenizer, window_len=32, config=TokenizeConfig(stride=8), prompt=prompt
+    )
+    assert (window.char_start, window.char_end) == (0, len(text))
+    inner = "cafe\u0301 and tea"  # a mark inside the text is already inside the span: nothing moves
+    (window,), _ = tokenize_documents(
+        [Document("d", inner, "x", 1)], tokenizer, window_len=32, config=TokenizeConfig(stride=8)
+    )
+    assert (window.char_start, window.char_end) == (0, len(inner))
+
+
 @pytest.fixture(scope="module")
 def own_runs(tmp_path_factory, tiny_checkpoint_dir):
     """The own corpus written three ways: both (raw window vectors), chunk (normalised, offsets only), document."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import unicodedata
 
 import apache_beam as beam
 import numpy as np
@@ -84,6 +85,14 @@ def prompt_token_ids(tokenizer, prompt: str | None) -> tuple[int, ...]:
     while common < min(map(len, probes)) and probes[0][common] == probes[1][common]:
         common += 1
     return tuple(probes[0][:common])
+
+
+def through_marks(text: str, end: int) -> int:
+    """``end`` moved past the combining marks that follow it: a tokenizer that strips accents (an uncased one) ends
+    its last token's offsets before a trailing combining accent, which belongs to the character the span ends on."""
+    while 0 < end < len(text) and unicodedata.category(text[end]).startswith("M"):
+        end += 1
+    return end
 
 
 def window_span(offsets: list[tuple[int, int]], shift: int) -> tuple[int, int]:
@@ -182,7 +191,7 @@ def tokenize_documents(
                 doc_tokens,
                 truncated,
                 doc.text_offset + spans[i][0],
-                doc.text_offset + spans[i][1],
+                doc.text_offset + through_marks(doc.text, spans[i][1]),
             )
             for i, p in enumerate(pieces)
         ]
