@@ -382,3 +382,19 @@ def test_an_empty_nested_field_reads_none_not_a_row_of_dashes():
     assert (
         _summary_value("reuse", {"from": "gs://b/run", "reason": "", "run_id": "r1"}) == "from: gs://b/run; run_id: r1"
     )
+
+
+def test_a_committed_shard_changed_after_the_commit_or_a_record_that_is_not_one_is_refused(tmp_path):
+    """The report reads a committed run through the manifest's one checked path: a timing shard cut short after the
+    commit, or a line that is JSON but no record, is a RunUnreadable (exit 2) naming the file, never a traceback."""
+    out = pathlib.Path(write_run(tmp_path / "run", run_id="20260501T120000.000000Z-aaaaaa"))
+    shard = sorted((out / "timing").glob("*.jsonl"))[0]
+    original = shard.read_bytes()
+    shard.write_bytes(original[:-5])
+    with pytest.raises(report_load.RunUnreadable, match="not the size its manifest says"):
+        report_load.load_run(str(out))
+    shard.write_bytes(b"[1, 2]\n" + original[7:])  # same size, a line that is a list
+    with pytest.raises(report_load.RunUnreadable, match="is a JSON list, not a record"):
+        report_load.load_run(str(out))
+    shard.write_bytes(original)
+    assert report_load.load_run(str(out)).batch_count > 0

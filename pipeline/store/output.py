@@ -197,10 +197,11 @@ def parse_manifest(data: bytes | None, path: str) -> dict | None:
     return upgrade_manifest(manifest, path)
 
 
-def damaged(output: str, manifest: dict, folder: str) -> str | None:
+def damaged(output: str, manifest: dict, folder: str, require_checksums: bool = True) -> str | None:
     """Why the committed files of ``folder`` cannot be read back as the manifest lists them (missing, another size,
     no checksum recorded, or a checksum that does not match: sha256 locally, the object's CRC32C on gs://), or None.
-    What reuse and ReadBeamChunks hold a committed run to before they read a row of it."""
+    What reuse and ReadBeamChunks hold a committed run to before they read a row of it; the report, which also
+    reads runs from before checksums were recorded, checks the ones there are (``require_checksums=False``)."""
     sizes = storage.list_files(output)
     for f in manifest["files"]:
         if not in_folder(f["path"], folder):
@@ -208,6 +209,8 @@ def damaged(output: str, manifest: dict, folder: str) -> str | None:
         path = storage.join(output, f["path"])
         if path not in sizes or sizes[path] != f.get("size"):
             return f"its file {f['path']} is missing or not the size its manifest says ({f.get('size')} bytes)"
+        if "checksum" not in f and not require_checksums:
+            continue
         if "checksum" not in f:
             return (
                 f"run {manifest.get('run_id')} recorded no checksums (written before they were), so its files "

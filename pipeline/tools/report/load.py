@@ -18,7 +18,8 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from docbeam.errors import Refused
-from docbeam.pipeline.store.output import ERRORS, MANIFEST, MANIFEST_FORMAT, STAGING, SUMMARY, TIMING, in_folder
+from docbeam.pipeline.store import output as output_lib
+from docbeam.pipeline.store.output import ERRORS, MANIFEST, STAGING, SUMMARY, TIMING, in_folder
 from docbeam.pipeline.telemetry import memory_trend
 
 _NUMERIC = (
@@ -61,7 +62,7 @@ def load_run(output: str) -> Run:
     the one place that reads, so the CLI decides its exit status by that base class alone."""
     try:
         return _load_run(output)
-    except (OSError, ValueError) as e:  # FileNotFoundError, Beam's BeamIOError (an IOError), bad JSON
+    except (OSError, ValueError, output_lib.OutputRefused) as e:  # a missing file, Beam's BeamIOError, bad JSON
         raise RunUnreadable(f"cannot read the run: {e}") from e
 
 
@@ -86,23 +87,17 @@ def run_files(output: str, part: str) -> list[str]:
     """Paths of the run's ``part`` shards (``timing`` or ``errors``): those the manifest lists when the
     output has one, else whatever ``part/*.jsonl*`` matches."""
     manifest_path = FileSystems.join(output, MANIFEST)
-    manifest = _read_json(manifest_path)
+    # The one checked path every reader of a committed run takes (pipeline/store/output.py): the manifest's
+    # fields typed, and the files it lists held to their sizes and checksums before a line of them is read.
+    manifest = output_lib.read_manifest(output)
     if manifest is None:
         return _match(FileSystems.join(output, part, "*.jsonl*"))
-    if manifest.get("format") != MANIFEST_FORMAT or not isinstance(manifest.get("files"), list):
-        raise ValueError(
-            f"{manifest_path}: expected format {MANIFEST_FORMAT!r} with a 'files' list; got format "
-            f"{manifest.get('format')!r}"
-        )
-    paths = sorted(
-        FileSystems.join(output, *f["path"].split("/"))
-        for f in manifest["files"]
-        if in_folder(str(f.get("path", "")), part)
+    why = output_lib.damaged(output, manifest, part, require_checksums=False)
+    if why:
+        raise ValueError(f"{manifest_path}: {why}")
+    return sorted(
+        FileSystems.join(output, *f["path"].split("/")) for f in manifest["files"] if in_folder(f["path"], part)
     )
-    for path in paths:
-        if not FileSystems.exists(path):
-            raise FileNotFoundError(f"{path} is listed in {manifest_path} but missing")
-    return paths
 
 
 def _match(pattern: str) -> list[str]:
@@ -129,9 +124,12 @@ def _read_jsonl(paths: list[str]) -> list[dict]:
             for number, line in enumerate(f.read().decode("utf-8").splitlines(), 1):
                 if line.strip():
                     try:
-                        records.append(json.loads(line))
+                        record = json.loads(line)
                     except json.JSONDecodeError as e:
                         raise ValueError(f"{path} line {number} is not JSON ({e})") from None
+                    if not isinstance(record, dict):
+                        raise ValueError(f"{path} line {number} is a JSON {type(record).__name__}, not a record")
+                    records.append(record)
     return records
 
 
