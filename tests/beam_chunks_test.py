@@ -114,6 +114,8 @@ def test_read_beam_chunks_refuses_what_is_not_a_committed_run_of_vectors(tmp_pat
         committed_files("out", manifest(granularity="document"), "chunks")
     with pytest.raises(NotChunks, match="its file embeddings/part-r-0.parquet is missing"):  # listed, not there
         committed_files("out", manifest(), None)
+    with pytest.raises(NotChunks, match="model.head None"):  # a garbled head: named, never a KeyError
+        committed_files("out", manifest(head={}), None)
     with pytest.raises(ValueError, match="ids='uuid4'"):
         docbeam.AsBeamChunks(ids="uuid4")
 
@@ -309,3 +311,29 @@ def test_read_beam_chunks_refuses_a_committed_file_that_fails_its_manifest(hybri
     with pytest.raises(NotChunks, match=r"embeddings/.*(does not match the checksum|not the size)"):
         docbeam.ReadBeamChunks(copy)
     docbeam.ReadBeamChunks(hybrid_runs["dense"])  # the run as committed reads
+
+
+def test_a_run_from_before_checksums_reads_with_its_sizes_checked(hybrid_runs, tmp_path):
+    import json
+    import shutil
+
+    import docbeam
+    from docbeam.pipeline.stages.rag_chunks import NotChunks, other_fields
+
+    copy = str(tmp_path / "old")
+    shutil.copytree(hybrid_runs["dense"], copy)
+    path = f"{copy}/_manifest.json"
+    manifest = json.loads(open(path).read())
+    manifest["files"] = [{k: v for k, v in f.items() if k != "checksum"} for f in manifest["files"]]
+    open(path, "w").write(json.dumps(manifest))
+    docbeam.ReadBeamChunks(copy)  # as before checksums were recorded
+    next(f for f in manifest["files"] if f["path"].startswith("embeddings/"))["size"] += 1
+    open(path, "w").write(json.dumps(manifest))
+    with pytest.raises(NotChunks, match="not the size its manifest says"):
+        docbeam.ReadBeamChunks(copy)
+
+    class Hostile(dict):
+        def get(self, *args):
+            raise RuntimeError("boom")
+
+    assert other_fields(Hostile(id="a", text="t"), "id", "text") == []  # an error row elsewhere, never a crash

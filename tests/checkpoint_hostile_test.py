@@ -81,3 +81,21 @@ def test_a_wrongly_typed_checkpoint_file_is_refused_naming_the_file_and_key(
         make_plan(cfg, probe_backends=False)
     assert isinstance(refused.value, Refused)  # exit 2
     assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("value", ["512", [512], True])
+def test_a_tokenizer_config_length_that_is_no_number_is_refused_naming_it(tiny_checkpoint_dir, tmp_path, value):
+    """Read where a checkpoint sets no max_seq_length (sentence-transformers 6 writes none): a string or a list is
+    named, not a TypeError."""
+    model = str(tmp_path / "model")
+    shutil.copytree(tiny_checkpoint_dir, model)
+    os.remove(os.path.join(model, "sentence_bert_config.json"))
+    path = os.path.join(model, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    with open(path, "w") as f:
+        json.dump({**config, "model_max_length": value}, f)
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text('{"id": "a", "text": "a river"}\n')
+    with pytest.raises(CheckpointError, match="tokenizer_config.json sets model_max_length"):
+        make_plan(job_config(str(docs), str(tmp_path / "out"), model), probe_backends=False)

@@ -56,6 +56,16 @@ def test_a_lock_from_another_host_is_stale_only_after_its_heartbeat_ages():
     assert "heartbeat is" in lock.why_stale(other, other.heartbeat + lock.STALE_AFTER_S + 1, "here")
 
 
+def test_a_heartbeat_far_in_the_future_is_stale_not_a_lock_held_forever():
+    """A driver whose clock is hours ahead, or a garbled 1e11, would never age: more than STALE_AFTER_S ahead is
+    stale; a few seconds of clock skew is not."""
+    now = time.time()
+    ahead = dataclasses.replace(lock.Owner.me("run-X"), host="elsewhere", pid=1, heartbeat=1e11)
+    assert "in the future" in lock.why_stale(ahead, now, "here")
+    skewed = dataclasses.replace(ahead, heartbeat=now + 5)
+    assert lock.why_stale(skewed, now, "here") is None
+
+
 def test_force_takes_over_a_live_lock_and_the_loser_cannot_commit(tmp_path):
     out = str(tmp_path)
     first = lock.OutputLock.acquire(out, "run-A")

@@ -398,3 +398,10 @@ def test_a_committed_shard_changed_after_the_commit_or_a_record_that_is_not_one_
         report_load.load_run(str(out))
     shard.write_bytes(original)
     assert report_load.load_run(str(out)).batch_count > 0
+
+
+def test_a_summary_nested_past_pythons_recursion_limit_is_named_not_a_traceback(tmp_path):
+    out = pathlib.Path(write_run(tmp_path / "run"))
+    (out / "summary.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(report_load.RunUnreadable):
+        report_load.load_run(str(out))

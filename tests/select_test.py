@@ -94,6 +94,18 @@ def test_a_deeply_nested_or_huge_expression_is_refused_quickly_naming_the_limit(
     assert len(str(refused.value)) < 400  # the message names the limit, it does not repeat the expression
 
 
+def test_a_kept_field_written_as_json_text_is_compared_as_its_value():
+    """A field with no one Arrow type over the sample is written as JSON text ('"en"'): lang != en must not select
+    the English documents, as comparing the text would."""
+    from docbeam.pipeline.stages.select_documents import _meets
+
+    row = {**ROW, "lang": '"en"'}
+    assert _meets(row, parse("lang == en"), (), ("lang",)) is True
+    assert _meets(row, parse("lang != en"), (), ("lang",)) is False
+    assert _meets(row, parse("not lang == en"), (), ("lang",)) is False
+    assert _meets({**ROW, "lang": "{bad json"}, parse("lang != en"), (), ("lang",)) is False  # unknown
+
+
 def test_null_is_only_compared_for_being_missing():
     with pytest.raises(SelectionError, match="null is only compared with == or !="):
         parse("score > null")

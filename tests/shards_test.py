@@ -67,6 +67,11 @@ def test_beam_options_after_the_double_dash_count_as_they_would_in_runner_option
     assert with_beam_args(local, ["--save_main_session"]) is local
     dataflow = with_beam_args(local, ["--machine_type=ct5lp-hightpu-8t"])
     assert dataflow.runner.machine_type() == "ct5lp-hightpu-8t"  # the price table reads it too
+    # Beam keeps --worker_machine_type under machine_type: either spelling replaces the config's
+    profile = config.load(os.path.join(REPO, "configs", "dataflow_cpu.yaml"), ["batching.shards=auto"])
+    spelled = with_beam_args(profile, ["--worker_machine_type=n2-standard-4"])
+    assert spelled.runner.machine_type() == "n2-standard-4"
+    assert resolved_shards(spelled.batching, spelled.runner) == 2 * 20 * 4
 
 
 def test_a_run_given_direct_num_workers_after_the_double_dash_plans_its_shards_for_them(tiny_checkpoint_dir, tmp_path):

@@ -169,6 +169,20 @@ def test_a_refused_file_changes_nothing_for_the_next_file_read(tmp_path):
     np.testing.assert_array_equal(before, np.arange(6, dtype=np.float32))
 
 
+def test_attributes_a_pickle_sets_on_the_state_dict_class_stay_with_its_file(tmp_path):
+    """BUILD on OrderedDict's stand-in (setting its keys) is that file's own class: a real state dict read after it
+    reads as torch reads it."""
+    import torch
+
+    hostile = b"ccollections\nOrderedDict\nN}" + _text("keys") + b"ccollections\nOrderedDict\ns\x86b"
+    with pytest.raises(CheckpointError):
+        load_tensors(crafted(tmp_path / "hostile.pt", hostile))
+    linear = torch.nn.Linear(3, 2)
+    torch.save(linear.state_dict(), str(tmp_path / "real.pt"))
+    tensors = load_tensors(str(tmp_path / "real.pt"))
+    np.testing.assert_array_equal(tensors["weight"], linear.weight.detach().numpy())
+
+
 @pytest.mark.parametrize("damage", ["truncated", "flipped"])
 def test_a_damaged_zip_is_refused_naming_the_file(tmp_path, damage):
     path = crafted(tmp_path / "damaged.pt", tensor_pickle(0, (6,), (1,)), {"0": SIX * 100})

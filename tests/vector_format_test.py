@@ -249,3 +249,18 @@ def test_an_output_of_the_previous_format_is_still_reused(runs, corpora, tiny_ch
     assert pq.read_schema(embedding_files(str(tmp_path / "new"))[0]).field("embedding").type == pa.list_(
         pa.float32(), DIM
     )
+
+
+@pytest.mark.parametrize(
+    "ranges",
+    [[[-1.0], [1.0]], [[1.0] * 4, [-1.0] * 4], [[float("nan")] * 4, [1.0] * 4], "x", [[0.0] * 4]],
+    ids=["one-dim-for-four", "min-above-max", "nan", "not-a-list", "one-row"],
+)
+def test_a_garbled_calibration_of_an_earlier_run_is_never_used_to_quantize(ranges):
+    """An earlier run's int8 calibration broadcast over every dimension, or a min above its max, would quantize every
+    new vector silently wrong: the run is not reused, with the reason."""
+    from docbeam.pipeline.stages.reuse import calibration_problem
+
+    assert calibration_problem({"dim": 4, "calibration": {"ranges": ranges}})
+    assert calibration_problem({"dim": 4, "calibration": {"ranges": [[-1.0] * 4, [1.0] * 4]}}) is None
+    assert calibration_problem({"dim": 4}) is None  # float32 runs have none

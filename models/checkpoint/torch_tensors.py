@@ -43,8 +43,10 @@ STORAGES = {
 }
 
 
-class _StateDict(dict):
-    """``collections.OrderedDict`` as a state dict pickles it (with its ``_metadata`` attribute)."""
+def _state_dict_type() -> type:
+    """``collections.OrderedDict`` as a state dict pickles it (with its ``_metadata`` attribute): a class of its own
+    for each file, so what a pickle's BUILD sets on it stays with that file."""
+    return type("_StateDict", (dict,), {})
 
 
 def _ints(value, what: str) -> tuple[int, ...]:
@@ -84,8 +86,8 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
 def _allowed() -> dict:
     """The names a state dict of tensors needs, each to docbeam's own stand-in: new for every file read."""
     return {
-        ("collections", "OrderedDict"): _StateDict,
-        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
+        ("collections", "OrderedDict"): _state_dict_type(),
+        ("torch._utils", "_rebuild_tensor_v2"): lambda *args, **kwargs: _rebuild_tensor_v2(*args, **kwargs),
         **{("torch", name): _Storage(np.dtype(dtype)) for name, dtype in STORAGES.items()},
     }
 
@@ -147,8 +149,8 @@ def _read_archive(path: str, archive: zipfile.ZipFile, fix: str) -> dict[str, np
             f"model.path: {path} is refused: {e}; docbeam reads only a dict of plain tensors "
             f"from it, never the pickle's own code; {fix}"
         ) from None
-    if not isinstance(state, dict) or not all(
-        isinstance(k, str) and isinstance(v, np.ndarray) for k, v in state.items()
-    ):
+    # dict's own items, never the (per-file) class's: a pickle may have set attributes such as keys on it
+    items = list(dict.items(state)) if isinstance(state, dict) else None
+    if items is None or not all(isinstance(k, str) and isinstance(v, np.ndarray) for k, v in items):
         raise CheckpointError(f"model.path: {path} holds a {type(state).__name__}, not a dict of tensors; {fix}")
-    return dict(state)
+    return dict(items)

@@ -25,7 +25,10 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
             "input.keep_fields)"
         )
     try:
-        check_types(tree, {f.name: arrow_kind(f.type) for f in [*head.row_fields(), *kept.fields()]})
+        kinds = {f.name: arrow_kind(f.type) for f in head.row_fields()}
+        # a JSON-text column holds values of several types: compared as its values, not checked here
+        kinds |= {c.name: "other" if c.arrow is None else arrow_kind(c.arrow) for c in kept.columns}
+        check_types(tree, kinds)
     except SelectionError as e:
         raise ConfigError(f"output.select.where: {e}") from None
     labels = head.labels

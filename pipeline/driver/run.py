@@ -312,7 +312,10 @@ def prepare_output(run: Run, lock: OutputLock) -> None:
     cfg, out = run.plan.config, run.plan.config.output.path
     check_output(cfg)
     # Refused before any clean-up where it can be: a refused run touches nothing (no dead run's staging pruned).
-    output_lib.check_runs_in_order(out, output_lib.read_manifest(out), run.run_id)
+    # Not where the lock carries a commit past its point of no return: recover() must finish that one first, or
+    # the release below would drop the record that it was committed.
+    if lock.owner.pending is None:
+        output_lib.check_runs_in_order(out, output_lib.read_manifest(out), run.run_id)
     with refused_at_start(f"output.path {out}: cleaning up after dead runs"):
         cleaned = transaction.recover(out, lock)
     # Read again: recover() may have finished a dead run's commit, and runs may have committed since planning.

@@ -22,5 +22,6 @@ def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, re
         labels=tuple(plan.head.labels),
         with_text=select.with_text,
         num_shards=plan.config.output.num_shards,
+        json_fields=tuple(c.name for c in plan.kept.columns if c.arrow is None),
     )
     return {"written": (selected["written"],), "selected": selected["selected"]}

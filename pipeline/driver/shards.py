@@ -16,6 +16,7 @@ import re
 # The Beam options docbeam reads at start (the processes that encode, the worker's machine type for its price):
 # given after ``--`` they count as they would in runner.options.
 READ_OPTIONS = ("direct_num_workers", "num_workers", "max_num_workers", "machine_type", "worker_machine_type")
+BEAM_DEST = {"worker_machine_type": "machine_type"}  # the flag → the option Beam stores it as
 KEYS_PER_PROCESS = 2
 DATAFLOW_MAX_WORKERS = 1000  # Dataflow's batch default for max_num_workers when autoscaling sets none
 DEFAULT_VCPUS = 1  # Dataflow's batch default machine type, n1-standard-1, has one vCPU
@@ -50,8 +51,17 @@ def with_beam_args(cfg, beam_args):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     given = PipelineOptions(list(beam_args)).get_all_options(retain_unknown_options=False)
-    named = {arg.split("=", 1)[0].lstrip("-") for arg in beam_args if arg.startswith("--")}
-    read = {key: given[key] for key in READ_OPTIONS if key in named}  # a default given explicitly counts too
+    named = [arg.split("=", 1)[0].lstrip("-") for arg in beam_args if arg.startswith("--")]
+    # Beam keeps --worker_machine_type under machine_type: either spelling sets it, and replaces the config's.
+    read = {BEAM_DEST.get(key, key): given[BEAM_DEST.get(key, key)] for key in named if key in READ_OPTIONS}
+    if "machine_type" in read:
+        cfg = cfg.model_copy(
+            update={
+                "runner": cfg.runner.model_copy(
+                    update={"options": {k: v for k, v in cfg.runner.options.items() if k != "worker_machine_type"}}
+                )
+            }
+        )
     if not read:
         return cfg
     runner = cfg.runner.model_copy(update={"options": {**cfg.runner.options, **read}})

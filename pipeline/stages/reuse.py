@@ -14,6 +14,7 @@ import hashlib
 import logging
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from docbeam.config import ConfigError
@@ -150,6 +151,24 @@ def _read_reusable(reuse_from: str, key: dict, folder: str) -> tuple[dict | None
     return manifest, _why_not(reuse_from, manifest, key, folder)
 
 
+def calibration_problem(embedding: dict) -> str | None:
+    """Why an earlier run's int8/uint8 calibration cannot quantize today's vectors (not 2 × dim finite ranges, each
+    min at most its max), or None: a garbled one would quantize every new vector silently wrong."""
+    calibration = embedding.get("calibration")
+    if calibration is None:
+        return None
+    try:
+        ranges = np.asarray(calibration["ranges"], np.float64)
+        ok = (
+            ranges.shape == (2, embedding.get("dim"))
+            and np.isfinite(ranges).all()
+            and bool((ranges[0] <= ranges[1]).all())
+        )
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    return None if ok else "its int8/uint8 calibration is not 2 x dim finite ranges with each min at most its max"
+
+
 def _why_not(reuse_from: str, manifest: dict | None, key: dict, folder: str) -> str | None:
     if manifest is None:
         return "it holds no committed docbeam run (no _manifest.json: a failed, partial or missing run)"
@@ -157,6 +176,9 @@ def _why_not(reuse_from: str, manifest: dict | None, key: dict, folder: str) -> 
         return f"run {manifest['run_id']} recorded no reuse key (written before incremental runs existed)"
     if manifest.get("granularity") == "chunk":
         return f"run {manifest['run_id']} wrote chunk rows only (output.granularity=chunk): no document vectors"
+    garbled = calibration_problem(manifest.get("embedding") or {})
+    if garbled:
+        return f"run {manifest['run_id']}: {garbled}"
     differences = key_differences(manifest["reuse_key"], key)
     if differences:
         return f"run {manifest['run_id']} used other settings: {'; '.join(differences)}"

@@ -12,8 +12,19 @@ from docbeam.pipeline.store.output import SELECTED, part_prefix
 from docbeam.selection import evaluate, parse
 
 
-def _meets(row: dict, tree: tuple, labels: tuple[str, ...]) -> bool:
+def _meets(row: dict, tree: tuple, labels: tuple[str, ...], json_fields: tuple[str, ...] = ()) -> bool:
+    """A kept field written as JSON text (its sampled values had no one Arrow type) is compared as the value the text
+    holds, not as the text: ``lang == en`` meets the row whose lang is ``"en"``, written ``'"en"'``."""
+    if json_fields:
+        row = {**row, **{name: _decoded(row.get(name)) for name in json_fields}}
     return evaluate(tree, row, labels)
+
+
+def _decoded(text):
+    try:
+        return json.loads(text) if isinstance(text, str) else text
+    except (ValueError, RecursionError):
+        return None
 
 
 def _line(item) -> list[str]:
@@ -38,13 +49,15 @@ class SelectDocuments(beam.PTransform):
         labels: tuple[str, ...] = (),
         with_text: bool = False,
         num_shards: int = 0,
+        json_fields: tuple[str, ...] = (),
     ):
         super().__init__()
         self._out, self._run_id, self._shards = staging_path.rstrip("/"), run_id, num_shards
         self._tree, self._labels, self._with_text = parse(where), labels, with_text
+        self._json_fields = json_fields
 
     def expand(self, inputs):
-        selected = inputs["rows"] | "Where" >> beam.Filter(_meets, self._tree, self._labels)
+        selected = inputs["rows"] | "Where" >> beam.Filter(_meets, self._tree, self._labels, self._json_fields)
         ids = selected | "SelectedIds" >> beam.Map(lambda row: row["id"])
         if self._with_text:
             texts = inputs["documents"] | "Texts" >> beam.Map(lambda d: (d.id, d.text))

@@ -91,6 +91,8 @@ def why_stale(owner: Owner, now: float, host: str) -> str | None:
     """Why the owner is provably gone, or None while it may be alive."""
     if now - owner.heartbeat > STALE_AFTER_S:
         return f"its heartbeat is {now - owner.heartbeat:.0f} s old (stale after {STALE_AFTER_S:.0f} s)"
+    if owner.heartbeat - now > STALE_AFTER_S:  # a clock hours ahead, or a garbled 1e11: it would never go stale
+        return f"its heartbeat is {owner.heartbeat - now:.0f} s in the future (more than {STALE_AFTER_S:.0f} s)"
     if owner.host == host and not _alive(owner.pid, owner.process_started):
         return f"its process {owner.pid} on this host is no longer running"
     return None

@@ -301,8 +301,14 @@ def pooling_mode(
 
 
 def _tokenizer_max_len(folder: str) -> int | None:
-    value = (read_json(folder, "tokenizer_config.json") or {}).get("model_max_length")
-    return int(value) if value and value < 1_000_000 else None
+    config = read_json(folder, "tokenizer_config.json") or {}
+    value = config.get("model_max_length") if isinstance(config, dict) else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise CheckpointError(
+            f"model.path: {folder}/tokenizer_config.json sets model_max_length: {json.dumps(value)[:60]}; it must "
+            "be a number; write it again, or copy the checkpoint's own"
+        )
+    return int(value) if value and 1 <= value < 1_000_000 else None
 
 
 def document_prompt(settings: ModelSettings, choice, folder: str) -> str | None:

@@ -62,7 +62,12 @@ def load_run(output: str) -> Run:
     the one place that reads, so the CLI decides its exit status by that base class alone."""
     try:
         return _load_run(output)
-    except (OSError, ValueError, output_lib.OutputRefused) as e:  # a missing file, Beam's BeamIOError, bad JSON
+    except (
+        OSError,
+        ValueError,
+        RecursionError,
+        output_lib.OutputRefused,
+    ) as e:  # a missing file, Beam's BeamIOError, bad JSON
         raise RunUnreadable(f"cannot read the run: {e}") from e
 
 
