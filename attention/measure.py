@@ -39,6 +39,7 @@ from docbeam.attention.dispatch import (
     Choice,
     ask_all,
     default_tolerance,
+    max_abs_error,
 )
 from docbeam.attention.interface import AttentionCase, Support
 from docbeam.attention.measure_key import cache_key, device_kind
@@ -48,7 +49,6 @@ from docbeam.attention.on_chip import (
     check_output,
     chip_case,
     free_memory_bytes,
-    max_error,
     native_scores_bytes,
     spread,
     time_in_turns,
@@ -253,7 +253,7 @@ def measure_bucket(
         if wrong:
             trials.append(Trial(label, "failed", support.kernel, reason=wrong + "; it must return q's shape and dtype"))
             continue
-        error = max(max_error(o, r, i.lengths) for o, r, i in zip(outs, references, inputs))
+        error = max(max_abs_error(o, r, i.lengths) for o, r, i in zip(outs, references, inputs))
         if not error <= tolerance:
             trials.append(
                 Trial(
@@ -325,7 +325,7 @@ def recheck(spec, measurement: Measurement, cases: tuple[AttentionCase, ...], ro
             wrong = check_output(out, i)
             if wrong:
                 return wrong
-            error = max_error(out, i.reference(native, head_group), i.lengths)
+            error = max_abs_error(out, i.reference(native, head_group), i.lengths)
             if not error <= tolerance:
                 return f"it differs from native by {error:.3g} > {tolerance:.3g}"
     except Exception as e:  # noqa: BLE001

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from docbeam.attention.dispatch import STATIC_FEATURES, max_abs_error, probe_inputs
+from docbeam.attention.dispatch import STATIC_FEATURES, probe_inputs
 from docbeam.attention.interface import AttentionCase
 
 MIN_ROUNDS = 5
@@ -110,10 +110,6 @@ def check_output(out, inputs: Inputs) -> str:
     if out.shape != inputs.q.shape or out.dtype != inputs.q.dtype:
         return f"returned {out.dtype}{list(out.shape)} for q of {inputs.q.dtype}{list(inputs.q.shape)}"
     return ""
-
-
-def max_error(out, reference, lengths) -> float:
-    return max_abs_error(out, reference, lengths)
 
 
 @dataclasses.dataclass

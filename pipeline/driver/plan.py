@@ -10,7 +10,6 @@ import concurrent.futures
 import dataclasses
 import functools
 import importlib.metadata
-import math
 import os
 
 from docbeam.attention.dispatch import Choice, choose_backends, gate
@@ -41,7 +40,7 @@ from docbeam.pipeline.driver.head_plan import (
 )
 from docbeam.pipeline.driver.memory_at_start import memory_plan
 from docbeam.pipeline.stages.keep import KeptFields, plan_columns
-from docbeam.pipeline.stages.packer import bucket_for, rows_for
+from docbeam.pipeline.stages.packer import bucket_for
 from docbeam.pipeline.stages.read import sample_records
 from docbeam.pipeline.stages.reuse import ReuseDecision, decide
 from docbeam.pipeline.stages.tokenize import prompt_token_ids, stride_problem
@@ -400,21 +399,12 @@ def _checked_plan(
 def measured_choices(cfg: JobConfig | EmbedConfig, choices, memory) -> list:
     """``attention.backend: auto``'s buckets measured on this machine's chip at the rows each chip gets
     (attention/measure.py), read from the measurement cache beside the compilation cache where it has them."""
-    from docbeam.attention.measure import measure_choices
-    from docbeam.pipeline.stages.measurement_cache import MeasurementCache
+    from docbeam.pipeline.stages.measurement_cache import measured_on_this_chip
 
     if not any(c.to_measure for c in choices):
         return choices
-    tokens, data = memory.tokens_per_batch or cfg.batching.tokens_per_batch, max(memory.mesh.data, 1)
-    return list(
-        measure_choices(
-            cfg.attention,
-            choices,
-            lambda bucket: math.ceil(rows_for(bucket, tokens) / data),
-            memory.mesh,
-            MeasurementCache(cfg.runner.compilation_cache),
-        )
-    )
+    tokens = memory.tokens_per_batch or cfg.batching.tokens_per_batch
+    return list(measured_on_this_chip(cfg.attention, choices, tokens, memory.mesh, cfg.runner.compilation_cache))
 
 
 def late_context(cfg: JobConfig | EmbedConfig, encoder: EncoderConfig, window_len: int, model_len: int) -> int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from typing import Any, Iterable, Sequence
@@ -97,10 +96,9 @@ def measured_here(spec: EncoderSpec, choices: tuple[Choice, ...]) -> tuple[Choic
     import jax
 
     from docbeam.attention.candidates import AUTO
-    from docbeam.attention.measure import device_kind, measure_choices
+    from docbeam.attention.measure import device_kind
     from docbeam.config import BatchingConfig
-    from docbeam.pipeline.stages.measurement_cache import MeasurementCache
-    from docbeam.pipeline.stages.packer import rows_for
+    from docbeam.pipeline.stages.measurement_cache import measured_on_this_chip
 
     if not any(c.requested == AUTO for c in choices):
         return choices
@@ -115,13 +113,7 @@ def measured_here(spec: EncoderSpec, choices: tuple[Choice, ...]) -> tuple[Choic
         return choices
     mesh = spec.plan.mesh.on(len(jax.local_devices()))
     tokens = spec.tokens_per_batch or BatchingConfig().tokens_per_batch
-    return measure_choices(
-        spec.plan.attention,
-        stale,
-        lambda bucket: math.ceil(rows_for(bucket, tokens) / max(mesh.data, 1)),
-        mesh,
-        MeasurementCache(spec.compilation_cache),
-    )
+    return measured_on_this_chip(spec.plan.attention, stale, tokens, mesh, spec.compilation_cache)
 
 
 def load_encoder(spec: EncoderSpec) -> EncoderRuntime:

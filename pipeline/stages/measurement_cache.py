@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 
 from docbeam.attention.measure import Measurement
@@ -49,3 +50,20 @@ class MeasurementCache:
             storage.write_bytes(path, json.dumps(measurement.as_dict(), indent=1, sort_keys=True).encode())
         except Exception as e:  # noqa: BLE001
             log.warning("attention measurement cannot be cached at %s (%s: %s)", path, type(e).__name__, e)
+
+
+def measured_on_this_chip(attention, choices, tokens_per_batch: int, mesh, compilation_cache: str | None) -> tuple:
+    """auto's choices still to be measured, measured here at the rows one chip of ``mesh`` gets per batch of
+    ``tokens_per_batch`` tokens, through the cache beside ``compilation_cache``: what the driver's plan and a worker
+    that measures for itself both do."""
+    from docbeam.attention.measure import measure_choices
+    from docbeam.pipeline.stages.packer import rows_for
+
+    data = max(mesh.data, 1)
+    return measure_choices(
+        attention,
+        choices,
+        lambda bucket: math.ceil(rows_for(bucket, tokens_per_batch) / data),
+        mesh,
+        MeasurementCache(compilation_cache),
+    )
