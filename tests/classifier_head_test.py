@@ -366,3 +366,36 @@ def test_a_kept_field_named_like_any_heads_column_is_refused_whatever_the_head(t
     sections["input"]["keep_fields"] = ["lang"]
     kept = make_plan(job_config(str(docs), str(tmp_path / "o2"), tiny_checkpoint_dir, **sections), probe_backends=False)
     assert [c.name for c in kept.kept.columns] == ["lang"]
+
+
+@pytest.mark.slow
+def test_a_curation_run_scores_deduplicates_and_selects_the_kept_and_refuses_semantic_without_vectors(tmp_path):
+    """Score, then deduplicate by text in the same job (output.dedup's exact and near work with any head), and
+    select the kept documents; semantic dedup needs a dense vector, which scores/ rows do not have."""
+    from conftest import job_config
+
+    from docbeam.errors import ConfigError
+    from docbeam.pipeline.driver.run import run_job
+
+    folder = classifier_checkpoint(str(tmp_path / "model"), "bert", "single_label_classification")
+    docs = tmp_path / "docs.jsonl"
+    texts = {"a": "the river bank was full", "b": "a loan from the bank", "c": "fish swim in the river"}
+    lines = [{"id": k, "text": v} for k, v in texts.items()] + [{"id": "copy", "text": " the  river bank was full"}]
+    docs.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    output = {"dedup": {"exact": True, "near": {}}, "select": {"where": "not duplicate and label != null"}}
+    summary = run_job(
+        job_config(str(docs), str(tmp_path / "out"), folder, model={"max_seq_len": WINDOW}, output=output)
+    )
+    selected = {json.loads(line)["id"] for p in glob.glob(f"{tmp_path}/out/selected/*") for line in open(p)}
+    assert summary["head"]["name"] == "classifier" and summary["dedup"]["marked"] == {"exact": 1, "near": 0}
+    assert selected == {"a", "b", "c"} and len(read_scores(tmp_path / "out")) == 4  # the copy keeps its scores row
+    with pytest.raises(ConfigError, match="output.dedup.semantic compares each document's dense vector"):
+        run_job(
+            job_config(
+                str(docs),
+                str(tmp_path / "out2"),
+                folder,
+                model={"max_seq_len": WINDOW},
+                output={"dedup": {"semantic": {}}},
+            )
+        )

@@ -46,6 +46,9 @@ def run_files(run_id: str) -> dict[str, bytes]:
         f"embeddings/part-{run_id}-00000-of-00002.parquet": f"rows of {run_id}, shard 0".encode(),
         f"embeddings/part-{run_id}-00001-of-00002.parquet": f"rows of {run_id}, shard 1".encode(),
         f"errors/part-{run_id}-00000-of-00001.jsonl": b"",
+        # output.dedup's marks and index (pipeline/sinks/dedup/): committed with the rows they mark, or not at all
+        f"duplicates/part-{run_id}-00000-of-00001.parquet": f"marks of {run_id}".encode(),
+        f"dedup_index/part-{run_id}-00000-of-00001.parquet": f"index of {run_id}".encode(),
     }
 
 

@@ -243,3 +243,14 @@ def test_options_dataflow_refuses_are_a_config_error(emulator):
         ConfigError, match=r"runner.options: Dataflow refuses these options: .*Invalid Project ID \(My Project\)"
     ):
         dry_run(cfg)
+
+
+def test_a_deduplicating_job_builds_for_dataflow_with_every_method_and_touches_no_storage(emulator):
+    """output.dedup's steps (GroupByKeys, a side-input fit, combines) translate and pickle for Dataflow, as the
+    DirectRunner and the portable runner run them (tests/dedup_run_test.py, tests/portable_test.py)."""
+    image = EXPECTED["dataflow_cpu"][1]
+    plain = dry_run(config.load(profile("dataflow_cpu"), own_values(image)))
+    methods = ["output.dedup.exact=true", "output.dedup.near.threshold=0.8", "output.dedup.semantic.eps=0.05"]
+    dedup = dry_run(config.load(profile("dataflow_cpu"), own_values(image) + methods))
+    assert dedup.steps > plain.steps + 20 and dedup.pickled_dofns > plain.pickled_dofns
+    assert list(emulator.client.list_blobs(BUCKET)) == [], "a dry run wrote to storage"

@@ -363,3 +363,26 @@ def test_a_full_run_that_could_not_read_a_file_deletes_nothing(runs, postgres, t
     summary = run_job(cfg)
     assert summary["rejected_by_kind"].get("truncated_file") == 1 and summary["pgvector"]["deleted"] == 0
     assert query(postgres, "SELECT count(*) FROM flaky") == [(10,)]
+
+
+@pytest.mark.slow
+@pytest.mark.extra
+def test_skip_duplicates_loads_only_the_kept_and_removes_a_row_marked_today(tmp_path, postgres, tiny_checkpoint_dir):
+    """output.pgvector.skip_duplicates with output.dedup: a marked document is not loaded, and the row of one an
+    earlier run loaded that is marked today (its text now copies another's) is deleted."""
+    docs = [
+        {"id": f"doc{i}", "text": f"Document {i} says something of its own about subject {i * 13}."} for i in range(6)
+    ]
+    today = [*docs[:5], {"id": "doc5", "text": docs[1]["text"]}, {"id": "new", "text": docs[2]["text"]}]
+    for name, corpus in (("a.jsonl", docs), ("b.jsonl", today)):
+        (tmp_path / name).write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    out = str(tmp_path / "out")
+    asked = {"dedup": {"exact": True}, "pgvector": {"dsn": postgres, "table": "kept_docs", "skip_duplicates": True}}
+    first = run_job(job_config(str(tmp_path / "a.jsonl"), out, tiny_checkpoint_dir, output=asked))
+    assert sorted(r[0] for r in snapshot(postgres, "kept_docs")[0]) == [d["id"] for d in docs]
+    second = run_job(
+        job_config(str(tmp_path / "b.jsonl"), out, tiny_checkpoint_dir, input={"reuse_from": out}, output=asked)
+    )
+    assert sorted(r[0] for r in snapshot(postgres, "kept_docs")[0]) == [f"doc{i}" for i in range(5)]
+    assert (first["pgvector"]["skipped_duplicates"], second["pgvector"]["skipped_duplicates"]) == (0, 2)
+    assert second["pgvector"]["deleted"] == 1  # doc5's row of the first run

@@ -110,6 +110,8 @@ def test_a_job_through_the_portable_runner_commits_its_outputs_and_summary(
         out,
         tiny_checkpoint_dir,
         runner={"name": "PortableRunner", "progress_seconds": 0, "options": portable_services},
+        # every method of output.dedup: its GroupByKeys, side inputs and combines in separate SDK workers too
+        output={"dedup": {"exact": True, "near": {}, "semantic": {}}, "select": {"where": "not duplicate"}},
     )
     summary = run_job(cfg)
 
@@ -124,4 +126,11 @@ def test_a_job_through_the_portable_runner_commits_its_outputs_and_summary(
     assert manifest["run_id"] == committed["run_id"] and os.path.exists(os.path.join(out, "_SUCCESS"))
     assert sorted(table.column("id").to_pylist()) == [d["id"] for d in docs]
     assert len(timing) == committed["batches"] > 0
+    marked = pq.read_table(sorted(glob.glob(f"{out}/duplicates/*.parquet"))).column("id").to_pylist()
+    assert (
+        committed["dedup"]["kept"] + len(marked)
+        == 30
+        == committed["dedup"]["kept"] + sum(committed["dedup"]["marked"].values())
+    )
+    assert committed["docs_selected"] == committed["dedup"]["kept"]
     assert str(os.getpid()) not in {t["worker"].rsplit(":", 1)[1] for t in timing}, "encoded in the driver"

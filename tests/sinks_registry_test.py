@@ -60,9 +60,10 @@ def test_outputs_sections_are_the_registered_sinks_and_round_trip(tmp_path):
         key: sink.section | None for key, sink in sinks.SINKS.items()
     }
     cfg = config.parse(
-        job(tmp_path, vertex_ai=True, pgvector={"dsn": "postgresql://app:pw@db/x", "table": "docs"}), base_dir="."
+        job(tmp_path, vertex_ai=True, pgvector={"dsn": "postgresql://app:pw@db/x", "table": "docs"}, dedup=True),
+        base_dir=".",
     )
-    assert [sink.key for sink, _ in sinks.active(cfg)] == list(sinks.SINKS) == ["vertex_ai", "pgvector"]
+    assert [sink.key for sink, _ in sinks.active(cfg)] == list(sinks.SINKS) == ["vertex_ai", "pgvector", "dedup"]
     assert cfg.output.vertex_ai.restricts == () and cfg.output.pgvector.table == "docs"
     assert config.parse(cfg.model_dump(mode="json"), base_dir=".") == cfg
     assert config.parse(job(tmp_path, vertex_ai=False), base_dir=".").output.vertex_ai is None
@@ -70,6 +71,14 @@ def test_outputs_sections_are_the_registered_sinks_and_round_trip(tmp_path):
         config.parse(job(tmp_path, vertex_al=True), base_dir=".")
     with pytest.raises(config.ConfigError, match="output.pgvector loads float vectors"):
         config.parse(job(tmp_path, vector_dtype="int8", pgvector={"dsn": "", "table": "docs"}), base_dir=".")
+
+
+@pytest.mark.parametrize("key, section", [("vertex_ai", {}), ("pgvector", {"dsn": "", "table": "docs"})])
+def test_a_sink_that_skips_duplicates_needs_a_curating_sink_on(tmp_path, key, section):
+    asked = {key: {**section, "skip_duplicates": True}}
+    with pytest.raises(config.ConfigError, match=rf"output.{key}.skip_duplicates .* turn on output.dedup"):
+        config.parse(job(tmp_path, **asked), base_dir=".")
+    assert getattr(config.parse(job(tmp_path, **asked, dedup=True), base_dir=".").output, key).skip_duplicates
 
 
 @pytest.mark.parametrize("first", ["docbeam.pipeline.sinks", "docbeam.config", "docbeam.pipeline.driver.cli"])
@@ -80,7 +89,7 @@ def test_outputs_sections_do_not_depend_on_which_module_is_imported_first(first)
         "print(sorted(set(sinks.SINKS) - set(OutputConfig.model_fields)), sorted(sinks.SINKS))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert done.stdout.split() == ["[]", "['pgvector',", "'vertex_ai']"]
+    assert done.stdout.split() == ["[]", "['dedup',", "'pgvector',", "'vertex_ai']"]
 
 
 def test_the_cli_has_each_sinks_commands():

@@ -13,10 +13,12 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
     select = cfg.output.select if isinstance(cfg, JobConfig) else None
     if select is None:
         return
+    from docbeam.pipeline import sinks
     from docbeam.selection import SelectionError, check_types, columns_named, labels_named, parse
 
     tree = parse(select.where)
-    have = [*(f.name for f in head.row_fields()), *(c.name for c in kept.columns)]
+    marks = {name: kind for sink, _ in sinks.active(cfg) for name, kind in sink.select_columns.items()}
+    have = [*(f.name for f in head.row_fields()), *(c.name for c in kept.columns), *marks]
     unknown = sorted(columns_named(tree) - set(have))
     if unknown and not (kept.every_field and not kept.columns):  # a dry run of keep_fields "*": not typed yet
         raise ConfigError(
@@ -27,7 +29,7 @@ def check_selection(cfg: JobConfig | EmbedConfig, head: Head, kept: KeptFields) 
     try:
         kinds = {f.name: arrow_kind(f.type) for f in head.row_fields()}
         # a JSON-text column holds values of several types: compared as its values, not checked here
-        kinds |= {c.name: "other" if c.arrow is None else arrow_kind(c.arrow) for c in kept.columns}
+        kinds |= {c.name: "other" if c.arrow is None else arrow_kind(c.arrow) for c in kept.columns} | marks
         check_types(tree, kinds)
     except SelectionError as e:
         raise ConfigError(f"output.select.where: {e}") from None

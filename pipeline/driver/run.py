@@ -119,6 +119,7 @@ def summary_base(plan: JobPlan, run_id: str, started: float) -> dict:
         "reuse": plan.reuse.describe(),
         "kept_fields": plan.kept.describe(),
         **({"select": cfg.output.select.model_dump()} if cfg.output.select else {}),
+        **{sink.key: planned for sink, section in sinks.active(cfg) if (planned := sink.planned(section, plan))},
         "precision_gate": plan.precision_gate,
         "price": dict(
             zip(
@@ -163,8 +164,10 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
     )
     rejected = (read["rejected"], embedded["rejected"], quantized["rejected"]) | "AllRejected" >> beam.Flatten()
     calibration = {"calibration": quantized["calibration"]} if "calibration" in quantized else {}
-    selection = select_documents(plan, staging, run_id, read, quantized["rows"], reused)
+    sinks_out = sink_files(plan, staging, run_id, read, quantized["rows"], reused)
+    selection = select_documents(plan, staging, run_id, read, quantized["rows"], reused, sinks_out.marked)
     selected = {"selected": selection["selected"]} if selection else {}
+    sink_stats = {"sink_stats": sinks_out.stats | "AllSinkStats" >> beam.Flatten()} if sinks_out.stats else {}
     written = {
         "encoded": quantized["rows"],
         "reused": reused,
@@ -174,6 +177,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         "docs_read": read["docs_read"],
         **calibration,
         **selected,
+        **sink_stats,
     } | "WriteOutputs" >> WriteOutputs(
         staging,
         run_id,
@@ -204,9 +208,7 @@ def build(p: beam.Pipeline, plan: JobPlan, fence: Fence, started: float, release
         written = {**written, "written": (*written["written"], chunks)}
     written = {
         **written,
-        "written": written["written"]
-        + sink_files(plan, staging, run_id, read, quantized["rows"], reused)
-        + selection.get("written", ()),
+        "written": written["written"] + sinks_out.written + selection.get("written", ()),
     }
     written | "CommitRun" >> CommitRun(
         fence, summary_base(plan, run_id, started), cfg.input.max_rejected_fraction, release_lock

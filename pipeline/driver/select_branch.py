@@ -9,12 +9,20 @@ from docbeam.pipeline.driver.plan import JobPlan
 from docbeam.pipeline.stages.select_documents import SelectDocuments
 
 
-def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, reused) -> dict:
-    """selected/ (output.select): ``{"written": (its files,), "selected": the selected ids}``; {} without it."""
+def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, reused, marked=None) -> dict:
+    """selected/ (output.select): ``{"written": (its files,), "selected": the selected ids}``; {} without it.
+    ``marked``: (id, kind) of the documents a curating sink marked, read as the ``duplicate`` and
+    ``duplicate_kind`` columns (pipeline/sinks/registry.py Sink.select_columns)."""
     select = plan.config.output.select
     if select is None:
         return {}
     rows = (encoded, reused) | "SelectableRows" >> beam.Flatten()
+    if marked is not None:
+        rows = (
+            {"row": rows | "KeyRows" >> beam.Map(lambda r: (r["id"], r)), "marked": marked}
+            | "JoinMarks" >> beam.CoGroupByKey()
+            | "WithMarks" >> beam.FlatMap(with_mark)
+        )
     selected = {"rows": rows, "documents": read["documents"]} | "SelectDocuments" >> SelectDocuments(
         staging,
         run_id,
@@ -25,3 +33,11 @@ def select_documents(plan: JobPlan, staging: str, run_id: str, read, encoded, re
         json_fields=tuple(c.name for c in plan.kept.columns if c.arrow is None),
     )
     return {"written": (selected["written"],), "selected": selected["selected"]}
+
+
+def with_mark(item):
+    """``(id, {"row": [row], "marked": [kind, ...]})`` → the row with ``duplicate`` and ``duplicate_kind``."""
+    _, grouped = item
+    kinds = sorted(grouped["marked"])
+    for row in grouped["row"]:
+        yield {**row, "duplicate": bool(kinds), "duplicate_kind": kinds[0] if kinds else None}

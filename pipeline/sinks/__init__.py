@@ -3,9 +3,11 @@ folder each. Code outside this folder asks the registry, never a sink by name.""
 
 from docbeam.pipeline.sinks.registry import (
     SINKS,
+    Curated,
     Sink,
     SinkBehind,
     SinkCommand,
+    SinkInputs,
     SinkSection,
     active,
     commands,
@@ -19,4 +21,18 @@ from docbeam.pipeline.sinks import vertex_ai  # noqa: F401
 # isort: split
 from docbeam.pipeline.sinks import pgvector  # noqa: F401
 
-__all__ = ["SINKS", "Sink", "SinkBehind", "SinkCommand", "SinkSection", "active", "commands", "register"]
+# isort: split
+from docbeam.pipeline.sinks import dedup  # noqa: F401
+
+__all__ = [
+    "SINKS",
+    "Curated",
+    "Sink",
+    "SinkBehind",
+    "SinkCommand",
+    "SinkInputs",
+    "SinkSection",
+    "active",
+    "commands",
+    "register",
+]

@@ -2,7 +2,9 @@
 ``output`` (``output.<key>``), and holds the whole plug-in (Beam's ``ml/rag/ingestion`` keeps one class per
 database the same way): its typed section and the checks made with the config (``SinkSection.fits``), the
 checks made at plan against the resolved head (``check``), the files it adds to the run's commit, a preflight,
-its step after the commit and that step's summary line, and its own commands of the ``docbeam`` CLI.
+its step after the commit and that step's summary line, and its own commands of the ``docbeam`` CLI. A sink that
+*curates* (output.dedup) also marks documents before the others write (``curate``): its marks reach every other
+sink's ``files`` and the columns ``output.select.where`` may read (``select_columns``).
 
 Everything else asks this registry, never a sink by name: ``docbeam.config.input_output`` builds ``output``'s fields from
 ``SINKS``, the driver runs the hooks of ``active`` sinks, the CLI adds each sink's ``commands``, and a failure
@@ -37,6 +39,29 @@ class SinkSection(pydantic.BaseModel):
         return self.model_dump(mode="json")
 
 
+@dataclasses.dataclass(frozen=True)
+class SinkInputs:
+    """What a sink's steps in the graph read (PCollections): the run's head ``rows`` (encoded and reused), the
+    ``documents`` read (their texts), the ``removed`` ids of an incremental run (for a sink that ``needs_removed``;
+    else None) and ``marked``: ``(id, kind)`` of every document a curating sink marked (None when none curates)."""
+
+    rows: Any
+    documents: Any
+    removed: Any = None
+    marked: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Curated:
+    """What a curating sink adds to the graph: its files (PCollections of names, committed with the run), its
+    ``stats`` (dicts summed into the run's statistics; summary.json's record under the sink's key is their
+    ``sinks.<key>`` part) and ``marked``, ``(id, kind)`` per marked document."""
+
+    written: tuple
+    stats: Any
+    marked: Any
+
+
 class SinkBehind(JobFailed):
     """The run is committed to its output folder, but a sink's step after the commit failed, so the sink is one
     run behind (exit 1); its message says how to catch it up. Each sink raises its own subclass."""
@@ -61,13 +86,24 @@ class Sink:
     section: ClassVar[type[SinkSection]]
     needs_removed: ClassVar[bool] = False  # ``files`` is handed the ids an incremental run removed
     commands: ClassVar[tuple[SinkCommand, ...]] = ()
+    # What a curating sink's marks add to each row as output.select.where reads it: {column: kind} (selection.py's
+    # kinds); the value is the mark's (True and its kind) or the unmarked one (False, None).
+    select_columns: ClassVar[dict[str, str]] = {}
 
     def check(self, cfg, head, kept) -> None:
         """At plan, against the resolved head and the typed kept fields: refuse (ConfigError) naming the key."""
 
-    def files(self, section, rows, removed, staging: str, run_id: str, plan) -> tuple:
+    def curate(self, section, inputs: SinkInputs, staging: str, run_id: str, plan) -> Curated | None:
+        """A curating sink's marks and files, made before every sink's ``files`` (None: it curates nothing)."""
+        return None
+
+    def planned(self, section, plan) -> dict | None:
+        """What summary.json records under the sink's key before the run (its settings); None: nothing."""
+        return None
+
+    def files(self, section, inputs: SinkInputs, staging: str, run_id: str, plan) -> tuple:
         """The PCollections of file names it writes into the staging folder, committed with the run or not at
-        all: from the run's document ``rows`` (and the ``removed`` ids when it ``needs_removed``)."""
+        all, from ``inputs`` (SinkInputs)."""
         return ()
 
     def preflight(self, section, wait: bool) -> None:
@@ -82,6 +118,11 @@ class Sink:
     def summary_line(self, record: dict) -> str | None:
         """The command's summary line for the record of ``after_commit``."""
         return None
+
+    def report_tables(self, record: dict) -> list[tuple[str, list[str], list[list], str]]:
+        """What ``docbeam report`` shows of the record summary.json keeps under the sink's key, as tables:
+        ``(title, column names, rows, a note under the title)``; none by default (the record is in the summary)."""
+        return []
 
 
 SINKS: dict[str, Sink] = {}
@@ -121,4 +162,14 @@ def float_vectors(key: str, vector_dtype: str) -> None:
         raise ValueError(
             f"output.{key} loads float vectors, but output.vector_dtype is {vector_dtype}; set "
             "output.vector_dtype: float32 (or float16)"
+        )
+
+
+def needs_marks(key: str, output) -> None:
+    """``output.<key>.skip_duplicates`` needs a curating sink turned on whose marks it skips (with the config)."""
+    if not any(getattr(output, k, None) is not None and sink.select_columns for k, sink in SINKS.items()):
+        curating = [k for k, sink in SINKS.items() if sink.select_columns]
+        raise ValueError(
+            f"output.{key}.skip_duplicates leaves out the documents a curating sink marks, and none is on; turn "
+            f"on output.{' or output.'.join(curating)} (e.g. output.{curating[0]}: true), or drop skip_duplicates"
         )

@@ -81,6 +81,8 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
         summary["attention_plan"] = with_workers_measurements(
             summary["attention_plan"], stats.get("attention_measured", {})
         )
+    for key, record in stats.get("sinks", {}).items():  # a curating sink's counts, over its planned zeros
+        summary[key] = overlaid(summary.get(key, {}), record)
     if "select" in summary:  # output.select: how many documents selected/ lists
         summary["docs_selected"] = stats.get("docs_selected", 0)
     if "labels" in stats:  # a classifier's rows: how many documents got each top label
@@ -90,6 +92,15 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
     if "calibration" in stats:  # int8/uint8: the ranges every vector of the output was quantized with
         summary["embedding"] = {**summary.get("embedding", {}), "calibration": stats["calibration"]}
     return summary
+
+
+def overlaid(planned: dict, counted: dict) -> dict:
+    """``planned`` with ``counted``'s values put over it at every depth: the planned keys keep their order and
+    their zeros where nothing was counted."""
+    out = dict(planned)
+    for k, v in counted.items():
+        out[k] = overlaid(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def with_workers_measurements(plan: dict, measured: dict) -> dict:

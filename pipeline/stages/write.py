@@ -267,6 +267,7 @@ class WriteOutputs(beam.PTransform):
                     if "selected" in outputs
                     else []
                 ),
+                *([outputs["sink_stats"]] if "sink_stats" in outputs else []),  # a curating sink's counts
             )
             | "AllStats" >> beam.Flatten()
             | "SumStats" >> beam.CombineGlobally(_SumDicts())

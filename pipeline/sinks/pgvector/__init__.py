@@ -9,7 +9,7 @@ import re
 import pydantic
 
 from docbeam.errors import ConfigError, readable
-from docbeam.pipeline.sinks.registry import Sink, SinkCommand, SinkSection, float_vectors, register
+from docbeam.pipeline.sinks.registry import Sink, SinkCommand, SinkSection, float_vectors, needs_marks, register
 
 TABLE_NAME = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*\.)?[A-Za-z_][A-Za-z0-9_]*$")
 # Postgres' reserved key words (its documentation's appendix C, "reserved"): unquoted, none of them names a table.
@@ -30,9 +30,13 @@ class PgvectorConfig(SinkSection):
 
     dsn: str  # a libpq connection string or URI, e.g. postgresql://user@host:5432/db (a password: use PGPASSWORD)
     table: str  # [schema.]name, created when missing
+    # only the documents output.dedup kept: a marked one is not loaded, and its row from an earlier run goes
+    skip_duplicates: bool = pydantic.Field(False, strict=True)
 
     def fits(self, job) -> None:
         float_vectors("pgvector", job.output.vector_dtype)
+        if self.skip_duplicates:
+            needs_marks("pgvector", job.output)
         if job.output.granularity == "chunk":
             raise ValueError(
                 "output.pgvector loads a run's document rows, and output.granularity: chunk writes none "
@@ -92,6 +96,11 @@ def sync_arguments(parser) -> None:
     parser.add_argument("output", help="the output folder (output.path) whose committed run to load")
     parser.add_argument("--table", required=True, help="output.pgvector.table, e.g. docbeam_embeddings")
     parser.add_argument("--dsn", default="", help="output.pgvector.dsn (default: libpq's PG* environment variables)")
+    parser.add_argument(
+        "--skip-duplicates",
+        action="store_true",
+        help="output.pgvector.skip_duplicates: load only the documents the run's output.dedup kept",
+    )
 
 
 def sync_prepare(args) -> tuple[str, dict, PgvectorConfig]:
@@ -100,7 +109,7 @@ def sync_prepare(args) -> tuple[str, dict, PgvectorConfig]:
     from docbeam.pipeline.store import paths
 
     try:
-        target = PgvectorConfig(dsn=args.dsn, table=args.table)
+        target = PgvectorConfig(dsn=args.dsn, table=args.table, skip_duplicates=args.skip_duplicates)
     except pydantic.ValidationError as e:
         raise ConfigError(readable(e, prefix="sync-pgvector")) from None
     output = paths.normalize_folder(args.output)
@@ -114,7 +123,7 @@ def sync_run(prepared: tuple[str, dict, PgvectorConfig]) -> str:
     from docbeam.pipeline.sinks.pgvector import load
 
     output, manifest, target = prepared
-    done = load.load_committed(output, manifest, target.dsn, target.table)
+    done = load.load_committed(output, manifest, target.dsn, target.table, target.skip_duplicates)
     return f"docbeam: run {done['run_id']} of {output} " + (
         f"loaded into {target.table}: {done['upserted']} rows upserted, {done['deleted']} deleted"
         if done["applied"]
@@ -150,7 +159,7 @@ class Pgvector(Sink):
     def after_commit(self, output: str, manifest: dict, section) -> dict:
         from docbeam.pipeline.sinks.pgvector import load
 
-        return load.load_committed(output, manifest, section.dsn, section.table)
+        return load.load_committed(output, manifest, section.dsn, section.table, section.skip_duplicates)
 
     def summary_line(self, record: dict) -> str:
         if not record["applied"]:

@@ -17,6 +17,7 @@ import json
 import os
 
 from docbeam.errors import Refused
+from docbeam.pipeline.sinks.dedup.earlier import marked_ids
 from docbeam.pipeline.sinks.pgvector.rows import (
     COPY_HEADER,
     COPY_TRAILER,
@@ -61,7 +62,7 @@ def check_can_load(wait: bool) -> None:
         ) from None
 
 
-def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
+def load(output: str, manifest: dict, dsn: str, table: str, skip_duplicates: bool = False) -> dict:
     """Apply the committed run ``manifest`` of ``output`` to ``table`` in one transaction; what it did."""
     import psycopg
 
@@ -102,7 +103,8 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
                 f"{table} already holds run {newer[0]} of the outputs {output} carries on from "
                 f"({lineage}), newer than run {run_id}; an older run is never applied over a newer one"
             )
-        value_columns, rejected = copy_rows(cur, table, output, manifest, scores)
+        skipped = marked_ids(output, manifest) if skip_duplicates else frozenset()
+        value_columns, rejected = copy_rows(cur, table, output, manifest, scores, skipped)
         listed = ", ".join(value_columns)
         cur.execute(
             f"INSERT INTO {table} (id, {listed}, fields, run_id) SELECT id, {listed}, fields, %s "
@@ -127,17 +129,23 @@ def load(output: str, manifest: dict, dsn: str, table: str) -> dict:
         "upserted": upserted,
         "deleted": deleted,
         **({"not_loaded": left_out} if left_out else {}),
+        **({"skipped_duplicates": len(skipped)} if skip_duplicates else {}),
         **({"rejected": len(rejected), "rejections": rejected[:20]} if rejected else {}),
     }
 
 
-def copy_rows(cur, table: str, output: str, manifest: dict, scores: bool) -> tuple[tuple[str, ...], list[dict]]:
+def copy_rows(
+    cur, table: str, output: str, manifest: dict, scores: bool, skipped: frozenset = frozenset()
+) -> tuple[tuple[str, ...], list[dict]]:
     """The committed rows COPYed into the transaction's staging table: (the value columns it holds, the rows
-    Postgres cannot take, each ``{"id", "reason"}``, left out)."""
+    Postgres cannot take, each ``{"id", "reason"}``, left out). ``skipped``: ids not loaded (marked duplicates),
+    whose rows from earlier runs the sweep then removes."""
     rejected = []
 
     def loadable(rows):
         for row in rows:
+            if row[0] in skipped:
+                continue
             problem = load_problem(row[0], row[-1])
             if problem is None:
                 faults.before_change("write", f"postgres:{table}")
@@ -233,10 +241,10 @@ def sync_command(output: str, table: str) -> str:
     return f'docbeam sync-pgvector {output} --table {table} --dsn "$DSN"'
 
 
-def load_committed(output: str, manifest: dict, dsn: str, table: str) -> dict:
+def load_committed(output: str, manifest: dict, dsn: str, table: str, skip_duplicates: bool = False) -> dict:
     """``load``, whose failure says that the run is committed and how to bring Postgres up to it."""
     try:
-        return load(output, manifest, dsn, table)
+        return load(output, manifest, dsn, table, skip_duplicates)
     except PostgresBehind:
         raise
     except Exception as e:  # noqa: BLE001  any failure of the load: Postgres rolled it back

@@ -4,8 +4,10 @@ at all (the writer: writer.py). ``true`` in YAML turns it on without restricts."
 
 from __future__ import annotations
 
+import pydantic
+
 from docbeam.errors import ConfigError
-from docbeam.pipeline.sinks.registry import Sink, SinkSection, float_vectors, register
+from docbeam.pipeline.sinks.registry import Sink, SinkSection, float_vectors, needs_marks, register
 
 VERTEX_VECTORS = {"embedding", "sparse_embedding"}  # the row columns a Vector Search datapoint carries
 
@@ -14,6 +16,8 @@ class VertexAIConfig(SinkSection):
     """Vector Search's batch layout beside Parquet; ``true`` in YAML is this with no restricts."""
 
     restricts: tuple[str, ...] = ()  # kept fields whose values become `restricts` (namespace = field name)
+    # only the documents output.dedup kept: a marked one is left out, and deleted from the index if it was there
+    skip_duplicates: bool = pydantic.Field(False, strict=True)
 
     @classmethod
     def from_yaml(cls, value):
@@ -22,6 +26,8 @@ class VertexAIConfig(SinkSection):
     def fits(self, job) -> None:
         """Restricts name kept fields, and vectors are floats: checked with the config (the head's part at plan)."""
         float_vectors("vertex_ai", job.output.vector_dtype)
+        if self.skip_duplicates:
+            needs_marks("vertex_ai", job.output)
         if job.input.keep_fields != "*":
             missing = [f for f in self.restricts if f not in job.input.keep_fields]
             if missing:
@@ -60,13 +66,31 @@ class VertexAI(Sink):
                 f'(input.keep_fields: "*" keeps {sorted(names)}); check the spelling'
             )
 
-    def files(self, section, rows, removed, staging: str, run_id: str, plan) -> tuple:
+    def files(self, section, inputs, staging: str, run_id: str, plan) -> tuple:
         from docbeam.pipeline.sinks.vertex_ai.writer import WriteVertexAI  # Beam's: once the graph is built
 
         json_fields = tuple(c.name for c in plan.kept.columns if c.arrow is None)
+        rows, removed = inputs.rows, inputs.removed
+        if section.skip_duplicates and inputs.marked is not None:
+            rows, removed = without_marked(rows, removed, inputs.marked)
         return {
             "rows": rows,
             **({"removed": removed} if removed is not None else {}),
         } | "WriteVertexAI" >> WriteVertexAI(
             staging, run_id, section.restricts, plan.config.output.num_shards, json_fields
         )
+
+
+def without_marked(rows, removed, marked):
+    """The rows no curating sink marked, and the removed ids with the marked ones added: a document loaded by an
+    earlier run and marked today leaves the index."""
+    import apache_beam as beam
+
+    joined = {
+        "row": rows | "VertexKeyRows" >> beam.Map(lambda r: (r["id"], r)),
+        "marked": marked,
+    } | "VertexJoinMarks" >> beam.CoGroupByKey()
+    kept = joined | "VertexUnmarked" >> beam.FlatMap(lambda item: [] if list(item[1]["marked"]) else item[1]["row"])
+    marked_ids = marked | "VertexMarkedIds" >> beam.Map(lambda m: m[0])
+    gone = marked_ids if removed is None else (removed, marked_ids) | "VertexRemovedOrMarked" >> beam.Flatten()
+    return kept, gone

@@ -244,6 +244,23 @@ def _recompilations(b) -> str:
     )
 
 
+def _sink_sections(s: dict) -> dict[str, str]:
+    """Each sink's tables of its record in the summary (pipeline/sinks/: Sink.report_tables), by its key."""
+    from docbeam.pipeline import sinks
+
+    sections = {}
+    for key, sink in sinks.SINKS.items():
+        tables = sink.report_tables(s[key]) if isinstance(s.get(key), dict) else []
+        if tables:
+            sections[key] = "".join(
+                f"<h2>{html.escape(title)}</h2>"
+                + (f"<p class=note>{html.escape(note)}</p>" if note else "")
+                + table(headers, rows)
+                for title, headers, rows, note in tables
+            )
+    return sections
+
+
 def _top_labels(labels: dict) -> str:
     """The label distribution of a classifier's run, most frequent first: ``pos 60% · neg 40%``."""
     total = sum(labels.values()) or 1
@@ -298,9 +315,12 @@ def render_html(
         if stats
         else "<p class=note>No batches.</p>"
     )
+    sink_sections = _sink_sections(s)
     summary_rows = [[label, _summary_value(key, s[key])] for key, label in _SUMMARY_FIELDS.items() if key in s]
     summary_rows += [
-        [key, _summary_value(key, v)] for key, v in s.items() if key not in _SUMMARY_FIELDS and key not in _OWN_TABLES
+        [key, _summary_value(key, v)]
+        for key, v in s.items()
+        if key not in _SUMMARY_FIELDS and key not in _OWN_TABLES and key not in sink_sections
     ]
     metrics = s.get("metrics") or {}
     rejected_sample = table(
@@ -326,6 +346,7 @@ per second of compute on one device.</p>{bucket_table}
 {_charts(run)}
 {_memory_trend(run)}
 {_recompilations(b)}
+{"".join(sink_sections.values())}
 <h2>Rejected documents</h2>
 {rejected_sample if run.errors else "<p class=note>No error records.</p>"}
 {f"<p class=note>First 25 of {len(run.errors)} shown.</p>" if len(run.errors) > 25 else ""}
