@@ -134,6 +134,25 @@ def test_the_report_shows_the_marks_the_histograms_and_the_sweeps(all_methods):
     assert page.count("<h2>Deduplication</h2>") == 1 and "&quot;histogram&quot;" not in page
 
 
+@pytest.mark.parametrize(
+    "garbled",
+    [{"marked": [1]}, {"sweep": {"near": {"x": 1}}}, {"against": "run"}, {"histogram": {"near": {"0.1": "many"}}}],
+)
+def test_a_garbled_dedup_record_is_named_by_the_report_never_a_traceback(all_methods, tmp_path, garbled):
+    import shutil
+
+    from docbeam.pipeline.tools.report.load import load_run
+    from docbeam.pipeline.tools.report.page import render_html
+
+    out, _ = all_methods
+    copy = shutil.copytree(out, tmp_path / "copy")
+    summary = json.load(open(copy / "summary.json"))
+    summary["dedup"] = {**summary["dedup"], **garbled}
+    (copy / "summary.json").write_text(json.dumps(summary))
+    page = render_html(load_run(str(copy)))
+    assert "dedup record cannot be read" in page or "<h2>Deduplication</h2>" in page
+
+
 def greedy_reference(ids: list[str], similar) -> set[str]:
     """All pairs, exactly: in order, each document is marked when a kept one before it is similar."""
     kept, marked = [], set()
@@ -192,46 +211,107 @@ def test_the_marks_are_the_same_run_after_run(planted, tmp_path, tiny_checkpoint
     assert marks[0] == marks[1] and {k for *_, k in marks[0]} == {"exact", "near", "semantic"}
 
 
-def test_a_second_run_marks_todays_copies_against_yesterdays_ids_and_never_yesterdays_kept(tmp_path):
-    """Yesterday's corpus, then today's: half of yesterday's documents again, unchanged (one with a new twin whose id
-    sorts first), and copies of the other half, which are not read today: their signatures and vectors come
-    from yesterday's dedup_index/."""
-    docs, truth = planted_copies.planted(groups=12, singles=0, seed=3, kinds=())
-    yesterday = write_corpus(tmp_path / "yesterday.jsonl", docs)
-    out = str(tmp_path / "out")
-    first = run(yesterday, out, dedup=ALL_METHODS)
-    assert first["dedup"]["marked"] == {"exact": 0, "near": 0, "semantic": 0}
-    again, gone = docs[:6], docs[6:]
+@pytest.fixture(scope="module")
+def yesterday(tmp_path_factory):
+    """Yesterday's run: twelve distinct documents, deduplicated (so its dedup_index/ holds all twelve)."""
+    docs, _ = planted_copies.planted(groups=12, singles=0, seed=3, kinds=())
+    folder = tmp_path_factory.mktemp("yesterday")
+    out = str(folder / "out")
+    summary = run(write_corpus(folder / "docs.jsonl", docs), out, dedup=ALL_METHODS)
+    assert summary["dedup"]["marked"] == {"exact": 0, "near": 0, "semantic": 0}
+    return docs, out, summary
+
+
+def copies_of(docs: list[dict], prefix: str) -> list[dict]:
+    """An exact, an edited and a reordered copy of each document, with ids that sort before every original's."""
     rng = planted_copies.random.Random(1)
-    copies = [
-        {"id": f"c{i}-{kind}", "text": planted_copies.copy_of(doc["text"], kind, rng)}
-        for i, doc in enumerate(gone)
-        for kind in ("exact", "edited", "reordered")
+    kinds = ("exact", "edited", "reordered")
+    return [
+        {"id": f"{prefix}{i}-{kind}", "text": planted_copies.copy_of(doc["text"], kind, rng)}
+        for i, doc in enumerate(docs)
+        for kind in kinds
     ]
-    twin = {"id": "a-first-by-id", "text": again[0]["text"]}  # sorts before every id of yesterday
-    today = write_corpus(tmp_path / "today.jsonl", [*again, *copies, twin])
-    second = run_job(
-        job_config(
-            today,
-            out,
-            MODEL,
-            batching=BATCHING,
-            runner={"progress_seconds": 0},
-            input={"reuse_from": out},
-            output={"dedup": ALL_METHODS},
-        )
+
+
+def incremental(tmp_path, source: str, docs: list[dict], **dedup) -> tuple[str, dict]:
+    import shutil
+
+    out = str(tmp_path / "today")
+    shutil.copytree(source, out)  # the scheduled job's one output folder, yesterday's run in it
+    cfg = job_config(
+        write_corpus(tmp_path / "today.jsonl", docs),
+        out,
+        MODEL,
+        batching=BATCHING,
+        runner={"progress_seconds": 0},
+        input={"reuse_from": out},
+        output={"dedup": {**ALL_METHODS, **dedup}},
     )
+    return out, run_job(cfg)
+
+
+def test_todays_copies_are_marked_against_yesterdays_ids_and_yesterdays_kept_stay_kept(yesterday, tmp_path):
+    """The corpus again, and copies of half of it whose ids sort first: each copy names yesterday's document,
+    which is never marked, and the index holds yesterday's twelve, not the copies."""
+    docs, source, first = yesterday
+    copies = copies_of(docs[:6], "a")
+    out, second = incremental(tmp_path, source, [*docs, *copies])
     marks = {m["id"]: m for m in read(out, "duplicates")}
-    gone_ids = {d["id"] for d in gone}
-    for copy in copies:
-        i = int(copy["id"].split("-")[0][1:])
-        assert marks[copy["id"]]["duplicate_of"] == gone[i]["id"], (copy["id"], marks.get(copy["id"]))
-    assert marks["a-first-by-id"]["duplicate_of"] == again[0]["id"]  # yesterday's stays kept, the newer is marked
-    assert not {d["id"] for d in again} & set(marks)
-    assert second["docs_reused"] == len(again) and second["dedup"]["against"]["run_id"] == first["run_id"]
-    assert second["dedup"]["earlier_compared"] == len(gone_ids)
-    index = {r["id"] for r in read(out, "dedup_index")}
-    assert index == {d["id"] for d in docs}  # yesterday's kept carried on, today's copies not added
+    assert {c["id"]: marks[c["id"]]["duplicate_of"] for c in copies} == {
+        c["id"]: docs[int(c["id"].split("-")[0][1:])]["id"] for c in copies
+    }
+    assert set(marks) == {c["id"] for c in copies}  # none of yesterday's
+    assert second["docs_reused"] == len(docs) and second["dedup"]["against"]["run_id"] == first["run_id"]
+    assert {r["id"] for r in read(out, "dedup_index")} == {d["id"] for d in docs}
+
+
+def test_without_history_documents_gone_from_the_input_are_no_reference(yesterday, tmp_path):
+    """An incremental run's input is the corpus (as for the sinks' removals): yesterday's documents not read today
+    left it, so today's copies of them are judged among themselves: one of each three kept."""
+    docs, source, _ = yesterday
+    copies = copies_of(docs[:4], "a")
+    out, second = incremental(tmp_path, source, copies)
+    marks = {m["id"]: m["duplicate_of"] for m in read(out, "duplicates")}
+    assert not set(marks.values()) & {d["id"] for d in docs}
+    assert second["dedup"]["kept"] == 4 and second["dedup"]["earlier_compared"] == 0
+
+
+def test_with_history_todays_copies_name_documents_only_the_index_holds(yesterday, tmp_path):
+    """``history: true`` (a job whose input is each day's new documents): the copies are marked against yesterday's
+    ids, compared through the signatures and vectors yesterday's dedup_index/ stored, the texts not read again."""
+    docs, source, first = yesterday
+    copies = copies_of(docs[:4], "a")
+    new = {"id": "new", "text": "A document nobody wrote yesterday, about lighthouses and their keepers."}
+    out, second = incremental(tmp_path, source, [*copies, new], history=True)
+    marks = {m["id"]: m for m in read(out, "duplicates")}
+    assert {c["id"]: marks[c["id"]]["duplicate_of"] for c in copies} == {
+        c["id"]: docs[int(c["id"].split("-")[0][1:])]["id"] for c in copies
+    }
+    assert {marks[c["id"]]["kind"] for c in copies if c["id"].endswith("reordered")} <= {"near", "semantic"}
+    assert second["dedup"]["earlier_compared"] == len(docs) and second["dedup"]["kept"] == 1
+    assert {r["id"] for r in read(out, "dedup_index")} == {d["id"] for d in docs} | {"new"}  # carried on
+
+
+def test_an_earlier_index_counts_when_the_vectors_are_not_reused(tmp_path, tiny_checkpoint_dir):
+    """output.granularity: both reuses no vectors, yet yesterday's kept document stays kept and a newer copy is
+    marked against it: exact keys and signatures do not depend on the model."""
+    docs = [
+        {"id": f"doc{i}", "text": f"Document {i} says something of its own about subject {i * 13}."} for i in range(3)
+    ]
+    out = str(tmp_path / "out")
+    first = run(write_corpus(tmp_path / "a.jsonl", docs), out, tiny_checkpoint_dir, dedup={"exact": True})
+    today = [*docs, {"id": "a-copy", "text": docs[1]["text"]}]
+    cfg = job_config(
+        write_corpus(tmp_path / "b.jsonl", today),
+        out,
+        tiny_checkpoint_dir,
+        batching={"buckets": [32, 128]},
+        input={"reuse_from": out},
+        output={"dedup": {"exact": True}, "granularity": "both"},
+    )
+    second = run_job(cfg)
+    assert second["docs_reused"] == 0 and second["dedup"]["against"]["run_id"] == first["run_id"]
+    assert {m["id"]: m["duplicate_of"] for m in read(out, "duplicates")} == {"a-copy": "doc1"}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from docbeam import config
 from docbeam.pipeline.sinks.dedup import clusters, signatures
-from docbeam.pipeline.sinks.dedup.marking import Item, Mark, mark_cluster, mark_exact, mark_greedy
+from docbeam.pipeline.sinks.dedup.marking import Item, Mark, mark_cluster, mark_exact, mark_near
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -73,13 +73,13 @@ def test_texts_too_short_for_an_ngram_and_without_words_still_get_a_signature():
 
 def test_a_huge_document_is_signed_in_pieces_with_the_same_result():
     rng = random.Random(1)
-    text = text_of(rng, 3 * signatures.SHINGLE_PIECE + 17)
+    text = text_of(rng, 3 * signatures.shingle_piece(32) + 17)
     whole = signatures.signature(text, 5, 32)
     shingles = signatures.shingle_hashes(text, 5)
     a, b = signatures.permutations(32)
     with np.errstate(over="ignore"):
         reference = ((shingles[:, None] * a + b) >> np.uint64(32)).min(axis=0).astype(np.uint32)
-    assert len(shingles) > signatures.SHINGLE_PIECE and (whole == reference).all()
+    assert len(shingles) > signatures.shingle_piece(32) and (whole == reference).all()
 
 
 def test_two_documents_meet_in_a_band_as_often_as_the_s_curve_says():
@@ -115,17 +115,22 @@ def test_of_identical_documents_the_first_by_id_is_kept_and_a_protected_one_befo
     assert [(k.id, k.protected) for k in kept] == [("only", False)] and marks == []
 
 
-def test_near_marks_never_point_at_a_marked_document_and_never_mark_a_protected_one():
-    edges = {("a", "b"): 0.9, ("b", "c"): 0.9, ("a", "c"): 0.7, ("p", "a"): 0.85, ("p", "q"): 0.95}
-    protected = {"a": False, "b": False, "c": False, "p": True, "q": True}
-    marks = {m.id: m for m in mark_greedy(edges, protected, 0.8)}
-    assert set(marks) == {"a", "c"}  # p and q protected; a against p; b kept; c against b
-    assert (marks["a"].duplicate_of, marks["c"].duplicate_of) == ("p", "b")
+def test_near_marks_point_at_roots_only_and_never_mark_a_protected_one():
+    """Pairs are (earlier, later) by priority; a protected document is never the later one. p and q: protected."""
+    edges = {("a", "b"): 0.9, ("b", "c"): 0.9, ("a", "c"): 0.7, ("p", "a"): 0.85, ("p", "q"): 0.95, ("q", "e"): 0.9}
+    edges = {pair: sim for pair, sim in edges.items() if pair != ("p", "q")}  # two protected: no pair between them
+    marks = {m.id: m for m in mark_near(edges, 0.8)}
+    assert {i: m.duplicate_of for i, m in marks.items()} == {"a": "p", "e": "q"}  # b, c: no root before them
     assert not {m.duplicate_of for m in marks.values()} & set(marks)
 
 
+def test_of_several_roots_the_most_similar_then_the_first_by_id_is_named():
+    marks = mark_near({("r1", "x"): 0.85, ("r2", "x"): 0.95, ("r3", "x"): 0.95, ("r1", "y"): 0.9}, 0.8)
+    assert [(m.id, m.duplicate_of, m.similarity) for m in marks] == [("x", "r2", 0.95), ("y", "r1", 0.9)]
+
+
 def test_a_pair_below_the_threshold_marks_nothing():
-    assert mark_greedy({("a", "b"): 0.79}, {"a": False, "b": False}, 0.8) == []
+    assert mark_near({("a", "b"): 0.79}, 0.8) == []
 
 
 def test_semdedup_marks_against_the_most_similar_kept_predecessor():
@@ -145,14 +150,34 @@ def test_a_cluster_the_sample_says_is_too_big_is_split():
     spread = clusters.unit(-np.abs(rng.normal(size=(100, 8))))
     plan = clusters.fit(np.concatenate([tight, spread]), count=5000, clusters=2, max_cluster=500, seed=0)
     assert len(plan.centroids_KxD) == 2 and plan.split, plan.describe()
-    keys = {plan.assign(v)[0] for v in tight}
+    keys = {plan.assign(v, f"d{i}", 0)[0] for i, v in enumerate(tight)}
     assert all("." in k for k in keys) and len(keys) > 1
     assert clusters.how_many(count=10, sample=10, clusters=None, max_cluster=2000) == 1
     assert clusters.how_many(count=1_000_000, sample=20_000, clusters=None, max_cluster=2000) == 1000
 
 
+def test_a_topic_too_dense_to_split_is_cut_in_hash_pieces_the_same_every_run():
+    same = clusters.unit(np.ones((64, 8)))  # boilerplate: one vector, 10,000 times
+    plan = clusters.fit(same, count=10_000, clusters=1, max_cluster=1000, seed=3)
+    keys = [plan.assign(v, f"doc{i}", 3)[0] for i, v in enumerate(same)]
+    assert plan.describe()["pieces"] and len(set(keys)) > 1 and all("#" in k for k in keys)
+    assert keys == [plan.assign(v, f"doc{i}", 3)[0] for i, v in enumerate(same)]
+
+
+def test_semdedup_marks_do_not_depend_on_the_order_a_cluster_arrives_in():
+    from docbeam.pipeline.sinks.dedup.steps import cluster_marks
+
+    v = clusters.unit(np.ones(4))
+    members = [((True, 0.0, f"d{i}"), f"d{i}", v, False) for i in range(5)]
+    outcomes = set()
+    for order in ([0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3]):
+        out = list(cluster_marks(("c", [members[i] for i in order]), eps=0.01, max_cluster=2))
+        outcomes.add(tuple(sorted((m.id, m.duplicate_of) for m in out if isinstance(m, Mark))))
+    assert len(outcomes) == 1, outcomes
+
+
 def test_an_empty_sample_plans_one_cluster():
-    assert clusters.fit(np.zeros((0, 4), np.float32), 0, None, 100, 0).describe() == {"clusters": 1, "split": {}}
+    assert clusters.fit(np.zeros((0, 4), np.float32), 0, None, 100, 0).describe()["clusters"] == 1
 
 
 def job(tmp_path, dedup, **output) -> dict:
@@ -178,6 +203,12 @@ def test_dedup_true_is_exact_and_near_with_their_defaults(tmp_path):
         ({"exact": True}, {"granularity": "chunk"}, "output.granularity: document or both"),
         ({"exact": "yes"}, {}, "valid boolean"),
         ({"nearby": {}}, {}, "nearby"),
+        ({"near": {"threshold": True}}, {}, "threshold takes a number or a word, not true"),
+        ({"semantic": {"clusters": True}}, {}, "clusters takes a number or a word, not true"),
+        ({"semantic": {"seed": -5}}, {}, "greater than or equal to 0"),
+        ({"near": {"bands": 512, "rows": 64}}, {}, "32768 permutations, more than 1024"),
+        ({"semantic": {"max_cluster": 50_000}}, {}, "less than or equal to 20000"),
+        ({"exact": True, "history": True}, {"vertex_ai": {"skip_duplicates": True}}, "drop one"),
     ],
 )
 def test_a_dedup_section_that_cannot_run_is_refused_with_the_fix(tmp_path, dedup, output, message):

@@ -8,6 +8,7 @@ compared, SemDeDup's own approximation."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 
 import numpy as np
@@ -23,18 +24,34 @@ class ClusterPlan:
 
     centroids_KxD: np.ndarray
     split: dict[int, np.ndarray]
+    pieces: dict[str, int] = dataclasses.field(default_factory=dict)  # a cluster still too big: its hash pieces
+    requested: int | None = None
 
-    def assign(self, vector_D: np.ndarray) -> tuple[str, float]:
-        """The cluster key (``"3"`` or ``"3.1"`` for a split one) and the cosine distance to its centroid."""
+    def assign(self, vector_D: np.ndarray, doc_id: str, seed: int) -> tuple[str, float]:
+        """The cluster key (``"3"``, ``"3.1"`` for a split one, ``"3.1#2"`` for a piece of one the split could not
+        bring under max_cluster: by a seeded hash of the id, so the same every run) and the cosine distance to its
+        centroid."""
         c = int(np.argmax(self.centroids_KxD @ vector_D))
         centroids = self.split.get(c)
         if centroids is None:
-            return str(c), float(1.0 - self.centroids_KxD[c] @ vector_D)
-        s = int(np.argmax(centroids @ vector_D))
-        return f"{c}.{s}", float(1.0 - centroids[s] @ vector_D)
+            key, distance = str(c), float(1.0 - self.centroids_KxD[c] @ vector_D)
+        else:
+            s = int(np.argmax(centroids @ vector_D))
+            key, distance = f"{c}.{s}", float(1.0 - centroids[s] @ vector_D)
+        pieces = self.pieces.get(key)
+        return (f"{key}#{piece_of(doc_id, seed, pieces)}" if pieces else key), distance
 
     def describe(self) -> dict:
-        return {"clusters": len(self.centroids_KxD), "split": {str(c): len(v) for c, v in sorted(self.split.items())}}
+        return {
+            "clusters": len(self.centroids_KxD),
+            **({"requested": self.requested} if self.requested is not None else {}),
+            "split": {str(c): len(v) for c, v in sorted(self.split.items())},
+            "pieces": dict(sorted(self.pieces.items())),
+        }
+
+
+def piece_of(doc_id: str, seed: int, pieces: int) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{seed}:piece:{doc_id}".encode(), digest_size=8).digest(), "big") % pieces
 
 
 def unit(vectors) -> np.ndarray:
@@ -80,11 +97,11 @@ def fit(sample, count: int, clusters: int | None, max_cluster: int, seed: int) -
     """The plan for ``count`` vectors from a ``sample`` of them (at most SAMPLE_SIZE)."""
     points = unit(sample)
     if len(points) == 0:
-        return ClusterPlan(np.zeros((1, 1), np.float32), {})
+        return ClusterPlan(np.zeros((1, 1), np.float32), {}, requested=clusters)
     k = how_many(count, len(points), clusters, max_cluster)
     centroids = kmeans(points, k, seed)
     nearest = np.argmax(points @ centroids.T, axis=1)
-    split = {}
+    split, pieces = {}, {}
     for c in range(len(centroids)):
         members = points[nearest == c]
         expected = len(members) / len(points) * count
@@ -92,4 +109,11 @@ def fit(sample, count: int, clusters: int | None, max_cluster: int, seed: int) -
             parts = how_many(math.ceil(expected), len(members), None, max_cluster)
             if parts > 1:
                 split[c] = kmeans(members, parts, seed + 1 + c)
-    return ClusterPlan(centroids, split)
+        # what the split leaves above max_cluster (a dense topic k-means cannot cut) goes in hash pieces
+        if c in split:
+            within = np.argmax(members @ split[c].T, axis=1)
+            sizes = {f"{c}.{s}": float(np.sum(within == s)) / len(points) * count for s in range(len(split[c]))}
+        else:
+            sizes = {str(c): expected}
+        pieces |= {key: math.ceil(size / max_cluster) for key, size in sizes.items() if size > max_cluster}
+    return ClusterPlan(centroids, split, pieces, requested=clusters)

@@ -3,6 +3,8 @@ and a run's marked ids (``duplicates/``) for the sinks asked to ``skip_duplicate
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 
 from docbeam.pipeline.sinks.dedup.settings import DUPLICATES, INDEX
@@ -12,38 +14,57 @@ from docbeam.pipeline.store import storage
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
 class EarlierIndex:
-    """The earlier run's ``dedup_index/`` files this run deduplicates against, or why there are none."""
+    """The earlier run's ``dedup_index/`` files this run deduplicates against (none: ``reason`` says why), and
+    whether its vectors are this run's model's (its reuse key is this run's)."""
 
-    def __init__(self, run_id: str | None, files: tuple[str, ...], reason: str):
-        self.run_id, self.files, self.reason = run_id, files, reason
+    run_id: str | None
+    files: tuple[str, ...]
+    reason: str
+    vectors: bool = False
 
     def describe(self) -> dict:
-        return {"run_id": self.run_id, "files": len(self.files), "reason": self.reason}
+        return {"run_id": self.run_id, "files": len(self.files), "vectors": self.vectors, "reason": self.reason}
+
+
+_CHECKED: dict[tuple[str, str], EarlierIndex] = {}  # (folder, run id) → its index, checked once per process
 
 
 def earlier_index(plan) -> EarlierIndex:
-    """Read only where the run reuses an earlier output (its vectors are this model's): that run's index, its
-    files held to the sizes and checksums its manifest lists."""
-    source = plan.reuse.source
-    if source is None:
-        return EarlierIndex(None, (), "input.reuse_from is not set or not reused: deduplicated within this run")
+    """``input.reuse_from``'s index, on checks of its own (the manifest, and its files' sizes and checksums), so a
+    run whose vectors are not reused (another model, ``output.granularity: both``, a damaged embeddings file)
+    still compares exact keys and signatures, which no model changes; its vectors only where its reuse key is
+    this run's. Checked once per process and run (the plan's summary and the graph ask for it)."""
+    path = plan.config.input.reuse_from
+    if not path:
+        return EarlierIndex(None, (), "input.reuse_from is not set: deduplicated within this run")
     try:
-        manifest = output_lib.read_manifest(source.path)
+        manifest = output_lib.read_manifest(path)
     except (output_lib.OutputRefused, ValueError) as e:
-        return EarlierIndex(None, (), f"{source.path}: its manifest cannot be read ({e})")
-    if manifest is None or manifest["run_id"] != source.run_id:
-        return EarlierIndex(None, (), f"{source.path} no longer holds run {source.run_id}")
-    files = tuple(
-        storage.join(source.path, f["path"]) for f in manifest["files"] if output_lib.in_folder(f["path"], INDEX)
-    )
+        return EarlierIndex(None, (), f"{path}: its manifest cannot be read ({e})")
+    if manifest is None:
+        return EarlierIndex(None, (), f"{path} holds no committed run")
+    key = (path, manifest["run_id"])
+    if key not in _CHECKED:
+        _CHECKED[key] = _checked(path, manifest, plan.reuse_key)
+    return _CHECKED[key]
+
+
+def _checked(path: str, manifest: dict, reuse_key: dict) -> EarlierIndex:
+    run_id = manifest["run_id"]
+    files = tuple(storage.join(path, f["path"]) for f in manifest["files"] if output_lib.in_folder(f["path"], INDEX))
     if not files:
-        return EarlierIndex(source.run_id, (), f"run {source.run_id} was not deduplicated (no {INDEX}/)")
-    problem = output_lib.damaged(source.path, manifest, INDEX)
+        return EarlierIndex(
+            run_id, (), f"run {run_id} was not deduplicated (no {INDEX}/): deduplicated within this run"
+        )
+    problem = output_lib.damaged(path, manifest, INDEX)
     if problem:
-        log.warning("output.dedup: not deduplicating against %s: %s", source.path, problem)
-        return EarlierIndex(source.run_id, (), f"{source.path}: {problem}")
-    return EarlierIndex(source.run_id, files, "")
+        log.warning("output.dedup: not deduplicating against %s: %s", path, problem)
+        return EarlierIndex(run_id, (), f"{path}: {problem}")
+    vectors = manifest.get("reuse_key") == json.loads(json.dumps(reuse_key))  # as the manifest wrote it
+    reason = "" if vectors else f"run {run_id} used another model or settings: its vectors are not compared"
+    return EarlierIndex(run_id, files, reason, vectors)
 
 
 def marked_ids(output: str, manifest: dict) -> frozenset[str]:

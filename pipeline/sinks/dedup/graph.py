@@ -4,6 +4,8 @@ sweeps summary.json records (summed with the run's statistics)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import apache_beam as beam
 import pyarrow as pa
 
@@ -32,20 +34,15 @@ INDEX_SCHEMA = pa.schema(
 )
 
 
-def index_row(item, scheme: str) -> dict:
-    """A kept document as the next run reads it back (steps.item_of)."""
+def index_row(item) -> dict:
+    """A kept document as the next run reads it back (steps.item_of): what it holds is carried on as it is."""
     return {
         "id": item.id,
         "key": item.key,
-        "scheme": scheme if item.signature is not None else "",
+        "scheme": item.scheme if item.signature is not None else "",
         "signature": None if item.signature is None else item.signature.tolist(),
         "vector": None if item.vector is None else item.vector.tolist(),
     }
-
-
-def usable(row: dict, scheme: str) -> dict:
-    """An earlier index row with its signature dropped when made with another scheme (it would not compare)."""
-    return row if row.get("scheme") == scheme else {**row, "signature": None}
 
 
 def curate(section: DedupConfig, inputs, staging: str, run_id: str, plan, earlier: EarlierIndex, vector_column):
@@ -53,18 +50,13 @@ def curate(section: DedupConfig, inputs, staging: str, run_id: str, plan, earlie
 
     p = inputs.rows.pipeline
     scheme = section.near.scheme() if section.near else ""
-    earlier_rows = (
-        p
-        | "EarlierIndexFiles" >> beam.Create(earlier.files)
-        | "ReadEarlierIndex" >> ReadAllFromParquet()
-        | "UsableSignatures" >> beam.Map(usable, scheme)
-    )
+    earlier_rows = p | "EarlierIndexFiles" >> beam.Create(earlier.files) | "ReadEarlierIndex" >> ReadAllFromParquet()
     semantic = section.semantic
     items = {
         "documents": inputs.documents,
         "rows": inputs.rows,
         "earlier": earlier_rows,
-    } | "DedupItems" >> steps.ItemsOfRun(vector_column if semantic else None, semantic is not None)
+    } | "DedupItems" >> steps.ItemsOfRun(vector_column if semantic else None, earlier.vectors, section.history)
     marked, stats = [], []
     if section.exact:
         exact = items | "MarkExact" >> steps.MarkExact()
@@ -72,10 +64,12 @@ def curate(section: DedupConfig, inputs, staging: str, run_id: str, plan, earlie
         marked.append(exact["marked"])
     if section.near:
         n = section.near
-        near = items | "MarkNear" >> steps.MarkNear(n.threshold, n.ngram, n.bands, n.rows)
+        near = items | "MarkNear" >> steps.MarkNear(n.threshold, n.ngram, n.bands, n.rows, scheme)
         items = near["kept"]
         marked.append(near["marked"])
         stats.append(near["closest"] | "NearStats" >> beam.Map(steps.near_stats))
+    if not section.near:  # near drops the texts once signed; no later step needs them
+        items = items | "DropTexts" >> beam.Map(lambda i: dataclasses.replace(i, text=None))
     if semantic:
         clusters_wanted = None if semantic.clusters == "auto" else semantic.clusters
         sem = items | "MarkSemantic" >> steps.MarkSemantic(
@@ -95,7 +89,7 @@ def curate(section: DedupConfig, inputs, staging: str, run_id: str, plan, earlie
             part_prefix(staging, DUPLICATES, run_id), DUPLICATES_SCHEMA, file_name_suffix=".parquet", num_shards=shards
         ),
         items
-        | "IndexRows" >> beam.Map(index_row, scheme)
+        | "IndexRows" >> beam.Map(index_row)
         | "WriteDedupIndex"
         >> WriteToParquet(
             part_prefix(staging, INDEX, run_id), INDEX_SCHEMA, file_name_suffix=".parquet", num_shards=shards

@@ -1,8 +1,8 @@
 """Which documents of a group are marked, as pure functions the Beam steps (steps.py) call.
 
-One rule for every method: documents are visited in priority order (``priority``: the protected ones first, then
-by the method's own order) and a document is marked only against one that is kept, the most similar kept one
-(``duplicate_of``), so a marked document never points at a marked one. Protected documents are never marked: the
+One rule for every method: documents are ordered by priority (``priority``: the protected ones first, then by
+the method's own order) and a document is marked only against one before it that is kept, the most similar such
+one (``duplicate_of``), so a marked document never points at a marked one. Protected documents are never marked: the
 earlier runs' kept documents (``input.reuse_from``: what was kept yesterday stays kept) and the documents an
 earlier method already kept a copy against.
 """
@@ -28,7 +28,8 @@ class Item:
     signature: np.ndarray | None = None
     vector: np.ndarray | None = None
     protected: bool = False
-    earlier: bool = False  # one of an earlier run's kept documents, not in this run's input
+    earlier: bool = False  # an earlier run's kept document without a row in this run (not read, or rejected)
+    scheme: str = ""  # what ``signature`` was made with (settings.NearOptions.scheme): only equal ones compare
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,27 +69,20 @@ def mark_exact(items: Iterable[Item]) -> Iterator[Item | Mark]:
     yield dataclasses.replace(first, protected=True) if copies else first
 
 
-def mark_greedy(edges: dict[tuple[str, str], float], protected: dict[str, bool], threshold: float) -> list[Mark]:
-    """The near method's marks from its verified pairs ``{(a, b): similarity}``: nodes visited in priority order
-    (``protected`` holds every node's flag), each marked ``near`` against its most similar kept neighbour at or
-    above ``threshold``, or kept."""
-    neighbours: dict[str, list[tuple[str, float]]] = {}
-    for (a, b), sim in edges.items():
-        if sim >= threshold:
-            neighbours.setdefault(a, []).append((b, sim))
-            neighbours.setdefault(b, []).append((a, sim))
-    kept: set[str] = set()
-    marks = []
-    for node in sorted(neighbours, key=lambda n: (not protected[n], n)):
-        if protected[node]:
-            kept.add(node)
-            continue
-        best = sorted((-sim, other) for other, sim in neighbours[node] if other in kept)[:1]
-        if best:
-            marks.append(Mark(node, best[0][1], "near", round(-best[0][0], 6)))
-        else:
-            kept.add(node)
-    return marks
+def mark_near(edges: dict[tuple[str, str], float], threshold: float) -> list[Mark]:
+    """The near method's rule on its verified pairs ``{(earlier, later): similarity}`` (``earlier`` first by
+    priority; a protected document is never ``later``). A *root* is a document with no pair at or above
+    ``threshold`` to one before it; every other document is marked ``near`` against its most similar root, or kept
+    when none of its earlier neighbours is a root (the fourth link of a chain a–b–c–d). Two local rounds, which
+    Beam computes one document at a time (steps.MarkNear), where visiting documents in order would need the
+    whole graph in one process; roots are never marked, so ``duplicate_of`` is always kept."""
+    close = {pair: sim for pair, sim in edges.items() if sim >= threshold}
+    not_roots = {later for _, later in close}
+    best: dict[str, tuple[float, str]] = {}
+    for (earlier, later), sim in close.items():
+        if earlier not in not_roots and (later not in best or (-sim, earlier) < best[later]):
+            best[later] = (-sim, earlier)
+    return [Mark(later, earlier, "near", round(-neg, 6)) for later, (neg, earlier) in sorted(best.items())]
 
 
 def mark_cluster(

@@ -13,7 +13,8 @@ DUPLICATES = "duplicates"  # one row per marked document: id, duplicate_of, kind
 # The values the report's sweep counts documents at (a semantic eps, a near threshold)
 SEMANTIC_SWEEP = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2)
 NEAR_SWEEP = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
-INDEX = "dedup_index"  # every kept document's exact key, signature and vector: what the next run compares against
+INDEX = "dedup_index"
+MAX_PERMUTATIONS = 1024  # every kept document's exact key, signature and vector: what the next run compares against
 
 
 class Options(pydantic.BaseModel):
@@ -22,6 +23,14 @@ class Options(pydantic.BaseModel):
     @classmethod
     def from_yaml(cls, value):
         return {} if value is True else None if value is False else value
+
+    @pydantic.field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, value, info):
+        """``threshold: true`` is a typo, not 1.0 (pydantic reads a bool as a number)."""
+        if isinstance(value, bool):
+            raise ValueError(f"{info.field_name} takes a number or a word, not {str(value).lower()}")
+        return value
 
 
 class NearOptions(Options):
@@ -32,6 +41,15 @@ class NearOptions(Options):
     ngram: int = pydantic.Field(5, ge=1, le=32)
     bands: int = pydantic.Field(14, ge=1, le=512)
     rows: int = pydantic.Field(8, ge=1, le=64)
+
+    @pydantic.model_validator(mode="after")
+    def _permutations_bounded(self):
+        if self.bands * self.rows > MAX_PERMUTATIONS:
+            raise ValueError(
+                f"near: bands × rows is {self.bands * self.rows} permutations, more than {MAX_PERMUTATIONS} (each "
+                "document's signature holds one 4-byte value per permutation); FineWeb uses 14 × 8 = 112"
+            )
+        return self
 
     def scheme(self) -> str:
         """What a stored signature was made with: an earlier run's of another scheme is not compared."""
@@ -48,8 +66,8 @@ class SemanticOptions(Options):
     eps: float = pydantic.Field(0.05, gt=0.0, lt=1.0)
     clusters: Literal["auto"] | pydantic.PositiveInt = "auto"
     keep: Literal["hard", "easy", "random"] = "hard"
-    max_cluster: int = pydantic.Field(2000, ge=2, le=50_000)
-    seed: int = 0
+    max_cluster: int = pydantic.Field(2000, ge=2, le=20_000)  # its cosines: max_cluster² float32 (1.6 GB at 20k)
+    seed: int = pydantic.Field(0, ge=0, lt=2**32)
 
 
 class DedupConfig(SinkSection):
@@ -58,6 +76,9 @@ class DedupConfig(SinkSection):
     exact: pydantic.StrictBool = False
     near: NearOptions | None = None
     semantic: SemanticOptions | None = None
+    # also against what earlier runs kept that today's input no longer holds (a job whose input is each day's new
+    # documents); off, an incremental run's input is the corpus, as for the sinks' removals
+    history: pydantic.StrictBool = False
 
     @classmethod
     def from_yaml(cls, value):
@@ -88,4 +109,10 @@ class DedupConfig(SinkSection):
             raise ValueError(
                 "output.dedup marks documents, and output.granularity: chunk writes no document rows; set "
                 "output.granularity: document or both"
+            )
+        skipping = [k for k in type(job.output).model_fields if getattr(getattr(job.output, k), "skip_duplicates", 0)]
+        if self.history and skipping:
+            raise ValueError(
+                f"output.dedup.history marks documents against earlier ones the output no longer holds, which "
+                f"output.{skipping[0]}.skip_duplicates would then remove from the sink with their copy; drop one"
             )

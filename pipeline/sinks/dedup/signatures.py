@@ -4,8 +4,8 @@ similarity that verifies a candidate pair.
 
 The hashes are stable across processes, machines and Python versions (never Python's ``hash``): a signature stored
 with an output (``dedup_index/``) is compared with ones computed by a later run on other workers. Hashing is
-vectorised with NumPy and done in pieces of ``SHINGLE_PIECE`` n-grams, so a huge document costs time in proportion
-to its length and a bounded amount of memory (``SHINGLE_PIECE`` × permutations × 8 bytes, about 7 MB)."""
+vectorised with NumPy and done in pieces of n-grams (``shingle_piece``), so a huge document costs time in proportion
+to its length and a bounded amount of memory (``PIECE_BYTES``, 8 MB, whatever the permutations)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import zlib
 import numpy as np
 
 SEED = 0x5EED_DB  # the permutations' seed: part of what a stored signature means (dedup_index/ records it)
-SHINGLE_PIECE = 8192
+PIECE_BYTES = 8 << 20  # a piece of n-grams × permutations, hashed at once
 _WORD = re.compile(r"\w+", re.UNICODE)
 _SPACE = re.compile(r"\s+", re.UNICODE)
 
@@ -67,11 +67,17 @@ def signature(text: str, ngram: int, num_perm: int, seed: int = SEED) -> np.ndar
     a, b = permutations(num_perm, seed)
     shingles = shingle_hashes(text, ngram)
     least = np.full(num_perm, np.uint64(0xFFFF_FFFF))
+    step = shingle_piece(num_perm)
     with np.errstate(over="ignore"):
-        for start in range(0, len(shingles), SHINGLE_PIECE):
-            piece = shingles[start : start + SHINGLE_PIECE, None]
+        for start in range(0, len(shingles), step):
+            piece = shingles[start : start + step, None]
             least = np.minimum(least, ((piece * a + b) >> np.uint64(32)).min(axis=0))
     return least.astype(np.uint32)
+
+
+def shingle_piece(num_perm: int) -> int:
+    """How many n-grams are hashed at once: PIECE_BYTES of uint64 whatever the permutations."""
+    return max(1, PIECE_BYTES // (8 * num_perm))
 
 
 def band_keys(sig: np.ndarray, bands: int, rows: int) -> list[str]:

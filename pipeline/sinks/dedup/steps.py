@@ -19,13 +19,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import heapq
-import itertools
 
 import apache_beam as beam
 import numpy as np
 
 from docbeam.pipeline.sinks.dedup import clusters, signatures
-from docbeam.pipeline.sinks.dedup.marking import Item, Mark, mark_cluster, mark_exact, mark_greedy, priority
+from docbeam.pipeline.sinks.dedup.marking import Item, Mark, mark_cluster, mark_exact, priority
 from docbeam.pipeline.sinks.dedup.settings import NEAR_SWEEP, SEMANTIC_SWEEP
 
 TOP = 16  # the members of an LSH bucket every other member is verified against
@@ -33,8 +32,14 @@ MARKED = "marked"
 NEAR_BINS = tuple(round(0.05 * i, 2) for i in range(21))
 
 
-def item_of(item, vector_column: str | None, with_vectors: bool):
-    """``(id, {"document": [...], "row": [...], "earlier": [...]})`` → the one Item deduplication sees, or none."""
+def item_of(item, vector_column: str | None, earlier_vectors: bool, history: bool):
+    """``(id, {"document": [...], "row": [...], "earlier": [...]})`` → the one Item deduplication sees, or none.
+
+    A document with a row whose text the earlier run kept unchanged is protected and keeps its stored signature.
+    An earlier kept document without a row today is a protected reference when it was read and rejected (a
+    rejection says nothing about whether it still exists, as for the sinks' removals) or, under ``history``, when
+    it was not read at all; otherwise it left the corpus and is no reference. Its stored vector is used only
+    where ``earlier_vectors`` (the earlier run's vectors are this model's)."""
     doc_id, grouped = item
     documents, rows, earlier = list(grouped["document"]), list(grouped["row"]), list(grouped["earlier"])
     before = earlier[0] if earlier else None
@@ -44,11 +49,15 @@ def item_of(item, vector_column: str | None, with_vectors: bool):
         vector = None
         if vector_column is not None and rows[0].get(vector_column) is not None:
             vector = clusters.unit(rows[0][vector_column])
-        same = before is not None and before["key"] == key  # kept by the earlier run, and unchanged since
-        yield Item(doc_id, key, text, stored_signature(before) if same else None, vector, protected=same)
-    elif before is not None:  # not read today (or read but rejected): yesterday's kept document stays the reference
-        vector = np.asarray(before["vector"], np.float32) if with_vectors and before["vector"] is not None else None
-        yield Item(doc_id, before["key"], None, stored_signature(before), vector, protected=True, earlier=True)
+        if before is not None and before["key"] == key:  # kept by the earlier run, and unchanged since
+            yield Item(doc_id, key, text, stored_signature(before), vector, True, scheme=before.get("scheme") or "")
+        else:
+            yield Item(doc_id, key, text, None, vector)
+    elif before is not None and (documents or history):
+        stored = before.get("vector")
+        vector = np.asarray(stored, np.float32) if earlier_vectors and stored is not None else None
+        sig, scheme = stored_signature(before), before.get("scheme") or ""
+        yield Item(doc_id, before["key"], None, sig, vector, protected=True, earlier=True, scheme=scheme)
 
 
 def stored_signature(row: dict | None) -> np.ndarray | None:
@@ -59,9 +68,9 @@ class ItemsOfRun(beam.PTransform):
     """Input ``{"documents", "rows", "earlier"}`` (the earlier run's dedup_index rows, possibly empty); output the
     Items: each document with a row once, and each earlier kept document not read again, protected."""
 
-    def __init__(self, vector_column: str | None, with_vectors: bool):
+    def __init__(self, vector_column: str | None, earlier_vectors: bool, history: bool):
         super().__init__()
-        self._vector, self._with_vectors = vector_column, with_vectors
+        self._args = (vector_column, earlier_vectors, history)
 
     def expand(self, inputs):
         return (
@@ -71,7 +80,7 @@ class ItemsOfRun(beam.PTransform):
                 "earlier": inputs["earlier"] | "KeyEarlier" >> beam.Map(lambda r: (r["id"], r)),
             }
             | "JoinById" >> beam.CoGroupByKey()
-            | "Items" >> beam.FlatMap(item_of, self._vector, self._with_vectors)
+            | "Items" >> beam.FlatMap(item_of, *self._args)
         )
 
 
@@ -94,17 +103,17 @@ class MarkExact(beam.PTransform):
         return {"kept": out.kept, "marked": out[MARKED]}
 
 
-def signed(item: Item, ngram: int, num_perm: int) -> Item:
-    """The item with its signature (an earlier run's is read, never recomputed) and without its text, which no
-    later step needs (the shuffles after this carry only signatures and vectors)."""
-    sig = item.signature if item.signature is not None else None
-    if sig is None and item.text is not None:
-        sig = signatures.signature(item.text, ngram, num_perm)
-    return dataclasses.replace(item, signature=sig, text=None)
+def signed(item: Item, ngram: int, num_perm: int, scheme: str) -> Item:
+    """The item with its signature of ``scheme`` (an earlier run's is read, never recomputed; one of another scheme
+    is recomputed from the text, or kept as it is for the index when there is no text: it does not compare) and
+    without its text, which no later step needs (the shuffles after this carry only signatures and vectors)."""
+    if (item.signature is None or item.scheme != scheme) and item.text is not None:
+        item = dataclasses.replace(item, signature=signatures.signature(item.text, ngram, num_perm), scheme=scheme)
+    return dataclasses.replace(item, text=None)
 
 
-def band_members(item: Item, bands: int, rows: int):
-    if item.signature is None:
+def band_members(item: Item, bands: int, rows: int, scheme: str):
+    if item.signature is None or item.scheme != scheme:
         return
     member = (priority(item), item.id, item.signature, item.protected)
     for key in signatures.band_keys(item.signature, bands, rows):
@@ -113,7 +122,8 @@ def band_members(item: Item, bands: int, rows: int):
 
 def verified_pairs(bucket):
     """A band's bucket → each member's estimated Jaccard with the bucket's TOP first members before it:
-    ``((first_id, member_id), similarity, {id: protected})``. Two passes over the values, none held whole."""
+    ``((first_id, member_id), similarity)``; a protected member is never the later one. Two passes over the
+    values, none held whole."""
     _, members = bucket
     top = heapq.nsmallest(TOP, members, key=lambda m: m[0])
     if len(top) < 2:
@@ -121,41 +131,20 @@ def verified_pairs(bucket):
     for prio, doc_id, sig, protected in members:
         if protected:
             continue
-        for t_prio, t_id, t_sig, t_protected in top:
+        for t_prio, t_id, t_sig, _ in top:
             if t_prio >= prio:
                 break
-            yield (t_id, doc_id), signatures.estimated_jaccard(t_sig, sig), {t_id: t_protected, doc_id: False}
+            yield (t_id, doc_id), signatures.estimated_jaccard(t_sig, sig)
 
 
-class _NearMarks(beam.CombineFn):
-    """The verified pairs at or above the threshold (each once) → the near marks (marking.mark_greedy)."""
-
-    def __init__(self, threshold: float):
-        self._threshold = threshold
-
-    def create_accumulator(self):
-        return {}, {}
-
-    def add_input(self, acc, pair):
-        edges, protected = acc
-        (ids, sim, flags) = pair
-        if sim >= self._threshold:
-            edges[ids] = sim
-            for doc_id, flag in flags.items():
-                protected[doc_id] = protected.get(doc_id, False) or flag
-        return acc
-
-    def merge_accumulators(self, accs):
-        edges, protected = {}, {}
-        for e, p in accs:
-            edges.update(e)
-            for doc_id, flag in p.items():
-                protected[doc_id] = protected.get(doc_id, False) or flag
-        return edges, protected
-
-    def extract_output(self, acc):
-        edges, protected = acc
-        return mark_greedy(edges, protected, self._threshold)
+def root_candidates(item):
+    """``(earlier, {"pairs": [(later, similarity)], "not_root": [...]})`` → ``(later, (−similarity, earlier))`` for
+    each pair whose earlier document is a root (marking.mark_near's rule, one document at a time)."""
+    earlier, grouped = item
+    if list(grouped["not_root"]):
+        return
+    for later, sim in grouped["pairs"]:
+        yield later, (-sim, earlier)
 
 
 def kept_after(item, kind_protects: bool = True):
@@ -184,22 +173,33 @@ class MarkNear(beam.PTransform):
     """Items → ``kept`` (signed, text dropped), ``marked`` (kind near) and ``closest``: (id, its greatest estimated
     Jaccard with any candidate before it), for the report's histogram and sweep."""
 
-    def __init__(self, threshold: float, ngram: int, bands: int, rows: int):
+    def __init__(self, threshold: float, ngram: int, bands: int, rows: int, scheme: str):
         super().__init__()
         self._threshold, self._ngram, self._bands, self._rows = threshold, ngram, bands, rows
+        self._scheme = scheme
 
     def expand(self, items):
-        signed_items = items | "Sign" >> beam.Map(signed, self._ngram, self._bands * self._rows)
+        signed_items = items | "Sign" >> beam.Map(signed, self._ngram, self._bands * self._rows, self._scheme)
         pairs = (
             signed_items
-            | "BandKeys" >> beam.FlatMap(band_members, self._bands, self._rows)
+            | "BandKeys" >> beam.FlatMap(band_members, self._bands, self._rows, self._scheme)
             | "GroupByBand" >> beam.GroupByKey()
             | "VerifyCandidates" >> beam.FlatMap(verified_pairs)
         )
-        marks = (
+        threshold = self._threshold
+        close = (
             pairs
-            | "MarkNear" >> beam.CombineGlobally(_NearMarks(self._threshold)).without_defaults()
-            | "EachNearMark" >> beam.FlatMap(lambda marks: marks)
+            | "AtThreshold" >> beam.Filter(lambda p: p[1] >= threshold)
+            | "KeyPair" >> beam.Map(lambda p: (p[0], p[1]))
+            | "EachPairOnce" >> beam.CombinePerKey(max)  # a pair shares several bands
+        )
+        not_root = close | "NotRoots" >> beam.Map(lambda p: (p[0][1], None))
+        marks = (
+            {"pairs": close | "ByEarlier" >> beam.Map(lambda p: (p[0][0], (p[0][1], p[1]))), "not_root": not_root}
+            | "JoinRoots" >> beam.CoGroupByKey()
+            | "RootCandidates" >> beam.FlatMap(root_candidates)
+            | "MostSimilarRoot" >> beam.CombinePerKey(min)
+            | "NearMarks" >> beam.MapTuple(lambda later, best: Mark(later, best[1], "near", round(-best[0], 6)))
         )
         closest = pairs | "KeyCandidate" >> beam.Map(lambda p: (p[0][1], p[1])) | "Closest" >> beam.CombinePerKey(max)
         return {"kept": without_marked(signed_items, marks, "Near"), "marked": marks, "closest": closest}
@@ -220,11 +220,13 @@ def order_in_cluster(keep: str, distance: float, doc_id: str, seed: int):
 
 
 def cluster_marks(cluster, eps: float, max_cluster: int):
-    """One cluster's members → its semantic Marks (main) and ``closest`` values, in pieces of ``max_cluster``."""
+    """One cluster's members → its semantic Marks (main) and ``closest`` values. The members are sorted by priority
+    first (their ids and vectors held: the plan's hash pieces keep a cluster near max_cluster), then compared in
+    pieces of ``max_cluster`` in that order, so the marks do not depend on the order Beam hands them over in."""
     _, members = cluster
-    members = iter(members)
-    while piece := list(itertools.islice(members, max_cluster)):
-        piece.sort(key=lambda m: m[0])
+    members = sorted(members, key=lambda m: m[0])
+    for start in range(0, len(members), max_cluster):
+        piece = members[start : start + max_cluster]
         ids = [m[1] for m in piece]
         marks, closest = mark_cluster(ids, np.stack([m[2] for m in piece]), [m[3] for m in piece], eps)
         yield from marks
@@ -265,7 +267,7 @@ class MarkSemantic(beam.PTransform):
         )
 
         def assigned(item, fitted):
-            key, distance = fitted.assign(item.vector)
+            key, distance = fitted.assign(item.vector, item.id, seed)
             order = (not item.protected, order_in_cluster(keep, distance, item.id, seed), item.id)
             return key, (order, item.id, item.vector, item.protected)
 

@@ -105,6 +105,7 @@ def sync_arguments(parser) -> None:
 
 def sync_prepare(args) -> tuple[str, dict, PgvectorConfig]:
     """The target checked as the section would be, and the output's committed manifest; refused otherwise."""
+    from docbeam.pipeline.sinks.dedup.settings import DUPLICATES
     from docbeam.pipeline.store import output as output_lib
     from docbeam.pipeline.store import paths
 
@@ -116,6 +117,11 @@ def sync_prepare(args) -> tuple[str, dict, PgvectorConfig]:
     manifest = output_lib.read_manifest(output)
     if manifest is None:
         raise output_lib.OutputRefused(f"{output} holds no committed docbeam run (no {output_lib.MANIFEST})")
+    if target.skip_duplicates and not any(output_lib.in_folder(f["path"], DUPLICATES) for f in manifest["files"]):
+        raise output_lib.OutputRefused(
+            f"sync-pgvector --skip-duplicates: run {manifest['run_id']} of {output} was not deduplicated (no "
+            f"{DUPLICATES}/: output.dedup was off), so it marks nothing to skip; leave out --skip-duplicates"
+        )
     return output, manifest, target
 
 

@@ -116,7 +116,7 @@ def load(output: str, manifest: dict, dsn: str, table: str, skip_duplicates: boo
         faults.before_change("delete", f"postgres:{table}")
         deleted = sweep(
             cur, table, lineage, manifest, output, [r["id"] for r in rejected if load_problem(r["id"], "") is None]
-        )
+        ) + unload(cur, table, lineage, skipped)
         cur.execute(
             f"INSERT INTO {runs} (run_id, output, upserted, deleted, lineage) VALUES (%s, %s, %s, %s, %s)",
             (run_id, output, upserted, deleted, lineage),
@@ -233,6 +233,18 @@ def sweep(cur, table: str, lineage: str, manifest: dict, output: str, kept_ids: 
         f"DELETE FROM {table} WHERE run_id <> %s AND run_id IN (SELECT run_id FROM {table}_runs WHERE "
         f"{LINEAGE} = %s) AND NOT (id = ANY(%s))",
         (manifest["run_id"], lineage, [e["id"] for e in errors] + kept_ids),
+    )
+    return cur.rowcount
+
+
+def unload(cur, table: str, lineage: str, ids: frozenset) -> int:
+    """The rows of this output's lineage whose documents the run marked as duplicates (``skip_duplicates``): gone
+    whether or not the sweep ran (it is skipped when a rejection names no document); other lineages' rows stay."""
+    if not ids:
+        return 0
+    cur.execute(
+        f"DELETE FROM {table} WHERE id = ANY(%s) AND run_id IN (SELECT run_id FROM {table}_runs WHERE {LINEAGE} = %s)",
+        (sorted(ids), lineage),
     )
     return cur.rowcount
 

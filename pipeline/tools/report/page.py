@@ -250,7 +250,13 @@ def _sink_sections(s: dict) -> dict[str, str]:
 
     sections = {}
     for key, sink in sinks.SINKS.items():
-        tables = sink.report_tables(s[key]) if isinstance(s.get(key), dict) else []
+        try:
+            tables = sink.report_tables(s[key]) if isinstance(s.get(key), dict) else []
+        except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:  # a garbled summary.json
+            sections[key] = (
+                f"<p class=warn>summary.json's {html.escape(key)} record cannot be read ({html.escape(repr(e))})</p>"
+            )
+            continue
         if tables:
             sections[key] = "".join(
                 f"<h2>{html.escape(title)}</h2>"
