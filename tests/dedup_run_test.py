@@ -33,6 +33,25 @@ def write_corpus(path, docs) -> str:
     return str(path)
 
 
+def distinct(n: int) -> list[dict]:
+    return [
+        {"id": f"doc{i}", "text": f"Document {i} says something of its own about subject {i * 13}."} for i in range(n)
+    ]
+
+
+def run_again(tmp_path, out: str, model: str, docs: list[dict], **output) -> dict:
+    """An incremental run of ``docs`` into ``out``, reusing the run there, with the tiny checkpoint's buckets."""
+    cfg = job_config(
+        write_corpus(tmp_path / "again.jsonl", docs),
+        out,
+        model,
+        batching={"buckets": [32, 128]},
+        input={"reuse_from": out},
+        output=output,
+    )
+    return run_job(cfg)
+
+
 def run(corpus: str, out: str, model: str = MODEL, **output) -> dict:
     cfg = job_config(corpus, out, model, batching=BATCHING, runner={"progress_seconds": 0}, output=output)
     return run_job(cfg)
@@ -295,21 +314,11 @@ def test_with_history_todays_copies_name_documents_only_the_index_holds(yesterda
 def test_an_earlier_index_counts_when_the_vectors_are_not_reused(tmp_path, tiny_checkpoint_dir):
     """output.granularity: both reuses no vectors, yet yesterday's kept document stays kept and a newer copy is
     marked against it: exact keys and signatures do not depend on the model."""
-    docs = [
-        {"id": f"doc{i}", "text": f"Document {i} says something of its own about subject {i * 13}."} for i in range(3)
-    ]
+    docs = distinct(3)
     out = str(tmp_path / "out")
     first = run(write_corpus(tmp_path / "a.jsonl", docs), out, tiny_checkpoint_dir, dedup={"exact": True})
     today = [*docs, {"id": "a-copy", "text": docs[1]["text"]}]
-    cfg = job_config(
-        write_corpus(tmp_path / "b.jsonl", today),
-        out,
-        tiny_checkpoint_dir,
-        batching={"buckets": [32, 128]},
-        input={"reuse_from": out},
-        output={"dedup": {"exact": True}, "granularity": "both"},
-    )
-    second = run_job(cfg)
+    second = run_again(tmp_path, out, tiny_checkpoint_dir, today, dedup={"exact": True}, granularity="both")
     assert second["docs_reused"] == 0 and second["dedup"]["against"]["run_id"] == first["run_id"]
     assert {m["id"]: m["duplicate_of"] for m in read(out, "duplicates")} == {"a-copy": "doc1"}
 
@@ -347,25 +356,14 @@ def test_hostile_documents_are_one_row_each_and_the_run_commits(hostile_run):
 
 
 def test_a_damaged_earlier_index_is_named_and_the_run_deduplicates_within_itself(tmp_path, tiny_checkpoint_dir):
-    docs = [
-        {"id": f"doc{i}", "text": f"Document {i} says something of its own about subject {i * 13}."} for i in range(4)
-    ]
+    docs = distinct(4)
     out = str(tmp_path / "out")
     first = run(write_corpus(tmp_path / "a.jsonl", docs), out, tiny_checkpoint_dir, dedup={"exact": True})
     (index_file,) = glob.glob(f"{out}/dedup_index/*.parquet")
     with open(index_file, "ab") as f:
         f.write(b"flipped by a flaky disk")
     today = [{"id": "new", "text": docs[0]["text"]}, {"id": "new2", "text": docs[0]["text"]}]
-    second = run_job(
-        job_config(
-            write_corpus(tmp_path / "b.jsonl", today),
-            out,
-            tiny_checkpoint_dir,
-            batching={"buckets": [32, 128]},
-            input={"reuse_from": out},
-            output={"dedup": {"exact": True}},
-        )
-    )
+    second = run_again(tmp_path, out, tiny_checkpoint_dir, today, dedup={"exact": True})
     against = second["dedup"]["against"]
     assert against["files"] == 0 and "not the size its manifest says" in against["reason"], against
     assert second["reuse"]["run_id"] == first["run_id"]  # the vectors were reused: only the index was damaged
@@ -387,22 +385,12 @@ def test_a_kept_field_named_like_a_mark_column_is_refused_at_start(tmp_path, tin
 def test_vector_search_gets_only_the_kept_and_loses_a_document_marked_today(tmp_path, tiny_checkpoint_dir):
     """output.vertex_ai.skip_duplicates: a marked document is not in vertex_ai/, and one an earlier run loaded that
     is marked today (its text now copies another's) is under vertex_ai/delete/."""
-    docs = [
-        {"id": f"doc{i}", "text": f"Document {i} says something of its own about subject {i * 13}."} for i in range(6)
-    ]
+    docs = distinct(6)
     out = str(tmp_path / "out")
     asked = {"dedup": {"exact": True}, "vertex_ai": {"skip_duplicates": True}}
     run(write_corpus(tmp_path / "a.jsonl", docs), out, tiny_checkpoint_dir, **asked)
     today = [*docs[:5], {"id": "doc5", "text": docs[1]["text"]}, {"id": "new", "text": docs[2]["text"]}]
-    cfg = job_config(
-        write_corpus(tmp_path / "b.jsonl", today),
-        out,
-        tiny_checkpoint_dir,
-        batching={"buckets": [32, 128]},
-        input={"reuse_from": out},
-        output=asked,
-    )
-    run_job(cfg)
+    run_again(tmp_path, out, tiny_checkpoint_dir, today, **asked)
     marks = {m["id"]: m["duplicate_of"] for m in read(out, "duplicates")}
     loaded = {json.loads(line)["id"] for p in glob.glob(f"{out}/vertex_ai/*.json") for line in open(p)}
     deleted = {line.strip() for p in glob.glob(f"{out}/vertex_ai/delete/*") for line in open(p)}
