@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from docbeam.errors import ConfigError
 from docbeam.pipeline.sinks.dedup import report
-from docbeam.pipeline.sinks.dedup.earlier import earlier_index, marked_ids
 from docbeam.pipeline.sinks.dedup.settings import DUPLICATES, INDEX, NEAR_SWEEP, SEMANTIC_SWEEP, DedupConfig
 from docbeam.pipeline.sinks.registry import Curated, Sink, register
 
-__all__ = ["DUPLICATES", "INDEX", "Dedup", "DedupConfig", "marked_ids"]
+__all__ = ["DUPLICATES", "INDEX", "Dedup", "DedupConfig"]
 
 
 def vector_column(head) -> str | None:
@@ -43,6 +42,8 @@ class Dedup(Sink):
             )
 
     def planned(self, section, plan) -> dict:
+        from docbeam.pipeline.sinks.dedup.earlier import earlier_index  # reads storage: Beam's filesystems
+
         earlier = earlier_index(plan)
         kinds = [
             k for k, on in (("exact", section.exact), ("near", section.near), ("semantic", section.semantic)) if on
@@ -60,6 +61,7 @@ class Dedup(Sink):
         }
 
     def curate(self, section, inputs, staging: str, run_id: str, plan) -> Curated:
+        from docbeam.pipeline.sinks.dedup.earlier import earlier_index
         from docbeam.pipeline.sinks.dedup.graph import curate  # Beam's: once the graph is built
 
         return curate(section, inputs, staging, run_id, plan, earlier_index(plan), vector_column(plan.head))
