@@ -97,6 +97,10 @@ class Sink:
         """A curating sink's marks and files, made before every sink's ``files`` (None: it curates nothing)."""
         return None
 
+    def mark_values(self, kinds: list[str]) -> dict:
+        """A row's ``select_columns`` values from the kinds its marks carry ([] for an unmarked document)."""
+        return {}
+
     def planned(self, section, plan) -> dict | None:
         """What summary.json records under the sink's key before the run (its settings); None: nothing."""
         return None

@@ -41,6 +41,9 @@ class Dedup(Sink):
                 "(exact and near compare the texts, with any head)"
             )
 
+    def mark_values(self, kinds: list[str]) -> dict:
+        return {"duplicate": bool(kinds), "duplicate_kind": min(kinds) if kinds else None}
+
     def planned(self, section, plan) -> dict:
         from docbeam.pipeline.sinks.dedup.earlier import earlier_index  # reads storage: Beam's filesystems
 
