@@ -59,7 +59,7 @@ def runtime_for(model_path: str, dtype: str, bucket: int, packing: bool):
         attention=AttentionConfig(backend=backend),
     )  # fmt: skip
     runtime = load_encoder(spec)
-    return runtime, runtime._forward[backend]
+    return runtime, runtime.forwards[backend]
 
 
 def minilm_batches(args) -> list:

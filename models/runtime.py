@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import threading
@@ -49,6 +50,7 @@ class EncoderPlan:
     # serves a later job only while these match, so a checkpoint rewritten in place is loaded afresh.
     checkpoint_key: tuple = ()
     mesh: MeshShape = MeshShape()  # runner.mesh: the worker's chips on the data and model axes
+    engine: str = "xla"  # runner.engine: xla | openvino | auto (models/engines/)
 
     def __post_init__(self):
         if not self.choices:
@@ -68,6 +70,7 @@ class RuntimeSpec:
     compile_ahead: tuple[tuple[int, int], ...] = ()  # (rows, bucket_len) shapes compiled before their batches
     slots: tuple[tuple[int, int], ...] = ()  # packing: (bucket_len, windows per row) of every bucket
     replanned: str | None = None  # why these choices are not the job plan's ("planned cpu, worker gpu")
+    engine_cache: str | None = None  # where OpenVINO's models and auto's verdicts are kept (models/engines/shapes.py)
 
     @property
     def head(self):
@@ -170,6 +173,46 @@ def load(spec: RuntimeSpec, fn_name: str):
     return placement, ck.config, jax.block_until_ready(jax.device_put(params, placement.params(params))), forwards
 
 
+def float32_forward(spec: RuntimeSpec, params, backend: str):
+    """``(*inputs) -> output`` in float32 with the parameters baked in: what OpenVINO exports (it lowers the
+    precision itself from its hint). A float32 job's own parameters; another dtype's loaded again in float32."""
+    import jax
+    import jax.numpy as jnp
+
+    from docbeam.attention.dispatch import bind_choice
+    from docbeam.models import checkpoint, encoder
+
+    plan, head = spec.plan, spec.plan.head
+    ck = checkpoint.open_checkpoint(plan.model_path, "float32", with_weights=plan.dtype != "float32", task=plan.task)
+    if plan.dtype != "float32":
+        params = checkpoint.load_params(ck.folder, ck.config)
+        if head.layers or head.reduce is not None:
+            params = {"encoder": params, "head": head.load_params(ck.folder)}
+    # As JAX arrays: the export traces the forward with them as constants, and a numpy table indexed by a traced
+    # array (MPNet's relative-position buckets) would not trace.
+    params = jax.tree.map(jnp.asarray, params)
+    embed = encoder.embed_fn(ck.config, bind_choice(plan.attention, backend), head.pooling, head.layers, head.reduce)
+    return lambda *inputs: embed(params, *inputs)
+
+
+def engine_set(spec: RuntimeSpec, placement: Placement, params):
+    """The runtime's engines (models/engines/shapes.py), or None where ``runner.engine`` is xla."""
+    if spec.plan.engine == "xla":
+        return None
+    from docbeam.models.engines.shapes import EngineSet, engine_folder
+
+    plan = spec.plan
+    return EngineSet(
+        requested=plan.engine,
+        platform=placement.device.platform,
+        chips=len(placement.devices),
+        dtype=plan.dtype,
+        model_key=(plan.model_path, plan.checkpoint_key, repr(plan.head), plan.task, plan.packing),
+        export_fn=lambda backend: float32_forward(spec, params, backend),
+        folder=engine_folder(spec.engine_cache),
+    )
+
+
 def window_outputs(head, pooled: np.ndarray, batch):
     """Each window's output in ``batch.windows``' order: its vector (rows of an array), or for a multi-vector
     head, whose forward gives every token's vector, the list of its kept token vectors (the head cuts them)."""
@@ -202,7 +245,8 @@ class EncoderRuntime:
     def __init__(self, spec: RuntimeSpec, hooks: RuntimeHooks, startup: dict | None = None, job: str = ""):
         self.spec, self.hooks, self._job = spec, hooks, job
         t0 = time.perf_counter()
-        self.placement, self.config, self.params, self._forward = load(spec, hooks.fn_name)
+        self.placement, self.config, self.params, self.forwards = load(spec, hooks.fn_name)
+        self.engines = engine_set(spec, self.placement, self.params)
         self.choices = {c.case.seq_len: c for c in spec.choices}
         self._shapes_seen: set = set()
         self._measurements_told: set[int] = set()  # buckets whose auto measurement a record has carried
@@ -215,36 +259,12 @@ class EncoderRuntime:
         # first batch tends to fill first (on the sample the first batch is bucket 256's).
         keys = [(self.choices[b].backend, (rows, b)) for rows, b in sorted(spec.compile_ahead, key=lambda s: -s[1])]
         self._shapes_seen.update(keys)
-        self.pool = CompilePool(self._compile, keys)
+        self.pool = CompilePool(functools.partial(compile_shape, self), keys)
 
     @property
     def device(self):
         """The encoder's first chip (its only one without a mesh)."""
         return self.placement.device
-
-    def _compile(self, backend: str, shape: tuple[int, int]):
-        """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
-        import jax
-
-        hits = self.hooks.watch.in_this_thread()[2]
-        t0 = time.perf_counter()
-        rows = self.placement.rows()
-        shape = (padded_rows(shape[0], self.placement.shape.data), shape[1])
-        inputs = [shape, shape[:1]]
-        if self.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
-            inputs += [shape, (shape[0], dict(self.spec.slots)[shape[1]])]
-        abstract = [jax.ShapeDtypeStruct(s, np.int32, sharding=rows) for s in inputs]
-        executable = self._forward[backend].lower(self.params, *abstract).compile()
-        record = {
-            "backend": backend,
-            "rows": shape[0],
-            "bucket_len": shape[1],
-            "seconds": time.perf_counter() - t0,
-            "cache_hits": self.hooks.watch.in_this_thread()[2] - hits,
-        }
-        if not record["cache_hits"]:
-            self.hooks.on_fresh_compile()
-        return executable, record
 
     def serve(self, job: str) -> EncoderRuntime:
         """This runtime, for ``job``: one that finds it loaded by an earlier job is told so (``reused_s``)."""
@@ -283,6 +303,7 @@ class EncoderRuntime:
             return vectors, timing
 
     def _encode(self, batch) -> tuple[np.ndarray, dict]:
+        import jax
 
         choice = self.choices[batch.bucket_len]
         started_at = datetime.datetime.now(datetime.timezone.utc)
@@ -298,10 +319,12 @@ class EncoderRuntime:
         compiles_before, compile_s_before, hits_before = watch.in_this_thread()
         key = (choice.backend, batch.ids_BxT.shape, *(("late",) if late else ()))
         forward, waited_s = self.pool.executable(key) if not late else (None, 0.0)
-        forward = forward or self._forward[choice.backend]  # a shape not planned for: jit compiles it now
+        forward = forward or self.forwards[choice.backend]  # a shape not planned for: jit compiles it now
+        device_inputs = self.placement.put_rows(inputs)
+        verdict, told = engine_for_batch(self, key, forward, device_inputs, batch)
+        forward = self.engines.forward(key, forward) if self.engines is not None else forward
         t1 = time.perf_counter()
-        pooled = forward(self.params, *self.placement.put_rows(inputs))
-        pooled.block_until_ready()
+        pooled = jax.block_until_ready(forward(self.params, *device_inputs))
         t2 = time.perf_counter()
         vectors = window_outputs(self.spec.head, np.asarray(pooled)[: batch.rows], batch)
         alone = (
@@ -338,6 +361,10 @@ class EncoderRuntime:
             "fallback_reason": choice.fallback_reason,
             "attention_measured": measurement_once(self._measurements_told, choice),
             "replanned": self.spec.replanned,
+            # The engine that compiled and ran the forward (models/engines/), why, and its first batch's figures.
+            "engine": verdict.engine if verdict is not None else "xla",
+            "engine_reason": verdict.reason if verdict is not None else "runner.engine: xla",
+            "engine_measured": told,
             "compiled": compiled,
             # Compiling this batch's shape, or waiting for its compilation in the background.
             "compile_ms": round((compile_s_after - compile_s_before + waited_s) * 1e3, 3),
@@ -349,3 +376,48 @@ class EncoderRuntime:
             "mesh": self.placement.shape.as_dict(),
             **self.hooks.batch_facts(self.placement.devices),
         }
+
+
+def compile_shape(runtime: EncoderRuntime, backend: str, shape: tuple[int, int]):
+    """The executable for one (rows, bucket) shape, and what it cost (counted in the calling thread)."""
+    import jax
+
+    hits = runtime.hooks.watch.in_this_thread()[2]
+    t0 = time.perf_counter()
+    rows = runtime.placement.rows()
+    shape = (padded_rows(shape[0], runtime.placement.shape.data), shape[1])
+    inputs = [shape, shape[:1]]
+    if runtime.spec.packing:  # segment ids [rows, bucket] and slot lengths [rows, slots]
+        inputs += [shape, (shape[0], dict(runtime.spec.slots)[shape[1]])]
+    abstract = [jax.ShapeDtypeStruct(s, np.int32, sharding=rows) for s in inputs]
+    executable = runtime.forwards[backend].lower(runtime.params, *abstract).compile()
+    record = {
+        "backend": backend,
+        "rows": shape[0],
+        "bucket_len": shape[1],
+        "seconds": time.perf_counter() - t0,
+        "cache_hits": runtime.hooks.watch.in_this_thread()[2] - hits,
+    }
+    if runtime.engines is not None:
+        executable = runtime.engines.prepare(backend, executable, tuple(tuple(a.shape) for a in abstract))
+        record["openvino_s"] = round(executable.compile_s, 3)
+        record["openvino_refused"] = executable.refused
+    if not record["cache_hits"]:
+        runtime.hooks.on_fresh_compile()
+    return executable, record
+
+
+def engine_for_batch(runtime: EncoderRuntime, key, forward, device_inputs, batch):
+    """(the shape's engine verdict, its figures as JSON once per shape or ''); (None, '') without engines."""
+    if runtime.engines is None:
+        return None, ""
+    head = runtime.spec.head
+    return runtime.engines.for_batch(
+        key,
+        forward,
+        runtime.forwards[key[0]],
+        runtime.params,
+        device_inputs,
+        lambda out: window_outputs(head, np.asarray(out)[: batch.rows], batch),
+        runtime.pool.wait,
+    )

@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+from engine_fixtures import assert_openvino_writes_what_xla_writes, first_windows
 from family_fixtures import head_forward, save_checkpoint, tiny_model
 
 from docbeam.config import ModelConfig
@@ -399,3 +400,11 @@ def test_a_curation_run_scores_deduplicates_and_selects_the_kept_and_refuses_sem
                 output={"dedup": {"semantic": {}}},
             )
         )
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_a_classifiers_logits_run_on_openvino_at_xlas(classifier, packed):
+    folder, _ = classifier
+    head = resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder))
+    batch = first_windows(folder, list(TEXTS.values()), WINDOW, packed)
+    assert_openvino_writes_what_xla_writes(folder, head, [batch], packed)

@@ -239,6 +239,9 @@ def job_config(input_path: str, output_path: str, model_path: str, **sections):
         "output": {"path": output_path},
         "model": {"path": model_path},
         "batching": dict(TEST_BATCHING),
+        # XLA unless a test asks for an engine: auto would export and time OpenVINO for every tiny model's shapes
+        # (tests/engines_test.py and the family and head tests hold the engine itself).
+        "runner": {"engine": "xla"},
     }
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)

@@ -114,7 +114,7 @@ def test_on_cpu_the_forward_compiles_with_xlas_memory_optimized_scheduler(tmp_pa
 
     folder = write_tiny_checkpoint(str(tmp_path / "bert"), real_checkpoint_dir, layers=4, hidden=64)
     runtime = load_encoder(standalone_spec(folder, "float32", "mean", attn("chunked"), buckets=(512,)))
-    jitted = runtime._forward["chunked"]
+    jitted = runtime.forwards["chunked"]
     ids = np.random.default_rng(0).integers(1000, 20000, (2, 512)).astype(np.int32)
     call = (runtime.params, ids, np.array([512, 460], np.int32))
     ours = jitted.lower(*call).compile()

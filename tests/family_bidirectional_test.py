@@ -17,6 +17,7 @@ from family_fixtures import (
     assert_matches_transformers,
     assert_moves_output,
     assert_native_run_matches,
+    assert_openvino_matches_xla,
     assert_refused,
     backends_for,
     lowest_cosine,
@@ -297,3 +298,7 @@ def test_docbeam_run_gives_transformers_bidirectional_vectors(tmp_path, packing)
     folder = save_checkpoint(decoder, str(tmp_path / "qwen3"), config_rewrite=flagged("use_bidirectional_attention"))
     texts = {"short": "A short note.", "long": " ".join(["Every token here sees every other one."] * 8)}
     assert_native_run_matches(Bidirectional(decoder), folder, tmp_path, texts, packing)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

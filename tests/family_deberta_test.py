@@ -20,6 +20,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     replace,
@@ -198,3 +199,7 @@ def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
         model, folder, tmp_path, texts, batching=PACKED_BATCHING, attention={"backend": "chunked"}
     )
     assert tokens["b"].shape[1] > 2 * checkpoint.open_checkpoint(folder).config.max_relative_positions
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

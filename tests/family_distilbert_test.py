@@ -13,6 +13,7 @@ from family_fixtures import (
     assert_matches_transformers,
     assert_moves_output,
     assert_native_run_matches,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     replace,
@@ -131,3 +132,7 @@ def test_bfloat16_stays_close_to_float32(folder):
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path, packing):
     texts = {"short": "A short note.", "long": " ".join(["DistilBERT keeps half of BERT's layers."] * 8)}
     assert_native_run_matches(model, folder, tmp_path, texts, packing)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -16,6 +16,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     replace,
     save_checkpoint,
@@ -176,3 +177,7 @@ def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     assert tokens["long"].shape[1] > 4 * 8
     config = checkpoint.open_checkpoint(folder).config
     assert config.output_size == 24 != config.hidden_size
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -15,6 +15,7 @@ from family_fixtures import (
     assert_matches_transformers,
     assert_moves_output,
     assert_native_run_matches,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     lowest_cosine,
@@ -163,3 +164,7 @@ def test_options_docbeam_does_not_run_are_refused(model, tmp_path, rewrite, matc
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path, packing):
     texts = {"short": "A short note.", "long": " ".join(["EuroBERT reads every sentence both ways."] * 8)}
     assert_native_run_matches(model, folder, tmp_path, texts, packing)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -318,3 +318,29 @@ def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> 
     run_job(job_config(str(docs), str(out), model_dir, **sections))
     table = pq.read_table(sorted(glob.glob(f"{out}/embeddings/*.parquet")))
     return {row["id"]: np.asarray(row["embedding"], np.float32) for row in table.to_pylist()}
+
+
+def assert_openvino_matches_xla(folder: str, engine_cache, pooling: str = "mean", **encode) -> list:
+    """The family through the OpenVINO engine (models/engines/) as a CPU worker runs it: unpacked and packed
+    shapes exported from our Flax forward, compiled, and passed by the engine's parity gate against XLA's output
+    on the same batch, so ``runner.engine: openvino`` runs them; the verdicts. ``encode``: our_vectors' task."""
+    from docbeam.models.engines.openvino import input_layout
+    from docbeam.models.engines.shapes import EngineSet
+
+    ck = checkpoint.open_checkpoint(folder, "float32", **encode)
+    params = jax.tree.map(jax.numpy.asarray, checkpoint.load_params(ck.folder, ck.config))
+    native = attention.get("native")
+    embed = encoder.embed_fn(ck.config, native.bind(native.parse_options(None)), pooling)
+    engines = EngineSet(
+        "openvino", "cpu", 1, "float32", (folder,), lambda _: lambda *x: embed(params, *x), engine_cache
+    )
+    xla = jax.jit(embed)
+    ids, lengths = token_inputs(LENGTHS)
+    verdicts = []
+    for inputs in ((ids, lengths), pack(ids, lengths, 128)[:4]):
+        shape = engines.prepare("native", xla, input_layout(inputs))
+        assert shape.openvino is not None, shape.refused
+        verdict = engines.decide(shape, params, inputs, lambda out: np.asarray(out).reshape(-1, np.shape(out)[-1]))
+        assert verdict.engine == "openvino", verdict.reason
+        verdicts.append(verdict)
+    return verdicts

@@ -19,6 +19,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     lowest_cosine,
@@ -312,3 +313,7 @@ def test_docbeam_run_gives_embeddinggemma_sentence_transformers_vectors(model, t
     want = SentenceTransformer(folder, device="cpu").encode_document(list(texts.values()))
     assert lowest_cosine(np.stack([got[k] for k in texts]), want) >= MIN_COSINE
     assert np.allclose(np.linalg.norm(want, axis=1), 1.0, atol=1e-5)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

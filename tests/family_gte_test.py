@@ -14,6 +14,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     replace,
@@ -136,3 +137,7 @@ def test_rope_scalings_docbeam_does_not_reproduce_are_refused(tmp_path, model):
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "General text embeddings.", "b": " ".join(["Rotary positions, stretched."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -14,6 +14,7 @@ from family_fixtures import (
     MIN_COSINE,
     MOVED,
     assert_matches_transformers,
+    assert_openvino_matches_xla,
     backends_for,
     lowest_cosine,
     our_vectors,
@@ -241,3 +242,7 @@ def test_an_empty_model_task_is_a_config_error():
 
     with pytest.raises(config.ConfigError, match=r"model\.task: must name one of the checkpoint's task adapters"):
         config.parse({"input": {"path": "d.jsonl"}, "output": {"path": "o"}, "model": {"task": " "}}, base_dir="/")
+
+
+def test_openvino_runs_the_family_at_xla_parity(hub_folder, tmp_path):
+    assert_openvino_matches_xla(hub_folder, str(tmp_path), task=TASKS[0])

@@ -14,6 +14,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     replace,
@@ -113,3 +114,7 @@ def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"short": "A short note.", "long": " ".join(["ModernBERT attends locally in most layers."] * 8)}
     tokens = assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)
     assert tokens["long"].shape[1] > 4 * 8  # the long document spans several local windows
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

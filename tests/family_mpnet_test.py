@@ -14,6 +14,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     both_forms,
     replace,
     tiny_model,
@@ -105,3 +106,7 @@ def test_bfloat16_stays_close_to_float32(folder):
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "Sentence embeddings, relatively.", "b": " ".join(["Buckets grow logarithmically."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -12,6 +12,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     replace,
@@ -120,3 +121,7 @@ def test_hub_options_docbeam_does_not_run_are_refused(tmp_path, model):
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "search_document: a short one.", "b": " ".join(["Rotary positions with a small base."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts, batching=PACKED_BATCHING)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -17,6 +17,7 @@ from family_fixtures import (
     PACKED_BATCHING,
     assert_docbeam_run_matches,
     assert_moves_output,
+    assert_openvino_matches_xla,
     lowest_cosine,
     our_vectors,
     reference_vectors,
@@ -308,3 +309,7 @@ def test_docbeam_run_gives_transformers_last_token_vectors(model, folder, tmp_pa
         batching={**PACKED_BATCHING, "packing": packing},
     )
     assert all(ids[0, -1] == EOS for ids in tokens.values())
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

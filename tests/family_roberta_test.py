@@ -9,6 +9,7 @@ from family_fixtures import (
     assert_docbeam_run_matches,
     assert_matches_transformers,
     assert_moves_output,
+    assert_openvino_matches_xla,
     assert_refused,
     both_forms,
     replace,
@@ -68,3 +69,7 @@ def test_other_position_embedding_types_are_refused(tmp_path, model):
 def test_docbeam_run_gives_transformers_vectors(model, folder, tmp_path):
     texts = {"a": "Multilingual embeddings for everyone.", "b": " ".join(["Positions start past padding."] * 12)}
     assert_docbeam_run_matches(model, folder, tmp_path, texts)
+
+
+def test_openvino_runs_the_family_at_xla_parity(folder, tmp_path):
+    assert_openvino_matches_xla(folder, str(tmp_path))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from engine_fixtures import assert_openvino_writes_what_xla_writes
 from family_fixtures import MIN_COSINE, save_checkpoint, spread_norms_and_biases, tiny_model
 
 from docbeam import attention
@@ -255,3 +256,14 @@ def test_context_batches_are_full_but_the_last_and_list_every_chunk_once(bert):
     chunks = [(w.doc_id, w.index) for b in batches for w in b.windows]
     assert sorted(chunks) == sorted((w.doc_id, s.index) for w in contexts for s in w.spans)
     assert all(len(b.window_lengths()) == len(b.windows) for b in batches)
+
+
+def test_late_chunks_spans_run_on_openvino_at_xlas_vectors(bert):
+    from docbeam.models.heads import embedding
+
+    _, folder = bert
+    contexts = [w for w in windows_of(folder, CONTEXT) if w.spans]
+    batch = context_batch(contexts, 128, len(contexts) + 1)
+    head = embedding.standalone(checkpoint.open_checkpoint(folder), "cls")
+    (record,) = assert_openvino_writes_what_xla_writes(folder, head, [batch], packing=False)
+    assert record["engine_measured"]  # the shape's first batch carries the parity figures

@@ -158,7 +158,9 @@ def run(family: str, folder: str) -> dict:
 
 def compiled_argument_bytes(runtime, batch) -> int:
     """What XLA's memory analysis of the compiled forward says each chip receives (parameters and the batch)."""
-    executable, _ = runtime._compile(runtime.choices[batch.bucket_len].backend, batch.ids_BxT.shape)
+    from docbeam.models.runtime import compile_shape
+
+    executable, _ = compile_shape(runtime, runtime.choices[batch.bucket_len].backend, batch.ids_BxT.shape)
     return int(executable.memory_analysis().argument_size_in_bytes)
 
 

@@ -11,10 +11,12 @@ import json
 import os
 import string
 
+import engine_fixtures
 import jax
 import numpy as np
 import pytest
-from family_fixtures import MIN_COSINE, pack, save_checkpoint, tiny_model
+from engine_fixtures import assert_openvino_writes_what_xla_writes
+from family_fixtures import MIN_COSINE, save_checkpoint, tiny_model
 
 from docbeam import attention
 from docbeam.config import ModelConfig
@@ -90,19 +92,9 @@ def ours(
 
 
 def first_windows(folder: str, texts: list[str], packed: bool) -> Batch:
-    """Each text's first window (docbeam's tokenizer, WINDOW tokens) as one batch of ``WINDOW``-long rows, packed
-    (about two windows a row) or one window a row."""
-    tokenizer = checkpoint.load_tokenizer(folder)
-    rows = [tokenizer(t, truncation=True, max_length=WINDOW)["input_ids"] for t in texts]
-    lengths = np.asarray([len(r) for r in rows], np.int32)
-    ids = np.zeros((len(rows), WINDOW), np.int32)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = r
-    windows = tuple((f"d{i}", 0, 1, 1, False) for i in range(len(rows)))
-    if not packed:
-        return Batch("b", WINDOW, ids, lengths, windows)
-    p_ids, p_lengths, segments, slots, _ = pack(ids, lengths, int(lengths.sum() // 2 + WINDOW))
-    return Batch("b", WINDOW, p_ids, p_lengths, windows, segments, slots)
+    """Each text's first window (docbeam's tokenizer, WINDOW tokens) as one batch, packed about two windows a row
+    or one window a row."""
+    return engine_fixtures.first_windows(folder, texts, WINDOW, packed)
 
 
 def lowest_token_cosine(a: list[np.ndarray], b: list[np.ndarray]) -> float:
@@ -333,3 +325,10 @@ def test_a_non_finite_window_does_not_take_its_packed_row_mates_token_vectors_wi
     by_id = {w[0]: v for w, v in zip(batch.windows, vectors)}
     assert not np.isfinite(by_id["bad"]).all() and timing["reencoded_alone"] == 2
     np.testing.assert_allclose(by_id["good"], clean[0], atol=2e-6)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_token_vectors_run_on_openvino_at_xlas(folder, packed):
+    head = resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder))
+    batch = first_windows(folder, TEXTS, packed)
+    assert_openvino_writes_what_xla_writes(folder, head, [batch], packed)

@@ -159,6 +159,10 @@ class RunnerConfig(_Section):
     # The platform the driver plans attention for (start-up checks, `validate`); auto: this machine's.
     # Workers re-plan for the platform they actually have.
     device: Literal["auto", "cpu", "gpu", "tpu"] = "auto"
+    # What compiles and runs the encoder's forward on a CPU worker (models/engines/): xla, openvino (where each
+    # shape exports and passes parity with XLA, else XLA for that shape) or auto (OpenVINO only where it is also
+    # measured faster on the worker's CPU). Workers with accelerators run XLA whatever this says.
+    engine: Literal["xla", "openvino", "auto"] = "auto"
     progress_seconds: pydantic.NonNegativeFloat = 10.0  # 0 turns progress lines off
     options: dict[str, str | int | float | bool | list[str]] = {}  # Beam pipeline options
     # One encoder per VM owns the accelerator: RunInference shares it across the VM's SDK processes.
@@ -173,6 +177,18 @@ class RunnerConfig(_Section):
     # USD per worker hour for summary.json's cost (pipeline/telemetry/cost.py); unset: on Dataflow docbeam's dated
     # table of list prices for the machine type, elsewhere no price
     price_per_hour: Annotated[float, pydantic.Field(ge=0, allow_inf_nan=False)] | None = None
+
+    @pydantic.field_validator("engine")
+    @classmethod
+    def _engine_installed(cls, engine):
+        if engine == "openvino":
+            from docbeam.models.engines.openvino import unavailable
+
+            if unavailable():
+                raise ValueError(
+                    f"engine: openvino, but {unavailable()}; or use engine: auto (XLA where it is missing)"
+                )
+        return engine
 
     @pydantic.field_validator("device_memory", mode="before")
     @classmethod

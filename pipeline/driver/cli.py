@@ -269,6 +269,7 @@ def format_summary(s: dict, output: str) -> str:
         f"  attention  requested {s['attention_requested']}; ran {json.dumps(s['attention_backends'])}"
         + (f"; fallbacks {json.dumps(s['fallbacks'])}" if s["fallbacks"] else "")
         + measured_line(s.get("attention_plan") or {}),
+        *([engine_line(s)] if s.get("engines") else []),
         *([f"  cost       {cost.describe(s['cost'])}"] if "cost" in s else []),
         *(
             [f"  precision  {s['dtype']}: {precision_gate_at_start.describe(s['precision_gate'])}"]
@@ -279,6 +280,16 @@ def format_summary(s: dict, output: str) -> str:
         *sink_lines(s),
     ]
     return "\n".join(lines)
+
+
+def engine_line(s: dict) -> str:
+    """What compiled and ran the forward (runner.engine), per bucket with the reason its shapes gave."""
+    per_bucket = "; ".join(
+        f"{bucket}: " + ", ".join(f"{why} ({n})" for why, n in sorted(b.get("engines", {}).items()))
+        for bucket, b in sorted(s.get("buckets", {}).items(), key=lambda kv: int(kv[0]))
+        if b.get("engines")
+    )
+    return f"  engine     ran {json.dumps(s['engines'])}" + (f"; {per_bucket}" if per_bucket else "")
 
 
 def measured_line(plan: dict) -> str:

@@ -381,6 +381,7 @@ def _checked_plan(
         task=cfg.model.task,
         checkpoint_key=(key["weights_digest"], key["dense_digest"], checkpoint.config),
         mesh=cfg.runner.mesh_shape(),
+        engine=cfg.runner.engine,
     )
     return JobPlan(
         config=cfg,

@@ -44,7 +44,9 @@ def window_vectors(plan, dtype: str, windows, batches):
 
     # Loaded apart from the job's warm encoder (load_encoder, not runtime_for), in ``dtype``; the worker's gate
     # runs again for it when attention.verify is set. On the workers' mesh, which gate_record saw this machine has.
-    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=())
+    # On XLA: this gate measures the dtype; OpenVINO is held to XLA's output at the job's dtype by its own parity
+    # gate on each shape's first batch (models/engines/choose.py).
+    encoder_plan = dataclasses.replace(plan.encoder_plan, dtype=dtype, checked=False, checkpoint_key=(), engine="xla")
     runtime = load_encoder(EncoderSpec(encoder_plan))
     by_window = {}
     for batch in batches:

@@ -57,6 +57,7 @@ def summarize(base: dict, stats: dict, finished: float) -> dict:
             "docs_per_second": round(embedded / wall, 2),
             "tokens_per_second": round(real / wall, 1),
             "attention_backends": stats.get("attention_backends", {}),
+            "engines": stats.get("engines", {}),
             "fallbacks": stats.get("fallbacks", {}),
             "rejected_by_kind": stats.get("rejected_by_kind", {}),
             "buckets": stats.get("buckets", {}),

@@ -138,6 +138,7 @@ def load_encoder(spec: EncoderSpec) -> EncoderRuntime:
         compile_ahead=tuple((rows_for(b, spec.tokens_per_batch), b) for b in buckets) if spec.tokens_per_batch else (),
         slots=tuple((b, max_windows_per_row(b)) for b in buckets),
         replanned=replanned,
+        engine_cache=cache.local if cache is not None else None,
     )
     publish = (
         (lambda trace: storage.copy_tree(trace, f"{spec.profile_dir}/{worker_name().replace(':', '-')}"))

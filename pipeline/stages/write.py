@@ -114,11 +114,18 @@ def timing_stats(t: dict) -> dict:
         "padded_tokens": t["padded_tokens"],
         "compiles": int(t["compiled"]),
         "attention_backends": {t["attention_backend"]: 1},
+        "engines": {t.get("engine", "xla"): 1},
         "devices": {t.get("device", "?"): 1},
         # the VMs that ran batches (a worker is host:pid): the cost's worker count (pipeline/telemetry/cost.py)
         "vms": {str(t.get("worker", "?")).rsplit(":", 1)[0]: 1},
         "buckets": {
-            str(t["bucket_len"]): {"batches": 1, "real_tokens": t["real_tokens"], "padded_tokens": t["padded_tokens"]}
+            str(t["bucket_len"]): {
+                "batches": 1,
+                "real_tokens": t["real_tokens"],
+                "padded_tokens": t["padded_tokens"],
+                # which engine ran the bucket's batches, and why (models/engines/): a reason per shape's verdict
+                "engines": {f"{t.get('engine', 'xla')}: {t.get('engine_reason', '')}": 1},
+            }
         },
     }
     if t.get("attention_measured"):  # auto's measurement, once per worker and bucket (models/runtime.py)

@@ -33,7 +33,17 @@ _NUMERIC = (
     "memory_in_use_bytes",
     "memory_peak_bytes",
 )
-_TEXT = ("batch_id", "attention_backend", "attention_requested", "fallback_reason", "device", "worker", "memory_source")
+_TEXT = (
+    "batch_id",
+    "attention_backend",
+    "attention_requested",
+    "fallback_reason",
+    "engine",
+    "engine_reason",
+    "device",
+    "worker",
+    "memory_source",
+)
 
 
 @dataclasses.dataclass(frozen=True)

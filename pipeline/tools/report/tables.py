@@ -93,10 +93,12 @@ def summary_tables(s: dict) -> str:
             v = v or {}
             real, padded = v.get("real_tokens"), v.get("padded_tokens")
             known = all(isinstance(n, (int, float)) for n in (real, padded)) and padded > 0
-            rows.append([k, v.get("batches"), real, padded, pct(real / padded if known else None)])
+            engines = v.get("engines") if isinstance(v.get("engines"), dict) else {}
+            ran = "; ".join(f"{why} ({n} batches)" for why, n in sorted(engines.items())) or "xla"
+            rows.append([k, v.get("batches"), real, padded, pct(real / padded if known else None), ran])
         out.append(
             "<h3>Batches per bucket</h3>"
-            + table(["bucket", "batches", "real tokens", "padded tokens", "padding efficiency"], rows)
+            + table(["bucket", "batches", "real tokens", "padded tokens", "padding efficiency", "engine: why"], rows)
         )
     startup = s.get("startup") or {}
     if isinstance(startup, dict) and startup:
