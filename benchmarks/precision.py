@@ -1,9 +1,11 @@
-"""docbeam's encoder in float32, bfloat16 and int8 beside ONNX Runtime float32 and int8 (its dynamic
-quantization of the same model, exported with torch.onnx), on the same windows and machine, each reduced
-precision held to the precision gate (models/precision_gate.py) against docbeam's float32 vectors.
+"""docbeam's encoder in float32, bfloat16 and int8, on XLA and on the engine ``runner.engine: auto`` chooses
+(models/engines/: OpenVINO where it passes parity and is faster on this CPU), beside ONNX Runtime float32 and int8
+(its dynamic quantization of the same model, exported with torch.onnx) and OpenVINO as sentence-transformers'
+``backend="openvino"`` runs it, on the same windows and machine, each held to the precision gate
+(models/precision_gate.py) against docbeam's float32 vectors.
 
     python benchmarks/precision.py [--quick] [--corpus heldout --docs 1800] [--repeats 3]
-                                   [--precisions float32,bfloat16,int8] [--ort-threads N]
+                                   [--precisions float32,bfloat16,int8] [--engines xla,auto] [--ort-threads N]
 
 docbeam runs as benchmarks/encoder.py times it (windows_for, the packer with configs/local.yaml's batching,
 EncoderRuntime.encode per batch, every shape compiled before timing). ONNX Runtime takes the same windows
@@ -33,7 +35,13 @@ def parse_args(argv=None):
     p.add_argument("--corpus", default="sample", help="sample (default), heldout (needs --docs) or a JSONL.gz path")
     p.add_argument("--docs", type=int, help="first N documents (default: all; --quick: 32)")
     p.add_argument("--precisions", default="float32,bfloat16,int8", help="docbeam's model.dtype values to run")
+    p.add_argument(
+        "--engines",
+        default="xla,auto",
+        help="docbeam's runner.engine values per float32/bfloat16 side (models/engines/); int8 runs xla only",
+    )
     p.add_argument("--skip-onnx", action="store_true", help="leave out ONNX Runtime")
+    p.add_argument("--name", default="precision", help="the results file's name (default precision: the README's)")
     p.add_argument("--skip-openvino", action="store_true", help="leave out OpenVINO")
     p.add_argument("--openvino-precisions", default="f32,bf16", help="OpenVINO INFERENCE_PRECISION_HINT values")
     p.add_argument("--ort-threads", type=int, help="ONNX Runtime intra-op threads (default: the usable CPUs)")
@@ -100,7 +108,15 @@ def timed_passes(args, batches, encode_batch, facts: dict):
     }
 
 
-def docbeam_side(args, docs, folder, settings, dtype: str):
+def side_name(dtype: str, engine: str) -> str:
+    """``docbeam float32`` on XLA (every result since the benchmark began), ``docbeam float32 auto`` on another
+    runner.engine."""
+    return f"docbeam {dtype}" if engine == "xla" else f"docbeam {dtype} {engine}"
+
+
+def docbeam_side(args, docs, folder, settings, dtype: str, engine: str = "xla"):
+    import dataclasses
+
     from benchmarks.common import standalone_spec
     from docbeam import attention
     from docbeam.attention.settings import AttentionConfig
@@ -111,18 +127,26 @@ def docbeam_side(args, docs, folder, settings, dtype: str):
     packing = attention.get("native").segments if packing == "auto" else packing
     batches = windows_and_batches(args, docs, folder, settings, packing)
     t0 = time.perf_counter()
-    runtime = load_encoder(
-        standalone_spec(
-            model_path=args.model,
-            dtype=dtype,
-            pooling=settings.pooling,
-            buckets=args.buckets,
-            packing=packing,
-            attention=AttentionConfig(),
-        )
+    spec = standalone_spec(
+        model_path=args.model,
+        dtype=dtype,
+        pooling=settings.pooling,
+        buckets=args.buckets,
+        packing=packing,
+        attention=AttentionConfig(),
     )
-    facts = {"side": f"docbeam {dtype}", "load_s": time.perf_counter() - t0, "packing": packing}
-    return (yield from timed_passes(args, batches, lambda batch: runtime.encode(batch)[0], facts))
+    runtime = load_encoder(dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, engine=engine)))
+    # Which engine ran each batch of each bucket, and why (the timing records' engine and engine_reason).
+    ran: dict[str, int] = {}
+
+    def encode(batch):
+        vectors, timing = runtime.encode(batch)
+        key = f"{timing['bucket_len']} {timing['engine']}: {timing['engine_reason']}"
+        ran[key] = ran.get(key, 0) + 1
+        return vectors
+
+    facts = {"side": side_name(dtype, engine), "load_s": time.perf_counter() - t0, "packing": packing, "engines": ran}
+    return (yield from timed_passes(args, batches, encode, facts))
 
 
 def onnx_models(model: str, folder: str) -> dict[str, str]:
@@ -301,7 +325,7 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     info = common.machine()
-    common.print_machine("precision: docbeam float32 / bfloat16 / int8 vs ONNX Runtime float32 / int8", info)
+    common.print_machine("precision: docbeam (XLA, auto engine) vs ONNX Runtime and OpenVINO", info)
     checkpoint = open_checkpoint(args.model)
     folder, settings = checkpoint.folder, checkpoint.settings
     source, docs = common.corpus_documents(args, folder)
@@ -311,7 +335,12 @@ def main(argv=None) -> int:
         f"best of {args.repeats}\n",
         flush=True,
     )
-    sides = [docbeam_side(args, docs, folder, settings, dtype) for dtype in args.precisions]
+    engines = args.engines.split(",")
+    sides = [
+        docbeam_side(args, docs, folder, settings, dtype, engine)
+        for dtype in args.precisions
+        for engine in (engines if dtype != "int8" else ["xla"])
+    ]
     if not args.skip_onnx:
         t0 = time.perf_counter()
         models = onnx_models(args.model, folder)
@@ -379,12 +408,16 @@ def main(argv=None) -> int:
         f"\ngate (models/precision_gate.py): recall@10 ≥ {precision_gate.GATES['recall@10']}, lowest cosine ≥ "
         f"{precision_gate.GATES['lowest cosine']}, against docbeam float32 on these {len(ids)} documents"
     )
+    print("\n## The engine that ran each docbeam side's batches (runner.engine; warm-up and timed passes)\n")
+    for r in results:
+        if r.get("engines"):
+            print(f"- {r['side']}: " + "; ".join(f"{why} ({n})" for why, n in sorted(r["engines"].items())))
     matmuls = matmul_rates(args.repeats)
     print("\n## One projection, 4096×384 by 384×1536, by how it runs\n")
     print(common.table(["how", "best ms", "GFLOP/s (GOP/s for int8)"], matmuls))
     common.write_results(
         args,
-        "precision",
+        args.name,
         {
             "benchmark": "precision",
             "args": vars(args),

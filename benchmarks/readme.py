@@ -43,6 +43,7 @@ SECTIONS = (
     ("chunk_sweep-local-float32.json", "chunked's local-layer sizes (ModernBERT's ±64 window), float32"),
     ("chunk_sweep-local-bfloat16.json", "chunked's local-layer sizes (ModernBERT's ±64 window), bfloat16"),
     ("forward_profile-bfloat16.json", "The bfloat16 forward by op group, beside OpenVINO"),
+    ("precision-openvino-bf16.json", "Engines: OpenVINO bfloat16 on a CPU without native bfloat16"),
     ("cpu_scheduler.json", "XLA:CPU's scheduler: default vs memory-optimized"),
     ("bucketing.json", "Padding"),
     ("batch_shapes.json", "Batch shapes: bucket sets × tokens_per_batch"),

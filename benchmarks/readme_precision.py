@@ -25,9 +25,40 @@ def precision_figure(side: str, field: str):
     return figure
 
 
-COLUMNS = ("docbeam float32", "docbeam bfloat16", "docbeam int8", "onnxruntime float32", "onnxruntime int8")
-OPENVINO = ("openvino f32", "openvino bf16")  # in the table when the run had them (results since 2026-12-05)
-NAMES = {"onnxruntime": "ONNX Runtime", "openvino f32": "OpenVINO float32", "openvino bf16": "OpenVINO bfloat16"}
+# In this order, each when the run had it: OpenVINO since 2026-12-05, docbeam's auto engine (runner.engine: auto,
+# models/engines/) since 2026-12-07.
+ORDER = (
+    "docbeam float32",
+    "docbeam float32 auto",
+    "docbeam bfloat16",
+    "docbeam bfloat16 auto",
+    "docbeam int8",
+    "onnxruntime float32",
+    "onnxruntime int8",
+    "openvino f32",
+    "openvino bf16",
+)
+NAMES = {
+    "onnxruntime": "ONNX Runtime",
+    "openvino f32": "OpenVINO float32",
+    "openvino bf16": "OpenVINO bfloat16",
+    "docbeam float32 auto": "docbeam float32, engine auto",
+    "docbeam bfloat16 auto": "docbeam bfloat16, engine auto",
+}
+
+
+def engines_ran(side: dict) -> str:
+    """The engine that ran a docbeam side's batches, per bucket where they differ; — for the other runtimes."""
+    ran = side.get("engines")
+    if not ran:
+        return "xla" if side["side"].startswith("docbeam") else "—"
+    per_bucket = {}
+    for key in ran:
+        bucket, rest = key.split(" ", 1)
+        per_bucket.setdefault(rest.split(":", 1)[0], []).append(bucket)
+    if len(per_bucket) == 1:
+        return next(iter(per_bucket))
+    return "; ".join(f"{engine} ({', '.join(sorted(b, key=int))})" for engine, b in sorted(per_bucket.items()))
 
 
 def display(side: str) -> str:
@@ -39,7 +70,7 @@ def precision_table(record: dict, link: str) -> str:
     and the precision gate against docbeam float32, then the command, machine and results file behind them."""
     sides = {x["side"]: x for x in record["sides"]}
     f32, ort8 = sides["docbeam float32"]["tokens_per_s"], sides["onnxruntime int8"]["tokens_per_s"]
-    columns = COLUMNS + tuple(c for c in OPENVINO if c in sides)
+    columns = tuple(c for c in ORDER if c in sides)
 
     def gate(side, field, digits):
         g = sides[side].get("gate")
@@ -51,13 +82,14 @@ def precision_table(record: dict, link: str) -> str:
 
     rows = [
         ("tokens/s", lambda s: f"{sides[s]['tokens_per_s']:,.0f}"),
+        ("engine that ran (bucket)", lambda s: engines_ran(sides[s])),
         ("÷ docbeam float32", lambda s: f"{sides[s]['tokens_per_s'] / f32:.2f}"),
         ("÷ ONNX Runtime int8", lambda s: f"{sides[s]['tokens_per_s'] / ort8:.2f}"),
         ("lowest cosine to docbeam float32", lambda s: gate(s, "lowest_cosine", 5)),
         ("recall@10 of docbeam float32's neighbours", lambda s: gate(s, "recall_at_10", 3)),
         ("precision gate (≥ 0.99 cosine, ≥ 0.98 recall@10)", verdict),
     ]
-    count = {5: "five", 7: "seven"}.get(len(columns), str(len(columns)))
+    count = {5: "five", 7: "seven", 8: "eight", 9: "nine"}.get(len(columns), str(len(columns)))
     out = [
         f"Reduced precision on CPU: {count} encoders of one model in one run, each against docbeam float32's vectors "
         "(the precision gate that `docbeam run` applies to `model.dtype`):",

@@ -21,12 +21,16 @@ def best_after_first_batch(runs: list[dict]) -> dict:
 
 def alternate(*sides) -> list:
     """Drive generator sides round-robin: each loads and warms up, then their timed passes take turns, so a
-    machine that speeds up or slows down during the run (these shared VMs swing ±20%) moves both alike.
-    Returns what each side returns."""
+    machine that speeds up or slows down during the run (these shared VMs swing ±20%) moves both alike. The order
+    is reversed every round, so no side always follows the same one (a fixed order once timed two runs of the same
+    XLA code 15% apart, benchmarks/results/precision.json of 2026-12-07). Returns what each side returns."""
     results = [None] * len(sides)
     running = dict(enumerate(sides))
+    turn = 0
     while running:
-        for i, side in list(running.items()):
+        order = list(running.items())
+        turn += 1
+        for i, side in order if turn % 2 else order[::-1]:
             try:
                 next(side)
             except StopIteration as done:
