@@ -173,32 +173,11 @@ def load(spec: RuntimeSpec, fn_name: str):
     return placement, ck.config, jax.block_until_ready(jax.device_put(params, placement.params(params))), forwards
 
 
-def float32_forward(spec: RuntimeSpec, params, backend: str):
-    """``(*inputs) -> output`` in float32 with the parameters baked in: what OpenVINO exports (it lowers the
-    precision itself from its hint). A float32 job's own parameters; another dtype's loaded again in float32."""
-    import jax
-    import jax.numpy as jnp
-
-    from docbeam.attention.dispatch import bind_choice
-    from docbeam.models import checkpoint, encoder
-
-    plan, head = spec.plan, spec.plan.head
-    ck = checkpoint.open_checkpoint(plan.model_path, "float32", with_weights=plan.dtype != "float32", task=plan.task)
-    if plan.dtype != "float32":
-        params = checkpoint.load_params(ck.folder, ck.config)
-        if head.layers or head.reduce is not None:
-            params = {"encoder": params, "head": head.load_params(ck.folder)}
-    # As JAX arrays: the export traces the forward with them as constants, and a numpy table indexed by a traced
-    # array (MPNet's relative-position buckets) would not trace.
-    params = jax.tree.map(jnp.asarray, params)
-    embed = encoder.embed_fn(ck.config, bind_choice(plan.attention, backend), head.pooling, head.layers, head.reduce)
-    return lambda *inputs: embed(params, *inputs)
-
-
-def engine_set(spec: RuntimeSpec, placement: Placement, params):
+def engine_set(spec: RuntimeSpec, placement: Placement):
     """The runtime's engines (models/engines/shapes.py), or None where ``runner.engine`` is xla."""
     if spec.plan.engine == "xla":
         return None
+    from docbeam.models.engines.export import Recipe
     from docbeam.models.engines.shapes import EngineSet, engine_folder
 
     plan = spec.plan
@@ -208,7 +187,7 @@ def engine_set(spec: RuntimeSpec, placement: Placement, params):
         chips=len(placement.devices),
         dtype=plan.dtype,
         model_key=(plan.model_path, plan.checkpoint_key, repr(plan.head), plan.task, plan.packing),
-        export_fn=lambda backend: float32_forward(spec, params, backend),
+        recipe=lambda backend: Recipe(plan.model_path, plan.head, plan.attention, backend, plan.task),
         folder=engine_folder(spec.engine_cache),
     )
 
@@ -246,7 +225,7 @@ class EncoderRuntime:
         self.spec, self.hooks, self._job = spec, hooks, job
         t0 = time.perf_counter()
         self.placement, self.config, self.params, self.forwards = load(spec, hooks.fn_name)
-        self.engines = engine_set(spec, self.placement, self.params)
+        self.engines = engine_set(spec, self.placement)
         self.choices = {c.case.seq_len: c for c in spec.choices}
         self._shapes_seen: set = set()
         self._measurements_told: set[int] = set()  # buckets whose auto measurement a record has carried

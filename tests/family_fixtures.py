@@ -320,21 +320,22 @@ def run_docbeam(model_dir: str, tmp_path, texts: dict[str, str], **sections) -> 
     return {row["id"]: np.asarray(row["embedding"], np.float32) for row in table.to_pylist()}
 
 
-def assert_openvino_matches_xla(folder: str, engine_cache, pooling: str = "mean", **encode) -> list:
+def assert_openvino_matches_xla(folder: str, engine_cache, pooling: str = "mean", task: str | None = None) -> list:
     """The family through the OpenVINO engine (models/engines/) as a CPU worker runs it: unpacked and packed
-    shapes exported from our Flax forward, compiled, and passed by the engine's parity gate against XLA's output
-    on the same batch, so ``runner.engine: openvino`` runs them; the verdicts. ``encode``: our_vectors' task."""
+    shapes exported from our Flax forward (by a child process), compiled, and passed by the engine's parity gate
+    against XLA's output on the same batch, so ``runner.engine: openvino`` runs them; the verdicts."""
+    from docbeam.attention.settings import AttentionConfig
+    from docbeam.models.engines.export import Recipe
     from docbeam.models.engines.openvino import input_layout
     from docbeam.models.engines.shapes import EngineSet
+    from docbeam.models.heads import embedding
 
-    ck = checkpoint.open_checkpoint(folder, "float32", **encode)
-    params = jax.tree.map(jax.numpy.asarray, checkpoint.load_params(ck.folder, ck.config))
+    ck = checkpoint.open_checkpoint(folder, "float32", with_weights=True, task=task)
+    params = checkpoint.load_params(ck.folder, ck.config)
     native = attention.get("native")
-    embed = encoder.embed_fn(ck.config, native.bind(native.parse_options(None)), pooling)
-    engines = EngineSet(
-        "openvino", "cpu", 1, "float32", (folder,), lambda _: lambda *x: embed(params, *x), engine_cache
-    )
-    xla = jax.jit(embed)
+    xla = jax.jit(encoder.embed_fn(ck.config, native.bind(native.parse_options(None)), pooling))
+    recipe = Recipe(folder, embedding.standalone(ck, pooling), AttentionConfig(), "native", task)
+    engines = EngineSet("openvino", "cpu", 1, "float32", (folder, task), lambda _: recipe, engine_cache)
     ids, lengths = token_inputs(LENGTHS)
     verdicts = []
     for inputs in ((ids, lengths), pack(ids, lengths, 128)[:4]):

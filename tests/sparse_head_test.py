@@ -13,7 +13,7 @@ import os
 import jax
 import numpy as np
 import pytest
-from engine_fixtures import first_windows, runtimes
+from engine_fixtures import assert_openvino_writes_what_xla_writes, first_windows
 from family_fixtures import head_forward, save_checkpoint, spread_norms_and_biases, tiny_model
 
 from docbeam import attention
@@ -271,15 +271,17 @@ def test_what_docbeam_does_not_reproduce_is_refused_naming_it(tmp_path, edit, ma
         resolve(checkpoint.open_checkpoint(folder), "auto", ModelConfig(path=folder))
 
 
-def test_splades_vocabulary_loop_is_refused_by_openvino_with_its_reason_and_runs_on_xla(splade):
-    """SPLADE's max over tokens runs one vocabulary block at a time (a lax.map, exported as an ONNX Loop), which
-    OpenVINO 2026.4 cannot convert: the shape is refused with OpenVINO's report and XLA writes its vectors."""
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_splades_max_over_tokens_runs_on_openvino_at_xlas_vectors(splade, packed):
+    """Exported with its vocabulary blocks unrolled (a lax.map exports as an ONNX Loop OpenVINO does not convert)."""
     head = resolve(checkpoint.open_checkpoint(splade), "auto", ModelConfig(path=splade))
-    xla, openvino = runtimes(splade, head, [WINDOW], packing=False)
-    batch = first_windows(splade, list(TEXTS.values()), WINDOW, packed=False)
-    (reference, _), (ours, record) = xla.encode(batch), openvino.encode(batch)
-    assert record["engine"] == "xla"
-    assert (
-        record["engine_reason"].startswith("OpenVINO cannot take this shape") and "scan_loop" in record["engine_reason"]
-    )
-    np.testing.assert_array_equal(ours, reference)
+    batch = first_windows(splade, list(TEXTS.values()), WINDOW, packed)
+    assert_openvino_writes_what_xla_writes(splade, head, [batch], packed)
+
+
+def test_the_unrolled_vocabulary_blocks_are_the_mapped_ones(splade):
+    head = resolve(checkpoint.open_checkpoint(splade), "auto", ModelConfig(path=splade))
+    texts = list(TEXTS.values())
+    mapped = head_forward(splade, dataclasses.replace(head, block=8192), texts, WINDOW, packed=True)
+    unrolled = head_forward(splade, dataclasses.replace(head, block=8192).for_export(), texts, WINDOW, packed=True)
+    np.testing.assert_allclose(unrolled, mapped, rtol=1e-6, atol=1e-6)

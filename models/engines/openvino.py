@@ -118,21 +118,26 @@ def export_key(model: tuple, layout: tuple) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str):
-    """The OpenVINO model of ``fn(*inputs)`` for ``layout`` (int32 inputs; None: absent), read from the engine
-    cache at ``folder`` or exported there. Raises what the exporter raises (an op it lacks, a Pallas kernel)."""
-    ov = openvino_module()
-
-    core = ov.Core()
+def read_exported(folder: str, key: str):
+    """The exported model under ``key`` in the engine cache, or None (absent, or damaged: exported again)."""
     xml = os.path.join(folder, f"{key}.xml")
-    if os.path.exists(xml) and os.path.exists(xml[:-4] + ".bin"):
-        try:
-            return core.read_model(xml), True
-        except Exception as e:  # noqa: BLE001  a damaged entry is exported again
-            log.warning("OpenVINO model %s cannot be read (%s: %s); exporting again", xml, type(e).__name__, e)
+    if not (os.path.exists(xml) and os.path.exists(xml[:-4] + ".bin")):
+        return None
+    try:
+        return openvino_module().Core().read_model(xml)
+    except Exception as e:  # noqa: BLE001  a damaged entry is exported again
+        log.warning("OpenVINO model %s cannot be read (%s: %s); exporting again", xml, type(e).__name__, e)
+        return None
+
+
+def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str) -> None:
+    """``fn(*inputs)`` for ``layout`` (int32 inputs; None: absent) exported into the engine cache at ``folder``
+    as OpenVINO IR. Raises what the exporter raises (an op it lacks, a Pallas kernel). Run in a process of its
+    own (models/engines/export.py): jax2onnx swaps jax.numpy functions process-wide while it traces."""
     import jax
     from jax2onnx import to_onnx
 
+    ov = openvino_module()
     present = [i for i, shape in enumerate(layout) if shape is not None]
 
     def positional(*arrays):
@@ -143,16 +148,16 @@ def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str):
 
     specs = [jax.ShapeDtypeStruct(layout[i], np.int32) for i in present]
     os.makedirs(folder, exist_ok=True)
+    xml = os.path.join(folder, f"{key}.xml")
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         onnx_path = os.path.join(tmp, "forward.onnx")
         to_onnx(positional, specs, model_name="docbeam_encoder", return_mode="file", output_path=onnx_path)
-        model = core.read_model(onnx_path)
+        model = ov.Core().read_model(onnx_path)
         # Written under a temporary name and renamed: a process killed mid-write leaves no half entry.
         partial = os.path.join(tmp, "model.xml")
         ov.save_model(model, partial, compress_to_fp16=False)
         os.replace(partial[:-4] + ".bin", xml[:-4] + ".bin")
         os.replace(partial, xml)
-    return core.read_model(xml), False
 
 
 def threads() -> int:
@@ -181,22 +186,27 @@ class OpenVinoForward:
         return np.asarray(self._request.infer(arrays)[0], np.float32)
 
 
-def compile_shape(fn: Callable[..., Any], layout: tuple, dtype: str, folder: str, key: str) -> OpenVinoForward:
-    """``fn`` exported for ``layout`` (or read from the engine cache) and compiled for this CPU at ``dtype``'s
-    precision hint, with every core of the process."""
-    ov = openvino_module()
+def compile_shape(recipe, layout: tuple, dtype: str, folder: str, key: str) -> OpenVinoForward:
+    """``recipe``'s forward (models/engines/export.py) for ``layout``, read from the engine cache or exported
+    there by a child process, compiled for this CPU at ``dtype``'s precision hint with every core of the process."""
+    from docbeam.models.engines.export import export_apart
 
     if dtype not in PRECISION_HINTS:
         raise ValueError(f"model.dtype {dtype} has no OpenVINO precision here (float32 and bfloat16 do)")
     t0 = time.perf_counter()
-    model, cached = export(fn, layout, folder, key)
-    core = ov.Core()
+    model = read_exported(folder, key)
+    cached = model is not None
+    if model is None:
+        export_apart(recipe, layout, folder, key)
+        model = read_exported(folder, key)
+        if model is None:
+            raise RuntimeError(f"the export process wrote no readable model under {folder}")
     config = {
         "INFERENCE_PRECISION_HINT": PRECISION_HINTS[dtype],
         "INFERENCE_NUM_THREADS": threads(),
         "CACHE_DIR": os.path.join(folder, "compiled"),
     }
-    compiled = core.compile_model(model, "CPU", config)
+    compiled = openvino_module().Core().compile_model(model, "CPU", config)
     return OpenVinoForward(compiled, PRECISION_HINTS[dtype], time.perf_counter() - t0, cached)
 
 

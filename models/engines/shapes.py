@@ -54,14 +54,14 @@ def engine_off(requested: str, platform: str, chips: int, dtype: str, backend: s
 @dataclasses.dataclass
 class EngineSet:
     """One runtime's engines: what was asked (``runner.engine``), how to build the float32 forward to export
-    (``export_fn(backend)``), and where the exported models and auto's verdicts are kept."""
+    (``recipe(backend)``: models/engines/export.py), and where the exported models and auto's verdicts are kept."""
 
     requested: str  # xla | openvino | auto
     platform: str
     chips: int
     dtype: str
     model_key: tuple  # the checkpoint's digests, the head, the task: part of every export key
-    export_fn: Callable[[str], Callable[..., Any]]  # backend -> (*inputs) -> output, float32, parameters baked in
+    recipe: Callable[[str], Any]  # backend -> the export.Recipe of its forward
     folder: str  # the engine cache
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
     # Late chunking's shapes and those not compiled ahead: their ShapeForward, built on first use.
@@ -80,8 +80,8 @@ class EngineSet:
             return ShapeForward(xla, refused=why)
         key = openvino.export_key((self.model_key, backend), layout)
         try:
-            with self._lock:  # one export at a time: each traces the whole model and holds its constants
-                compiled = openvino.compile_shape(self.export_fn(backend), layout, self.dtype, self.folder, key)
+            with self._lock:  # one export at a time: each child loads and traces the whole model
+                compiled = openvino.compile_shape(self.recipe(backend), layout, self.dtype, self.folder, key)
         except Exception as e:  # noqa: BLE001  an op the exporter lacks, a Pallas call: this shape runs on XLA
             reason = f"OpenVINO cannot take this shape ({type(e).__name__}: {openvino.why(e)})"
             log.warning("%s %s: %s", backend, layout, reason)

@@ -160,6 +160,11 @@ class Head:
         """The parameters of ``layers``, in float32 (numpy), from the checkpoint ``folder``."""
         raise NotImplementedError
 
+    def for_export(self) -> "Head":
+        """This head as an exported forward runs it (models/engines/: OpenVINO): itself, unless the form jit runs
+        does not export and another computing the same does (sparse.py's vocabulary blocks)."""
+        return self
+
     def compact_window(self, vector_W):
         """What a window's output crosses to ``document_row`` as (the vector itself; the sparse head's nonzero
         terms: its vocabulary-wide vectors are mostly zeros)."""

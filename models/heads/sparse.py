@@ -111,6 +111,9 @@ class SparseHead(Head):
     prefixes: tuple[str, ...] = ()
     tied: bool = True  # config.json's tie_word_embeddings
     block: int = BLOCK
+    # The vocabulary blocks one after another in Python rather than in a lax.map: for an exported forward only
+    # (for_export), since lax.map exports as an ONNX Loop that OpenVINO 2026.4 does not convert.
+    unrolled: bool = False
     chunk_column = "sparse_embedding"  # a chunk row is its window's sparse vector, pruned as a document's
 
     def load_params(self, folder: str) -> tuple[dict, ...]:
@@ -167,10 +170,16 @@ class SparseHead(Head):
                 weights_NxVb = jnp.log1p(weights_NxVb)
             return pooled_by(weights_NxVb, segment_N, num_segments=B * K + 1)[: B * K]
 
-        pooled_NBxSxVb = jax.lax.map(one_block, (decoder["kernel"], decoder["bias"]))
+        if self.unrolled:
+            pooled_NBxSxVb = jnp.stack([one_block(block) for block in zip(decoder["kernel"], decoder["bias"])])
+        else:
+            pooled_NBxSxVb = jax.lax.map(one_block, (decoder["kernel"], decoder["bias"]))
         vectors_SxV = jnp.moveaxis(pooled_NBxSxVb, 0, 1).reshape(B * K, -1)[:, : self.width]
         vectors_SxV = jnp.maximum(vectors_SxV, 0.0)  # an empty slot's max is -inf; every weight is >= 0
         return vectors_SxV.reshape(B, self.width) if segment_ids_BxT is None else vectors_SxV.reshape(B, K, -1)
+
+    def for_export(self) -> SparseHead:
+        return dataclasses.replace(self, unrolled=True)
 
     def compact_window(self, vector_V: np.ndarray) -> SparseTerms:
         """A window's nonzero terms (NaN kept, so a broken window is still seen): what crosses the shuffle."""

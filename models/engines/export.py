@@ -1,0 +1,90 @@
+"""The export of one shape's forward, in a process of its own.
+
+Why a process: jax2onnx converts by swapping some of jax.numpy's functions (``jnp.clip`` among them) for shims
+that bind its own primitives, for the whole process, while it traces. Any other thread tracing at that moment (the
+compile pool's XLA compilation of the next shape, a second worker's encoder) picks up a shim XLA cannot lower and
+fails ("MLIR translation rule for primitive 'jax.numpy.clip' not found"). In a child process the swap touches
+nothing of the worker's. The child loads the checkpoint in float32 itself (what OpenVINO exports; it lowers the
+precision from its hint), writes the IR into the engine cache and exits; the worker reads and compiles it.
+
+    python -m docbeam.models.engines.export   (a pickled Recipe, layout, folder and key on stdin)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import subprocess
+import sys
+from typing import Any
+
+EXPORT_TIMEOUT_S = 1800  # a large model's trace and conversion take minutes; a hung child must not hang the worker
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """What the child needs to build the forward: picklable, as the encoder plan a worker receives is."""
+
+    model_path: str
+    head: Any  # a models/heads Head; its for_export() form is the one exported
+    attention: Any  # the job's AttentionConfig
+    backend: str
+    task: str | None = None
+
+
+def forward(recipe: Recipe):
+    """``(*inputs) -> output`` in float32 with the parameters baked in as JAX arrays (a numpy table indexed by a
+    traced array, MPNet's relative-position buckets, would not trace)."""
+    import jax
+    import jax.numpy as jnp
+
+    from docbeam.attention.dispatch import bind_choice
+    from docbeam.models import checkpoint, encoder
+
+    head = recipe.head.for_export()
+    ck = checkpoint.open_checkpoint(recipe.model_path, "float32", with_weights=True, task=recipe.task)
+    params = checkpoint.load_params(ck.folder, ck.config)
+    if head.layers or head.reduce is not None:
+        params = {"encoder": params, "head": head.load_params(ck.folder)}
+    params = jax.tree.map(jnp.asarray, params)
+    attend = bind_choice(recipe.attention, recipe.backend)
+    embed = encoder.embed_fn(ck.config, attend, head.pooling, head.layers, head.reduce)
+    return lambda *inputs: embed(params, *inputs)
+
+
+def export_apart(recipe: Recipe, layout: tuple, folder: str, key: str) -> None:
+    """The IR of ``recipe``'s forward for ``layout`` written to ``folder`` under ``key`` by a child process;
+    raises RuntimeError with the child's reason (an op the exporter or OpenVINO lacks) when it could not."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the child never takes the worker's accelerator
+    done = subprocess.run(
+        [sys.executable, "-m", "docbeam.models.engines.export"],
+        input=pickle.dumps((recipe, layout, folder, key)),
+        capture_output=True,
+        env=env,
+        timeout=EXPORT_TIMEOUT_S,
+    )
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    if done.returncode != 0 or not result.get("ok"):
+        tail = " ".join(done.stderr.decode(errors="replace").split())[-300:]
+        raise RuntimeError(result.get("error") or f"the export process exited {done.returncode}: {tail}")
+
+
+def main() -> int:
+    from docbeam.models.engines.openvino import export, openvino_module, why
+
+    recipe, layout, folder, key = pickle.loads(sys.stdin.buffer.read())
+    try:
+        openvino_module()
+        export(forward(recipe), layout, folder, key)
+    except Exception as e:  # noqa: BLE001  the reason goes back to the worker, which refuses the shape with it
+        print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {why(e)}"}))
+        return 1
+    print(json.dumps({"ok": True}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
