@@ -18,7 +18,9 @@ import os
 import pickle
 import subprocess
 import sys
-from typing import Any
+import tempfile
+import time
+from typing import Any, Callable
 
 EXPORT_TIMEOUT_S = 1800  # a large model's trace and conversion take minutes; a hung child must not hang the worker
 
@@ -54,6 +56,55 @@ def forward(recipe: Recipe):
     return lambda *inputs: embed(params, *inputs)
 
 
+def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str) -> None:
+    """``fn(*inputs)`` for ``layout`` (int32 inputs; None: absent) exported into the engine cache at ``folder``
+    as OpenVINO IR. Raises what the exporter raises (an op it lacks, a Pallas kernel). Run in a process of its
+    own (``main``): jax2onnx swaps jax.numpy functions process-wide while it traces."""
+    import jax
+    import numpy as np
+    from jax2onnx import to_onnx
+
+    from docbeam.models.engines.openvino import openvino_module
+
+    ov = openvino_module()
+    present = [i for i, shape in enumerate(layout) if shape is not None]
+
+    def positional(*arrays):
+        inputs = [None] * len(layout)
+        for i, x in zip(present, arrays):
+            inputs[i] = x
+        return fn(*inputs)
+
+    specs = [jax.ShapeDtypeStruct(layout[i], np.int32) for i in present]
+    os.makedirs(folder, exist_ok=True)
+    xml = os.path.join(folder, f"{key}.xml")
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        onnx_path = os.path.join(tmp, "forward.onnx")
+        to_onnx(positional, specs, model_name="docbeam_encoder", return_mode="file", output_path=onnx_path)
+        model = ov.Core().read_model(onnx_path)
+        # Written under a temporary name and renamed: a process killed mid-write leaves no half entry.
+        partial = os.path.join(tmp, "model.xml")
+        ov.save_model(model, partial, compress_to_fp16=False)
+        os.replace(partial[:-4] + ".bin", xml[:-4] + ".bin")
+        os.replace(partial, xml)
+
+
+def compile_shape(recipe: Recipe, layout: tuple, dtype: str, folder: str, key: str):
+    """``recipe``'s forward for ``layout`` as an OpenVinoForward: read from the engine cache, or exported there by
+    a child process first."""
+    from docbeam.models.engines.openvino import compile_model, read_exported
+
+    t0 = time.perf_counter()
+    model = read_exported(folder, key)
+    cached = model is not None
+    if model is None:
+        export_apart(recipe, layout, folder, key)
+        model = read_exported(folder, key)
+        if model is None:
+            raise RuntimeError(f"the export process wrote no readable model under {folder}")
+    return compile_model(model, dtype, folder, cached, t0)
+
+
 def export_apart(recipe: Recipe, layout: tuple, folder: str, key: str) -> None:
     """The IR of ``recipe``'s forward for ``layout`` written to ``folder`` under ``key`` by a child process;
     raises RuntimeError with the child's reason (an op the exporter or OpenVINO lacks) when it could not."""
@@ -73,7 +124,7 @@ def export_apart(recipe: Recipe, layout: tuple, folder: str, key: str) -> None:
 
 
 def main() -> int:
-    from docbeam.models.engines.openvino import export, openvino_module, why
+    from docbeam.models.engines.openvino import openvino_module, why
 
     recipe, layout, folder, key = pickle.loads(sys.stdin.buffer.read())
     try:

@@ -1,4 +1,6 @@
-"""The encoder's forward for one input shape, exported from JAX and compiled by OpenVINO's CPU plugin.
+"""The encoder's forward for one input shape, exported from JAX and compiled by OpenVINO's CPU plugin: this
+module is OpenVINO's side (import, cache keys, read, compile, call); the export runs in a child process
+(models/engines/export.py), which imports this module and is never imported by it.
 
 Why jax2onnx and OpenVINO's ONNX reader, not OpenVINO's own JAX frontend (``convert_model`` of a jaxpr): the
 frontend is experimental and, at OpenVINO 2026.4, has no rule for ``gather``, ``iota``, ``min`` or ``split``, all
@@ -24,9 +26,8 @@ import hashlib
 import importlib.metadata
 import logging
 import os
-import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -130,36 +131,6 @@ def read_exported(folder: str, key: str):
         return None
 
 
-def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str) -> None:
-    """``fn(*inputs)`` for ``layout`` (int32 inputs; None: absent) exported into the engine cache at ``folder``
-    as OpenVINO IR. Raises what the exporter raises (an op it lacks, a Pallas kernel). Run in a process of its
-    own (models/engines/export.py): jax2onnx swaps jax.numpy functions process-wide while it traces."""
-    import jax
-    from jax2onnx import to_onnx
-
-    ov = openvino_module()
-    present = [i for i, shape in enumerate(layout) if shape is not None]
-
-    def positional(*arrays):
-        inputs = [None] * len(layout)
-        for i, x in zip(present, arrays):
-            inputs[i] = x
-        return fn(*inputs)
-
-    specs = [jax.ShapeDtypeStruct(layout[i], np.int32) for i in present]
-    os.makedirs(folder, exist_ok=True)
-    xml = os.path.join(folder, f"{key}.xml")
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:
-        onnx_path = os.path.join(tmp, "forward.onnx")
-        to_onnx(positional, specs, model_name="docbeam_encoder", return_mode="file", output_path=onnx_path)
-        model = ov.Core().read_model(onnx_path)
-        # Written under a temporary name and renamed: a process killed mid-write leaves no half entry.
-        partial = os.path.join(tmp, "model.xml")
-        ov.save_model(model, partial, compress_to_fp16=False)
-        os.replace(partial[:-4] + ".bin", xml[:-4] + ".bin")
-        os.replace(partial, xml)
-
-
 def threads() -> int:
     """The cores this process may use: XLA:CPU uses them all, so OpenVINO is given as many."""
     try:
@@ -186,21 +157,11 @@ class OpenVinoForward:
         return np.asarray(self._request.infer(arrays)[0], np.float32)
 
 
-def compile_shape(recipe, layout: tuple, dtype: str, folder: str, key: str) -> OpenVinoForward:
-    """``recipe``'s forward (models/engines/export.py) for ``layout``, read from the engine cache or exported
-    there by a child process, compiled for this CPU at ``dtype``'s precision hint with every core of the process."""
-    from docbeam.models.engines.export import export_apart
-
+def compile_model(model, dtype: str, folder: str, cached: bool, t0: float) -> OpenVinoForward:
+    """``model`` (read from the engine cache at ``folder``) compiled for this CPU at ``dtype``'s precision hint
+    with every core of the process; OpenVINO keeps the compiled blob beside it."""
     if dtype not in PRECISION_HINTS:
         raise ValueError(f"model.dtype {dtype} has no OpenVINO precision here (float32 and bfloat16 do)")
-    t0 = time.perf_counter()
-    model = read_exported(folder, key)
-    cached = model is not None
-    if model is None:
-        export_apart(recipe, layout, folder, key)
-        model = read_exported(folder, key)
-        if model is None:
-            raise RuntimeError(f"the export process wrote no readable model under {folder}")
     config = {
         "INFERENCE_PRECISION_HINT": PRECISION_HINTS[dtype],
         "INFERENCE_NUM_THREADS": threads(),

@@ -74,6 +74,7 @@ class EngineSet:
         """XLA's forward for ``layout``, beside OpenVINO's where it may and can export (a failure refuses the
         shape with its reason; it never fails the job)."""
         from docbeam.models.engines import openvino
+        from docbeam.models.engines.export import compile_shape
 
         why = self.off(backend)
         if why:
@@ -81,7 +82,7 @@ class EngineSet:
         key = openvino.export_key((self.model_key, backend), layout)
         try:
             with self._lock:  # one export at a time: each child loads and traces the whole model
-                compiled = openvino.compile_shape(self.recipe(backend), layout, self.dtype, self.folder, key)
+                compiled = compile_shape(self.recipe(backend), layout, self.dtype, self.folder, key)
         except Exception as e:  # noqa: BLE001  an op the exporter lacks, a Pallas call: this shape runs on XLA
             reason = f"OpenVINO cannot take this shape ({type(e).__name__}: {openvino.why(e)})"
             log.warning("%s %s: %s", backend, layout, reason)
