@@ -16,8 +16,8 @@ log = logging.getLogger(__name__)
 
 # The Beam releases whose RunInference imports its ModelManager as an optional dependency (a try block that
 # leaves it None on an ImportError) and whose DirectRunner skips Prism once told is_interactive(); pyproject.toml
-# pins 2.77.0.
-CHECKED_BEAM = ((2, 77), (2, 77))
+# pins 2.78.0 (2.77 was checked before it).
+CHECKED_BEAM = ((2, 77), (2, 78))
 MODEL_MANAGER = "apache_beam.ml.inference.model_manager"
 RUN_INFERENCE = "apache_beam.ml.inference.base"
 

@@ -18,7 +18,7 @@ def test_the_installed_beam_is_one_the_workaround_was_checked_for():
     assert compat.beam_version_problem(apache_beam.__version__) is None
 
 
-@pytest.mark.parametrize("version", ["2.76.0", "2.78.0", "3.0.0"])
+@pytest.mark.parametrize("version", ["2.76.0", "2.79.0", "3.0.0"])
 def test_a_beam_outside_the_checked_versions_is_named_with_the_fix(version):
     problem = compat.beam_version_problem(version)
     assert problem is not None and version in problem and "CHECKED_BEAM" in problem

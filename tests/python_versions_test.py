@@ -17,8 +17,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
 PYTHONS = ("3.11", "3.12", "3.13")
-# apache-beam[gcp] 2.77 pins google-apitools below 0.5.32, and 0.5.31 is published as a source archive only:
-# pip builds it into a wheel at install time on any Python, so the resolution gets that wheel built here first.
+# apache-beam[gcp] 2.78 pins google-apitools below 0.5.32 on Python 3.11 and 3.12 (3.13: 0.5.35 or later), and
+# 0.5.31 is published as a source archive only: pip builds it into a wheel at install time, so the resolution
+# gets that wheel built here first.
 SOURCE_ONLY = ("google-apitools==0.5.31",)
 
 

@@ -58,7 +58,7 @@ def skip_credential_lookup_for_emulator() -> None:
 def skip_beam_credential_lookup() -> None:
     """Make every Beam GCP client in this process anonymous, as ``--no_auth`` promises.
 
-    Needed since Beam 2.77's gcsio ignores ``--no_auth``: ``GcsIO.__init__`` calls
+    Needed since Beam 2.77's gcsio (2.78's too) ignores ``--no_auth``: ``GcsIO.__init__`` calls
     ``create_storage_client(options)`` with ``use_credentials=True``, which calls
     ``auth.get_service_credentials`` -> ``google.auth.default`` under ``retry.with_exponential_backoff(
     num_retries=4, initial_delay_secs=2)``; with no credentials that sleeps ~15-30 s and then returns None,
@@ -69,7 +69,7 @@ def skip_beam_credential_lookup() -> None:
     credentials = auth._Credentials
     if not all(hasattr(credentials, name) for name in ("_credentials_lock", "_credentials_init", "_credentials")):
         raise RuntimeError(
-            "apache_beam.internal.gcp.auth._Credentials changed (written for Beam 2.77); "
+            "apache_beam.internal.gcp.auth._Credentials changed (written for Beam 2.77, checked on 2.78); "
             "update pipeline/store/storage.skip_beam_credential_lookup for this Beam version"
         )
     with credentials._credentials_lock:
