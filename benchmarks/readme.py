@@ -165,7 +165,13 @@ TARGETS = (
         lambda v: v >= 0.95,
         "≥ 0.95×",
     ),
-    ("whole run: MLTransform wall ÷ docbeam wall", "vs_mltransform.json", _mltransform, lambda v: v >= 1.5, "≥ 1.5×"),
+    (
+        "whole run: the faster MLTransform's wall (plain, length-aware) ÷ docbeam wall",
+        "vs_mltransform.json",
+        _mltransform,
+        lambda v: v >= 1.5,
+        "≥ 1.5×",
+    ),
     # Warm start-up was held to a third of the earlier driver's; that target is retired (a batch job's cost is
     # not its 3 s start): it is now held only to not growing past where it stood (0.45×).
     (
