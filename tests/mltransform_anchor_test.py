@@ -1,4 +1,4 @@
-"""benchmarks/vs_mltransform.py's length-aware anchor batches as docbeam buckets: Beam's lower-inclusive boundaries,
+"""benchmarks/vs_mltransform.py's length-aware anchor (benchmarks/mltransform_job.py) batches as docbeam buckets: Beam's lower-inclusive boundaries,
 made from docbeam's buckets, never put a document docbeam pads to 128 in a batch with one it pads to 256."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that
 
-from benchmarks.vs_mltransform import length_boundaries
+from benchmarks.mltransform_job import length_boundaries
 
 
 def test_docbeams_buckets_become_beams_boundaries_one_token_past_each_bucket():

@@ -71,7 +71,9 @@ class PoolDocuments(beam.PTransform):
         pooled = (
             {"windows": keyed, "hash": windows["hashes"], **kept}
             | "GroupWindows" >> beam.CoGroupByKey()
-            | "Pool" >> beam.FlatMap(pool).with_outputs(REJECTED_TAG, main="embeddings")
+            # The rows' type declared: Beam 2.78 infers Union[TaggedOutput, dict] for the main output from
+            # pool's two yields, and a consumer typed ``dict`` (QuantizeVectors) then fails the pipeline's check.
+            | "Pool" >> beam.FlatMap(pool).with_output_types(dict).with_outputs(REJECTED_TAG, main="embeddings")
         )
         return {"embeddings": pooled.embeddings, "rejected": pooled[REJECTED_TAG]}
 
