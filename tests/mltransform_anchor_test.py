@@ -51,3 +51,20 @@ def test_a_boundary_at_docbeams_bucket_itself_mixes_them():
     """Beam's boundary 128 puts a 128-token document with 129..256: the off-by-one length_boundaries avoids."""
     with pytest.raises(Exception, match="both sides of 128"):
         run_length_aware_batching([128])
+
+
+def test_the_anchors_handler_hands_beam_the_token_length_and_docbeams_boundaries(real_checkpoint_dir):
+    """What MLTransform's RunInference receives: the length in the model's tokens (capped at the window, as the
+    encoder truncates), docbeam's boundaries and a batch duration (without one Beam ignores length_fn)."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.mltransform_job import length_aware_embeddings
+
+    settings = {"model_name": real_checkpoint_dir, "columns": ["text"], "max_seq_length": 256}
+    length = {"boundaries": length_boundaries([128, 256]), "max_batch_duration_secs": 1.0}
+    kwargs = length_aware_embeddings(settings, length).get_model_handler().batch_elements_kwargs()
+    assert kwargs["bucket_boundaries"] == [129] and kwargs["max_batch_duration_secs"] == 1.0
+    text = "docbeam batches documents of like length together " * 3
+    tokens = len(AutoTokenizer.from_pretrained(real_checkpoint_dir)(text)["input_ids"])
+    assert kwargs["length_fn"]({"text": text}) == tokens < 256
+    assert kwargs["length_fn"]({"text": "word " * 1000}) == 256
