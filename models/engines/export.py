@@ -5,9 +5,10 @@ that bind its own primitives, for the whole process, while it traces. Any other 
 compile pool's XLA compilation of the next shape, a second worker's encoder) picks up a shim XLA cannot lower and
 fails ("MLIR translation rule for primitive 'jax.numpy.clip' not found"). In a child process the swap touches
 nothing of the worker's. The child loads the checkpoint in float32 itself (what OpenVINO exports; it lowers the
-precision from its hint), writes the IR into the engine cache and exits; the worker reads and compiles it.
+precision from its hint), writes the IR into the engine cache and waits for the next shape; the worker reads and
+compiles it. models/engines/exporter.py starts the child, keeps it while exports come and ends it.
 
-    python -m docbeam.models.engines.export   (a pickled Recipe, layout, folder and key on stdin)
+    python -m docbeam.models.engines.export   (requests on stdin: a length and a pickled Recipe, layout, folder, key)
 """
 
 from __future__ import annotations
@@ -16,13 +17,10 @@ import dataclasses
 import json
 import os
 import pickle
-import subprocess
 import sys
 import tempfile
 import time
 from typing import Any, Callable
-
-EXPORT_TIMEOUT_S = 1800  # a large model's trace and conversion take minutes; a hung child must not hang the worker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,49 +89,41 @@ def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str) -> None
 
 def compile_shape(recipe: Recipe, layout: tuple, dtype: str, folder: str, key: str):
     """``recipe``'s forward for ``layout`` as an OpenVinoForward: read from the engine cache, or exported there by
-    a child process first."""
+    the export process first."""
+    from docbeam.models.engines.exporter import EXPORTER
     from docbeam.models.engines.openvino import compile_model, read_exported
 
     t0 = time.perf_counter()
     model = read_exported(folder, key)
     cached = model is not None
     if model is None:
-        export_apart(recipe, layout, folder, key)
+        EXPORTER.export((recipe, layout, folder, key))
         model = read_exported(folder, key)
         if model is None:
             raise RuntimeError(f"the export process wrote no readable model under {folder}")
     return compile_model(model, dtype, folder, cached, t0)
 
 
-def export_apart(recipe: Recipe, layout: tuple, folder: str, key: str) -> None:
-    """The IR of ``recipe``'s forward for ``layout`` written to ``folder`` under ``key`` by a child process;
-    raises RuntimeError with the child's reason (an op the exporter or OpenVINO lacks) when it could not."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}  # the child never takes the worker's accelerator
-    done = subprocess.run(
-        [sys.executable, "-m", "docbeam.models.engines.export"],
-        input=pickle.dumps((recipe, layout, folder, key)),
-        capture_output=True,
-        env=env,
-        timeout=EXPORT_TIMEOUT_S,
-    )
-    lines = done.stdout.decode(errors="replace").strip().splitlines()
-    result = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
-    if done.returncode != 0 or not result.get("ok"):
-        tail = " ".join(done.stderr.decode(errors="replace").split())[-300:]
-        raise RuntimeError(result.get("error") or f"the export process exited {done.returncode}: {tail}")
-
-
 def main() -> int:
+    """The export process: requests until its stdin closes, one JSON line a reply on the stdout it started with.
+    What the libraries print goes to stderr instead, so that no stray line is read as a reply. Each request loads
+    its checkpoint afresh: a checkpoint rewritten in place between two shapes must not export from the old one."""
+    from docbeam.models.engines.exporter import HEADER
     from docbeam.models.engines.openvino import openvino_module, why
 
-    recipe, layout, folder, key = pickle.loads(sys.stdin.buffer.read())
-    try:
-        openvino_module()
-        export(forward(recipe), layout, folder, key)
-    except Exception as e:  # noqa: BLE001  the reason goes back to the worker, which refuses the shape with it
-        print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {why(e)}"}))
-        return 1
-    print(json.dumps({"ok": True}))
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    openvino_module()
+    while len(header := requests.read(HEADER.size)) == HEADER.size:
+        (size,) = HEADER.unpack(header)
+        recipe, layout, folder, key = pickle.loads(requests.read(size))
+        try:
+            export(forward(recipe), layout, folder, key)
+            reply = {"ok": True}
+        except Exception as e:  # noqa: BLE001  the reason goes back to the worker, which refuses the shape with it
+            reply = {"ok": False, "error": f"{type(e).__name__}: {why(e)}"}
+        replies.write(json.dumps(reply) + "\n")
     return 0
 
 
