@@ -35,6 +35,7 @@ SECTIONS = (
     ("encoder-float32.json", "Encoder vs sentence-transformers, and the pipeline vs the encoder alone"),
     ("vs_mltransform.json", "Whole run vs Beam MLTransform"),
     ("startup.json", "Start-up and where a run's time goes"),
+    ("pythons.json", "Python 3.11 (jax 0.10.2) vs Python 3.13 (jax 0.11.2), the encoder alone"),
     ("encoder-float32-heldout1800.json", "Encoder vs sentence-transformers on 1,800 held-out documents"),
     ("attention-flash-cpu.json", "flash vs native attention at 8,192 tokens"),
     ("attention-native.json", "native's two forms at encoder lengths (batch 8)"),
