@@ -135,3 +135,22 @@ def test_a_checkpoint_rewritten_in_place_between_two_shapes_exports_from_its_new
     finally:
         exporter.close()
     assert not np.allclose(vectors("before"), vectors("after"), atol=1e-3)
+
+
+def test_a_process_forked_mid_export_starts_its_own_child_and_leaves_the_parents_alone(recipe, tmp_path):
+    from docbeam.models.engines.exporter import EXPORTER
+
+    EXPORTER.export((recipe, UNPACKED, str(tmp_path), "a"))
+    parents, before = EXPORTER._proc, EXPORTER.started
+    with EXPORTER._lock:  # another thread's export in progress while the process forks
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)  # the lock, copied held, would hang this export for ever
+            EXPORTER.export((recipe, UNPACKED, str(tmp_path), "c"))
+            mine = EXPORTER._proc is not parents and EXPORTER.started == before + 1
+            os._exit(0 if mine and read_exported(str(tmp_path), "c") is not None else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert EXPORTER._proc is parents and EXPORTER.running()
+    EXPORTER.export((recipe, WIDER, str(tmp_path), "b"))
+    assert EXPORTER.started == before and read_exported(str(tmp_path), "b") is not None

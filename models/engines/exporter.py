@@ -145,5 +145,12 @@ class Exporter:
             self._stderr = None
 
 
+    def forget(self) -> None:
+        """After a fork: the child and its pipes are the parent's, so this process starts its own."""
+        self._lock = threading.Lock()
+        self._proc, self._stderr, self._timer = None, None, None
+
+
 EXPORTER = Exporter()
 atexit.register(EXPORTER.close)
+os.register_at_fork(after_in_child=EXPORTER.forget)
