@@ -47,13 +47,14 @@ class Exporter:
     def export(self, request: tuple) -> None:
         """Sends ``request`` ((Recipe, layout, folder, key)) to the child and waits for its IR to be written;
         raises RuntimeError with the child's reason when it could not export, died or took too long."""
+        data = pickle.dumps(request)  # a request that cannot be sent costs no child
         with self._lock:
             self._exports += 1
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             try:
-                reply = self._ask(self._child(), pickle.dumps(request))
+                reply = self._ask(self._child(), data)
             except BaseException:
                 self._close(kill=True)  # hung, dead or interrupted: nothing it would still write is wanted
                 raise
@@ -143,7 +144,6 @@ class Exporter:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
-
 
     def forget(self) -> None:
         """After a fork: the child and its pipes are the parent's, so this process starts its own."""
