@@ -27,6 +27,7 @@ SRC
 apt-get update -qq >&2
 if [ ${#missing[@]} -gt 0 ]; then apt-get install -y -qq "${missing[@]}" >/dev/null; fi
 work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT  # the source tree and build, about 0.5 GB: CI's later stages need the disk
 cd "$work"
 apt-get source --download-only python3.13 >/dev/null 2>&1
 tar xf python3.13_*.orig.tar.xz
