@@ -74,6 +74,26 @@ def test_auto_picks_openvino_only_past_the_minimum_gain_and_the_noise():
     assert choose.pick([1.0] * 5, noisy_ov)[0] == "xla"
 
 
+def test_auto_times_each_precision_for_itself_though_float32_and_bfloat16_export_one_graph(tmp_path):
+    """Both precisions export the same float32 graph (one export key); OpenVINO compiles each to its own kernels, so
+    a float32 job's cached verdict must not answer a bfloat16 job (it did, on 2026-12-07: the bfloat16 sides of
+    benchmarks/precision.py reported float32's timing)."""
+    from docbeam.models.engines.shapes import EngineSet, ShapeForward
+
+    out = np.ones((2, 4), np.float32)
+    cached = choose.Verdict("openvino", "auto: OpenVINO 9.00x XLA", xla_ms=9.0, openvino_ms=1.0)
+    choose.VerdictCache(str(tmp_path)).write(choose.verdict_key("k", "float32"), cached)
+
+    def verdict(dtype: str) -> choose.Verdict:
+        engines = EngineSet("auto", "cpu", 1, dtype, (), lambda backend: None, str(tmp_path))
+        shape = ShapeForward(lambda params, x: out, lambda params, x: out.copy(), key="k")
+        return engines.decide(shape, None, (None,), lambda o: o)
+
+    assert verdict("float32").cached  # the precision it was measured at reads it
+    bfloat16 = verdict("bfloat16")
+    assert not bfloat16.cached and bfloat16.reason != cached.reason and bfloat16.xla_ms < 9.0
+
+
 # --- where OpenVINO may not run ----------------------------------------------------------------------------------
 
 

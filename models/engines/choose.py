@@ -135,11 +135,13 @@ def _seconds(run: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def verdict_key(export_key: str) -> str:
-    """auto's timing holds for one exported model on one CPU, at this process's thread count."""
+def verdict_key(export_key: str, dtype: str) -> str:
+    """auto's timing holds for one exported model at one precision on one CPU, at this process's thread count.
+    The dtype is not in the export key: float32 and bfloat16 jobs export the same float32 graph, but OpenVINO
+    compiles it to different kernels, so each precision is timed against XLA's for itself."""
     from docbeam.models.engines.openvino import threads
 
-    return hashlib.sha256(f"{export_key}|{device_kind()}|{threads()}".encode()).hexdigest()[:24]
+    return hashlib.sha256(f"{export_key}|{dtype}|{device_kind()}|{threads()}".encode()).hexdigest()[:24]
 
 
 def decide(

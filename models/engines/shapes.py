@@ -126,7 +126,7 @@ class EngineSet:
                     lambda: shape.openvino(params, *inputs),
                     outputs,
                     VerdictCache(self.folder) if self.requested == AUTO else None,
-                    verdict_key(shape.key),
+                    verdict_key(shape.key, self.dtype),
                 )
             log.info("engine for %s: %s (%s)", shape.key or "shape", shape.verdict.engine, shape.verdict.reason)
         return shape.verdict
