@@ -237,7 +237,7 @@ from docbeam.models.engines.openvino import compile_model, read_exported, unavai
 assert unavailable() == "", unavailable()
 fn = lambda ids: jnp.tanh(ids.astype(jnp.float32) * 0.1).sum(-1)
 export(fn, ((2, 8),), sys.argv[1], "probe")
-run = compile_model(read_exported(sys.argv[1], "probe"), "float32", sys.argv[1], False, 0.0)
+run = compile_model(read_exported(sys.argv[1], "probe"), "float32", sys.argv[1], "probe", False, 0.0)
 ids = np.arange(16, dtype=np.int32).reshape(2, 8)
 np.testing.assert_allclose(run(None, ids), np.asarray(fn(ids)), rtol=1e-5)
 print("openvino engine ok")

@@ -123,7 +123,9 @@ def test_a_checkpoint_rewritten_in_place_between_two_shapes_exports_from_its_new
     lengths = np.asarray([16, 9], np.int32)
 
     def vectors(key):
-        return compile_model(read_exported(str(tmp_path), key), "float32", str(tmp_path), True, 0.0)(None, ids, lengths)
+        return compile_model(read_exported(str(tmp_path), key), "float32", str(tmp_path), key, True, 0.0)(
+            None, ids, lengths
+        )
 
     exporter = Exporter()
     try:

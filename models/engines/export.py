@@ -90,6 +90,7 @@ def export(fn: Callable[..., Any], layout: tuple, folder: str, key: str) -> None
 def compile_shape(recipe: Recipe, layout: tuple, dtype: str, folder: str, key: str):
     """``recipe``'s forward for ``layout`` as an OpenVinoForward: read from the engine cache, or exported there by
     the export process first."""
+    from docbeam.models.engines.cache_bound import prune
     from docbeam.models.engines.exporter import EXPORTER
     from docbeam.models.engines.openvino import compile_model, read_exported
 
@@ -101,7 +102,8 @@ def compile_shape(recipe: Recipe, layout: tuple, dtype: str, folder: str, key: s
         model = read_exported(folder, key)
         if model is None:
             raise RuntimeError(f"the export process wrote no readable model under {folder}")
-    return compile_model(model, dtype, folder, cached, t0)
+        prune(folder)  # the cache grew: back within its bound
+    return compile_model(model, dtype, folder, key, cached, t0)
 
 
 def main() -> int:

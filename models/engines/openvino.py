@@ -31,6 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from docbeam.models.engines.cache_bound import COMPILED, mark_used
+
 log = logging.getLogger(__name__)
 
 # Per dtype of the job: OpenVINO's precision hint (int8 weights have no OpenVINO path here: refused).
@@ -125,10 +127,12 @@ def read_exported(folder: str, key: str):
     if not (os.path.exists(xml) and os.path.exists(xml[:-4] + ".bin")):
         return None
     try:
-        return openvino_module().Core().read_model(xml)
+        model = openvino_module().Core().read_model(xml)
     except Exception as e:  # noqa: BLE001  a damaged entry is exported again
         log.warning("OpenVINO model %s cannot be read (%s: %s); exporting again", xml, type(e).__name__, e)
         return None
+    mark_used(xml)
+    return model
 
 
 def threads() -> int:
@@ -157,15 +161,16 @@ class OpenVinoForward:
         return np.asarray(self._request.infer(arrays)[0], np.float32)
 
 
-def compile_model(model, dtype: str, folder: str, cached: bool, t0: float) -> OpenVinoForward:
-    """``model`` (read from the engine cache at ``folder``) compiled for this CPU at ``dtype``'s precision hint
-    with every core of the process; OpenVINO keeps the compiled blob beside it."""
+def compile_model(model, dtype: str, folder: str, key: str, cached: bool, t0: float) -> OpenVinoForward:
+    """``model`` (read from the engine cache at ``folder`` under ``key``) compiled for this CPU at ``dtype``'s
+    precision hint with every core of the process; OpenVINO keeps the compiled blob beside it, in a folder of the
+    key's own so that the cache's bound removes it with its IR (models/engines/cache_bound.py)."""
     if dtype not in PRECISION_HINTS:
         raise ValueError(f"model.dtype {dtype} has no OpenVINO precision here (float32 and bfloat16 do)")
     config = {
         "INFERENCE_PRECISION_HINT": PRECISION_HINTS[dtype],
         "INFERENCE_NUM_THREADS": threads(),
-        "CACHE_DIR": os.path.join(folder, "compiled"),
+        "CACHE_DIR": os.path.join(folder, COMPILED, key),
     }
     compiled = openvino_module().Core().compile_model(model, "CPU", config)
     return OpenVinoForward(compiled, PRECISION_HINTS[dtype], time.perf_counter() - t0, cached)
