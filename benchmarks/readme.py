@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import bootstrap  # noqa: F401  (the repository root on sys.path, JAX's environment: benchmarks/bootstrap.py)
 
-from benchmarks.readme_precision import precision_figure, precision_table
+from benchmarks.readme_precision import engine_figure, precision_figure, precision_table
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = "benchmarks/results"
@@ -203,6 +203,16 @@ TARGETS = (
         lambda v: v >= 1.0,
         "≥ 1×",
     ),
+    *(
+        (
+            f"docbeam {dtype}, its chosen engine, ÷ OpenVINO {dtype} (sentence-transformers' backend)",
+            "precision.json",
+            engine_figure(dtype),
+            lambda v: v >= 1.0,
+            "≥ 1×",
+        )
+        for dtype in ("float32", "bfloat16")
+    ),
     (
         "bfloat16 recall@10 of float32's neighbours",
         "precision.json",
@@ -276,6 +286,9 @@ def targets_table(prefix: str = "") -> str:
             rows.append(f"| {what} | not re-measured | | {target} | — | {file_link(name, prefix)} |")
             continue
         value, detail = figure(record)
+        if value is None:
+            rows.append(f"| {what} | not measured | {detail} | {target} | — | {file_link(name, prefix)} |")
+            continue
         rows.append(
             f"| {what} | **{shown(what, value)}** | {detail} | {target} | {'yes' if ok(value) else '**no**'} | "
             f"{file_link(name, prefix)}, {str(record.get('date', '?'))[:10]} |"
@@ -310,7 +323,7 @@ def machines_table(prefix: str = "../") -> str:
     rows = []
     for what, name, figure, _, target in TARGETS:
         records = [(f"{folder}/{name}".lstrip("/"), _load(f"{folder}/{name}".lstrip("/"))) for folder in folders]
-        found = [(path, r) for path, r in records if r is not None and r.get("tables")]
+        found = [(path, r) for path, r in records if r is not None and r.get("tables") and figure(r)[0] is not None]
         if len(found) < 2:
             continue
         cells = [f"**{shown(what, figure(r)[0])}** {cpu_name(r)}, {file_link(path, prefix)}" for path, r in found]

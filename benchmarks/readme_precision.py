@@ -25,6 +25,26 @@ def precision_figure(side: str, field: str):
     return figure
 
 
+def engine_figure(dtype: str):
+    """benchmarks/readme.py's figure for issue 51's target: docbeam with the engine it chooses (``runner.engine:
+    auto``) over OpenVINO as sentence-transformers runs it, at the same precision; None where the run had no such
+    pair (OpenVINO's bfloat16 is left out on a CPU that would emulate it)."""
+    hint = {"float32": "f32", "bfloat16": "bf16"}[dtype]
+
+    def figure(r):
+        sides = {x["side"]: x for x in r["sides"]}
+        ours, theirs = sides.get(f"docbeam {dtype} auto"), sides.get(f"openvino {hint}")
+        if ours is None or theirs is None:
+            return None, f"this run has no docbeam {dtype} auto beside OpenVINO {hint}"
+        return (
+            ours["tokens_per_s"] / theirs["tokens_per_s"],
+            f"{ours['tokens_per_s']:,.0f} vs {theirs['tokens_per_s']:,.0f} tokens/s; docbeam's engine per bucket: "
+            f"{engines_ran(ours)}",
+        )
+
+    return figure
+
+
 # In this order, each when the run had it: OpenVINO since 2026-12-05, docbeam's auto engine (runner.engine: auto,
 # models/engines/) since 2026-12-07.
 ORDER = (
