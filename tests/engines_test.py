@@ -94,6 +94,17 @@ def test_auto_times_each_precision_for_itself_though_float32_and_bfloat16_export
     assert not bfloat16.cached and bfloat16.reason != cached.reason and bfloat16.xla_ms < 9.0
 
 
+def test_an_openvino_model_that_xla_outran_is_let_go_once_the_verdict_is_in(tmp_path):
+    from docbeam.models.engines.shapes import EngineSet, ShapeForward
+
+    out = np.ones((2, 4), np.float32)
+    choose.VerdictCache(str(tmp_path)).write(choose.verdict_key("k", "float32"), choose.Verdict("xla", "auto: XLA"))
+    engines = EngineSet("auto", "cpu", 1, "float32", (), lambda backend: None, str(tmp_path))
+    shape = ShapeForward(lambda params, x: out, lambda params, x: out.copy(), key="k")
+    assert engines.decide(shape, None, (None,), lambda o: o).engine == "xla"
+    assert shape.openvino is None  # its compiled model (the weights again) is freed, not kept for nothing
+
+
 # --- where OpenVINO may not run ----------------------------------------------------------------------------------
 
 
@@ -169,7 +180,40 @@ def test_auto_measures_once_per_cpu_and_the_next_start_reads_the_verdict(tiny_ch
         again, record = load_encoder(spec).encode(batch)
         second = json.loads(record["engine_measured"])
         assert second["cached"] and second["engine"] == first["engine"] == record["engine"]
-        assert "largest difference" in second["parity"]  # parity is checked again on every start
+        # parity is checked again on every start that runs OpenVINO; a shape kept on XLA never compiles it
+        assert ("largest difference" in second["parity"]) == (second["engine"] == "openvino")
+
+
+@pytest.mark.parametrize("cached", ["xla", "openvino"])
+def test_a_shape_auto_kept_on_xla_exports_nothing_the_next_start_and_one_on_openvino_is_held_to_xla_again(
+    tiny_checkpoint_dir, tmp_path, users_cache, cached
+):
+    """A compiled OpenVINO model that XLA outran would hold the weights twice for nothing (a large model's four
+    buckets: gigabytes of a CPU worker's memory), so a cached XLA verdict skips OpenVINO altogether."""
+    import dataclasses
+
+    from benchmarks.common import standalone_spec
+    from docbeam.pipeline.stages.encode import load_encoder
+
+    spec = standalone_spec(tiny_checkpoint_dir, "float32", "mean", AttentionConfig(), [64])
+    spec = dataclasses.replace(spec, plan=dataclasses.replace(spec.plan, engine="auto"))
+    batch = first_windows(tiny_checkpoint_dir, TEXTS, 64, packed=False)
+    load_encoder(spec).encode(batch)
+    folder = tmp_path / "docbeam" / "openvino"
+    (xml,) = glob.glob(str(folder / "*.xml"))
+    key = os.path.basename(xml)[:-4]
+    verdict = choose.Verdict(cached, f"auto: measured {cached} faster here before", xla_ms=1.0, openvino_ms=1.0)
+    choose.VerdictCache(str(folder)).write(choose.verdict_key(key, "float32"), verdict)  # whatever was measured
+    for path in glob.glob(str(folder / f"{key}.*")):
+        os.remove(path)  # exported again only if OpenVINO is to run
+
+    _, record = load_encoder(spec).encode(batch)
+    measured = json.loads(record["engine_measured"])
+    assert record["engine"] == cached and measured["cached"] and measured["reason"] == verdict.reason
+    if cached == "xla":
+        assert measured["parity"] == "" and not glob.glob(str(folder / "*.xml"))
+    else:
+        assert "largest difference" in measured["parity"] and os.path.exists(xml)
 
 
 def test_a_damaged_model_or_verdict_in_the_cache_is_made_again(tiny_checkpoint_dir, tmp_path, users_cache):

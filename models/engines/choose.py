@@ -7,7 +7,8 @@
 2. ``runner.engine: openvino`` then runs OpenVINO. ``auto`` times both in turns (attention/on_chip.py, as the
    attention choice does) and runs OpenVINO only where it beats XLA by more than ``MIN_GAIN`` and the noise:
    reliability first. auto's verdict is cached beside the engine's models, keyed by the CPU too, so a scheduled
-   job measures once; parity is checked again on every start, since it costs one batch.
+   job measures once; where the verdict was OpenVINO, parity is checked again on every start, since it costs one
+   batch; where it was XLA, the next start neither exports nor compiles OpenVINO for the shape (shapes.py).
 """
 
 from __future__ import annotations

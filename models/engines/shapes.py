@@ -80,6 +80,10 @@ class EngineSet:
         if why:
             return ShapeForward(xla, refused=why)
         key = openvino.export_key((self.model_key, backend), layout)
+        kept = self.cached_xla(key)
+        if kept is not None:  # auto measured XLA faster on this CPU before: OpenVINO is neither exported nor held
+            log.info("engine for %s: xla (%s; cached, OpenVINO not compiled)", key, kept.reason)
+            return ShapeForward(xla, key=key, verdict=kept)
         try:
             with self._lock:  # one export at a time: each child loads and traces the whole model
                 compiled = compile_shape(self.recipe(backend), layout, self.dtype, self.folder, key)
@@ -88,6 +92,16 @@ class EngineSet:
             log.warning("%s %s: %s", backend, layout, reason)
             return ShapeForward(xla, refused=reason)
         return ShapeForward(xla, compiled, key=key, compile_s=compiled.compile_s)
+
+    def cached_xla(self, key: str) -> Verdict | None:
+        """auto's cached verdict for the shape where it kept XLA, else None. Parity does not matter where XLA runs,
+        and a compiled OpenVINO model it would never call holds the whole model's weights again in memory."""
+        if self.requested != AUTO:
+            return None
+        cached = VerdictCache(self.folder).read(verdict_key(key, self.dtype))
+        if cached is None or cached.engine != XLA:
+            return None
+        return dataclasses.replace(cached, parity="")
 
     def forward(self, key, forward):
         """What runs the batch of ``key``: its ShapeForward (compiled ahead, or built on first use)."""
@@ -128,6 +142,8 @@ class EngineSet:
                     VerdictCache(self.folder) if self.requested == AUTO else None,
                     verdict_key(shape.key, self.dtype),
                 )
+            if shape.verdict.engine == XLA:
+                shape.openvino = None  # never called from here on: its memory goes back
             log.info("engine for %s: %s (%s)", shape.key or "shape", shape.verdict.engine, shape.verdict.reason)
         return shape.verdict
 
