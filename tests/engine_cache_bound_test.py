@@ -79,6 +79,28 @@ def test_a_killed_exports_leftovers_go_once_they_are_an_hour_old_and_a_running_e
     assert running.exists() and os.path.exists(tmp_path / "compiled" / "kept")
 
 
+def test_processes_pruning_one_cache_at_once_neither_fail_nor_warn_and_an_odd_folder_name_is_taken_literally(
+    tmp_path, caplog
+):
+    """A VM's SDK processes each prune after their exports; they race over the same files. The folder's name holds
+    glob characters: nothing is matched by pattern."""
+    import threading
+
+    folder = tmp_path / "cache [*?] dir"
+    folder.mkdir()
+    now = 1e9
+    for i in range(12):
+        write_entry(folder, f"k{i}", used=now - 2 * HOUR - i, blob_bytes=100)
+    (tmp_path / "beside.xml").write_text("not the cache's")  # what the pattern `cache*/*.xml` would also take
+    threads = [threading.Thread(target=cache_bound.prune, args=(str(folder), 0, HOUR, now)) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert cache_bound.entries(str(folder)) == {} and os.listdir(folder / "compiled") == []
+    assert "cannot be pruned" not in caplog.text and (tmp_path / "beside.xml").exists()
+
+
 def test_a_cache_that_cannot_be_pruned_warns_and_the_job_goes_on(tmp_path, caplog):
     assert cache_bound.prune(str(tmp_path / "absent")) == []
     assert "cannot be pruned" in caplog.text
