@@ -323,10 +323,11 @@ def machines_table(prefix: str = "../") -> str:
     rows = []
     for what, name, figure, _, target in TARGETS:
         records = [(f"{folder}/{name}".lstrip("/"), _load(f"{folder}/{name}".lstrip("/"))) for folder in folders]
-        found = [(path, r) for path, r in records if r is not None and r.get("tables") and figure(r)[0] is not None]
+        values = [(path, r, figure(r)[0]) for path, r in records if r is not None and r.get("tables")]
+        found = [(path, r, value) for path, r, value in values if value is not None]
         if len(found) < 2:
             continue
-        cells = [f"**{shown(what, figure(r)[0])}** {cpu_name(r)}, {file_link(path, prefix)}" for path, r in found]
+        cells = [f"**{shown(what, value)}** {cpu_name(r)}, {file_link(path, prefix)}" for path, r, value in found]
         rows.append(f"| {what} | {target} | " + " | ".join(cells) + " |")
     if not rows:
         return ""

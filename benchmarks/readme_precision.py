@@ -29,7 +29,9 @@ def engine_figure(dtype: str):
     """benchmarks/readme.py's figure for issue 51's target: docbeam with the engine it chooses (``runner.engine:
     auto``) over OpenVINO as sentence-transformers runs it, at the same precision; None where the run had no such
     pair (OpenVINO's bfloat16 is left out on a CPU that would emulate it)."""
-    hint = {"float32": "f32", "bfloat16": "bf16"}[dtype]
+    from docbeam.models.engines.openvino import PRECISION_HINTS
+
+    hint = PRECISION_HINTS[dtype]
 
     def figure(r):
         sides = {x["side"]: x for x in r["sides"]}
